@@ -1,0 +1,284 @@
+/*
+ * kiln.h — the whole public API of kiln, a runtime JIT generator of GPU attention kernels.
+ *
+ * An attention variant is a plain struct (kiln_variant). kiln turns it into one CUDA source,
+ * compiles it with NVRTC for the detected GPU (or any named arch, with no GPU present), stores
+ * the cubin in a SQLite cache keyed by an XXH3-128 of everything that shapes the binary, and
+ * loads and launches it through the CUDA Driver API on the caller's stream.
+ *
+ * Shape letters (used in every comment below and in the templates):
+ *   H    query heads            H_KV  key/value heads      G  group = H / H_KV
+ *   L_Q  query length           L_KV  key/value length     D  head dim
+ *
+ * Conventions:
+ *   - Every function returns a kiln_status; outputs come last and are NULL/zero on failure.
+ *   - After a failure, kiln_ctx_errmsg(ctx) (or kiln_errmsg() for calls with no context) says
+ *     what failed, on what, and why.
+ *   - Every _create has a _destroy; _destroy(NULL) is a no-op.
+ *   - Returned strings are borrowed; each declaration says how long they live.
+ *   - Device pointers are kiln_devptr (a CUdeviceptr value); a stream is a CUstream passed as
+ *     void * (NULL is the legacy default stream). This header includes no CUDA header.
+ */
+#ifndef KILN_H
+#define KILN_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define KILN_VERSION_MAJOR 0
+#define KILN_VERSION_MINOR 1
+#define KILN_VERSION_PATCH 0
+#define KILN_VERSION_STRING "0.1.0"
+
+/* ---------------------------------------------------------------------------------------------
+ * Status
+ * ------------------------------------------------------------------------------------------- */
+
+/* X-macro table: name, short description. */
+#define KILN_STATUS_MAP(X)                                                    \
+    X(OK, "ok")                                                               \
+    X(INVALID_ARGUMENT, "invalid argument")                                   \
+    X(PARSE, "spec does not parse")                                           \
+    X(UNSUPPORTED, "unsupported variant, shape or arch")                      \
+    X(NO_DEVICE, "no usable GPU or CUDA driver")                              \
+    X(CUDA, "CUDA driver call failed")                                        \
+    X(NVRTC, "NVRTC compile failed")                                          \
+    X(CACHE, "kernel cache failed")                                           \
+    X(CACHE_MISS, "kernel not in cache (strict mode)")                        \
+    X(NOT_FOUND, "not found")                                                 \
+    X(NO_MEMORY, "out of host memory")                                        \
+    X(WORKSPACE, "workspace missing or too small")                            \
+    X(IO, "file I/O failed")                                                  \
+    X(MISMATCH, "result does not match the reference")
+
+typedef enum kiln_status {
+#define KILN__STATUS_ENUM(name, str) KILN_STATUS_##name,
+    KILN_STATUS_MAP(KILN__STATUS_ENUM)
+#undef KILN__STATUS_ENUM
+        KILN_STATUS_COUNT_
+} kiln_status;
+
+/* A static string naming the status ("ok", "NVRTC compile failed", ...). Never NULL. */
+const char *kiln_status_str(kiln_status s);
+
+/* The calling thread's last error message from a call that had no context (spec parsing,
+ * kiln_ctx_create). Valid until the next kiln call on this thread. Never NULL ("" if none). */
+const char *kiln_errmsg(void);
+
+/* ---------------------------------------------------------------------------------------------
+ * Variants: what changes the generated code (run-time values live in kiln_params)
+ * ------------------------------------------------------------------------------------------- */
+
+typedef enum kiln_op {
+    KILN_OP_DECODE = 0,  /* one query token per request: q [H, D] */
+    KILN_OP_PREFILL = 1, /* L_Q query tokens: q [L_Q, H, D], tensor cores (mma.sync) */
+} kiln_op;
+
+typedef enum kiln_dtype {
+    KILN_DTYPE_F16 = 0,  /* IEEE half */
+    KILN_DTYPE_BF16 = 1, /* bfloat16 */
+} kiln_dtype;
+
+typedef enum kiln_layout {
+    KILN_LAYOUT_NHD = 0, /* k, v [L_KV, H_KV, D]: tokens outermost */
+    KILN_LAYOUT_HND = 1, /* k, v [H_KV, L_KV, D]: heads outermost */
+} kiln_layout;
+
+typedef enum kiln_mask {
+    KILN_MASK_NONE = 0,   /* every key visible */
+    KILN_MASK_CAUSAL = 1, /* bottom-right aligned: query i sees keys j <= i + L_KV - L_Q */
+} kiln_mask;
+
+typedef enum kiln_logits {
+    KILN_LOGITS_NONE = 0,    /* s = sm_scale * q.k */
+    KILN_LOGITS_SOFTCAP = 1, /* s = cap * tanh(sm_scale * q.k / cap), before masking */
+    KILN_LOGITS_ALIBI = 2,   /* s = sm_scale * q.k + slope[h] * (j - (i + L_KV - L_Q)) */
+} kiln_logits;
+
+/* An attention variant. Zero-initialised fields are not all valid: start from
+ * kiln_variant_default() or kiln_variant_parse(). Its canonical text form (the spec) is
+ *   op=prefill dtype=bf16 head_dim=128 group=4 layout=nhd mask=causal window=0 logits=softcap lse=0
+ * with q_dtype= / kv_dtype= / out_dtype= in place of dtype= when they differ. */
+typedef struct kiln_variant {
+    kiln_op op;           /* decode or prefill */
+    kiln_dtype q_dtype;   /* dtype of q; must equal kv_dtype */
+    kiln_dtype kv_dtype;  /* dtype of k and v */
+    kiln_dtype out_dtype; /* dtype of o (may differ from q_dtype) */
+    int head_dim;         /* D: 64, 128 or 256 */
+    int group;            /* G: query heads per KV head, 1..64 */
+    kiln_layout layout;   /* default strides of k and v when the call passes 0 */
+    kiln_mask mask;       /* none or causal */
+    int window;           /* 1: sliding window, keys j >= i + L_KV - L_Q - window_left */
+    kiln_logits logits;   /* logits transform */
+    int lse;              /* 1: also write the log-sum-exp of each query row (natural log) */
+} kiln_variant;
+
+/* Fill *v with the documented defaults: op=prefill dtype=f16 head_dim=128 group=1 layout=nhd
+ * mask=none window=0 logits=none lse=0. */
+void kiln_variant_default(kiln_variant *v);
+
+/* Parse a spec line ("key=value" tokens separated by spaces, any order; omitted keys take the
+ * defaults above). Unknown keys, bad values, duplicates and garbage fail with KILN_STATUS_PARSE
+ * and a message in kiln_errmsg() naming the token and the allowed values. */
+kiln_status kiln_variant_parse(const char *spec, kiln_variant *out);
+
+/* Write the canonical spec of *v into buf (always NUL-terminated when cap > 0). Returns the
+ * length the full text needs, excluding the NUL (like snprintf); 0 if *v is invalid, with the
+ * reason in kiln_errmsg(). Format(parse(s)) == s for every canonical s. */
+size_t kiln_variant_format(const kiln_variant *v, char *buf, size_t cap);
+
+/* Check that *v names a variant kiln can generate; KILN_STATUS_UNSUPPORTED with a message
+ * otherwise. */
+kiln_status kiln_variant_check(const kiln_variant *v);
+
+/* ---------------------------------------------------------------------------------------------
+ * Run-time values: one kernel serves every model with the same variant
+ * ------------------------------------------------------------------------------------------- */
+
+typedef uint64_t kiln_devptr; /* a CUdeviceptr */
+
+typedef struct kiln_params {
+    float sm_scale;          /* scale of q.k; 0 means 1/sqrt(D) */
+    float softcap;           /* logits=softcap: the cap (> 0) */
+    int window_left;         /* window=1: how many keys left of the diagonal stay visible (>= 0) */
+    kiln_devptr alibi_slopes; /* logits=alibi: float [H], one slope per query head */
+} kiln_params;
+
+/* Tensors of one single-request launch. Strides are in elements; the last (D) dimension is
+ * always contiguous and 16-byte aligned. A stride of 0 means the dense default. */
+typedef struct kiln_attn_args {
+    kiln_devptr q;   /* decode [H, D]; prefill [L_Q, H, D] */
+    kiln_devptr k;   /* nhd [L_KV, H_KV, D]; hnd [H_KV, L_KV, D] */
+    kiln_devptr v;   /* like k */
+    kiln_devptr o;   /* like q, in out_dtype */
+    kiln_devptr lse; /* variant.lse: float, decode [H], prefill [L_Q, H]; else ignored */
+    int num_qo_heads; /* H; must be a multiple of variant.group */
+    int qo_len;       /* L_Q (prefill; decode ignores it: 1) */
+    int kv_len;       /* L_KV >= 1 */
+    int64_t q_stride_n, q_stride_h; /* defaults H*D and D (decode: q_stride_h only) */
+    int64_t o_stride_n, o_stride_h; /* defaults H*D and D */
+    int64_t k_stride_n, k_stride_h; /* defaults nhd: H_KV*D, D; hnd: D, L_KV*D */
+    int64_t v_stride_n, v_stride_h; /* like k */
+    kiln_devptr workspace;   /* decode split-KV partials; see kiln_decode_workspace_size */
+    size_t workspace_bytes;  /* size of workspace */
+    kiln_params params;      /* run-time values */
+} kiln_attn_args;
+
+/* ---------------------------------------------------------------------------------------------
+ * Context
+ * ------------------------------------------------------------------------------------------- */
+
+typedef struct kiln_ctx kiln_ctx;       /* opaque; thread-safe */
+typedef struct kiln_kernel kiln_kernel; /* opaque; owned by its context */
+
+typedef struct kiln_ctx_opts {
+    const char *cache_dir; /* NULL: $KILN_CACHE_DIR, else $XDG_CACHE_HOME/kiln, else
+                              ~/.cache/kiln; the file is <dir>/kernels.db */
+    int no_cache;          /* 1: keep kernels in memory only, never open a database */
+    int device;            /* CUDA device ordinal (default 0) */
+    int no_device;         /* 1: compile-only, never touch the driver */
+    const char *arch;      /* NULL: the device's arch (sm_90 devices get sm_90a); else a
+                              named target such as "sm_80" or "sm_90a" */
+} kiln_ctx_opts;
+
+/* Create a context. With no GPU or driver the context is compile-only (kiln_ctx_device
+ * reports it) and kiln_kernel_get fails with KILN_STATUS_NO_DEVICE; compile, cache and inspect
+ * still work. opts may be NULL for all defaults. */
+kiln_status kiln_ctx_create(const kiln_ctx_opts *opts, kiln_ctx **out);
+void kiln_ctx_destroy(kiln_ctx *ctx);
+
+/* Last error message of a call on ctx. Valid until the next failing call on ctx. Never NULL. */
+const char *kiln_ctx_errmsg(const kiln_ctx *ctx);
+
+typedef struct kiln_device_info {
+    int present;     /* 0: compile-only context */
+    int ordinal;     /* CUDA ordinal */
+    char name[96];   /* e.g. "NVIDIA H200" */
+    int sm;          /* compute capability * 10, e.g. 90 */
+    int sm_count;    /* multiprocessors */
+    int driver_version; /* e.g. 13000 */
+    char arch[16];   /* the context's target arch, e.g. "sm_90a" */
+} kiln_device_info;
+
+/* Describe the context's device and target arch. */
+kiln_status kiln_ctx_device(const kiln_ctx *ctx, kiln_device_info *out);
+
+/* Path of the cache database, or "" with no_cache. Lives as long as ctx. */
+const char *kiln_ctx_cache_path(const kiln_ctx *ctx);
+
+/* ---------------------------------------------------------------------------------------------
+ * Kernels
+ * ------------------------------------------------------------------------------------------- */
+
+/* Get the kernel for *v on the context's device, loaded and ready to launch: in-process memo,
+ * then the cache, then an NVRTC compile (stored in the cache). The kernel lives as long as ctx.
+ * Thread-safe; a memo hit takes no lock held across I/O. */
+kiln_status kiln_kernel_get(kiln_ctx *ctx, const kiln_variant *v, kiln_kernel **out);
+
+/* Same, from a spec line. */
+kiln_status kiln_kernel_get_spec(kiln_ctx *ctx, const char *spec, kiln_kernel **out);
+
+/* Compile (or find in the cache) *v for a named arch ("sm_80", "sm_90a", ...; NULL: the
+ * context's arch) without loading it; needs no GPU. The kernel lives as long as ctx and can be
+ * inspected but not launched unless arch is the context's own. */
+kiln_status kiln_kernel_compile(kiln_ctx *ctx, const kiln_variant *v, const char *arch,
+                                kiln_kernel **out);
+
+typedef struct kiln_kernel_info {
+    char key[33];        /* 32 hex characters of XXH3-128 */
+    char arch[16];       /* e.g. "sm_90a" */
+    char spec[256];      /* canonical spec */
+    int from_cache;      /* 1: found in the cache; 0: compiled by this process */
+    double compile_ms;   /* NVRTC wall time when it was compiled (whoever compiled it) */
+    int registers;       /* per thread, from ptxas */
+    int smem_bytes;      /* static + dynamic shared memory per block */
+    int spill_bytes;     /* spill stores + loads reported by ptxas */
+    int stack_bytes;     /* stack frame */
+    size_t cubin_bytes;  /* size of the cubin */
+    int threads;         /* threads per block of the main kernel */
+} kiln_kernel_info;
+
+kiln_status kiln_kernel_describe(const kiln_kernel *k, kiln_kernel_info *out);
+
+/* Borrowed texts, alive as long as the kernel's context: the exact source compiled, the NVRTC
+ * log (with ptxas' resource report), the exact text hashed into the key. */
+const char *kiln_kernel_source(const kiln_kernel *k);
+const char *kiln_kernel_log(const kiln_kernel *k);
+const char *kiln_kernel_key_material(const kiln_kernel *k);
+/* The cubin, alive as long as the context. */
+const void *kiln_kernel_cubin(const kiln_kernel *k, size_t *size);
+
+/* ---------------------------------------------------------------------------------------------
+ * Launches: on the caller's stream, never synchronize, never allocate
+ * ------------------------------------------------------------------------------------------- */
+
+/* Bytes of workspace a single decode of this shape needs (0 when one CTA per head group
+ * suffices). Pure host arithmetic. */
+kiln_status kiln_decode_workspace_size(const kiln_kernel *k, int num_qo_heads, int kv_len,
+                                       size_t *bytes);
+
+/* Single-request decode: o[h] = softmax(s(q[h], k)) v for each query head h. The kernel must
+ * be a decode variant; long L_KV is split across CTAs and merged (needs the workspace). */
+kiln_status kiln_single_decode(kiln_kernel *k, const kiln_attn_args *a, void *stream);
+
+/* Single-request prefill: every query row i in [0, L_Q) attends to k, v under the variant's
+ * mask; causal needs L_Q <= L_KV. */
+kiln_status kiln_single_prefill(kiln_kernel *k, const kiln_attn_args *a, void *stream);
+
+/* ---------------------------------------------------------------------------------------------
+ * Versions
+ * ------------------------------------------------------------------------------------------- */
+
+/* kiln's version string ("0.1.0"). */
+const char *kiln_version(void);
+/* NVRTC's version as "major.minor", e.g. "13.0". Static storage. */
+const char *kiln_nvrtc_version(void);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* KILN_H */

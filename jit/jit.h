@@ -1,0 +1,113 @@
+/*
+ * jit.h — variant → canonical spec → tile config → one CUDA source → key → NVRTC cubin.
+ *
+ * The jit module knows nothing of the cache's storage format or of the CUDA driver: it turns a
+ * kiln_variant and a target arch into a self-contained source, the exact key material and a
+ * cubin with its resource report.
+ */
+#ifndef KILN_JIT_H
+#define KILN_JIT_H
+
+#include <stddef.h>
+
+#include "kiln.h"
+#include "util.h"
+
+/* Bump when anything in the key material's layout or the cache row meaning changes. */
+#define KILN__FORMAT_VERSION 1
+
+/* Longest canonical spec (bytes, with NUL). */
+#define KILN__SPEC_MAX 256
+
+/* ---- spec (jit/spec.c) ---------------------------------------------------------------------- */
+
+/* Parse a spec; on failure e says which token and what is allowed. */
+kiln_status kiln__spec_parse(const char *spec, kiln_variant *out, kiln__err *e);
+/* Validate the values of *v (ranges, combinations kiln can generate). */
+kiln_status kiln__variant_check(const kiln_variant *v, kiln__err *e);
+/* Canonical text into buf[cap]; returns needed length or 0 (with e) on an invalid variant. */
+size_t kiln__spec_format(const kiln_variant *v, char *buf, size_t cap, kiln__err *e);
+/* Names of enum values, for messages and the spec ("decode", "bf16", ...). */
+const char *kiln__op_name(kiln_op op);
+const char *kiln__dtype_name(kiln_dtype t);
+const char *kiln__layout_name(kiln_layout l);
+const char *kiln__mask_name(kiln_mask m);
+const char *kiln__logits_name(kiln_logits l);
+
+/* ---- arch (jit/arch.c) ---------------------------------------------------------------------- */
+
+/* Normalise an arch name: "sm_90" → "sm_90a" (Hopper's arch-specific target), "90" → "sm_90a",
+ * "sm_80" stays. Unknown or below sm_80 → KILN_STATUS_UNSUPPORTED. out has 16 bytes. */
+kiln_status kiln__arch_normalize(const char *in, char out[16], kiln__err *e);
+/* Compute capability * 10 of a normalised arch ("sm_90a" → 90). */
+int kiln__arch_sm(const char *arch);
+/* Arch string for a compute capability (90 → "sm_90a"). */
+void kiln__arch_from_sm(int sm, char out[16]);
+
+/* ---- tile configuration (jit/config.c) ------------------------------------------------------ */
+
+/* Everything about a kernel's launch geometry that the source bakes in; derived only from the
+ * variant and the arch, so the runtime can recompute it for a cached kernel. */
+typedef struct kiln__config {
+    int threads;       /* threads per block of the main kernel */
+    int smem_bytes;    /* dynamic shared memory of the main kernel */
+    int block_m;       /* prefill: query rows per CTA; decode: query heads per CTA (= G) */
+    int block_n;       /* KV tokens per tile */
+    int warps;         /* warps per CTA */
+    int stages;        /* KV tile pipeline depth */
+    int merge_threads; /* decode: threads of the split-merge kernel */
+} kiln__config;
+
+void kiln__config_pick(const kiln_variant *v, int sm, kiln__config *cfg);
+
+/* ---- expansion (jit/expand.c) --------------------------------------------------------------- */
+
+/* The embedded templates (generated at build time by tools/embed). */
+typedef struct kiln__template {
+    const char *name; /* path under templates/, e.g. "common/mma.cuh" */
+    const char *text;
+} kiln__template;
+extern const kiln__template kiln__templates[];
+extern const int kiln__templates_count;
+extern const char kiln__templates_digest[]; /* 32 hex chars of XXH3-128 over names+texts */
+
+/* Write the self-contained CUDA source for (v, cfg, arch). Returns malloc'd text. */
+kiln_status kiln__expand(const kiln_variant *v, const kiln__config *cfg, const char *arch,
+                         char **source, kiln__err *e);
+
+/* Entry point names in every generated module. */
+#define KILN__ENTRY_MAIN "kiln_main"
+#define KILN__ENTRY_MERGE "kiln_merge"
+
+/* ---- key (jit/key.c) ------------------------------------------------------------------------ */
+
+/* NVRTC options for an arch, NULL-terminated, static storage. */
+const char *const *kiln__nvrtc_options(const char *arch, int *count);
+
+/* Key material: the exact text that is hashed. malloc'd. */
+kiln_status kiln__key_material(const kiln_variant *v, const char *arch, char **material,
+                               kiln__err *e);
+/* XXH3-128 of the material as 32 lowercase hex chars + NUL. */
+void kiln__key_hash(const char *material, char key[33]);
+
+/* ---- NVRTC (jit/nvrtc.c) -------------------------------------------------------------------- */
+
+typedef struct kiln__compiled {
+    void *cubin;
+    size_t cubin_size;
+    char *log;        /* NVRTC + ptxas log (may be "") */
+    double compile_ms;
+    int registers;    /* parsed from ptxas -v for the main entry; -1 if absent */
+    int smem_static;
+    int spill_bytes;
+    int stack_bytes;
+} kiln__compiled;
+
+kiln_status kiln__nvrtc_compile(const char *source, const char *arch, const char *name,
+                                kiln__compiled *out, kiln__err *e);
+void kiln__compiled_free(kiln__compiled *c);
+/* Parse ptxas' "-v" report for the entry `func` out of log. */
+void kiln__ptxas_parse(const char *log, const char *func, int *registers, int *smem,
+                       int *spill_bytes, int *stack_bytes);
+
+#endif /* KILN_JIT_H */
