@@ -43,6 +43,9 @@ kiln_status kiln__arch_normalize(const char *in, char out[16], kiln__err *e);
 int kiln__arch_sm(const char *arch);
 /* Arch string for a compute capability (90 → "sm_90a"). */
 void kiln__arch_from_sm(int sm, char out[16]);
+/* Normalised archs >= sm_80 the installed NVRTC supports, ascending, NULL-terminated, static
+ * storage (computed once, thread-safe); *count gets their number when count is non-NULL. */
+const char *const *kiln__arch_all(int *count);
 
 /* ---- tile configuration (jit/config.c) ------------------------------------------------------ */
 
