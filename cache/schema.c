@@ -1,0 +1,453 @@
+/*
+ * schema.c — opening the cubin cache: the directory (0700) and the file (0600), the SQLite
+ * connection (WAL, synchronous=NORMAL, a 10 s busy timeout), recognising what the file holds,
+ * creating the schema in one transaction, and refusing — without writing a byte — files that
+ * are not kiln caches or were written by a newer schema. Also the default cache directory and
+ * the statement helpers of store.h. Rows live in store.c; the format is in docs/cache.md.
+ */
+#include "store.h"
+
+#include <ctype.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#define STR_(x) #x
+#define STR(x)  STR_(x)
+
+/* The whole schema, created in one transaction on an empty file. Documented column by column
+ * in docs/cache.md; any change here bumps KILN__CACHE_SCHEMA_VERSION. */
+/* clang-format off */
+static const char schema_sql[] =
+    "CREATE TABLE meta(k TEXT PRIMARY KEY, v TEXT NOT NULL);"
+    "CREATE TABLE kernels("
+    " key TEXT PRIMARY KEY,"
+    " spec TEXT NOT NULL,"
+    " arch TEXT NOT NULL,"
+    " nvrtc TEXT NOT NULL,"
+    " key_material TEXT NOT NULL,"
+    " source TEXT NOT NULL,"
+    " log TEXT NOT NULL,"
+    " cubin BLOB NOT NULL,"
+    " checksum TEXT NOT NULL,"
+    " registers INTEGER,"
+    " smem_bytes INTEGER,"
+    " spill_bytes INTEGER,"
+    " stack_bytes INTEGER,"
+    " compile_ms REAL,"
+    " created INTEGER NOT NULL,"
+    " last_used INTEGER NOT NULL,"
+    " hits INTEGER NOT NULL DEFAULT 0);"
+    "CREATE INDEX kernels_last_used ON kernels(last_used);"
+    "CREATE TABLE stats(k TEXT PRIMARY KEY, v INTEGER NOT NULL);"
+    "INSERT INTO meta(k, v) VALUES"
+    " ('schema_version', '" STR(KILN__CACHE_SCHEMA_VERSION) "'),"
+    " ('created_by', 'kiln " KILN_VERSION_STRING "');"
+    "INSERT INTO stats(k, v) VALUES ('hits', 0), ('misses', 0);";
+/* clang-format on */
+
+/* Opens are serialised in the process: creating the file closes a descriptor on it, and
+ * closing any descriptor drops every POSIX lock this process holds on that file. Under this
+ * lock no other kiln connection of the process can be taking locks on a file just created. */
+static pthread_mutex_t open_lock = PTHREAD_MUTEX_INITIALIZER;
+
+typedef enum db_kind {
+    DB_EMPTY, /* no schema objects at all: ours to initialise */
+    DB_KILN,  /* a kiln cache this kiln reads */
+} db_kind;
+
+/* ---- statement helpers (store.h) ------------------------------------------------------------ */
+
+int kiln__cache_step(kiln__cache *c, sqlite3_stmt *st)
+{
+    c->injected = 0;
+    if (kiln__fault("sqlite")) {
+        c->injected = 1;
+        return SQLITE_IOERR;
+    }
+    return sqlite3_step(st);
+}
+
+int kiln__cache_prepare(kiln__cache *c, const char *sql, sqlite3_stmt **st)
+{
+    c->injected = 0;
+    return sqlite3_prepare_v2(c->db, sql, -1, st, NULL);
+}
+
+int kiln__cache_exec(kiln__cache *c, const char *sql)
+{
+    while (*sql) {
+        sqlite3_stmt *st = NULL;
+        const char *tail = NULL;
+        c->injected = 0;
+        int rc = sqlite3_prepare_v2(c->db, sql, -1, &st, &tail);
+        if (rc != SQLITE_OK) return rc;
+        if (!st) break; /* only white space left */
+        while ((rc = kiln__cache_step(c, st)) == SQLITE_ROW) {
+        }
+        sqlite3_finalize(st); /* keeps the step's message in the connection */
+        if (rc != SQLITE_DONE) return rc;
+        sql = tail;
+    }
+    return SQLITE_OK;
+}
+
+const char *kiln__cache_why(kiln__cache *c)
+{
+    return c->injected ? "disk I/O error (injected fault)" : sqlite3_errmsg(c->db);
+}
+
+void kiln__cache_rollback(kiln__cache *c)
+{
+    if (c->db && !sqlite3_get_autocommit(c->db)) sqlite3_exec(c->db, "ROLLBACK", NULL, NULL, NULL);
+}
+
+kiln_status kiln__cache_fail(kiln__cache *c, kiln__err *e, const char *fmt, ...)
+{
+    char what[600];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(what, sizeof what, fmt, ap);
+    va_end(ap);
+    kiln_status st = kiln__fail(e, KILN_STATUS_CACHE, "cache %s: %s failed: %s", c->path, what,
+                                kiln__cache_why(c));
+    kiln__cache_rollback(c);
+    return st;
+}
+
+/* ---- recognising the file ------------------------------------------------------------------ */
+
+/* A read failure while recognising the file: "not a database" is a refusal, anything else
+ * is reported as it is. */
+static kiln_status inspect_fail(kiln__cache *c, int rc, kiln__err *e)
+{
+    if (rc == SQLITE_NOTADB)
+        return kiln__fail(e, KILN_STATUS_CACHE,
+                          "cache %s: not a kiln cache (file is not a database); left untouched",
+                          c->path);
+    return kiln__cache_fail(c, e, "reading the schema");
+}
+
+/* Read schema_version from a 'meta' table into *version. A missing table shape or value is a
+ * refusal. */
+static kiln_status read_version(kiln__cache *c, long *version, kiln__err *e)
+{
+    sqlite3_stmt *st = NULL;
+    int rc = kiln__cache_prepare(c, "SELECT v FROM meta WHERE k = 'schema_version'", &st);
+    if (rc == SQLITE_ERROR) /* a 'meta' table without k and v columns */
+        return kiln__fail(e, KILN_STATUS_CACHE,
+                          "cache %s: not a kiln cache (its table 'meta' is not kiln's: %s); left "
+                          "untouched",
+                          c->path, sqlite3_errmsg(c->db));
+    if (rc != SQLITE_OK) return inspect_fail(c, rc, e);
+    rc = kiln__cache_step(c, st);
+    if (rc != SQLITE_ROW && rc != SQLITE_DONE) {
+        kiln_status s = inspect_fail(c, rc, e);
+        sqlite3_finalize(st);
+        return s;
+    }
+    char text[64] = "";
+    if (rc == SQLITE_ROW) {
+        const unsigned char *v = sqlite3_column_text(st, 0);
+        snprintf(text, sizeof text, "%s", v ? (const char *)v : "");
+    }
+    sqlite3_finalize(st);
+    if (rc == SQLITE_DONE)
+        return kiln__fail(e, KILN_STATUS_CACHE,
+                          "cache %s: not a kiln cache (table 'meta' has no schema_version); left "
+                          "untouched",
+                          c->path);
+    char *end = NULL;
+    errno = 0;
+    *version = strtol(text, &end, 10);
+    if (errno || end == text || *end || *version < 1)
+        return kiln__fail(e, KILN_STATUS_CACHE,
+                          "cache %s: not a kiln cache (schema_version '%s' is not a version); "
+                          "left untouched",
+                          c->path, text);
+    return KILN_STATUS_OK;
+}
+
+/* Decide what the file holds, reading only. A foreign, future or damaged file is refused with
+ * KILN_STATUS_CACHE and a message saying what was found. */
+static kiln_status inspect(kiln__cache *c, db_kind *kind, kiln__err *e)
+{
+    sqlite3_stmt *st = NULL;
+    int rc = kiln__cache_prepare(c,
+                                 "SELECT count(*),"
+                                 " coalesce(sum(type = 'table'), 0),"
+                                 " coalesce(sum(type = 'table' AND name = 'meta'), 0),"
+                                 " coalesce(sum(type = 'table' AND name = 'kernels'), 0),"
+                                 " coalesce(sum(type = 'table' AND name = 'stats'), 0)"
+                                 " FROM sqlite_master",
+                                 &st);
+    if (rc != SQLITE_OK) return inspect_fail(c, rc, e);
+    rc = kiln__cache_step(c, st);
+    if (rc != SQLITE_ROW) {
+        kiln_status s = inspect_fail(c, rc, e);
+        sqlite3_finalize(st);
+        return s;
+    }
+    int objects = sqlite3_column_int(st, 0), tables = sqlite3_column_int(st, 1);
+    int meta = sqlite3_column_int(st, 2), kernels = sqlite3_column_int(st, 3);
+    int stats = sqlite3_column_int(st, 4);
+    sqlite3_finalize(st);
+    if (objects == 0) {
+        *kind = DB_EMPTY;
+        return KILN_STATUS_OK;
+    }
+    if (!meta)
+        return kiln__fail(e, KILN_STATUS_CACHE,
+                          "cache %s: not a kiln cache (a SQLite database with %d tables and no "
+                          "table 'meta'); left untouched",
+                          c->path, tables);
+    long version = 0;
+    kiln_status s = read_version(c, &version, e);
+    if (s) return s;
+    if (version > KILN__CACHE_SCHEMA_VERSION)
+        return kiln__fail(e, KILN_STATUS_CACHE,
+                          "cache %s: written by schema version %ld, this kiln reads up to %d; "
+                          "left untouched (use a newer kiln or another cache directory)",
+                          c->path, version, KILN__CACHE_SCHEMA_VERSION);
+    /* Older versions would be migrated here; version 1 is the first. */
+    if (!kernels || !stats)
+        return kiln__fail(e, KILN_STATUS_CACHE,
+                          "cache %s: damaged kiln cache (schema version %ld but no table '%s'); "
+                          "left untouched",
+                          c->path, version, kernels ? "stats" : "kernels");
+    *kind = DB_KILN;
+    return KILN_STATUS_OK;
+}
+
+/* Create the schema in one BEGIN IMMEDIATE transaction, unless another process did it while
+ * we waited for the write lock: then check what it wrote. */
+static kiln_status create_schema(kiln__cache *c, kiln__err *e)
+{
+    if (kiln__cache_exec(c, "BEGIN IMMEDIATE") != SQLITE_OK)
+        return kiln__cache_fail(c, e, "creating the schema: begin");
+    db_kind kind = DB_EMPTY;
+    kiln_status s = inspect(c, &kind, e);
+    if (s) {
+        kiln__cache_rollback(c);
+        return s;
+    }
+    if (kind == DB_EMPTY && kiln__cache_exec(c, schema_sql) != SQLITE_OK)
+        return kiln__cache_fail(c, e, "creating the schema");
+    if (kiln__cache_exec(c, "COMMIT") != SQLITE_OK)
+        return kiln__cache_fail(c, e, "creating the schema: commit");
+    return KILN_STATUS_OK;
+}
+
+/* Switch a kiln cache to WAL (a no-op once it is) and set synchronous=NORMAL. */
+static kiln_status set_wal(kiln__cache *c, kiln__err *e)
+{
+    sqlite3_stmt *st = NULL;
+    if (kiln__cache_prepare(c, "PRAGMA journal_mode=WAL", &st) != SQLITE_OK)
+        return kiln__cache_fail(c, e, "switching to WAL");
+    int rc = kiln__cache_step(c, st);
+    if (rc != SQLITE_ROW) {
+        kiln_status s = kiln__cache_fail(c, e, "switching to WAL");
+        sqlite3_finalize(st);
+        return s;
+    }
+    char mode[32];
+    const unsigned char *m = sqlite3_column_text(st, 0);
+    snprintf(mode, sizeof mode, "%s", m ? (const char *)m : "?");
+    sqlite3_finalize(st);
+    if (strcmp(mode, "wal") != 0)
+        return kiln__fail(e, KILN_STATUS_CACHE,
+                          "cache %s: switching to WAL failed: journal_mode stays '%s' (kiln "
+                          "needs WAL for safe use by several processes)",
+                          c->path, mode);
+    if (kiln__cache_exec(c, "PRAGMA synchronous=NORMAL") != SQLITE_OK)
+        return kiln__cache_fail(c, e, "setting synchronous=NORMAL");
+    return KILN_STATUS_OK;
+}
+
+/* ---- the directory and the file ------------------------------------------------------------ */
+
+/* Create dir (only its last component) with mode 0700 when missing. */
+static kiln_status make_dir(const char *dir, kiln__err *e)
+{
+    if (mkdir(dir, 0700) == 0) {
+        if (chmod(dir, 0700) != 0) /* mkdir's mode is filtered by the umask */
+            return kiln__fail(e, KILN_STATUS_IO, "cache %s: chmod 0700 failed: %s", dir,
+                              strerror(errno));
+        return KILN_STATUS_OK;
+    }
+    int err = errno;
+    struct stat sb;
+    if (err == EEXIST && stat(dir, &sb) == 0) {
+        if (S_ISDIR(sb.st_mode)) return KILN_STATUS_OK;
+        return kiln__fail(e, KILN_STATUS_IO, "cache %s: exists and is not a directory", dir);
+    }
+    return kiln__fail(e, KILN_STATUS_IO, "cache %s: creating the directory failed: %s%s", dir,
+                      strerror(err),
+                      err == ENOENT ? " (its parent is missing; kiln creates only the last "
+                                      "component)"
+                                    : "");
+}
+
+/* Make sure c->path exists (created 0600 whatever the umask) and decide whether it can be
+ * written; sets c->readonly and c->ro_why. Runs under open_lock. */
+static kiln_status prepare_file(kiln__cache *c, const char *dir, kiln__err *e)
+{
+    struct stat sb;
+    if (stat(c->path, &sb) != 0) {
+        if (errno != ENOENT)
+            return kiln__fail(e, KILN_STATUS_IO, "cache %s: stat failed: %s", c->path,
+                              strerror(errno));
+        int fd = open(c->path, O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+        if (fd < 0 && errno != EEXIST) /* EEXIST: another process created it just now */
+            return kiln__fail(e, KILN_STATUS_IO, "cache %s: creating the file failed: %s", c->path,
+                              strerror(errno));
+        if (fd >= 0) {
+            int bad = fchmod(fd, 0600) != 0 ? errno : 0;
+            close(fd);
+            if (bad)
+                return kiln__fail(e, KILN_STATUS_IO, "cache %s: chmod 0600 failed: %s", c->path,
+                                  strerror(bad));
+        }
+    } else if (!S_ISREG(sb.st_mode)) {
+        return kiln__fail(e, KILN_STATUS_IO, "cache %s: not a regular file", c->path);
+    }
+    if (faccessat(AT_FDCWD, c->path, R_OK, AT_EACCESS) != 0)
+        return kiln__fail(e, KILN_STATUS_IO, "cache %s: cannot read the file: %s", c->path,
+                          strerror(errno));
+    if (faccessat(AT_FDCWD, c->path, W_OK, AT_EACCESS) != 0) {
+        c->readonly = 1;
+        snprintf(c->ro_why, sizeof c->ro_why, "the file is not writable: %s", strerror(errno));
+    } else if (faccessat(AT_FDCWD, dir, W_OK, AT_EACCESS) != 0) {
+        c->readonly = 1; /* WAL needs kernels.db-wal and kernels.db-shm beside the file */
+        snprintf(c->ro_why, sizeof c->ro_why, "its directory is not writable: %s", strerror(errno));
+    }
+    return KILN_STATUS_OK;
+}
+
+/* Everything of kiln__cache_open that runs under open_lock. */
+static kiln_status open_locked(kiln__cache *c, const char *dir, kiln__err *e)
+{
+    kiln_status s = make_dir(dir, e);
+    if (!s) s = prepare_file(c, dir, e);
+    if (s) return s;
+    int flags =
+        (c->readonly ? SQLITE_OPEN_READONLY : SQLITE_OPEN_READWRITE) | SQLITE_OPEN_FULLMUTEX;
+    char wal[KILN__CACHE_PATH_MAX + 8];
+    snprintf(wal, sizeof wal, "%s-wal", c->path);
+    kiln__str uri = {0};
+    if (c->readonly && access(wal, F_OK) != 0) {
+        /* SQLite cannot read a WAL database it may not create -wal/-shm for, unless told
+         * that nothing writes it: a shipped, read-only cache (docs/cache.md) */
+        kiln__str_puts(&uri, "file:");
+        for (const char *p = c->path; *p; p++) {
+            if (isalnum((unsigned char)*p) || strchr("/-_.~", *p))
+                kiln__str_add(&uri, p, 1);
+            else
+                kiln__str_printf(&uri, "%%%02X", (unsigned char)*p);
+        }
+        kiln__str_puts(&uri, "?immutable=1");
+        if (uri.oom)
+            return kiln__fail(e, KILN_STATUS_NO_MEMORY, "cache %s: out of memory", c->path);
+        flags |= SQLITE_OPEN_URI;
+    }
+    int rc = sqlite3_open_v2(uri.p ? uri.p : c->path, &c->db, flags, NULL);
+    kiln__str_free(&uri);
+    if (rc != SQLITE_OK)
+        return kiln__fail(e, KILN_STATUS_CACHE, "cache %s: opening failed: %s", c->path,
+                          c->db ? sqlite3_errmsg(c->db) : sqlite3_errstr(rc));
+    sqlite3_busy_timeout(c->db, KILN__CACHE_BUSY_MS);
+    /* Until the file is known to be ours, closing must not checkpoint a WAL into it. */
+    sqlite3_db_config(c->db, SQLITE_DBCONFIG_NO_CKPT_ON_CLOSE, 1, (int *)NULL);
+    db_kind kind = DB_EMPTY;
+    s = inspect(c, &kind, e);
+    if (s) return s;
+    if (kind == DB_EMPTY) {
+        if (c->readonly)
+            return kiln__fail(e, KILN_STATUS_IO, "cache %s: cannot initialise an empty cache: %s",
+                              c->path, c->ro_why);
+        s = create_schema(c, e);
+        if (s) return s;
+    }
+    if (!c->readonly) {
+        s = set_wal(c, e);
+        if (s) return s;
+    }
+    sqlite3_db_config(c->db, SQLITE_DBCONFIG_NO_CKPT_ON_CLOSE, 0, (int *)NULL);
+    return KILN_STATUS_OK;
+}
+
+/* ---- public ---------------------------------------------------------------------------------- */
+
+kiln_status kiln__cache_open(const char *dir, kiln__cache **out, kiln__err *e)
+{
+    if (out) *out = NULL;
+    if (!dir || !*dir || !out)
+        return kiln__fail(e, KILN_STATUS_INVALID_ARGUMENT, "cache: open needs a directory");
+    if (!sqlite3_threadsafe())
+        return kiln__fail(e, KILN_STATUS_CACHE,
+                          "cache %s: this SQLite library was built without thread support", dir);
+    kiln__cache *c = kiln__fault("malloc") ? NULL : calloc(1, sizeof *c);
+    if (!c) return kiln__fail(e, KILN_STATUS_NO_MEMORY, "cache %s: out of memory", dir);
+    pthread_mutex_init(&c->lock, NULL);
+    char d[KILN__CACHE_PATH_MAX];
+    size_t n = strlen(dir);
+    while (n > 1 && dir[n - 1] == '/') n--; /* "a/b/" → "a/b", "/" stays */
+    int len = snprintf(d, sizeof d, "%.*s", (int)n, dir);
+    int plen =
+        snprintf(c->path, sizeof c->path, "%s%skernels.db", d, n == 1 && d[0] == '/' ? "" : "/");
+    if (len < 0 || plen < 0 || (size_t)plen >= sizeof c->path) {
+        kiln__cache_close(c);
+        return kiln__fail(e, KILN_STATUS_INVALID_ARGUMENT, "cache %.200s...: path is too long",
+                          dir);
+    }
+    pthread_mutex_lock(&open_lock);
+    kiln_status s = open_locked(c, d, e);
+    pthread_mutex_unlock(&open_lock);
+    if (s) {
+        kiln__cache_close(c);
+        return s;
+    }
+    *out = c;
+    return KILN_STATUS_OK;
+}
+
+void kiln__cache_close(kiln__cache *c)
+{
+    if (!c) return;
+    if (c->db) sqlite3_close(c->db); /* every statement is finalised by the call that made it */
+    pthread_mutex_destroy(&c->lock);
+    free(c);
+}
+
+const char *kiln__cache_path(const kiln__cache *c) { return c ? c->path : ""; }
+
+kiln_status kiln__cache_default_dir(char *out, size_t cap, kiln__err *e)
+{
+    if (!out || !cap)
+        return kiln__fail(e, KILN_STATUS_INVALID_ARGUMENT, "cache: default_dir needs a buffer");
+    out[0] = 0;
+    const char *v = getenv("KILN_CACHE_DIR");
+    int n;
+    if (v && *v)
+        n = snprintf(out, cap, "%s", v);
+    else if ((v = getenv("XDG_CACHE_HOME")) && v[0] == '/') /* relative values are ignored */
+        n = snprintf(out, cap, "%s/kiln", v);
+    else if ((v = getenv("HOME")) && *v)
+        n = snprintf(out, cap, "%s/.cache/kiln", v);
+    else
+        return kiln__fail(e, KILN_STATUS_INVALID_ARGUMENT,
+                          "cache: no cache directory: KILN_CACHE_DIR, XDG_CACHE_HOME and HOME "
+                          "are all unset or empty (set KILN_CACHE_DIR)");
+    if (n < 0 || (size_t)n >= cap) {
+        out[0] = 0;
+        return kiln__fail(e, KILN_STATUS_INVALID_ARGUMENT,
+                          "cache: the cache directory path is too long (%d bytes, room for %zu)", n,
+                          cap - 1);
+    }
+    return KILN_STATUS_OK;
+}

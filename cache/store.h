@@ -1,0 +1,53 @@
+/*
+ * store.h — what cache/schema.c (opening, the schema) and cache/store.c (rows) share: the
+ * handle, and the few helpers that run a SQLite statement with fault injection and turn a
+ * failure into a message "cache <path>: <what> failed: <why>". Private to cache/.
+ */
+#ifndef KILN_CACHE_STORE_H
+#define KILN_CACHE_STORE_H
+
+#include <pthread.h>
+#include <sqlite3.h>
+
+#include "cache.h"
+
+/* How long a statement waits for another connection's lock before failing, in ms. */
+#define KILN__CACHE_BUSY_MS 10000
+/* How long a cache hit waits to record itself (hit counters are best effort), in ms. */
+#define KILN__CACHE_BUMP_BUSY_MS 100
+/* Longest <dir>/kernels.db, with its NUL. */
+#define KILN__CACHE_PATH_MAX 4096
+
+struct kiln__cache {
+    sqlite3 *db;                     /* one connection, opened SQLITE_OPEN_FULLMUTEX */
+    pthread_mutex_t lock;            /* held across each operation (transactions are per
+                                        connection, so two threads must not interleave) */
+    int readonly;                    /* 1: opened read-only; puts and removes are refused */
+    int injected;                    /* 1: the last step failed by fault injection */
+    char ro_why[256];                /* why the cache is read-only ("" when it is not) */
+    char path[KILN__CACHE_PATH_MAX]; /* <dir>/kernels.db */
+};
+
+/* sqlite3_step(st), unless the "sqlite" fault site fires: then SQLITE_IOERR without running
+ * it, and c->injected is set so that kiln__cache_why says so. */
+int kiln__cache_step(kiln__cache *c, sqlite3_stmt *st);
+
+/* Prepare one statement (clears c->injected). Returns a SQLite result code. */
+int kiln__cache_prepare(kiln__cache *c, const char *sql, sqlite3_stmt **st);
+
+/* Run every statement of sql, discarding rows. Returns SQLITE_OK or the failing code. */
+int kiln__cache_exec(kiln__cache *c, const char *sql);
+
+/* Why the last call on c's connection failed: SQLite's message, or the injected fault.
+ * Borrowed; valid until the next call on the connection. */
+const char *kiln__cache_why(kiln__cache *c);
+
+/* Roll back the open transaction, if any. Never injected; overwrites SQLite's message, so
+ * format the error first (kiln__cache_fail does). */
+void kiln__cache_rollback(kiln__cache *c);
+
+/* Write "cache <path>: <fmt...> failed: <why>" into e, roll back any open transaction and
+ * return KILN_STATUS_CACHE. */
+kiln_status kiln__cache_fail(kiln__cache *c, kiln__err *e, const char *fmt, ...) KILN__PRINTF(3, 4);
+
+#endif /* KILN_CACHE_STORE_H */
