@@ -1,0 +1,434 @@
+/*
+ * test_cli.c — the `kiln` binary end to end: help and usage errors, compile then cached, several
+ * archs, ls (text and JSON), show (summary, source, key material, cubin), rm, warm on a small
+ * manifest (twice, and from stdin), malformed and missing manifests, info, and the GPU-less
+ * paths of compile and check. Each test runs the binary (kt_kiln_bin) with fork + exec on a
+ * cache in its own temp dir and captures stdout, stderr and the exit status.
+ *
+ * Compiles are the slow part (~0.5 s each): the whole file does six, all decode head_dim=64.
+ */
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "kt.h"
+
+/* Most arguments one run passes. */
+#define RUN_ARGS_MAX 32
+
+#define SPEC_A "op=decode dtype=bf16 head_dim=64 group=1"
+
+/* What one run of the binary left behind. */
+typedef struct cli_run {
+    int code;  /* exit status; -1 when it did not exit normally or could not start */
+    char *out; /* stdout, NUL-terminated (malloc'd) */
+    char *err; /* stderr */
+} cli_run;
+
+static void run_free(cli_run *r)
+{
+    free(r->out);
+    free(r->err);
+    memset(r, 0, sizeof *r);
+}
+
+/* A whole file as a malloc'd string ("" when it cannot be read). */
+static char *slurp(const char *path, size_t *size)
+{
+    FILE *f = fopen(path, "rb");
+    char *buf = NULL;
+    size_t n = 0, cap = 0;
+    if (f) {
+        char chunk[4096];
+        size_t got;
+        while ((got = fread(chunk, 1, sizeof chunk, f)) > 0) {
+            if (n + got + 1 > cap) {
+                cap = (n + got + 1) * 2;
+                char *p = realloc(buf, cap);
+                if (!p) break;
+                buf = p;
+            }
+            memcpy(buf + n, chunk, got);
+            n += got;
+        }
+        fclose(f);
+    }
+    if (!buf) buf = calloc(1, 1);
+    else buf[n] = 0;
+    if (size) *size = n;
+    return buf;
+}
+
+static void write_file(const char *path, const char *text)
+{
+    FILE *f = fopen(path, "w");
+    if (f) {
+        fputs(text, f);
+        fclose(f);
+    }
+}
+
+/* Run `kiln --cache <tmp>/cache args...` with stdin from `in` (NULL: /dev/null). Returns the
+ * exit status (also in r->code). */
+static int run_in(cli_run *r, const char *in, const char *const *args)
+{
+    char out_path[600], err_path[600], cache[600];
+    const char *tmp = kt_tmpdir();
+    snprintf(out_path, sizeof out_path, "%s/stdout.txt", tmp);
+    snprintf(err_path, sizeof err_path, "%s/stderr.txt", tmp);
+    snprintf(cache, sizeof cache, "%s/cache", tmp);
+    const char *argv[RUN_ARGS_MAX + 4] = {kt_kiln_bin(), "--cache", cache};
+    int argc = 3;
+    for (int i = 0; args[i] && argc < RUN_ARGS_MAX; i++) argv[argc++] = args[i];
+    argv[argc] = NULL;
+
+    memset(r, 0, sizeof *r);
+    r->code = -1;
+    fflush(stdout);
+    pid_t pid = fork();
+    if (pid == 0) {
+        int fi = open(in ? in : "/dev/null", O_RDONLY);
+        int fo = open(out_path, O_WRONLY | O_CREAT | O_TRUNC, 0600);
+        int fe = open(err_path, O_WRONLY | O_CREAT | O_TRUNC, 0600);
+        if (fi < 0 || fo < 0 || fe < 0) _exit(126);
+        dup2(fi, 0);
+        dup2(fo, 1);
+        dup2(fe, 2);
+        execv(argv[0], (char *const *)argv);
+        _exit(127);
+    }
+    int status = 0;
+    if (pid > 0 && waitpid(pid, &status, 0) == pid && WIFEXITED(status))
+        r->code = WEXITSTATUS(status);
+    r->out = slurp(out_path, NULL);
+    r->err = slurp(err_path, NULL);
+    return r->code;
+}
+
+#define RUN(r, ...) run_in((r), NULL, (const char *const[]){__VA_ARGS__, NULL})
+#define RUN_STDIN(r, in, ...) run_in((r), (in), (const char *const[]){__VA_ARGS__, NULL})
+
+/* Fail the test unless the binary exists. */
+static int have_bin(void)
+{
+    if (access(kt_kiln_bin(), X_OK) == 0) return 1;
+    kt_fail(__FILE__, __LINE__, "%s is not an executable (build it, or pass --kiln PATH)",
+            kt_kiln_bin());
+    return 0;
+}
+
+/* Count the lines of s. */
+static int count_lines(const char *s)
+{
+    int n = 0;
+    for (; *s; s++) n += *s == '\n';
+    return n;
+}
+
+/* Copy the 32-character key that starts line `line` (0-based) of out into key. */
+static void key_of_line(const char *out, int line, char key[33])
+{
+    key[0] = 0;
+    for (; line > 0 && out; line--) {
+        out = strchr(out, '\n');
+        if (out) out++;
+    }
+    if (out && strlen(out) >= 32) {
+        memcpy(key, out, 32);
+        key[32] = 0;
+    }
+}
+
+/* ---- help and usage ------------------------------------------------------------------------- */
+
+KT_TEST(cli_help)
+{
+    if (!have_bin()) return;
+    cli_run r;
+    KT_EQ_INT(RUN(&r, "--help"), 0);
+    KT_CONTAINS(r.out, "usage: kiln");
+    KT_CONTAINS(r.out, "warm");
+    run_free(&r);
+    static const char *const cmds[] = {"info", "compile", "warm", "ls", "show", "rm", "check", "help"};
+    for (size_t i = 0; i < sizeof cmds / sizeof cmds[0]; i++) {
+        char want[64];
+        snprintf(want, sizeof want, "usage: kiln %s", cmds[i]);
+        KT_EQ_INT(RUN(&r, cmds[i], "--help"), 0);
+        KT_CONTAINS(r.out, want);
+        run_free(&r);
+        KT_EQ_INT(RUN(&r, cmds[i], "-h"), 0);
+        KT_CONTAINS(r.out, want);
+        run_free(&r);
+    }
+    KT_EQ_INT(RUN(&r, "help", "show"), 0);
+    KT_CONTAINS(r.out, "--key-material");
+    run_free(&r);
+    KT_EQ_INT(RUN(&r, "--version"), 0);
+    KT_CONTAINS(r.out, kiln_version());
+    run_free(&r);
+}
+
+KT_TEST(cli_usage_errors)
+{
+    if (!have_bin()) return;
+    cli_run r;
+    KT_EQ_INT(RUN(&r, "frobnicate"), 2);
+    KT_CONTAINS(r.err, "unknown command 'frobnicate'");
+    run_free(&r);
+    KT_EQ_INT(RUN(&r, "compile", "--bogus", SPEC_A), 2);
+    KT_CONTAINS(r.err, "kiln compile: unknown option '--bogus'");
+    run_free(&r);
+    KT_EQ_INT(RUN(&r, "--bogus", "ls"), 2);
+    run_free(&r);
+    KT_EQ_INT(RUN(&r, "ls", "extra"), 2);
+    run_free(&r);
+    KT_EQ_INT(RUN(&r, "compile", "--arch"), 2);
+    KT_CONTAINS(r.err, "needs a value");
+    run_free(&r);
+    KT_EQ_INT(RUN(&r, "compile", "--arch", "sm_90a"), 2);
+    KT_CONTAINS(r.err, "missing SPEC");
+    run_free(&r);
+    KT_EQ_INT(RUN(&r, "warm", "--jobs", "0", "m.txt"), 2);
+    run_free(&r);
+    KT_EQ_INT(RUN(&r, "rm"), 2);
+    run_free(&r);
+}
+
+KT_TEST(cli_bad_spec_and_arch)
+{
+    if (!have_bin()) return;
+    cli_run r;
+    /* Several words joined into one spec; the bad token is named. */
+    KT_EQ_INT(RUN(&r, "compile", "--arch", "sm_90a", "op=decode", "frobnicate=1"), 2);
+    KT_CONTAINS(r.err, "kiln compile: ");
+    KT_CONTAINS(r.err, "frobnicate");
+    KT_EQ_STR(r.out, "");
+    run_free(&r);
+    KT_EQ_INT(RUN(&r, "compile", "--arch", "sm_90a", "op=decode head_dim=65"), 2);
+    KT_CONTAINS(r.err, "head_dim");
+    run_free(&r);
+    KT_EQ_INT(RUN(&r, "compile", "--arch", "sm_75", SPEC_A), 2);
+    KT_CONTAINS(r.err, "sm_75");
+    run_free(&r);
+    KT_EQ_INT(RUN(&r, "compile", "--arch", "sm_90a,bogus", SPEC_A), 2);
+    KT_CONTAINS(r.err, "bogus");
+    run_free(&r);
+    KT_EQ_INT(RUN(&r, "compile", "--arch", "sm_90a,", SPEC_A), 2);
+    run_free(&r);
+    KT_EQ_INT(RUN(&r, "check", "op=decode", "frobnicate=1"), 2);
+    run_free(&r);
+}
+
+/* ---- compile -------------------------------------------------------------------------------- */
+
+KT_TEST(cli_compile_cached)
+{
+    if (!have_bin()) return;
+    cli_run r;
+    char key[33], key80[33], key90[33];
+    KT_EQ_INT(RUN(&r, "compile", "--arch", "sm_90a", SPEC_A), 0);
+    KT_CONTAINS(r.out, " sm_90a compiled ");
+    KT_CONTAINS(r.out, " regs=");
+    KT_CONTAINS(r.out, "op=decode dtype=bf16 head_dim=64 group=1 layout=nhd");
+    KT_EQ_INT(count_lines(r.out), 1);
+    key_of_line(r.out, 0, key);
+    run_free(&r);
+    /* The same spec in another spelling and order, split over words: a cache hit. */
+    KT_EQ_INT(RUN(&r, "compile", "group=1", "head_dim=64", "--arch", "sm_90", "op=decode",
+                  "dtype=bf16"), 0);
+    KT_CONTAINS(r.out, " sm_90a cached ");
+    KT_CONTAINS(r.out, key);
+    run_free(&r);
+    KT_EQ_INT(RUN(&r, "compile", "--arch", "sm_80,sm_90a", SPEC_A), 0);
+    KT_EQ_INT(count_lines(r.out), 2);
+    KT_CONTAINS(r.out, " sm_80 compiled ");
+    KT_CONTAINS(r.out, " sm_90a cached ");
+    key_of_line(r.out, 0, key80);
+    key_of_line(r.out, 1, key90);
+    KT_EQ_STR(key90, key);
+    KT_CHECK(strlen(key80) == 32 && strcmp(key80, key90) != 0);
+    run_free(&r);
+}
+
+KT_TEST(cli_compile_needs_arch)
+{
+    if (!have_bin()) return;
+    if (kt_have_gpu()) {
+        kt_skip("a GPU is present: compile picks its arch");
+        return;
+    }
+    cli_run r;
+    KT_EQ_INT(RUN(&r, "compile", SPEC_A), 2);
+    KT_CONTAINS(r.err, "kiln compile: no GPU here: name an arch with --arch");
+    run_free(&r);
+    KT_EQ_INT(RUN(&r, "show", SPEC_A), 2);
+    KT_CONTAINS(r.err, "no GPU here");
+    run_free(&r);
+    KT_EQ_INT(RUN(&r, "warm", "-"), 2);
+    run_free(&r);
+}
+
+KT_TEST(cli_check_needs_gpu)
+{
+    if (!have_bin()) return;
+    if (kt_have_gpu()) {
+        kt_skip("a GPU is present");
+        return;
+    }
+    cli_run r;
+    KT_EQ_INT(RUN(&r, "check", SPEC_A, "--kv-len", "100,577"), 1);
+    KT_CONTAINS(r.err, "kiln check: no GPU: ");
+    run_free(&r);
+    KT_EQ_INT(RUN(&r, "check", SPEC_A, "--heads", "3", "--kv-len", "0"), 2);
+    run_free(&r);
+}
+
+/* ---- ls, show, rm --------------------------------------------------------------------------- */
+
+KT_TEST(cli_ls_show_rm)
+{
+    if (!have_bin()) return;
+    cli_run r;
+    char key[33], prefix[9], cubin[600], want[64];
+    KT_EQ_INT(RUN(&r, "compile", "--arch", "sm_90a", SPEC_A), 0);
+    key_of_line(r.out, 0, key);
+    run_free(&r);
+    KT_REQUIRE(strlen(key) == 32);
+    snprintf(prefix, sizeof prefix, "%.8s", key);
+
+    KT_EQ_INT(RUN(&r, "ls"), 0);
+    KT_CONTAINS(r.out, "KEY");
+    KT_CONTAINS(r.out, key);
+    KT_CONTAINS(r.out, "sm_90a");
+    KT_EQ_INT(count_lines(r.out), 2);
+    run_free(&r);
+    KT_EQ_INT(RUN(&r, "ls", "--json"), 0);
+    KT_CHECK(r.out[0] == '[');
+    KT_CHECK(strlen(r.out) >= 2 && !strcmp(r.out + strlen(r.out) - 2, "]\n"));
+    snprintf(want, sizeof want, "\"key\": \"%s\"", key);
+    KT_CONTAINS(r.out, want);
+    KT_CONTAINS(r.out, "\"spec\": \"op=decode");
+    run_free(&r);
+
+    KT_EQ_INT(RUN(&r, "show", prefix), 0);
+    KT_CONTAINS(r.out, key);
+    KT_CONTAINS(r.out, "registers:");
+    KT_CONTAINS(r.out, "hits:");
+    run_free(&r);
+    KT_EQ_INT(RUN(&r, "show", prefix, "--source"), 0);
+    KT_CONTAINS(r.out, "generated");
+    KT_CONTAINS(r.out, "op=decode dtype=bf16 head_dim=64 group=1");
+    run_free(&r);
+    KT_EQ_INT(RUN(&r, "show", prefix, "--key-material"), 0);
+    KT_CONTAINS(r.out, "sm_90a");
+    KT_CONTAINS(r.out, kiln_nvrtc_version());
+    run_free(&r);
+    KT_EQ_INT(RUN(&r, "show", prefix, "--log"), 0);
+    run_free(&r);
+    snprintf(cubin, sizeof cubin, "%s/k.cubin", kt_tmpdir());
+    KT_EQ_INT(RUN(&r, "show", prefix, "--cubin", cubin), 0);
+    run_free(&r);
+    size_t size = 0;
+    char *bytes = slurp(cubin, &size);
+    KT_CHECK(size > 4 && !memcmp(bytes, "\177ELF", 4));
+    free(bytes);
+    /* By spec: found in the cache, the same key. */
+    KT_EQ_INT(RUN(&r, "show", "--arch", "sm_90a", SPEC_A), 0);
+    KT_CONTAINS(r.out, key);
+    run_free(&r);
+
+    KT_EQ_INT(RUN(&r, "rm", prefix), 0);
+    KT_CONTAINS(r.out, "removed 1");
+    run_free(&r);
+    KT_EQ_INT(RUN(&r, "show", prefix), 2);
+    KT_CONTAINS(r.err, "kiln show: ");
+    run_free(&r);
+    KT_EQ_INT(RUN(&r, "rm", prefix), 1);
+    KT_CONTAINS(r.out, "removed 0");
+    run_free(&r);
+    KT_EQ_INT(RUN(&r, "ls", "--json"), 0);
+    KT_EQ_STR(r.out, "[]\n");
+    run_free(&r);
+}
+
+/* ---- warm ----------------------------------------------------------------------------------- */
+
+static const char manifest3[] = "# three decode variants\n"
+                                "op=decode dtype=bf16 head_dim=64 group=2\n"
+                                "\n"
+                                "op=decode dtype=f16 head_dim=64 group=1   # trailing comment\n"
+                                "   op=decode dtype=bf16 head_dim=64 group=4 lse=1\n";
+
+KT_TEST(cli_warm)
+{
+    if (!have_bin()) return;
+    cli_run r;
+    char m[600];
+    snprintf(m, sizeof m, "%s/m.txt", kt_tmpdir());
+    write_file(m, manifest3);
+    KT_EQ_INT(RUN(&r, "warm", "--arch", "sm_90a", "--jobs", "2", m), 0);
+    KT_CONTAINS(r.out, "3 kernels: 3 compiled, 0 cached, 0 failed");
+    run_free(&r);
+    KT_EQ_INT(RUN(&r, "warm", "--arch", "sm_90a", m), 0);
+    KT_CONTAINS(r.out, "3 kernels: 0 compiled, 3 cached, 0 failed");
+    run_free(&r);
+    KT_EQ_INT(RUN_STDIN(&r, m, "warm", "--arch", "sm_90a", "--jobs", "3", "-"), 0);
+    KT_CONTAINS(r.out, "3 kernels: 0 compiled, 3 cached, 0 failed");
+    run_free(&r);
+    /* Shards 0/2 and 1/2 split the three items. */
+    KT_EQ_INT(RUN(&r, "warm", "--arch", "sm_90a", "--shard", "1/2", m), 0);
+    KT_CONTAINS(r.out, "1 kernels: 0 compiled, 1 cached, 0 failed");
+    run_free(&r);
+    KT_EQ_INT(RUN(&r, "ls"), 0);
+    KT_EQ_INT(count_lines(r.out), 4);
+    run_free(&r);
+}
+
+KT_TEST(cli_warm_bad_manifest)
+{
+    if (!have_bin()) return;
+    cli_run r;
+    char m[600], missing[600];
+    snprintf(m, sizeof m, "%s/bad.txt", kt_tmpdir());
+    snprintf(missing, sizeof missing, "%s/nope.txt", kt_tmpdir());
+    write_file(m, SPEC_A "\n# fine so far\nop=decode head_dim=100\n");
+    KT_EQ_INT(RUN(&r, "warm", "--arch", "sm_90a", m), 2);
+    KT_CONTAINS(r.err, "bad.txt:3: ");
+    KT_CONTAINS(r.err, "head_dim");
+    KT_EQ_STR(r.out, "");
+    run_free(&r);
+    /* Nothing was compiled. */
+    KT_EQ_INT(RUN(&r, "ls", "--json"), 0);
+    KT_EQ_STR(r.out, "[]\n");
+    run_free(&r);
+    KT_EQ_INT(RUN(&r, "warm", "--arch", "sm_90a", missing), 2);
+    KT_CONTAINS(r.err, "nope.txt");
+    run_free(&r);
+    KT_EQ_INT(RUN(&r, "warm", "--arch", "sm_90a", "--shard", "2/2", m), 2);
+    run_free(&r);
+}
+
+/* ---- info ----------------------------------------------------------------------------------- */
+
+KT_TEST(cli_info)
+{
+    if (!have_bin()) return;
+    cli_run r;
+    char cache[600];
+    snprintf(cache, sizeof cache, "%s/cache/kernels.db", kt_tmpdir());
+    KT_EQ_INT(RUN(&r, "info"), 0);
+    KT_CONTAINS(r.out, kiln_version());
+    KT_CONTAINS(r.out, kiln_nvrtc_version());
+    KT_CONTAINS(r.out, cache);
+    KT_CONTAINS(r.out, "cache entries: 0");
+    KT_CONTAINS(r.out, "sm_90a");
+    KT_CONTAINS(r.out, kt_have_gpu() ? "gpu 0: " : "gpu: none (compile-only: ");
+    run_free(&r);
+    KT_EQ_INT(RUN(&r, "info", "--gpu-count"), 0);
+    KT_EQ_INT(atoi(r.out), kt_have_gpu() ? atoi(r.out) : 0);
+    KT_CHECK(!kt_have_gpu() || atoi(r.out) >= 1);
+    run_free(&r);
+}

@@ -1,0 +1,115 @@
+/*
+ * cli.h — what the files of the `kiln` command-line tool share: the global options, the command
+ * table entry, the option parser, and small helpers (error lines, a spec from words, arch
+ * lists, opening a context or the cache). Internal to tools/; never linked into the library.
+ *
+ * Exit status of every command: CLI_OK (0) on success, CLI_FAIL (1) on a run-time failure,
+ * CLI_USAGE (2) on bad usage or input. Every error goes to stderr as "kiln <cmd>: <message>".
+ */
+#ifndef KILN_CLI_H
+#define KILN_CLI_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "cache.h"
+#include "kiln.h"
+#include "util.h"
+
+enum { CLI_OK = 0, CLI_FAIL = 1, CLI_USAGE = 2 };
+
+/* Most archs one command handles (kiln__arch_all lists fewer). */
+#define CLI_ARCH_MAX 64
+
+/* The message an arch-less command gets on a machine with no GPU. */
+#define CLI_NO_GPU_MSG "no GPU here: name an arch with --arch (e.g. sm_90a)"
+
+/* Options that apply to every command. */
+typedef struct cli_global {
+    const char *cache_dir; /* --cache DIR; NULL: $KILN_CACHE_DIR, else the library's default */
+} cli_global;
+
+typedef struct cli_cmd cli_cmd;
+
+/* A command's handler. argv[0..argc) are the words after the command name. Returns the exit
+ * status. */
+typedef int (*cli_handler)(cli_global *g, const cli_cmd *cmd, int argc, char **argv);
+
+/* One row of the command table: drives dispatch and help. */
+struct cli_cmd {
+    const char *name;    /* "compile" */
+    cli_handler run;     /* the handler */
+    const char *summary; /* one line for `kiln --help` */
+    const char *usage;   /* full help text for `kiln CMD --help` */
+};
+
+/* One option of a command for cli_parse. A table ends with a row whose name is NULL. */
+typedef struct cli_opt {
+    const char *name;   /* "--arch" */
+    const char **value; /* non-NULL: the option takes an argument, stored here */
+    int *flag;          /* non-NULL: a switch, set to 1 when present */
+} cli_opt;
+
+/* Parse a command's words. Options may come anywhere, as "--name VALUE" or "--name=VALUE";
+ * "--" ends them; "-" alone is a positional; --cache DIR is accepted by every command. The
+ * positionals are moved, in order, to the front of argv and counted in *npos.
+ * Returns 0 to go on, -1 after printing the command's help (exit 0), or CLI_USAGE after
+ * printing why. */
+int cli_parse(cli_global *g, const cli_cmd *cmd, int argc, char **argv, const cli_opt *opts,
+              int *npos);
+
+/* Print "kiln <cmd>: <message>\n" to stderr and return code. */
+int cli_fail(const char *cmd, int code, const char *fmt, ...) KILN__PRINTF(3, 4);
+
+/* Parse a whole decimal number in [min, max] given to option opt; CLI_USAGE with a message
+ * otherwise. */
+int cli_long(const char *cmd, const char *opt, const char *s, long min, long max, long *out);
+
+/* Join words[0..n) with single spaces into a spec, parse and validate it: *v gets the
+ * variant and canon[cap] its canonical text. Returns 0, or CLI_USAGE after printing the
+ * parser's message (which names the token). */
+int cli_spec(const char *cmd, int n, char **words, kiln_variant *v, char *canon, size_t cap);
+
+/* A list of target archs. "native" entries are kept as "" until cli_archs_resolve. */
+typedef struct cli_archs {
+    int n;
+    int native; /* 1: some entry is the context's arch ("native", or no --arch given) */
+    char a[CLI_ARCH_MAX][16];
+} cli_archs;
+
+/* Parse an --arch value: comma-separated names, "native", "all" (every arch NVRTC offers).
+ * NULL means native. Names are normalised (sm_90 → sm_90a) and duplicates dropped. Returns 0
+ * or CLI_USAGE with the arch module's message. */
+int cli_archs_parse(const char *cmd, const char *list, cli_archs *out);
+
+/* Replace native entries by the context's arch. CLI_USAGE with CLI_NO_GPU_MSG when the
+ * context has none (no GPU). */
+int cli_archs_resolve(const char *cmd, kiln_ctx *ctx, cli_archs *a);
+
+/* Create a context on the cache of g (no_device: compile-only, never touch the driver).
+ * Returns 0, or CLI_FAIL after printing the reason. */
+int cli_ctx_open(const cli_global *g, const char *cmd, int no_device, kiln_ctx **out);
+
+/* Open the cache of g directly (for ls, show, rm, info). Returns 0 or CLI_FAIL. */
+int cli_cache_open(const cli_global *g, const char *cmd, kiln__cache **out);
+
+/* Milliseconds on the monotonic clock. */
+double cli_now_ms(void);
+
+/* Unix seconds as "2026-11-29T16:20:05Z" into out[32]; "-" for 0. */
+void cli_iso_time(int64_t t, char out[32]);
+
+/* Shared memory per block of a cached row: the row's static bytes plus the dynamic bytes of
+ * the tile configuration its spec and arch give (what kiln_kernel_describe reports). */
+int cli_row_smem(const char *spec, const char *arch, int static_bytes);
+
+/* The commands (tools/cli_cmds.c, tools/cli_warm.c). */
+int cli_cmd_info(cli_global *g, const cli_cmd *cmd, int argc, char **argv);
+int cli_cmd_compile(cli_global *g, const cli_cmd *cmd, int argc, char **argv);
+int cli_cmd_warm(cli_global *g, const cli_cmd *cmd, int argc, char **argv);
+int cli_cmd_ls(cli_global *g, const cli_cmd *cmd, int argc, char **argv);
+int cli_cmd_show(cli_global *g, const cli_cmd *cmd, int argc, char **argv);
+int cli_cmd_rm(cli_global *g, const cli_cmd *cmd, int argc, char **argv);
+int cli_cmd_check(cli_global *g, const cli_cmd *cmd, int argc, char **argv);
+
+#endif /* KILN_CLI_H */

@@ -1,0 +1,559 @@
+/*
+ * cli_cmds.c — the `kiln` commands that work on one kernel or on the cache: info, compile,
+ * ls, show, rm and check. (warm is in cli_warm.c; dispatch, usage and shared helpers in
+ * kiln.c.) ls, show-by-key and rm open the cache directly and never touch the driver; compile
+ * and show-by-spec go through a context, compile-only when every arch is named.
+ */
+#include <ctype.h>
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "check.h"
+#include "cli.h"
+#include "jit.h"
+
+/* Most kv lengths one `kiln check` runs. */
+#define CHECK_KV_MAX 64
+
+/* ---- info ----------------------------------------------------------------------------------- */
+
+/* Open a cache-less context on device `ordinal`. Returns 1 with *di filled when it has a GPU,
+ * 0 for a compile-only context, -1 when the device is unusable, -2 when it does not exist;
+ * why[cap] gets the reason for anything but 1. */
+static int probe_device(int ordinal, kiln_device_info *di, char *why, size_t cap)
+{
+    kiln_ctx_opts o = {0};
+    o.no_cache = 1;
+    o.device = ordinal;
+    kiln_ctx *ctx = NULL;
+    memset(di, 0, sizeof *di);
+    kiln_status st = kiln_ctx_create(&o, &ctx);
+    if (st) {
+        snprintf(why, cap, "%s", kiln_errmsg());
+        return st == KILN_STATUS_INVALID_ARGUMENT ? -2 : -1;
+    }
+    kiln_ctx_device(ctx, di);
+    if (!di->present) snprintf(why, cap, "%s", kiln_ctx_errmsg(ctx));
+    kiln_ctx_destroy(ctx);
+    return di->present;
+}
+
+/* Print the driver and one line per GPU (when out is non-NULL); return the usable GPUs. */
+static int list_devices(FILE *out)
+{
+    int usable = 0;
+    for (int ord = 0; ord < CLI_ARCH_MAX; ord++) {
+        kiln_device_info di;
+        char why[1024] = "";
+        int r = probe_device(ord, &di, why, sizeof why);
+        if (r == 0 || r == -2) {
+            if (out && ord == 0) {
+                fprintf(out, "driver: none\n");
+                fprintf(out, "gpu: none (compile-only: %s)\n", why);
+            }
+            break;
+        }
+        if (r < 0) {
+            if (out) fprintf(out, "gpu %d: unusable: %s\n", ord, why);
+            continue;
+        }
+        if (out && usable == 0)
+            fprintf(out, "driver: CUDA %d.%d\n", di.driver_version / 1000,
+                    di.driver_version % 1000 / 10);
+        if (out)
+            fprintf(out, "gpu %d: %s, sm_%d, %d SMs, arch %s\n", di.ordinal, di.name, di.sm,
+                    di.sm_count, di.arch);
+        usable++;
+    }
+    return usable;
+}
+
+static int print_cache_stats(const cli_global *g)
+{
+    kiln__cache *c = NULL;
+    if (cli_cache_open(g, "info", &c)) return CLI_FAIL;
+    kiln__cache_stats s;
+    kiln__err e = {{0}};
+    printf("cache: %s\n", kiln__cache_path(c));
+    int rc = CLI_OK;
+    if (kiln__cache_stats_get(c, &s, &e)) {
+        rc = cli_fail("info", CLI_FAIL, "%s", e.msg);
+    } else {
+        printf("cache entries: %lld (%lld bytes of cubins; file %lld bytes)\n",
+               (long long)s.entries, (long long)s.bytes, (long long)s.file_bytes);
+        printf("cache hits: %lld, misses: %lld\n", (long long)s.hits, (long long)s.misses);
+    }
+    kiln__cache_close(c);
+    return rc;
+}
+
+int cli_cmd_info(cli_global *g, const cli_cmd *cmd, int argc, char **argv)
+{
+    int gpu_count = 0, npos = 0;
+    const cli_opt opts[] = {{"--gpu-count", NULL, &gpu_count}, {NULL, NULL, NULL}};
+    int rc = cli_parse(g, cmd, argc, argv, opts, &npos);
+    if (rc) return rc < 0 ? CLI_OK : rc;
+    if (npos) return cli_fail(cmd->name, CLI_USAGE, "unexpected argument '%s'", argv[0]);
+    if (gpu_count) {
+        printf("%d\n", list_devices(NULL));
+        return CLI_OK;
+    }
+    printf("kiln %s\n", kiln_version());
+    printf("nvrtc %s\n", kiln_nvrtc_version());
+    list_devices(stdout);
+    int count = 0;
+    const char *const *archs = kiln__arch_all(&count);
+    printf("archs:");
+    for (int i = 0; i < count; i++) printf(" %s", archs[i]);
+    printf("%s\n", count ? "" : " none (NVRTC lists no arch >= sm_80)");
+    return print_cache_stats(g);
+}
+
+/* ---- compile -------------------------------------------------------------------------------- */
+
+/* Compile v for arch and print its line; CLI_FAIL after printing the reason. */
+static int compile_one(kiln_ctx *ctx, const kiln_variant *v, const char *arch)
+{
+    kiln_kernel *k = NULL;
+    kiln_kernel_info ki;
+    double t0 = cli_now_ms();
+    kiln_status st = kiln_kernel_compile(ctx, v, arch, &k);
+    double ms = cli_now_ms() - t0;
+    if (st) return cli_fail("compile", CLI_FAIL, "%s", kiln_ctx_errmsg(ctx));
+    if (kiln_kernel_describe(k, &ki)) return cli_fail("compile", CLI_FAIL, "%s", kiln_errmsg());
+    printf("%s %s %s %.1f ms regs=%d smem=%d spill=%d %s\n", ki.key, ki.arch,
+           ki.from_cache ? "cached" : "compiled", ms, ki.registers, ki.smem_bytes, ki.spill_bytes,
+           ki.spec);
+    fflush(stdout);
+    return CLI_OK;
+}
+
+int cli_cmd_compile(cli_global *g, const cli_cmd *cmd, int argc, char **argv)
+{
+    const char *arch = NULL;
+    int npos = 0;
+    const cli_opt opts[] = {{"--arch", &arch, NULL}, {NULL, NULL, NULL}};
+    int rc = cli_parse(g, cmd, argc, argv, opts, &npos);
+    if (rc) return rc < 0 ? CLI_OK : rc;
+    if (npos == 0) return cli_fail(cmd->name, CLI_USAGE, "missing SPEC (see kiln compile --help)");
+    kiln_variant v;
+    char canon[KILN__SPEC_MAX];
+    cli_archs a;
+    if ((rc = cli_spec(cmd->name, npos, argv, &v, canon, sizeof canon))) return rc;
+    if ((rc = cli_archs_parse(cmd->name, arch, &a))) return rc;
+    kiln_ctx *ctx = NULL;
+    if ((rc = cli_ctx_open(g, cmd->name, !a.native, &ctx))) return rc;
+    if (!(rc = cli_archs_resolve(cmd->name, ctx, &a)))
+        for (int i = 0; i < a.n; i++)
+            if (compile_one(ctx, &v, a.a[i])) rc = CLI_FAIL;
+    kiln_ctx_destroy(ctx);
+    return rc;
+}
+
+/* ---- ls ------------------------------------------------------------------------------------- */
+
+/* Write s as a JSON string literal. */
+static void json_str(FILE *f, const char *s)
+{
+    fputc('"', f);
+    for (const unsigned char *p = (const unsigned char *)(s ? s : ""); *p; p++) {
+        if (*p == '"' || *p == '\\') fprintf(f, "\\%c", *p);
+        else if (*p == '\n') fputs("\\n", f);
+        else if (*p == '\t') fputs("\\t", f);
+        else if (*p < 0x20 || *p == 0x7f) fprintf(f, "\\u%04x", *p);
+        else fputc(*p, f);
+    }
+    fputc('"', f);
+}
+
+typedef struct ls_state {
+    int json;
+    int rows;
+} ls_state;
+
+static int ls_row(const kiln__entry *en, void *user)
+{
+    ls_state *s = user;
+    char last[32], created[32];
+    cli_iso_time(en->last_used, last);
+    cli_iso_time(en->created, created);
+    int smem = cli_row_smem(en->spec, en->arch, en->smem_bytes);
+    if (!s->json) {
+        printf("%-32s %-8s %4d %7d %5d %8zu %10.1f %6lld  %-20s  %s\n", en->key, en->arch,
+               en->registers, smem, en->spill_bytes, en->cubin_size, en->compile_ms,
+               (long long)en->hits, last, en->spec);
+    } else {
+        printf("%s\n  {\"key\": ", s->rows ? "," : "");
+        json_str(stdout, en->key);
+        printf(", \"arch\": ");
+        json_str(stdout, en->arch);
+        printf(", \"regs\": %d, \"smem\": %d, \"spill\": %d, \"stack\": %d, \"cubin_bytes\": %zu, "
+               "\"compile_ms\": %.3f, \"hits\": %lld, \"created\": \"%s\", \"last_used\": \"%s\", "
+               "\"nvrtc\": ",
+               en->registers, smem, en->spill_bytes, en->stack_bytes, en->cubin_size,
+               en->compile_ms, (long long)en->hits, created, last);
+        json_str(stdout, en->nvrtc);
+        printf(", \"spec\": ");
+        json_str(stdout, en->spec);
+        printf("}");
+    }
+    s->rows++;
+    return 0;
+}
+
+int cli_cmd_ls(cli_global *g, const cli_cmd *cmd, int argc, char **argv)
+{
+    ls_state s = {0, 0};
+    int npos = 0;
+    const cli_opt opts[] = {{"--json", NULL, &s.json}, {NULL, NULL, NULL}};
+    int rc = cli_parse(g, cmd, argc, argv, opts, &npos);
+    if (rc) return rc < 0 ? CLI_OK : rc;
+    if (npos) return cli_fail(cmd->name, CLI_USAGE, "unexpected argument '%s'", argv[0]);
+    kiln__cache *c = NULL;
+    if ((rc = cli_cache_open(g, cmd->name, &c))) return rc;
+    if (s.json) printf("[");
+    else
+        printf("%-32s %-8s %4s %7s %5s %8s %10s %6s  %-20s  %s\n", "KEY", "ARCH", "REGS", "SMEM",
+               "SPILL", "CUBIN", "COMPILE_MS", "HITS", "LAST_USED", "SPEC");
+    kiln__err e = {{0}};
+    if (kiln__cache_each(c, ls_row, &s, &e)) rc = cli_fail(cmd->name, CLI_FAIL, "%s", e.msg);
+    if (s.json) printf("%s]\n", s.rows ? "\n" : "");
+    kiln__cache_close(c);
+    return rc;
+}
+
+/* ---- show ----------------------------------------------------------------------------------- */
+
+/* What show prints, from a cache row or from a kernel. Strings are borrowed. */
+typedef struct view {
+    const char *key, *arch, *spec, *nvrtc, *source, *log, *material;
+    const void *cubin;
+    size_t cubin_size;
+    int regs, smem, spill, stack;
+    double compile_ms;
+    int have_row; /* created, last_used, hits are known */
+    int64_t created, last_used, hits;
+} view;
+
+typedef struct show_opts {
+    const char *arch, *cubin_file;
+    int source, log, material;
+} show_opts;
+
+static int write_cubin(const char *file, const view *w, int quiet)
+{
+    FILE *f = fopen(file, "wb");
+    if (!f) return cli_fail("show", CLI_FAIL, "cannot open %s: %s", file, strerror(errno));
+    size_t n = fwrite(w->cubin, 1, w->cubin_size, f);
+    int bad = n != w->cubin_size;
+    if (fclose(f) != 0) bad = 1;
+    if (bad) return cli_fail("show", CLI_FAIL, "cannot write %s: %s", file, strerror(errno));
+    if (!quiet) printf("wrote %zu bytes of cubin (%s, %s) to %s\n", n, w->key, w->arch, file);
+    return CLI_OK;
+}
+
+static int view_print(const view *w, const show_opts *o)
+{
+    if (o->source) fputs(w->source, stdout);
+    if (o->log) fputs(w->log, stdout);
+    if (o->material) fputs(w->material, stdout);
+    int texts = o->source || o->log || o->material;
+    if (o->cubin_file) return write_cubin(o->cubin_file, w, texts);
+    if (texts) return CLI_OK;
+    char created[32] = "-", last[32] = "-";
+    if (w->have_row) {
+        cli_iso_time(w->created, created);
+        cli_iso_time(w->last_used, last);
+    }
+    printf("key:         %s\n", w->key);
+    printf("arch:        %s\n", w->arch);
+    printf("spec:        %s\n", w->spec);
+    printf("nvrtc:       %s\n", w->nvrtc);
+    printf("registers:   %d\n", w->regs);
+    printf("smem:        %d bytes\n", w->smem);
+    printf("spill:       %d bytes\n", w->spill);
+    printf("stack:       %d bytes\n", w->stack);
+    printf("cubin:       %zu bytes\n", w->cubin_size);
+    printf("compile:     %.1f ms\n", w->compile_ms);
+    printf("created:     %s\n", created);
+    printf("last used:   %s\n", last);
+    if (w->have_row) printf("hits:        %lld\n", (long long)w->hits);
+    else printf("hits:        -\n");
+    return CLI_OK;
+}
+
+static int show_row(kiln__cache *c, const char *key, const show_opts *o)
+{
+    kiln__entry en = {0};
+    kiln__err e = {{0}};
+    if (kiln__cache_get(c, key, 1, &en, &e)) return cli_fail("show", CLI_FAIL, "%s", e.msg);
+    view w = {0};
+    w.key = en.key;
+    w.arch = en.arch;
+    w.spec = en.spec;
+    w.nvrtc = en.nvrtc;
+    w.source = en.source ? en.source : "";
+    w.log = en.log ? en.log : "";
+    w.material = en.key_material ? en.key_material : "";
+    w.cubin = en.cubin;
+    w.cubin_size = en.cubin_size;
+    w.regs = en.registers;
+    w.smem = cli_row_smem(en.spec, en.arch, en.smem_bytes);
+    w.spill = en.spill_bytes;
+    w.stack = en.stack_bytes;
+    w.compile_ms = en.compile_ms;
+    w.have_row = 1;
+    w.created = en.created;
+    w.last_used = en.last_used;
+    w.hits = en.hits;
+    int rc = view_print(&w, o);
+    kiln__entry_free(&en);
+    return rc;
+}
+
+/* Fill the row stamps of a view from the cache, without counting a hit. */
+static int find_stamps(const kiln__entry *en, void *user)
+{
+    view *w = user;
+    if (strcmp(en->key, w->key) != 0) return 0;
+    w->have_row = 1;
+    w->created = en->created;
+    w->last_used = en->last_used;
+    w->hits = en->hits;
+    return 1;
+}
+
+static int show_spec(cli_global *g, kiln__cache *c, int n, char **words, const show_opts *o)
+{
+    kiln_variant v;
+    char canon[KILN__SPEC_MAX];
+    cli_archs a;
+    int rc = cli_spec("show", n, words, &v, canon, sizeof canon);
+    if (!rc) rc = cli_archs_parse("show", o->arch, &a);
+    if (!rc && a.n != 1) rc = cli_fail("show", CLI_USAGE, "--arch: name exactly one arch");
+    if (rc) return rc;
+    kiln_ctx *ctx = NULL;
+    if ((rc = cli_ctx_open(g, "show", !a.native, &ctx))) return rc;
+    kiln_kernel *k = NULL;
+    kiln_kernel_info ki;
+    if ((rc = cli_archs_resolve("show", ctx, &a))) goto out;
+    if (kiln_kernel_compile(ctx, &v, a.a[0], &k) || kiln_kernel_describe(k, &ki)) {
+        rc = cli_fail("show", CLI_FAIL, "%s", kiln_ctx_errmsg(ctx));
+        goto out;
+    }
+    view w = {0};
+    w.key = ki.key;
+    w.arch = ki.arch;
+    w.spec = ki.spec;
+    w.nvrtc = kiln_nvrtc_version();
+    w.source = kiln_kernel_source(k);
+    w.log = kiln_kernel_log(k);
+    w.material = kiln_kernel_key_material(k);
+    w.cubin = kiln_kernel_cubin(k, &w.cubin_size);
+    w.regs = ki.registers;
+    w.smem = ki.smem_bytes;
+    w.spill = ki.spill_bytes;
+    w.stack = ki.stack_bytes;
+    w.compile_ms = ki.compile_ms;
+    kiln__err e = {{0}};
+    kiln__cache_each(c, find_stamps, &w, &e);
+    rc = view_print(&w, o);
+out:
+    kiln_ctx_destroy(ctx);
+    return rc;
+}
+
+/* 1 when s is 1..32 hex digits: a key prefix rather than a spec. */
+static int is_key_prefix(const char *s)
+{
+    size_t n = 0;
+    for (; s[n]; n++)
+        if (!isxdigit((unsigned char)s[n])) return 0;
+    return n >= 1 && n <= 32;
+}
+
+int cli_cmd_show(cli_global *g, const cli_cmd *cmd, int argc, char **argv)
+{
+    show_opts o = {0};
+    int npos = 0;
+    const cli_opt opts[] = {{"--arch", &o.arch, NULL},
+                            {"--source", NULL, &o.source},
+                            {"--log", NULL, &o.log},
+                            {"--key-material", NULL, &o.material},
+                            {"--cubin", &o.cubin_file, NULL},
+                            {NULL, NULL, NULL}};
+    int rc = cli_parse(g, cmd, argc, argv, opts, &npos);
+    if (rc) return rc < 0 ? CLI_OK : rc;
+    if (npos == 0) return cli_fail(cmd->name, CLI_USAGE, "missing KEY-PREFIX or SPEC");
+    kiln__cache *c = NULL;
+    if ((rc = cli_cache_open(g, cmd->name, &c))) return rc;
+    if (npos == 1 && is_key_prefix(argv[0])) {
+        char key[33];
+        kiln__err e = {{0}};
+        kiln_status st = kiln__cache_resolve(c, argv[0], key, &e);
+        if (st == KILN_STATUS_OK) rc = show_row(c, key, &o);
+        else if (st == KILN_STATUS_NOT_FOUND || st == KILN_STATUS_INVALID_ARGUMENT)
+            rc = cli_fail(cmd->name, CLI_USAGE, "%s", e.msg);
+        else rc = cli_fail(cmd->name, CLI_FAIL, "%s", e.msg);
+    } else {
+        rc = show_spec(g, c, npos, argv, &o);
+    }
+    kiln__cache_close(c);
+    return rc;
+}
+
+/* ---- rm ------------------------------------------------------------------------------------- */
+
+int cli_cmd_rm(cli_global *g, const cli_cmd *cmd, int argc, char **argv)
+{
+    static const cli_opt opts[] = {{NULL, NULL, NULL}};
+    int npos = 0;
+    int rc = cli_parse(g, cmd, argc, argv, opts, &npos);
+    if (rc) return rc < 0 ? CLI_OK : rc;
+    if (npos == 0) return cli_fail(cmd->name, CLI_USAGE, "missing KEY-PREFIX");
+    kiln__cache *c = NULL;
+    if ((rc = cli_cache_open(g, cmd->name, &c))) return rc;
+    int total = 0;
+    for (int i = 0; i < npos; i++) {
+        int n = 0;
+        kiln__err e = {{0}};
+        kiln_status st = kiln__cache_remove(c, argv[i], &n, &e);
+        int r = CLI_OK;
+        if (st) r = cli_fail(cmd->name, st == KILN_STATUS_INVALID_ARGUMENT ? CLI_USAGE : CLI_FAIL,
+                             "%s", e.msg);
+        else if (n == 0)
+            r = cli_fail(cmd->name, CLI_FAIL, "no cache entry matches '%s' (in %s)", argv[i],
+                         kiln__cache_path(c));
+        if (r > rc) rc = r;
+        total += n;
+    }
+    printf("removed %d\n", total);
+    kiln__cache_close(c);
+    return rc;
+}
+
+/* ---- check ---------------------------------------------------------------------------------- */
+
+typedef struct check_args {
+    const char *heads, *qo_len, *kv_len, *window_left, *softcap, *seed, *time;
+    int strided;
+} check_args;
+
+/* Turn the option texts into a shape template, the kv lengths and the timing reps. */
+static int check_shape(const check_args *ca, const kiln_variant *v, kiln_check_shape *s,
+                       long kv[CHECK_KV_MAX], int *nkv, long *reps)
+{
+    const char *cmd = "check";
+    long g = v->group, x = 0;
+    long heads = 2 * g > 8 ? 2 * g : 8; /* max(8, 2G), rounded up to a multiple of G */
+    heads = (heads + g - 1) / g * g;
+    int rc = 0;
+    memset(s, 0, sizeof *s);
+    if (ca->heads && (rc = cli_long(cmd, "--heads", ca->heads, 1, 1 << 16, &heads))) return rc;
+    if (heads % g) return cli_fail(cmd, CLI_USAGE, "--heads %ld: not a multiple of group %ld", heads, g);
+    s->num_qo_heads = (int)heads;
+    s->qo_len = v->op == KILN_OP_DECODE ? 1 : 128;
+    if (ca->qo_len && (rc = cli_long(cmd, "--qo-len", ca->qo_len, 1, 1 << 24, &x))) return rc;
+    if (ca->qo_len && v->op != KILN_OP_DECODE) s->qo_len = (int)x;
+    s->window_left = -1;
+    if (ca->window_left && (rc = cli_long(cmd, "--window-left", ca->window_left, 0, 1 << 30, &x)))
+        return rc;
+    if (ca->window_left) s->window_left = (int)x;
+    if (ca->softcap) {
+        char *end = NULL;
+        double cap = strtod(ca->softcap, &end);
+        if (!*ca->softcap || *end || !(cap > 0 && cap < 1e30))
+            return cli_fail(cmd, CLI_USAGE, "--softcap '%s': expected a number > 0", ca->softcap);
+        s->softcap = (float)cap;
+    }
+    if (ca->seed) {
+        char *end = NULL;
+        errno = 0;
+        unsigned long long seed = strtoull(ca->seed, &end, 10);
+        if (!*ca->seed || *end || errno || ca->seed[0] == '-')
+            return cli_fail(cmd, CLI_USAGE, "--seed '%s': expected a whole number", ca->seed);
+        s->seed = seed;
+    }
+    s->strided = ca->strided;
+    *reps = 0;
+    if (ca->time && (rc = cli_long(cmd, "--time", ca->time, 1, 1000000, reps))) return rc;
+    const char *p = ca->kv_len ? ca->kv_len : "577";
+    for (*nkv = 0;;) {
+        char word[32];
+        size_t n = strcspn(p, ",");
+        if (*nkv >= CHECK_KV_MAX) return cli_fail(cmd, CLI_USAGE, "more than %d kv lengths", CHECK_KV_MAX);
+        snprintf(word, sizeof word, "%.*s", (int)(n < sizeof word ? n : sizeof word - 1), p);
+        if (n >= sizeof word || (rc = cli_long(cmd, "--kv-len", word, 1, 1 << 30, &kv[*nkv])))
+            return rc ? rc : cli_fail(cmd, CLI_USAGE, "--kv-len '%s': bad list", ca->kv_len);
+        ++*nkv;
+        if (!p[n]) break;
+        p += n + 1;
+    }
+    return 0;
+}
+
+/* Print one result line (and the first mismatch). */
+static void check_print(const kiln_variant *v, const kiln_check_shape *s, int mismatch,
+                        const kiln_check_result *r)
+{
+    printf("%s H=%d L_Q=%d L_KV=%d max_err=%.3g (atol %.3g rtol %.3g) rel_l2=%.3g",
+           mismatch ? "MISMATCH" : "ok", s->num_qo_heads, s->qo_len, s->kv_len, r->max_err,
+           r->atol, r->rtol, r->rel_l2);
+    if (v->lse) printf(" lse_err=%.3g", r->lse_max_err);
+    if (r->kernel_ms > 0) {
+        double sec = r->kernel_ms * 1e-3;
+        printf(" time=%.4f ms, %.1f GB/s, %.2f TFLOP/s", r->kernel_ms, r->bytes / sec / 1e9,
+               r->flops / sec / 1e12);
+    }
+    printf("\n");
+    if (mismatch)
+        printf("  first bad: %s (%lld of %lld elements out of tolerance)\n", r->first_bad, r->bad,
+               r->checked);
+    fflush(stdout);
+}
+
+int cli_cmd_check(cli_global *g, const cli_cmd *cmd, int argc, char **argv)
+{
+    check_args ca = {0};
+    int npos = 0;
+    const cli_opt opts[] = {{"--heads", &ca.heads, NULL},   {"--qo-len", &ca.qo_len, NULL},
+                            {"--kv-len", &ca.kv_len, NULL}, {"--window-left", &ca.window_left, NULL},
+                            {"--softcap", &ca.softcap, NULL}, {"--seed", &ca.seed, NULL},
+                            {"--strided", NULL, &ca.strided}, {"--time", &ca.time, NULL},
+                            {NULL, NULL, NULL}};
+    int rc = cli_parse(g, cmd, argc, argv, opts, &npos);
+    if (rc) return rc < 0 ? CLI_OK : rc;
+    if (npos == 0) return cli_fail(cmd->name, CLI_USAGE, "missing SPEC");
+    kiln_variant v;
+    char canon[KILN__SPEC_MAX];
+    kiln_check_shape s;
+    long kv[CHECK_KV_MAX], reps = 0;
+    int nkv = 0;
+    if ((rc = cli_spec(cmd->name, npos, argv, &v, canon, sizeof canon))) return rc;
+    if ((rc = check_shape(&ca, &v, &s, kv, &nkv, &reps))) return rc;
+    kiln_ctx *ctx = NULL;
+    if ((rc = cli_ctx_open(g, cmd->name, 0, &ctx))) return rc;
+    kiln_device_info di;
+    kiln_kernel *k = NULL;
+    if (kiln_ctx_device(ctx, &di) || !di.present)
+        rc = cli_fail(cmd->name, CLI_FAIL, "no GPU: %s", kiln_ctx_errmsg(ctx));
+    else if (kiln_kernel_get(ctx, &v, &k))
+        rc = cli_fail(cmd->name, CLI_FAIL, "%s", kiln_ctx_errmsg(ctx));
+    for (int i = 0; k && i < nkv; i++) {
+        kiln_check_result r;
+        char msg[1024] = "";
+        memset(&r, 0, sizeof r);
+        s.kv_len = (int)kv[i];
+        kiln_status st = kiln_check_run(ctx, k, &s, (int)reps, &r, msg, sizeof msg);
+        if (st == KILN_STATUS_OK || st == KILN_STATUS_MISMATCH) {
+            check_print(&v, &s, st == KILN_STATUS_MISMATCH, &r);
+            if (st) rc = CLI_FAIL;
+        } else {
+            rc = cli_fail(cmd->name, CLI_FAIL, "%s L_KV=%d: %s", canon, s.kv_len, msg);
+        }
+    }
+    kiln_ctx_destroy(ctx);
+    return rc;
+}

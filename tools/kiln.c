@@ -1,0 +1,403 @@
+/*
+ * kiln.c — the `kiln` command-line tool: global options, the command table that drives
+ * dispatch and help, the usage texts, and the helpers every command shares (option parser,
+ * error lines, specs from words, arch lists, contexts and the cache). The commands themselves
+ * are in cli_cmds.c and cli_warm.c.
+ *
+ *   kiln [--cache DIR] COMMAND [ARGS...]      kiln --help | --version | help COMMAND
+ */
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "cli.h"
+#include "jit.h"
+
+#define SPEC_HELP                                                                                  \
+    "SPEC is key=value words, one quoted argument or several (omitted keys take defaults):\n"     \
+    "  op=decode|prefill dtype=f16|bf16 head_dim=64|128|256 group=N layout=nhd|hnd\n"            \
+    "  mask=none|causal window=0|1 logits=none|softcap|alibi lse=0|1\n"
+
+#define ARCH_HELP                                                                                  \
+    "ARCHS is a comma-separated list of sm_80, sm_86, sm_89, sm_90a, sm_100, sm_120, ...;\n"      \
+    "'native' is the GPU's own arch (the default; needs a GPU), 'all' every arch NVRTC offers.\n"
+
+static const char usage_info[] =
+    "usage: kiln info [--gpu-count]\n"
+    "\n"
+    "Print kiln's and NVRTC's versions, the CUDA driver and each GPU (name, arch), the archs\n"
+    "NVRTC can target, and the cache: path, entries, bytes, hits and misses.\n"
+    "\n"
+    "  --gpu-count   print only the number of usable GPUs (0 without a GPU or driver)\n";
+
+static const char usage_compile[] =
+    "usage: kiln compile [--arch ARCHS] SPEC\n"
+    "\n"
+    "Compile SPEC (or find it in the cache) for each arch and print one line per arch:\n"
+    "  <key> <arch> compiled|cached <ms> ms regs=<n> smem=<bytes> spill=<bytes> <spec>\n"
+    "\n" SPEC_HELP ARCH_HELP
+    "\n"
+    "example: kiln compile --arch sm_80,sm_90a op=decode dtype=bf16 head_dim=128 group=8\n";
+
+static const char usage_warm[] =
+    "usage: kiln warm [--arch ARCHS] [--jobs N] [--shard I/N] MANIFEST\n"
+    "\n"
+    "Compile every spec of MANIFEST for every arch into the cache, N at a time (default: the\n"
+    "number of online CPUs). MANIFEST has one spec per line; '#' starts a comment; blank lines\n"
+    "are skipped; '-' reads stdin. A malformed line stops everything before any compile.\n"
+    "Progress goes to stderr, failures are listed at the end, and the last line on stdout is\n"
+    "  N kernels: C compiled, H cached, F failed in T s\n"
+    "\n"
+    "  --shard I/N   take only the work items i with i % N == I (0 <= I < N), for spreading one\n"
+    "                manifest over N build hosts\n"
+    "\n" ARCH_HELP;
+
+static const char usage_ls[] =
+    "usage: kiln ls [--json]\n"
+    "\n"
+    "List the cache, most recently used first: key, arch, registers, shared memory, spill,\n"
+    "cubin bytes, compile ms, hits, last use (UTC) and spec.\n"
+    "\n"
+    "  --json   a JSON array of objects instead of the table\n";
+
+static const char usage_show[] =
+    "usage: kiln show KEY-PREFIX|SPEC [--arch ARCH] [--source|--log|--key-material|--cubin FILE]\n"
+    "\n"
+    "Show one kernel: by a key prefix (1 to 32 hex digits) of a cache entry, or by a spec,\n"
+    "compiled (or found in the cache) for --arch (default: the GPU's arch).\n"
+    "\n"
+    "  --source        print exactly the CUDA source that was compiled\n"
+    "  --log           print the NVRTC log (with ptxas' resource report)\n"
+    "  --key-material  print exactly the text hashed into the key\n"
+    "  --cubin FILE    write the cubin to FILE\n"
+    "\n" SPEC_HELP;
+
+static const char usage_rm[] =
+    "usage: kiln rm KEY-PREFIX...\n"
+    "\n"
+    "Remove every cache entry whose key starts with one of the prefixes and print\n"
+    "'removed N'. A prefix that matches nothing is reported (exit 1); the others still go.\n";
+
+static const char usage_check[] =
+    "usage: kiln check SPEC [--heads H] [--qo-len N] [--kv-len N[,N...]] [--window-left N]\n"
+    "                       [--softcap X] [--seed S] [--strided] [--time REPS]\n"
+    "\n"
+    "Run the kernel of SPEC on the GPU with random inputs and compare it with a float64 CPU\n"
+    "reference, once per kv length; print one line per shape (ok or MISMATCH, errors,\n"
+    "tolerances, and with --time the median time, GB/s and TFLOP/s). Needs a GPU.\n"
+    "\n"
+    "  --heads H        query heads (default max(8, 2*group), a multiple of group)\n"
+    "  --qo-len N       query length of a prefill (default 128; decode uses 1)\n"
+    "  --kv-len LIST    kv lengths (default 577)\n"
+    "  --window-left N  window=1: keys left of the diagonal (default kv_len / 3)\n"
+    "  --softcap X      logits=softcap: the cap (default 30)\n"
+    "  --seed S         random inputs (default: from the clock)\n"
+    "  --strided        q, k, v, o inside wider buffers (non-dense strides)\n"
+    "  --time REPS      also time REPS launches\n"
+    "\n" SPEC_HELP;
+
+static const char usage_help[] =
+    "usage: kiln help [COMMAND]\n"
+    "\n"
+    "Print the list of commands, or one command's help.\n";
+
+static int cmd_help(cli_global *g, const cli_cmd *cmd, int argc, char **argv);
+
+/* The command table: dispatch and help. A new command is one row here plus its handler. */
+static const cli_cmd commands[] = {
+    {"info", cli_cmd_info, "versions, GPUs, NVRTC archs, cache statistics", usage_info},
+    {"compile", cli_cmd_compile, "compile one spec for one or more archs", usage_compile},
+    {"warm", cli_cmd_warm, "compile a manifest of specs x archs into the cache, in parallel",
+     usage_warm},
+    {"ls", cli_cmd_ls, "list the cache entries", usage_ls},
+    {"show", cli_cmd_show, "show a kernel: resources, source, log, key material, cubin",
+     usage_show},
+    {"rm", cli_cmd_rm, "remove cache entries by key prefix", usage_rm},
+    {"check", cli_cmd_check, "run a kernel on the GPU against a CPU reference", usage_check},
+    /* bench: benchmarks against the bandwidth and FLOP ceilings (tools/, to come) */
+    {"help", cmd_help, "print this text, or a command's help", usage_help},
+};
+
+#define NCOMMANDS ((int)(sizeof commands / sizeof commands[0]))
+
+static void print_main_usage(FILE *f)
+{
+    fprintf(f, "usage: kiln [--cache DIR] COMMAND [ARGS...]\n"
+               "       kiln --help | --version | help COMMAND\n"
+               "\n"
+               "kiln %s: JIT-compiled GPU attention kernels and their cache.\n"
+               "\n"
+               "commands:\n",
+            kiln_version());
+    for (int i = 0; i < NCOMMANDS; i++)
+        fprintf(f, "  %-9s %s\n", commands[i].name, commands[i].summary);
+    fprintf(f, "\n"
+               "global options (also accepted after the command):\n"
+               "  --cache DIR   cache directory (default: $KILN_CACHE_DIR, else\n"
+               "                $XDG_CACHE_HOME/kiln, else ~/.cache/kiln); the file is\n"
+               "                DIR/kernels.db\n"
+               "  -h, --help    this text; after a command, that command's help\n"
+               "  --version     kiln's version\n"
+               "\n"
+               "exit status: 0 success, 1 run-time failure, 2 bad usage or input\n");
+}
+
+static const cli_cmd *find_command(const char *name)
+{
+    for (int i = 0; i < NCOMMANDS; i++)
+        if (!strcmp(commands[i].name, name)) return &commands[i];
+    return NULL;
+}
+
+static int cmd_help(cli_global *g, const cli_cmd *cmd, int argc, char **argv)
+{
+    static const cli_opt opts[] = {{NULL, NULL, NULL}};
+    int npos = 0, rc = cli_parse(g, cmd, argc, argv, opts, &npos);
+    if (rc) return rc < 0 ? CLI_OK : rc;
+    if (npos == 0) {
+        print_main_usage(stdout);
+        return CLI_OK;
+    }
+    const cli_cmd *c = find_command(argv[0]);
+    if (!c) return cli_fail("help", CLI_USAGE, "unknown command '%s' (see kiln --help)", argv[0]);
+    fputs(c->usage, stdout);
+    return CLI_OK;
+}
+
+/* ---- helpers shared by the commands (declared in cli.h) ------------------------------------ */
+
+int cli_fail(const char *cmd, int code, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    fprintf(stderr, "kiln %s: ", cmd);
+    vfprintf(stderr, fmt, ap);
+    fputc('\n', stderr);
+    va_end(ap);
+    return code;
+}
+
+/* The option of opts named by word ("--arch" or "--arch=..."); *inline_val gets the text after
+ * '=' if any. */
+static const cli_opt *match_opt(const cli_opt *opts, const char *word, const char **inline_val)
+{
+    *inline_val = NULL;
+    const char *eq = strchr(word, '=');
+    size_t n = eq ? (size_t)(eq - word) : strlen(word);
+    for (const cli_opt *o = opts; o->name; o++) {
+        if (strlen(o->name) == n && !strncmp(o->name, word, n)) {
+            if (eq) *inline_val = eq + 1;
+            return o;
+        }
+    }
+    return NULL;
+}
+
+int cli_parse(cli_global *g, const cli_cmd *cmd, int argc, char **argv, const cli_opt *opts,
+              int *npos)
+{
+    static const cli_opt global_opts[] = {{"--cache", NULL, NULL}, {NULL, NULL, NULL}};
+    int n = 0, only_pos = 0;
+    for (int i = 0; i < argc; i++) {
+        const char *w = argv[i];
+        if (only_pos || w[0] != '-' || !strcmp(w, "-")) {
+            argv[n++] = argv[i];
+            continue;
+        }
+        if (!strcmp(w, "--")) {
+            only_pos = 1;
+            continue;
+        }
+        if (!strcmp(w, "-h") || !strcmp(w, "--help")) {
+            fputs(cmd->usage, stdout);
+            return -1;
+        }
+        const char *val = NULL;
+        const cli_opt *o = match_opt(opts, w, &val);
+        const cli_opt *go = o ? NULL : match_opt(global_opts, w, &val);
+        if (!o && !go)
+            return cli_fail(cmd->name, CLI_USAGE, "unknown option '%s' (see kiln %s --help)", w,
+                            cmd->name);
+        int takes_arg = go || o->value;
+        if (!takes_arg && val)
+            return cli_fail(cmd->name, CLI_USAGE, "option %s takes no value", o->name);
+        if (takes_arg && !val) {
+            if (i + 1 >= argc)
+                return cli_fail(cmd->name, CLI_USAGE, "option %s needs a value",
+                                go ? go->name : o->name);
+            val = argv[++i];
+        }
+        if (go) g->cache_dir = val;
+        else if (o->value) *o->value = val;
+        else *o->flag = 1;
+    }
+    *npos = n;
+    return 0;
+}
+
+int cli_long(const char *cmd, const char *opt, const char *s, long min, long max, long *out)
+{
+    char *end = NULL;
+    long x = s && *s ? strtol(s, &end, 10) : 0;
+    if (!s || !*s || *end || x < min || x > max)
+        return cli_fail(cmd, CLI_USAGE, "%s '%s': expected a whole number in [%ld, %ld]", opt,
+                        s ? s : "", min, max);
+    *out = x;
+    return 0;
+}
+
+int cli_spec(const char *cmd, int n, char **words, kiln_variant *v, char *canon, size_t cap)
+{
+    kiln__str s = {0};
+    for (int i = 0; i < n; i++) {
+        if (i) kiln__str_puts(&s, " ");
+        kiln__str_puts(&s, words[i]);
+    }
+    kiln__str_puts(&s, "");
+    if (s.oom) return cli_fail(cmd, CLI_FAIL, "out of memory");
+    kiln__err e = {{0}};
+    kiln_status st = kiln__spec_parse(s.p, v, &e);
+    if (!st) st = kiln__variant_check(v, &e);
+    kiln__str_free(&s);
+    if (st) return cli_fail(cmd, CLI_USAGE, "%s", e.msg);
+    if (!kiln__spec_format(v, canon, cap, &e)) return cli_fail(cmd, CLI_USAGE, "%s", e.msg);
+    return 0;
+}
+
+/* Append arch to a unless already there. */
+static int arch_add(const char *cmd, cli_archs *a, const char *arch)
+{
+    for (int i = 0; i < a->n; i++)
+        if (!strcmp(a->a[i], arch)) return 0;
+    if (a->n >= CLI_ARCH_MAX) return cli_fail(cmd, CLI_USAGE, "more than %d archs", CLI_ARCH_MAX);
+    snprintf(a->a[a->n++], sizeof a->a[0], "%s", arch);
+    return 0;
+}
+
+int cli_archs_parse(const char *cmd, const char *list, cli_archs *out)
+{
+    memset(out, 0, sizeof *out);
+    if (!list) list = "native";
+    const char *p = list;
+    for (;;) {
+        size_t n = strcspn(p, ",");
+        char word[64];
+        if (n == 0 || n >= sizeof word)
+            return cli_fail(cmd, CLI_USAGE, "--arch '%s': expected names separated by commas",
+                            list);
+        memcpy(word, p, n);
+        word[n] = 0;
+        int rc = 0;
+        if (!strcmp(word, "native")) {
+            out->native = 1;
+            rc = arch_add(cmd, out, "");
+        } else if (!strcmp(word, "all")) {
+            int count = 0;
+            const char *const *all = kiln__arch_all(&count);
+            if (count == 0)
+                return cli_fail(cmd, CLI_FAIL, "--arch all: NVRTC reports no arch kiln supports");
+            for (int i = 0; i < count && !rc; i++) rc = arch_add(cmd, out, all[i]);
+        } else {
+            char norm[16];
+            kiln__err e = {{0}};
+            if (kiln__arch_normalize(word, norm, &e)) return cli_fail(cmd, CLI_USAGE, "%s", e.msg);
+            rc = arch_add(cmd, out, norm);
+        }
+        if (rc) return rc;
+        if (!p[n]) break;
+        p += n + 1;
+    }
+    return 0;
+}
+
+int cli_archs_resolve(const char *cmd, kiln_ctx *ctx, cli_archs *a)
+{
+    if (!a->native) return 0;
+    kiln_device_info di;
+    if (kiln_ctx_device(ctx, &di) || !di.present || !di.arch[0])
+        return cli_fail(cmd, CLI_USAGE, "%s", CLI_NO_GPU_MSG);
+    cli_archs old = *a;
+    a->n = 0;
+    a->native = 0;
+    for (int i = 0; i < old.n; i++) arch_add(cmd, a, old.a[i][0] ? old.a[i] : di.arch);
+    return 0;
+}
+
+int cli_ctx_open(const cli_global *g, const char *cmd, int no_device, kiln_ctx **out)
+{
+    kiln_ctx_opts o = {0};
+    o.cache_dir = g->cache_dir;
+    o.no_device = no_device;
+    kiln_status st = kiln_ctx_create(&o, out);
+    if (st) return cli_fail(cmd, CLI_FAIL, "%s", kiln_errmsg());
+    return 0;
+}
+
+int cli_cache_open(const cli_global *g, const char *cmd, kiln__cache **out)
+{
+    char dir[1024];
+    kiln__err e = {{0}};
+    *out = NULL;
+    if (g->cache_dir) snprintf(dir, sizeof dir, "%s", g->cache_dir);
+    else if (kiln__cache_default_dir(dir, sizeof dir, &e)) return cli_fail(cmd, CLI_FAIL, "%s", e.msg);
+    if (kiln__cache_open(dir, out, &e)) return cli_fail(cmd, CLI_FAIL, "%s", e.msg);
+    return 0;
+}
+
+double cli_now_ms(void) { return (double)kiln__now_ns() / 1e6; }
+
+void cli_iso_time(int64_t t, char out[32])
+{
+    struct tm tm;
+    time_t tt = (time_t)t;
+    if (t <= 0 || !gmtime_r(&tt, &tm) || !strftime(out, 32, "%Y-%m-%dT%H:%M:%SZ", &tm))
+        snprintf(out, 32, "-");
+}
+
+int cli_row_smem(const char *spec, const char *arch, int static_bytes)
+{
+    kiln_variant v;
+    kiln__config cfg;
+    kiln__err e = {{0}};
+    if (kiln__spec_parse(spec, &v, &e) || kiln__config_pick(&v, kiln__arch_sm(arch), &cfg, &e))
+        return static_bytes;
+    return static_bytes + cfg.smem_bytes;
+}
+
+/* ---- main ----------------------------------------------------------------------------------- */
+
+int main(int argc, char **argv)
+{
+    cli_global g = {0};
+    int i = 1;
+    for (; i < argc && argv[i][0] == '-'; i++) {
+        const char *w = argv[i];
+        if (!strcmp(w, "-h") || !strcmp(w, "--help")) {
+            print_main_usage(stdout);
+            return CLI_OK;
+        } else if (!strcmp(w, "--version")) {
+            printf("kiln %s\n", kiln_version());
+            return CLI_OK;
+        } else if (!strcmp(w, "--cache") && i + 1 < argc) {
+            g.cache_dir = argv[++i];
+        } else if (!strncmp(w, "--cache=", 8)) {
+            g.cache_dir = w + 8;
+        } else {
+            fprintf(stderr, "kiln: %s '%s' (see kiln --help)\n",
+                    strcmp(w, "--cache") ? "unknown option" : "missing value after", w);
+            return CLI_USAGE;
+        }
+    }
+    if (i >= argc) {
+        print_main_usage(stderr);
+        return CLI_USAGE;
+    }
+    const cli_cmd *cmd = find_command(argv[i]);
+    if (!cmd) {
+        fprintf(stderr, "kiln: unknown command '%s' (see kiln --help)\n", argv[i]);
+        return CLI_USAGE;
+    }
+    return cmd->run(&g, cmd, argc - i - 1, argv + i + 1);
+}
