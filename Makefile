@@ -10,10 +10,10 @@ CC        ?= cc
 SAN       ?=
 
 WARN    := -Wall -Wextra -Wpedantic -Werror -Wshadow -Wstrict-prototypes -Wmissing-prototypes \
-           -Wformat=2 -Wvla -Wno-format-nonliteral
+           -Wformat=2 -Wvla -Wno-format-nonliteral -Wno-format-truncation
 CFLAGS  ?= -O2 -g
 ALLCFLAGS := -std=c11 -D_GNU_SOURCE -fPIC $(WARN) $(CFLAGS) $(SAN) \
-             -Iinclude -Ijit -Icache -Iruntime -Itools -I$(BUILD)/gen -isystem $(CUDA_HOME)/include
+             -Iinclude -Ijit -Icache -Iruntime -Itools -Itemplates/common -I$(BUILD)/gen -isystem $(CUDA_HOME)/include
 LDLIBS  := -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lnvrtc -lsqlite3 -ldl -lpthread -lm
 LDFLAGS ?=
 
@@ -24,16 +24,17 @@ TOOL_OBJ := $(TOOL_SRC:%.c=$(BUILD)/obj/%.o)
 CHECK_OBJ := $(BUILD)/obj/tools/check.o
 TEST_SRC := $(wildcard tests/*.c)
 TEST_OBJ := $(TEST_SRC:%.c=$(BUILD)/obj/%.o)
-TEMPLATES := $(shell find templates -name '*.cuh' | LC_ALL=C sort)
+TEMPLATES := $(shell find templates -name '*.cuh' -o -name '*.h' | LC_ALL=C sort)
 
 LIB_A  := $(BUILD)/lib/libkiln.a
 LIB_SO := $(BUILD)/lib/libkiln.so
 KILN   := $(BUILD)/bin/kiln
 TESTS  := $(BUILD)/bin/kiln-tests
+BENCH  := $(BUILD)/bin/kiln-bench
 EMBED  := $(BUILD)/bin/kiln-embed
 
 .PHONY: all deps test test-gpu test-full demo help check asan ubsan format tidy compdb clean
-all: $(LIB_A) $(LIB_SO) $(KILN) $(TESTS)
+all: $(LIB_A) $(LIB_SO) $(KILN) $(TESTS) $(BENCH)
 
 help:
 	@echo "make            build $(LIB_A), $(LIB_SO), $(KILN) and the test runner"
@@ -71,7 +72,7 @@ $(EMBED): tools/embed.c
 	@mkdir -p $(dir $@)
 	$(CC) -std=c11 -D_GNU_SOURCE $(WARN) -O2 $(SAN) $< -o $@
 
-$(BUILD)/gen/templates.c: $(EMBED) $(TEMPLATES)
+$(BUILD)/gen/templates.c: $(EMBED) $(TEMPLATES) Makefile
 	@mkdir -p $(dir $@)
 	$(EMBED) templates $@ $(TEMPLATES:templates/%=%)
 
@@ -90,6 +91,10 @@ $(LIB_SO): $(LIB_OBJ)
 $(KILN): $(TOOL_OBJ) $(CHECK_OBJ) $(LIB_A)
 	@mkdir -p $(dir $@)
 	$(CC) $(SAN) $(LDFLAGS) -o $@ $(TOOL_OBJ) $(CHECK_OBJ) $(LIB_A) $(LDLIBS)
+
+$(BENCH): $(BUILD)/obj/tools/bench/bench.o $(CHECK_OBJ) $(LIB_A)
+	@mkdir -p $(dir $@)
+	$(CC) $(SAN) $(LDFLAGS) -o $@ $< $(CHECK_OBJ) $(LIB_A) $(LDLIBS)
 
 $(TESTS): $(TEST_OBJ) $(CHECK_OBJ) $(LIB_A)
 	@mkdir -p $(dir $@)

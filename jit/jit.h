@@ -58,10 +58,21 @@ typedef struct kiln__config {
     int block_n;       /* KV tokens per tile */
     int warps;         /* warps per CTA */
     int stages;        /* KV tile pipeline depth */
+    int mt;            /* prefill: m16 tiles per warp */
+    int q_in_regs;     /* prefill: keep Q fragments in registers */
+    int gb;            /* decode: query heads per CTA (divides G) */
     int merge_threads; /* decode: threads of the split-merge kernel */
 } kiln__config;
 
-void kiln__config_pick(const kiln_variant *v, int sm, kiln__config *cfg);
+/* Largest dynamic shared memory per block on an arch (bytes). */
+int kiln__smem_limit(int sm);
+
+/* Pick the tile configuration. The environment variable KILN_TUNE ("warps=8 mt=2 bn=64
+ * stages=3 qregs=0") overrides fields for tuning; the config is part of the key material, so
+ * an override never aliases a cached kernel. Fails when the override does not fit. */
+kiln_status kiln__config_pick(const kiln_variant *v, int sm, kiln__config *cfg, kiln__err *e);
+/* One-line text of a config (part of the key material). */
+void kiln__config_format(const kiln__config *cfg, char *buf, size_t cap);
 
 /* ---- expansion (jit/expand.c) --------------------------------------------------------------- */
 
@@ -88,8 +99,8 @@ kiln_status kiln__expand(const kiln_variant *v, const kiln__config *cfg, const c
 const char *const *kiln__nvrtc_options(const char *arch, int *count);
 
 /* Key material: the exact text that is hashed. malloc'd. */
-kiln_status kiln__key_material(const kiln_variant *v, const char *arch, char **material,
-                               kiln__err *e);
+kiln_status kiln__key_material(const kiln_variant *v, const kiln__config *cfg, const char *arch,
+                               char **material, kiln__err *e);
 /* XXH3-128 of the material as 32 lowercase hex chars + NUL. */
 void kiln__key_hash(const char *material, char key[33]);
 

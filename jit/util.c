@@ -33,7 +33,14 @@ void kiln__err_prefix(kiln__err *e, const char *fmt, ...)
     vsnprintf(head, sizeof head, fmt, ap);
     va_end(ap);
     memcpy(old, e->msg, sizeof old);
-    snprintf(e->msg, sizeof e->msg, "%s: %s", head, old);
+    size_t n = strlen(head);
+    if (n > sizeof e->msg - 3) n = sizeof e->msg - 3;
+    memcpy(e->msg, head, n);
+    memcpy(e->msg + n, ": ", 2);
+    size_t rest = sizeof e->msg - n - 3;
+    size_t m = strnlen(old, rest);
+    memcpy(e->msg + n + 2, old, m);
+    e->msg[n + 2 + m] = 0;
 }
 
 static _Thread_local kiln__err tls_err;

@@ -5,7 +5,7 @@
  * and fails if no GPU is usable; --cpu runs only CPU tests. The last line is exactly
  * "N passed, N failed"; skips are counted on the line before. Exit 1 on any failure.
  */
-#define _GNU_SOURCE
+
 #include <dirent.h>
 #include <stdarg.h>
 #include <stdio.h>

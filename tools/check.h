@@ -20,6 +20,7 @@ typedef struct kiln_check_shape {
     int window_left;  /* used by window=1 (-1: kv_len / 3) */
     int strided;      /* 1: q, k, v, o live inside wider buffers (non-dense strides) */
     uint64_t seed;    /* random inputs; 0 picks one from the clock */
+    int skip_reference; /* 1: time only, no CPU reference (sizes the CPU cannot check) */
 } kiln_check_shape;
 
 typedef struct kiln_check_result {

@@ -1,0 +1,122 @@
+/*
+ * config.c — the tile configuration of each kernel family, derived from the variant and the
+ * target arch only, so that the runtime can recompute the launch geometry of a cached kernel.
+ * The shared-memory arithmetic here mirrors decode_layout / prefill_layout in templates/.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "jit.h"
+
+enum {
+    DECODE_TILE = 32,     /* keys per warp tile: one per lane */
+    DECODE_MAX_GB = 8,    /* query heads per decode CTA (register bound) */
+    MAX_WARPS = 16,
+};
+
+int kiln__smem_limit(int sm)
+{
+    switch (sm) {
+    case 80:
+    case 87: return 166912;           /* 163 KiB */
+    case 90:
+    case 100:
+    case 103: return 232448;          /* 227 KiB */
+    default: return 101376;           /* 99 KiB: sm_86, sm_89, sm_120, ... */
+    }
+}
+
+static int decode_smem(int d, int gb, int warps, int stages)
+{
+    int q = gb * d * 4, pbuf = warps * gb * DECODE_TILE * 4;
+    int kv = warps * stages * (DECODE_TILE * (d + 8) + DECODE_TILE * d) * 2;
+    int combine = warps * gb * (d + 2) * 4;
+    return q + pbuf + (kv > combine ? kv : combine);
+}
+
+static int prefill_smem(int d, int warps, int mt, int bn, int stages)
+{
+    return warps * mt * 16 * d * 2 + 2 * stages * bn * d * 2;
+}
+
+/* Apply "key=value" overrides from KILN_TUNE. */
+static kiln_status apply_tune(kiln__config *c, kiln__err *e)
+{
+    const char *t = getenv("KILN_TUNE");
+    if (!t || !*t) return KILN_STATUS_OK;
+    char buf[256];
+    snprintf(buf, sizeof buf, "%s", t);
+    char *save = NULL;
+    for (char *tok = strtok_r(buf, " ,", &save); tok; tok = strtok_r(NULL, " ,", &save)) {
+        char *eq = strchr(tok, '=');
+        int val = eq ? atoi(eq + 1) : -1;
+        if (!eq || val < 0)
+            return kiln__fail(e, KILN_STATUS_INVALID_ARGUMENT, "KILN_TUNE: bad token '%s'", tok);
+        *eq = 0;
+        if (!strcmp(tok, "warps")) c->warps = val;
+        else if (!strcmp(tok, "mt")) c->mt = val;
+        else if (!strcmp(tok, "bn")) c->block_n = val;
+        else if (!strcmp(tok, "stages")) c->stages = val;
+        else if (!strcmp(tok, "qregs")) c->q_in_regs = val;
+        else if (!strcmp(tok, "gb")) c->gb = val;
+        else
+            return kiln__fail(e, KILN_STATUS_INVALID_ARGUMENT,
+                              "KILN_TUNE: unknown field '%s' (warps, mt, bn, stages, qregs, gb)", tok);
+    }
+    return KILN_STATUS_OK;
+}
+
+kiln_status kiln__config_pick(const kiln_variant *v, int sm, kiln__config *c, kiln__err *e)
+{
+    memset(c, 0, sizeof *c);
+    const int d = v->head_dim, limit = kiln__smem_limit(sm);
+    if (v->op == KILN_OP_DECODE) {
+        c->gb = 1;
+        for (int g = 1; g <= DECODE_MAX_GB && g <= v->group; g++)
+            if (v->group % g == 0) c->gb = g;
+        c->block_n = DECODE_TILE;
+        c->stages = 2;
+        c->warps = 4;
+        while (c->warps > 1 && decode_smem(d, c->gb, c->warps, c->stages) > limit) c->warps /= 2;
+        kiln_status st = apply_tune(c, e);
+        if (st) return st;
+        c->block_m = c->gb;
+        c->smem_bytes = decode_smem(d, c->gb, c->warps, c->stages);
+        c->merge_threads = d;
+        if (c->gb < 1 || v->group % c->gb || c->stages < 2 || c->warps < 1 || c->warps > MAX_WARPS)
+            return kiln__fail(e, KILN_STATUS_UNSUPPORTED,
+                              "config: decode gb=%d stages=%d warps=%d is not valid for group %d",
+                              c->gb, c->stages, c->warps, v->group);
+    } else {
+        c->warps = 4;
+        c->mt = 1;
+        c->block_n = d > 128 ? 32 : 64;
+        c->stages = 2;
+        c->q_in_regs = d <= 128;
+        kiln_status st = apply_tune(c, e);
+        if (st) return st;
+        c->block_m = c->warps * c->mt * 16;
+        c->smem_bytes = prefill_smem(d, c->warps, c->mt, c->block_n, c->stages);
+        if (c->warps < 1 || c->warps > MAX_WARPS || c->mt < 1 || c->mt > 4 || c->block_n < 16 ||
+            c->block_n % 16 || c->stages < 1 || c->stages > 4)
+            return kiln__fail(e, KILN_STATUS_UNSUPPORTED,
+                              "config: prefill warps=%d mt=%d bn=%d stages=%d is not valid",
+                              c->warps, c->mt, c->block_n, c->stages);
+    }
+    c->threads = c->warps * 32;
+    if (c->smem_bytes > limit)
+        return kiln__fail(e, KILN_STATUS_UNSUPPORTED,
+                          "config: %d bytes of shared memory exceed the %d of sm_%d", c->smem_bytes,
+                          limit, sm);
+    return KILN_STATUS_OK;
+}
+
+void kiln__config_format(const kiln__config *c, char *buf, size_t cap)
+{
+    snprintf(buf, cap,
+             "threads=%d smem=%d block_m=%d block_n=%d warps=%d stages=%d mt=%d qregs=%d gb=%d "
+             "merge=%d",
+             c->threads, c->smem_bytes, c->block_m, c->block_n, c->warps, c->stages, c->mt,
+             c->q_in_regs, c->gb, c->merge_threads);
+}

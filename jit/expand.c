@@ -1,0 +1,116 @@
+/*
+ * expand.c — writes the one self-contained CUDA source of a variant: a header comment that
+ * lists the variant ("generated — do not edit"), the embedded templates it includes (each
+ * inlined once, in include order), the tile configuration as a constexpr struct, and the
+ * extern "C" entry points. This text is exactly what NVRTC compiles and what
+ * `kiln show --source` prints.
+ */
+#include <stdio.h>
+#include <string.h>
+
+#include "jit.h"
+
+static const kiln__template *find_template(const char *name, size_t len)
+{
+    for (int i = 0; i < kiln__templates_count; i++)
+        if (strlen(kiln__templates[i].name) == len && !memcmp(kiln__templates[i].name, name, len))
+            return &kiln__templates[i];
+    return NULL;
+}
+
+/* Append template `t`, replacing each `#include "x"` line by the inlined template x (once). */
+static kiln_status inline_template(kiln__str *out, const kiln__template *t, unsigned char *seen,
+                                   int depth, kiln__err *e)
+{
+    int idx = (int)(t - kiln__templates);
+    if (seen[idx]) return KILN_STATUS_OK;
+    seen[idx] = 1;
+    if (depth > 16)
+        return kiln__fail(e, KILN_STATUS_UNSUPPORTED, "expand: include depth over 16 at %s", t->name);
+    kiln__str_printf(out, "/* ---- templates/%s ---- */\n", t->name);
+    const char *p = t->text;
+    while (*p) {
+        const char *eol = strchr(p, '\n');
+        size_t n = eol ? (size_t)(eol - p + 1) : strlen(p);
+        const char *q = p;
+        while (q < p + n && (*q == ' ' || *q == '\t')) q++;
+        if (!strncmp(q, "#include \"", 10)) {
+            const char *name = q + 10, *end = memchr(name, '"', n - (size_t)(name - p));
+            const kiln__template *inc = end ? find_template(name, (size_t)(end - name)) : NULL;
+            if (!inc)
+                return kiln__fail(e, KILN_STATUS_UNSUPPORTED,
+                                  "expand: %s includes a file that is not an embedded template: %.*s",
+                                  t->name, (int)n - 1, p);
+            kiln_status st = inline_template(out, inc, seen, depth + 1, e);
+            if (st) return st;
+        } else {
+            kiln__str_add(out, p, n);
+        }
+        p += n;
+    }
+    if (out->len && out->p[out->len - 1] != '\n') kiln__str_puts(out, "\n");
+    return KILN_STATUS_OK;
+}
+
+static const char *dt_const(kiln_dtype t) { return t == KILN_DTYPE_BF16 ? "kiln::BF16" : "kiln::F16"; }
+
+kiln_status kiln__expand(const kiln_variant *v, const kiln__config *cfg, const char *arch,
+                         char **source, kiln__err *e)
+{
+    *source = NULL;
+    char spec[KILN__SPEC_MAX], conf[256];
+    if (!kiln__spec_format(v, spec, sizeof spec, e)) return KILN_STATUS_UNSUPPORTED;
+    kiln__config_format(cfg, conf, sizeof conf);
+
+    const int decode = v->op == KILN_OP_DECODE;
+    const char *family = decode ? "decode.cuh" : "prefill.cuh";
+    const kiln__template *t = find_template(family, strlen(family));
+    if (!t) return kiln__fail(e, KILN_STATUS_UNSUPPORTED, "expand: template %s is not embedded", family);
+
+    kiln__str s = {0};
+    kiln__str_printf(&s,
+                     "/*\n * kiln — generated source, do not edit.\n"
+                     " * spec:      %s\n * arch:      %s\n * config:    %s\n"
+                     " * templates: %s\n */\n",
+                     spec, arch, conf, kiln__templates_digest);
+    unsigned char seen[256] = {0};
+    if (kiln__templates_count > 256) {
+        kiln__str_free(&s);
+        return kiln__fail(e, KILN_STATUS_UNSUPPORTED, "expand: too many templates");
+    }
+    kiln_status st = inline_template(&s, t, seen, 0, e);
+    if (st) {
+        kiln__str_free(&s);
+        return st;
+    }
+    kiln__str_printf(&s,
+                     "\n/* ---- instantiation ---- */\n"
+                     "struct kiln_cfg {\n"
+                     "    static constexpr int D = %d, G = %d, DT = %s, OUT_DT = %s;\n"
+                     "    static constexpr int LOGITS = %d, CAUSAL = %d, WINDOW = %d, LSE = %d;\n"
+                     "    static constexpr int WARPS = %d, STAGES = %d;\n",
+                     v->head_dim, v->group, dt_const(v->q_dtype), dt_const(v->out_dtype),
+                     (int)v->logits, v->mask == KILN_MASK_CAUSAL, v->window, v->lse, cfg->warps,
+                     cfg->stages);
+    if (decode)
+        kiln__str_printf(&s, "    static constexpr int GB = %d, TILE = %d;\n", cfg->gb, cfg->block_n);
+    else
+        kiln__str_printf(&s, "    static constexpr int MT = %d, BN = %d, Q_IN_REGS = %d;\n", cfg->mt,
+                         cfg->block_n, cfg->q_in_regs);
+    kiln__str_printf(&s,
+                     "};\nstatic_assert(sizeof(kiln_launch_params) == KILN_LAUNCH_PARAMS_SIZE, "
+                     "\"params layout\");\n\n"
+                     "extern \"C\" __global__ void __launch_bounds__(%d)\n"
+                     "%s(const __grid_constant__ kiln_launch_params p)\n{\n"
+                     "    kiln::%s_kernel<kiln_cfg>(p);\n}\n",
+                     cfg->threads, KILN__ENTRY_MAIN, decode ? "decode" : "prefill");
+    if (decode)
+        kiln__str_printf(&s,
+                         "\nextern \"C\" __global__ void __launch_bounds__(%d)\n"
+                         "%s(const __grid_constant__ kiln_launch_params p)\n{\n"
+                         "    kiln::decode_merge_kernel<kiln_cfg>(p);\n}\n",
+                         cfg->merge_threads, KILN__ENTRY_MERGE);
+    *source = kiln__str_take(&s);
+    if (!*source) return kiln__fail(e, KILN_STATUS_NO_MEMORY, "expand: out of memory");
+    return KILN_STATUS_OK;
+}

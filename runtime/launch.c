@@ -1,0 +1,202 @@
+/*
+ * launch.c — the single-request launches. Pure host arithmetic (argument checks, the split-KV
+ * plan of decode, the parameter block) and one or two cuLaunchKernel calls on the caller's
+ * stream: no allocation, no synchronisation, no cache or compiler work.
+ */
+#include <string.h>
+
+#include "params.h"
+#include "runtime.h"
+
+_Static_assert(sizeof(kiln_launch_params) == KILN_LAUNCH_PARAMS_SIZE, "params layout");
+
+#define DECODE_TILE 32
+
+static kiln_status fail(kiln_kernel *k, kiln_status st, kiln__err *e)
+{
+    return kiln__ctx_error(k ? k->ctx : NULL, st, e);
+}
+
+/* Checks shared by decode and prefill; fills the common part of the parameter block. */
+static kiln_status prepare(kiln_kernel *k, const kiln_attn_args *a, kiln_op op,
+                           kiln_launch_params *p, kiln__err *e)
+{
+    const char *what = op == KILN_OP_DECODE ? "single decode" : "single prefill";
+    if (!k || !a) return kiln__fail(e, KILN_STATUS_INVALID_ARGUMENT, "%s: NULL kernel or args", what);
+    const kiln_variant *v = &k->v;
+    if (v->op != op)
+        return kiln__fail(e, KILN_STATUS_INVALID_ARGUMENT, "%s: kernel %s is a %s kernel", what,
+                          k->spec, kiln__op_name(v->op));
+    if (!k->loaded)
+        return kiln__fail(e, KILN_STATUS_INVALID_ARGUMENT,
+                          "%s: kernel %s (%s) was compiled for inspection, not loaded; use kiln_kernel_get",
+                          what, k->key, k->arch);
+    const int D = v->head_dim, H = a->num_qo_heads, G = v->group;
+    if (H < 1 || H % G)
+        return kiln__fail(e, KILN_STATUS_INVALID_ARGUMENT,
+                          "%s %s: num_qo_heads=%d must be a positive multiple of group=%d", what,
+                          k->spec, H, G);
+    if (a->kv_len < 1)
+        return kiln__fail(e, KILN_STATUS_INVALID_ARGUMENT, "%s %s: kv_len=%d must be >= 1", what,
+                          k->spec, a->kv_len);
+    if (!a->q || !a->k || !a->v || !a->o)
+        return kiln__fail(e, KILN_STATUS_INVALID_ARGUMENT, "%s %s: q, k, v and o must be non-zero",
+                          what, k->spec);
+    if (v->lse && !a->lse)
+        return kiln__fail(e, KILN_STATUS_INVALID_ARGUMENT, "%s %s: the variant writes lse but lse is 0",
+                          what, k->spec);
+    if ((a->q | a->k | a->v) % 16 || a->o % 4)
+        return kiln__fail(e, KILN_STATUS_INVALID_ARGUMENT,
+                          "%s %s: q, k, v must be 16-byte aligned and o 4-byte aligned", what, k->spec);
+    const kiln_params *rp = &a->params;
+    if (v->logits == KILN_LOGITS_SOFTCAP && !(rp->softcap > 0.f))
+        return kiln__fail(e, KILN_STATUS_INVALID_ARGUMENT, "%s %s: softcap must be > 0 (got %g)", what,
+                          k->spec, (double)rp->softcap);
+    if (v->logits == KILN_LOGITS_ALIBI && !rp->alibi_slopes)
+        return kiln__fail(e, KILN_STATUS_INVALID_ARGUMENT, "%s %s: logits=alibi needs alibi_slopes",
+                          what, k->spec);
+    if (v->window && rp->window_left < 0)
+        return kiln__fail(e, KILN_STATUS_INVALID_ARGUMENT, "%s %s: window_left must be >= 0 (got %d)",
+                          what, k->spec, rp->window_left);
+    if (!(rp->sm_scale >= 0.f))
+        return kiln__fail(e, KILN_STATUS_INVALID_ARGUMENT, "%s %s: sm_scale must be >= 0", what, k->spec);
+
+    const int L_Q = op == KILN_OP_DECODE ? 1 : a->qo_len, L_KV = a->kv_len, H_KV = H / G;
+    const int nhd = v->layout == KILN_LAYOUT_NHD;
+    memset(p, 0, sizeof *p);
+    p->q = a->q;
+    p->k = a->k;
+    p->v = a->v;
+    p->o = a->o;
+    p->lse = v->lse ? a->lse : 0;
+    p->alibi = v->logits == KILN_LOGITS_ALIBI ? rp->alibi_slopes : 0;
+    p->q_stride_h = a->q_stride_h ? a->q_stride_h : D;
+    p->q_stride_n = a->q_stride_n ? a->q_stride_n : (int64_t)H * D;
+    p->o_stride_h = a->o_stride_h ? a->o_stride_h : D;
+    p->o_stride_n = a->o_stride_n ? a->o_stride_n : (int64_t)H * D;
+    p->k_stride_n = a->k_stride_n ? a->k_stride_n : nhd ? (int64_t)H_KV * D : D;
+    p->k_stride_h = a->k_stride_h ? a->k_stride_h : nhd ? D : (int64_t)L_KV * D;
+    p->v_stride_n = a->v_stride_n ? a->v_stride_n : nhd ? (int64_t)H_KV * D : D;
+    p->v_stride_h = a->v_stride_h ? a->v_stride_h : nhd ? D : (int64_t)L_KV * D;
+    if ((p->q_stride_h | p->q_stride_n | p->k_stride_n | p->k_stride_h | p->v_stride_n |
+         p->v_stride_h) % 8 ||
+        (p->o_stride_h | p->o_stride_n) % 2)
+        return kiln__fail(e, KILN_STATUS_INVALID_ARGUMENT,
+                          "%s %s: q/k/v strides must be multiples of 8 elements and o strides even",
+                          what, k->spec);
+    p->qo_len = L_Q;
+    p->kv_len = L_KV;
+    p->num_qo_heads = H;
+    p->num_kv_heads = H_KV;
+    p->window_left = v->window ? rp->window_left : 0;
+    p->sm_scale = rp->sm_scale > 0.f ? rp->sm_scale : 1.0f / __builtin_sqrtf((float)D);
+    p->softcap = v->logits == KILN_LOGITS_SOFTCAP ? rp->softcap : 1.0f;
+    return KILN_STATUS_OK;
+}
+
+/* The split-KV plan of a single decode: splits per KV head and tokens per split. */
+static void decode_plan(const kiln_kernel *k, int H, int L_KV, int window, int window_left,
+                        int *kv_begin, int *chunk, int *splits)
+{
+    const kiln__config *c = &k->cfg;
+    const int begin = window ? (L_KV - 1 - window_left > 0 ? L_KV - 1 - window_left : 0) : 0;
+    const int n = L_KV - begin;
+    const int per_split_min = DECODE_TILE * c->warps; /* every warp gets a tile */
+    const int base = (H / k->v.group) * (k->v.group / c->gb);
+    const int sms = k->ctx->info.sm_count > 0 ? k->ctx->info.sm_count : 1;
+    const int slots = sms * (k->ctas_per_sm > 0 ? k->ctas_per_sm : 1);
+    int want = (slots + base - 1) / base;
+    int max_splits = (n + per_split_min - 1) / per_split_min;
+    if (want > max_splits) want = max_splits;
+    if (want < 1) want = 1;
+    int ch = (n + want - 1) / want;
+    ch = (ch + per_split_min - 1) / per_split_min * per_split_min;
+    *kv_begin = begin;
+    *chunk = ch;
+    *splits = (n + ch - 1) / ch;
+}
+
+static size_t decode_ws(int splits, int H, int D)
+{
+    return splits > 1 ? (size_t)splits * H * (D + 1) * sizeof(float) : 0;
+}
+
+kiln_status kiln_decode_workspace_size(const kiln_kernel *k, int num_qo_heads, int kv_len,
+                                       size_t *bytes)
+{
+    kiln__err e = {{0}};
+    if (!bytes || !k)
+        return kiln__fail(kiln__tls_err(), KILN_STATUS_INVALID_ARGUMENT, "workspace size: NULL argument");
+    *bytes = 0;
+    if (k->v.op != KILN_OP_DECODE || num_qo_heads < 1 || num_qo_heads % k->v.group || kv_len < 1) {
+        kiln__fail(&e, KILN_STATUS_INVALID_ARGUMENT,
+                   "workspace size: %s with num_qo_heads=%d kv_len=%d is not a valid decode shape",
+                   k->spec, num_qo_heads, kv_len);
+        return kiln__ctx_error(k->ctx, KILN_STATUS_INVALID_ARGUMENT, &e);
+    }
+    int begin, chunk, splits;
+    /* The window only shrinks the plan; size for the largest (no window). */
+    decode_plan(k, num_qo_heads, kv_len, 0, 0, &begin, &chunk, &splits);
+    *bytes = decode_ws(splits, num_qo_heads, k->v.head_dim);
+    return KILN_STATUS_OK;
+}
+
+kiln_status kiln_single_decode(kiln_kernel *k, const kiln_attn_args *a, void *stream)
+{
+    kiln__err e;
+    kiln_launch_params p;
+    kiln_status st = prepare(k, a, KILN_OP_DECODE, &p, &e);
+    if (st) return fail(k, st, &e);
+    const int H = a->num_qo_heads, D = k->v.head_dim;
+    decode_plan(k, H, a->kv_len, k->v.window, p.window_left, &p.kv_begin, &p.kv_chunk, &p.num_splits);
+    if (p.num_splits > 1) {
+        const size_t need = decode_ws(p.num_splits, H, D);
+        if (!a->workspace || a->workspace_bytes < need) {
+            kiln__fail(&e, KILN_STATUS_WORKSPACE,
+                       "single decode %s: kv_len=%d is split %d ways and needs %zu bytes of workspace "
+                       "(given %zu); see kiln_decode_workspace_size",
+                       k->spec, a->kv_len, p.num_splits, need, a->workspace ? a->workspace_bytes : 0);
+            return fail(k, KILN_STATUS_WORKSPACE, &e);
+        }
+        if (a->workspace % 16)
+            return fail(k, kiln__fail(&e, KILN_STATUS_INVALID_ARGUMENT,
+                                      "single decode %s: workspace must be 16-byte aligned", k->spec), &e);
+        p.partial_o = a->workspace;
+        p.partial_lse = a->workspace + (size_t)p.num_splits * H * D * sizeof(float);
+    }
+    const kiln__cu *cu = k->ctx->cu;
+    void *args[] = {&p};
+    const unsigned hk = (unsigned)(H / k->v.group), gz = (unsigned)(k->v.group / k->cfg.gb);
+    CUresult r = cu->cuLaunchKernel(k->fn_main, (unsigned)p.num_splits, hk, gz, (unsigned)k->cfg.threads,
+                                    1, 1, (unsigned)k->cfg.smem_bytes, (CUstream)stream, args, NULL);
+    if (r == CUDA_SUCCESS && p.num_splits > 1)
+        r = cu->cuLaunchKernel(k->fn_merge, (unsigned)H, 1, 1, (unsigned)k->cfg.merge_threads, 1, 1, 0,
+                               (CUstream)stream, args, NULL);
+    if (r != CUDA_SUCCESS)
+        return fail(k, kiln__cu_fail(&e, r, "single decode %s: launch", k->spec), &e);
+    return KILN_STATUS_OK;
+}
+
+kiln_status kiln_single_prefill(kiln_kernel *k, const kiln_attn_args *a, void *stream)
+{
+    kiln__err e;
+    kiln_launch_params p;
+    kiln_status st = prepare(k, a, KILN_OP_PREFILL, &p, &e);
+    if (st) return fail(k, st, &e);
+    if (a->qo_len < 0)
+        return fail(k, kiln__fail(&e, KILN_STATUS_INVALID_ARGUMENT, "single prefill %s: qo_len=%d < 0",
+                                  k->spec, a->qo_len), &e);
+    if (a->qo_len == 0) return KILN_STATUS_OK; /* an empty request: nothing to write */
+    if (k->v.mask == KILN_MASK_CAUSAL && a->qo_len > a->kv_len)
+        return fail(k, kiln__fail(&e, KILN_STATUS_INVALID_ARGUMENT,
+                                  "single prefill %s: causal needs qo_len <= kv_len (got %d > %d)",
+                                  k->spec, a->qo_len, a->kv_len), &e);
+    const unsigned mblocks = (unsigned)((a->qo_len + k->cfg.block_m - 1) / k->cfg.block_m);
+    void *args[] = {&p};
+    CUresult r = k->ctx->cu->cuLaunchKernel(k->fn_main, mblocks, (unsigned)a->num_qo_heads, 1,
+                                            (unsigned)k->cfg.threads, 1, 1, (unsigned)k->cfg.smem_bytes,
+                                            (CUstream)stream, args, NULL);
+    if (r != CUDA_SUCCESS)
+        return fail(k, kiln__cu_fail(&e, r, "single prefill %s: launch", k->spec), &e);
+    return KILN_STATUS_OK;
+}

@@ -1,0 +1,62 @@
+/*
+ * runtime.h — the context and kernel objects behind the opaque public handles, shared by
+ * ctx.c (devices, errors), kernel.c (memo → cache → compile → load) and launch.c.
+ */
+#ifndef KILN_RUNTIME_H
+#define KILN_RUNTIME_H
+
+#include <pthread.h>
+
+#include "cache.h"
+#include "cu.h"
+#include "jit.h"
+#include "kiln.h"
+
+#define KILN__MEMO_BUCKETS 1024
+
+struct kiln_kernel {
+    kiln_ctx *ctx;
+    kiln_variant v;
+    char arch[16];
+    kiln__config cfg;
+    char key[33];
+    char spec[KILN__SPEC_MAX];
+    char *source, *log, *key_material;
+    void *cubin;
+    size_t cubin_size;
+    int from_cache;
+    double compile_ms;
+    int registers, smem_static, spill_bytes, stack_bytes;
+    /* loaded state (only for the context's own arch, with a device) */
+    int loaded;
+    int building; /* 1 while one thread builds or loads it; others wait on memo_cond */
+    CUmodule module;
+    CUfunction fn_main, fn_merge;
+    int ctas_per_sm; /* occupancy of fn_main */
+    uint64_t memo_hash;
+    struct kiln_kernel *next; /* memo chain */
+};
+
+struct kiln_ctx {
+    pthread_mutex_t memo_lock; /* guards the memo table and each kernel's building flag */
+    pthread_cond_t memo_cond;  /* signalled when a kernel stops building */
+    pthread_mutex_t err_lock;
+    kiln__err err;
+    kiln__cache *cache; /* NULL with no_cache */
+    char cache_path[1024];
+    const kiln__cu *cu; /* NULL: compile-only */
+    CUdevice dev;
+    CUcontext cuctx; /* the device's primary context */
+    int set_current; /* 1: create made cuctx current (destroy undoes it) */
+    kiln_device_info info;
+    int arch_sm;
+    kiln_kernel *memo[KILN__MEMO_BUCKETS];
+};
+
+/* Record e as the context's last error (and the thread's) and return st. */
+kiln_status kiln__ctx_error(kiln_ctx *ctx, kiln_status st, const kiln__err *e);
+
+/* Make the context's CUDA context current on this thread (no-op if already). */
+kiln_status kiln__ctx_bind(kiln_ctx *ctx, kiln__err *e);
+
+#endif /* KILN_RUNTIME_H */

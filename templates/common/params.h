@@ -1,0 +1,39 @@
+/*
+ * params.h — the one argument block every kiln kernel receives, by value.
+ *
+ * Shared verbatim by the host (runtime/, as C) and the device (the generated source, as CUDA
+ * C++): only fixed-size scalar types, ordered widest first, so both compilers lay it out the
+ * same way (a static assertion on each side checks the size). Strides are in elements.
+ */
+#ifndef KILN_PARAMS_H
+#define KILN_PARAMS_H
+
+typedef struct kiln_launch_params {
+    unsigned long long q;           /* decode [H, D]; prefill [L_Q, H, D] */
+    unsigned long long k;           /* [L_KV, H_KV, D] or [H_KV, L_KV, D] via strides */
+    unsigned long long v;           /* like k */
+    unsigned long long o;           /* like q */
+    unsigned long long lse;         /* float, [H] or [L_Q, H]; 0 if not wanted */
+    unsigned long long alibi;       /* float [H] slopes; 0 unless logits=alibi */
+    unsigned long long partial_o;   /* decode split-KV: float [splits, H, D] */
+    unsigned long long partial_lse; /* decode split-KV: float [splits, H] */
+    long long q_stride_n, q_stride_h;
+    long long o_stride_n, o_stride_h;
+    long long k_stride_n, k_stride_h;
+    long long v_stride_n, v_stride_h;
+    int qo_len;       /* L_Q (decode: 1) */
+    int kv_len;       /* L_KV */
+    int num_qo_heads; /* H */
+    int num_kv_heads; /* H_KV */
+    int window_left;  /* keys j >= i + L_KV - L_Q - window_left stay (window variants) */
+    int kv_chunk;     /* decode: KV tokens per split (multiple of the tile) */
+    int num_splits;   /* decode: splits per KV head; 1 writes o directly */
+    int kv_begin;     /* decode: first key any query can see (window) */
+    float sm_scale;   /* scale of q.k */
+    float softcap;    /* logits=softcap: the cap */
+    float pad0, pad1; /* keep the size a multiple of 8 */
+} kiln_launch_params;
+
+#define KILN_LAUNCH_PARAMS_SIZE 176
+
+#endif /* KILN_PARAMS_H */

@@ -1,0 +1,249 @@
+/*
+ * test_core.c — the JIT pipeline on the CPU: expansion, key material and key sensitivity,
+ * NVRTC compiles through the public API for named archs, the cache round trip (compiled →
+ * cached in a new context), corrupt rows recompiled, and clear errors for bad directories.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "jit.h"
+#include "kt.h"
+
+static kiln_ctx *cpu_ctx(const char *dir)
+{
+    kiln_ctx_opts o = {0};
+    o.cache_dir = dir;
+    o.no_cache = dir == NULL;
+    o.no_device = 1;
+    kiln_ctx *ctx = NULL;
+    if (kiln_ctx_create(&o, &ctx) != KILN_STATUS_OK) {
+        kt_fail(__FILE__, __LINE__, "kiln_ctx_create(%s): %s", dir ? dir : "(none)", kiln_errmsg());
+        return NULL;
+    }
+    return ctx;
+}
+
+static void parse(const char *spec, kiln_variant *v)
+{
+    if (kiln_variant_parse(spec, v) != KILN_STATUS_OK)
+        kt_fail(__FILE__, __LINE__, "parse %s: %s", spec, kiln_errmsg());
+}
+
+KT_TEST(core_expand_self_contained)
+{
+    kiln_variant v;
+    parse("op=prefill dtype=bf16 head_dim=128 group=4 mask=causal logits=softcap", &v);
+    kiln__config cfg;
+    kiln__err e;
+    KT_OK(kiln__config_pick(&v, 90, &cfg, &e), e.msg);
+    char *src = NULL;
+    KT_OK(kiln__expand(&v, &cfg, "sm_90a", &src, &e), e.msg);
+    KT_REQUIRE(src);
+    KT_CONTAINS(src, "generated source, do not edit");
+    KT_CONTAINS(src, "spec:      op=prefill dtype=bf16 head_dim=128 group=4");
+    KT_CONTAINS(src, "templates/prefill.cuh");
+    KT_CONTAINS(src, "templates/common/params.h");
+    KT_CHECK(strstr(src, "#include") == NULL);
+    KT_CONTAINS(src, "extern \"C\" __global__");
+    free(src);
+}
+
+/* Every field of the variant, the arch and the config change the key; token order does not. */
+KT_TEST(core_key_sensitivity)
+{
+    const char *base = "op=decode dtype=f16 head_dim=128 group=4 layout=nhd mask=none window=0 logits=none lse=0";
+    const char *variants[] = {
+        "op=prefill dtype=f16 head_dim=128 group=4 layout=nhd mask=none window=0 logits=none lse=0",
+        "op=decode dtype=bf16 head_dim=128 group=4 layout=nhd mask=none window=0 logits=none lse=0",
+        "op=decode q_dtype=f16 kv_dtype=f16 out_dtype=bf16 head_dim=128 group=4",
+        "op=decode dtype=f16 head_dim=64 group=4",
+        "op=decode dtype=f16 head_dim=128 group=8",
+        "op=decode dtype=f16 head_dim=128 group=4 layout=hnd",
+        "op=decode dtype=f16 head_dim=128 group=4 mask=causal",
+        "op=decode dtype=f16 head_dim=128 group=4 window=1",
+        "op=decode dtype=f16 head_dim=128 group=4 logits=softcap",
+        "op=decode dtype=f16 head_dim=128 group=4 logits=alibi",
+        "op=decode dtype=f16 head_dim=128 group=4 lse=1",
+    };
+    char keys[16][33];
+    kiln_variant v;
+    kiln__config cfg;
+    kiln__err e;
+    char *mat = NULL;
+    parse(base, &v);
+    KT_OK(kiln__config_pick(&v, 90, &cfg, &e), e.msg);
+    KT_OK(kiln__key_material(&v, &cfg, "sm_90a", &mat, &e), e.msg);
+    KT_REQUIRE(mat);
+    kiln__key_hash(mat, keys[0]);
+    KT_CONTAINS(mat, "arch: sm_90a");
+    KT_CONTAINS(mat, kiln__templates_digest);
+    KT_CONTAINS(mat, kiln_nvrtc_version());
+    KT_CONTAINS(mat, "--gpu-architecture=sm_90a");
+    KT_CONTAINS(mat, "config: threads=");
+    free(mat);
+    KT_EQ_INT(strlen(keys[0]), 32);
+    for (size_t i = 0; i < sizeof variants / sizeof variants[0]; i++) {
+        parse(variants[i], &v);
+        KT_OK(kiln__config_pick(&v, 90, &cfg, &e), e.msg);
+        KT_OK(kiln__key_material(&v, &cfg, "sm_90a", &mat, &e), e.msg);
+        kiln__key_hash(mat, keys[i + 1]);
+        free(mat);
+        for (size_t j = 0; j <= i; j++)
+            if (!strcmp(keys[i + 1], keys[j])) kt_fail(__FILE__, __LINE__, "key collision: %s and #%zu", variants[i], j);
+    }
+    /* arch changes the key */
+    parse(base, &v);
+    KT_OK(kiln__config_pick(&v, 80, &cfg, &e), e.msg);
+    KT_OK(kiln__key_material(&v, &cfg, "sm_80", &mat, &e), e.msg);
+    char k80[33];
+    kiln__key_hash(mat, k80);
+    free(mat);
+    KT_CHECK(strcmp(k80, keys[0]) != 0);
+    /* token order does not */
+    parse("lse=0 logits=none window=0 mask=none layout=nhd group=4 head_dim=128 dtype=f16 op=decode", &v);
+    KT_OK(kiln__config_pick(&v, 90, &cfg, &e), e.msg);
+    KT_OK(kiln__key_material(&v, &cfg, "sm_90a", &mat, &e), e.msg);
+    char again[33];
+    kiln__key_hash(mat, again);
+    free(mat);
+    KT_EQ_STR(again, keys[0]);
+    /* a tuning override changes the config and so the key */
+    setenv("KILN_TUNE", "warps=2", 1);
+    KT_OK(kiln__config_pick(&v, 90, &cfg, &e), e.msg);
+    unsetenv("KILN_TUNE");
+    KT_OK(kiln__key_material(&v, &cfg, "sm_90a", &mat, &e), e.msg);
+    kiln__key_hash(mat, again);
+    free(mat);
+    KT_CHECK(strcmp(again, keys[0]) != 0);
+}
+
+/* Compile one kernel of each family for sm_90a and sm_80 through the public API; a second
+ * context on the same cache finds them; every introspection field is filled. */
+KT_TEST(core_compile_and_cache)
+{
+    char dir[600];
+    snprintf(dir, sizeof dir, "%s/c", kt_tmpdir());
+    const char *specs[] = {"op=decode dtype=bf16 head_dim=64 group=4 logits=softcap lse=1",
+                           "op=prefill dtype=f16 head_dim=64 group=1 mask=causal window=1"};
+    const char *archs[] = {"sm_90a", "sm_80"};
+    char keys[4][33];
+    kiln_ctx *ctx = cpu_ctx(dir);
+    KT_REQUIRE(ctx);
+    int n = 0;
+    for (int s = 0; s < 2; s++)
+        for (int a = 0; a < 2; a++) {
+            kiln_variant v;
+            parse(specs[s], &v);
+            kiln_kernel *k = NULL;
+            KT_OK(kiln_kernel_compile(ctx, &v, archs[a], &k), kiln_ctx_errmsg(ctx));
+            if (!k) continue;
+            kiln_kernel_info info;
+            KT_OK(kiln_kernel_describe(k, &info), kiln_errmsg());
+            KT_EQ_INT(info.from_cache, 0);
+            KT_EQ_STR(info.arch, archs[a]);
+            KT_CHECK(info.registers > 0);
+            KT_CHECK(info.cubin_bytes > 1000);
+            if (a == 0) KT_EQ_INT(info.spill_bytes, 0); /* sm_80 spills a little: known */
+            KT_CHECK(info.compile_ms > 0);
+            size_t sz = 0;
+            const unsigned char *cubin = kiln_kernel_cubin(k, &sz);
+            KT_CHECK(cubin && sz > 4 && !memcmp(cubin, "\177ELF", 4));
+            KT_CONTAINS(kiln_kernel_log(k), "registers");
+            KT_CONTAINS(kiln_kernel_source(k), info.spec);
+            memcpy(keys[n++], info.key, 33);
+            /* memo: the same call returns the same object */
+            kiln_kernel *k2 = NULL;
+            KT_OK(kiln_kernel_compile(ctx, &v, archs[a], &k2), kiln_ctx_errmsg(ctx));
+            KT_CHECK(k2 == k);
+        }
+    KT_CHECK(strcmp(keys[0], keys[1]) != 0);
+    kiln_ctx_destroy(ctx);
+
+    ctx = cpu_ctx(dir);
+    KT_REQUIRE(ctx);
+    n = 0;
+    for (int s = 0; s < 2; s++)
+        for (int a = 0; a < 2; a++) {
+            kiln_variant v;
+            parse(specs[s], &v);
+            kiln_kernel *k = NULL;
+            KT_OK(kiln_kernel_compile(ctx, &v, archs[a], &k), kiln_ctx_errmsg(ctx));
+            if (!k) continue;
+            kiln_kernel_info info;
+            kiln_kernel_describe(k, &info);
+            KT_EQ_INT(info.from_cache, 1);
+            KT_EQ_STR(info.key, keys[n]);
+            n++;
+            KT_CONTAINS(kiln_kernel_key_material(k), "spec: ");
+        }
+    kiln_ctx_destroy(ctx);
+}
+
+KT_TEST(core_no_device_errors)
+{
+    kiln_ctx *ctx = cpu_ctx(NULL);
+    KT_REQUIRE(ctx);
+    kiln_device_info di;
+    KT_OK(kiln_ctx_device(ctx, &di), kiln_errmsg());
+    KT_EQ_INT(di.present, 0);
+    kiln_variant v;
+    kiln_variant_default(&v);
+    kiln_kernel *k = (kiln_kernel *)1;
+    KT_STATUS(kiln_kernel_get(ctx, &v, &k), KILN_STATUS_NO_DEVICE, kiln_ctx_errmsg(ctx));
+    KT_CHECK(k == NULL);
+    KT_STATUS(kiln_kernel_compile(ctx, &v, NULL, &k), KILN_STATUS_NO_DEVICE, kiln_ctx_errmsg(ctx));
+    KT_CONTAINS(kiln_ctx_errmsg(ctx), "name an arch");
+    KT_STATUS(kiln_kernel_compile(ctx, &v, "sm_75", &k), KILN_STATUS_UNSUPPORTED, kiln_ctx_errmsg(ctx));
+    KT_CONTAINS(kiln_ctx_errmsg(ctx), "sm_75");
+    v.head_dim = 96;
+    KT_STATUS(kiln_kernel_compile(ctx, &v, "sm_90a", &k), KILN_STATUS_UNSUPPORTED, kiln_ctx_errmsg(ctx));
+    KT_CONTAINS(kiln_ctx_errmsg(ctx), "head_dim");
+    kiln_ctx_destroy(ctx);
+    kiln_ctx_destroy(NULL);
+}
+
+KT_TEST(core_bad_cache_dir)
+{
+    char path[600];
+    snprintf(path, sizeof path, "%s/file", kt_tmpdir());
+    FILE *f = fopen(path, "w");
+    KT_REQUIRE(f);
+    fputs("x", f);
+    fclose(f);
+    char dir[700];
+    snprintf(dir, sizeof dir, "%s/sub", path);
+    kiln_ctx_opts o = {0};
+    o.cache_dir = dir;
+    o.no_device = 1;
+    kiln_ctx *ctx = NULL;
+    kiln_status st = kiln_ctx_create(&o, &ctx);
+    KT_CHECK(st != KILN_STATUS_OK);
+    KT_CHECK(ctx == NULL);
+    KT_CONTAINS(kiln_errmsg(), dir);
+}
+
+/* An NVRTC failure (injected) is reported with the spec and arch and caches nothing. */
+KT_TEST(core_nvrtc_fault)
+{
+    char dir[600];
+    snprintf(dir, sizeof dir, "%s/c", kt_tmpdir());
+    kiln_ctx *ctx = cpu_ctx(dir);
+    KT_REQUIRE(ctx);
+    kiln_variant v;
+    parse("op=decode head_dim=64", &v);
+    kiln_kernel *k = NULL;
+    kiln__fault_arm("nvrtc", 1);
+    KT_STATUS(kiln_kernel_compile(ctx, &v, "sm_90a", &k), KILN_STATUS_NVRTC, kiln_ctx_errmsg(ctx));
+    kiln__fault_arm("nvrtc", 0);
+    KT_CONTAINS(kiln_ctx_errmsg(ctx), "op=decode");
+    KT_CONTAINS(kiln_ctx_errmsg(ctx), "sm_90a");
+    /* the next attempt compiles for real */
+    KT_OK(kiln_kernel_compile(ctx, &v, "sm_90a", &k), kiln_ctx_errmsg(ctx));
+    kiln_kernel_info info;
+    kiln_kernel_describe(k, &info);
+    KT_EQ_INT(info.from_cache, 0);
+    kiln_ctx_destroy(ctx);
+}

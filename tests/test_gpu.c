@@ -1,0 +1,229 @@
+/*
+ * test_gpu.c — GPU tests: every builtin variant against the float64 CPU reference
+ * (tools/check.c) on fresh random data with poisoned outputs.
+ *
+ * The variant grid is the full product of head dim {64,128,256} × group {1,4,8} ×
+ * dtype {f16,bf16} × mask {none,causal} × window {0,1} × logits {none,softcap,alibi}, for
+ * decode and prefill (layout, lse and out dtype alternate through it). Every variant runs on a
+ * few odd shapes; the "shape" variants (group 4, plain logits) run the whole length grid:
+ * L_KV in {1,17,127,577,4093,32768} and, for prefill, L_Q in {1,37,577} (L_Q <= L_KV where
+ * causal). Kernels are compiled up front by a pool of threads (NVRTC is thread-safe).
+ * KILN_TEST_QUICK=1 trims the grid.
+ */
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "check.h"
+#include "kt.h"
+
+#define MAX_VARIANTS 512
+
+typedef struct grid {
+    kiln_variant v[MAX_VARIANTS];
+    int n;
+} grid;
+
+static void build_grid(kiln_op op, grid *g)
+{
+    static const int dims[] = {64, 128, 256}, groups[] = {1, 4, 8};
+    g->n = 0;
+    int alt = 0;
+    for (int di = 0; di < 3; di++)
+        for (int gi = 0; gi < 3; gi++)
+            for (int dt = 0; dt < 2; dt++)
+                for (int mask = 0; mask < 2; mask++)
+                    for (int win = 0; win < 2; win++)
+                        for (int lg = 0; lg < 3; lg++) {
+                            kiln_variant v;
+                            kiln_variant_default(&v);
+                            v.op = op;
+                            v.head_dim = dims[di];
+                            v.group = groups[gi];
+                            v.q_dtype = v.kv_dtype = v.out_dtype = dt ? KILN_DTYPE_BF16 : KILN_DTYPE_F16;
+                            if (alt % 5 == 3) v.out_dtype = dt ? KILN_DTYPE_F16 : KILN_DTYPE_BF16;
+                            v.mask = mask ? KILN_MASK_CAUSAL : KILN_MASK_NONE;
+                            v.window = win;
+                            v.logits = (kiln_logits)lg;
+                            v.layout = (alt / 2) % 2 ? KILN_LAYOUT_HND : KILN_LAYOUT_NHD;
+                            v.lse = alt % 3 == 1;
+                            alt++;
+                            g->v[g->n++] = v;
+                        }
+}
+
+typedef struct pool {
+    kiln_ctx *ctx;
+    const grid *g;
+    int next, failed;
+    pthread_mutex_t lock;
+    char msg[512];
+} pool;
+
+static void *compile_worker(void *arg)
+{
+    pool *p = arg;
+    for (;;) {
+        pthread_mutex_lock(&p->lock);
+        int i = p->next++;
+        pthread_mutex_unlock(&p->lock);
+        if (i >= p->g->n) return NULL;
+        kiln_kernel *k = NULL;
+        if (kiln_kernel_get(p->ctx, &p->g->v[i], &k) != KILN_STATUS_OK) {
+            pthread_mutex_lock(&p->lock);
+            if (!p->failed++) snprintf(p->msg, sizeof p->msg, "%s", kiln_ctx_errmsg(p->ctx));
+            pthread_mutex_unlock(&p->lock);
+        }
+    }
+}
+
+/* Compile and load every variant of g with one thread per core. */
+static int warm(kiln_ctx *ctx, const grid *g)
+{
+    pool p = {.ctx = ctx, .g = g};
+    pthread_mutex_init(&p.lock, NULL);
+    long n = sysconf(_SC_NPROCESSORS_ONLN);
+    int nt = n < 1 ? 1 : n > 32 ? 32 : (int)n;
+    pthread_t th[32];
+    for (int t = 0; t < nt; t++) pthread_create(&th[t], NULL, compile_worker, &p);
+    for (int t = 0; t < nt; t++) pthread_join(th[t], NULL);
+    pthread_mutex_destroy(&p.lock);
+    if (p.failed) kt_fail(__FILE__, __LINE__, "%d variants failed to build; first: %s", p.failed, p.msg);
+    return p.failed;
+}
+
+static kiln_ctx *gpu_ctx(void)
+{
+    kiln_ctx_opts o = {0};
+    char dir[600];
+    snprintf(dir, sizeof dir, "%s/cache", kt_tmpdir());
+    const char *shared = getenv("KILN_TEST_CACHE"); /* reuse compiled kernels across runs */
+    o.cache_dir = shared && *shared ? shared : dir;
+    kiln_ctx *ctx = NULL;
+    if (kiln_ctx_create(&o, &ctx) != KILN_STATUS_OK) {
+        kt_fail(__FILE__, __LINE__, "kiln_ctx_create: %s", kiln_errmsg());
+        return NULL;
+    }
+    return ctx;
+}
+
+typedef struct tally {
+    int cases, bad;
+    double worst_rel;
+} tally;
+
+static void run_case(kiln_ctx *ctx, const kiln_variant *v, int H, int L_Q, int L_KV, int strided,
+                     tally *t)
+{
+    kiln_kernel *k = NULL;
+    char spec[256];
+    kiln_variant_format(v, spec, sizeof spec);
+    if (kiln_kernel_get(ctx, v, &k) != KILN_STATUS_OK) {
+        kt_fail(__FILE__, __LINE__, "%s: %s", spec, kiln_ctx_errmsg(ctx));
+        t->bad++;
+        return;
+    }
+    kiln_check_shape s = {.num_qo_heads = H, .qo_len = L_Q, .kv_len = L_KV, .window_left = -1,
+                          .strided = strided};
+    kiln_check_result r;
+    char msg[512];
+    kiln_status st = kiln_check_run(ctx, k, &s, 0, &r, msg, sizeof msg);
+    t->cases++;
+    if (r.rel_l2 > t->worst_rel) t->worst_rel = r.rel_l2;
+    if (st != KILN_STATUS_OK) {
+        t->bad++;
+        kt_fail(__FILE__, __LINE__, "%s H=%d L_Q=%d L_KV=%d%s: %s (max_err %.3g rel_l2 %.3g)", spec,
+                H, L_Q, L_KV, strided ? " strided" : "", msg, r.max_err, r.rel_l2);
+    }
+}
+
+static int quick(void)
+{
+    const char *q = getenv("KILN_TEST_QUICK");
+    return q && *q && strcmp(q, "0") != 0;
+}
+
+static const int kv_lens[] = {1, 17, 127, 577, 4093, 32768};
+static const int qo_lens[] = {1, 37, 577};
+
+KT_GPU_TEST(gpu_decode_grid)
+{
+    static grid g;
+    build_grid(KILN_OP_DECODE, &g);
+    kiln_ctx *ctx = gpu_ctx();
+    KT_REQUIRE(ctx);
+    warm(ctx, &g);
+    tally t = {0};
+    for (int i = 0; i < g.n; i++) {
+        const kiln_variant *v = &g.v[i];
+        const int H = 2 * v->group;
+        const int full = v->group == 4 && v->logits == KILN_LOGITS_NONE && !quick();
+        if (full) {
+            for (size_t li = 0; li < sizeof kv_lens / sizeof kv_lens[0]; li++)
+                run_case(ctx, v, H, 1, kv_lens[li], (int)li % 2, &t);
+        } else {
+            run_case(ctx, v, H, 1, 1, 0, &t);
+            run_case(ctx, v, H, 1, 577 + i, i % 2, &t);
+            if (!quick() && i % 4 == 0) run_case(ctx, v, 32, 1, 4093, 0, &t);
+        }
+    }
+    printf("    decode: %d variants, %d cases, %d bad, worst rel_l2 %.3g\n", g.n, t.cases, t.bad,
+           t.worst_rel);
+    kiln_ctx_destroy(ctx);
+}
+
+KT_GPU_TEST(gpu_prefill_grid)
+{
+    static grid g;
+    build_grid(KILN_OP_PREFILL, &g);
+    kiln_ctx *ctx = gpu_ctx();
+    KT_REQUIRE(ctx);
+    warm(ctx, &g);
+    tally t = {0};
+    for (int i = 0; i < g.n; i++) {
+        const kiln_variant *v = &g.v[i];
+        const int H = 2 * v->group;
+        const int full = v->group == 4 && v->logits == KILN_LOGITS_NONE && !quick();
+        if (full) {
+            for (size_t li = 0; li < sizeof kv_lens / sizeof kv_lens[0]; li++)
+                for (size_t qi = 0; qi < sizeof qo_lens / sizeof qo_lens[0]; qi++) {
+                    const int L_KV = kv_lens[li], L_Q = qo_lens[qi];
+                    if (v->mask == KILN_MASK_CAUSAL && L_Q > L_KV) continue;
+                    if (L_KV == 32768 && L_Q == 577 && v->head_dim != 128) continue; /* CPU reference cost */
+                    run_case(ctx, v, H, L_Q, L_KV, (int)(li + qi) % 2, &t);
+                }
+        } else {
+            run_case(ctx, v, H, 1, 1, 0, &t);
+            run_case(ctx, v, H, 37, 127 + i, i % 2, &t);
+            run_case(ctx, v, H, 200 + i, 577, 0, &t);
+        }
+    }
+    printf("    prefill: %d variants, %d cases, %d bad, worst rel_l2 %.3g\n", g.n, t.cases, t.bad,
+           t.worst_rel);
+    kiln_ctx_destroy(ctx);
+}
+
+/* The same launch twice gives bitwise equal output, and a wrong call is refused cleanly. */
+KT_GPU_TEST(gpu_launch_errors)
+{
+    kiln_ctx *ctx = gpu_ctx();
+    KT_REQUIRE(ctx);
+    kiln_kernel *k = NULL;
+    KT_OK(kiln_kernel_get_spec(ctx, "op=decode dtype=bf16 head_dim=128 group=4", &k), kiln_ctx_errmsg(ctx));
+    KT_REQUIRE(k);
+    kiln_attn_args a = {0};
+    a.num_qo_heads = 32;
+    a.kv_len = 32768;
+    KT_STATUS(kiln_single_decode(k, &a, NULL), KILN_STATUS_INVALID_ARGUMENT, kiln_ctx_errmsg(ctx));
+    KT_CONTAINS(kiln_ctx_errmsg(ctx), "must be non-zero");
+    a.q = a.k = a.v = a.o = 256;
+    KT_STATUS(kiln_single_decode(k, &a, NULL), KILN_STATUS_WORKSPACE, kiln_ctx_errmsg(ctx));
+    KT_CONTAINS(kiln_ctx_errmsg(ctx), "workspace");
+    a.num_qo_heads = 30;
+    KT_STATUS(kiln_single_decode(k, &a, NULL), KILN_STATUS_INVALID_ARGUMENT, kiln_ctx_errmsg(ctx));
+    KT_STATUS(kiln_single_prefill(k, &a, NULL), KILN_STATUS_INVALID_ARGUMENT, kiln_ctx_errmsg(ctx));
+    KT_CONTAINS(kiln_ctx_errmsg(ctx), "decode kernel");
+    kiln_ctx_destroy(ctx);
+}

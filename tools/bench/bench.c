@@ -1,0 +1,111 @@
+/*
+ * bench.c — kiln's benchmark driver (build/bin/kiln-bench): measures the copy-bandwidth
+ * ceiling, then times single decode and single prefill over the sweep the docs report, with
+ * CUDA events, warm-up, medians and rotating inputs (tools/check.c). Correctness is the tests'
+ * job; each point here is first checked against the CPU reference when that is cheap.
+ *
+ * Usage: kiln-bench [--quick] [--csv FILE]
+ * Prints one markdown table on stdout.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "check.h"
+#include "kiln.h"
+
+typedef struct point {
+    const char *name;
+    const char *spec;
+    int H, L_Q, L_KV, window_left;
+    float softcap;
+} point;
+
+static const point points[] = {
+    {"decode", "op=decode dtype=bf16 head_dim=128 group=4", 32, 1, 512, 0, 0},
+    {"decode", "op=decode dtype=bf16 head_dim=128 group=4", 32, 1, 4096, 0, 0},
+    {"decode", "op=decode dtype=bf16 head_dim=128 group=4", 32, 1, 32768, 0, 0},
+    {"decode", "op=decode dtype=bf16 head_dim=128 group=4", 32, 1, 131072, 0, 0},
+    {"decode d64", "op=decode dtype=bf16 head_dim=64 group=4", 32, 1, 32768, 0, 0},
+    {"decode d256", "op=decode dtype=bf16 head_dim=256 group=4", 32, 1, 32768, 0, 0},
+    {"prefill causal", "op=prefill dtype=bf16 head_dim=128 group=4 mask=causal", 32, 1024, 1024, 0, 0},
+    {"prefill causal", "op=prefill dtype=bf16 head_dim=128 group=4 mask=causal", 32, 4096, 4096, 0, 0},
+    {"prefill causal", "op=prefill dtype=bf16 head_dim=128 group=4 mask=causal", 32, 16384, 16384, 0, 0},
+    {"prefill", "op=prefill dtype=bf16 head_dim=128 group=4", 32, 4096, 4096, 0, 0},
+    {"prefill causal d64", "op=prefill dtype=bf16 head_dim=64 group=4 mask=causal", 32, 4096, 4096, 0, 0},
+    {"prefill causal d256", "op=prefill dtype=bf16 head_dim=256 group=4 mask=causal", 32, 4096, 4096, 0, 0},
+    {"prefill causal softcap", "op=prefill dtype=bf16 head_dim=128 group=4 mask=causal logits=softcap", 32, 4096, 4096, 0, 30},
+    {"prefill causal alibi", "op=prefill dtype=bf16 head_dim=128 group=4 mask=causal logits=alibi", 32, 4096, 4096, 0, 0},
+    {"prefill causal window1024", "op=prefill dtype=bf16 head_dim=128 group=4 mask=causal window=1", 32, 4096, 4096, 1024, 0},
+};
+
+int main(int argc, char **argv)
+{
+    int quick = 0;
+    const char *csv_path = NULL;
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--quick")) quick = 1;
+        else if (!strcmp(argv[i], "--csv") && i + 1 < argc) csv_path = argv[++i];
+        else {
+            fprintf(stderr, "usage: %s [--quick] [--csv FILE]\n", argv[0]);
+            return 2;
+        }
+    }
+    kiln_ctx *ctx = NULL;
+    if (kiln_ctx_create(NULL, &ctx) != KILN_STATUS_OK) {
+        fprintf(stderr, "kiln-bench: %s\n", kiln_errmsg());
+        return 1;
+    }
+    kiln_device_info di;
+    kiln_ctx_device(ctx, &di);
+    if (!di.present) {
+        fprintf(stderr, "kiln-bench: no GPU: %s\n", kiln_ctx_errmsg(ctx));
+        return 1;
+    }
+    char msg[512];
+    double copy = 0;
+    if (kiln_check_bandwidth(ctx, (size_t)2 << 30, &copy, msg, sizeof msg)) {
+        fprintf(stderr, "kiln-bench: %s\n", msg);
+        return 1;
+    }
+    FILE *csv = csv_path ? fopen(csv_path, "w") : NULL;
+    if (csv) fprintf(csv, "name,spec,H,L_Q,L_KV,ms,GBps,TFLOPs,copy_GBps\n");
+    printf("GPU %s (%s, %d SMs), driver %d, NVRTC %s; device-to-device copy %.0f GB/s\n\n", di.name,
+           di.arch, di.sm_count, di.driver_version, kiln_nvrtc_version(), copy);
+    printf("| point | H | L_Q | L_KV | ms | GB/s | %% copy | TFLOP/s | check |\n|---|---|---|---|---|---|---|---|---|\n");
+    int failed = 0;
+    for (size_t i = 0; i < sizeof points / sizeof points[0]; i++) {
+        const point *pt = &points[i];
+        if (quick && (pt->L_KV > 32768 || pt->L_Q > 4096)) continue;
+        kiln_kernel *k = NULL;
+        if (kiln_kernel_get_spec(ctx, pt->spec, &k) != KILN_STATUS_OK) {
+            printf("| %s | | | | compile failed: %s |\n", pt->name, kiln_ctx_errmsg(ctx));
+            failed++;
+            continue;
+        }
+        kiln_check_shape s = {.num_qo_heads = pt->H, .qo_len = pt->L_Q, .kv_len = pt->L_KV,
+                              .window_left = pt->window_left, .softcap = pt->softcap};
+        /* cheap enough to check against the CPU reference? */
+        const double ref_cost = (double)pt->L_Q * pt->L_KV * pt->H;
+        s.skip_reference = ref_cost > 4e8;
+        kiln_check_result r;
+        kiln_status st = kiln_check_run(ctx, k, &s, 30, &r, msg, sizeof msg);
+        if (st && st != KILN_STATUS_MISMATCH) {
+            printf("| %s | %d | %d | %d | failed: %s |\n", pt->name, pt->H, pt->L_Q, pt->L_KV, msg);
+            failed++;
+            continue;
+        }
+        const double gbs = r.bytes / (r.kernel_ms * 1e-3) / 1e9;
+        const double tf = r.flops / (r.kernel_ms * 1e-3) / 1e12;
+        printf("| %s | %d | %d | %d | %.4f | %.0f | %.1f | %.1f | %s |\n", pt->name, pt->H, pt->L_Q,
+               pt->L_KV, r.kernel_ms, gbs, 100.0 * gbs / copy, tf,
+               s.skip_reference ? "timed only" : st ? "MISMATCH" : "ok");
+        if (st) failed++;
+        if (csv)
+            fprintf(csv, "%s,%s,%d,%d,%d,%.5f,%.1f,%.2f,%.0f\n", pt->name, pt->spec, pt->H, pt->L_Q,
+                    pt->L_KV, r.kernel_ms, gbs, tf, copy);
+    }
+    if (csv) fclose(csv);
+    kiln_ctx_destroy(ctx);
+    return failed ? 1 : 0;
+}

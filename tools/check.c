@@ -1,0 +1,544 @@
+/*
+ * check.c — runs a kernel on fresh random inputs and compares it with a float64 CPU
+ * reference that evaluates the attention definition directly (no tiling, no online softmax):
+ * for each query row and head, the visible keys under the mask, the logits transform, a
+ * softmax in double and the weighted sum of V. Inputs are drawn in float, rounded to the
+ * kernel's dtype, and the reference reads the rounded values. Outputs are poisoned (NaN)
+ * before the launch, so an element the kernel never wrote fails the comparison.
+ *
+ * Also times launches with CUDA events (rotating input copies so L2 does not flatter) and
+ * measures a device-to-device copy for the bandwidth ceiling.
+ */
+#include "check.h"
+
+#include <math.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "runtime.h"
+
+#define ROTATE_BYTES (256u << 20) /* keep at least this many input bytes in rotation when timing */
+#define MAX_ROTATE 8
+#define MAX_THREADS 64
+
+/* ---- random numbers and 16-bit rounding ------------------------------------------------ */
+
+static uint64_t rng_next(uint64_t *s)
+{
+    uint64_t z = (*s += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+
+static float rng_uniform(uint64_t *s) /* in [-1, 1) */
+{
+    return (float)((double)(rng_next(s) >> 11) * (1.0 / 9007199254740992.0) * 2.0 - 1.0);
+}
+
+static uint16_t f32_to_bf16(float f)
+{
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return 0x7fc0;
+    u += 0x7fffu + ((u >> 16) & 1u);
+    return (uint16_t)(u >> 16);
+}
+
+static float bf16_to_f32(uint16_t h)
+{
+    uint32_t u = (uint32_t)h << 16;
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+
+static uint16_t f32_to_f16(float f)
+{
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    uint32_t sign = (u >> 16) & 0x8000u;
+    int32_t exp = (int32_t)((u >> 23) & 0xff) - 127 + 15;
+    uint32_t man = u & 0x7fffffu;
+    if (((u >> 23) & 0xff) == 0xff) return (uint16_t)(sign | 0x7c00u | (man ? 0x200u : 0));
+    if (exp >= 31) return (uint16_t)(sign | 0x7c00u);
+    if (exp <= 0) {
+        if (exp < -10) return (uint16_t)sign;
+        man |= 0x800000u;
+        uint32_t shift = (uint32_t)(14 - exp);
+        uint32_t half = man >> shift, rem = man & ((1u << shift) - 1), mid = 1u << (shift - 1);
+        if (rem > mid || (rem == mid && (half & 1))) half++;
+        return (uint16_t)(sign | half);
+    }
+    uint32_t half = sign | ((uint32_t)exp << 10) | (man >> 13);
+    uint32_t rem = man & 0x1fffu;
+    if (rem > 0x1000u || (rem == 0x1000u && (half & 1))) half++;
+    return (uint16_t)half;
+}
+
+static float f16_to_f32(uint16_t h)
+{
+    uint32_t sign = (uint32_t)(h & 0x8000u) << 16, exp = (h >> 10) & 0x1f, man = h & 0x3ffu;
+    uint32_t u;
+    if (exp == 0) {
+        if (!man) u = sign;
+        else {
+            int e = -1;
+            do {
+                man <<= 1;
+                e++;
+            } while (!(man & 0x400u));
+            u = sign | ((uint32_t)(127 - 15 - e) << 23) | ((man & 0x3ffu) << 13);
+        }
+    } else if (exp == 31) {
+        u = sign | 0x7f800000u | (man << 13);
+    } else {
+        u = sign | ((exp + 127 - 15) << 23) | (man << 13);
+    }
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+
+static uint16_t to_bits(kiln_dtype t, float f) { return t == KILN_DTYPE_BF16 ? f32_to_bf16(f) : f32_to_f16(f); }
+static double from_bits(kiln_dtype t, uint16_t h)
+{
+    return t == KILN_DTYPE_BF16 ? bf16_to_f32(h) : f16_to_f32(h);
+}
+
+/* ---- the problem: host tensors with strides --------------------------------------------- */
+
+typedef struct problem {
+    kiln_variant v;
+    int H, H_KV, G, D, L_Q, L_KV, window_left;
+    float sm_scale, softcap;
+    int64_t qs_n, qs_h, os_n, os_h, ks_n, ks_h; /* element strides (k and v share) */
+    size_t q_elems, kv_elems, o_elems;          /* buffer sizes in elements */
+    uint16_t *q, *k, *vv;                       /* host inputs (vv: values) */
+    float *slopes;                              /* [H] */
+    double *ref_o, *ref_lse;                    /* [L_Q][H][D], [L_Q][H] */
+} problem;
+
+void kiln_check_tolerance(const kiln_variant *v, double *atol, double *rtol)
+{
+    int bf = v->q_dtype == KILN_DTYPE_BF16 || v->out_dtype == KILN_DTYPE_BF16;
+    *atol = bf ? 1e-2 : 1e-3;
+    *rtol = bf ? 1e-2 : 2e-3;
+    if (v->logits != KILN_LOGITS_NONE) {
+        *atol = bf ? 1e-2 : 2e-3;
+        *rtol = 1e-2;
+    }
+}
+
+static int visible(const problem *p, int i, int j)
+{
+    const int off = p->L_KV - p->L_Q;
+    if (p->v.mask == KILN_MASK_CAUSAL && j > i + off) return 0;
+    if (p->v.window && j < i + off - p->window_left) return 0;
+    return 1;
+}
+
+typedef struct ref_job {
+    problem *p;
+    int first, step;
+} ref_job;
+
+/* Reference for rows (i, h) with (i * H + h) % step == first. */
+static void *ref_worker(void *arg)
+{
+    ref_job *jb = arg;
+    problem *p = jb->p;
+    const int D = p->D, off = p->L_KV - p->L_Q;
+    double *qd = malloc(sizeof(double) * (size_t)D);
+    double *x = malloc(sizeof(double) * (size_t)p->L_KV);
+    double *acc = malloc(sizeof(double) * (size_t)D);
+    if (!qd || !x || !acc) goto out;
+    for (long r = jb->first; r < (long)p->L_Q * p->H; r += jb->step) {
+        const int i = (int)(r / p->H), h = (int)(r % p->H), hk = h / p->G;
+        const kiln_dtype qt = p->v.q_dtype, kt = p->v.kv_dtype;
+        for (int d = 0; d < D; d++) qd[d] = from_bits(qt, p->q[i * p->qs_n + h * p->qs_h + d]);
+        double m = -INFINITY;
+        for (int j = 0; j < p->L_KV; j++) {
+            if (!visible(p, i, j)) {
+                x[j] = -INFINITY;
+                continue;
+            }
+            const uint16_t *kr = p->k + j * p->ks_n + hk * p->ks_h;
+            double dot = 0;
+            for (int d = 0; d < D; d++) dot += qd[d] * from_bits(kt, kr[d]);
+            double s = dot * p->sm_scale;
+            if (p->v.logits == KILN_LOGITS_SOFTCAP) s = p->softcap * tanh(s / p->softcap);
+            if (p->v.logits == KILN_LOGITS_ALIBI) s += (double)p->slopes[h] * (double)(j - (i + off));
+            x[j] = s;
+            if (s > m) m = s;
+        }
+        double l = 0;
+        for (int d = 0; d < D; d++) acc[d] = 0;
+        if (m > -INFINITY) {
+            for (int j = 0; j < p->L_KV; j++) {
+                if (x[j] == -INFINITY) continue;
+                const double w = exp(x[j] - m);
+                l += w;
+                const uint16_t *vr = p->vv + j * p->ks_n + hk * p->ks_h;
+                for (int d = 0; d < D; d++) acc[d] += w * from_bits(kt, vr[d]);
+            }
+        }
+        double *o = p->ref_o + ((size_t)i * p->H + h) * D;
+        for (int d = 0; d < D; d++) o[d] = l > 0 ? acc[d] / l : 0;
+        p->ref_lse[(size_t)i * p->H + h] = l > 0 ? m + log(l) : -INFINITY;
+    }
+out:
+    free(qd);
+    free(x);
+    free(acc);
+    return NULL;
+}
+
+static void reference(problem *p)
+{
+    long n = sysconf(_SC_NPROCESSORS_ONLN);
+    int nt = n < 1 ? 1 : n > MAX_THREADS ? MAX_THREADS : (int)n;
+    if ((long)p->L_Q * p->H < nt) nt = p->L_Q * p->H;
+    pthread_t th[MAX_THREADS];
+    ref_job jobs[MAX_THREADS];
+    int started = 0;
+    for (int t = 0; t < nt; t++) {
+        jobs[t] = (ref_job){p, t, nt};
+        if (t > 0 && pthread_create(&th[t], NULL, ref_worker, &jobs[t]) == 0) started |= 0, th[t] = th[t];
+        else if (t > 0) jobs[t].step = -1; /* failed to start: run inline below */
+    }
+    ref_worker(&jobs[0]);
+    for (int t = 1; t < nt; t++) {
+        if (jobs[t].step == -1) {
+            jobs[t].step = nt;
+            ref_worker(&jobs[t]);
+        } else {
+            pthread_join(th[t], NULL);
+        }
+    }
+    (void)started;
+}
+
+static long long visible_pairs(const problem *p)
+{
+    long long n = 0;
+    for (int i = 0; i < p->L_Q; i++) {
+        const int off = p->L_KV - p->L_Q;
+        int lo = 0, hi = p->L_KV; /* [lo, hi) */
+        if (p->v.mask == KILN_MASK_CAUSAL && i + off + 1 < hi) hi = i + off + 1;
+        if (p->v.window && i + off - p->window_left > lo) lo = i + off - p->window_left;
+        if (hi > lo) n += hi - lo;
+    }
+    return n;
+}
+
+/* ---- device side -------------------------------------------------------------------------- */
+
+typedef struct devbufs {
+    CUdeviceptr q[MAX_ROTATE], k[MAX_ROTATE], v[MAX_ROTATE];
+    CUdeviceptr o, lse, slopes, ws;
+    int copies;
+} devbufs;
+
+static void dev_free(const kiln__cu *cu, devbufs *b)
+{
+    for (int c = 0; c < MAX_ROTATE; c++) {
+        if (b->q[c]) cu->cuMemFree(b->q[c]);
+        if (b->k[c]) cu->cuMemFree(b->k[c]);
+        if (b->v[c]) cu->cuMemFree(b->v[c]);
+    }
+    if (b->o) cu->cuMemFree(b->o);
+    if (b->lse) cu->cuMemFree(b->lse);
+    if (b->slopes) cu->cuMemFree(b->slopes);
+    if (b->ws) cu->cuMemFree(b->ws);
+    memset(b, 0, sizeof *b);
+}
+
+static int cmp_double(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+#define CU_TRY(call, what)                                                                     \
+    do {                                                                                       \
+        CUresult r_ = (call);                                                                  \
+        if (r_ != CUDA_SUCCESS) {                                                              \
+            kiln__cu_fail(&e, r_, "check: %s", what);                                          \
+            st = KILN_STATUS_CUDA;                                                             \
+            goto done;                                                                         \
+        }                                                                                      \
+    } while (0)
+
+static void fill_args(const problem *p, const devbufs *b, int c, size_t ws_bytes, kiln_attn_args *a)
+{
+    memset(a, 0, sizeof *a);
+    a->q = b->q[c];
+    a->k = b->k[c];
+    a->v = b->v[c];
+    a->o = b->o;
+    a->lse = b->lse;
+    a->num_qo_heads = p->H;
+    a->qo_len = p->L_Q;
+    a->kv_len = p->L_KV;
+    a->q_stride_n = p->qs_n;
+    a->q_stride_h = p->qs_h;
+    a->o_stride_n = p->os_n;
+    a->o_stride_h = p->os_h;
+    a->k_stride_n = a->v_stride_n = p->ks_n;
+    a->k_stride_h = a->v_stride_h = p->ks_h;
+    a->workspace = b->ws;
+    a->workspace_bytes = ws_bytes;
+    a->params.sm_scale = p->sm_scale;
+    a->params.softcap = p->softcap;
+    a->params.window_left = p->window_left;
+    a->params.alibi_slopes = b->slopes;
+}
+
+static kiln_status launch(kiln_kernel *k, const problem *p, const kiln_attn_args *a, CUstream s)
+{
+    (void)p;
+    return k->v.op == KILN_OP_DECODE ? kiln_single_decode(k, a, s) : kiln_single_prefill(k, a, s);
+}
+
+kiln_status kiln_check_run(kiln_ctx *ctx, kiln_kernel *k, const kiln_check_shape *s,
+                           int time_reps, kiln_check_result *r, char *msg, size_t cap)
+{
+    kiln__err e = {{0}};
+    kiln_status st = KILN_STATUS_OK;
+    memset(r, 0, sizeof *r);
+    problem p = {0};
+    devbufs b = {0};
+    uint16_t *o_host = NULL;
+    float *lse_host = NULL;
+    CUevent ev[2] = {0};
+    const kiln__cu *cu = ctx ? ctx->cu : NULL;
+    if (!cu || !k || !k->loaded) {
+        snprintf(msg, cap, "check: no GPU or kernel not loaded (%s)", ctx ? ctx->err.msg : "no context");
+        return KILN_STATUS_NO_DEVICE;
+    }
+    if ((st = kiln__ctx_bind(ctx, &e))) goto done;
+
+    p.v = k->v;
+    p.D = k->v.head_dim;
+    p.G = k->v.group;
+    p.H = s->num_qo_heads;
+    if (p.H < p.G || p.H % p.G) {
+        st = kiln__fail(&e, KILN_STATUS_INVALID_ARGUMENT, "check: heads=%d must be a multiple of group=%d", p.H, p.G);
+        goto done;
+    }
+    p.H_KV = p.H / p.G;
+    p.L_Q = k->v.op == KILN_OP_DECODE ? 1 : s->qo_len;
+    p.L_KV = s->kv_len;
+    p.sm_scale = s->sm_scale > 0 ? s->sm_scale : 1.0f / sqrtf((float)p.D);
+    p.softcap = s->softcap > 0 ? s->softcap : 30.0f;
+    p.window_left = s->window_left >= 0 ? s->window_left : p.L_KV / 3;
+    const int pad = s->strided ? 8 : 0, D = p.D;
+    p.qs_h = D + pad;
+    p.qs_n = p.H * p.qs_h + pad;
+    p.os_h = D + pad;
+    p.os_n = p.H * p.os_h + pad;
+    if (k->v.layout == KILN_LAYOUT_NHD) {
+        p.ks_h = D + pad;
+        p.ks_n = p.H_KV * p.ks_h + pad;
+        p.kv_elems = (size_t)p.L_KV * p.ks_n;
+    } else {
+        p.ks_n = D + pad;
+        p.ks_h = p.L_KV * p.ks_n + pad;
+        p.kv_elems = (size_t)p.H_KV * p.ks_h;
+    }
+    p.q_elems = (size_t)(p.L_Q > 0 ? p.L_Q : 1) * p.qs_n;
+    p.o_elems = (size_t)(p.L_Q > 0 ? p.L_Q : 1) * p.os_n;
+
+    uint64_t seed = s->seed ? s->seed : (uint64_t)time(NULL) ^ ((uint64_t)clock() << 20) ^ (uint64_t)(uintptr_t)&p;
+    p.q = malloc(p.q_elems * 2);
+    p.k = malloc(p.kv_elems * 2);
+    p.vv = malloc(p.kv_elems * 2);
+    p.slopes = malloc(sizeof(float) * (size_t)p.H);
+    p.ref_o = malloc(sizeof(double) * (size_t)p.L_Q * p.H * D + 8);
+    p.ref_lse = malloc(sizeof(double) * (size_t)p.L_Q * p.H + 8);
+    o_host = malloc(p.o_elems * 2);
+    lse_host = malloc(sizeof(float) * (size_t)p.L_Q * p.H + 8);
+    if (!p.q || !p.k || !p.vv || !p.slopes || !p.ref_o || !p.ref_lse || !o_host || !lse_host) {
+        st = kiln__fail(&e, KILN_STATUS_NO_MEMORY, "check: out of host memory");
+        goto done;
+    }
+    /* q is scaled up so the softmax is not flat; padding holds garbage-looking finite values. */
+    for (size_t i = 0; i < p.q_elems; i++) p.q[i] = to_bits(p.v.q_dtype, 2.0f * rng_uniform(&seed));
+    for (size_t i = 0; i < p.kv_elems; i++) p.k[i] = to_bits(p.v.kv_dtype, rng_uniform(&seed));
+    for (size_t i = 0; i < p.kv_elems; i++) p.vv[i] = to_bits(p.v.kv_dtype, rng_uniform(&seed));
+    for (int h = 0; h < p.H; h++) p.slopes[h] = exp2f(-8.0f * (float)(h + 1) / (float)p.H);
+
+    /* device buffers; extra copies of the inputs when timing so L2 does not hold them */
+    const size_t in_bytes = (p.q_elems + 2 * p.kv_elems) * 2;
+    b.copies = 1;
+    if (time_reps > 0) {
+        size_t c = (ROTATE_BYTES + in_bytes - 1) / in_bytes;
+        b.copies = c > MAX_ROTATE ? MAX_ROTATE : (int)c;
+    }
+    for (int c = 0; c < b.copies; c++) {
+        CU_TRY(cu->cuMemAlloc(&b.q[c], p.q_elems * 2), "alloc q");
+        CU_TRY(cu->cuMemAlloc(&b.k[c], p.kv_elems * 2), "alloc k");
+        CU_TRY(cu->cuMemAlloc(&b.v[c], p.kv_elems * 2), "alloc v");
+        CU_TRY(cu->cuMemcpyHtoD(b.q[c], p.q, p.q_elems * 2), "copy q");
+        CU_TRY(cu->cuMemcpyHtoD(b.k[c], p.k, p.kv_elems * 2), "copy k");
+        CU_TRY(cu->cuMemcpyHtoD(b.v[c], p.vv, p.kv_elems * 2), "copy v");
+    }
+    CU_TRY(cu->cuMemAlloc(&b.o, p.o_elems * 2), "alloc o");
+    CU_TRY(cu->cuMemAlloc(&b.lse, sizeof(float) * (size_t)p.L_Q * p.H + 16), "alloc lse");
+    CU_TRY(cu->cuMemAlloc(&b.slopes, sizeof(float) * (size_t)p.H), "alloc slopes");
+    CU_TRY(cu->cuMemcpyHtoD(b.slopes, p.slopes, sizeof(float) * (size_t)p.H), "copy slopes");
+    size_t ws = 0;
+    if (k->v.op == KILN_OP_DECODE) {
+        if ((st = kiln_decode_workspace_size(k, p.H, p.L_KV, &ws))) {
+            e = ctx->err;
+            goto done;
+        }
+        if (ws) CU_TRY(cu->cuMemAlloc(&b.ws, ws), "alloc workspace");
+    }
+    /* poison: 0xffff is NaN in f16 and bf16, 0xffffffff is NaN in f32 */
+    CU_TRY(cu->cuMemsetD8(b.o, 0xff, p.o_elems * 2), "poison o");
+    CU_TRY(cu->cuMemsetD8(b.lse, 0xff, sizeof(float) * (size_t)p.L_Q * p.H + 16), "poison lse");
+
+    kiln_attn_args a;
+    fill_args(&p, &b, 0, ws, &a);
+    if ((st = launch(k, &p, &a, NULL))) {
+        e = ctx->err;
+        goto done;
+    }
+    CU_TRY(cu->cuCtxSynchronize(), "run kernel");
+    CU_TRY(cu->cuMemcpyDtoH(o_host, b.o, p.o_elems * 2), "copy o back");
+    CU_TRY(cu->cuMemcpyDtoH(lse_host, b.lse, sizeof(float) * (size_t)p.L_Q * p.H), "copy lse back");
+
+    if (!s->skip_reference) reference(&p);
+    kiln_check_tolerance(&p.v, &r->atol, &r->rtol);
+    double num = 0, den = 0;
+    for (int i = 0; i < (s->skip_reference ? 0 : p.L_Q); i++)
+        for (int h = 0; h < p.H; h++) {
+            for (int d = 0; d < D; d++) {
+                const double ref = p.ref_o[((size_t)i * p.H + h) * D + d];
+                const double got = from_bits(p.v.out_dtype, o_host[i * p.os_n + h * p.os_h + d]);
+                const double err = fabs(got - ref);
+                r->checked++;
+                num += (got - ref) * (got - ref);
+                den += ref * ref;
+                if (fabs(ref) > r->max_ref) r->max_ref = fabs(ref);
+                if (!(err <= r->atol + r->rtol * fabs(ref))) {
+                    if (!r->bad++)
+                        snprintf(r->first_bad, sizeof r->first_bad, "o[i=%d,h=%d,d=%d] = %.6g, ref %.6g", i,
+                                 h, d, got, ref);
+                }
+                if (!(err <= r->max_err)) r->max_err = isnan(err) ? INFINITY : err > r->max_err ? err : r->max_err;
+            }
+            if (p.v.lse) {
+                const double ref = p.ref_lse[(size_t)i * p.H + h], got = lse_host[(size_t)i * p.H + h];
+                const double err = fabs(got - ref);
+                r->checked++;
+                if (!(err <= 1e-3 + 1e-3 * fabs(ref))) {
+                    if (!r->bad++)
+                        snprintf(r->first_bad, sizeof r->first_bad, "lse[i=%d,h=%d] = %.6g, ref %.6g", i, h,
+                                 got, ref);
+                }
+                if (!(err <= r->lse_max_err)) r->lse_max_err = isnan(err) ? INFINITY : err;
+            }
+        }
+    r->rel_l2 = den > 0 ? sqrt(num / den) : sqrt(num);
+    if (isnan(r->rel_l2)) r->rel_l2 = INFINITY;
+    r->flops = 4.0 * D * (double)visible_pairs(&p) * p.H;
+    r->bytes = (double)(p.L_Q * (double)p.H * D * 2) * 2 + 2.0 * p.L_KV * p.H_KV * D * 2;
+
+    if (time_reps > 0) {
+        double *ms = malloc(sizeof(double) * (size_t)time_reps);
+        if (!ms) {
+            st = kiln__fail(&e, KILN_STATUS_NO_MEMORY, "check: out of host memory");
+            goto done;
+        }
+        CU_TRY(cu->cuEventCreate(&ev[0], CU_EVENT_DEFAULT), "event");
+        CU_TRY(cu->cuEventCreate(&ev[1], CU_EVENT_DEFAULT), "event");
+        for (int w = 0; w < 3; w++) {
+            fill_args(&p, &b, w % b.copies, ws, &a);
+            launch(k, &p, &a, NULL);
+        }
+        for (int t = 0; t < time_reps; t++) {
+            fill_args(&p, &b, t % b.copies, ws, &a);
+            cu->cuEventRecord(ev[0], NULL);
+            st = launch(k, &p, &a, NULL);
+            cu->cuEventRecord(ev[1], NULL);
+            if (st) {
+                free(ms);
+                e = ctx->err;
+                goto done;
+            }
+            cu->cuEventSynchronize(ev[1]);
+            float f = 0;
+            cu->cuEventElapsedTime(&f, ev[0], ev[1]);
+            ms[t] = f;
+        }
+        qsort(ms, (size_t)time_reps, sizeof *ms, cmp_double);
+        r->kernel_ms = ms[time_reps / 2];
+        r->min_ms = ms[0];
+        free(ms);
+    }
+    if (r->bad) st = KILN_STATUS_MISMATCH;
+
+done:
+    if (st && st != KILN_STATUS_MISMATCH) snprintf(msg, cap, "%s", e.msg);
+    else if (st == KILN_STATUS_MISMATCH)
+        snprintf(msg, cap, "%lld of %lld elements out of tolerance; first: %s", r->bad, r->checked, r->first_bad);
+    else if (cap) msg[0] = 0;
+    if (ev[0]) cu->cuEventDestroy(ev[0]);
+    if (ev[1]) cu->cuEventDestroy(ev[1]);
+    if (cu) dev_free(cu, &b);
+    free(p.q);
+    free(p.k);
+    free(p.vv);
+    free(p.slopes);
+    free(p.ref_o);
+    free(p.ref_lse);
+    free(o_host);
+    free(lse_host);
+    return st;
+}
+
+kiln_status kiln_check_bandwidth(kiln_ctx *ctx, size_t bytes, double *copy_gbs, char *msg, size_t cap)
+{
+    kiln__err e = {{0}};
+    kiln_status st = KILN_STATUS_OK;
+    const kiln__cu *cu = ctx ? ctx->cu : NULL;
+    CUdeviceptr a = 0, b = 0;
+    CUevent ev[2] = {0};
+    *copy_gbs = 0;
+    if (!cu) {
+        snprintf(msg, cap, "bandwidth: no GPU");
+        return KILN_STATUS_NO_DEVICE;
+    }
+    if ((st = kiln__ctx_bind(ctx, &e))) goto done;
+    CU_TRY(cu->cuMemAlloc(&a, bytes), "alloc");
+    CU_TRY(cu->cuMemAlloc(&b, bytes), "alloc");
+    CU_TRY(cu->cuMemsetD8(a, 0x3c, bytes), "fill");
+    CU_TRY(cu->cuEventCreate(&ev[0], CU_EVENT_DEFAULT), "event");
+    CU_TRY(cu->cuEventCreate(&ev[1], CU_EVENT_DEFAULT), "event");
+    double best[31];
+    for (int t = 0; t < 33; t++) {
+        cu->cuEventRecord(ev[0], NULL);
+        CU_TRY(cu->cuMemcpyDtoD(b, a, bytes), "copy");
+        cu->cuEventRecord(ev[1], NULL);
+        cu->cuEventSynchronize(ev[1]);
+        float f = 0;
+        cu->cuEventElapsedTime(&f, ev[0], ev[1]);
+        if (t >= 2) best[t - 2] = f;
+    }
+    qsort(best, 31, sizeof best[0], cmp_double);
+    *copy_gbs = 2.0 * (double)bytes / (best[15] * 1e-3) / 1e9;
+done:
+    if (st) snprintf(msg, cap, "%s", e.msg);
+    if (ev[0]) cu->cuEventDestroy(ev[0]);
+    if (ev[1]) cu->cuEventDestroy(ev[1]);
+    if (a) cu->cuMemFree(a);
+    if (b) cu->cuMemFree(b);
+    return st;
+}
