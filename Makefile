@@ -38,7 +38,7 @@ all: $(LIB_A) $(LIB_SO) $(KILN) $(TESTS) $(BENCH)
 
 help:
 	@echo "make            build $(LIB_A), $(LIB_SO), $(KILN) and the test runner"
-	@echo "make deps       install missing Debian packages (sqlite3, xxhash, clang-14 dev)"
+	@echo "make deps       install missing Debian packages (sqlite3, xxhash, clang-14 dev); test and demo run it"
 	@echo "make test       CPU tests (GPU tests skip without a GPU); last line 'N passed, N failed'"
 	@echo "make test-gpu   GPU tests only (fails without a GPU)"
 	@echo "make test-full  CPU tests plus the full NVRTC grid (slow)"
@@ -100,7 +100,8 @@ $(TESTS): $(TEST_OBJ) $(CHECK_OBJ) $(LIB_A)
 	@mkdir -p $(dir $@)
 	$(CC) $(SAN) $(LDFLAGS) -o $@ $(TEST_OBJ) $(CHECK_OBJ) $(LIB_A) $(LDLIBS)
 
-test: all
+test: deps
+	$(MAKE) all
 	$(TESTS) --kiln $(KILN)
 
 test-gpu: all
@@ -109,7 +110,8 @@ test-gpu: all
 test-full: all
 	KILN_TEST_FULL=1 $(TESTS) --kiln $(KILN)
 
-demo: all
+demo: deps
+	$(MAKE) all
 	@./tools/demo.sh $(KILN)
 
 check: test asan ubsan

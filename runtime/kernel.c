@@ -92,7 +92,7 @@ static kiln_status build(kiln_ctx *ctx, kiln_kernel *k, kiln__err *e)
             k->cubin = en.cubin;
             k->cubin_size = en.cubin_size;
             k->registers = en.registers;
-            k->smem_static = en.smem_bytes;
+            k->smem_total = en.smem_bytes;
             k->spill_bytes = en.spill_bytes;
             k->stack_bytes = en.stack_bytes;
             k->compile_ms = en.compile_ms;
@@ -123,7 +123,7 @@ static kiln_status build(kiln_ctx *ctx, kiln_kernel *k, kiln__err *e)
     k->log = c.log;
     k->compile_ms = c.compile_ms;
     k->registers = c.registers;
-    k->smem_static = c.smem_static;
+    k->smem_total = c.smem_static + k->cfg.smem_bytes;
     k->spill_bytes = c.spill_bytes;
     k->stack_bytes = c.stack_bytes;
     k->from_cache = 0;
@@ -140,7 +140,7 @@ static kiln_status build(kiln_ctx *ctx, kiln_kernel *k, kiln__err *e)
         en.cubin = k->cubin;
         en.cubin_size = k->cubin_size;
         en.registers = k->registers;
-        en.smem_bytes = k->smem_static;
+        en.smem_bytes = k->smem_total;
         en.spill_bytes = k->spill_bytes;
         en.stack_bytes = k->stack_bytes;
         en.compile_ms = k->compile_ms;
@@ -271,7 +271,7 @@ kiln_status kiln_kernel_describe(const kiln_kernel *k, kiln_kernel_info *out)
     out->from_cache = k->from_cache;
     out->compile_ms = k->compile_ms;
     out->registers = k->registers;
-    out->smem_bytes = k->smem_static + k->cfg.smem_bytes;
+    out->smem_bytes = k->smem_total;
     out->spill_bytes = k->spill_bytes;
     out->stack_bytes = k->stack_bytes;
     out->cubin_bytes = k->cubin_size;

@@ -26,7 +26,7 @@ struct kiln_kernel {
     size_t cubin_size;
     int from_cache;
     double compile_ms;
-    int registers, smem_static, spill_bytes, stack_bytes;
+    int registers, smem_total, spill_bytes, stack_bytes; /* smem: static + dynamic per block */
     /* loaded state (only for the context's own arch, with a device) */
     int loaded;
     int building; /* 1 while one thread builds or loads it; others wait on memo_cond */

@@ -99,9 +99,6 @@ double cli_now_ms(void);
 /* Unix seconds as "2026-11-29T16:20:05Z" into out[32]; "-" for 0. */
 void cli_iso_time(int64_t t, char out[32]);
 
-/* Shared memory per block of a cached row: the row's static bytes plus the dynamic bytes of
- * the tile configuration its spec and arch give (what kiln_kernel_describe reports). */
-int cli_row_smem(const char *spec, const char *arch, int static_bytes);
 
 /* The commands (tools/cli_cmds.c, tools/cli_warm.c). */
 int cli_cmd_info(cli_global *g, const cli_cmd *cmd, int argc, char **argv);

@@ -179,7 +179,7 @@ static int ls_row(const kiln__entry *en, void *user)
     char last[32], created[32];
     cli_iso_time(en->last_used, last);
     cli_iso_time(en->created, created);
-    int smem = cli_row_smem(en->spec, en->arch, en->smem_bytes);
+    int smem = en->smem_bytes;
     if (!s->json) {
         printf("%-32s %-8s %4d %7d %5d %8zu %10.1f %6lld  %-20s  %s\n", en->key, en->arch,
                en->registers, smem, en->spill_bytes, en->cubin_size, en->compile_ms,
@@ -300,7 +300,7 @@ static int show_row(kiln__cache *c, const char *key, const show_opts *o)
     w.cubin = en.cubin;
     w.cubin_size = en.cubin_size;
     w.regs = en.registers;
-    w.smem = cli_row_smem(en.spec, en.arch, en.smem_bytes);
+    w.smem = en.smem_bytes;
     w.spill = en.spill_bytes;
     w.stack = en.stack_bytes;
     w.compile_ms = en.compile_ms;

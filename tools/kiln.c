@@ -356,16 +356,6 @@ void cli_iso_time(int64_t t, char out[32])
         snprintf(out, 32, "-");
 }
 
-int cli_row_smem(const char *spec, const char *arch, int static_bytes)
-{
-    kiln_variant v;
-    kiln__config cfg;
-    kiln__err e = {{0}};
-    if (kiln__spec_parse(spec, &v, &e) || kiln__config_pick(&v, kiln__arch_sm(arch), &cfg, &e))
-        return static_bytes;
-    return static_bytes + cfg.smem_bytes;
-}
-
 /* ---- main ----------------------------------------------------------------------------------- */
 
 int main(int argc, char **argv)
