@@ -4,7 +4,7 @@
  * CUDA events, warm-up, medians and rotating inputs (tools/check.c). Correctness is the tests'
  * job; each point here is first checked against the CPU reference when that is cheap.
  *
- * Usage: kiln-bench [--quick] [--csv FILE]
+ * Usage: kiln-bench [--quick] [--only NAME] [--csv FILE]   (NAME: a point name, exactly)
  * Prints one markdown table on stdout.
  */
 #include <stdio.h>
@@ -42,12 +42,13 @@ static const point points[] = {
 int main(int argc, char **argv)
 {
     int quick = 0;
-    const char *csv_path = NULL;
+    const char *csv_path = NULL, *only = NULL;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--quick")) quick = 1;
         else if (!strcmp(argv[i], "--csv") && i + 1 < argc) csv_path = argv[++i];
+        else if (!strcmp(argv[i], "--only") && i + 1 < argc) only = argv[++i];
         else {
-            fprintf(stderr, "usage: %s [--quick] [--csv FILE]\n", argv[0]);
+            fprintf(stderr, "usage: %s [--quick] [--only NAME] [--csv FILE]\n", argv[0]);
             return 2;
         }
     }
@@ -77,6 +78,7 @@ int main(int argc, char **argv)
     for (size_t i = 0; i < sizeof points / sizeof points[0]; i++) {
         const point *pt = &points[i];
         if (quick && (pt->L_KV > 32768 || pt->L_Q > 4096)) continue;
+        if (only && strcmp(pt->name, only) != 0) continue;
         kiln_kernel *k = NULL;
         if (kiln_kernel_get_spec(ctx, pt->spec, &k) != KILN_STATUS_OK) {
             printf("| %s | | | | compile failed: %s |\n", pt->name, kiln_ctx_errmsg(ctx));
