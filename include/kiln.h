@@ -172,6 +172,16 @@ typedef struct kiln_attn_args {
  * Context
  * ------------------------------------------------------------------------------------------- */
 
+/* What a cache miss does. */
+typedef enum kiln_cache_mode {
+    KILN_CACHE_MODE_DEFAULT = 0, /* compile on a miss, unless $KILN_STRICT=1 or $KILN_RECORD */
+    KILN_CACHE_MODE_COMPILE = 1, /* compile on a miss and store the result */
+    KILN_CACHE_MODE_STRICT = 2,  /* a miss is KILN_STATUS_CACHE_MISS naming key and spec; no
+                                    compile ever happens (serving hosts) */
+    KILN_CACHE_MODE_RECORD = 3,  /* compile on a miss, and append every requested spec and
+                                    arch to record_path (a manifest `kiln warm` replays) */
+} kiln_cache_mode;
+
 typedef struct kiln_ctx kiln_ctx;       /* opaque; thread-safe */
 typedef struct kiln_kernel kiln_kernel; /* opaque; owned by its context */
 
@@ -183,6 +193,14 @@ typedef struct kiln_ctx_opts {
     int no_device;         /* 1: compile-only, never touch the driver */
     const char *arch;      /* NULL: the device's arch (sm_90 devices get sm_90a); else a
                               named target such as "sm_80" or "sm_90a" */
+    const char *base_cache_dir; /* NULL: $KILN_BASE_CACHE_DIR if set; a read-only cache
+                                   (e.g. shipped in the image) consulted after cache_dir;
+                                   never written */
+    kiln_cache_mode mode;  /* KILN_CACHE_MODE_DEFAULT: $KILN_STRICT / $KILN_RECORD decide */
+    const char *record_path; /* record mode: manifest file each requested spec is appended
+                                to (NULL: $KILN_RECORD) */
+    int64_t max_cache_bytes; /* > 0: evict least recently used rows beyond this many cubin
+                                bytes after each insert (0: $KILN_CACHE_MAX_BYTES or none) */
 } kiln_ctx_opts;
 
 /* Create a context. With no GPU or driver the context is compile-only (kiln_ctx_device
