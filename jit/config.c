@@ -60,9 +60,10 @@ static kiln_status apply_tune(kiln__config *c, kiln__err *e)
         else if (!strcmp(tok, "stages")) c->stages = val;
         else if (!strcmp(tok, "qregs")) c->q_in_regs = val;
         else if (!strcmp(tok, "gb")) c->gb = val;
+        else if (!strcmp(tok, "minb")) c->min_blocks = val;
         else
             return kiln__fail(e, KILN_STATUS_INVALID_ARGUMENT,
-                              "KILN_TUNE: unknown field '%s' (warps, mt, bn, stages, qregs, gb)", tok);
+                              "KILN_TUNE: unknown field '%s' (warps, mt, bn, stages, qregs, gb, minb)", tok);
     }
     return KILN_STATUS_OK;
 }
@@ -70,6 +71,7 @@ static kiln_status apply_tune(kiln__config *c, kiln__err *e)
 kiln_status kiln__config_pick(const kiln_variant *v, int sm, kiln__config *c, kiln__err *e)
 {
     memset(c, 0, sizeof *c);
+    c->min_blocks = 1;
     const int d = v->head_dim, limit = kiln__smem_limit(sm);
     if (v->op == KILN_OP_DECODE) {
         c->gb = 1;
@@ -105,6 +107,9 @@ kiln_status kiln__config_pick(const kiln_variant *v, int sm, kiln__config *c, ki
                               c->warps, c->mt, c->block_n, c->stages);
     }
     c->threads = c->warps * 32;
+    if (c->min_blocks < 1 || c->min_blocks * c->threads > 2048)
+        return kiln__fail(e, KILN_STATUS_UNSUPPORTED, "config: minb=%d is not valid for %d threads",
+                          c->min_blocks, c->threads);
     if (c->smem_bytes > limit)
         return kiln__fail(e, KILN_STATUS_UNSUPPORTED,
                           "config: %d bytes of shared memory exceed the %d of sm_%d", c->smem_bytes,
@@ -116,7 +121,7 @@ void kiln__config_format(const kiln__config *c, char *buf, size_t cap)
 {
     snprintf(buf, cap,
              "threads=%d smem=%d block_m=%d block_n=%d warps=%d stages=%d mt=%d qregs=%d gb=%d "
-             "merge=%d",
+             "minb=%d merge=%d",
              c->threads, c->smem_bytes, c->block_m, c->block_n, c->warps, c->stages, c->mt,
-             c->q_in_regs, c->gb, c->merge_threads);
+             c->q_in_regs, c->gb, c->min_blocks, c->merge_threads);
 }

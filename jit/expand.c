@@ -100,10 +100,10 @@ kiln_status kiln__expand(const kiln_variant *v, const kiln__config *cfg, const c
     kiln__str_printf(&s,
                      "};\nstatic_assert(sizeof(kiln_launch_params) == KILN_LAUNCH_PARAMS_SIZE, "
                      "\"params layout\");\n\n"
-                     "extern \"C\" __global__ void __launch_bounds__(%d)\n"
+                     "extern \"C\" __global__ void __launch_bounds__(%d, %d)\n"
                      "%s(const __grid_constant__ kiln_launch_params p)\n{\n"
                      "    kiln::%s_kernel<kiln_cfg>(p);\n}\n",
-                     cfg->threads, KILN__ENTRY_MAIN, decode ? "decode" : "prefill");
+                     cfg->threads, cfg->min_blocks, KILN__ENTRY_MAIN, decode ? "decode" : "prefill");
     if (decode)
         kiln__str_printf(&s,
                          "\nextern \"C\" __global__ void __launch_bounds__(%d)\n"

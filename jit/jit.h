@@ -61,6 +61,7 @@ typedef struct kiln__config {
     int mt;            /* prefill: m16 tiles per warp */
     int q_in_regs;     /* prefill: keep Q fragments in registers */
     int gb;            /* decode: query heads per CTA (divides G) */
+    int min_blocks;    /* CTAs per SM the register budget targets (__launch_bounds__) */
     int merge_threads; /* decode: threads of the split-merge kernel */
 } kiln__config;
 
@@ -68,7 +69,7 @@ typedef struct kiln__config {
 int kiln__smem_limit(int sm);
 
 /* Pick the tile configuration. The environment variable KILN_TUNE ("warps=8 mt=2 bn=64
- * stages=3 qregs=0") overrides fields for tuning; the config is part of the key material, so
+ * stages=3 qregs=0 minb=2") overrides fields for tuning; the config is part of the key material, so
  * an override never aliases a cached kernel. Fails when the override does not fit. */
 kiln_status kiln__config_pick(const kiln_variant *v, int sm, kiln__config *cfg, kiln__err *e);
 /* One-line text of a config (part of the key material). */

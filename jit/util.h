@@ -65,7 +65,8 @@ void kiln__hash128(const void *data, size_t n, char out[33]);
 kiln_status kiln__read_file(const char *path, char **data, size_t *size, kiln__err *e);
 
 /* Fault injection for tests: when the counter named by `site` reaches zero the call fails.
- * Sites: "malloc", "sqlite", "nvrtc", "cuda". Per thread. kiln__fault(site) returns 1 when the call must fail.
+ * Sites: "malloc", "sqlite", "nvrtc", "cuda", "nfs" (the cache's file system check reports
+ * NFS). Per thread. kiln__fault(site) returns 1 when the call must fail.
  * Set with kiln__fault_arm(site, n): fail the n-th call from now (n >= 1); 0 disarms. */
 int kiln__fault(const char *site);
 void kiln__fault_arm(const char *site, int n);

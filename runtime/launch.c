@@ -105,7 +105,8 @@ static void decode_plan(const kiln_kernel *k, int H, int L_KV, int window, int w
     const int base = (H / k->v.group) * (k->v.group / c->gb);
     const int sms = k->ctx->info.sm_count > 0 ? k->ctx->info.sm_count : 1;
     const int slots = sms * (k->ctas_per_sm > 0 ? k->ctas_per_sm : 1);
-    int want = (slots + base - 1) / base;
+    /* At most one wave: a partial second wave would double the time of the whole launch. */
+    int want = slots / base;
     int max_splits = (n + per_split_min - 1) / per_split_min;
     if (want > max_splits) want = max_splits;
     if (want < 1) want = 1;

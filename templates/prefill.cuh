@@ -14,7 +14,8 @@
  *
  * Template parameters (Cfg): D in {64,128,256}; G; DT / OUT_DT in {F16, BF16}; LOGITS 0 none /
  * 1 soft-cap / 2 ALiBi; CAUSAL, WINDOW, LSE in {0,1}; WARPS; MT m16 tiles per warp; BN keys per
- * tile (multiple of 16); STAGES of the K/V pipeline; Q_IN_REGS keeps Q's fragments in registers.
+ * tile (multiple of 16); STAGES of the K/V pipeline; Q_IN_REGS keeps Q's fragments in registers;
+ * MIN_BLOCKS, the CTAs per SM the register budget is cut for (__launch_bounds__).
  * BM = WARPS * MT * 16 query rows per CTA.
  *
  * Launch: grid (ceil(L_Q / BM), H), WARPS*32 threads, smem prefill_layout<Cfg>::BYTES.
@@ -51,13 +52,21 @@ template <int ROWS, int D, int THREADS>
 __device__ __forceinline__ void load_rows(u16 *tile, const u16 *g, i64 stride, int row0,
                                           int row_hi, int tid)
 {
-    constexpr int CHUNKS = D / 8;
+    constexpr int CHUNKS = D / 8;              /* 16-byte chunks per row */
+    constexpr int STEP = THREADS / CHUNKS;     /* rows covered by one pass of the block */
+    static_assert(THREADS % CHUNKS == 0 && ROWS % STEP == 0, "load shape");
+    /* Each thread keeps one column chunk; its rows advance by STEP, so the source advances
+     * by STEP*stride and, with STEP a multiple of 8 (or the swizzle recomputed), the
+     * destination by a constant. One 64-bit address per call, not one per pass. */
+    const int r0 = tid / CHUNKS, ch = tid % CHUNKS;
+    const u16 *src = g + (i64)(row0 + r0) * stride + ch * 8;
+    const i64 step = (i64)STEP * stride;
 #pragma unroll
-    for (int c = tid; c < ROWS * CHUNKS; c += THREADS) {
-        const int row = c / CHUNKS, ch = c % CHUNKS;
+    for (int it = 0; it < ROWS / STEP; it++) {
+        const int row = r0 + it * STEP;
         const bool ok = row0 + row < row_hi;
-        const u16 *src = ok ? g + (i64)(row0 + row) * stride + ch * 8 : g;
-        cp_async16(smem_addr(tile + swz<D>(row, ch)), src, ok ? 16 : 0);
+        cp_async16(smem_addr(tile + swz<D>(row, ch)), ok ? src : g, ok ? 16 : 0);
+        src += step;
     }
 }
 
@@ -92,6 +101,11 @@ template <class Cfg> __device__ void prefill_kernel(const kiln_launch_params &p)
     const int t_first = kv_lo / BN;
     const int t_end = kv_hi > kv_lo ? (kv_hi + BN - 1) / BN : t_first;
     const float slope = Cfg::LOGITS == 2 ? reinterpret_cast<const float *>(p.alibi)[h] : 0.f;
+    /* With no logits transform the row max is taken on raw q.k (sm_scale > 0 keeps the order)
+     * and c2 = sm_scale * log2(e) turns it into exp2 units inside one FFMA per element;
+     * otherwise the transform already returns log2 units and c2 = 1. */
+    constexpr bool RAW = Cfg::LOGITS == 0;
+    const float c2 = RAW ? p.sm_scale * LOG2E : 1.0f;
 
     load_rows<BM, D, THREADS>(q_s, qg, p.q_stride_n, m0, L_Q, tid);
 #pragma unroll
@@ -152,7 +166,9 @@ template <class Cfg> __device__ void prefill_kernel(const kiln_launch_params &p)
             for (int nt = 0; nt < NT; nt++)
 #pragma unroll
                 for (int e = 0; e < 4; e++) s[mt][nt][e] = 0.f;
-#pragma unroll
+        /* Fully unrolled, the scheduler hoists every K fragment load and runs out of
+         * registers at MT=2; with Q in registers the kk index must stay compile-time. */
+#pragma unroll(Cfg::Q_IN_REGS ? KD : 2)
         for (int kk = 0; kk < KD; kk++) {
             u32 a[MT][4];
 #pragma unroll
@@ -195,8 +211,10 @@ template <class Cfg> __device__ void prefill_kernel(const kiln_launch_params &p)
 #pragma unroll
                     for (int c = 0; c < 2; c++) {
                         const int j = j0 + nt * 8 + (lane % 4) * 2 + c;
-                        float x = logit_log2<Cfg::LOGITS>(s[mt][nt][r * 2 + c], p.sm_scale,
-                                                           p.softcap, slope, j - (i + off));
+                        /* RAW: keep q.k; the scale is folded into the exp2 below */
+                        float x = RAW ? s[mt][nt][r * 2 + c]
+                                      : logit_log2<Cfg::LOGITS>(s[mt][nt][r * 2 + c], p.sm_scale,
+                                                                p.softcap, slope, j - (i + off));
                         if (need_mask) {
                             bool vis = j < L_KV;
                             if (Cfg::CAUSAL) vis = vis && j <= i + off;
@@ -210,14 +228,15 @@ template <class Cfg> __device__ void prefill_kernel(const kiln_launch_params &p)
                 rmax = max_f(rmax, __shfl_xor_sync(0xffffffffu, rmax, 2));
                 const float m_new = max_f(m[mt][r], rmax);
                 const float m_use = m_new == neg_inf() ? 0.f : m_new;
-                const float scale = exp2_fast(m[mt][r] - m_use);
+                const float m_scaled = m_use * c2;
+                const float scale = exp2_fast((m[mt][r] - m_use) * c2);
                 m[mt][r] = m_new;
                 float rsum = 0.f;
 #pragma unroll
                 for (int nt = 0; nt < NT; nt++)
 #pragma unroll
                     for (int c = 0; c < 2; c++) {
-                        const float pv = exp2_fast(s[mt][nt][r * 2 + c] - m_use);
+                        const float pv = exp2_fast(fmaf(s[mt][nt][r * 2 + c], c2, -m_scaled));
                         s[mt][nt][r * 2 + c] = pv;
                         rsum += pv;
                     }
@@ -279,7 +298,7 @@ template <class Cfg> __device__ void prefill_kernel(const kiln_launch_params &p)
                 }
                 if (Cfg::LSE && lane % 4 == 0)
                     reinterpret_cast<float *>(p.lse)[(i64)i * p.num_qo_heads + h] =
-                        lr > 0.f ? (m[mt][r] + log2_fast(lr)) * LN2 : neg_inf();
+                        lr > 0.f ? (m[mt][r] * c2 + log2_fast(lr)) * LN2 : neg_inf();
             }
         }
     }
