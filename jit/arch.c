@@ -9,7 +9,6 @@
  */
 #include "jit.h"
 
-#include <nvrtc.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -141,11 +140,8 @@ static int all_count;
 
 static void all_init(void)
 {
-    int n = 0;
-    if (nvrtcGetNumSupportedArchs(&n) != NVRTC_SUCCESS || n <= 0) return;
-    int *sms = malloc((size_t)n * sizeof *sms);
-    if (!sms) return;
-    if (nvrtcGetSupportedArchs(sms) == NVRTC_SUCCESS) {
+    int sms[128], n = 0;
+    if (kiln__nvrtc_archs(sms, 128, &n, NULL) == KILN_STATUS_OK) {
         for (int i = 0; i < n && all_count < ARCH_LIST_MAX; i++) {
             if (sms[i] < ARCH_MIN_SM || sms[i] > 999) continue;
             kiln__arch_from_sm(sms[i], all_names[all_count]);
@@ -153,7 +149,6 @@ static void all_init(void)
             all_count++;
         }
     }
-    free(sms);
     all_list[all_count] = NULL;
 }
 

@@ -121,6 +121,8 @@ typedef struct kiln__compiled {
 kiln_status kiln__nvrtc_compile(const char *source, const char *arch, const char *name,
                                 kiln__compiled *out, kiln__err *e);
 void kiln__compiled_free(kiln__compiled *c);
+/* The compute capabilities (e.g. 90) NVRTC can target, into sms[cap]. Loads NVRTC. */
+kiln_status kiln__nvrtc_archs(int *sms, int cap, int *count, kiln__err *e);
 /* Parse ptxas' "-v" report for the entry `func` out of log. */
 void kiln__ptxas_parse(const char *log, const char *func, int *registers, int *smem,
                        int *spill_bytes, int *stack_bytes);

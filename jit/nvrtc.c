@@ -3,28 +3,165 @@
  * the NVRTC log (which carries ptxas' -v resource report) and parsing registers, shared
  * memory, spills and stack of the main entry out of it.
  */
+#include <dlfcn.h>
+#include <errno.h>
+#include <fcntl.h>
 #include <nvrtc.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include "jit.h"
 
-static char nvrtc_version[16];
+/* NVRTC is dlopen'ed on first use: linking it costs every process ~12 ms of start-up (its
+ * static initialisers), which a cache hit must not pay. The library path: $KILN_NVRTC, else
+ * the toolkit kiln was built against (KILN_NVRTC_DEFAULT, from the Makefile), else the
+ * loader's search for libnvrtc.so.13. */
+#ifndef KILN_NVRTC_DEFAULT
+#define KILN_NVRTC_DEFAULT "/usr/local/cuda/lib64/libnvrtc.so.13"
+#endif
+#define NVRTC_SONAME "libnvrtc.so.13"
+
+#define NVRTC_FUNCS(X)                                                                         \
+    X(nvrtcVersion) X(nvrtcCreateProgram) X(nvrtcCompileProgram) X(nvrtcGetProgramLogSize)     \
+    X(nvrtcGetProgramLog) X(nvrtcGetCUBINSize) X(nvrtcGetCUBIN) X(nvrtcDestroyProgram)         \
+    X(nvrtcGetErrorString) X(nvrtcGetNumSupportedArchs) X(nvrtcGetSupportedArchs)
+
+static struct {
+#define NVRTC_MEMBER(name) __typeof__(&name) name;
+    NVRTC_FUNCS(NVRTC_MEMBER)
+#undef NVRTC_MEMBER
+} api;
+static kiln_status api_status = KILN_STATUS_NVRTC;
+static kiln__err api_err;
+static pthread_once_t api_once = PTHREAD_ONCE_INIT;
+
+/* The file kiln loads NVRTC from (static storage). */
+static const char *library_path(void)
+{
+    const char *env = getenv("KILN_NVRTC");
+    if (env && *env) return env;
+    if (access(KILN_NVRTC_DEFAULT, R_OK) == 0) return KILN_NVRTC_DEFAULT;
+    return NVRTC_SONAME;
+}
+
+static void api_load(void)
+{
+    const char *path = library_path();
+    void *lib = dlopen(path, RTLD_NOW | RTLD_LOCAL);
+    if (!lib) {
+        kiln__fail(&api_err, KILN_STATUS_NVRTC,
+                   "nvrtc: cannot load %s: %s (install the CUDA toolkit or set KILN_NVRTC)", path,
+                   dlerror());
+        return;
+    }
+#define NVRTC_RESOLVE(name)                                                                    \
+    {                                                                                          \
+        void *fn = dlsym(lib, #name);                                                          \
+        if (!fn) {                                                                             \
+            kiln__fail(&api_err, KILN_STATUS_NVRTC, "nvrtc: %s lacks %s", path, #name);        \
+            return;                                                                            \
+        }                                                                                      \
+        memcpy(&api.name, &fn, sizeof fn);                                                     \
+    }
+    NVRTC_FUNCS(NVRTC_RESOLVE)
+#undef NVRTC_RESOLVE
+    api_status = KILN_STATUS_OK;
+}
+
+static kiln_status nvrtc_api(kiln__err *e)
+{
+    pthread_once(&api_once, api_load);
+    if (api_status && e) *e = api_err;
+    return api_status;
+}
+
+/* ---- version ------------------------------------------------------------------------------
+ * The version is part of every key, so a cache hit needs it; asking NVRTC means loading it.
+ * A small memo file maps the library's identity (path, device, inode, size, mtime) to the
+ * version NVRTC reported for it; any change to the file (a toolkit upgrade) changes the
+ * identity and NVRTC is asked again. Without a usable memo NVRTC is simply loaded. */
+
+static char nvrtc_version[32];
 static pthread_once_t version_once = PTHREAD_ONCE_INIT;
+
+static void memo_path(char *out, size_t cap)
+{
+    const char *x = getenv("XDG_CACHE_HOME"), *h = getenv("HOME");
+    if (x && x[0] == '/') snprintf(out, cap, "%s/kiln/nvrtc-version", x);
+    else if (h && *h) snprintf(out, cap, "%s/.cache/kiln/nvrtc-version", h);
+    else out[0] = 0;
+}
 
 static void read_version(void)
 {
+    char id[1200] = "", memo[1024];
+    const char *path = library_path();
+    struct stat st;
+    if (strchr(path, '/') && stat(path, &st) == 0)
+        snprintf(id, sizeof id, "%s %llu %llu %lld %lld.%09ld", path, (unsigned long long)st.st_dev,
+                 (unsigned long long)st.st_ino, (long long)st.st_size, (long long)st.st_mtim.tv_sec,
+                 st.st_mtim.tv_nsec);
+    memo_path(memo, sizeof memo);
+    if (id[0] && memo[0]) {
+        FILE *f = fopen(memo, "r");
+        char line[1300];
+        if (f) {
+            while (fgets(line, sizeof line, f)) {
+                char *tab = strchr(line, '\t');
+                if (!tab) continue;
+                *tab = 0;
+                if (strcmp(line, id)) continue;
+                char *v = tab + 1;
+                v[strcspn(v, "\n")] = 0;
+                if (*v && strlen(v) < sizeof nvrtc_version) {
+                    snprintf(nvrtc_version, sizeof nvrtc_version, "%s", v);
+                    fclose(f);
+                    return;
+                }
+            }
+            fclose(f);
+        }
+    }
     int major = 0, minor = 0;
-    if (nvrtcVersion(&major, &minor) != NVRTC_SUCCESS) major = minor = 0;
+    if (nvrtc_api(NULL) || api.nvrtcVersion(&major, &minor) != NVRTC_SUCCESS) {
+        snprintf(nvrtc_version, sizeof nvrtc_version, "unavailable");
+        return;
+    }
     snprintf(nvrtc_version, sizeof nvrtc_version, "%d.%d", major, minor);
+    if (id[0] && memo[0]) {
+        /* Best effort, appended atomically (O_APPEND, one write). */
+        char line[1300];
+        int n = snprintf(line, sizeof line, "%s\t%s\n", id, nvrtc_version);
+        int fd = open(memo, O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0600);
+        if (fd >= 0) {
+            if (write(fd, line, (size_t)n) != n) (void)0;
+            close(fd);
+        }
+    }
 }
 
 const char *kiln_nvrtc_version(void)
 {
     pthread_once(&version_once, read_version);
     return nvrtc_version;
+}
+
+kiln_status kiln__nvrtc_archs(int *sms, int cap, int *count, kiln__err *e)
+{
+    *count = 0;
+    kiln_status st = nvrtc_api(e);
+    if (st) return st;
+    int n = 0;
+    if (api.nvrtcGetNumSupportedArchs(&n) != NVRTC_SUCCESS || n <= 0 || n > cap)
+        return kiln__fail(e, KILN_STATUS_NVRTC, "nvrtc: cannot list supported archs");
+    if (api.nvrtcGetSupportedArchs(sms) != NVRTC_SUCCESS)
+        return kiln__fail(e, KILN_STATUS_NVRTC, "nvrtc: cannot list supported archs");
+    *count = n;
+    return KILN_STATUS_OK;
 }
 
 const char *kiln_version(void) { return KILN_VERSION_STRING; }
@@ -71,6 +208,8 @@ kiln_status kiln__nvrtc_compile(const char *source, const char *arch, const char
     memset(out, 0, sizeof *out);
     if (kiln__fault("nvrtc"))
         return kiln__fail(e, KILN_STATUS_NVRTC, "nvrtc: %s for %s failed: injected fault", name, arch);
+    kiln_status lst = nvrtc_api(e);
+    if (lst) return lst;
     int nopt = 0;
     const char *const *base = kiln__nvrtc_options(arch, &nopt);
     const char *opts[32];
@@ -81,21 +220,21 @@ kiln_status kiln__nvrtc_compile(const char *source, const char *arch, const char
 
     uint64_t t0 = kiln__now_ns();
     nvrtcProgram prog = NULL;
-    nvrtcResult r = nvrtcCreateProgram(&prog, source, name, 0, NULL, NULL);
+    nvrtcResult r = api.nvrtcCreateProgram(&prog, source, name, 0, NULL, NULL);
     if (r != NVRTC_SUCCESS)
         return kiln__fail(e, KILN_STATUS_NVRTC, "nvrtc: create program %s failed: %s", name,
-                          nvrtcGetErrorString(r));
-    nvrtcResult cr = nvrtcCompileProgram(prog, nopt + 1, opts);
+                          api.nvrtcGetErrorString(r));
+    nvrtcResult cr = api.nvrtcCompileProgram(prog, nopt + 1, opts);
     out->compile_ms = (double)(kiln__now_ns() - t0) / 1e6;
 
     size_t logsz = 0;
-    nvrtcGetProgramLogSize(prog, &logsz);
+    api.nvrtcGetProgramLogSize(prog, &logsz);
     out->log = calloc(1, logsz + 1);
     if (!out->log) {
-        nvrtcDestroyProgram(&prog);
+        api.nvrtcDestroyProgram(&prog);
         return kiln__fail(e, KILN_STATUS_NO_MEMORY, "nvrtc: out of memory for the log of %s", name);
     }
-    if (logsz) nvrtcGetProgramLog(prog, out->log);
+    if (logsz) api.nvrtcGetProgramLog(prog, out->log);
 
     if (cr != NVRTC_SUCCESS) {
         /* First error line of the log, for the one-line message; the full log stays in out. */
@@ -105,26 +244,26 @@ kiln_status kiln__nvrtc_compile(const char *source, const char *arch, const char
         const char *eol = strchr(line, '\n');
         int n = eol ? (int)(eol - line) : (int)strlen(line);
         if (n > 600) n = 600;
-        nvrtcDestroyProgram(&prog);
+        api.nvrtcDestroyProgram(&prog);
         return kiln__fail(e, KILN_STATUS_NVRTC, "nvrtc: %s for %s failed: %s: %.*s", name, arch,
-                          nvrtcGetErrorString(cr), n, line);
+                          api.nvrtcGetErrorString(cr), n, line);
     }
     size_t n = 0;
-    r = nvrtcGetCUBINSize(prog, &n);
+    r = api.nvrtcGetCUBINSize(prog, &n);
     if (r != NVRTC_SUCCESS || n == 0) {
-        nvrtcDestroyProgram(&prog);
+        api.nvrtcDestroyProgram(&prog);
         return kiln__fail(e, KILN_STATUS_NVRTC, "nvrtc: %s for %s produced no cubin: %s", name, arch,
-                          nvrtcGetErrorString(r));
+                          api.nvrtcGetErrorString(r));
     }
     out->cubin = malloc(n);
     if (!out->cubin) {
-        nvrtcDestroyProgram(&prog);
+        api.nvrtcDestroyProgram(&prog);
         kiln__compiled_free(out);
         return kiln__fail(e, KILN_STATUS_NO_MEMORY, "nvrtc: out of memory for a %zu-byte cubin", n);
     }
-    nvrtcGetCUBIN(prog, out->cubin);
+    api.nvrtcGetCUBIN(prog, out->cubin);
     out->cubin_size = n;
-    nvrtcDestroyProgram(&prog);
+    api.nvrtcDestroyProgram(&prog);
     kiln__ptxas_parse(out->log, KILN__ENTRY_MAIN, &out->registers, &out->smem_static,
                       &out->spill_bytes, &out->stack_bytes);
     return KILN_STATUS_OK;

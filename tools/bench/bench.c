@@ -5,11 +5,16 @@
  * job; each point here is first checked against the CPU reference when that is cheap.
  *
  * Usage: kiln-bench [--quick] [--only NAME] [--csv FILE]   (NAME: a point name, exactly)
+ *        kiln-bench --jit        JIT figures, no GPU needed: cold compile, in-process memo hit,
+ *                                new-process cache hit (`kiln compile` of a cached spec)
  * Prints one markdown table on stdout.
  */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
 
 #include "check.h"
 #include "kiln.h"
@@ -39,8 +44,89 @@ static const point points[] = {
     {"prefill causal window1024", "op=prefill dtype=bf16 head_dim=128 group=4 mask=causal window=1", 32, 4096, 4096, 1024, 0},
 };
 
+static double now_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
+}
+
+static int cmp_d(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+/* JIT latency figures on this machine (no GPU needed). */
+static int jit_figures(const char *argv0)
+{
+    static const char *specs[] = {"op=decode dtype=bf16 head_dim=128 group=4",
+                                  "op=prefill dtype=bf16 head_dim=128 group=4 mask=causal",
+                                  "op=prefill dtype=bf16 head_dim=128 group=4 mask=causal logits=softcap",
+                                  "op=decode dtype=f16 head_dim=64 group=1 logits=alibi"};
+    char dir[] = "/tmp/kiln-bench-XXXXXX";
+    if (!mkdtemp(dir)) return 1;
+    kiln_ctx_opts o = {0};
+    o.cache_dir = dir;
+    o.no_device = 1;
+    kiln_ctx *ctx = NULL;
+    if (kiln_ctx_create(&o, &ctx)) {
+        fprintf(stderr, "kiln-bench: %s\n", kiln_errmsg());
+        return 1;
+    }
+    printf("| spec | cold compile ms (NVRTC, sm_90a) |\n|---|---|\n");
+    kiln_kernel *k = NULL;
+    kiln_variant v;
+    for (size_t i = 0; i < sizeof specs / sizeof specs[0]; i++) {
+        kiln_variant_parse(specs[i], &v);
+        double t0 = now_ms();
+        if (kiln_kernel_compile(ctx, &v, "sm_90a", &k)) {
+            fprintf(stderr, "kiln-bench: %s\n", kiln_ctx_errmsg(ctx));
+            return 1;
+        }
+        printf("| %s | %.0f |\n", specs[i], now_ms() - t0);
+    }
+    /* in-process memo hit */
+    kiln_variant_parse(specs[0], &v);
+    const int n = 1000000;
+    double t0 = now_ms();
+    for (int i = 0; i < n; i++) kiln_kernel_compile(ctx, &v, "sm_90a", &k);
+    const double memo_ns = (now_ms() - t0) * 1e6 / n;
+    kiln_ctx_destroy(ctx);
+    /* new-process hit: the CLI next to this binary */
+    char kiln[1024];
+    snprintf(kiln, sizeof kiln, "%s", argv0);
+    char *slash = strrchr(kiln, '/');
+    snprintf(slash ? slash + 1 : kiln, sizeof kiln - (size_t)(slash ? slash + 1 - kiln : 0), "kiln");
+    double ms[21];
+    fflush(stdout);
+    for (int r = 0; r < 21; r++) {
+        double t = now_ms();
+        pid_t pid = fork();
+        if (pid == 0) {
+            if (!freopen("/dev/null", "w", stdout)) _exit(127);
+            execl(kiln, kiln, "--cache", dir, "compile", "--arch", "sm_90a", specs[0], (char *)NULL);
+            _exit(127);
+        }
+        int st = 0;
+        waitpid(pid, &st, 0);
+        ms[r] = now_ms() - t;
+        if (!WIFEXITED(st) || WEXITSTATUS(st)) {
+            fprintf(stderr, "kiln-bench: %s compile failed\n", kiln);
+            return 1;
+        }
+    }
+    qsort(ms, 21, sizeof ms[0], cmp_d);
+    printf("\nin-process memo hit: %.0f ns per kiln_kernel_compile (mean of %d calls)\n",
+           memo_ns, n);
+    printf("new-process cache hit: %.2f ms median, %.2f ms min of 21 whole `kiln compile` runs\n", ms[10],
+           ms[0]);
+    return 0;
+}
+
 int main(int argc, char **argv)
 {
+    if (argc == 2 && !strcmp(argv[1], "--jit")) return jit_figures(argv[0]);
     int quick = 0;
     const char *csv_path = NULL, *only = NULL;
     for (int i = 1; i < argc; i++) {
