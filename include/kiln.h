@@ -149,7 +149,9 @@ typedef struct kiln_params {
 } kiln_params;
 
 /* Tensors of one single-request launch. Strides are in elements; the last (D) dimension is
- * always contiguous and 16-byte aligned. A stride of 0 means the dense default. */
+ * always contiguous. q, k, v must be 16-byte aligned with strides that are multiples of 8
+ * elements; o 4-byte aligned with even strides; lse and alibi_slopes 4-byte aligned. A stride
+ * of 0 means the dense default. */
 typedef struct kiln_attn_args {
     kiln_devptr q;   /* decode [H, D]; prefill [L_Q, H, D] */
     kiln_devptr k;   /* nhd [L_KV, H_KV, D]; hnd [H_KV, L_KV, D] */
@@ -275,7 +277,8 @@ const void *kiln_kernel_cubin(const kiln_kernel *k, size_t *size);
  * ------------------------------------------------------------------------------------------- */
 
 /* Bytes of workspace a single decode of this shape needs (0 when one CTA per head group
- * suffices). Pure host arithmetic. */
+ * suffices). Never decreases as kv_len grows, so sizing for the longest request covers every
+ * shorter one. Pure host arithmetic. */
 kiln_status kiln_decode_workspace_size(const kiln_kernel *k, int num_qo_heads, int kv_len,
                                        size_t *bytes);
 

@@ -87,6 +87,9 @@ kiln_status kiln__config_pick(const kiln_variant *v, int sm, kiln__config *c, ki
         while (c->warps > 1 && decode_smem(d, c->gb, c->warps, c->stages) > limit) c->warps /= 2;
         kiln_status st = apply_tune(c, e);
         if (st) return st;
+        if (c->block_n != DECODE_TILE || c->mt || c->q_in_regs)
+            return kiln__fail(e, KILN_STATUS_UNSUPPORTED,
+                              "config: decode takes bn=%d only and no mt/qregs (KILN_TUNE)", DECODE_TILE);
         c->block_m = c->gb;
         c->smem_bytes = decode_smem(d, c->gb, c->warps, c->stages);
         c->merge_threads = d;
@@ -102,6 +105,8 @@ kiln_status kiln__config_pick(const kiln_variant *v, int sm, kiln__config *c, ki
         c->q_in_regs = d <= 128;
         kiln_status st = apply_tune(c, e);
         if (st) return st;
+        if (c->gb)
+            return kiln__fail(e, KILN_STATUS_UNSUPPORTED, "config: prefill takes no gb (KILN_TUNE)");
         c->block_m = c->warps * c->mt * 16;
         c->smem_bytes = prefill_smem(d, c->warps, c->mt, c->block_n, c->stages);
         if (c->warps < 1 || c->warps > MAX_WARPS || c->mt < 1 || c->mt > 4 || c->block_n < 16 ||

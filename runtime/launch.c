@@ -45,9 +45,11 @@ static kiln_status prepare(kiln_kernel *k, const kiln_attn_args *a, kiln_op op,
     if (v->lse && !a->lse)
         return kiln__fail(e, KILN_STATUS_INVALID_ARGUMENT, "%s %s: the variant writes lse but lse is 0",
                           what, k->spec);
-    if ((a->q | a->k | a->v) % 16 || a->o % 4)
+    if ((a->q | a->k | a->v) % 16 || a->o % 4 || (v->lse && a->lse % 4) ||
+        (v->logits == KILN_LOGITS_ALIBI && a->params.alibi_slopes % 4))
         return kiln__fail(e, KILN_STATUS_INVALID_ARGUMENT,
-                          "%s %s: q, k, v must be 16-byte aligned and o 4-byte aligned", what, k->spec);
+                          "%s %s: q, k, v must be 16-byte aligned; o, lse, alibi_slopes 4-byte aligned",
+                          what, k->spec);
     const kiln_params *rp = &a->params;
     if (v->logits == KILN_LOGITS_SOFTCAP && !(rp->softcap > 0.f))
         return kiln__fail(e, KILN_STATUS_INVALID_ARGUMENT, "%s %s: softcap must be > 0 (got %g)", what,
@@ -135,10 +137,19 @@ kiln_status kiln_decode_workspace_size(const kiln_kernel *k, int num_qo_heads, i
                    k->spec, num_qo_heads, kv_len);
         return kiln__ctx_error(k->ctx, KILN_STATUS_INVALID_ARGUMENT, &e);
     }
-    int begin, chunk, splits;
-    /* The window only shrinks the plan; size for the largest (no window). */
-    decode_plan(k, num_qo_heads, kv_len, 0, 0, &begin, &chunk, &splits);
-    *bytes = decode_ws(splits, num_qo_heads, k->v.head_dim);
+    /* An upper bound of the plan's splits that never decreases with kv_len (the plan itself
+     * can split 2049 keys fewer ways than 2048), so a caller may size once for its longest
+     * request: one wave of CTAs, and no more splits than warp-tiles of keys. */
+    const kiln__config *c = &k->cfg;
+    const int base = (num_qo_heads / k->v.group) * (k->v.group / c->gb);
+    const int slots = (k->ctx->info.sm_count > 0 ? k->ctx->info.sm_count : 1) *
+                      (k->ctas_per_sm > 0 ? k->ctas_per_sm : 1);
+    const int per_split_min = DECODE_TILE * c->warps;
+    int bound = slots / base;
+    const int by_len = (kv_len + per_split_min - 1) / per_split_min;
+    if (bound > by_len) bound = by_len;
+    if (bound < 1) bound = 1;
+    *bytes = decode_ws(bound, num_qo_heads, k->v.head_dim);
     return KILN_STATUS_OK;
 }
 

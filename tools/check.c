@@ -205,11 +205,10 @@ static void reference(problem *p)
     if ((long)p->L_Q * p->H < nt) nt = p->L_Q * p->H;
     pthread_t th[MAX_THREADS];
     ref_job jobs[MAX_THREADS];
-    int started = 0;
     for (int t = 0; t < nt; t++) {
         jobs[t] = (ref_job){p, t, nt};
-        if (t > 0 && pthread_create(&th[t], NULL, ref_worker, &jobs[t]) == 0) started |= 0, th[t] = th[t];
-        else if (t > 0) jobs[t].step = -1; /* failed to start: run inline below */
+        if (t > 0 && pthread_create(&th[t], NULL, ref_worker, &jobs[t]) != 0)
+            jobs[t].step = -1; /* failed to start: run inline below */
     }
     ref_worker(&jobs[0]);
     for (int t = 1; t < nt; t++) {
@@ -220,7 +219,6 @@ static void reference(problem *p)
             pthread_join(th[t], NULL);
         }
     }
-    (void)started;
 }
 
 static long long visible_pairs(const problem *p)

@@ -1,7 +1,7 @@
 /*
  * check.h — run a kernel on fresh random data and compare it with a float64 CPU reference;
- * optionally time it. Shared by `kiln check`, `kiln bench` and the GPU tests. Linked into
- * the CLI and the test runner, never into the library.
+ * optionally time it. Shared by `kiln check`, build/bin/kiln-bench and the GPU tests. Linked
+ * into the CLI, the bench and the test runner, never into the library.
  */
 #ifndef KILN_CHECK_H
 #define KILN_CHECK_H
@@ -43,7 +43,7 @@ void kiln_check_tolerance(const kiln_variant *v, double *atol, double *rtol);
 
 /* Run k (a loaded kernel of ctx) on shape s with fresh random inputs, poisoned outputs, compare
  * with the float64 reference. time_reps > 0 also times that many launches (after warm-up) with
- * CUDA events, rotating input copies when they are smaller than 4x the L2. Returns
+ * CUDA events, rotating up to 8 input copies so at least 256 MiB (4x the H200's L2) cycle. Returns
  * KILN_STATUS_MISMATCH when any element is out of tolerance (result filled either way); other
  * statuses for failures, with the message in msg[cap]. */
 kiln_status kiln_check_run(kiln_ctx *ctx, kiln_kernel *k, const kiln_check_shape *s,
