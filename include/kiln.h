@@ -99,10 +99,44 @@ typedef enum kiln_logits {
     KILN_LOGITS_ALIBI = 2,   /* s = sm_scale * q.k + slope[h] * (j - (i + L_KV - L_Q)) */
 } kiln_logits;
 
+/* ---- custom variants: snippets and user parameters ----
+ * A variant may carry two C expressions ("snippets") that kiln validates with libclang against
+ * an allow-list before NVRTC sees them, and canonicalises to their token stream (whitespace and
+ * comments never change the key). Inside a snippet these names exist:
+ *   logits (float, logits_expr only: the logit after sm_scale and the built-in transform),
+ *   batch, qo_idx, kv_idx, qo_head, kv_head, qo_len, kv_len (int),
+ *   the declared user parameters, and the functions listed in docs/variants.md.
+ * logits_expr gives the new logit (natural units); mask_expr is true where the key stays
+ * visible and is AND-ed with the built-in mask and window. */
+#define KILN_MAX_SNIPPET 512    /* bytes of one snippet, with its NUL */
+#define KILN_MAX_USER_PARAMS 8
+#define KILN_MAX_PARAM_NAME 32  /* bytes of a parameter name, with its NUL */
+
+typedef enum kiln_param_type {
+    KILN_PARAM_F32 = 0,       /* float scalar, passed by value at run time */
+    KILN_PARAM_I32 = 1,       /* int scalar */
+    KILN_PARAM_F32_ARRAY = 2, /* const float * on the device; the snippet indexes it */
+    KILN_PARAM_I32_ARRAY = 3, /* const int * on the device */
+} kiln_param_type;
+
+typedef struct kiln_param_decl {
+    char name[KILN_MAX_PARAM_NAME]; /* a C identifier that is not a builtin name */
+    kiln_param_type type;
+} kiln_param_decl;
+
+/* The value of one user parameter at run time, in declaration order. */
+typedef union kiln_param_value {
+    float f32;       /* KILN_PARAM_F32 */
+    int32_t i32;     /* KILN_PARAM_I32 */
+    kiln_devptr ptr; /* the array types */
+} kiln_param_value;
+
 /* An attention variant. Zero-initialised fields are not all valid: start from
  * kiln_variant_default() or kiln_variant_parse(). Its canonical text form (the spec) is
  *   op=prefill dtype=bf16 head_dim=128 group=4 layout=nhd mask=causal window=0 logits=softcap lse=0
- * with q_dtype= / kv_dtype= / out_dtype= in place of dtype= when they differ. */
+ * with q_dtype= / kv_dtype= / out_dtype= in place of dtype= when they differ, and, only when
+ * present, params=name:f32,name:i32,name:f32[],name:i32[] logits_expr="..." mask_expr="..."
+ * (quoted, with \" and \\ escapes; the text is the canonical token stream). */
 typedef struct kiln_variant {
     kiln_op op;           /* decode or prefill */
     kiln_dtype q_dtype;   /* dtype of q; must equal kv_dtype */
@@ -115,6 +149,10 @@ typedef struct kiln_variant {
     int window;           /* 1: sliding window, keys j >= i + L_KV - L_Q - window_left */
     kiln_logits logits;   /* logits transform */
     int lse;              /* 1: also write the log-sum-exp of each query row (natural log) */
+    int num_params;       /* user parameters declared in params[] (0..KILN_MAX_USER_PARAMS) */
+    kiln_param_decl params[KILN_MAX_USER_PARAMS];
+    char logits_expr[KILN_MAX_SNIPPET]; /* "" or a C expression: the new logit */
+    char mask_expr[KILN_MAX_SNIPPET];   /* "" or a C expression: key visible */
 } kiln_variant;
 
 /* Fill *v with the documented defaults: op=prefill dtype=f16 head_dim=128 group=1 layout=nhd
@@ -146,6 +184,7 @@ typedef struct kiln_params {
     float softcap;           /* logits=softcap: the cap (> 0) */
     int window_left;         /* window=1: how many keys left of the diagonal stay visible (>= 0) */
     kiln_devptr alibi_slopes; /* logits=alibi: float [H], one slope per query head */
+    kiln_param_value user[KILN_MAX_USER_PARAMS]; /* the variant's user parameters, in order */
 } kiln_params;
 
 /* Tensors of one single-request launch. Strides are in elements; the last (D) dimension is
