@@ -99,6 +99,8 @@ typedef enum kiln_logits {
     KILN_LOGITS_ALIBI = 2,   /* s = sm_scale * q.k + slope[h] * (j - (i + L_KV - L_Q)) */
 } kiln_logits;
 
+typedef uint64_t kiln_devptr; /* a CUdeviceptr */
+
 /* ---- custom variants: snippets and user parameters ----
  * A variant may carry two C expressions ("snippets") that kiln validates with libclang against
  * an allow-list before NVRTC sees them, and canonicalises to their token stream (whitespace and
@@ -176,8 +178,6 @@ kiln_status kiln_variant_check(const kiln_variant *v);
 /* ---------------------------------------------------------------------------------------------
  * Run-time values: one kernel serves every model with the same variant
  * ------------------------------------------------------------------------------------------- */
-
-typedef uint64_t kiln_devptr; /* a CUdeviceptr */
 
 typedef struct kiln_params {
     float sm_scale;          /* scale of q.k; 0 means 1/sqrt(D) */

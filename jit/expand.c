@@ -52,6 +52,59 @@ static kiln_status inline_template(kiln__str *out, const kiln__template *t, unsi
     return KILN_STATUS_OK;
 }
 
+/* The user parameters as local constants of a hook, read from the launch block. */
+static void emit_params(kiln__str *s, const kiln_variant *v)
+{
+    for (int i = 0; i < v->num_params; i++) {
+        const kiln_param_decl *d = &v->params[i];
+        switch (d->type) {
+        case KILN_PARAM_F32:
+            kiln__str_printf(s, "        const float %s = __int_as_float((int)(unsigned)p.user[%d]);\n",
+                             d->name, i);
+            break;
+        case KILN_PARAM_I32:
+            kiln__str_printf(s, "        const int %s = (int)(unsigned)p.user[%d];\n", d->name, i);
+            break;
+        case KILN_PARAM_F32_ARRAY:
+            kiln__str_printf(s, "        const float *%s = reinterpret_cast<const float *>(p.user[%d]);\n",
+                             d->name, i);
+            break;
+        case KILN_PARAM_I32_ARRAY:
+            kiln__str_printf(s, "        const int *%s = reinterpret_cast<const int *>(p.user[%d]);\n",
+                             d->name, i);
+            break;
+        }
+        kiln__str_printf(s, "        (void)%s;\n", d->name);
+    }
+    kiln__str_puts(s, "        (void)batch; (void)qo_idx; (void)kv_idx; (void)qo_head; (void)kv_head;\n"
+                      "        (void)qo_len; (void)kv_len;\n");
+}
+
+/* The user snippets (validated and canonicalised before expansion) as static members of the
+ * config struct; the templates call them only when HAS_*_EXPR is true. */
+static void emit_hooks(kiln__str *s, const kiln_variant *v)
+{
+    const int has_logits = v->logits_expr[0] != 0, has_mask = v->mask_expr[0] != 0;
+    kiln__str_printf(s, "    static constexpr bool HAS_LOGITS_EXPR = %s, HAS_MASK_EXPR = %s;\n",
+                     has_logits ? "true" : "false", has_mask ? "true" : "false");
+    if (has_logits) {
+        kiln__str_puts(s, "    static __device__ __forceinline__ float logits_expr(float logits, int batch,\n"
+                          "        int qo_idx, int kv_idx, int qo_head, int kv_head, int qo_len, int kv_len,\n"
+                          "        const kiln_launch_params &p)\n    {\n");
+        emit_params(s, v);
+        kiln__str_printf(s, "        return (float)(\n/* user snippet: logits_expr */ %s\n        );\n    }\n",
+                         v->logits_expr);
+    }
+    if (has_mask) {
+        kiln__str_puts(s, "    static __device__ __forceinline__ bool mask_expr(int batch, int qo_idx,\n"
+                          "        int kv_idx, int qo_head, int kv_head, int qo_len, int kv_len,\n"
+                          "        const kiln_launch_params &p)\n    {\n");
+        emit_params(s, v);
+        kiln__str_printf(s, "        return (bool)(\n/* user snippet: mask_expr */ %s\n        );\n    }\n",
+                         v->mask_expr);
+    }
+}
+
 static const char *dt_const(kiln_dtype t) { return t == KILN_DTYPE_BF16 ? "kiln::BF16" : "kiln::F16"; }
 
 kiln_status kiln__expand(const kiln_variant *v, const kiln__config *cfg, const char *arch,
@@ -92,6 +145,7 @@ kiln_status kiln__expand(const kiln_variant *v, const kiln__config *cfg, const c
                      v->head_dim, v->group, dt_const(v->q_dtype), dt_const(v->out_dtype),
                      (int)v->logits, v->mask == KILN_MASK_CAUSAL, v->window, v->lse, cfg->warps,
                      cfg->stages);
+    emit_hooks(&s, v);
     if (decode)
         kiln__str_printf(&s, "    static constexpr int GB = %d, TILE = %d;\n", cfg->gb, cfg->block_n);
     else

@@ -93,6 +93,24 @@ static kiln_status prepare(kiln_kernel *k, const kiln_attn_args *a, kiln_op op,
     p->window_left = v->window ? rp->window_left : 0;
     p->sm_scale = rp->sm_scale > 0.f ? rp->sm_scale : 1.0f / __builtin_sqrtf((float)D);
     p->softcap = v->logits == KILN_LOGITS_SOFTCAP ? rp->softcap : 1.0f;
+    for (int i = 0; i < v->num_params && i < KILN_MAX_USER_PARAMS; i++) {
+        const kiln_param_decl *d = &v->params[i];
+        const kiln_param_value *u = &rp->user[i];
+        if (d->type == KILN_PARAM_F32) {
+            uint32_t bits;
+            memcpy(&bits, &u->f32, sizeof bits);
+            p->user[i] = bits;
+        } else if (d->type == KILN_PARAM_I32) {
+            p->user[i] = (uint32_t)u->i32;
+        } else {
+            if (!u->ptr || u->ptr % 4)
+                return kiln__fail(e, KILN_STATUS_INVALID_ARGUMENT,
+                                  "%s %s: user parameter '%s' is an array and needs a 4-byte aligned "
+                                  "device pointer (got 0x%llx)",
+                                  what, k->spec, d->name, (unsigned long long)u->ptr);
+            p->user[i] = u->ptr;
+        }
+    }
     return KILN_STATUS_OK;
 }
 

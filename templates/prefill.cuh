@@ -15,7 +15,8 @@
  * Template parameters (Cfg): D in {64,128,256}; G; DT / OUT_DT in {F16, BF16}; LOGITS 0 none /
  * 1 soft-cap / 2 ALiBi; CAUSAL, WINDOW, LSE in {0,1}; WARPS; MT m16 tiles per warp; BN keys per
  * tile (multiple of 16); STAGES of the K/V pipeline; Q_IN_REGS keeps Q's fragments in registers;
- * MIN_BLOCKS, the CTAs per SM the register budget is cut for (__launch_bounds__).
+ * HAS_LOGITS_EXPR / HAS_MASK_EXPR with Cfg::logits_expr / Cfg::mask_expr, the user snippets
+ * (a mask snippet makes every tile take the per-element mask path).
  * BM = WARPS * MT * 16 query rows per CTA.
  *
  * Launch: grid (ceil(L_Q / BM), H), WARPS*32 threads, smem prefill_layout<Cfg>::BYTES.
@@ -104,7 +105,7 @@ template <class Cfg> __device__ void prefill_kernel(const kiln_launch_params &p)
     /* With no logits transform the row max is taken on raw q.k (sm_scale > 0 keeps the order)
      * and c2 = sm_scale * log2(e) turns it into exp2 units inside one FFMA per element;
      * otherwise the transform already returns log2 units and c2 = 1. */
-    constexpr bool RAW = Cfg::LOGITS == 0;
+    constexpr bool RAW = Cfg::LOGITS == 0 && !Cfg::HAS_LOGITS_EXPR;
     const float c2 = RAW ? p.sm_scale * LOG2E : 1.0f;
 
     load_rows<BM, D, THREADS>(q_s, qg, p.q_stride_n, m0, L_Q, tid);
@@ -198,7 +199,8 @@ template <class Cfg> __device__ void prefill_kernel(const kiln_launch_params &p)
 
         /* Logits transform, mask, online softmax. */
         const int j0 = t * BN;
-        const bool need_mask = j0 + BN > L_KV || (Cfg::CAUSAL && j0 + BN - 1 > m0 + off) ||
+        const bool need_mask = Cfg::HAS_MASK_EXPR || j0 + BN > L_KV ||
+                               (Cfg::CAUSAL && j0 + BN - 1 > m0 + off) ||
                                (Cfg::WINDOW && j0 < m0 + BM - 1 + off - p.window_left);
 #pragma unroll
         for (int mt = 0; mt < MT; mt++) {
@@ -213,12 +215,12 @@ template <class Cfg> __device__ void prefill_kernel(const kiln_launch_params &p)
                         const int j = j0 + nt * 8 + (lane % 4) * 2 + c;
                         /* RAW: keep q.k; the scale is folded into the exp2 below */
                         float x = RAW ? s[mt][nt][r * 2 + c]
-                                      : logit_log2<Cfg::LOGITS>(s[mt][nt][r * 2 + c], p.sm_scale,
-                                                                p.softcap, slope, j - (i + off));
+                                      : logit_full<Cfg>(s[mt][nt][r * 2 + c], p, slope, i, j, h, hk);
                         if (need_mask) {
                             bool vis = j < L_KV;
                             if (Cfg::CAUSAL) vis = vis && j <= i + off;
                             if (Cfg::WINDOW) vis = vis && j >= i + off - p.window_left;
+                            if (Cfg::HAS_MASK_EXPR) vis = vis && mask_user<Cfg>(p, i, j, h, hk);
                             x = vis ? x : neg_inf();
                         }
                         s[mt][nt][r * 2 + c] = x;

@@ -1,7 +1,7 @@
 /*
  * device.cuh — the small vocabulary every kiln kernel is written in: 16-bit element types and
  * their conversions, 16-byte async copies (cp.async), ldmatrix, the m16n8k16 tensor-core MMA,
- * fast exp2 / tanh, and the logits transform shared by decode and prefill.
+ * fast exp2 / tanh, and the logits transform and mask hooks shared by decode and prefill.
  *
  * No CUDA header is included: the generated source is self-contained and compiles with
  * NVRTC -minimal. 16-bit values are carried as raw bits (unsigned short / packed unsigned int).
@@ -154,17 +154,36 @@ __device__ __forceinline__ void mma16816<F16>(float (&d)[4], const u32 (&a)[4], 
 }
 
 /* ---- the logits transform ----
- * x = sm_scale * q.k, then the variant's transform, returned in log2 units (times LOG2E) so
- * that the softmax can use exp2. LOGITS: 0 none, 1 soft-cap, 2 ALiBi. rel = j - (i + L_KV - L_Q)
- * is the key's distance from the query's diagonal (<= 0 for visible causal keys). */
+ * x = sm_scale * q.k, then the variant's builtin transform, in natural units. LOGITS: 0 none,
+ * 1 soft-cap, 2 ALiBi. rel = j - (i + L_KV - L_Q) is the key's distance from the query's
+ * diagonal (<= 0 for visible causal keys). */
 template <int LOGITS>
-__device__ __forceinline__ float logit_log2(float qk, float sm_scale, float cap, float slope,
-                                            int rel)
+__device__ __forceinline__ float logit_nat(float qk, float sm_scale, float cap, float slope, int rel)
 {
     float x = qk * sm_scale;
     if (LOGITS == 1) x = cap * tanh_fast(x * (1.0f / cap));
     if (LOGITS == 2) x += slope * (float)rel;
+    return x;
+}
+
+/* The full logit in log2 units (times LOG2E, for exp2): the builtin transform, then the
+ * variant's logits snippet when it has one (Cfg::logits_expr, generated from the user's
+ * validated expression). i, j: query row and key index; h, hk: query and KV head. */
+template <class Cfg, class P>
+__device__ __forceinline__ float logit_full(float qk, const P &p, float slope, int i, int j, int h,
+                                            int hk)
+{
+    float x = logit_nat<Cfg::LOGITS>(qk, p.sm_scale, p.softcap, slope, j - (i + p.kv_len - p.qo_len));
+    if constexpr (Cfg::HAS_LOGITS_EXPR) x = Cfg::logits_expr(x, 0, i, j, h, hk, p.qo_len, p.kv_len, p);
     return x * LOG2E;
+}
+
+/* The variant's mask snippet (true: visible); always true without one. */
+template <class Cfg, class P>
+__device__ __forceinline__ bool mask_user(const P &p, int i, int j, int h, int hk)
+{
+    if constexpr (Cfg::HAS_MASK_EXPR) return Cfg::mask_expr(0, i, j, h, hk, p.qo_len, p.kv_len, p);
+    return true;
 }
 
 } /* namespace kiln */

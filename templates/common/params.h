@@ -32,8 +32,9 @@ typedef struct kiln_launch_params {
     float sm_scale;   /* scale of q.k */
     float softcap;    /* logits=softcap: the cap */
     float pad0, pad1; /* keep the size a multiple of 8 */
+    unsigned long long user[8]; /* user parameters: f32/i32 bits in the low word, or pointers */
 } kiln_launch_params;
 
-#define KILN_LAUNCH_PARAMS_SIZE 176
+#define KILN_LAUNCH_PARAMS_SIZE 240
 
 #endif /* KILN_PARAMS_H */
