@@ -120,6 +120,7 @@ typedef struct problem {
     size_t q_elems, kv_elems, o_elems;          /* buffer sizes in elements */
     uint16_t *q, *k, *vv;                       /* host inputs (vv: values) */
     float *slopes;                              /* [H] */
+    const kiln_check_shape *shape;              /* reference callbacks (custom variants) */
     double *ref_o, *ref_lse;                    /* [L_Q][H][D], [L_Q][H] */
 } problem;
 
@@ -134,11 +135,13 @@ void kiln_check_tolerance(const kiln_variant *v, double *atol, double *rtol)
     }
 }
 
-static int visible(const problem *p, int i, int j)
+static int visible(const problem *p, int i, int j, int h)
 {
     const int off = p->L_KV - p->L_Q;
     if (p->v.mask == KILN_MASK_CAUSAL && j > i + off) return 0;
     if (p->v.window && j < i + off - p->window_left) return 0;
+    const kiln_check_shape *s = p->shape;
+    if (s && s->ref_mask && !s->ref_mask(s->ref_user, i, j, h, h / p->G, p->L_Q, p->L_KV)) return 0;
     return 1;
 }
 
@@ -163,7 +166,7 @@ static void *ref_worker(void *arg)
         for (int d = 0; d < D; d++) qd[d] = from_bits(qt, p->q[i * p->qs_n + h * p->qs_h + d]);
         double m = -INFINITY;
         for (int j = 0; j < p->L_KV; j++) {
-            if (!visible(p, i, j)) {
+            if (!visible(p, i, j, h)) {
                 x[j] = -INFINITY;
                 continue;
             }
@@ -173,6 +176,8 @@ static void *ref_worker(void *arg)
             double s = dot * p->sm_scale;
             if (p->v.logits == KILN_LOGITS_SOFTCAP) s = p->softcap * tanh(s / p->softcap);
             if (p->v.logits == KILN_LOGITS_ALIBI) s += (double)p->slopes[h] * (double)(j - (i + off));
+            if (p->shape && p->shape->ref_logits)
+                s = p->shape->ref_logits(p->shape->ref_user, s, i, j, h, hk, p->L_Q, p->L_KV);
             x[j] = s;
             if (s > m) m = s;
         }
@@ -224,6 +229,11 @@ static void reference(problem *p)
 static long long visible_pairs(const problem *p)
 {
     long long n = 0;
+    if (p->shape && p->shape->ref_mask) { /* count exactly, head 0 */
+        for (int i = 0; i < p->L_Q; i++)
+            for (int j = 0; j < p->L_KV; j++) n += visible(p, i, j, 0);
+        return n;
+    }
     for (int i = 0; i < p->L_Q; i++) {
         const int off = p->L_KV - p->L_Q;
         int lo = 0, hi = p->L_KV; /* [lo, hi) */
@@ -239,6 +249,7 @@ static long long visible_pairs(const problem *p)
 typedef struct devbufs {
     CUdeviceptr q[MAX_ROTATE], k[MAX_ROTATE], v[MAX_ROTATE];
     CUdeviceptr o, lse, slopes, ws;
+    CUdeviceptr user[KILN_MAX_USER_PARAMS];
     int copies;
 } devbufs;
 
@@ -253,6 +264,8 @@ static void dev_free(const kiln__cu *cu, devbufs *b)
     if (b->lse) cu->cuMemFree(b->lse);
     if (b->slopes) cu->cuMemFree(b->slopes);
     if (b->ws) cu->cuMemFree(b->ws);
+    for (int i = 0; i < KILN_MAX_USER_PARAMS; i++)
+        if (b->user[i]) cu->cuMemFree(b->user[i]);
     memset(b, 0, sizeof *b);
 }
 
@@ -274,6 +287,7 @@ static int cmp_double(const void *a, const void *b)
 
 static void fill_args(const problem *p, const devbufs *b, int c, size_t ws_bytes, kiln_attn_args *a)
 {
+    const kiln_check_shape *s = p->shape;
     memset(a, 0, sizeof *a);
     a->q = b->q[c];
     a->k = b->k[c];
@@ -295,6 +309,10 @@ static void fill_args(const problem *p, const devbufs *b, int c, size_t ws_bytes
     a->params.softcap = p->softcap;
     a->params.window_left = p->window_left;
     a->params.alibi_slopes = b->slopes;
+    for (int i = 0; i < KILN_MAX_USER_PARAMS; i++) {
+        a->params.user[i] = s->user[i];
+        if (b->user[i]) a->params.user[i].ptr = b->user[i];
+    }
 }
 
 static kiln_status launch(kiln_kernel *k, const problem *p, const kiln_attn_args *a, CUstream s)
@@ -322,6 +340,7 @@ kiln_status kiln_check_run(kiln_ctx *ctx, kiln_kernel *k, const kiln_check_shape
     if ((st = kiln__ctx_bind(ctx, &e))) goto done;
 
     p.v = k->v;
+    p.shape = s;
     p.D = k->v.head_dim;
     p.G = k->v.group;
     p.H = s->num_qo_heads;
@@ -390,6 +409,11 @@ kiln_status kiln_check_run(kiln_ctx *ctx, kiln_kernel *k, const kiln_check_shape
     CU_TRY(cu->cuMemAlloc(&b.lse, sizeof(float) * (size_t)p.L_Q * p.H + 16), "alloc lse");
     CU_TRY(cu->cuMemAlloc(&b.slopes, sizeof(float) * (size_t)p.H), "alloc slopes");
     CU_TRY(cu->cuMemcpyHtoD(b.slopes, p.slopes, sizeof(float) * (size_t)p.H), "copy slopes");
+    for (int i = 0; i < KILN_MAX_USER_PARAMS; i++) {
+        if (!s->user_host[i] || !s->user_bytes[i]) continue;
+        CU_TRY(cu->cuMemAlloc(&b.user[i], s->user_bytes[i]), "alloc user array");
+        CU_TRY(cu->cuMemcpyHtoD(b.user[i], s->user_host[i], s->user_bytes[i]), "copy user array");
+    }
     size_t ws = 0;
     if (k->v.op == KILN_OP_DECODE) {
         if ((st = kiln_decode_workspace_size(k, p.H, p.L_KV, &ws))) {
@@ -434,7 +458,7 @@ kiln_status kiln_check_run(kiln_ctx *ctx, kiln_kernel *k, const kiln_check_shape
             }
             if (p.v.lse) {
                 const double ref = p.ref_lse[(size_t)i * p.H + h], got = lse_host[(size_t)i * p.H + h];
-                const double err = fabs(got - ref);
+                const double err = isinf(ref) && got == ref ? 0.0 : fabs(got - ref); /* empty rows */
                 r->checked++;
                 if (!(err <= 1e-3 + 1e-3 * fabs(ref))) {
                     if (!r->bad++)
@@ -444,6 +468,15 @@ kiln_status kiln_check_run(kiln_ctx *ctx, kiln_kernel *k, const kiln_check_shape
                 if (!(err <= r->lse_max_err)) r->lse_max_err = isnan(err) ? INFINITY : err;
             }
         }
+    if (s->keep_output) {
+        r->o = malloc(sizeof(double) * (size_t)p.L_Q * p.H * D + 8);
+        if (r->o)
+            for (int i = 0; i < p.L_Q; i++)
+                for (int h = 0; h < p.H; h++)
+                    for (int d = 0; d < D; d++)
+                        r->o[((size_t)i * p.H + h) * D + d] =
+                            from_bits(p.v.out_dtype, o_host[i * p.os_n + h * p.os_h + d]);
+    }
     r->rel_l2 = den > 0 ? sqrt(num / den) : sqrt(num);
     if (isnan(r->rel_l2)) r->rel_l2 = INFINITY;
     r->flops = 4.0 * D * (double)visible_pairs(&p) * p.H;

@@ -21,6 +21,21 @@ typedef struct kiln_check_shape {
     int strided;      /* 1: q, k, v, o live inside wider buffers (non-dense strides) */
     uint64_t seed;    /* random inputs; 0 picks one from the clock */
     int skip_reference; /* 1: time only, no CPU reference (sizes the CPU cannot check) */
+    /* Custom variants. The reference evaluates the snippets' meaning through these callbacks,
+     * written independently in C (never by compiling the snippet): ref_logits maps the logit
+     * after the builtin transform to the new one; ref_mask returns 1 where the key stays
+     * visible. ref_user is passed to both. */
+    double (*ref_logits)(const void *ref_user, double logits, int qo_idx, int kv_idx, int qo_head,
+                         int kv_head, int qo_len, int kv_len);
+    int (*ref_mask)(const void *ref_user, int qo_idx, int kv_idx, int qo_head, int kv_head,
+                    int qo_len, int kv_len);
+    const void *ref_user;
+    /* Run-time values of the variant's user parameters; for array parameters user_host[i]
+     * (user_bytes[i] bytes) is uploaded and its device address passed instead. */
+    kiln_param_value user[KILN_MAX_USER_PARAMS];
+    const void *user_host[KILN_MAX_USER_PARAMS];
+    size_t user_bytes[KILN_MAX_USER_PARAMS];
+    int keep_output;  /* 1: return the kernel's o in kiln_check_result.o (caller frees) */
 } kiln_check_shape;
 
 typedef struct kiln_check_result {
@@ -36,6 +51,7 @@ typedef struct kiln_check_result {
     double min_ms;        /* fastest timed launch */
     double bytes;         /* minimum HBM traffic of one launch */
     double flops;         /* useful FLOPs of one launch (4*D per visible (i,j) pair per head) */
+    double *o;            /* keep_output: o as doubles [L_Q][H][D], malloc'd; else NULL */
 } kiln_check_result;
 
 /* Tolerances for a variant: atol and rtol by dtype and logits. */
