@@ -1,9 +1,11 @@
 /*
- * cache.h — the SQLite cubin store: one file, WAL mode, a row per key.
+ * cache.h — the SQLite cubin store: one file, WAL mode, a row per key; compile leases that
+ * give single flight across processes; LRU eviction; whole-file verification and scans for
+ * merge and export.
  *
- * The cache stores opaque rows; it never looks inside a cubin and knows no CUDA type. Every
- * write is one transaction; every read verifies the cubin's XXH3 checksum and reports a
- * mismatch instead of returning the blob.
+ * The cache stores opaque rows and knows no CUDA type; it looks inside a cubin only to check
+ * that it is a whole ELF file (kiln__cubin_check). Every write is one transaction; every read
+ * verifies the cubin's XXH3 checksum and reports a mismatch instead of returning the blob.
  */
 #ifndef KILN_CACHE_H
 #define KILN_CACHE_H
@@ -14,7 +16,8 @@
 #include "kiln.h"
 #include "util.h"
 
-#define KILN__CACHE_SCHEMA_VERSION 1
+/* 2 added the leases table; version 1 files are migrated in place when opened writable. */
+#define KILN__CACHE_SCHEMA_VERSION 2
 
 typedef struct kiln__cache kiln__cache;
 
@@ -33,6 +36,7 @@ typedef struct kiln__entry {
     double compile_ms;
     int64_t created, last_used; /* unix seconds */
     int64_t hits;
+    char checksum[33]; /* filled by kiln__cache_scan: the stored checksum ("" elsewhere) */
 } kiln__entry;
 
 void kiln__entry_free(kiln__entry *en);
@@ -41,8 +45,24 @@ void kiln__entry_free(kiln__entry *en);
  * (mode 0700) when missing. A file that is not a kiln cache, or a cache from a newer schema,
  * is refused and left untouched. */
 kiln_status kiln__cache_open(const char *dir, kiln__cache **out, kiln__err *e);
+
+/* Flags of kiln__cache_open_ex. */
+enum {
+    KILN__CACHE_RDONLY = 1, /* never write a byte, never create anything (a base cache): the
+                               file must exist; a version-1 file is read as it is */
+    KILN__CACHE_FILE = 2,   /* `where` names the database file itself, not its directory; the
+                               directory must exist (it is not created) */
+};
+
+/* Open a cache: kiln__cache_open's rules, changed by flags. A cache on NFS is refused unless
+ * it is opened KILN__CACHE_RDONLY (then it is read as immutable, without locks). */
+kiln_status kiln__cache_open_ex(const char *where, int flags, kiln__cache **out, kiln__err *e);
 void kiln__cache_close(kiln__cache *c);
 const char *kiln__cache_path(const kiln__cache *c);
+/* 1 when the handle cannot write; *why (if why is non-NULL) gets the reason, borrowed. */
+int kiln__cache_readonly(const kiln__cache *c, const char **why);
+/* The file's schema version as read when it was opened (1 for an unmigrated read-only file). */
+int kiln__cache_schema(const kiln__cache *c);
 
 /* The default cache directory: $KILN_CACHE_DIR, else $XDG_CACHE_HOME/kiln, else
  * $HOME/.cache/kiln. Writes into out[cap]. */
@@ -77,5 +97,71 @@ typedef struct kiln__cache_stats {
 } kiln__cache_stats;
 
 kiln_status kiln__cache_stats_get(kiln__cache *c, kiln__cache_stats *out, kiln__err *e);
+
+/* ---- compile leases (lease.c): single flight across processes ------------------------------ */
+
+/* Seconds a lease lives unless its holder refreshes it ($KILN_LEASE_SECONDS overrides). A
+ * handle holding leases refreshes them from a keeper thread every quarter of this. */
+#define KILN__LEASE_SECONDS 120
+
+typedef enum kiln__lease_state {
+    KILN__LEASE_TAKEN,   /* this handle now holds the lease: compile, put, release */
+    KILN__LEASE_PRESENT, /* the row exists (someone stored it): read it */
+    KILN__LEASE_HELD,    /* another live holder compiles it: wait and ask again */
+} kiln__lease_state;
+
+typedef struct kiln__lease {
+    kiln__lease_state state;
+    char holder[128]; /* HELD: "<host>/<pid>/<nonce>" of the holder */
+    char host[64];
+    int64_t pid;
+    int64_t expires; /* unix seconds */
+} kiln__lease;
+
+/* Ask for the compile lease of key. A lease blocks others while it is live: not expired, and
+ * not held by a dead process of this host. replace=1 ignores an existing row (it was found
+ * corrupt and is to be replaced). Errors (a read-only cache, SQLite failures) are
+ * KILN_STATUS_IO / KILN_STATUS_CACHE naming the key. */
+kiln_status kiln__cache_lease_take(kiln__cache *c, const char *key, int replace, kiln__lease *out,
+                                   kiln__err *e);
+/* Drop this handle's lease on key (best effort; a lease left behind expires). */
+void kiln__cache_lease_release(kiln__cache *c, const char *key);
+/* Delete every lease that no longer blocks anyone (expired, or its holder on this host is
+ * dead); *removed counts them and *live the leases left. */
+kiln_status kiln__cache_lease_sweep(kiln__cache *c, int *removed, int *live, kiln__err *e);
+
+/* ---- eviction (evict.c) --------------------------------------------------------------------- */
+
+/* Delete least recently used rows (by last_used, then created, then key) until the cubins
+ * total at most max_bytes; the row `keep` (may be NULL) is never deleted. *removed and *freed
+ * (each may be NULL) count what went. One transaction. */
+kiln_status kiln__cache_evict(kiln__cache *c, int64_t max_bytes, const char *keep, int *removed,
+                              int64_t *freed, kiln__err *e);
+
+/* Parse a size: digits with an optional K, M, G or T suffix (powers of 1024; a trailing B or
+ * iB is allowed: 512M, 2GiB, 1048576). KILN_STATUS_INVALID_ARGUMENT naming the text. */
+kiln_status kiln__cache_parse_size(const char *s, int64_t *out, kiln__err *e);
+
+/* ---- integrity (verify.c) ------------------------------------------------------------------- */
+
+/* 0 when cubin[0..size) is a whole 64-bit little-endian ELF file for the CUDA machine whose
+ * headers and sections end exactly at size; else non-zero with the reason in why[cap]. */
+int kiln__cubin_check(const void *cubin, size_t size, char *why, size_t cap);
+
+/* What a full row check compares against. */
+typedef struct kiln__row_rules {
+    void (*key_fn)(const char *material, char key[33]); /* key from key material (required) */
+    int format_version; /* > 0: the material must begin "kiln-key-format: <this>" */
+} kiln__row_rules;
+
+/* Check a row read by kiln__cache_scan: stored checksum, key recomputed from the material,
+ * key format version, and kiln__cubin_check. 0 when sound; else non-zero with the reason in
+ * why[cap] ("checksum mismatch: stored x, computed y"). */
+int kiln__cache_row_check(const kiln__entry *en, const kiln__row_rules *r, char *why, size_t cap);
+
+/* Call fn for every row, in key order, with every column (cubin, texts, stored checksum in
+ * en->checksum); the entry is freed after fn returns. The handle is locked throughout: fn must
+ * not use c (other handles are fine). fn returns non-zero to stop. */
+kiln_status kiln__cache_scan(kiln__cache *c, kiln__cache_visit fn, void *user, kiln__err *e);
 
 #endif /* KILN_CACHE_H */

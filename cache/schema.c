@@ -1,9 +1,10 @@
 /*
  * schema.c — opening the cubin cache: the directory (0700) and the file (0600), the SQLite
  * connection (WAL, synchronous=NORMAL, a 10 s busy timeout), recognising what the file holds,
- * creating the schema in one transaction, and refusing — without writing a byte — files that
- * are not kiln caches or were written by a newer schema. Also the default cache directory and
- * the statement helpers of store.h. Rows live in store.c; the format is in docs/cache.md.
+ * creating the schema in one transaction, migrating version-1 files, refusing — without
+ * writing a byte — files that are not kiln caches or were written by a newer schema, and
+ * refusing writable caches on NFS. Also the default cache directory and the statement helpers
+ * of store.h. Rows live in store.c; the format is in docs/cache.md.
  */
 #include "store.h"
 
@@ -15,6 +16,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/vfs.h>
 #include <unistd.h>
 
 #define STR_(x) #x
@@ -45,11 +47,20 @@ static const char schema_sql[] =
     " hits INTEGER NOT NULL DEFAULT 0);"
     "CREATE INDEX kernels_last_used ON kernels(last_used);"
     "CREATE TABLE stats(k TEXT PRIMARY KEY, v INTEGER NOT NULL);"
+    KILN__LEASES_SQL
     "INSERT INTO meta(k, v) VALUES"
     " ('schema_version', '" STR(KILN__CACHE_SCHEMA_VERSION) "'),"
     " ('created_by', 'kiln " KILN_VERSION_STRING "');"
     "INSERT INTO stats(k, v) VALUES ('hits', 0), ('misses', 0);";
+
+/* Version 1 → 2: the leases table. */
+static const char migrate_v1_sql[] =
+    KILN__LEASES_SQL
+    "UPDATE meta SET v = '2' WHERE k = 'schema_version';";
 /* clang-format on */
+
+/* statfs f_type of NFS (linux/magic.h's NFS_SUPER_MAGIC). */
+#define NFS_MAGIC 0x6969
 
 /* Opens are serialised in the process: creating the file closes a descriptor on it, and
  * closing any descriptor drops every POSIX lock this process holds on that file. Under this
@@ -183,7 +194,8 @@ static kiln_status inspect(kiln__cache *c, db_kind *kind, kiln__err *e)
                                  " coalesce(sum(type = 'table'), 0),"
                                  " coalesce(sum(type = 'table' AND name = 'meta'), 0),"
                                  " coalesce(sum(type = 'table' AND name = 'kernels'), 0),"
-                                 " coalesce(sum(type = 'table' AND name = 'stats'), 0)"
+                                 " coalesce(sum(type = 'table' AND name = 'stats'), 0),"
+                                 " coalesce(sum(type = 'table' AND name = 'leases'), 0)"
                                  " FROM sqlite_master",
                                  &st);
     if (rc != SQLITE_OK) return inspect_fail(c, rc, e);
@@ -195,7 +207,7 @@ static kiln_status inspect(kiln__cache *c, db_kind *kind, kiln__err *e)
     }
     int objects = sqlite3_column_int(st, 0), tables = sqlite3_column_int(st, 1);
     int meta = sqlite3_column_int(st, 2), kernels = sqlite3_column_int(st, 3);
-    int stats = sqlite3_column_int(st, 4);
+    int stats = sqlite3_column_int(st, 4), leases = sqlite3_column_int(st, 5);
     sqlite3_finalize(st);
     if (objects == 0) {
         *kind = DB_EMPTY;
@@ -214,12 +226,14 @@ static kiln_status inspect(kiln__cache *c, db_kind *kind, kiln__err *e)
                           "cache %s: written by schema version %ld, this kiln reads up to %d; "
                           "left untouched (use a newer kiln or another cache directory)",
                           c->path, version, KILN__CACHE_SCHEMA_VERSION);
-    /* Older versions would be migrated here; version 1 is the first. */
-    if (!kernels || !stats)
+    /* Version 1 lacks only the leases table: open_locked migrates it (or reads it as it is). */
+    const char *missing = !kernels ? "kernels" : !stats ? "stats" : !leases && version >= 2 ? "leases" : NULL;
+    if (missing)
         return kiln__fail(e, KILN_STATUS_CACHE,
                           "cache %s: damaged kiln cache (schema version %ld but no table '%s'); "
                           "left untouched",
-                          c->path, version, kernels ? "stats" : "kernels");
+                          c->path, version, missing);
+    c->schema = (int)version;
     *kind = DB_KILN;
     return KILN_STATUS_OK;
 }
@@ -240,6 +254,29 @@ static kiln_status create_schema(kiln__cache *c, kiln__err *e)
         return kiln__cache_fail(c, e, "creating the schema");
     if (kiln__cache_exec(c, "COMMIT") != SQLITE_OK)
         return kiln__cache_fail(c, e, "creating the schema: commit");
+    c->schema = KILN__CACHE_SCHEMA_VERSION;
+    return KILN_STATUS_OK;
+}
+
+/* Migrate a version-1 file to version 2 (add the leases table) in one BEGIN IMMEDIATE
+ * transaction, unless another process did it while we waited for the write lock. A failure
+ * rolls back and leaves the file a version-1 cache. */
+static kiln_status migrate(kiln__cache *c, kiln__err *e)
+{
+    if (kiln__cache_exec(c, "BEGIN IMMEDIATE") != SQLITE_OK)
+        return kiln__cache_fail(c, e, "migrating schema version 1 to 2: begin");
+    db_kind kind = DB_EMPTY;
+    kiln_status s = inspect(c, &kind, e);
+    if (s || kind != DB_KILN) {
+        kiln__cache_rollback(c);
+        return s ? s
+                 : kiln__fail(e, KILN_STATUS_CACHE, "cache %s: emptied while migrating", c->path);
+    }
+    if (c->schema == 1 && kiln__cache_exec(c, migrate_v1_sql) != SQLITE_OK)
+        return kiln__cache_fail(c, e, "migrating schema version 1 to 2");
+    if (kiln__cache_exec(c, "COMMIT") != SQLITE_OK)
+        return kiln__cache_fail(c, e, "migrating schema version 1 to 2: commit");
+    c->schema = KILN__CACHE_SCHEMA_VERSION;
     return KILN_STATUS_OK;
 }
 
@@ -294,13 +331,16 @@ static kiln_status make_dir(const char *dir, kiln__err *e)
 }
 
 /* Make sure c->path exists (created 0600 whatever the umask) and decide whether it can be
- * written; sets c->readonly and c->ro_why. Runs under open_lock. */
-static kiln_status prepare_file(kiln__cache *c, const char *dir, kiln__err *e)
+ * written; sets c->readonly and c->ro_why. KILN__CACHE_RDONLY creates nothing and is
+ * read-only whatever the permissions say. Runs under open_lock. */
+static kiln_status prepare_file(kiln__cache *c, const char *dir, int flags, kiln__err *e)
 {
     struct stat sb;
     if (stat(c->path, &sb) != 0) {
-        if (errno != ENOENT)
-            return kiln__fail(e, KILN_STATUS_IO, "cache %s: stat failed: %s", c->path,
+        if (errno != ENOENT || (flags & KILN__CACHE_RDONLY))
+            return kiln__fail(e, KILN_STATUS_IO, "cache %s: %s: %s", c->path,
+                              errno == ENOENT ? "no such cache (a read-only cache must exist)"
+                                              : "stat failed",
                               strerror(errno));
         int fd = open(c->path, O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
         if (fd < 0 && errno != EEXIST) /* EEXIST: another process created it just now */
@@ -319,7 +359,10 @@ static kiln_status prepare_file(kiln__cache *c, const char *dir, kiln__err *e)
     if (faccessat(AT_FDCWD, c->path, R_OK, AT_EACCESS) != 0)
         return kiln__fail(e, KILN_STATUS_IO, "cache %s: cannot read the file: %s", c->path,
                           strerror(errno));
-    if (faccessat(AT_FDCWD, c->path, W_OK, AT_EACCESS) != 0) {
+    if (flags & KILN__CACHE_RDONLY) {
+        c->readonly = 1;
+        snprintf(c->ro_why, sizeof c->ro_why, "opened read-only (a base cache)");
+    } else if (faccessat(AT_FDCWD, c->path, W_OK, AT_EACCESS) != 0) {
         c->readonly = 1;
         snprintf(c->ro_why, sizeof c->ro_why, "the file is not writable: %s", strerror(errno));
     } else if (faccessat(AT_FDCWD, dir, W_OK, AT_EACCESS) != 0) {
@@ -329,31 +372,60 @@ static kiln_status prepare_file(kiln__cache *c, const char *dir, kiln__err *e)
     return KILN_STATUS_OK;
 }
 
-/* Everything of kiln__cache_open that runs under open_lock. */
-static kiln_status open_locked(kiln__cache *c, const char *dir, kiln__err *e)
+/* 1 when dir is on NFS (statfs f_type), or the "nfs" fault fires; 0 otherwise, or when the
+ * file system cannot be asked. */
+static int on_nfs(const char *dir)
 {
-    kiln_status s = make_dir(dir, e);
-    if (!s) s = prepare_file(c, dir, e);
+    if (kiln__fault("nfs")) return 1;
+    struct statfs fs;
+    return statfs(dir, &fs) == 0 && (unsigned long)fs.f_type == NFS_MAGIC;
+}
+
+/* A "file:" URI of c->path with SQLite's immutable=1 into *uri. */
+static void immutable_uri(const kiln__cache *c, kiln__str *uri)
+{
+    kiln__str_puts(uri, "file:");
+    for (const char *p = c->path; *p; p++) {
+        if (isalnum((unsigned char)*p) || strchr("/-_.~", *p))
+            kiln__str_add(uri, p, 1);
+        else
+            kiln__str_printf(uri, "%%%02X", (unsigned char)*p);
+    }
+    kiln__str_puts(uri, "?immutable=1");
+}
+
+/* Everything of kiln__cache_open_ex that runs under open_lock. */
+static kiln_status open_locked(kiln__cache *c, const char *dir, int oflags, kiln__err *e)
+{
+    kiln_status s = KILN_STATUS_OK;
+    struct stat sb;
+    if (!(oflags & (KILN__CACHE_RDONLY | KILN__CACHE_FILE)))
+        s = make_dir(dir, e);
+    else if (stat(dir, &sb) != 0 || !S_ISDIR(sb.st_mode))
+        s = kiln__fail(e, KILN_STATUS_IO, "cache %s: its directory %s is missing", c->path, dir);
+    if (!s) s = prepare_file(c, dir, oflags, e);
     if (s) return s;
+    int nfs = on_nfs(dir);
+    if (nfs && !c->readonly)
+        return kiln__fail(e, KILN_STATUS_UNSUPPORTED,
+                          "cache %s: the directory is on NFS; SQLite's locks and WAL index do "
+                          "not work there, so a writable cache on NFS is refused (put it on a "
+                          "local disk; docs/cache.md)",
+                          c->path);
     int flags =
         (c->readonly ? SQLITE_OPEN_READONLY : SQLITE_OPEN_READWRITE) | SQLITE_OPEN_FULLMUTEX;
     char wal[KILN__CACHE_PATH_MAX + 8];
     snprintf(wal, sizeof wal, "%s-wal", c->path);
     kiln__str uri = {0};
-    if (c->readonly && access(wal, F_OK) != 0) {
+    if (c->readonly && (nfs || access(wal, F_OK) != 0)) {
         /* SQLite cannot read a WAL database it may not create -wal/-shm for, unless told
-         * that nothing writes it: a shipped, read-only cache (docs/cache.md) */
-        kiln__str_puts(&uri, "file:");
-        for (const char *p = c->path; *p; p++) {
-            if (isalnum((unsigned char)*p) || strchr("/-_.~", *p))
-                kiln__str_add(&uri, p, 1);
-            else
-                kiln__str_printf(&uri, "%%%02X", (unsigned char)*p);
-        }
-        kiln__str_puts(&uri, "?immutable=1");
+         * that nothing writes it: a shipped, read-only cache (docs/cache.md). On NFS the
+         * same mode takes no lock and maps no shared memory. */
+        immutable_uri(c, &uri);
         if (uri.oom)
             return kiln__fail(e, KILN_STATUS_NO_MEMORY, "cache %s: out of memory", c->path);
         flags |= SQLITE_OPEN_URI;
+        c->immutable = 1;
     }
     int rc = sqlite3_open_v2(uri.p ? uri.p : c->path, &c->db, flags, NULL);
     kiln__str_free(&uri);
@@ -375,6 +447,7 @@ static kiln_status open_locked(kiln__cache *c, const char *dir, kiln__err *e)
     }
     if (!c->readonly) {
         s = set_wal(c, e);
+        if (!s && c->schema < KILN__CACHE_SCHEMA_VERSION) s = migrate(c, e);
         if (s) return s;
     }
     sqlite3_db_config(c->db, SQLITE_DBCONFIG_NO_CKPT_ON_CLOSE, 0, (int *)NULL);
@@ -385,29 +458,51 @@ static kiln_status open_locked(kiln__cache *c, const char *dir, kiln__err *e)
 
 kiln_status kiln__cache_open(const char *dir, kiln__cache **out, kiln__err *e)
 {
+    return kiln__cache_open_ex(dir, 0, out, e);
+}
+
+/* Split `where` into the directory d[cap] and c->path. */
+static kiln_status make_paths(kiln__cache *c, const char *where, int flags, char *d, size_t cap,
+                              kiln__err *e)
+{
+    size_t n = strlen(where);
+    while (n > 1 && where[n - 1] == '/') n--; /* "a/b/" → "a/b", "/" stays */
+    int len, plen;
+    if (flags & KILN__CACHE_FILE) {
+        plen = snprintf(c->path, sizeof c->path, "%.*s", (int)n, where);
+        const char *slash = memrchr(where, '/', n);
+        if (!slash) len = snprintf(d, cap, ".");
+        else len = snprintf(d, cap, "%.*s", slash == where ? 1 : (int)(slash - where), where);
+    } else {
+        len = snprintf(d, cap, "%.*s", (int)n, where);
+        plen = snprintf(c->path, sizeof c->path, "%s%skernels.db", d,
+                        n == 1 && d[0] == '/' ? "" : "/");
+    }
+    if (len < 0 || plen < 0 || (size_t)plen >= sizeof c->path || (size_t)len >= cap)
+        return kiln__fail(e, KILN_STATUS_INVALID_ARGUMENT, "cache %.200s...: path is too long",
+                          where);
+    return KILN_STATUS_OK;
+}
+
+kiln_status kiln__cache_open_ex(const char *where, int flags, kiln__cache **out, kiln__err *e)
+{
     if (out) *out = NULL;
-    if (!dir || !*dir || !out)
+    if (!where || !*where || !out)
         return kiln__fail(e, KILN_STATUS_INVALID_ARGUMENT, "cache: open needs a directory");
     if (!sqlite3_threadsafe())
         return kiln__fail(e, KILN_STATUS_CACHE,
-                          "cache %s: this SQLite library was built without thread support", dir);
+                          "cache %s: this SQLite library was built without thread support", where);
     kiln__cache *c = kiln__fault("malloc") ? NULL : calloc(1, sizeof *c);
-    if (!c) return kiln__fail(e, KILN_STATUS_NO_MEMORY, "cache %s: out of memory", dir);
+    if (!c) return kiln__fail(e, KILN_STATUS_NO_MEMORY, "cache %s: out of memory", where);
     pthread_mutex_init(&c->lock, NULL);
+    kiln__lease_init(c);
     char d[KILN__CACHE_PATH_MAX];
-    size_t n = strlen(dir);
-    while (n > 1 && dir[n - 1] == '/') n--; /* "a/b/" → "a/b", "/" stays */
-    int len = snprintf(d, sizeof d, "%.*s", (int)n, dir);
-    int plen =
-        snprintf(c->path, sizeof c->path, "%s%skernels.db", d, n == 1 && d[0] == '/' ? "" : "/");
-    if (len < 0 || plen < 0 || (size_t)plen >= sizeof c->path) {
-        kiln__cache_close(c);
-        return kiln__fail(e, KILN_STATUS_INVALID_ARGUMENT, "cache %.200s...: path is too long",
-                          dir);
+    kiln_status s = make_paths(c, where, flags, d, sizeof d, e);
+    if (!s) {
+        pthread_mutex_lock(&open_lock);
+        s = open_locked(c, d, flags, e);
+        pthread_mutex_unlock(&open_lock);
     }
-    pthread_mutex_lock(&open_lock);
-    kiln_status s = open_locked(c, d, e);
-    pthread_mutex_unlock(&open_lock);
     if (s) {
         kiln__cache_close(c);
         return s;
@@ -419,10 +514,19 @@ kiln_status kiln__cache_open(const char *dir, kiln__cache **out, kiln__err *e)
 void kiln__cache_close(kiln__cache *c)
 {
     if (!c) return;
+    kiln__lease_fini(c);
     if (c->db) sqlite3_close(c->db); /* every statement is finalised by the call that made it */
     pthread_mutex_destroy(&c->lock);
     free(c);
 }
+
+int kiln__cache_readonly(const kiln__cache *c, const char **why)
+{
+    if (why) *why = c ? c->ro_why : "";
+    return c ? c->readonly : 1;
+}
+
+int kiln__cache_schema(const kiln__cache *c) { return c ? c->schema : 0; }
 
 const char *kiln__cache_path(const kiln__cache *c) { return c ? c->path : ""; }
 

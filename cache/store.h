@@ -18,15 +18,42 @@
 /* Longest <dir>/kernels.db, with its NUL. */
 #define KILN__CACHE_PATH_MAX 4096
 
+/* Leases held by one handle, refreshed by its keeper thread (lease.c). */
+typedef struct kiln__lease_keeper {
+    pthread_mutex_t lock; /* guards everything below */
+    pthread_cond_t wake;  /* signalled to stop the keeper */
+    pthread_t thread;
+    int running, stop;
+    char (*keys)[33]; /* keys whose lease this handle holds */
+    int n, cap;
+} kiln__lease_keeper;
+
 struct kiln__cache {
     sqlite3 *db;                     /* one connection, opened SQLITE_OPEN_FULLMUTEX */
     pthread_mutex_t lock;            /* held across each operation (transactions are per
                                         connection, so two threads must not interleave) */
     int readonly;                    /* 1: opened read-only; puts and removes are refused */
+    int immutable;                   /* 1: opened with SQLite's immutable=1 (no locks) */
+    int schema;                      /* schema version of the file (after any migration) */
     int injected;                    /* 1: the last step failed by fault injection */
     char ro_why[256];                /* why the cache is read-only ("" when it is not) */
     char path[KILN__CACHE_PATH_MAX]; /* <dir>/kernels.db */
+    /* leases (lease.c) */
+    char host[64];    /* this host's name */
+    char holder[128]; /* "<host>/<pid>/<nonce>": the name this handle's leases carry */
+    int lease_ttl;    /* seconds */
+    kiln__lease_keeper keeper;
 };
+
+/* Fill the lease fields of a new handle (host, holder name, lifetime). lease.c. */
+void kiln__lease_init(kiln__cache *c);
+/* Stop the keeper thread and forget held leases (before the connection closes). lease.c. */
+void kiln__lease_fini(kiln__cache *c);
+
+/* The CREATE TABLE of the leases table (schema.c uses it when creating or migrating). */
+#define KILN__LEASES_SQL                                                                           \
+    "CREATE TABLE leases(key TEXT PRIMARY KEY, holder TEXT NOT NULL, pid INTEGER NOT NULL,"       \
+    " host TEXT NOT NULL, expires INTEGER NOT NULL);"
 
 /* sqlite3_step(st), unless the "sqlite" fault site fires: then SQLITE_IOERR without running
  * it, and c->injected is set so that kiln__cache_why says so. */

@@ -22,6 +22,10 @@
 
 #define NOBODY 65534 /* uid and gid used to test permissions when the tests run as root */
 
+#define STR_(x) #x
+#define STR(x) STR_(x)
+#define SCHEMA_STR STR(KILN__CACHE_SCHEMA_VERSION)
+
 /* ---- helpers ------------------------------------------------------------------------------- */
 
 /* Entry number i, every field set, with a cubin of size pseudo-random bytes (zeros included).
@@ -197,7 +201,7 @@ KT_TEST(cache_open_creates)
     KT_EQ_STR(jm, "wal");
     free(jm);
     char *v = raw_text(db, "SELECT v FROM meta WHERE k = 'schema_version'");
-    KT_EQ_STR(v, "1");
+    KT_EQ_STR(v, SCHEMA_STR);
     free(v);
     v = raw_text(db, "SELECT v FROM meta WHERE k = 'created_by'");
     KT_EQ_STR(v, "kiln " KILN_VERSION_STRING);
@@ -256,7 +260,8 @@ KT_TEST(cache_refuse_future)
     KT_REQUIRE(raw_exec(db, "UPDATE meta SET v = '7' WHERE k = 'schema_version'"));
     size_t n0 = 0, n1 = 0;
     char *before = slurp(db, &n0);
-    open_fails(dir, KILN_STATUS_CACHE, "written by schema version 7", "this kiln reads up to 1");
+    open_fails(dir, KILN_STATUS_CACHE, "written by schema version 7",
+               "this kiln reads up to " SCHEMA_STR);
     char *after = slurp(db, &n1);
     KT_CHECK(before && after && n0 == n1 && memcmp(before, after, n0) == 0);
     free(before);
@@ -1078,4 +1083,312 @@ KT_TEST(cache_processes_fresh_file)
     KT_EQ_INT(count_rows(c), PROCS);
     kiln__cache_close(c);
     check_integrity(join(dir, "kernels.db"));
+}
+
+/* ---- schema version 2: migration, open flags, NFS -------------------------------------------- */
+
+KT_TEST(cache_migrate_v1)
+{
+    const char *dir = join(kt_tmpdir(), "c");
+    const char *db = join(dir, "kernels.db");
+    kiln__cache *c = open_ok(dir);
+    KT_REQUIRE(c);
+    kiln__entry en;
+    make_entry(&en, 7, 300);
+    kiln__err e = {{0}};
+    KT_OK(kiln__cache_put(c, &en, &e), e.msg);
+    kiln__cache_close(c);
+    /* turn it into what kiln 0.1 wrote: version 1, no leases table */
+    KT_REQUIRE(raw_exec(db, "DROP TABLE leases; UPDATE meta SET v = '1' WHERE k = 'schema_version'"));
+    size_t n0 = 0, n1 = 0;
+    char *before = slurp(db, &n0);
+    /* read-only (a base cache): read as it is, not a byte written */
+    c = NULL;
+    KT_OK(kiln__cache_open_ex(dir, KILN__CACHE_RDONLY, &c, &e), e.msg);
+    KT_REQUIRE(c);
+    KT_EQ_INT(kiln__cache_schema(c), 1);
+    kiln__entry got;
+    KT_OK(kiln__cache_get(c, en.key, 0, &got, &e), e.msg);
+    kiln__entry_free(&got);
+    kiln__cache_close(c);
+    char *after = slurp(db, &n1);
+    KT_CHECK(before && after && n0 == n1 && memcmp(before, after, n0) == 0);
+    free(before);
+    free(after);
+    /* writable: migrated in place, rows kept */
+    c = open_ok(dir);
+    KT_REQUIRE(c);
+    KT_EQ_INT(kiln__cache_schema(c), KILN__CACHE_SCHEMA_VERSION);
+    KT_OK(kiln__cache_get(c, en.key, 1, &got, &e), e.msg);
+    KT_CHECK(got.cubin_size == en.cubin_size && !memcmp(got.cubin, en.cubin, en.cubin_size));
+    kiln__entry_free(&got);
+    kiln__cache_close(c);
+    char *v = raw_text(db, "SELECT v FROM meta WHERE k = 'schema_version'");
+    KT_EQ_STR(v, SCHEMA_STR);
+    free(v);
+    v = raw_text(db, "SELECT count(*) FROM leases");
+    KT_EQ_STR(v, "0");
+    free(v);
+    /* a failed migration (injected) leaves a version-1 cache that the next open migrates */
+    KT_REQUIRE(raw_exec(db, "DROP TABLE leases; UPDATE meta SET v = '1' WHERE k = 'schema_version'"));
+    int failures = 0;
+    for (int n = 1; n < 40; n++) {
+        c = NULL;
+        kiln__fault_arm("sqlite", n);
+        kiln_status s = kiln__cache_open(dir, &c, &e);
+        kiln__fault_arm("sqlite", 0);
+        kiln__cache_close(c);
+        if (s == KILN_STATUS_OK) break;
+        failures++;
+        KT_CONTAINS(e.msg, "injected");
+        v = raw_text(db, "SELECT v FROM meta WHERE k = 'schema_version'");
+        KT_CHECK(v && (!strcmp(v, "1") || !strcmp(v, SCHEMA_STR)));
+        free(v);
+        check_integrity(db);
+    }
+    KT_CHECK(failures >= 3);
+    v = raw_text(db, "SELECT v FROM meta WHERE k = 'schema_version'");
+    KT_EQ_STR(v, SCHEMA_STR);
+    free(v);
+    kiln__entry_free(&en);
+    check_integrity(db);
+}
+
+KT_TEST(cache_open_flags)
+{
+    const char *dir = join(kt_tmpdir(), "c");
+    const char *db = join(dir, "kernels.db");
+    kiln__err e = {{0}};
+    kiln__cache *c = NULL;
+    /* a read-only open creates nothing */
+    KT_STATUS(kiln__cache_open_ex(dir, KILN__CACHE_RDONLY, &c, &e), KILN_STATUS_IO, e.msg);
+    KT_CONTAINS(e.msg, "directory");
+    KT_CHECK(access(dir, F_OK) != 0);
+    c = open_ok(dir);
+    KT_REQUIRE(c);
+    kiln__entry en, got;
+    make_entry(&en, 2, 500);
+    KT_OK(kiln__cache_put(c, &en, &e), e.msg);
+    kiln__cache_close(c);
+    size_t n0 = 0, n1 = 0;
+    char *before = slurp(db, &n0);
+    struct stat s0, s1;
+    KT_REQUIRE(stat(db, &s0) == 0);
+    KT_OK(kiln__cache_open_ex(dir, KILN__CACHE_RDONLY, &c, &e), e.msg);
+    KT_REQUIRE(c);
+    const char *why = NULL;
+    KT_EQ_INT(kiln__cache_readonly(c, &why), 1);
+    KT_CONTAINS(why, "read-only");
+    KT_OK(kiln__cache_get(c, en.key, 1, &got, &e), e.msg);
+    KT_EQ_INT(got.hits, 0); /* no counter is bumped */
+    kiln__entry_free(&got);
+    KT_STATUS(kiln__cache_put(c, &en, &e), KILN_STATUS_IO, e.msg);
+    KT_CONTAINS(e.msg, "read-only");
+    kiln__lease l;
+    KT_STATUS(kiln__cache_lease_take(c, en.key, 0, &l, &e), KILN_STATUS_IO, e.msg);
+    KT_STATUS(kiln__cache_evict(c, 0, NULL, NULL, NULL, &e), KILN_STATUS_IO, e.msg);
+    kiln__cache_close(c);
+    char *after = slurp(db, &n1);
+    KT_REQUIRE(stat(db, &s1) == 0);
+    KT_CHECK(before && after && n0 == n1 && memcmp(before, after, n0) == 0);
+    KT_EQ_INT(s0.st_mtime, s1.st_mtime);
+    KT_CHECK(access(join(dir, "kernels.db-wal"), F_OK) != 0);
+    KT_CHECK(access(join(dir, "kernels.db-shm"), F_OK) != 0);
+    free(before);
+    free(after);
+    /* a file path instead of a directory */
+    KT_OK(kiln__cache_open_ex(join(kt_tmpdir(), "out.db"), KILN__CACHE_FILE, &c, &e), e.msg);
+    KT_REQUIRE(c);
+    KT_EQ_STR(kiln__cache_path(c), join(kt_tmpdir(), "out.db"));
+    KT_OK(kiln__cache_put(c, &en, &e), e.msg);
+    kiln__cache_close(c);
+    KT_STATUS(kiln__cache_open_ex(join(kt_tmpdir(), "nodir/out.db"), KILN__CACHE_FILE, &c, &e),
+              KILN_STATUS_IO, e.msg);
+    KT_CONTAINS(e.msg, "missing");
+    kiln__entry_free(&en);
+}
+
+KT_TEST(cache_nfs_refused)
+{
+    const char *dir = join(kt_tmpdir(), "c");
+    kiln__cache *c = open_ok(dir);
+    kiln__cache_close(c);
+    kiln__err e = {{0}};
+    kiln__fault_arm("nfs", 1); /* the file system check reports NFS */
+    KT_STATUS(kiln__cache_open(dir, &c, &e), KILN_STATUS_UNSUPPORTED, e.msg);
+    kiln__fault_arm("nfs", 0);
+    KT_CONTAINS(e.msg, "NFS");
+    KT_CONTAINS(e.msg, "local disk");
+    KT_CHECK(c == NULL);
+    /* read-only (a shipped base cache on NFS) is read without locks */
+    kiln__fault_arm("nfs", 1);
+    KT_OK(kiln__cache_open_ex(dir, KILN__CACHE_RDONLY, &c, &e), e.msg);
+    kiln__fault_arm("nfs", 0);
+    KT_CHECK(c != NULL);
+    kiln__cache_close(c);
+}
+
+/* ---- leases ------------------------------------------------------------------------------------ */
+
+/* Insert a lease row for key directly. */
+static void put_lease(const char *db, const char *key, const char *host, long pid, int64_t expires)
+{
+    char sql[512];
+    snprintf(sql, sizeof sql,
+             "INSERT OR REPLACE INTO leases(key, holder, pid, host, expires) VALUES "
+             "('%s', '%s/%ld/test', %ld, '%s', %lld)",
+             key, host, pid, pid, host, (long long)expires);
+    KT_CHECK(raw_exec(db, sql));
+}
+
+KT_TEST(cache_lease_states)
+{
+    const char *dir = join(kt_tmpdir(), "c");
+    const char *db = join(dir, "kernels.db");
+    kiln__cache *a = open_ok(dir), *b = open_ok(dir);
+    KT_REQUIRE(a && b);
+    kiln__entry en;
+    make_entry(&en, 9, 100);
+    kiln__err e = {{0}};
+    kiln__lease l;
+    KT_OK(kiln__cache_lease_take(a, en.key, 0, &l, &e), e.msg);
+    KT_EQ_INT(l.state, KILN__LEASE_TAKEN);
+    KT_EQ_INT(l.pid, getpid());
+    /* another handle (same live process) waits */
+    KT_OK(kiln__cache_lease_take(b, en.key, 0, &l, &e), e.msg);
+    KT_EQ_INT(l.state, KILN__LEASE_HELD);
+    KT_EQ_INT(l.pid, getpid());
+    KT_CHECK(l.expires > (int64_t)time(NULL));
+    /* the holder stores the row and lets go: the other reads it */
+    KT_OK(kiln__cache_put(a, &en, &e), e.msg);
+    kiln__cache_lease_release(a, en.key);
+    KT_OK(kiln__cache_lease_take(b, en.key, 0, &l, &e), e.msg);
+    KT_EQ_INT(l.state, KILN__LEASE_PRESENT);
+    /* replacing a corrupt row takes the lease even though the row exists */
+    KT_OK(kiln__cache_lease_take(b, en.key, 1, &l, &e), e.msg);
+    KT_EQ_INT(l.state, KILN__LEASE_TAKEN);
+    kiln__cache_lease_release(b, en.key);
+    char *v = raw_text(db, "SELECT count(*) FROM leases");
+    KT_EQ_STR(v, "0");
+    free(v);
+
+    char host[64] = "";
+    gethostname(host, sizeof host);
+    const char *k2 = "00000000000000000000000000000002";
+    /* a dead process of this host: its lease blocks nobody */
+    pid_t dead = fork();
+    if (dead == 0) _exit(0);
+    waitpid(dead, NULL, 0);
+    put_lease(db, k2, host, (long)dead, (int64_t)time(NULL) + 1000);
+    KT_OK(kiln__cache_lease_take(a, k2, 0, &l, &e), e.msg);
+    KT_EQ_INT(l.state, KILN__LEASE_TAKEN);
+    kiln__cache_lease_release(a, k2);
+    /* a live process, but expired */
+    put_lease(db, k2, host, 1, (int64_t)time(NULL) - 1);
+    KT_OK(kiln__cache_lease_take(a, k2, 0, &l, &e), e.msg);
+    KT_EQ_INT(l.state, KILN__LEASE_TAKEN);
+    kiln__cache_lease_release(a, k2);
+    /* another host: trusted until it expires */
+    put_lease(db, k2, "elsewhere.example", (long)dead, (int64_t)time(NULL) + 1000);
+    KT_OK(kiln__cache_lease_take(a, k2, 0, &l, &e), e.msg);
+    KT_EQ_INT(l.state, KILN__LEASE_HELD);
+    KT_EQ_STR(l.host, "elsewhere.example");
+    /* sweep: drops dead and expired leases, keeps live ones */
+    put_lease(db, "00000000000000000000000000000003", host, (long)dead, (int64_t)time(NULL) + 1000);
+    put_lease(db, "00000000000000000000000000000004", host, 1, (int64_t)time(NULL) - 5);
+    int removed = -1, live = -1;
+    KT_OK(kiln__cache_lease_sweep(a, &removed, &live, &e), e.msg);
+    KT_EQ_INT(removed, 2);
+    KT_EQ_INT(live, 1);
+    v = raw_text(db, "SELECT group_concat(key) FROM leases");
+    KT_EQ_STR(v, k2);
+    free(v);
+    /* an injected failure while taking: a clear error, no lease left */
+    const char *k5 = "00000000000000000000000000000005";
+    for (int n = 1; n < 10; n++) {
+        kiln__fault_arm("sqlite", n);
+        kiln_status s = kiln__cache_lease_take(a, k5, 0, &l, &e);
+        kiln__fault_arm("sqlite", 0);
+        if (s == KILN_STATUS_OK) break;
+        KT_EQ_INT(s, KILN_STATUS_CACHE);
+        KT_CONTAINS(e.msg, "compile lease of " );
+        KT_CONTAINS(e.msg, "injected");
+        v = raw_text(db, "SELECT count(*) FROM leases WHERE key = '00000000000000000000000000000005'");
+        KT_EQ_STR(v, "0");
+        free(v);
+    }
+    kiln__cache_lease_release(a, k5);
+    kiln__entry_free(&en);
+    kiln__cache_close(a);
+    kiln__cache_close(b);
+    check_integrity(db);
+}
+
+/* ---- eviction ---------------------------------------------------------------------------------- */
+
+KT_TEST(cache_evict_lru)
+{
+    kiln__cache *c = open_ok(kt_tmpdir());
+    KT_REQUIRE(c);
+    kiln__err e = {{0}};
+    enum { N = 10, SIZE = 1000 };
+    char keys[N][33];
+    for (int i = 0; i < N; i++) {
+        kiln__entry en;
+        make_entry(&en, 100 + i, SIZE);
+        en.created = 1700000000;
+        en.last_used = 1700000000 + (i * 7) % N; /* a shuffled order of use */
+        memcpy(keys[i], en.key, 33);
+        KT_OK(kiln__cache_put(c, &en, &e), e.msg);
+        kiln__entry_free(&en);
+    }
+    int removed = 0;
+    int64_t freed = 0;
+    KT_OK(kiln__cache_evict(c, N * SIZE, NULL, &removed, &freed, &e), e.msg);
+    KT_EQ_INT(removed, 0);
+    /* keep 5500 bytes: the 5 least recently used go, and the one we keep stays */
+    const char *keep = keys[0]; /* last_used is the oldest */
+    KT_OK(kiln__cache_evict(c, 5500, keep, &removed, &freed, &e), e.msg);
+    KT_EQ_INT(removed, 5);
+    KT_EQ_INT(freed, 5 * SIZE);
+    kiln__cache_stats st;
+    KT_OK(kiln__cache_stats_get(c, &st, &e), e.msg);
+    KT_CHECK(st.bytes <= 5500);
+    for (int i = 0; i < N; i++) {
+        kiln__entry got;
+        int age = (i * 7) % N; /* 0 oldest */
+        int want = i == 0 || age >= 6; /* kept: `keep`, and the 4 most recent of the others */
+        kiln_status s = kiln__cache_get(c, keys[i], 0, &got, &e);
+        kiln__entry_free(&got);
+        if (want) KT_EQ_INT(s, KILN_STATUS_OK);
+        else KT_EQ_INT(s, KILN_STATUS_NOT_FOUND);
+    }
+    KT_OK(kiln__cache_evict(c, 0, NULL, &removed, &freed, &e), e.msg);
+    KT_EQ_INT(count_rows(c), 0);
+    KT_STATUS(kiln__cache_evict(c, -1, NULL, &removed, &freed, &e), KILN_STATUS_INVALID_ARGUMENT,
+              e.msg);
+    kiln__cache_close(c);
+}
+
+KT_TEST(cache_parse_size)
+{
+    static const struct {
+        const char *s;
+        int64_t v;
+    } good[] = {{"0", 0},         {"1048576", 1048576}, {"512K", 512 << 10}, {"512k", 512 << 10},
+                {"3M", 3 << 20},  {"2G", 2LL << 30},    {"2GiB", 2LL << 30}, {"1T", 1LL << 40},
+                {"100B", 100},    {"7MB", 7 << 20}};
+    static const char *const bad[] = {"", "M", "-1", "1.5G", "12X", "1 G", "99999999999999999999",
+                                      "9000000000T", "GiB", "1iB"};
+    kiln__err e = {{0}};
+    for (size_t i = 0; i < sizeof good / sizeof good[0]; i++) {
+        int64_t v = -1;
+        KT_OK(kiln__cache_parse_size(good[i].s, &v, &e), e.msg);
+        KT_EQ_INT(v, good[i].v);
+    }
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        int64_t v = -1;
+        KT_STATUS(kiln__cache_parse_size(bad[i], &v, &e), KILN_STATUS_INVALID_ARGUMENT, bad[i]);
+        KT_CONTAINS(e.msg, "size '");
+    }
 }
