@@ -93,6 +93,17 @@ typedef enum kiln_mask {
     KILN_MASK_CAUSAL = 1, /* bottom-right aligned: query i sees keys j <= i + L_KV - L_Q */
 } kiln_mask;
 
+/* A mask given as data at run time, AND-ed with the builtin mask, window and mask snippet. */
+typedef enum kiln_mask_data {
+    KILN_MASK_DATA_NONE = 0,
+    KILN_MASK_DATA_BITMASK = 1, /* packed bits, one per (query row, key): bit i * L_KV + j of
+                                   the byte array, little-endian within each byte (FlashInfer's
+                                   packbits(bitorder="little")); 1 = visible */
+    KILN_MASK_DATA_BSR = 2,     /* block-sparse rows: R x C blocks; block row r holds column
+                                   blocks bsr_indices[bsr_indptr[r] .. bsr_indptr[r + 1]),
+                                   sorted ascending; a key is visible iff its block is listed */
+} kiln_mask_data;
+
 typedef enum kiln_logits {
     KILN_LOGITS_NONE = 0,    /* s = sm_scale * q.k */
     KILN_LOGITS_SOFTCAP = 1, /* s = cap * tanh(sm_scale * q.k / cap), before masking */
@@ -151,6 +162,7 @@ typedef struct kiln_variant {
     int window;           /* 1: sliding window, keys j >= i + L_KV - L_Q - window_left */
     kiln_logits logits;   /* logits transform */
     int lse;              /* 1: also write the log-sum-exp of each query row (natural log) */
+    kiln_mask_data mask_data; /* none, bitmask or bsr (arrays in kiln_attn_args) */
     int num_params;       /* user parameters declared in params[] (0..KILN_MAX_USER_PARAMS) */
     kiln_param_decl params[KILN_MAX_USER_PARAMS];
     char logits_expr[KILN_MAX_SNIPPET]; /* "" or a C expression: the new logit */
@@ -204,6 +216,14 @@ typedef struct kiln_attn_args {
     int64_t o_stride_n, o_stride_h; /* defaults H*D and D */
     int64_t k_stride_n, k_stride_h; /* defaults nhd: H_KV*D, D; hnd: D, L_KV*D */
     int64_t v_stride_n, v_stride_h; /* like k */
+    kiln_devptr mask_bits;   /* mask_data=bitmask: uint8 [ceil(L_Q * L_KV / 8)] */
+    kiln_devptr bsr_indptr;  /* mask_data=bsr: int32 [ceil(L_Q / bsr_r) + 1] */
+    kiln_devptr bsr_indices; /* mask_data=bsr: int32 column-block indices */
+    int bsr_r, bsr_c;        /* mask_data=bsr: block rows and columns (>= 1) */
+    kiln_devptr tile_map;    /* prefill with a mask snippet or mask data: uint8 tile classes
+                                written by kiln_prefill_mask_plan (0: none; every tile then
+                                evaluates the mask per element) */
+    size_t tile_map_bytes;   /* size of tile_map */
     kiln_devptr workspace;   /* decode split-KV partials; see kiln_decode_workspace_size */
     size_t workspace_bytes;  /* size of workspace */
     kiln_params params;      /* run-time values */
@@ -328,6 +348,17 @@ kiln_status kiln_single_decode(kiln_kernel *k, const kiln_attn_args *a, void *st
 /* Single-request prefill: every query row i in [0, L_Q) attends to k, v under the variant's
  * mask; causal needs L_Q <= L_KV. */
 kiln_status kiln_single_prefill(kiln_kernel *k, const kiln_attn_args *a, void *stream);
+
+/* Prefill variants with a mask snippet or mask data: bytes of the tile map for this shape
+ * (one byte per query tile x key tile). */
+kiln_status kiln_prefill_mask_plan_size(const kiln_kernel *k, int qo_len, int kv_len, size_t *bytes);
+
+/* Evaluate the mask once per tile on the GPU (a kernel generated with the variant) and write
+ * a->tile_map: 0 = every key of the tile hidden (the tile is skipped), 2 = every key visible
+ * under the snippet and mask data (no per-element work for them), 1 = mixed. Re-run it when
+ * the mask's inputs change (user parameters, bits, blocks, lengths). Asynchronous on stream;
+ * allocates nothing. */
+kiln_status kiln_prefill_mask_plan(kiln_kernel *k, const kiln_attn_args *a, void *stream);
 
 /* ---------------------------------------------------------------------------------------------
  * Versions

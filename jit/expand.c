@@ -5,6 +5,7 @@
  * extern "C" entry points. This text is exactly what NVRTC compiles and what
  * `kiln show --source` prints.
  */
+#include <ctype.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -82,11 +83,26 @@ static void emit_params(kiln__str *s, const kiln_variant *v)
 
 /* The user snippets (validated and canonicalised before expansion) as static members of the
  * config struct; the templates call them only when HAS_*_EXPR is true. */
+/* 1 when `word` appears in text as a whole identifier. */
+static int has_word(const char *text, const char *word)
+{
+    const size_t n = strlen(word);
+    for (const char *p = strstr(text, word); p; p = strstr(p + 1, word)) {
+        const int before = p > text && (isalnum((unsigned char)p[-1]) || p[-1] == '_');
+        const int after = isalnum((unsigned char)p[n]) || p[n] == '_';
+        if (!before && !after) return 1;
+    }
+    return 0;
+}
+
 static void emit_hooks(kiln__str *s, const kiln_variant *v)
 {
     const int has_logits = v->logits_expr[0] != 0, has_mask = v->mask_expr[0] != 0;
+    const int uses_head = has_mask && (has_word(v->mask_expr, "qo_head") || has_word(v->mask_expr, "kv_head"));
     kiln__str_printf(s, "    static constexpr bool HAS_LOGITS_EXPR = %s, HAS_MASK_EXPR = %s;\n",
                      has_logits ? "true" : "false", has_mask ? "true" : "false");
+    kiln__str_printf(s, "    static constexpr int MASK_DATA = %d;\n    static constexpr bool MASK_USES_HEAD = %s;\n",
+                     (int)v->mask_data, uses_head ? "true" : "false");
     if (has_logits) {
         kiln__str_puts(s, "    static __device__ __forceinline__ float logits_expr(float logits, int batch,\n"
                           "        int qo_idx, int kv_idx, int qo_head, int kv_head, int qo_len, int kv_len,\n"
@@ -164,6 +180,12 @@ kiln_status kiln__expand(const kiln_variant *v, const kiln__config *cfg, const c
                          "%s(const __grid_constant__ kiln_launch_params p)\n{\n"
                          "    kiln::decode_merge_kernel<kiln_cfg>(p);\n}\n",
                          cfg->merge_threads, KILN__ENTRY_MERGE);
+    if (!decode && kiln__variant_has_element_mask(v))
+        kiln__str_printf(&s,
+                         "\nextern \"C\" __global__ void __launch_bounds__(%d)\n"
+                         "%s(const __grid_constant__ kiln_launch_params p)\n{\n"
+                         "    kiln::prefill_tile_map_kernel<kiln_cfg>(p);\n}\n",
+                         KILN__TILE_MAP_THREADS, KILN__ENTRY_TILE_MAP);
     *source = kiln__str_take(&s);
     if (!*source) return kiln__fail(e, KILN_STATUS_NO_MEMORY, "expand: out of memory");
     return KILN_STATUS_OK;

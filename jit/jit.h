@@ -90,9 +90,18 @@ extern const char kiln__templates_digest[]; /* 32 hex chars of XXH3-128 over nam
 kiln_status kiln__expand(const kiln_variant *v, const kiln__config *cfg, const char *arch,
                          char **source, kiln__err *e);
 
-/* Entry point names in every generated module. */
+/* Entry point names in the generated modules: main (all), merge (decode), tile map (prefill
+ * with a mask snippet or mask data). */
 #define KILN__ENTRY_MAIN "kiln_main"
 #define KILN__ENTRY_MERGE "kiln_merge"
+#define KILN__ENTRY_TILE_MAP "kiln_tile_map"
+#define KILN__TILE_MAP_THREADS 256
+
+/* 1 when the variant masks per element beyond the builtin masks (snippet or mask data). */
+static inline int kiln__variant_has_element_mask(const kiln_variant *v)
+{
+    return v->mask_expr[0] != 0 || v->mask_data != KILN_MASK_DATA_NONE;
+}
 
 /* ---- key (jit/key.c) ------------------------------------------------------------------------ */
 

@@ -93,6 +93,34 @@ static kiln_status prepare(kiln_kernel *k, const kiln_attn_args *a, kiln_op op,
     p->window_left = v->window ? rp->window_left : 0;
     p->sm_scale = rp->sm_scale > 0.f ? rp->sm_scale : 1.0f / __builtin_sqrtf((float)D);
     p->softcap = v->logits == KILN_LOGITS_SOFTCAP ? rp->softcap : 1.0f;
+    if (v->mask_data == KILN_MASK_DATA_BITMASK) {
+        if (!a->mask_bits)
+            return kiln__fail(e, KILN_STATUS_INVALID_ARGUMENT, "%s %s: mask_data=bitmask needs mask_bits",
+                              what, k->spec);
+        p->mask_bits = a->mask_bits;
+    } else if (v->mask_data == KILN_MASK_DATA_BSR) {
+        if (!a->bsr_indptr || !a->bsr_indices || a->bsr_r < 1 || a->bsr_c < 1 || (a->bsr_indptr | a->bsr_indices) % 4)
+            return kiln__fail(e, KILN_STATUS_INVALID_ARGUMENT,
+                              "%s %s: mask_data=bsr needs 4-byte aligned bsr_indptr and bsr_indices and "
+                              "bsr_r, bsr_c >= 1 (got r=%d c=%d)",
+                              what, k->spec, a->bsr_r, a->bsr_c);
+        p->bsr_indptr = a->bsr_indptr;
+        p->bsr_indices = a->bsr_indices;
+        p->bsr_r = a->bsr_r;
+        p->bsr_c = a->bsr_c;
+    }
+    if (op == KILN_OP_PREFILL) {
+        p->kv_tiles = (L_KV + k->cfg.block_n - 1) / k->cfg.block_n;
+        if (kiln__variant_has_element_mask(v) && a->tile_map) {
+            const size_t need = (size_t)((L_Q + k->cfg.block_m - 1) / k->cfg.block_m) * (size_t)p->kv_tiles;
+            if (a->tile_map_bytes < need)
+                return kiln__fail(e, KILN_STATUS_WORKSPACE,
+                                  "%s %s: tile_map holds %zu bytes, the shape needs %zu "
+                                  "(kiln_prefill_mask_plan_size)",
+                                  what, k->spec, a->tile_map_bytes, need);
+            p->tile_map = a->tile_map;
+        }
+    }
     for (int i = 0; i < v->num_params && i < KILN_MAX_USER_PARAMS; i++) {
         const kiln_param_decl *d = &v->params[i];
         const kiln_param_value *u = &rp->user[i];
@@ -228,5 +256,46 @@ kiln_status kiln_single_prefill(kiln_kernel *k, const kiln_attn_args *a, void *s
                                             (CUstream)stream, args, NULL);
     if (r != CUDA_SUCCESS)
         return fail(k, kiln__cu_fail(&e, r, "single prefill %s: launch", k->spec), &e);
+    return KILN_STATUS_OK;
+}
+
+kiln_status kiln_prefill_mask_plan_size(const kiln_kernel *k, int qo_len, int kv_len, size_t *bytes)
+{
+    kiln__err e;
+    if (!k || !bytes)
+        return kiln__fail(kiln__tls_err(), KILN_STATUS_INVALID_ARGUMENT, "mask plan size: NULL argument");
+    *bytes = 0;
+    if (k->v.op != KILN_OP_PREFILL || !kiln__variant_has_element_mask(&k->v) || qo_len < 0 || kv_len < 1) {
+        kiln__fail(&e, KILN_STATUS_INVALID_ARGUMENT,
+                   "mask plan size: %s with qo_len=%d kv_len=%d: needs a prefill variant with a mask "
+                   "snippet or mask data, qo_len >= 0, kv_len >= 1",
+                   k->spec, qo_len, kv_len);
+        return kiln__ctx_error(k->ctx, KILN_STATUS_INVALID_ARGUMENT, &e);
+    }
+    *bytes = (size_t)((qo_len + k->cfg.block_m - 1) / k->cfg.block_m) *
+             (size_t)((kv_len + k->cfg.block_n - 1) / k->cfg.block_n);
+    return KILN_STATUS_OK;
+}
+
+kiln_status kiln_prefill_mask_plan(kiln_kernel *k, const kiln_attn_args *a, void *stream)
+{
+    kiln__err e;
+    kiln_launch_params p;
+    kiln_status st = prepare(k, a, KILN_OP_PREFILL, &p, &e);
+    if (st) return fail(k, st, &e);
+    if (!kiln__variant_has_element_mask(&k->v) || !p.tile_map)
+        return fail(k, kiln__fail(&e, KILN_STATUS_INVALID_ARGUMENT,
+                                  "mask plan %s: needs a mask snippet or mask data and a tile_map", k->spec), &e);
+    if (a->qo_len == 0) return KILN_STATUS_OK;
+    /* Resolved here rather than at load: planning is not on the per-step path. */
+    CUfunction fn = NULL;
+    CUresult r = k->ctx->cu->cuModuleGetFunction(&fn, k->module, KILN__ENTRY_TILE_MAP);
+    if (r == CUDA_SUCCESS) {
+        void *args[] = {&p};
+        const unsigned mblocks = (unsigned)((a->qo_len + k->cfg.block_m - 1) / k->cfg.block_m);
+        r = k->ctx->cu->cuLaunchKernel(fn, mblocks, (unsigned)p.kv_tiles, 1, KILN__TILE_MAP_THREADS, 1, 1, 0,
+                                       (CUstream)stream, args, NULL);
+    }
+    if (r != CUDA_SUCCESS) return fail(k, kiln__cu_fail(&e, r, "mask plan %s: launch", k->spec), &e);
     return KILN_STATUS_OK;
 }

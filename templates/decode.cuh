@@ -12,7 +12,8 @@
  * Template parameters (Cfg): D in {64,128,256}; G query heads per KV head; GB heads per CTA
  * (divides G, <= 8); DT / OUT_DT in {F16, BF16}; LOGITS 0 none / 1 soft-cap / 2 ALiBi;
  * WINDOW, LSE in {0,1}; WARPS per CTA; STAGES of the per-warp cp.async pipeline; TILE = 32;
- * HAS_LOGITS_EXPR / HAS_MASK_EXPR with Cfg::logits_expr / Cfg::mask_expr, the user snippets.
+ * HAS_LOGITS_EXPR / HAS_MASK_EXPR with Cfg::logits_expr / Cfg::mask_expr, the user snippets;
+ * MASK_DATA 0 / 1 bitmask / 2 bsr (the query is row 0 of the mask).
  *
  * Launch: main grid (num_splits, H_KV, G/GB), WARPS*32 threads, smem decode_smem_bytes<Cfg>().
  * Each CTA covers keys [kv_begin + split*kv_chunk, +kv_chunk) ∩ [0, L_KV). Every warp runs its
@@ -188,7 +189,7 @@ template <class Cfg> __device__ void decode_kernel(const kiln_launch_params &p)
 #pragma unroll
         for (int g = 0; g < GB; g++) {
             const int h = hk * Cfg::G + g0 + g;
-            const bool vis = valid && mask_user<Cfg>(p, 0, j, h, hk);
+            const bool vis = valid && mask_data<Cfg>(p, 0, j) && mask_user<Cfg>(p, 0, j, h, hk);
             float s = vis ? logit_full<Cfg>(acc[g], p, slope[g], 0, j, h, hk) : neg_inf();
             float m_new = max_f(m[g], warp_max(s));
             /* a tile the mask hides entirely leaves m at -inf: keep exp2 finite */

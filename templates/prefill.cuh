@@ -15,8 +15,11 @@
  * Template parameters (Cfg): D in {64,128,256}; G; DT / OUT_DT in {F16, BF16}; LOGITS 0 none /
  * 1 soft-cap / 2 ALiBi; CAUSAL, WINDOW, LSE in {0,1}; WARPS; MT m16 tiles per warp; BN keys per
  * tile (multiple of 16); STAGES of the K/V pipeline; Q_IN_REGS keeps Q's fragments in registers;
- * HAS_LOGITS_EXPR / HAS_MASK_EXPR with Cfg::logits_expr / Cfg::mask_expr, the user snippets
- * (a mask snippet makes every tile take the per-element mask path).
+ * HAS_LOGITS_EXPR / HAS_MASK_EXPR with Cfg::logits_expr / Cfg::mask_expr, the user snippets;
+ * MASK_DATA 0 / 1 bitmask / 2 bsr; MASK_USES_HEAD (the mask snippet reads a head index).
+ * Element masks (snippet, data) are evaluated per element in every tile unless a tile map
+ * from prefill_tile_map_kernel (kiln_prefill_mask_plan) says a tile is hidden (skipped) or
+ * fully visible (no element work).
  * BM = WARPS * MT * 16 query rows per CTA.
  *
  * Launch: grid (ceil(L_Q / BM), H), WARPS*32 threads, smem prefill_layout<Cfg>::BYTES.
@@ -108,12 +111,29 @@ template <class Cfg> __device__ void prefill_kernel(const kiln_launch_params &p)
     constexpr bool RAW = Cfg::LOGITS == 0 && !Cfg::HAS_LOGITS_EXPR;
     const float c2 = RAW ? p.sm_scale * LOG2E : 1.0f;
 
+    /* Element masks (snippet or mask data): the tile map, when given, classes each key tile of
+     * this query tile as hidden (skipped), mixed (per-element mask) or fully visible. */
+    constexpr bool ELEM = Cfg::HAS_MASK_EXPR || Cfg::MASK_DATA != 0;
+    const unsigned char *map =
+        ELEM && p.tile_map ? reinterpret_cast<const unsigned char *>(p.tile_map) + (i64)m_block * p.kv_tiles
+                           : nullptr;
+    auto next_tile = [&](int t) {
+        if (ELEM && map)
+            while (t < t_end && map[t] == 0) t++;
+        return t;
+    };
+
+    /* pend[]: key tiles in flight, oldest first; t_next: the next one to load. */
+    int pend[STAGES];
+    int t_next = next_tile(t_first);
     load_rows<BM, D, THREADS>(q_s, qg, p.q_stride_n, m0, L_Q, tid);
 #pragma unroll
     for (int s = 0; s < STAGES - 1; s++) {
-        if (t_first + s < t_end) {
-            load_rows<BN, D, THREADS>(k_s + s * BN * D, kg, p.k_stride_n, (t_first + s) * BN, L_KV, tid);
-            load_rows<BN, D, THREADS>(v_s + s * BN * D, vg, p.v_stride_n, (t_first + s) * BN, L_KV, tid);
+        pend[s] = t_next;
+        if (t_next < t_end) {
+            load_rows<BN, D, THREADS>(k_s + s * BN * D, kg, p.k_stride_n, t_next * BN, L_KV, tid);
+            load_rows<BN, D, THREADS>(v_s + s * BN * D, vg, p.v_stride_n, t_next * BN, L_KV, tid);
+            t_next = next_tile(t_next + 1);
         }
         cp_async_commit();
     }
@@ -135,14 +155,17 @@ template <class Cfg> __device__ void prefill_kernel(const kiln_launch_params &p)
             for (int e = 0; e < 4; e++) o[mt][dt][e] = 0.f;
     }
 
-    for (int t = t_first; t < t_end; t++) {
-        const int idx = t - t_first, ahead = t + STAGES - 1;
-        if (ahead < t_end) {
+    for (int idx = 0;; idx++) {
+        pend[STAGES - 1] = t_next;
+        if (t_next < t_end) {
             const int st = (idx + STAGES - 1) % STAGES;
-            load_rows<BN, D, THREADS>(k_s + st * BN * D, kg, p.k_stride_n, ahead * BN, L_KV, tid);
-            load_rows<BN, D, THREADS>(v_s + st * BN * D, vg, p.v_stride_n, ahead * BN, L_KV, tid);
+            load_rows<BN, D, THREADS>(k_s + st * BN * D, kg, p.k_stride_n, t_next * BN, L_KV, tid);
+            load_rows<BN, D, THREADS>(v_s + st * BN * D, vg, p.v_stride_n, t_next * BN, L_KV, tid);
+            t_next = next_tile(t_next + 1);
         }
         cp_async_commit();
+        const int t = pend[0];
+        if (t >= t_end) break;
         cp_async_wait<STAGES - 1>();
         __syncthreads();
 
@@ -199,8 +222,8 @@ template <class Cfg> __device__ void prefill_kernel(const kiln_launch_params &p)
 
         /* Logits transform, mask, online softmax. */
         const int j0 = t * BN;
-        const bool need_mask = Cfg::HAS_MASK_EXPR || j0 + BN > L_KV ||
-                               (Cfg::CAUSAL && j0 + BN - 1 > m0 + off) ||
+        const bool elem = ELEM && (!map || map[t] == 1);
+        const bool need_mask = elem || j0 + BN > L_KV || (Cfg::CAUSAL && j0 + BN - 1 > m0 + off) ||
                                (Cfg::WINDOW && j0 < m0 + BM - 1 + off - p.window_left);
 #pragma unroll
         for (int mt = 0; mt < MT; mt++) {
@@ -220,7 +243,8 @@ template <class Cfg> __device__ void prefill_kernel(const kiln_launch_params &p)
                             bool vis = j < L_KV;
                             if (Cfg::CAUSAL) vis = vis && j <= i + off;
                             if (Cfg::WINDOW) vis = vis && j >= i + off - p.window_left;
-                            if (Cfg::HAS_MASK_EXPR) vis = vis && mask_user<Cfg>(p, i, j, h, hk);
+                            if (ELEM && elem)
+                                vis = vis && mask_data<Cfg>(p, i, j) && mask_user<Cfg>(p, i, j, h, hk);
                             x = vis ? x : neg_inf();
                         }
                         s[mt][nt][r * 2 + c] = x;
@@ -276,6 +300,8 @@ template <class Cfg> __device__ void prefill_kernel(const kiln_launch_params &p)
             }
         }
         __syncthreads(); /* the stage read here is refilled by the next iteration */
+#pragma unroll
+        for (int s = 0; s < STAGES - 1; s++) pend[s] = pend[s + 1];
     }
     cp_async_wait<0>();
 
@@ -304,6 +330,35 @@ template <class Cfg> __device__ void prefill_kernel(const kiln_launch_params &p)
             }
         }
     }
+}
+
+/* The tile map of the element masks: one CTA per (query tile mb, key tile t), any thread
+ * count. Class 0: no key visible under builtin and element masks (the tile is skipped);
+ * 2: the element masks show every in-range key (only builtin masks remain); 1: mixed. A mask
+ * snippet that reads qo_head or kv_head is evaluated for every head. */
+template <class Cfg> __device__ void prefill_tile_map_kernel(const kiln_launch_params &p)
+{
+    constexpr int BM = prefill_layout<Cfg>::BM, BN = Cfg::BN;
+    const int mb = blockIdx.x, t = blockIdx.y;
+    const int L_Q = p.qo_len, L_KV = p.kv_len, off = L_KV - L_Q;
+    const int heads = Cfg::MASK_USES_HEAD ? p.num_qo_heads : 1;
+    bool any = false, all = true;
+    for (int e = threadIdx.x; e < BM * BN; e += blockDim.x) {
+        const int i = mb * BM + e / BN, j = t * BN + e % BN;
+        if (i >= L_Q || j >= L_KV) continue;
+        bool builtin = true;
+        if (Cfg::CAUSAL) builtin = builtin && j <= i + off;
+        if (Cfg::WINDOW) builtin = builtin && j >= i + off - p.window_left;
+        for (int h = 0; h < heads; h++) {
+            const bool vis = mask_data<Cfg>(p, i, j) && mask_user<Cfg>(p, i, j, h, h / Cfg::G);
+            any = any || (vis && builtin);
+            all = all && vis;
+        }
+    }
+    any = __syncthreads_or(any);
+    all = __syncthreads_and(all);
+    if (threadIdx.x == 0)
+        reinterpret_cast<unsigned char *>(p.tile_map)[(i64)mb * p.kv_tiles + t] = !any ? 0 : all ? 2 : 1;
 }
 
 } /* namespace kiln */

@@ -178,6 +178,29 @@ __device__ __forceinline__ float logit_full(float qk, const P &p, float slope, i
     return x * LOG2E;
 }
 
+/* The run-time mask data (Cfg::MASK_DATA 1 bitmask, 2 bsr) at query row i, key j. */
+template <class Cfg, class P> __device__ __forceinline__ bool mask_data(const P &p, int i, int j)
+{
+    if constexpr (Cfg::MASK_DATA == 1) {
+        const i64 bit = (i64)i * p.kv_len + j;
+        return (reinterpret_cast<const unsigned char *>(p.mask_bits)[bit >> 3] >> (bit & 7)) & 1;
+    } else if constexpr (Cfg::MASK_DATA == 2) {
+        const int *indptr = reinterpret_cast<const int *>(p.bsr_indptr);
+        const int *cols = reinterpret_cast<const int *>(p.bsr_indices);
+        const int rb = i / p.bsr_r, cb = j / p.bsr_c;
+        int lo = indptr[rb], hi = indptr[rb + 1]; /* binary search in a sorted row */
+        while (lo < hi) {
+            const int mid = (lo + hi) >> 1;
+            const int c = cols[mid];
+            if (c == cb) return true;
+            if (c < cb) lo = mid + 1;
+            else hi = mid;
+        }
+        return false;
+    }
+    return true;
+}
+
 /* The variant's mask snippet (true: visible); always true without one. */
 template <class Cfg, class P>
 __device__ __forceinline__ bool mask_user(const P &p, int i, int j, int h, int hk)

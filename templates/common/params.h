@@ -33,8 +33,15 @@ typedef struct kiln_launch_params {
     float softcap;    /* logits=softcap: the cap */
     float pad0, pad1; /* keep the size a multiple of 8 */
     unsigned long long user[8]; /* user parameters: f32/i32 bits in the low word, or pointers */
+    unsigned long long mask_bits;   /* bitmask: u8 packed, bit i * L_KV + j, little-endian */
+    unsigned long long bsr_indptr;  /* bsr: int [ceil(L_Q / bsr_r) + 1] */
+    unsigned long long bsr_indices; /* bsr: int column-block indices, sorted per row */
+    unsigned long long tile_map;    /* prefill: u8 [q tiles][kv_tiles]; 0 = none */
+    int bsr_r, bsr_c;               /* bsr block shape */
+    int kv_tiles;                   /* prefill: key tiles per query tile (row stride of the map) */
+    int pad2;
 } kiln_launch_params;
 
-#define KILN_LAUNCH_PARAMS_SIZE 240
+#define KILN_LAUNCH_PARAMS_SIZE 288
 
 #endif /* KILN_PARAMS_H */
