@@ -250,6 +250,8 @@ typedef struct devbufs {
     CUdeviceptr q[MAX_ROTATE], k[MAX_ROTATE], v[MAX_ROTATE];
     CUdeviceptr o, lse, slopes, ws;
     CUdeviceptr user[KILN_MAX_USER_PARAMS];
+    CUdeviceptr bits, indptr, indices, tile_map;
+    size_t tile_map_bytes;
     int copies;
 } devbufs;
 
@@ -266,6 +268,10 @@ static void dev_free(const kiln__cu *cu, devbufs *b)
     if (b->ws) cu->cuMemFree(b->ws);
     for (int i = 0; i < KILN_MAX_USER_PARAMS; i++)
         if (b->user[i]) cu->cuMemFree(b->user[i]);
+    if (b->bits) cu->cuMemFree(b->bits);
+    if (b->indptr) cu->cuMemFree(b->indptr);
+    if (b->indices) cu->cuMemFree(b->indices);
+    if (b->tile_map) cu->cuMemFree(b->tile_map);
     memset(b, 0, sizeof *b);
 }
 
@@ -313,6 +319,13 @@ static void fill_args(const problem *p, const devbufs *b, int c, size_t ws_bytes
         a->params.user[i] = s->user[i];
         if (b->user[i]) a->params.user[i].ptr = b->user[i];
     }
+    a->mask_bits = b->bits;
+    a->bsr_indptr = b->indptr;
+    a->bsr_indices = b->indices;
+    a->bsr_r = s->bsr_r;
+    a->bsr_c = s->bsr_c;
+    a->tile_map = b->tile_map;
+    a->tile_map_bytes = b->tile_map_bytes;
 }
 
 static kiln_status launch(kiln_kernel *k, const problem *p, const kiln_attn_args *a, CUstream s)
@@ -409,6 +422,25 @@ kiln_status kiln_check_run(kiln_ctx *ctx, kiln_kernel *k, const kiln_check_shape
     CU_TRY(cu->cuMemAlloc(&b.lse, sizeof(float) * (size_t)p.L_Q * p.H + 16), "alloc lse");
     CU_TRY(cu->cuMemAlloc(&b.slopes, sizeof(float) * (size_t)p.H), "alloc slopes");
     CU_TRY(cu->cuMemcpyHtoD(b.slopes, p.slopes, sizeof(float) * (size_t)p.H), "copy slopes");
+    if (s->mask_bits_host) {
+        const size_t nb = ((size_t)p.L_Q * p.L_KV + 7) / 8 + 1;
+        CU_TRY(cu->cuMemAlloc(&b.bits, nb), "alloc mask bits");
+        CU_TRY(cu->cuMemcpyHtoD(b.bits, s->mask_bits_host, nb), "copy mask bits");
+    }
+    if (s->bsr_indptr_host && s->bsr_indices_host) {
+        CU_TRY(cu->cuMemAlloc(&b.indptr, sizeof(int) * (size_t)(s->bsr_rows + 1)), "alloc bsr");
+        CU_TRY(cu->cuMemcpyHtoD(b.indptr, s->bsr_indptr_host, sizeof(int) * (size_t)(s->bsr_rows + 1)), "copy bsr");
+        CU_TRY(cu->cuMemAlloc(&b.indices, sizeof(int) * (size_t)(s->bsr_nnz + 1)), "alloc bsr");
+        if (s->bsr_nnz)
+            CU_TRY(cu->cuMemcpyHtoD(b.indices, s->bsr_indices_host, sizeof(int) * (size_t)s->bsr_nnz), "copy bsr");
+    }
+    if (s->use_tile_map && k->v.op == KILN_OP_PREFILL) {
+        if ((st = kiln_prefill_mask_plan_size(k, p.L_Q, p.L_KV, &b.tile_map_bytes))) {
+            e = ctx->err;
+            goto done;
+        }
+        CU_TRY(cu->cuMemAlloc(&b.tile_map, b.tile_map_bytes + 1), "alloc tile map");
+    }
     for (int i = 0; i < KILN_MAX_USER_PARAMS; i++) {
         if (!s->user_host[i] || !s->user_bytes[i]) continue;
         CU_TRY(cu->cuMemAlloc(&b.user[i], s->user_bytes[i]), "alloc user array");
@@ -428,6 +460,10 @@ kiln_status kiln_check_run(kiln_ctx *ctx, kiln_kernel *k, const kiln_check_shape
 
     kiln_attn_args a;
     fill_args(&p, &b, 0, ws, &a);
+    if (b.tile_map && (st = kiln_prefill_mask_plan(k, &a, NULL))) {
+        e = ctx->err;
+        goto done;
+    }
     if ((st = launch(k, &p, &a, NULL))) {
         e = ctx->err;
         goto done;

@@ -36,6 +36,11 @@ typedef struct kiln_check_shape {
     const void *user_host[KILN_MAX_USER_PARAMS];
     size_t user_bytes[KILN_MAX_USER_PARAMS];
     int keep_output;  /* 1: return the kernel's o in kiln_check_result.o (caller frees) */
+    /* mask data (host copies, uploaded): bitmask bytes, or BSR arrays with block shape */
+    const unsigned char *mask_bits_host;
+    const int *bsr_indptr_host, *bsr_indices_host;
+    int bsr_rows, bsr_nnz, bsr_r, bsr_c;
+    int use_tile_map; /* prefill with element masks: run kiln_prefill_mask_plan first */
 } kiln_check_shape;
 
 typedef struct kiln_check_result {
