@@ -1,6 +1,7 @@
 /*
  * ctx.c — kiln_ctx: the device (through the dlopen'ed driver, or none: compile-only), the
- * target arch, the cache handle and the last-error message.
+ * target arch, the cache handles (local, and the read-only base; policy.c) and the last-error
+ * message.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -82,6 +83,18 @@ static void make_parents(const char *path)
     }
 }
 
+/* The base cache must not be the local cache itself: the base is read without locks. */
+static kiln_status check_layers(kiln_ctx *ctx, kiln__err *e)
+{
+    struct stat a, b;
+    if (ctx->cache && ctx->base && stat(ctx->cache_path, &a) == 0 &&
+        stat(ctx->base_path, &b) == 0 && a.st_dev == b.st_dev && a.st_ino == b.st_ino)
+        return kiln__fail(e, KILN_STATUS_INVALID_ARGUMENT,
+                          "the base cache %s is the cache itself; name another directory",
+                          ctx->base_path);
+    return KILN_STATUS_OK;
+}
+
 kiln_status kiln_ctx_create(const kiln_ctx_opts *opts, kiln_ctx **out)
 {
     kiln__err *e = kiln__tls_err();
@@ -94,6 +107,7 @@ kiln_status kiln_ctx_create(const kiln_ctx_opts *opts, kiln_ctx **out)
     pthread_mutex_init(&ctx->memo_lock, NULL);
     pthread_cond_init(&ctx->memo_cond, NULL);
     pthread_mutex_init(&ctx->err_lock, NULL);
+    ctx->record_fd = -1;
     ctx->info.ordinal = o.device;
 
     kiln_status st = KILN_STATUS_OK;
@@ -154,6 +168,11 @@ kiln_status kiln_ctx_create(const kiln_ctx_opts *opts, kiln_ctx **out)
         }
         snprintf(ctx->cache_path, sizeof ctx->cache_path, "%s", kiln__cache_path(ctx->cache));
     }
+    if ((st = kiln__ctx_policy(ctx, &o, e)) || (st = check_layers(ctx, e))) {
+        kiln__err_prefix(e, "kiln_ctx_create");
+        kiln_ctx_destroy(ctx);
+        return st;
+    }
     *out = ctx;
     return KILN_STATUS_OK;
 }
@@ -188,6 +207,7 @@ void kiln_ctx_destroy(kiln_ctx *ctx)
         ctx->cu->cuDevicePrimaryCtxRelease(ctx->dev);
     }
     kiln__cache_close(ctx->cache);
+    kiln__ctx_policy_free(ctx);
     pthread_mutex_destroy(&ctx->memo_lock);
     pthread_cond_destroy(&ctx->memo_cond);
     pthread_mutex_destroy(&ctx->err_lock);

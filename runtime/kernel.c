@@ -1,12 +1,14 @@
 /*
- * kernel.c — kiln_kernel_get / kiln_kernel_compile: in-process memo → SQLite cache → NVRTC
- * compile (stored in the cache) → module load on the context's device. The memo is keyed by
- * the variant's fields and the arch, so a hit does no formatting, hashing of text, NVRTC,
- * SQLite or driver work.
+ * kernel.c — kiln_kernel_get / kiln_kernel_compile: in-process memo → local SQLite cache →
+ * read-only base cache → (strict mode stops here) → NVRTC compile under the key's compile
+ * lease, so that one process of many compiles it (stored in the local cache) → module load on
+ * the context's device. The memo is keyed by the variant's fields and the arch, so a hit does
+ * no formatting, hashing of text, NVRTC, SQLite or driver work.
  */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #define XXH_INLINE_ALL
 #include <xxhash.h>
@@ -14,25 +16,50 @@
 #include "runtime.h"
 
 /* The memo key: the variant's fields and the arch, with no padding bytes. */
+/* The memo key: the variant with every byte defined (padding and the bytes after each
+ * string's NUL zeroed) and the arch. Raw snippet text, not canonical: canonicalising costs a
+ * libclang parse, which a memo hit must not pay; two spellings get two entries that share one
+ * cache row. */
 typedef struct memo_key {
-    int32_t f[11];
+    kiln_variant v;
     char arch[16];
 } memo_key;
+
+static void copy_str(char *dst, const char *src, size_t cap)
+{
+    const size_t n = strnlen(src, cap - 1);
+    memcpy(dst, src, n);
+}
 
 static void make_memo_key(const kiln_variant *v, const char *arch, memo_key *mk)
 {
     memset(mk, 0, sizeof *mk);
-    int32_t f[11] = {v->op, v->q_dtype, v->kv_dtype, v->out_dtype, v->head_dim, v->group,
-                     v->layout, v->mask, v->window, v->logits, v->lse};
-    memcpy(mk->f, f, sizeof f);
+    kiln_variant *n = &mk->v;
+    n->op = v->op;
+    n->q_dtype = v->q_dtype;
+    n->kv_dtype = v->kv_dtype;
+    n->out_dtype = v->out_dtype;
+    n->head_dim = v->head_dim;
+    n->group = v->group;
+    n->layout = v->layout;
+    n->mask = v->mask;
+    n->window = v->window;
+    n->logits = v->logits;
+    n->lse = v->lse;
+    n->mask_data = v->mask_data;
+    n->num_params = v->num_params;
+    for (int i = 0; i < v->num_params && i < KILN_MAX_USER_PARAMS; i++) {
+        copy_str(n->params[i].name, v->params[i].name, sizeof n->params[i].name);
+        n->params[i].type = v->params[i].type;
+    }
+    copy_str(n->logits_expr, v->logits_expr, sizeof n->logits_expr);
+    copy_str(n->mask_expr, v->mask_expr, sizeof n->mask_expr);
     snprintf(mk->arch, sizeof mk->arch, "%s", arch);
 }
 
 static int same_key(const kiln_kernel *k, const memo_key *mk)
 {
-    memo_key kk;
-    make_memo_key(&k->v, k->arch, &kk);
-    return !memcmp(&kk, mk, sizeof kk);
+    return !memcmp(&k->key_v, &mk->v, sizeof mk->v) && !strcmp(k->arch, mk->arch);
 }
 
 static kiln_kernel *memo_find(kiln_ctx *ctx, const memo_key *mk, uint64_t h)
@@ -73,42 +100,90 @@ static kiln_status load_module(kiln_ctx *ctx, kiln_kernel *k, kiln__err *e)
     return KILN_STATUS_OK;
 }
 
-/* Fill k's binary: from the cache when present and sound, else compile (and store). */
-static kiln_status build(kiln_ctx *ctx, kiln_kernel *k, kiln__err *e)
+/* ---- build: local cache → base cache → (strict: stop) → lease → compile → store ---------- */
+
+/* Longest a process waits for another's compile lease before compiling the kernel itself. */
+#define LEASE_WAIT_MAX_MS (600 * 1000)
+/* Poll interval while waiting for a lease: starts here, doubles up to the maximum. */
+#define LEASE_POLL_MIN_MS 20
+#define LEASE_POLL_MAX_MS 200
+
+typedef enum lookup_result { LOOKUP_HIT, LOOKUP_MISS, LOOKUP_BAD } lookup_result;
+
+static void sleep_ms(int ms)
 {
-    kiln_status st = kiln__config_pick(&k->v, kiln__arch_sm(k->arch), &k->cfg, e);
-    if (st) return st;
-    if (!kiln__spec_format(&k->v, k->spec, sizeof k->spec, e)) return KILN_STATUS_UNSUPPORTED;
-    if ((st = kiln__key_material(&k->v, &k->cfg, k->arch, &k->key_material, e))) return st;
-    kiln__key_hash(k->key_material, k->key);
-
-    if (ctx->cache) {
-        kiln__entry en = {0};
-        kiln__err ce = {{0}};
-        st = kiln__cache_get(ctx->cache, k->key, 1, &en, &ce);
-        if (st == KILN_STATUS_OK) {
-            k->source = en.source;
-            k->log = en.log;
-            k->cubin = en.cubin;
-            k->cubin_size = en.cubin_size;
-            k->registers = en.registers;
-            k->smem_total = en.smem_bytes;
-            k->spill_bytes = en.spill_bytes;
-            k->stack_bytes = en.stack_bytes;
-            k->compile_ms = en.compile_ms;
-            k->from_cache = 1;
-            en.source = en.log = NULL;
-            en.cubin = NULL;
-            kiln__entry_free(&en);
-            return KILN_STATUS_OK;
-        }
-        if (st != KILN_STATUS_NOT_FOUND) {
-            /* A corrupt row is reported on stderr and replaced, never loaded. */
-            fprintf(stderr, "kiln: %s; recompiling\n", ce.msg);
-        }
+    struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
+    while (nanosleep(&ts, &ts) != 0) {
     }
+}
 
-    if ((st = kiln__expand(&k->v, &k->cfg, k->arch, &k->source, e))) return st;
+/* Look k's key up in cache c. A hit must be the kernel asked for: its key material is ours
+ * byte for byte (so the stored key is the hash of the stored material) and its cubin is a
+ * whole ELF file; anything else is LOOKUP_BAD with the reason in bad[cap] and is never
+ * loaded. */
+static lookup_result lookup(kiln__cache *c, kiln_kernel *k, char *bad, size_t cap)
+{
+    kiln__entry en = {0};
+    kiln__err ce = {{0}};
+    kiln_status st = kiln__cache_get(c, k->key, 1, &en, &ce);
+    if (st == KILN_STATUS_NOT_FOUND) return LOOKUP_MISS;
+    if (st) {
+        snprintf(bad, cap, "%s", ce.msg);
+        return LOOKUP_BAD;
+    }
+    char why[512];
+    if (strcmp(en.key_material, k->key_material) != 0) {
+        snprintf(bad, cap,
+                 "cache %s: entry %s (%s, %s): its key material is not the text that hashes to "
+                 "%s (the row is for another kernel); not loaded",
+                 kiln__cache_path(c), k->key, en.spec, en.arch, k->key);
+        kiln__entry_free(&en);
+        return LOOKUP_BAD;
+    }
+    if (kiln__cubin_check(en.cubin, en.cubin_size, why, sizeof why)) {
+        snprintf(bad, cap, "cache %s: entry %s (%s, %s): %s; not loaded", kiln__cache_path(c),
+                 k->key, en.spec, en.arch, why);
+        kiln__entry_free(&en);
+        return LOOKUP_BAD;
+    }
+    k->source = en.source;
+    k->log = en.log;
+    k->cubin = en.cubin;
+    k->cubin_size = en.cubin_size;
+    k->registers = en.registers;
+    k->smem_total = en.smem_bytes;
+    k->spill_bytes = en.spill_bytes;
+    k->stack_bytes = en.stack_bytes;
+    k->compile_ms = en.compile_ms;
+    k->from_cache = 1;
+    en.source = en.log = NULL;
+    en.cubin = NULL;
+    kiln__entry_free(&en);
+    return LOOKUP_HIT;
+}
+
+/* Strict mode's refusal: names the key, the spec, the arch and where it looked. */
+static kiln_status strict_miss(kiln_ctx *ctx, const kiln_kernel *k, const char *bad,
+                               kiln__err *e)
+{
+    char where[2200];
+    if (ctx->cache && ctx->base)
+        snprintf(where, sizeof where, "%s or the base cache %s", ctx->cache_path, ctx->base_path);
+    else if (ctx->cache || ctx->base)
+        snprintf(where, sizeof where, "%s", ctx->cache ? ctx->cache_path : ctx->base_path);
+    else
+        snprintf(where, sizeof where, "any cache (the context has none)");
+    return kiln__fail(e, KILN_STATUS_CACHE_MISS,
+                      "strict mode: kernel %s (%s, %s) is not in %s; nothing compiled%s%s", k->key,
+                      k->spec, k->arch, where, bad[0] ? "; a row was found but refused: " : "",
+                      bad);
+}
+
+/* Expand, compile with NVRTC and store in the local cache (when there is one). */
+static kiln_status compile_store(kiln_ctx *ctx, kiln_kernel *k, kiln__err *e)
+{
+    kiln_status st = kiln__expand(&k->v, &k->cfg, k->arch, &k->source, e);
+    if (st) return st;
     char name[64];
     snprintf(name, sizeof name, "kiln_%.12s.cu", k->key);
     kiln__compiled c;
@@ -127,26 +202,113 @@ static kiln_status build(kiln_ctx *ctx, kiln_kernel *k, kiln__err *e)
     k->spill_bytes = c.spill_bytes;
     k->stack_bytes = c.stack_bytes;
     k->from_cache = 0;
+    if (!ctx->cache) return KILN_STATUS_OK;
 
-    if (ctx->cache) {
-        kiln__entry en = {0};
-        memcpy(en.key, k->key, sizeof en.key);
-        en.spec = k->spec;
-        en.arch = k->arch;
-        en.nvrtc = (char *)kiln_nvrtc_version();
-        en.key_material = k->key_material;
-        en.source = k->source;
-        en.log = k->log;
-        en.cubin = k->cubin;
-        en.cubin_size = k->cubin_size;
-        en.registers = k->registers;
-        en.smem_bytes = k->smem_total;
-        en.spill_bytes = k->spill_bytes;
-        en.stack_bytes = k->stack_bytes;
-        en.compile_ms = k->compile_ms;
-        if ((st = kiln__cache_put(ctx->cache, &en, e))) return st;
+    kiln__entry en = {0};
+    memcpy(en.key, k->key, sizeof en.key);
+    en.spec = k->spec;
+    en.arch = k->arch;
+    en.nvrtc = (char *)kiln_nvrtc_version();
+    en.key_material = k->key_material;
+    en.source = k->source;
+    en.log = k->log;
+    en.cubin = k->cubin;
+    en.cubin_size = k->cubin_size;
+    en.registers = k->registers;
+    en.smem_bytes = k->smem_total;
+    en.spill_bytes = k->spill_bytes;
+    en.stack_bytes = k->stack_bytes;
+    en.compile_ms = k->compile_ms;
+    if ((st = kiln__cache_put(ctx->cache, &en, e))) return st;
+    if (ctx->max_bytes > 0) {
+        kiln__err ee = {{0}};
+        if (kiln__cache_evict(ctx->cache, ctx->max_bytes, k->key, NULL, NULL, &ee))
+            fprintf(stderr, "kiln: %s (the kernel is stored; the bound is enforced later)\n",
+                    ee.msg);
     }
     return KILN_STATUS_OK;
+}
+
+/* Take k's compile lease in the local cache, or wait until whoever holds it has stored the
+ * row (then *hit = 1 and k is filled from it). *taken = 1 when this context holds the lease.
+ * replace: the local row is corrupt and is to be replaced. */
+static kiln_status acquire(kiln_ctx *ctx, kiln_kernel *k, int replace, int *taken, int *hit,
+                           kiln__err *e)
+{
+    char bad[1024];
+    int delay = LEASE_POLL_MIN_MS;
+    uint64_t t0 = kiln__now_ns();
+    *taken = *hit = 0;
+    for (;;) {
+        kiln__lease l;
+        kiln_status st = kiln__cache_lease_take(ctx->cache, k->key, replace, &l, e);
+        if (st) return st;
+        if (l.state == KILN__LEASE_TAKEN) {
+            *taken = 1;
+            return KILN_STATUS_OK;
+        }
+        if (l.state == KILN__LEASE_PRESENT) {
+            bad[0] = 0;
+            lookup_result r = lookup(ctx->cache, k, bad, sizeof bad);
+            if (r == LOOKUP_HIT) {
+                *hit = 1;
+                return KILN_STATUS_OK;
+            }
+            if (r == LOOKUP_BAD) fprintf(stderr, "kiln: %s; recompiling\n", bad);
+            replace = r == LOOKUP_BAD; /* else it was evicted in between: ask again */
+            continue;
+        }
+        if ((kiln__now_ns() - t0) / 1000000 > LEASE_WAIT_MAX_MS) {
+            fprintf(stderr,
+                    "kiln: waited %d s for %s (%s, %s), whose compile lease %s still holds; "
+                    "compiling it here too\n",
+                    LEASE_WAIT_MAX_MS / 1000, k->key, k->spec, k->arch, l.holder);
+            return KILN_STATUS_OK;
+        }
+        sleep_ms(delay);
+        delay = delay * 2 > LEASE_POLL_MAX_MS ? LEASE_POLL_MAX_MS : delay * 2;
+    }
+}
+
+/* Fill k's binary: from the local cache, else the base cache, else (unless strict) compile it
+ * under the key's compile lease and store it in the local cache. A row that is corrupt or is
+ * not the kernel asked for is reported on stderr, never loaded, and replaced. */
+static kiln_status build(kiln_ctx *ctx, kiln_kernel *k, kiln__err *e)
+{
+    kiln_status st = kiln__config_pick(&k->v, kiln__arch_sm(k->arch), &k->cfg, e);
+    if (st) return st;
+    if (!kiln__spec_format(&k->v, k->spec, sizeof k->spec, e)) return KILN_STATUS_UNSUPPORTED;
+    if ((st = kiln__key_material(&k->v, &k->cfg, k->arch, &k->key_material, e))) return st;
+    kiln__key_hash(k->key_material, k->key);
+    if (ctx->record_fd >= 0 && (st = kiln__ctx_record(ctx, k->spec, k->arch, e))) return st;
+
+    char bad[1024] = "";
+    lookup_result r = ctx->cache ? lookup(ctx->cache, k, bad, sizeof bad) : LOOKUP_MISS;
+    if (r == LOOKUP_HIT) return KILN_STATUS_OK;
+    int local_bad = r == LOOKUP_BAD;
+    if (local_bad && !ctx->strict) fprintf(stderr, "kiln: %s; recompiling\n", bad);
+    if (ctx->base) {
+        char bad_base[1024] = "";
+        r = lookup(ctx->base, k, bad_base, sizeof bad_base);
+        if (r == LOOKUP_HIT) return KILN_STATUS_OK;
+        if (r == LOOKUP_BAD && !ctx->strict)
+            fprintf(stderr, "kiln: %s; compiling into the local cache\n", bad_base);
+        if (r == LOOKUP_BAD && !bad[0]) memcpy(bad, bad_base, sizeof bad);
+    }
+    if (ctx->strict) return strict_miss(ctx, k, bad, e);
+    if (!ctx->cache) return compile_store(ctx, k, e);
+    const char *why = NULL;
+    if (kiln__cache_readonly(ctx->cache, &why))
+        return kiln__fail(e, KILN_STATUS_IO,
+                          "cache %s is read-only (%s): cannot store kernel %s (%s, %s); nothing "
+                          "compiled",
+                          ctx->cache_path, why, k->key, k->spec, k->arch);
+
+    int taken = 0, hit = 0;
+    if ((st = acquire(ctx, k, local_bad, &taken, &hit, e)) || hit) return st;
+    st = compile_store(ctx, k, e);
+    if (taken) kiln__cache_lease_release(ctx->cache, k->key);
+    return st;
 }
 
 static kiln_status get(kiln_ctx *ctx, const kiln_variant *v, const char *arch_in, int load,
@@ -207,7 +369,8 @@ static kiln_status get(kiln_ctx *ctx, const kiln_variant *v, const char *arch_in
             return kiln__ctx_error(ctx, kiln__fail(&e, KILN_STATUS_NO_MEMORY, "out of memory"), &e);
         }
         k->ctx = ctx;
-        memcpy(&k->v, v, sizeof *v);
+        k->key_v = mk.v;
+        k->v = mk.v;
         memcpy(k->arch, arch, sizeof k->arch);
         k->memo_hash = h;
         k->next = ctx->memo[h % KILN__MEMO_BUCKETS];

@@ -16,7 +16,8 @@
 
 struct kiln_kernel {
     kiln_ctx *ctx;
-    kiln_variant v;
+    kiln_variant v;     /* the variant built (snippets canonical) */
+    kiln_variant key_v; /* the memo key's variant (as requested, normalised bytes) */
     char arch[16];
     kiln__config cfg;
     char key[33];
@@ -42,8 +43,14 @@ struct kiln_ctx {
     pthread_cond_t memo_cond;  /* signalled when a kernel stops building */
     pthread_mutex_t err_lock;
     kiln__err err;
-    kiln__cache *cache; /* NULL with no_cache */
+    kiln__cache *cache; /* NULL with no_cache: the local, writable cache */
     char cache_path[1024];
+    kiln__cache *base;  /* NULL, or the read-only base cache consulted after cache */
+    char base_path[1024];
+    int strict;         /* 1: a miss is KILN_STATUS_CACHE_MISS; nothing is compiled */
+    int record_fd;      /* >= 0: the record manifest, opened O_APPEND (-1: not recording) */
+    char record_path[1024];
+    int64_t max_bytes;  /* > 0: LRU bound on the local cache's cubin bytes */
     const kiln__cu *cu; /* NULL: compile-only */
     CUdevice dev;
     CUcontext cuctx; /* the device's primary context */
@@ -58,5 +65,13 @@ kiln_status kiln__ctx_error(kiln_ctx *ctx, kiln_status st, const kiln__err *e);
 
 /* Make the context's CUDA context current on this thread (no-op if already). */
 kiln_status kiln__ctx_bind(kiln_ctx *ctx, kiln__err *e);
+
+/* Resolve the cache policy of opts (mode, record file, base cache, size bound) into ctx;
+ * ctx->cache is open already (or NULL). policy.c. */
+kiln_status kiln__ctx_policy(kiln_ctx *ctx, const kiln_ctx_opts *o, kiln__err *e);
+/* Release what kiln__ctx_policy acquired. */
+void kiln__ctx_policy_free(kiln_ctx *ctx);
+/* Append "<spec> arch=<arch>" to the record manifest (one write, O_APPEND). */
+kiln_status kiln__ctx_record(kiln_ctx *ctx, const char *spec, const char *arch, kiln__err *e);
 
 #endif /* KILN_RUNTIME_H */

@@ -27,7 +27,14 @@ enum { CLI_OK = 0, CLI_FAIL = 1, CLI_USAGE = 2 };
 /* Options that apply to every command. */
 typedef struct cli_global {
     const char *cache_dir; /* --cache DIR; NULL: $KILN_CACHE_DIR, else the library's default */
+    const char *base_dir;  /* --base-cache DIR; NULL: $KILN_BASE_CACHE_DIR */
+    int64_t max_size;      /* --max-size N (bytes) when max_size_set */
+    int max_size_set;
 } cli_global;
+
+/* Set the global option name ("--cache", "--base-cache", "--max-size") to val. 0, or
+ * CLI_USAGE after printing why. */
+int cli_global_set(cli_global *g, const char *name, const char *val);
 
 typedef struct cli_cmd cli_cmd;
 
@@ -77,6 +84,11 @@ typedef struct cli_archs {
     char a[CLI_ARCH_MAX][16];
 } cli_archs;
 
+/* Add the archs of a comma-separated list (names, "native" kept as "", "all") to out, skipping
+ * those already there; idx[0..*nidx) gets the index of each named arch in out (idx and nidx
+ * may be NULL). Returns 0, or CLI_USAGE / CLI_FAIL with the reason in msg[cap]. */
+int cli_archs_add(const char *list, cli_archs *out, int *idx, int *nidx, char *msg, size_t cap);
+
 /* Parse an --arch value: comma-separated names, "native", "all" (every arch NVRTC offers).
  * NULL means native. Names are normalised (sm_90 → sm_90a) and duplicates dropped. Returns 0
  * or CLI_USAGE with the arch module's message. */
@@ -85,6 +97,40 @@ int cli_archs_parse(const char *cmd, const char *list, cli_archs *out);
 /* Replace native entries by the context's arch. CLI_USAGE with CLI_NO_GPU_MSG when the
  * context has none (no GPU). */
 int cli_archs_resolve(const char *cmd, kiln_ctx *ctx, cli_archs *a);
+
+/* One spec of a manifest. */
+typedef struct cli_mspec {
+    kiln_variant v;
+    char spec[256]; /* canonical */
+    int line;       /* first line (1-based) that named it */
+} cli_mspec;
+
+/* One work item of a manifest: indexes into specs and archs. */
+typedef struct cli_pair {
+    int spec, arch;
+} cli_pair;
+
+/* A manifest read by cli_manifest_read (tools/cli_manifest.c; format in docs/fleet.md). */
+typedef struct cli_manifest {
+    cli_mspec *specs; /* distinct specs, in order of first appearance */
+    int nspecs, specs_cap;
+    cli_pair *pairs; /* distinct (spec, arch) pairs, in manifest order */
+    int npairs, pairs_cap;
+    cli_archs archs; /* every arch named: the default list (--arch) first */
+    int ndefault;    /* archs.a[0..ndefault) is the default list */
+    int duplicates;  /* repeated pairs that were dropped */
+    int *spec_slots, spec_cap_slots, *pair_slots, pair_cap_slots; /* hash sets */
+} cli_manifest;
+
+/* Read MANIFEST (path, or "-" for stdin): '#' comments, {a,b} alternatives, an optional
+ * arch=LIST per line (else the archs of deflt). Every line is checked; CLI_USAGE naming
+ * file:line on the first bad one. Free with cli_manifest_free even on failure. */
+int cli_manifest_read(const char *cmd, const char *path, const cli_archs *deflt, cli_manifest *m);
+/* 1 when some pair's arch is "native" (needs a GPU to resolve). */
+int cli_manifest_needs_native(const cli_manifest *m);
+/* Replace native archs by the context's (CLI_USAGE without a GPU) and drop repeats. */
+int cli_manifest_resolve(const char *cmd, kiln_ctx *ctx, cli_manifest *m);
+void cli_manifest_free(cli_manifest *m);
 
 /* Create a context on the cache of g (no_device: compile-only, never touch the driver).
  * Returns 0, or CLI_FAIL after printing the reason. */

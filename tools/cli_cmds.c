@@ -70,21 +70,45 @@ static int list_devices(FILE *out)
     return usable;
 }
 
+/* Print one cache's lines ("cache" or "base cache"). */
+static int print_one_cache(kiln__cache *c, const char *label)
+{
+    kiln__cache_stats s;
+    kiln__err e = {{0}};
+    const char *why = NULL;
+    int ro = kiln__cache_readonly(c, &why);
+    printf("%s: %s (schema %d%s%s)\n", label, kiln__cache_path(c), kiln__cache_schema(c),
+           ro ? ", read-only: " : "", ro ? why : "");
+    if (kiln__cache_stats_get(c, &s, &e)) return cli_fail("info", CLI_FAIL, "%s", e.msg);
+    printf("%s entries: %lld (%lld bytes of cubins; file %lld bytes)\n", label,
+           (long long)s.entries, (long long)s.bytes, (long long)s.file_bytes);
+    printf("%s hits: %lld, misses: %lld\n", label, (long long)s.hits, (long long)s.misses);
+    return CLI_OK;
+}
+
+/* The local cache, its policy (bound, strict, record) and the base cache. */
 static int print_cache_stats(const cli_global *g)
 {
     kiln__cache *c = NULL;
     if (cli_cache_open(g, "info", &c)) return CLI_FAIL;
-    kiln__cache_stats s;
-    kiln__err e = {{0}};
-    printf("cache: %s\n", kiln__cache_path(c));
-    int rc = CLI_OK;
-    if (kiln__cache_stats_get(c, &s, &e)) {
-        rc = cli_fail("info", CLI_FAIL, "%s", e.msg);
-    } else {
-        printf("cache entries: %lld (%lld bytes of cubins; file %lld bytes)\n",
-               (long long)s.entries, (long long)s.bytes, (long long)s.file_bytes);
-        printf("cache hits: %lld, misses: %lld\n", (long long)s.hits, (long long)s.misses);
+    int rc = print_one_cache(c, "cache");
+    kiln__cache_close(c);
+    const char *bound = getenv("KILN_CACHE_MAX_BYTES");
+    if (g->max_size_set) printf("cache bound: %lld bytes (--max-size)\n", (long long)g->max_size);
+    else if (bound && *bound) printf("cache bound: %s (KILN_CACHE_MAX_BYTES)\n", bound);
+    else printf("cache bound: none\n");
+    const char *strict = getenv("KILN_STRICT"), *record = getenv("KILN_RECORD");
+    printf("mode: %s%s%s\n", strict && *strict && strcmp(strict, "0") ? "strict (KILN_STRICT)" : "compile on a miss",
+           record && *record ? ", recording to " : "", record && *record ? record : "");
+    const char *base = g->base_dir ? g->base_dir : getenv("KILN_BASE_CACHE_DIR");
+    if (!base || !*base) {
+        printf("base cache: none\n");
+        return rc;
     }
+    kiln__err e = {{0}};
+    if (kiln__cache_open_ex(base, KILN__CACHE_RDONLY, &c, &e))
+        return cli_fail("info", CLI_FAIL, "base cache: %s", e.msg);
+    if (print_one_cache(c, "base cache")) rc = CLI_FAIL;
     kiln__cache_close(c);
     return rc;
 }

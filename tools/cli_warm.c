@@ -1,11 +1,13 @@
 /*
- * cli_warm.c — `kiln warm`: read a manifest of specs and check every line before compiling
- * anything, then compile specs × archs into the cache with N worker threads that share one
- * context (the library compiles different keys in parallel) and take work items from a shared
- * index under a mutex. Progress goes to stderr (a live line on a terminal, a line per 10 %
- * otherwise), failures are listed at the end, and the last line on stdout is the summary.
+ * cli_warm.c — `kiln warm`: read a manifest (cli_manifest.c: specs, {a,b} alternatives,
+ * per-line arch=) and check every line before compiling anything, keep this host's shard of
+ * the (spec, arch) list, then compile it into the cache with N worker threads that share one
+ * context (the library compiles different keys in parallel, and leases keep other processes
+ * from compiling the same key) and take work items from a shared index under a mutex. N
+ * defaults to the number of cores, bounded by the memory an NVRTC compile needs. Progress goes
+ * to stderr (a live line on a terminal, a line per 10 % otherwise), failures are listed at the
+ * end, and the last line on stdout is the summary.
  */
-#include <ctype.h>
 #include <errno.h>
 #include <pthread.h>
 #include <stdio.h>
@@ -18,34 +20,25 @@
 
 /* Most worker threads. */
 #define WARM_JOBS_MAX 1024
-
-/* One accepted manifest line. */
-typedef struct spec_line {
-    kiln_variant v;
-    char spec[KILN__SPEC_MAX]; /* canonical */
-    int line;                  /* 1-based line number in the manifest */
-} spec_line;
-
-typedef struct manifest {
-    spec_line *s;
-    int n, cap;
-} manifest;
+/* Host memory one NVRTC compile job is assumed to need at its peak (measured: docs/fleet.md). */
+#define WARM_JOB_MB 400
+/* Lines of a failure's message listed at the end. */
+#define WARM_FAIL_LINES 4
 
 typedef enum item_state { ITEM_PENDING, ITEM_COMPILED, ITEM_CACHED, ITEM_FAILED } item_state;
 
 /* One work item: a spec for an arch. */
 typedef struct item {
-    int spec, arch;   /* indexes into the manifest and the arch list */
+    int spec, arch;   /* indexes into the manifest's specs and archs */
     item_state state; /* written by the worker that ran it */
     char key[33];     /* "" when unknown */
-    char *msg;        /* failure: first line of the message (malloc'd) */
+    char *msg;        /* failure: the first lines of the message (malloc'd) */
 } item;
 
 /* State shared by the workers; the counters and next are guarded by lock. */
 typedef struct warm {
     kiln_ctx *ctx;
-    const manifest *m;
-    const cli_archs *a;
+    const cli_manifest *m;
     item *items;
     int nitems;
     pthread_mutex_t lock;
@@ -55,69 +48,16 @@ typedef struct warm {
     int last_decile; /* otherwise: the last 10 % step printed */
 } warm;
 
-/* ---- manifest ------------------------------------------------------------------------------- */
-
-/* Accept one line of the manifest: strip the comment and blanks, parse and validate the spec,
- * skip duplicates. CLI_USAGE naming file:line on a malformed line. */
-static int manifest_line(const char *name, int ln, char *text, manifest *m)
-{
-    char *hash = strchr(text, '#');
-    if (hash) *hash = 0;
-    while (isspace((unsigned char)*text)) text++;
-    size_t n = strlen(text);
-    while (n && isspace((unsigned char)text[n - 1])) text[--n] = 0;
-    if (!n) return 0;
-    kiln_variant v;
-    char spec[KILN__SPEC_MAX];
-    kiln__err e = {{0}};
-    if (kiln__spec_parse(text, &v, &e) || kiln__variant_check(&v, &e) ||
-        !kiln__spec_format(&v, spec, sizeof spec, &e))
-        return cli_fail("warm", CLI_USAGE, "%s:%d: %s", name, ln, e.msg);
-    for (int i = 0; i < m->n; i++) {
-        if (!strcmp(m->s[i].spec, spec)) {
-            fprintf(stderr, "kiln warm: %s:%d: same variant as line %d, skipped\n", name, ln,
-                    m->s[i].line);
-            return 0;
-        }
-    }
-    if (m->n == m->cap) {
-        int cap = m->cap ? 2 * m->cap : 64;
-        spec_line *s = realloc(m->s, (size_t)cap * sizeof *s);
-        if (!s) return cli_fail("warm", CLI_FAIL, "out of memory reading %s", name);
-        m->s = s;
-        m->cap = cap;
-    }
-    spec_line *sl = &m->s[m->n++];
-    sl->v = v;
-    memcpy(sl->spec, spec, sizeof spec);
-    sl->line = ln;
-    return 0;
-}
-
-/* Read a whole manifest ("-": stdin) into m. CLI_USAGE when it cannot be opened or a line is
- * malformed. */
-static int manifest_read(const char *path, manifest *m)
-{
-    int use_stdin = !strcmp(path, "-");
-    const char *name = use_stdin ? "<stdin>" : path;
-    FILE *f = use_stdin ? stdin : fopen(path, "r");
-    if (!f) return cli_fail("warm", CLI_USAGE, "cannot open manifest %s: %s", path, strerror(errno));
-    char *line = NULL;
-    size_t cap = 0;
-    int ln = 0, rc = 0;
-    while (!rc && getline(&line, &cap, f) >= 0) rc = manifest_line(name, ++ln, line, m);
-    if (!rc && ferror(f)) rc = cli_fail("warm", CLI_FAIL, "cannot read %s: %s", name, strerror(errno));
-    free(line);
-    if (!use_stdin) fclose(f);
-    return rc;
-}
-
 /* ---- workers -------------------------------------------------------------------------------- */
 
-/* A malloc'd copy of the first line of s. */
-static char *first_line(const char *s)
+/* A malloc'd copy of the first `lines` lines of s. */
+static char *first_lines(const char *s, int lines)
 {
-    size_t n = strcspn(s, "\n");
+    size_t n = 0;
+    for (int i = 0; i < lines && s[n]; i++) {
+        n += strcspn(s + n, "\n");
+        if (s[n] == '\n' && i + 1 < lines && s[n + 1]) n++;
+    }
     char *p = malloc(n + 1);
     if (p) {
         memcpy(p, s, n);
@@ -143,8 +83,8 @@ static void guess_key(const kiln_variant *v, const char *arch, char key[33])
 
 static void run_item(warm *w, item *it)
 {
-    const spec_line *s = &w->m->s[it->spec];
-    const char *arch = w->a->a[it->arch];
+    const cli_mspec *s = &w->m->specs[it->spec];
+    const char *arch = w->m->archs.a[it->arch];
     kiln_kernel *k = NULL;
     kiln_kernel_info ki;
     if (kiln_kernel_compile(w->ctx, &s->v, arch, &k) == KILN_STATUS_OK &&
@@ -155,20 +95,20 @@ static void run_item(warm *w, item *it)
     }
     /* The thread's own message: the context's may already be another worker's. */
     const char *msg = kiln_errmsg();
-    it->msg = first_line(*msg ? msg : kiln_ctx_errmsg(w->ctx));
+    it->msg = first_lines(*msg ? msg : kiln_ctx_errmsg(w->ctx), WARM_FAIL_LINES);
     it->state = ITEM_FAILED;
     guess_key(&s->v, arch, it->key);
 }
 
-/* Print progress; called with w->lock held. */
+/* Print progress: done/total, failures, rate and ETA; called with w->lock held. */
 static void progress(warm *w, int final)
 {
     double secs = (cli_now_ms() - w->t0_ms) / 1e3;
     double rate = secs > 0 ? w->done / secs : 0;
     double eta = rate > 0 ? (w->nitems - w->done) / rate : 0;
     if (w->tty) {
-        fprintf(stderr, "\r[%d/%d] %d failed, %.1f/s, ETA %.0fs   ", w->done, w->nitems, w->failed,
-                rate, eta);
+        fprintf(stderr, "\r[%d/%d] %d failed, %.1f/s (%.0f/min), ETA %.0fs   ", w->done,
+                w->nitems, w->failed, rate, rate * 60, eta);
         if (final) fputc('\n', stderr);
         fflush(stderr);
         return;
@@ -176,8 +116,8 @@ static void progress(warm *w, int final)
     int decile = w->nitems ? w->done * 10 / w->nitems : 10;
     if (decile <= w->last_decile || final) return;
     w->last_decile = decile;
-    fprintf(stderr, "[%d/%d] %d failed, %.1f/s, ETA %.0fs\n", w->done, w->nitems, w->failed, rate,
-            eta);
+    fprintf(stderr, "[%d/%d] %d failed, %.1f/s (%.0f/min), ETA %.0fs\n", w->done, w->nitems,
+            w->failed, rate, rate * 60, eta);
 }
 
 static void *worker(void *arg)
@@ -236,52 +176,94 @@ static int parse_shard(const char *s, long *idx, long *count)
     return 0;
 }
 
-/* Build the work list: specs × archs, keeping shard idx of count. */
+/* Build the work list: the manifest's pairs, keeping shard idx of count. */
 static int make_items(warm *w, long idx, long count)
 {
-    long total = (long)w->m->n * w->a->n;
+    long total = w->m->npairs;
     w->items = calloc(total ? (size_t)total : 1, sizeof *w->items);
     if (!w->items) return cli_fail("warm", CLI_FAIL, "out of memory for %ld work items", total);
     for (long i = 0; i < total; i++) {
         if (i % count != idx) continue;
         item *it = &w->items[w->nitems++];
-        it->spec = (int)(i / w->a->n);
-        it->arch = (int)(i % w->a->n);
+        it->spec = w->m->pairs[i].spec;
+        it->arch = w->m->pairs[i].arch;
     }
     return 0;
 }
 
-/* List the failures on stderr. */
+/* List the failures on stderr: key, arch, spec, then the first lines of the message. */
 static void report_failures(const warm *w)
 {
     for (int i = 0; i < w->nitems; i++) {
         const item *it = &w->items[i];
         if (it->state != ITEM_FAILED) continue;
-        fprintf(stderr, "kiln warm: failed %s %s %s: %s\n", it->key[0] ? it->key : "-",
-                w->a->a[it->arch], w->m->s[it->spec].spec, it->msg ? it->msg : "(no message)");
+        fprintf(stderr, "kiln warm: failed %s %s %s:\n", it->key[0] ? it->key : "-",
+                w->m->archs.a[it->arch], w->m->specs[it->spec].spec);
+        const char *p = it->msg ? it->msg : "(no message)";
+        while (*p) {
+            size_t n = strcspn(p, "\n");
+            fprintf(stderr, "    %.*s\n", (int)n, p);
+            p += n + (p[n] == '\n');
+        }
     }
 }
 
-static int default_jobs(void)
+/* MemAvailable from /proc/meminfo in MB; -1 when unknown. */
+static long mem_available_mb(void)
 {
-    long n = sysconf(_SC_NPROCESSORS_ONLN);
-    return n < 1 ? 1 : n > WARM_JOBS_MAX ? WARM_JOBS_MAX : (int)n;
+    FILE *f = fopen("/proc/meminfo", "r");
+    if (!f) return -1;
+    char line[256];
+    long kb = -1;
+    while (fgets(line, sizeof line, f))
+        if (sscanf(line, "MemAvailable: %ld kB", &kb) == 1) break;
+    fclose(f);
+    return kb < 0 ? -1 : kb / 1024;
+}
+
+/* The number of jobs: --jobs when given (a note when memory looks short), else the cores,
+ * bounded by MemAvailable / WARM_JOB_MB (said on stderr when it bounds). */
+static long pick_jobs(const char *jobs_s, long *jobs)
+{
+    long cores = sysconf(_SC_NPROCESSORS_ONLN), mem = mem_available_mb();
+    long by_mem = mem < 0 ? WARM_JOBS_MAX : mem / WARM_JOB_MB;
+    if (by_mem < 1) by_mem = 1;
+    if (cores < 1) cores = 1;
+    if (jobs_s) {
+        int rc = cli_long("warm", "--jobs", jobs_s, 1, WARM_JOBS_MAX, jobs);
+        if (!rc && *jobs > by_mem)
+            fprintf(stderr,
+                    "kiln warm: note: %ld jobs may need ~%ld MB; %ld MB is available "
+                    "(~%d MB per compile)\n",
+                    *jobs, *jobs * WARM_JOB_MB, mem, WARM_JOB_MB);
+        return rc;
+    }
+    *jobs = cores < WARM_JOBS_MAX ? cores : WARM_JOBS_MAX;
+    if (*jobs > by_mem) {
+        fprintf(stderr,
+                "kiln warm: %ld jobs, not %ld: memory bounds them (%ld MB available, ~%d MB per "
+                "compile)\n",
+                by_mem, *jobs, mem, WARM_JOB_MB);
+        *jobs = by_mem;
+    }
+    return 0;
 }
 
 /* Compile everything and print the summary; returns the exit status. */
 static int warm_run(warm *w, long jobs)
 {
     if (jobs > w->nitems) jobs = w->nitems > 0 ? w->nitems : 1;
-    fprintf(stderr, "kiln warm: %d specs x %d archs: %d kernels, %ld jobs, cache %s\n", w->m->n,
-            w->a->n, w->nitems, jobs, kiln_ctx_cache_path(w->ctx));
+    fprintf(stderr, "kiln warm: %d specs, %d kernels, %ld jobs, cache %s\n", w->m->nspecs,
+            w->nitems, jobs, kiln_ctx_cache_path(w->ctx));
     w->tty = isatty(STDERR_FILENO);
     w->t0_ms = cli_now_ms();
     pthread_mutex_init(&w->lock, NULL);
     if (w->nitems) run_all(w, (int)jobs);
     pthread_mutex_destroy(&w->lock);
     report_failures(w);
-    printf("%d kernels: %d compiled, %d cached, %d failed in %.1f s\n", w->nitems, w->compiled,
-           w->cached, w->failed, (cli_now_ms() - w->t0_ms) / 1e3);
+    double secs = (cli_now_ms() - w->t0_ms) / 1e3;
+    printf("%d kernels: %d compiled, %d cached, %d failed in %.1f s (%.1f kernels/min)\n",
+           w->nitems, w->compiled, w->cached, w->failed, secs, secs > 0 ? w->nitems * 60 / secs : 0);
     return w->failed ? CLI_FAIL : CLI_OK;
 }
 
@@ -297,24 +279,25 @@ int cli_cmd_warm(cli_global *g, const cli_cmd *cmd, int argc, char **argv)
     if (rc) return rc < 0 ? CLI_OK : rc;
     if (npos != 1)
         return cli_fail(cmd->name, CLI_USAGE, "%s", npos ? "give exactly one MANIFEST" : "missing MANIFEST");
-    long jobs = default_jobs(), idx = 0, count = 1;
-    if (jobs_s && (rc = cli_long(cmd->name, "--jobs", jobs_s, 1, WARM_JOBS_MAX, &jobs))) return rc;
+    long jobs = 1, idx = 0, count = 1;
+    if ((rc = pick_jobs(jobs_s, &jobs))) return rc;
     if ((rc = parse_shard(shard, &idx, &count))) return rc;
     cli_archs a;
     if ((rc = cli_archs_parse(cmd->name, arch, &a))) return rc;
-    manifest m = {0};
+    cli_manifest m;
     warm w = {0};
     w.m = &m;
-    w.a = &a;
-    if ((rc = manifest_read(argv[0], &m))) goto out;
-    if ((rc = cli_ctx_open(g, cmd->name, !a.native, &w.ctx))) goto out;
-    if ((rc = cli_archs_resolve(cmd->name, w.ctx, &a))) goto out;
+    if ((rc = cli_manifest_read(cmd->name, argv[0], &a, &m))) goto out;
+    if (m.duplicates)
+        fprintf(stderr, "kiln warm: %d repeated (spec, arch) pairs skipped\n", m.duplicates);
+    if ((rc = cli_ctx_open(g, cmd->name, !cli_manifest_needs_native(&m), &w.ctx))) goto out;
+    if ((rc = cli_manifest_resolve(cmd->name, w.ctx, &m))) goto out;
     if ((rc = make_items(&w, idx, count))) goto out;
     rc = warm_run(&w, jobs);
 out:
     for (int i = 0; i < w.nitems; i++) free(w.items[i].msg);
     free(w.items);
-    free(m.s);
+    cli_manifest_free(&m);
     kiln_ctx_destroy(w.ctx);
     return rc;
 }

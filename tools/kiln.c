@@ -138,6 +138,12 @@ static void print_main_usage(FILE *f)
                "  --cache DIR   cache directory (default: $KILN_CACHE_DIR, else\n"
                "                $XDG_CACHE_HOME/kiln, else ~/.cache/kiln); the file is\n"
                "                DIR/kernels.db\n"
+               "  --base-cache DIR  a read-only cache consulted after --cache and never\n"
+               "                written (default: $KILN_BASE_CACHE_DIR)\n"
+               "  --max-size N  keep the cache's cubins under N bytes (512M, 2G; default:\n"
+               "                $KILN_CACHE_MAX_BYTES), evicting the least recently used\n"
+               "environment: KILN_STRICT=1 (a miss is an error, nothing compiles),\n"
+               "  KILN_RECORD=FILE (append every kernel requested to FILE; kiln warm replays it)\n"
                "  -h, --help    this text; after a command, that command's help\n"
                "  --version     kiln's version\n"
                "\n"
@@ -195,10 +201,33 @@ static const cli_opt *match_opt(const cli_opt *opts, const char *word, const cha
     return NULL;
 }
 
+int cli_global_set(cli_global *g, const char *name, const char *val)
+{
+    if (!strcmp(name, "--cache")) {
+        g->cache_dir = val;
+    } else if (!strcmp(name, "--base-cache")) {
+        g->base_dir = val;
+    } else if (!strcmp(name, "--max-size")) {
+        kiln__err e = {{0}};
+        if (kiln__cache_parse_size(val, &g->max_size, &e)) {
+            fprintf(stderr, "kiln: --max-size: %s\n", e.msg);
+            return CLI_USAGE;
+        }
+        g->max_size_set = 1;
+    } else {
+        fprintf(stderr, "kiln: unknown option '%s' (see kiln --help)\n", name);
+        return CLI_USAGE;
+    }
+    return 0;
+}
+
 int cli_parse(cli_global *g, const cli_cmd *cmd, int argc, char **argv, const cli_opt *opts,
               int *npos)
 {
-    static const cli_opt global_opts[] = {{"--cache", NULL, NULL}, {NULL, NULL, NULL}};
+    static const cli_opt global_opts[] = {{"--cache", NULL, NULL},
+                                          {"--base-cache", NULL, NULL},
+                                          {"--max-size", NULL, NULL},
+                                          {NULL, NULL, NULL}};
     int n = 0, only_pos = 0;
     for (int i = 0; i < argc; i++) {
         const char *w = argv[i];
@@ -229,8 +258,10 @@ int cli_parse(cli_global *g, const cli_cmd *cmd, int argc, char **argv, const cl
                                 go ? go->name : o->name);
             val = argv[++i];
         }
-        if (go) g->cache_dir = val;
-        else if (o->value) *o->value = val;
+        if (go) {
+            int rc = cli_global_set(g, go->name, val);
+            if (rc) return rc;
+        } else if (o->value) *o->value = val;
         else *o->flag = 1;
     }
     *npos = n;
@@ -266,48 +297,80 @@ int cli_spec(const char *cmd, int n, char **words, kiln_variant *v, char *canon,
     return 0;
 }
 
-/* Append arch to a unless already there. */
-static int arch_add(const char *cmd, cli_archs *a, const char *arch)
+/* Append arch to a unless already there; its index into *idx (may be NULL). */
+static int arch_add(cli_archs *a, const char *arch, int *idx, char *msg, size_t cap)
 {
-    for (int i = 0; i < a->n; i++)
-        if (!strcmp(a->a[i], arch)) return 0;
-    if (a->n >= CLI_ARCH_MAX) return cli_fail(cmd, CLI_USAGE, "more than %d archs", CLI_ARCH_MAX);
+    for (int i = 0; i < a->n; i++) {
+        if (strcmp(a->a[i], arch) != 0) continue;
+        if (idx) *idx = i;
+        return 0;
+    }
+    if (a->n >= CLI_ARCH_MAX) {
+        snprintf(msg, cap, "more than %d archs", CLI_ARCH_MAX);
+        return CLI_USAGE;
+    }
+    if (idx) *idx = a->n;
     snprintf(a->a[a->n++], sizeof a->a[0], "%s", arch);
+    return 0;
+}
+
+int cli_archs_add(const char *list, cli_archs *out, int *idx, int *nidx, char *msg, size_t cap)
+{
+    const char *p = list;
+    if (nidx) *nidx = 0;
+    for (;;) {
+        size_t n = strcspn(p, ",");
+        char word[64];
+        if (n == 0 || n >= sizeof word) {
+            snprintf(msg, cap, "arch list '%s': expected names separated by commas", list);
+            return CLI_USAGE;
+        }
+        memcpy(word, p, n);
+        word[n] = 0;
+        const char *names[CLI_ARCH_MAX];
+        int count = 1;
+        char norm[16];
+        if (!strcmp(word, "native")) {
+            out->native = 1;
+            names[0] = "";
+        } else if (!strcmp(word, "all")) {
+            const char *const *all = kiln__arch_all(&count);
+            if (count == 0) {
+                snprintf(msg, cap, "arch all: NVRTC reports no arch kiln supports");
+                return CLI_FAIL;
+            }
+            for (int i = 0; i < count && i < CLI_ARCH_MAX; i++) names[i] = all[i];
+            if (count > CLI_ARCH_MAX) count = CLI_ARCH_MAX;
+        } else {
+            kiln__err e = {{0}};
+            if (kiln__arch_normalize(word, norm, &e)) {
+                snprintf(msg, cap, "%s", e.msg);
+                return CLI_USAGE;
+            }
+            names[0] = norm;
+        }
+        for (int i = 0; i < count; i++) {
+            int at = 0, rc = arch_add(out, names[i], &at, msg, cap);
+            if (rc) return rc;
+            if (!idx || !nidx) continue;
+            int seen = 0;
+            for (int j = 0; j < *nidx; j++) seen |= idx[j] == at;
+            if (!seen && *nidx < CLI_ARCH_MAX) idx[(*nidx)++] = at;
+        }
+        if (!p[n]) break;
+        p += n + 1;
+    }
     return 0;
 }
 
 int cli_archs_parse(const char *cmd, const char *list, cli_archs *out)
 {
     memset(out, 0, sizeof *out);
-    if (!list) list = "native";
-    const char *p = list;
-    for (;;) {
-        size_t n = strcspn(p, ",");
-        char word[64];
-        if (n == 0 || n >= sizeof word)
-            return cli_fail(cmd, CLI_USAGE, "--arch '%s': expected names separated by commas",
-                            list);
-        memcpy(word, p, n);
-        word[n] = 0;
-        int rc = 0;
-        if (!strcmp(word, "native")) {
-            out->native = 1;
-            rc = arch_add(cmd, out, "");
-        } else if (!strcmp(word, "all")) {
-            int count = 0;
-            const char *const *all = kiln__arch_all(&count);
-            if (count == 0)
-                return cli_fail(cmd, CLI_FAIL, "--arch all: NVRTC reports no arch kiln supports");
-            for (int i = 0; i < count && !rc; i++) rc = arch_add(cmd, out, all[i]);
-        } else {
-            char norm[16];
-            kiln__err e = {{0}};
-            if (kiln__arch_normalize(word, norm, &e)) return cli_fail(cmd, CLI_USAGE, "%s", e.msg);
-            rc = arch_add(cmd, out, norm);
-        }
-        if (rc) return rc;
-        if (!p[n]) break;
-        p += n + 1;
+    char msg[1024];
+    int rc = cli_archs_add(list ? list : "native", out, NULL, NULL, msg, sizeof msg);
+    if (rc) {
+        if (!strncmp(msg, "arch list", 9)) return cli_fail(cmd, rc, "--%s", msg);
+        return cli_fail(cmd, rc, "%s", msg);
     }
     return 0;
 }
@@ -321,7 +384,8 @@ int cli_archs_resolve(const char *cmd, kiln_ctx *ctx, cli_archs *a)
     cli_archs old = *a;
     a->n = 0;
     a->native = 0;
-    for (int i = 0; i < old.n; i++) arch_add(cmd, a, old.a[i][0] ? old.a[i] : di.arch);
+    char msg[256];
+    for (int i = 0; i < old.n; i++) arch_add(a, old.a[i][0] ? old.a[i] : di.arch, NULL, msg, sizeof msg);
     return 0;
 }
 
@@ -329,6 +393,8 @@ int cli_ctx_open(const cli_global *g, const char *cmd, int no_device, kiln_ctx *
 {
     kiln_ctx_opts o = {0};
     o.cache_dir = g->cache_dir;
+    o.base_cache_dir = g->base_dir;
+    o.max_cache_bytes = g->max_size_set && g->max_size == 0 ? 1 : g->max_size;
     o.no_device = no_device;
     kiln_status st = kiln_ctx_create(&o, out);
     if (st) return cli_fail(cmd, CLI_FAIL, "%s", kiln_errmsg());
@@ -370,14 +436,20 @@ int main(int argc, char **argv)
         } else if (!strcmp(w, "--version")) {
             printf("kiln %s\n", kiln_version());
             return CLI_OK;
-        } else if (!strcmp(w, "--cache") && i + 1 < argc) {
-            g.cache_dir = argv[++i];
-        } else if (!strncmp(w, "--cache=", 8)) {
-            g.cache_dir = w + 8;
         } else {
-            fprintf(stderr, "kiln: %s '%s' (see kiln --help)\n",
-                    strcmp(w, "--cache") ? "unknown option" : "missing value after", w);
-            return CLI_USAGE;
+            static const char *const globals[] = {"--cache", "--base-cache", "--max-size"};
+            const char *eq = strchr(w, '='), *val = eq ? eq + 1 : NULL;
+            size_t n = eq ? (size_t)(eq - w) : strlen(w);
+            const char *name = NULL;
+            for (size_t j = 0; j < sizeof globals / sizeof globals[0]; j++)
+                if (strlen(globals[j]) == n && !strncmp(globals[j], w, n)) name = globals[j];
+            if (name && !val && i + 1 < argc) val = argv[++i];
+            if (!name || !val) {
+                fprintf(stderr, "kiln: %s '%s' (see kiln --help)\n",
+                        name ? "missing value after" : "unknown option", w);
+                return CLI_USAGE;
+            }
+            if (cli_global_set(&g, name, val)) return CLI_USAGE;
         }
     }
     if (i >= argc) {
