@@ -24,6 +24,8 @@ typedef struct point {
     const char *spec;
     int H, L_Q, L_KV, window_left;
     float softcap;
+    int bsr_pct;  /* > 0: mask_data=bsr, 64x64 blocks, this % present (random) */
+    int tile_map; /* 1: plan the tile map first (skips hidden tiles) */
 } point;
 
 static const point points[] = {
@@ -42,7 +44,41 @@ static const point points[] = {
     {"prefill causal softcap", "op=prefill dtype=bf16 head_dim=128 group=4 mask=causal logits=softcap", 32, 4096, 4096, 0, 30},
     {"prefill causal alibi", "op=prefill dtype=bf16 head_dim=128 group=4 mask=causal logits=alibi", 32, 4096, 4096, 0, 0},
     {"prefill causal window1024", "op=prefill dtype=bf16 head_dim=128 group=4 mask=causal window=1", 32, 4096, 4096, 1024, 0},
+    {"prefill causal bsr25", "op=prefill dtype=bf16 head_dim=128 group=4 mask=causal", 32, 4096, 4096, 0, 0, 25, 0},
+    {"prefill causal bsr25 +map", "op=prefill dtype=bf16 head_dim=128 group=4 mask=causal", 32, 4096, 4096, 0, 0, 25, 1},
 };
+
+/* A random BSR mask for a bench point (64 x 64 blocks); the reference mask callback reads it. */
+typedef struct bsr_mask {
+    int *indptr, *indices, nnz, rows;
+} bsr_mask;
+
+static int bsr_visible(const void *u, int i, int j, int h, int hk, int lq, int lkv)
+{
+    (void)h, (void)hk, (void)lq, (void)lkv;
+    const bsr_mask *m = u;
+    for (int e = m->indptr[i / 64]; e < m->indptr[i / 64 + 1]; e++)
+        if (m->indices[e] == j / 64) return 1;
+    return 0;
+}
+
+static void bsr_make(bsr_mask *m, int L_Q, int L_KV, int pct)
+{
+    const int cols = (L_KV + 63) / 64;
+    m->rows = (L_Q + 63) / 64;
+    m->indptr = calloc((size_t)m->rows + 1, sizeof(int));
+    m->indices = calloc((size_t)m->rows * cols + 1, sizeof(int));
+    unsigned long long x = 12345;
+    m->nnz = 0;
+    for (int r = 0; r < m->rows; r++) {
+        m->indptr[r] = m->nnz;
+        for (int c = 0; c < cols; c++) {
+            x = x * 6364136223846793005ull + 1442695040888963407ull;
+            if ((int)((x >> 33) % 100) < pct || c == r) m->indices[m->nnz++] = c; /* keep the diagonal */
+        }
+    }
+    m->indptr[m->rows] = m->nnz;
+}
 
 static double now_ms(void)
 {
@@ -166,7 +202,14 @@ int main(int argc, char **argv)
         if (quick && (pt->L_KV > 32768 || pt->L_Q > 4096)) continue;
         if (only && strcmp(pt->name, only) != 0) continue;
         kiln_kernel *k = NULL;
-        if (kiln_kernel_get_spec(ctx, pt->spec, &k) != KILN_STATUS_OK) {
+        kiln_variant v;
+        if (kiln_variant_parse(pt->spec, &v) != KILN_STATUS_OK) {
+            printf("| %s | | | | bad spec: %s |\n", pt->name, kiln_errmsg());
+            failed++;
+            continue;
+        }
+        if (pt->bsr_pct) v.mask_data = KILN_MASK_DATA_BSR;
+        if (kiln_kernel_get(ctx, &v, &k) != KILN_STATUS_OK) {
             printf("| %s | | | | compile failed: %s |\n", pt->name, kiln_ctx_errmsg(ctx));
             failed++;
             continue;
@@ -176,8 +219,22 @@ int main(int argc, char **argv)
         /* cheap enough to check against the CPU reference? */
         const double ref_cost = (double)pt->L_Q * pt->L_KV * pt->H;
         s.skip_reference = ref_cost > 4e8;
+        bsr_mask bm = {0};
+        if (pt->bsr_pct) {
+            bsr_make(&bm, pt->L_Q, pt->L_KV, pt->bsr_pct);
+            s.bsr_indptr_host = bm.indptr;
+            s.bsr_indices_host = bm.indices;
+            s.bsr_rows = bm.rows;
+            s.bsr_nnz = bm.nnz;
+            s.bsr_r = s.bsr_c = 64;
+            s.ref_mask = bsr_visible; /* FLOPs count only visible pairs */
+            s.ref_user = &bm;
+            s.use_tile_map = pt->tile_map;
+        }
         kiln_check_result r;
         kiln_status st = kiln_check_run(ctx, k, &s, 30, &r, msg, sizeof msg);
+        free(bm.indptr);
+        free(bm.indices);
         if (st && st != KILN_STATUS_MISMATCH) {
             printf("| %s | %d | %d | %d | failed: %s |\n", pt->name, pt->H, pt->L_Q, pt->L_KV, msg);
             failed++;
