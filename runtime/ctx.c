@@ -134,9 +134,15 @@ kiln_status kiln_ctx_create(const kiln_ctx_opts *opts, kiln_ctx **out)
             kiln_ctx_destroy(ctx);
             return st;
         }
-        if (ctx->info.present && kiln__arch_sm(ctx->info.arch) > ctx->info.sm) {
+        /* A cubin runs only on its own major version, at or above its minor; arch-specific
+         * targets (sm_90a, sm_100a) only on exactly that arch. */
+        const int want = kiln__arch_sm(ctx->info.arch);
+        const size_t n = strlen(ctx->info.arch);
+        const int specific = n && (ctx->info.arch[n - 1] == 'a');
+        if (ctx->info.present && (want / 10 != ctx->info.sm / 10 || want > ctx->info.sm ||
+                                  (specific && want != ctx->info.sm))) {
             kiln__fail(e, KILN_STATUS_UNSUPPORTED,
-                       "kiln_ctx_create: arch %s is newer than device %d (%s, sm_%d)", ctx->info.arch,
+                       "kiln_ctx_create: arch %s cannot run on device %d (%s, sm_%d)", ctx->info.arch,
                        ctx->info.ordinal, ctx->info.name, ctx->info.sm);
             kiln_ctx_destroy(ctx);
             return KILN_STATUS_UNSUPPORTED;

@@ -92,10 +92,13 @@ static kiln_status load_module(kiln_ctx *ctx, kiln_kernel *k, kiln__err *e)
         k->module = NULL;
         return kiln__cu_fail(e, r, "prepare %s (%s) on device %d", k->key, k->spec, ctx->info.ordinal);
     }
-    if (k->ctas_per_sm < 1)
+    if (k->ctas_per_sm < 1) {
+        cu->cuModuleUnload(k->module);
+        k->module = NULL;
         return kiln__fail(e, KILN_STATUS_UNSUPPORTED,
                           "kernel %s (%s) cannot run on device %d: %d threads, %d bytes of shared memory",
                           k->key, k->spec, ctx->info.ordinal, k->cfg.threads, k->cfg.smem_bytes);
+    }
     k->loaded = 1;
     return KILN_STATUS_OK;
 }
@@ -219,7 +222,13 @@ static kiln_status compile_store(kiln_ctx *ctx, kiln_kernel *k, kiln__err *e)
     en.spill_bytes = k->spill_bytes;
     en.stack_bytes = k->stack_bytes;
     en.compile_ms = k->compile_ms;
-    if ((st = kiln__cache_put(ctx->cache, &en, e))) return st;
+    kiln__err pe = {{0}};
+    if (kiln__cache_put(ctx->cache, &en, &pe)) {
+        /* The kernel is compiled and correct; only storing it failed (a read-only or full
+         * cache). Say so and go on: the next process compiles again. */
+        fprintf(stderr, "kiln: %s (kernel %s compiled but not stored)\n", pe.msg, k->key);
+        return KILN_STATUS_OK;
+    }
     if (ctx->max_bytes > 0) {
         kiln__err ee = {{0}};
         if (kiln__cache_evict(ctx->cache, ctx->max_bytes, k->key, NULL, NULL, &ee))
@@ -329,8 +338,10 @@ static kiln_status get(kiln_ctx *ctx, const kiln_variant *v, const char *arch_in
         memcpy(arch, ctx->info.arch, sizeof arch);
     } else {
         return kiln__ctx_error(ctx, kiln__fail(&e, KILN_STATUS_NO_DEVICE,
-                                               "no GPU and no arch named: %s; name an arch (e.g. sm_90a)",
-                                               ctx->err.msg), &e);
+                                               "no GPU (%s): %s", ctx->err.msg,
+                                               load ? "kernels can be compiled (kiln_kernel_compile with "
+                                                      "an arch) but not loaded"
+                                                    : "name an arch (e.g. sm_90a)"), &e);
     }
     if (load) {
         if (!ctx->cu)
