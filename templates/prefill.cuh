@@ -50,6 +50,14 @@ template <int D> __device__ __forceinline__ int swz(int row, int chunk)
     return row * D + ((chunk ^ (row & 7)) << 3);
 }
 
+/* Byte offset between the swizzled chunk `ch` of row r0 and of row r0 + dr, beyond the plain
+ * dr * D * 2: zero when dr is a multiple of 8 (then row & 7 does not change). */
+template <int D> __device__ __forceinline__ u32 swz_delta(int r0, int ch, int dr)
+{
+    if (dr % 8 == 0) return 0;
+    return (u32)((((ch ^ ((r0 + dr) & 7)) - (ch ^ (r0 & 7)))) * 16);
+}
+
 /* Issue cp.async copies of rows [row0, row0 + ROWS) of a [*, D] global matrix with row stride
  * `stride` into a swizzled tile; rows at or past row_hi are zero-filled. */
 template <int ROWS, int D, int THREADS>
@@ -65,6 +73,15 @@ __device__ __forceinline__ void load_rows(u16 *tile, const u16 *g, i64 stride, i
     const int r0 = tid / CHUNKS, ch = tid % CHUNKS;
     const u16 *src = g + (i64)(row0 + r0) * stride + ch * 8;
     const i64 step = (i64)STEP * stride;
+    const u32 dst = smem_addr(tile + swz<D>(r0, ch));
+    if (row0 + ROWS <= row_hi) { /* interior tile: no bounds checks */
+#pragma unroll
+        for (int it = 0; it < ROWS / STEP; it++) {
+            cp_async16(dst + (u32)(it * STEP * D * 2) + swz_delta<D>(r0, ch, it * STEP), src, 16);
+            src += step;
+        }
+        return;
+    }
 #pragma unroll
     for (int it = 0; it < ROWS / STEP; it++) {
         const int row = r0 + it * STEP;
@@ -139,6 +156,23 @@ template <class Cfg> __device__ void prefill_kernel(const kiln_launch_params &p)
     }
 
     const int wrow = warp * MT * 16; /* this warp's first row in the CTA tile */
+
+    /* ldmatrix addresses. Every row a lane reads has (row & 7) == (lane & 7), and the 16-byte
+     * chunk it reads is 8q + (2 rem + b) for a per-operand bit b, so the swizzled chunk is
+     * 8q + ((2 rem + b) ^ (lane & 7)): four per-lane offsets per operand, the rest immediates. */
+    constexpr int ROW_BYTES = D * 2;
+    const int r7 = lane & 7;
+    const int bq = lane >> 4, bk = (lane >> 3) & 1, bv = lane >> 4;
+    const u32 q_addr = smem_addr(q_s) + (u32)((wrow + (lane & 15)) * ROW_BYTES);
+    const u32 k_addr = smem_addr(k_s) + (u32)(((lane >> 4) * 8 + r7) * ROW_BYTES);
+    const u32 v_addr = smem_addr(v_s) + (u32)((((lane >> 3) & 1) * 8 + r7) * ROW_BYTES);
+    u32 xq[4], xk[4], xv[4];
+#pragma unroll
+    for (int rem = 0; rem < 4; rem++) {
+        xq[rem] = (u32)(((2 * rem + bq) ^ r7) << 4);
+        xk[rem] = (u32)(((2 * rem + bk) ^ r7) << 4);
+        xv[rem] = (u32)(((2 * rem + bv) ^ r7) << 4);
+    }
     u32 qf[Cfg::Q_IN_REGS ? MT : 1][Cfg::Q_IN_REGS ? KD : 1][4];
     float o[MT][DTN][4];
     float m[MT][2], l[MT][2];
@@ -173,14 +207,12 @@ template <class Cfg> __device__ void prefill_kernel(const kiln_launch_params &p)
 #pragma unroll
             for (int mt = 0; mt < MT; mt++)
 #pragma unroll
-                for (int kk = 0; kk < KD; kk++) {
-                    const int row = wrow + mt * 16 + (lane % 16);
-                    ldmatrix_x4(smem_addr(q_s + swz<D>(row, kk * 2 + lane / 16)), qf[mt][kk][0],
+                for (int kk = 0; kk < KD; kk++)
+                    ldmatrix_x4(q_addr + mt * 16 * ROW_BYTES + (kk >> 2) * 128 + xq[kk & 3], qf[mt][kk][0],
                                 qf[mt][kk][1], qf[mt][kk][2], qf[mt][kk][3]);
-                }
         }
-        const u16 *ks = k_s + (idx % STAGES) * BN * D;
-        const u16 *vs = v_s + (idx % STAGES) * BN * D;
+        const u32 ks = k_addr + (u32)((idx % STAGES) * BN * ROW_BYTES);
+        const u32 vs = v_addr + (u32)((idx % STAGES) * BN * ROW_BYTES);
 
         /* S = Q K^T for this warp's rows and BN keys. */
         float s[MT][NT][4];
@@ -192,8 +224,11 @@ template <class Cfg> __device__ void prefill_kernel(const kiln_launch_params &p)
                 for (int e = 0; e < 4; e++) s[mt][nt][e] = 0.f;
         /* Fully unrolled, the scheduler hoists every K fragment load and runs out of
          * registers at MT=2; with Q in registers the kk index must stay compile-time. */
-#pragma unroll(Cfg::Q_IN_REGS ? KD : 2)
-        for (int kk = 0; kk < KD; kk++) {
+#pragma unroll(Cfg::Q_IN_REGS ? KD / 4 : 1)
+        for (int kq = 0; kq < KD / 4; kq++)
+#pragma unroll
+        for (int rem = 0; rem < 4; rem++) {
+            const int kk = kq * 4 + rem;
             u32 a[MT][4];
 #pragma unroll
             for (int mt = 0; mt < MT; mt++) {
@@ -201,17 +236,14 @@ template <class Cfg> __device__ void prefill_kernel(const kiln_launch_params &p)
 #pragma unroll
                     for (int e = 0; e < 4; e++) a[mt][e] = qf[Cfg::Q_IN_REGS ? mt : 0][Cfg::Q_IN_REGS ? kk : 0][e];
                 } else {
-                    const int row = wrow + mt * 16 + (lane % 16);
-                    ldmatrix_x4(smem_addr(q_s + swz<D>(row, kk * 2 + lane / 16)), a[mt][0],
-                                a[mt][1], a[mt][2], a[mt][3]);
+                    ldmatrix_x4(q_addr + mt * 16 * ROW_BYTES + kq * 128 + xq[rem], a[mt][0], a[mt][1],
+                                a[mt][2], a[mt][3]);
                 }
             }
 #pragma unroll
             for (int np = 0; np < NT / 2; np++) {
                 u32 b0, b1, b2, b3;
-                const int mi = lane / 8;
-                const int n = np * 16 + (mi / 2) * 8 + (lane % 8);
-                ldmatrix_x4(smem_addr(ks + swz<D>(n, kk * 2 + (mi % 2))), b0, b1, b2, b3);
+                ldmatrix_x4(ks + np * 16 * ROW_BYTES + kq * 128 + xk[rem], b0, b1, b2, b3);
 #pragma unroll
                 for (int mt = 0; mt < MT; mt++) {
                     mma16816<DT>(s[mt][2 * np], a[mt], b0, b1);
@@ -289,9 +321,7 @@ template <class Cfg> __device__ void prefill_kernel(const kiln_launch_params &p)
 #pragma unroll
             for (int dp = 0; dp < DTN / 2; dp++) {
                 u32 b0, b1, b2, b3;
-                const int mi = lane / 8;
-                const int tok = kk * 16 + (mi % 2) * 8 + (lane % 8);
-                ldmatrix_x4_trans(smem_addr(vs + swz<D>(tok, dp * 2 + mi / 2)), b0, b1, b2, b3);
+                ldmatrix_x4_trans(vs + kk * 16 * ROW_BYTES + (dp >> 2) * 128 + xv[dp & 3], b0, b1, b2, b3);
 #pragma unroll
                 for (int mt = 0; mt < MT; mt++) {
                     mma16816<DT>(o[mt][2 * dp], a[mt], b0, b1);
