@@ -138,6 +138,10 @@ kiln_status kiln__cache_lease_sweep(kiln__cache *c, int *removed, int *live, kil
 kiln_status kiln__cache_evict(kiln__cache *c, int64_t max_bytes, const char *keep, int *removed,
                               int64_t *freed, kiln__err *e);
 
+/* Give space back: checkpoint the WAL into the file and truncate it, and with vacuum=1
+ * rewrite the file without its free pages (VACUUM; holds the write lock throughout). */
+kiln_status kiln__cache_compact(kiln__cache *c, int vacuum, kiln__err *e);
+
 /* Parse a size: digits with an optional K, M, G or T suffix (powers of 1024; a trailing B or
  * iB is allowed: 512M, 2GiB, 1048576). KILN_STATUS_INVALID_ARGUMENT naming the text. */
 kiln_status kiln__cache_parse_size(const char *s, int64_t *out, kiln__err *e);
@@ -158,6 +162,14 @@ typedef struct kiln__row_rules {
  * key format version, and kiln__cubin_check. 0 when sound; else non-zero with the reason in
  * why[cap] ("checksum mismatch: stored x, computed y"). */
 int kiln__cache_row_check(const kiln__entry *en, const kiln__row_rules *r, char *why, size_t cap);
+
+/* The stored checksum of key's row into sum[33] (the blob is not read and no counter moves):
+ * KILN_STATUS_NOT_FOUND when there is no such row. */
+kiln_status kiln__cache_checksum(kiln__cache *c, const char *key, char sum[33], kiln__err *e);
+
+/* SQLite's PRAGMA integrity_check of the whole file: OK, or KILN_STATUS_CACHE with its first
+ * complaint. */
+kiln_status kiln__cache_integrity(kiln__cache *c, kiln__err *e);
 
 /* Call fn for every row, in key order, with every column (cubin, texts, stored checksum in
  * en->checksum); the entry is freed after fn returns. The handle is locked throughout: fn must

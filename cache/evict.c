@@ -115,6 +115,21 @@ kiln_status kiln__cache_evict(kiln__cache *c, int64_t max_bytes, const char *kee
     return s;
 }
 
+kiln_status kiln__cache_compact(kiln__cache *c, int vacuum, kiln__err *e)
+{
+    if (!c) return kiln__fail(e, KILN_STATUS_INVALID_ARGUMENT, "cache: compact needs a cache");
+    if (c->readonly)
+        return kiln__fail(e, KILN_STATUS_IO, "cache %s: cannot compact: the cache is read-only (%s)",
+                          c->path, c->ro_why);
+    kiln_status s = KILN_STATUS_OK;
+    pthread_mutex_lock(&c->lock);
+    if (vacuum && kiln__cache_exec(c, "VACUUM") != SQLITE_OK) s = kiln__cache_fail(c, e, "vacuum");
+    if (!s && kiln__cache_exec(c, "PRAGMA wal_checkpoint(TRUNCATE)") != SQLITE_OK)
+        s = kiln__cache_fail(c, e, "checkpointing the WAL");
+    pthread_mutex_unlock(&c->lock);
+    return s;
+}
+
 kiln_status kiln__cache_parse_size(const char *s, int64_t *out, kiln__err *e)
 {
     if (out) *out = 0;

@@ -4,8 +4,10 @@
  * holder (host, pid, a per-handle nonce) and when it expires. Others see the live lease and
  * wait for the kernel row instead of compiling it too. A lease stops blocking when it expires
  * or when its holder is a dead process of this host, so a builder killed with SIGKILL never
- * wedges the others. A handle refreshes the leases it holds from a keeper thread, so a long
- * compile keeps its lease. The waiting loop itself belongs to the caller (runtime/kernel.c).
+ * wedges the others. Within one process the open handles are known, so a lease left behind
+ * by a handle of this process (a release that failed on a full disk) blocks nobody here either.
+ * A handle refreshes the leases it holds from a keeper thread, so a long compile keeps its
+ * lease. The waiting loop itself belongs to the caller (runtime/kernel.c).
  */
 #include "store.h"
 
@@ -19,6 +21,13 @@
 
 /* Shortest lease lifetime $KILN_LEASE_SECONDS may set (the keeper wakes every quarter). */
 #define LEASE_MIN_SECONDS 4
+/* A failed release is tried again this many times, this far apart. */
+#define RELEASE_TRIES 3
+#define RELEASE_RETRY_MS 50
+
+/* The open handles of this process, to tell a live lease of ours from one left behind. */
+static pthread_mutex_t registry_lock = PTHREAD_MUTEX_INITIALIZER;
+static kiln__cache *registry;
 
 /* ---- holder identity ------------------------------------------------------------------------ */
 
@@ -40,6 +49,25 @@ void kiln__lease_init(kiln__cache *c)
     }
     pthread_mutex_init(&c->keeper.lock, NULL);
     pthread_cond_init(&c->keeper.wake, NULL);
+    pthread_mutex_lock(&registry_lock);
+    c->next_open = registry;
+    registry = c;
+    pthread_mutex_unlock(&registry_lock);
+}
+
+/* 1 when an open handle of this process named holder holds key's lease. */
+static int held_here(const char *holder, const char *key)
+{
+    int held = 0;
+    pthread_mutex_lock(&registry_lock);
+    for (kiln__cache *h = registry; h && !held; h = h->next_open) {
+        if (strcmp(h->holder, holder) != 0) continue;
+        pthread_mutex_lock(&h->keeper.lock);
+        for (int i = 0; i < h->keeper.n && !held; i++) held = !strcmp(h->keeper.keys[i], key);
+        pthread_mutex_unlock(&h->keeper.lock);
+    }
+    pthread_mutex_unlock(&registry_lock);
+    return held;
 }
 
 /* 1 when process pid of this host may still run (kill(pid, 0) does not say ESRCH). */
@@ -49,13 +77,14 @@ static int pid_alive(int64_t pid)
     return kill((pid_t)pid, 0) == 0 || errno != ESRCH;
 }
 
-/* 1 when lease l still blocks others at time now (see the file comment). */
-static int lease_live(const kiln__cache *c, const kiln__lease *l, int64_t now)
+/* 1 when the lease l on key still blocks others at time now (see the file comment). */
+static int lease_live(const kiln__cache *c, const char *key, const kiln__lease *l, int64_t now)
 {
     if (!strcmp(l->holder, c->holder)) return 0; /* our own: take it again */
     if (l->expires <= now) return 0;
-    if (!strcmp(l->host, c->host) && !pid_alive(l->pid)) return 0;
-    return 1;
+    if (strcmp(l->host, c->host) != 0) return 1;
+    if (l->pid == (int64_t)getpid()) return held_here(l->holder, key);
+    return pid_alive(l->pid);
 }
 
 /* ---- the keeper thread ---------------------------------------------------------------------- */
@@ -137,6 +166,13 @@ static void unhold(kiln__cache *c, const char *key)
 
 void kiln__lease_fini(kiln__cache *c)
 {
+    pthread_mutex_lock(&registry_lock);
+    for (kiln__cache **pp = &registry; *pp; pp = &(*pp)->next_open) {
+        if (*pp != c) continue;
+        *pp = c->next_open;
+        break;
+    }
+    pthread_mutex_unlock(&registry_lock);
     kiln__lease_keeper *k = &c->keeper;
     pthread_mutex_lock(&k->lock);
     int running = k->running;
@@ -178,13 +214,14 @@ static int read_state(kiln__cache *c, const char *key, int *present, kiln__lease
 }
 
 /* Decide from what read_state found; 1 when the lease may be taken. */
-static int decide(kiln__cache *c, int present, int replace, kiln__lease *l, int64_t now)
+static int decide(kiln__cache *c, const char *key, int present, int replace, kiln__lease *l,
+                  int64_t now)
 {
     if (present && !replace) {
         l->state = KILN__LEASE_PRESENT;
         return 0;
     }
-    if (l->holder[0] && lease_live(c, l, now)) {
+    if (l->holder[0] && lease_live(c, key, l, now)) {
         l->state = KILN__LEASE_HELD;
         return 0;
     }
@@ -199,13 +236,13 @@ static kiln_status take_locked(kiln__cache *c, const char *key, int replace, kil
     /* A read first: waiters poll without taking the write lock. */
     if (read_state(c, key, &present, out) != SQLITE_OK)
         return kiln__cache_fail(c, e, "reading the compile lease of %s", key);
-    if (!decide(c, present, replace, out, now)) return KILN_STATUS_OK;
+    if (!decide(c, key, present, replace, out, now)) return KILN_STATUS_OK;
     if (kiln__cache_exec(c, "BEGIN IMMEDIATE") != SQLITE_OK)
         return kiln__cache_fail(c, e, "taking the compile lease of %s: begin", key);
     if (read_state(c, key, &present, out) != SQLITE_OK)
         return kiln__cache_fail(c, e, "taking the compile lease of %s", key);
     now = (int64_t)time(NULL);
-    if (!decide(c, present, replace, out, now)) {
+    if (!decide(c, key, present, replace, out, now)) {
         kiln__cache_rollback(c);
         return KILN_STATUS_OK;
     }
@@ -254,19 +291,30 @@ kiln_status kiln__cache_lease_take(kiln__cache *c, const char *key, int replace,
     return s;
 }
 
+/* Delete this handle's lease row on key; 1 when done. */
+static int release_once(kiln__cache *c, const char *key)
+{
+    pthread_mutex_lock(&c->lock);
+    sqlite3_stmt *st = NULL;
+    int rc = kiln__cache_prepare(c, "DELETE FROM leases WHERE key = ?1 AND holder = ?2", &st);
+    if (rc == SQLITE_OK) rc = sqlite3_bind_text(st, 1, key, -1, SQLITE_STATIC);
+    if (rc == SQLITE_OK) rc = sqlite3_bind_text(st, 2, c->holder, -1, SQLITE_STATIC);
+    if (rc == SQLITE_OK) rc = kiln__cache_step(c, st);
+    sqlite3_finalize(st);
+    pthread_mutex_unlock(&c->lock);
+    return rc == SQLITE_DONE;
+}
+
 void kiln__cache_lease_release(kiln__cache *c, const char *key)
 {
     if (!c || !key || c->readonly) return;
+    /* Forgotten first: from now on this process treats the row as left behind. A row that
+     * cannot be deleted (a full disk) blocks other processes until it expires. */
     unhold(c, key);
-    pthread_mutex_lock(&c->lock);
-    sqlite3_stmt *st = NULL;
-    if (kiln__cache_prepare(c, "DELETE FROM leases WHERE key = ?1 AND holder = ?2", &st) ==
-            SQLITE_OK &&
-        sqlite3_bind_text(st, 1, key, -1, SQLITE_STATIC) == SQLITE_OK &&
-        sqlite3_bind_text(st, 2, c->holder, -1, SQLITE_STATIC) == SQLITE_OK)
-        kiln__cache_step(c, st); /* a failure leaves a lease that expires, or that we retake */
-    sqlite3_finalize(st);
-    pthread_mutex_unlock(&c->lock);
+    for (int i = 0; i < RELEASE_TRIES && !release_once(c, key); i++) {
+        struct timespec ts = {0, RELEASE_RETRY_MS * 1000000L};
+        nanosleep(&ts, NULL);
+    }
 }
 
 /* Collect the keys of leases that no longer block into *dead (malloc'd) and count the live. */
@@ -286,7 +334,7 @@ static int collect_dead(kiln__cache *c, char (**dead)[33], int *ndead, int *live
         l.pid = sqlite3_column_int64(st, 2);
         l.expires = sqlite3_column_int64(st, 4);
         /* our own leases are live while we hold them */
-        if (!strcmp(l.holder, c->holder) || lease_live(c, &l, now)) {
+        if (!strcmp(l.holder, c->holder) || lease_live(c, (const char *)k, &l, now)) {
             ++*live;
             continue;
         }

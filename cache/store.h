@@ -43,6 +43,7 @@ struct kiln__cache {
     char holder[128]; /* "<host>/<pid>/<nonce>": the name this handle's leases carry */
     int lease_ttl;    /* seconds */
     kiln__lease_keeper keeper;
+    struct kiln__cache *next_open; /* the process's open handles (lease.c's registry) */
 };
 
 /* Fill the lease fields of a new handle (host, holder name, lifetime). lease.c. */

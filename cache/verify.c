@@ -211,3 +211,48 @@ kiln_status kiln__cache_scan(kiln__cache *c, kiln__cache_visit fn, void *user, k
     pthread_mutex_unlock(&c->lock);
     return s;
 }
+
+kiln_status kiln__cache_checksum(kiln__cache *c, const char *key, char sum[33], kiln__err *e)
+{
+    if (sum) sum[0] = 0;
+    if (!c || !key || !sum)
+        return kiln__fail(e, KILN_STATUS_INVALID_ARGUMENT, "cache: checksum needs a cache and a key");
+    pthread_mutex_lock(&c->lock);
+    sqlite3_stmt *st = NULL;
+    kiln_status s = KILN_STATUS_OK;
+    int rc = kiln__cache_prepare(c, "SELECT checksum FROM kernels WHERE key = ?1", &st);
+    if (rc == SQLITE_OK) rc = sqlite3_bind_text(st, 1, key, -1, SQLITE_STATIC);
+    if (rc == SQLITE_OK) rc = kiln__cache_step(c, st);
+    if (rc == SQLITE_ROW) {
+        const unsigned char *t = sqlite3_column_text(st, 0);
+        snprintf(sum, 33, "%s", t ? (const char *)t : "");
+    } else if (rc == SQLITE_DONE) {
+        s = kiln__fail(e, KILN_STATUS_NOT_FOUND, "cache %s: no entry %s", c->path, key);
+    } else {
+        s = kiln__cache_fail(c, e, "reading the checksum of %s", key);
+    }
+    sqlite3_finalize(st);
+    pthread_mutex_unlock(&c->lock);
+    return s;
+}
+
+kiln_status kiln__cache_integrity(kiln__cache *c, kiln__err *e)
+{
+    if (!c) return kiln__fail(e, KILN_STATUS_INVALID_ARGUMENT, "cache: integrity needs a cache");
+    pthread_mutex_lock(&c->lock);
+    sqlite3_stmt *st = NULL;
+    kiln_status s = KILN_STATUS_OK;
+    int rc = kiln__cache_prepare(c, "PRAGMA integrity_check", &st);
+    if (rc == SQLITE_OK) rc = kiln__cache_step(c, st);
+    if (rc == SQLITE_ROW) {
+        const unsigned char *t = sqlite3_column_text(st, 0);
+        if (!t || strcmp((const char *)t, "ok") != 0)
+            s = kiln__fail(e, KILN_STATUS_CACHE, "cache %s: integrity check failed: %.300s", c->path,
+                           t ? (const char *)t : "(no answer)");
+    } else {
+        s = kiln__cache_fail(c, e, "integrity check");
+    }
+    sqlite3_finalize(st);
+    pthread_mutex_unlock(&c->lock);
+    return s;
+}

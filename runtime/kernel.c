@@ -281,7 +281,9 @@ static kiln_status acquire(kiln_ctx *ctx, kiln_kernel *k, int replace, int *take
 
 /* Fill k's binary: from the local cache, else the base cache, else (unless strict) compile it
  * under the key's compile lease and store it in the local cache. A row that is corrupt or is
- * not the kernel asked for is reported on stderr, never loaded, and replaced. */
+ * not the kernel asked for is reported on stderr, never loaded, and replaced. Failures of the
+ * cache itself (a lease that cannot be taken, a row that cannot be stored) are reported on
+ * stderr and do not fail a kernel that compiles. */
 static kiln_status build(kiln_ctx *ctx, kiln_kernel *k, kiln__err *e)
 {
     kiln_status st = kiln__config_pick(&k->v, kiln__arch_sm(k->arch), &k->cfg, e);
@@ -305,16 +307,16 @@ static kiln_status build(kiln_ctx *ctx, kiln_kernel *k, kiln__err *e)
         if (r == LOOKUP_BAD && !bad[0]) memcpy(bad, bad_base, sizeof bad);
     }
     if (ctx->strict) return strict_miss(ctx, k, bad, e);
-    if (!ctx->cache) return compile_store(ctx, k, e);
-    const char *why = NULL;
-    if (kiln__cache_readonly(ctx->cache, &why))
-        return kiln__fail(e, KILN_STATUS_IO,
-                          "cache %s is read-only (%s): cannot store kernel %s (%s, %s); nothing "
-                          "compiled",
-                          ctx->cache_path, why, k->key, k->spec, k->arch);
+    /* A cache that cannot be written (read-only, full, failing) never fails a kernel that can be
+     * compiled: compile_store says on stderr that it was not stored. */
+    if (!ctx->cache || kiln__cache_readonly(ctx->cache, NULL)) return compile_store(ctx, k, e);
 
     int taken = 0, hit = 0;
-    if ((st = acquire(ctx, k, local_bad, &taken, &hit, e)) || hit) return st;
+    kiln__err le = {{0}};
+    if (acquire(ctx, k, local_bad, &taken, &hit, &le))
+        fprintf(stderr, "kiln: %s (%s): %s; compiling it without the lease\n", k->spec, k->arch,
+                le.msg);
+    if (hit) return KILN_STATUS_OK;
     st = compile_store(ctx, k, e);
     if (taken) kiln__cache_lease_release(ctx->cache, k->key);
     return st;

@@ -152,7 +152,8 @@ KT_TEST(cli_help)
     KT_CONTAINS(r.out, "usage: kiln");
     KT_CONTAINS(r.out, "warm");
     run_free(&r);
-    static const char *const cmds[] = {"info", "compile", "warm", "ls", "show", "rm", "check", "help"};
+    static const char *const cmds[] = {"info", "compile", "warm", "ls",     "show",  "rm",
+                                       "check", "help",    "verify", "gc", "merge", "export"};
     for (size_t i = 0; i < sizeof cmds / sizeof cmds[0]; i++) {
         char want[64];
         snprintf(want, sizeof want, "usage: kiln %s", cmds[i]);

@@ -39,12 +39,13 @@ static const char manifest4[] = SPEC_0 "\n" SPEC_1 "\n" SPEC_2 "\n" SPEC_3 "\n";
 
 /* ---- helpers ------------------------------------------------------------------------------- */
 
-/* "<tmp>/<name>" in one of 8 static buffers, round robin. */
+/* "<tmp>/<name>" in one of 256 static buffers, round robin (a test keeps what it needs within
+ * that many calls). */
 static const char *tmp_path(const char *name)
 {
-    static char bufs[8][700];
+    static char bufs[256][700];
     static int next;
-    char *p = bufs[next++ % 8];
+    char *p = bufs[next++ % 256];
     snprintf(p, sizeof bufs[0], "%s/%s", kt_tmpdir(), name);
     return p;
 }
@@ -250,6 +251,9 @@ static int compiled_in(const char *text)
         total += atoi(p + strlen(" kernels: "));
     return total;
 }
+
+static char *capture_stderr(int (*fn)(kiln_ctx *, const char *, const char *), kiln_ctx *ctx,
+                            const char *spec, const char *arch, int *result);
 
 /* ---- strict and record ------------------------------------------------------------------------ */
 
@@ -517,14 +521,17 @@ KT_TEST(fleet_base_on_readonly_fs)
             KT_EQ_INT(compile(ctx, SPEC_1, "sm_90a"), 1);
             kiln_ctx_destroy(ctx);
         }
-        /* the same file as the only, local, cache: opened read-only, and says why it cannot
-         * store anything */
+        /* the same file as the only, local, cache: opened read-only; a miss is compiled,
+         * and not stored, with the reason on stderr */
         ctx = ctx_open(base, KILN_CACHE_MODE_COMPILE, NULL, NULL, 0);
         if (ctx) {
             KT_EQ_INT(compile(ctx, SPEC_1, "sm_90a"), 1);
-            KT_EQ_INT(compile(ctx, SPEC_2, "sm_90a"), -1);
-            KT_CONTAINS(kiln_ctx_errmsg(ctx), "read-only");
-            KT_CONTAINS(kiln_ctx_errmsg(ctx), "nothing compiled");
+            int from_cache = -2;
+            char *err = capture_stderr(compile, ctx, SPEC_2, "sm_90a", &from_cache);
+            KT_EQ_INT(from_cache, 0);
+            KT_CONTAINS(err, "read-only");
+            KT_CONTAINS(err, "not stored");
+            free(err);
             kiln_ctx_destroy(ctx);
         }
     }
@@ -596,4 +603,637 @@ KT_TEST(fleet_bound_evicts_lru)
     KT_EQ_INT(db_long(db, "SELECT count(*) FROM kernels"), 1);
     o.max_cache_bytes = -5;
     KT_STATUS(kiln_ctx_create(&o, &ctx), KILN_STATUS_INVALID_ARGUMENT, kiln_errmsg());
+}
+
+/* ---- corruption ---------------------------------------------------------------------------------- */
+
+typedef enum damage { FLIP, TRUNCATE_STALE, TRUNCATE_RESUMMED } damage;
+
+/* Damage the cubin of key's row: flip bytes in the middle (checksum left stale), cut it in half
+ * (checksum stale), or cut it in half and store a matching checksum (only the ELF check can
+ * tell). */
+static void damage_row(const char *db, const char *key, damage how)
+{
+    sqlite3 *h = NULL;
+    KT_REQUIRE(sqlite3_open(db, &h) == SQLITE_OK);
+    sqlite3_busy_timeout(h, 10000);
+    sqlite3_stmt *st = NULL;
+    unsigned char *blob = NULL;
+    int n = 0;
+    if (sqlite3_prepare_v2(h, "SELECT cubin FROM kernels WHERE key = ?1", -1, &st, NULL) ==
+            SQLITE_OK &&
+        sqlite3_bind_text(st, 1, key, -1, SQLITE_STATIC) == SQLITE_OK &&
+        sqlite3_step(st) == SQLITE_ROW) {
+        n = sqlite3_column_bytes(st, 0);
+        blob = malloc((size_t)n);
+        memcpy(blob, sqlite3_column_blob(st, 0), (size_t)n);
+    }
+    sqlite3_finalize(st);
+    KT_CHECK(blob && n > 100);
+    if (blob) {
+        if (how == FLIP)
+            for (int i = n / 2; i < n / 2 + 4; i++) blob[i] ^= 0x5a;
+        else
+            n /= 2;
+        char sum[33];
+        kiln__hash128(blob, (size_t)n, sum);
+        const char *sql = how == TRUNCATE_RESUMMED
+                              ? "UPDATE kernels SET cubin = ?2, checksum = ?3 WHERE key = ?1"
+                              : "UPDATE kernels SET cubin = ?2 WHERE key = ?1 AND ?3 IS NOT NULL";
+        KT_CHECK(sqlite3_prepare_v2(h, sql, -1, &st, NULL) == SQLITE_OK);
+        sqlite3_bind_text(st, 1, key, -1, SQLITE_STATIC);
+        sqlite3_bind_blob(st, 2, blob, n, SQLITE_STATIC);
+        sqlite3_bind_text(st, 3, sum, -1, SQLITE_STATIC);
+        KT_CHECK(sqlite3_step(st) == SQLITE_DONE);
+        sqlite3_finalize(st);
+    }
+    free(blob);
+    sqlite3_close(h);
+}
+
+/* Run fn with stderr sent to a file of its own (writable by whoever runs it, root or not);
+ * returns what it wrote (malloc'd). */
+static char *capture_stderr(int (*fn)(kiln_ctx *, const char *, const char *), kiln_ctx *ctx,
+                            const char *spec, const char *arch, int *result)
+{
+    char path[128];
+    const char *tmp = getenv("TMPDIR");
+    snprintf(path, sizeof path, "%s/kiln-stderr-%ld.txt", tmp && *tmp ? tmp : "/tmp", (long)getpid());
+    fflush(stderr);
+    int saved = dup(2), fd = open(path, O_WRONLY | O_CREAT | O_TRUNC, 0600);
+    if (fd >= 0) {
+        dup2(fd, 2);
+        close(fd);
+    }
+    *result = fn(ctx, spec, arch);
+    fflush(stderr);
+    dup2(saved, 2);
+    close(saved);
+    char *text = slurp(path, NULL);
+    unlink(path);
+    return text;
+}
+
+KT_TEST(fleet_corrupt_rows)
+{
+    const char *dir = tmp_path("c"), *db = tmp_path("c/kernels.db");
+    char k[4][33];
+    for (int i = 0; i < 4; i++) key_of(specs4[i], "sm_80", k[i]);
+    kiln_ctx *ctx = ctx_open(dir, KILN_CACHE_MODE_COMPILE, NULL, NULL, 0);
+    KT_REQUIRE(ctx);
+    for (int i = 0; i < 3; i++) KT_EQ_INT(compile(ctx, specs4[i], "sm_80"), 0);
+    kiln_ctx_destroy(ctx);
+    char *good = db_text(db, "SELECT group_concat(key || checksum) FROM "
+                             "(SELECT key, checksum FROM kernels ORDER BY key)");
+    char sql[1024];
+    /* four kinds of damage: row 0 flipped, row 1 truncated with a matching checksum, row 2's
+     * key material edited, and row 2 copied under the key of spec 3 */
+    damage_row(db, k[0], FLIP);
+    damage_row(db, k[1], TRUNCATE_RESUMMED);
+    snprintf(sql, sizeof sql,
+             "INSERT INTO kernels SELECT '%s', spec, arch, nvrtc, key_material, source, log, cubin,"
+             " checksum, registers, smem_bytes, spill_bytes, stack_bytes, compile_ms, created,"
+             " last_used, hits FROM kernels WHERE key = '%s'",
+             k[3], k[2]);
+    KT_CHECK(db_exec(db, sql));
+    snprintf(sql, sizeof sql,
+             "UPDATE kernels SET key_material = replace(key_material, 'group=4', 'group=5') "
+             "WHERE key = '%s'",
+             k[2]);
+    KT_CHECK(db_exec(db, sql));
+
+    /* verify reports each with its reason, and exits 1 */
+    run r;
+    KT_EQ_INT(RUN(&r, "--cache", dir, "verify"), 1);
+    KT_CONTAINS(r.out, "verified 4 rows");
+    KT_CONTAINS(r.out, ": 4 bad");
+    char want[128];
+    snprintf(want, sizeof want, "bad %s sm_80 ", k[0]);
+    KT_CONTAINS(r.out, want);
+    KT_CONTAINS(r.out, "checksum mismatch: stored ");
+    KT_CONTAINS(r.out, "the cubin is truncated");
+    KT_CONTAINS(r.out, "the key does not match its key material");
+    run_free(&r);
+
+    /* strict mode refuses them (never loaded) and says why */
+    ctx = ctx_open(dir, KILN_CACHE_MODE_STRICT, NULL, NULL, 0);
+    KT_REQUIRE(ctx);
+    KT_EQ_INT(compile(ctx, SPEC_0, "sm_80"), -1);
+    KT_CONTAINS(kiln_ctx_errmsg(ctx), "failed its checksum");
+    KT_EQ_INT(compile(ctx, SPEC_3, "sm_80"), -1);
+    KT_CONTAINS(kiln_ctx_errmsg(ctx), "for another kernel");
+    kiln_ctx_destroy(ctx);
+
+    /* a compiling context reports each on stderr, never loads it, and recompiles */
+    ctx = ctx_open(dir, KILN_CACHE_MODE_COMPILE, NULL, NULL, 0);
+    KT_REQUIRE(ctx);
+    static const char *const reasons[4] = {"failed its checksum", "the cubin is truncated",
+                                           "for another kernel", "for another kernel"};
+    for (int i = 0; i < 4; i++) {
+        int from_cache = -2;
+        char *err = capture_stderr(compile, ctx, specs4[i], "sm_80", &from_cache);
+        KT_EQ_INT(from_cache, 0);
+        KT_CONTAINS(err, k[i]);
+        KT_CONTAINS(err, reasons[i]);
+        KT_CONTAINS(err, "not loaded");
+        KT_CONTAINS(err, "recompiling");
+        free(err);
+    }
+    kiln_ctx_destroy(ctx);
+    KT_EQ_INT(RUN(&r, "--cache", dir, "verify"), 0);
+    KT_CONTAINS(r.out, "verified 4 rows");
+    KT_CONTAINS(r.out, ": 0 bad");
+    run_free(&r);
+    /* recompiled: byte-equal to the first compile (NVRTC is deterministic) */
+    snprintf(sql, sizeof sql,
+             "SELECT group_concat(key || checksum) FROM (SELECT key, checksum FROM kernels "
+             "WHERE key != '%s' ORDER BY key)",
+             k[3]);
+    char *repaired = db_text(db, sql);
+    KT_EQ_STR(repaired, good);
+    free(repaired);
+    free(good);
+
+    /* verify --fix deletes bad rows instead */
+    damage_row(db, k[0], TRUNCATE_STALE);
+    KT_EQ_INT(RUN(&r, "--cache", dir, "verify", "--fix"), 0);
+    KT_CONTAINS(r.out, "1 bad, 1 removed");
+    run_free(&r);
+    KT_EQ_INT(db_long(db, "SELECT count(*) FROM kernels"), 3);
+    KT_EQ_INT(RUN(&r, "--cache", dir, "verify"), 0);
+    run_free(&r);
+    check_integrity(db);
+}
+
+KT_TEST(fleet_foreign_files_untouched)
+{
+    /* a garbage file and a future-schema cache: refused by contexts, warm, verify and merge,
+     * and never written */
+    const char *g = tmp_path("g"), *g_db = tmp_path("g/kernels.db");
+    KT_REQUIRE(mkdir(g, 0700) == 0);
+    write_text(g_db, "these are not the kernels you are looking for\n");
+    const char *f = tmp_path("f"), *f_db = tmp_path("f/kernels.db");
+    make_base(f);
+    KT_CHECK(db_exec(f_db, "UPDATE meta SET v = '99' WHERE k = 'schema_version'"));
+    size_t ng = 0, nf = 0, n;
+    char *g0 = slurp(g_db, &ng), *f0 = slurp(f_db, &nf);
+    kiln_ctx_opts o = {0};
+    kiln_ctx *ctx = NULL;
+    o.no_device = 1;
+    o.cache_dir = g;
+    KT_STATUS(kiln_ctx_create(&o, &ctx), KILN_STATUS_CACHE, kiln_errmsg());
+    KT_CONTAINS(kiln_errmsg(), "not a kiln cache");
+    o.cache_dir = f;
+    KT_STATUS(kiln_ctx_create(&o, &ctx), KILN_STATUS_CACHE, kiln_errmsg());
+    KT_CONTAINS(kiln_errmsg(), "schema version 99");
+    o.cache_dir = tmp_path("ok");
+    o.base_cache_dir = f;
+    KT_STATUS(kiln_ctx_create(&o, &ctx), KILN_STATUS_CACHE, kiln_errmsg());
+    KT_CONTAINS(kiln_errmsg(), "base cache");
+    run r;
+    const char *m = tmp_path("m.txt");
+    write_text(m, SPEC_0 "\n");
+    KT_EQ_INT(RUN(&r, "--cache", g, "warm", "--arch", "sm_80", m), 1);
+    KT_CONTAINS(r.err, "not a kiln cache");
+    run_free(&r);
+    KT_EQ_INT(RUN(&r, "--cache", f, "verify"), 1);
+    KT_CONTAINS(r.err, "left untouched");
+    run_free(&r);
+    KT_EQ_INT(RUN(&r, "merge", tmp_path("out.db"), f, g), 1);
+    KT_CONTAINS(r.err, "written by schema version 99");
+    KT_CONTAINS(r.err, "not a kiln cache");
+    run_free(&r);
+    KT_EQ_INT(RUN(&r, "merge", g_db, tmp_path("ok")), 1); /* nor as the output */
+    run_free(&r);
+    char *g1 = slurp(g_db, &n);
+    KT_CHECK(n == ng && !memcmp(g0, g1, n));
+    free(g1);
+    char *f1 = slurp(f_db, &n);
+    KT_CHECK(n == nf && !memcmp(f0, f1, n));
+    free(f1);
+    free(g0);
+    free(f0);
+}
+
+/* ---- killed builders ------------------------------------------------------------------------------- */
+
+/* Wait up to ms for pid; 1 when it exited (status in *code), 0 on timeout. */
+static int wait_for(pid_t pid, int ms, int *code)
+{
+    for (int t = 0; t <= ms; t += 10) {
+        int status = 0;
+        pid_t w = waitpid(pid, &status, WNOHANG);
+        if (w == pid) {
+            *code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+            return 1;
+        }
+        struct timespec ts = {0, 10 * 1000000L};
+        nanosleep(&ts, NULL);
+    }
+    return 0;
+}
+
+KT_TEST(fleet_kill_builders)
+{
+    /* warms of 8 specs (--jobs 2) killed with SIGKILL at random moments; between runs a random
+     * half of the rows is deleted so that every run has compiles to be killed in */
+    enum { KILLS = 22, ATTEMPTS = 60 };
+    const char *dir = tmp_path("c"), *db = tmp_path("c/kernels.db"), *m = tmp_path("m.txt");
+    write_text(m, "op=decode head_dim=64 dtype={f16,bf16} group={1,2,4,8}\n");
+    const char *const args[] = {"--cache", dir, "warm", "--arch", "sm_90a", "--jobs", "2", m, NULL};
+    unsigned seed = (unsigned)time(NULL);
+    printf("    seed %u\n", seed);
+    srand(seed);
+    int kills = 0, lost = 0, mid_compile = 0;
+    for (int i = 0; i < ATTEMPTS && kills < KILLS; i++) {
+        if (access(db, F_OK) == 0) {
+            KT_CHECK(db_exec(db, "DELETE FROM kernels WHERE abs(random()) % 2 = 0"));
+        }
+        char *before = access(db, F_OK) == 0 ? db_text(db, "SELECT group_concat(key) FROM kernels")
+                                              : strdup("");
+        pid_t pid = spawn("k", NULL, args);
+        int delay_ms = rand() % 1501;
+        int code = 0;
+        if (wait_for(pid, delay_ms, &code)) {
+            KT_EQ_INT(code, 0); /* finished before the kill */
+        } else {
+            kill(pid, SIGKILL);
+            waitpid(pid, NULL, 0);
+            kills++;
+        }
+        long leases = db_long(db, "SELECT count(*) FROM leases");
+        mid_compile += leases > 0;
+        /* every row present before the run is still there */
+        for (char *p = before; p && *p;) {
+            char key[33];
+            snprintf(key, sizeof key, "%.32s", p);
+            char sql[128];
+            snprintf(sql, sizeof sql, "SELECT count(*) FROM kernels WHERE key = '%s'", key);
+            if (db_long(db, sql) != 1) lost++;
+            p += strlen(key);
+            if (*p == ',') p++;
+        }
+        free(before);
+    }
+    KT_CHECK(kills >= 20);
+    KT_EQ_INT(lost, 0);
+    check_integrity(db);
+    run r;
+    KT_EQ_INT(RUN(&r, "--cache", dir, "verify"), 0);
+    KT_CONTAINS(r.out, ": 0 bad");
+    run_free(&r);
+    /* the leases of killed builders block nobody: a rerun completes promptly */
+    long t0 = (long)time(NULL);
+    pid_t pid = spawn("rerun", NULL, args);
+    int code = -1;
+    int done = wait_for(pid, 60000, &code);
+    if (!done) {
+        kill(pid, SIGKILL);
+        waitpid(pid, NULL, 0);
+    }
+    KT_CHECK(done);
+    KT_EQ_INT(code, 0);
+    reap(-1, "rerun", &r);
+    KT_CONTAINS(r.out, "8 kernels: ");
+    KT_CONTAINS(r.out, " 0 failed");
+    run_free(&r);
+    KT_EQ_INT(db_long(db, "SELECT count(*) FROM kernels"), 8);
+    KT_EQ_INT(db_long(db, "SELECT count(*) FROM leases"), 0);
+    printf("    %d kills (%d left a lease behind), rows lost %d, rerun %ld s\n", kills, mid_compile,
+           lost, (long)time(NULL) - t0);
+    check_integrity(db);
+}
+
+/* ---- faults ------------------------------------------------------------------------------------- */
+
+#define NOBODY 65534
+
+/* The checks of a read-only local cache, as a user who cannot write it: the cached kernel
+ * loads, a missing one is compiled but not stored. Returns the number of failures. */
+static int readonly_checks(const char *dir)
+{
+    int bad = 0;
+    kiln_ctx_opts o = {0};
+    o.no_device = 1;
+    o.cache_dir = dir;
+    o.mode = KILN_CACHE_MODE_COMPILE;
+    kiln_ctx *ctx = NULL;
+    if (kiln_ctx_create(&o, &ctx) != KILN_STATUS_OK) {
+        printf("    read-only cache: create: %s\n", kiln_errmsg());
+        return 1;
+    }
+    if (compile(ctx, SPEC_0, "sm_80") != 1) {
+        printf("    read-only cache: the stored kernel: %s\n", kiln_ctx_errmsg(ctx));
+        bad++;
+    }
+    int from_cache = -2;
+    char *err = capture_stderr(compile, ctx, SPEC_1, "sm_80", &from_cache);
+    if (from_cache != 0 || !strstr(err, "read-only") || !strstr(err, "not writable") ||
+        !strstr(err, "not stored")) {
+        printf("    read-only cache: a missing kernel: %d: %s\n", from_cache, err);
+        bad++;
+    }
+    free(err);
+    kiln_ctx_destroy(ctx);
+    return bad;
+}
+
+KT_TEST(fleet_faults)
+{
+    const char *dir = tmp_path("c"), *db = tmp_path("c/kernels.db");
+    kiln_ctx *ctx = ctx_open(dir, KILN_CACHE_MODE_COMPILE, NULL, NULL, 0);
+    KT_REQUIRE(ctx);
+    KT_EQ_INT(compile(ctx, SPEC_0, "sm_80"), 0);
+    kiln_ctx_destroy(ctx);
+    char *sum0 = db_text(db, "SELECT checksum FROM kernels");
+
+    /* 1. a read-only cache directory (as nobody when root, whom permissions do not stop) */
+    KT_REQUIRE(chmod(kt_tmpdir(), 0755) == 0 && chmod(db, 0644) == 0);
+    if (geteuid() != 0) {
+        KT_REQUIRE(chmod(dir, 0555) == 0);
+        KT_EQ_INT(readonly_checks(dir), 0);
+        chmod(dir, 0700);
+    } else {
+        KT_REQUIRE(chmod(dir, 0755) == 0);
+        fflush(stdout);
+        pid_t pid = fork();
+        if (pid == 0) {
+            if (setgid(NOBODY) != 0 || setuid(NOBODY) != 0) _exit(99);
+            int bad = readonly_checks(dir);
+            fflush(stdout);
+            _exit(bad ? 1 : 0);
+        }
+        int status = 0;
+        KT_REQUIRE(waitpid(pid, &status, 0) == pid);
+        if (WIFEXITED(status) && WEXITSTATUS(status) == 99)
+            kt_skip("cannot drop to uid %d: read-only directory not tested", NOBODY);
+        else
+            KT_CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+    }
+
+    /* 2. every SQLite statement of a miss (lookups, lease, store, release) fails in turn: a
+     * failed read is reported and recompiled, a lease that cannot be taken is reported and the
+     * kernel compiled without it, a store that fails is reported and the kernel still returned;
+     * what was stored before stays, no lease is left behind, the file stays sound */
+    char key1[33], sql[256];
+    key_of(SPEC_1, "sm_80", key1);
+    snprintf(sql, sizeof sql, "DELETE FROM kernels WHERE key = '%s'", key1);
+    int failed_calls = 0, reported = 0, n = 1;
+    for (; n < 60; n++) {
+        KT_CHECK(db_exec(db, sql));
+        ctx = ctx_open(dir, KILN_CACHE_MODE_COMPILE, NULL, NULL, 0);
+        if (!ctx) break;
+        kiln__fault_arm("sqlite", n);
+        int from_cache = -2;
+        char *err = capture_stderr(compile, ctx, SPEC_1, "sm_80", &from_cache);
+        int fired = kiln__fault("sqlite") == 0; /* the countdown was used up: it fired */
+        kiln__fault_arm("sqlite", 0);
+        if (from_cache < 0) {
+            failed_calls++;
+            KT_CONTAINS(kiln_ctx_errmsg(ctx), "injected");
+        }
+        reported += from_cache < 0 || strstr(err, "injected") != NULL;
+        free(err);
+        kiln_ctx_destroy(ctx);
+        char *sum = db_text(db, "SELECT checksum FROM kernels WHERE rowid = (SELECT min(rowid) FROM kernels)");
+        KT_EQ_STR(sum, sum0); /* what was there before is intact */
+        free(sum);
+        KT_EQ_INT(db_long(db, "SELECT count(*) FROM leases"), 0);
+        check_integrity(db);
+        if (!fired) break; /* past the last statement */
+    }
+    printf("    %d statements failed in turn: %d reported, %d failed the call\n", n - 1, reported,
+           failed_calls);
+    KT_CHECK(reported >= 6); /* lookup, lease read / begin / insert / commit, store ... */
+    KT_CHECK(n > 8);
+
+    /* 3. NVRTC missing: a clear error, nothing stored, no lease left */
+    ctx = ctx_open(dir, KILN_CACHE_MODE_COMPILE, NULL, NULL, 0);
+    KT_REQUIRE(ctx);
+    kiln__fault_arm("nvrtc", 1);
+    KT_EQ_INT(compile(ctx, SPEC_2, "sm_80"), -1);
+    kiln__fault_arm("nvrtc", 0);
+    KT_CONTAINS(kiln_ctx_errmsg(ctx), "op=decode dtype=bf16 head_dim=64 group=4");
+    kiln_ctx_destroy(ctx);
+    KT_EQ_INT(db_long(db, "SELECT count(*) FROM leases"), 0);
+    KT_EQ_INT(db_long(db, "SELECT count(*) FROM kernels"), 2);
+    free(sum0);
+}
+
+/* A full disk: a cache on a 1 MiB tmpfs fills up. Needs the right to mount. */
+KT_TEST(fleet_full_disk)
+{
+    const char *mnt = tmp_path("small");
+    KT_REQUIRE(mkdir(mnt, 0755) == 0);
+    if (mount("tmpfs", mnt, "tmpfs", 0, "size=1m") != 0) {
+        kt_skip("cannot mount a tmpfs here (%s): full disk not tested", strerror(errno));
+        return;
+    }
+    const char *dir = tmp_path("small/c"), *db = tmp_path("small/c/kernels.db");
+    static const char *const dtypes[] = {"f16", "bf16"};
+    int stored = 0, full = 0;
+    char spec[128], key[33], sql[128];
+    kiln_ctx *ctx = ctx_open(dir, KILN_CACHE_MODE_COMPILE, NULL, NULL, 0);
+    for (int i = 0; ctx && i < 16 && !full; i++) {
+        const char *arch = i < 8 ? "sm_80" : "sm_90a";
+        snprintf(spec, sizeof spec, "op=decode head_dim=64 dtype=%s group=%d", dtypes[i % 2],
+                 1 << (i / 2 % 4));
+        int from_cache = -2;
+        char *err = capture_stderr(compile, ctx, spec, arch, &from_cache);
+        KT_EQ_INT(from_cache, 0); /* the kernel is compiled whatever the disk says */
+        key_of(spec, arch, key);
+        snprintf(sql, sizeof sql, "SELECT count(*) FROM kernels WHERE key = '%s'", key);
+        if (db_long(db, sql) == 1) {
+            stored++;
+        } else {
+            full = 1;
+            KT_CONTAINS(err, "full");
+            KT_CONTAINS(err, "not stored");
+        }
+        free(err);
+    }
+    kiln_ctx_destroy(ctx);
+    KT_CHECK(full);
+    /* everything stored before is still there and sound */
+    run r;
+    KT_EQ_INT(RUN(&r, "--cache", dir, "verify"), 0);
+    KT_CONTAINS(r.out, ": 0 bad");
+    run_free(&r);
+    KT_EQ_INT(db_long(db, "SELECT count(*) FROM kernels"), stored);
+    printf("    %d kernels stored before the disk was full\n", stored);
+    /* a warm into the full cache says which kernels it could not store, and fails */
+    const char *m = tmp_path("m.txt");
+    write_text(m, "op=decode head_dim=64 dtype=f16 group={1,2,4,8} arch=sm_89\n");
+    KT_EQ_INT(RUN(&r, "--cache", dir, "warm", m), 1);
+    KT_CONTAINS(r.err, "compiled but not stored");
+    run_free(&r);
+    KT_EQ_INT(db_long(db, "SELECT count(*) FROM kernels"), stored);
+    KT_CHECK(umount2(mnt, MNT_DETACH) == 0);
+}
+
+/* ---- shard, merge, export, gc -------------------------------------------------------------------- */
+
+/* Every row of a cache as "key:checksum:hex(cubin)" in key order (malloc'd). */
+static char *rows_of(const char *db)
+{
+    return db_text(db, "SELECT group_concat(key || ':' || checksum || ':' || hex(cubin), ',') FROM "
+                       "(SELECT key, checksum, cubin FROM kernels ORDER BY key)");
+}
+
+KT_TEST(fleet_shard_merge)
+{
+    /* 3 specs (from braces) x 2 archs; shards i/n for n = 1..4, merged per n, equal one
+     * unsharded warm (n = 1) row for row and byte for byte */
+    const char *m = tmp_path("m.txt");
+    write_text(m, "# braces: three specs\nop=decode dtype=bf16 head_dim=64 group={1,2,4}\n");
+    char whole_db[700] = "";
+    run r;
+    for (int n = 1; n <= 4; n++) {
+        char out[700], cmdline[64];
+        snprintf(out, sizeof out, "%s/merged%d.db", kt_tmpdir(), n);
+        int items = 0;
+        const char *margs[8] = {"merge", out};
+        int nm = 2;
+        static char dirs[4][700];
+        for (int i = 0; i < n; i++) {
+            snprintf(dirs[i], sizeof dirs[i], "%s/shard%d_%d", kt_tmpdir(), n, i);
+            snprintf(cmdline, sizeof cmdline, "%d/%d", i, n);
+            KT_EQ_INT(RUN(&r, "--cache", dirs[i], "warm", "--arch", "sm_80,sm_90a", "--shard",
+                          cmdline, m),
+                      0);
+            items += atoi(r.out);
+            KT_CONTAINS(r.out, " 0 cached, 0 failed");
+            run_free(&r);
+            margs[nm++] = dirs[i];
+        }
+        KT_EQ_INT(items, 6); /* the shards cut the list without overlap or gap */
+        margs[nm] = NULL;
+        KT_EQ_INT(run_env(&r, NULL, margs), 0);
+        KT_CONTAINS(r.out, "merged into ");
+        KT_CONTAINS(r.out, "6 added, 0 present (0 with other bytes), 0 refused; 6 rows");
+        run_free(&r);
+        if (n == 1) {
+            snprintf(whole_db, sizeof whole_db, "%s/kernels.db", dirs[0]);
+            continue;
+        }
+        char *a = rows_of(whole_db), *b = rows_of(out);
+        KT_CHECK(strlen(a) > 6 * 1000);
+        KT_CHECK(!strcmp(a, b)); /* same keys, same checksums, byte-equal cubins */
+        free(a);
+        free(b);
+    }
+    /* merging again adds nothing; a corrupt row in an input is refused, the rest merged */
+    char out2[700], bad_dir[700], bad_db[760];
+    snprintf(out2, sizeof out2, "%s/merged2.db", kt_tmpdir());
+    KT_EQ_INT(RUN(&r, "merge", out2, tmp_path("shard2_0"), tmp_path("shard2_1")), 0);
+    KT_CONTAINS(r.out, "0 added, 6 present");
+    run_free(&r);
+    snprintf(bad_dir, sizeof bad_dir, "%s/shard3_1", kt_tmpdir());
+    snprintf(bad_db, sizeof bad_db, "%s/kernels.db", bad_dir);
+    char *key = db_text(bad_db, "SELECT min(key) FROM kernels");
+    damage_row(bad_db, key, FLIP);
+    KT_EQ_INT(RUN(&r, "merge", tmp_path("fresh.db"), tmp_path("shard3_0"), bad_dir,
+                  tmp_path("shard3_2")),
+              1);
+    KT_CONTAINS(r.err, "refused ");
+    KT_CONTAINS(r.err, key);
+    KT_CONTAINS(r.err, "checksum mismatch");
+    KT_CONTAINS(r.out, "1 refused; 5 rows");
+    run_free(&r);
+    free(key);
+    check_integrity(tmp_path("fresh.db"));
+}
+
+KT_TEST(fleet_export_gc)
+{
+    const char *dir = tmp_path("c"), *db = tmp_path("c/kernels.db"), *m = tmp_path("m.txt");
+    write_text(m, SPEC_0 "\n" SPEC_1 " arch=sm_90a\n");
+    run r;
+    KT_EQ_INT(RUN(&r, "--cache", dir, "warm", "--arch", "sm_80,sm_90a", m), 0);
+    KT_CONTAINS(r.out, "3 kernels: 3 compiled");
+    KT_CONTAINS(r.out, "kernels/min)");
+    run_free(&r);
+    /* by arch */
+    KT_EQ_INT(RUN(&r, "--cache", dir, "export", "--arch", "sm_90a", tmp_path("e90.db")), 0);
+    KT_CONTAINS(r.out, "exported 2 rows");
+    run_free(&r);
+    KT_EQ_INT(db_long(tmp_path("e90.db"), "SELECT count(*) FROM kernels WHERE arch = 'sm_90a'"), 2);
+    KT_EQ_INT(db_long(tmp_path("e90.db"), "SELECT count(*) FROM kernels"), 2);
+    /* by manifest: exactly its kernels; one it names is not in the cache */
+    write_text(tmp_path("want.txt"), SPEC_0 " arch=sm_80\n" SPEC_3 " arch=sm_80\n");
+    KT_EQ_INT(RUN(&r, "--cache", dir, "export", "--spec-file", tmp_path("want.txt"),
+                  tmp_path("e.db")),
+              1);
+    KT_CONTAINS(r.out, "exported 1 rows");
+    KT_CONTAINS(r.out, "1 of 2 manifest kernels not in the cache");
+    KT_CONTAINS(r.err, "not in the cache: ");
+    KT_CONTAINS(r.err, "group=8");
+    run_free(&r);
+    KT_EQ_INT(RUN(&r, "--cache", tmp_path("e.db"), "verify", tmp_path("e.db")), 0);
+    KT_CONTAINS(r.out, "verified 1 rows");
+    run_free(&r);
+    KT_EQ_INT(RUN(&r, "--cache", dir, "export", "--arch", "native", tmp_path("x.db")), 2);
+    run_free(&r);
+
+    /* gc: a bound evicts the least recently used, dead leases go */
+    char host[64] = "", sql[400];
+    gethostname(host, sizeof host);
+    pid_t dead = fork();
+    if (dead == 0) _exit(0);
+    waitpid(dead, NULL, 0);
+    snprintf(sql, sizeof sql,
+             "INSERT INTO leases VALUES ('%032d', '%s/%d/x', %d, '%s', %lld);"
+             "UPDATE kernels SET last_used = 100 WHERE spec LIKE '%%group=2%%'",
+             0, host, (int)dead, (int)dead, host, (long long)time(NULL) + 500);
+    KT_CHECK(db_exec(db, sql));
+    long total = db_long(db, "SELECT sum(length(cubin)) FROM kernels");
+    long g2 = db_long(db, "SELECT sum(length(cubin)) FROM kernels WHERE spec LIKE '%group=2%'");
+    char bound[32];
+    snprintf(bound, sizeof bound, "%ld", total - g2);
+    KT_EQ_INT(RUN(&r, "--cache", dir, "gc", "--max-size", bound), 0);
+    KT_CONTAINS(r.out, "evicted 1 rows");
+    KT_CONTAINS(r.out, "removed 1 dead leases (0 held)");
+    run_free(&r);
+    KT_EQ_INT(db_long(db, "SELECT count(*) FROM kernels WHERE spec LIKE '%group=2%'"), 0);
+    KT_EQ_INT(db_long(db, "SELECT count(*) FROM kernels"), 2);
+    KT_EQ_INT(RUN(&r, "--cache", dir, "gc", "--max-size", "0", "--vacuum"), 0);
+    KT_CONTAINS(r.out, "evicted 2 rows");
+    run_free(&r);
+    KT_EQ_INT(RUN(&r, "--cache", dir, "gc", "--max-size", "12Q"), 2);
+    KT_CONTAINS(r.err, "12Q");
+    run_free(&r);
+    KT_EQ_INT(RUN(&r, "--cache", dir, "gc"), 0);
+    KT_CONTAINS(r.out, "no size bound");
+    run_free(&r);
+}
+
+KT_TEST(fleet_manifest_errors)
+{
+    /* every malformed line is named before anything compiles */
+    static const struct {
+        const char *text, *want;
+    } bad[] = {
+        {SPEC_0 "\nop=decode head_dim={64,100}\n", "m.txt:2: "},
+        {"op=decode head_dim={64,128\n", "unbalanced braces"},
+        {"op=decode head_dim={64,{128}}\n", "nested braces"},
+        {"op=decode head_dim={64,}\n", "empty alternative"},
+        {"op=decode arch=sm_80 arch=sm_90a\n", "arch= given twice"},
+        {"op=decode arch=sm_75\n", "sm_75"},
+        {"op=decode arch=\n", "arch= needs a value"},
+    };
+    const char *dir = tmp_path("c"), *m = tmp_path("m.txt");
+    run r;
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        write_text(m, bad[i].text);
+        KT_EQ_INT(RUN(&r, "--cache", dir, "warm", "--arch", "sm_90a", m), 2);
+        KT_CONTAINS(r.err, bad[i].want);
+        KT_EQ_STR(r.out, "");
+        run_free(&r);
+    }
+    /* '#' and braces inside quotes belong to the value, not to the manifest */
+    write_text(m, "op=decode head_dim=64 logits_expr=\"{#}\" # a comment\n");
+    KT_EQ_INT(RUN(&r, "--cache", dir, "warm", "--arch", "sm_90a", m), 2);
+    KT_CHECK(strstr(r.err, "braces") == NULL);
+    run_free(&r);
+    KT_CHECK(access(tmp_path("c/kernels.db"), F_OK) != 0); /* not even opened */
 }

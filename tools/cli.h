@@ -139,6 +139,10 @@ int cli_ctx_open(const cli_global *g, const char *cmd, int no_device, kiln_ctx *
 /* Open the cache of g directly (for ls, show, rm, info). Returns 0 or CLI_FAIL. */
 int cli_cache_open(const cli_global *g, const char *cmd, kiln__cache **out);
 
+/* The key v has for arch (computed; nothing compiled) into key[33]: 0, or -1 ("" in key) when
+ * its configuration or key material cannot be made. */
+int cli_key(const kiln_variant *v, const char *arch, char key[33]);
+
 /* Milliseconds on the monotonic clock. */
 double cli_now_ms(void);
 
@@ -146,7 +150,7 @@ double cli_now_ms(void);
 void cli_iso_time(int64_t t, char out[32]);
 
 
-/* The commands (tools/cli_cmds.c, tools/cli_warm.c). */
+/* The commands (tools/cli_cmds.c, tools/cli_warm.c, tools/cli_fleet.c). */
 int cli_cmd_info(cli_global *g, const cli_cmd *cmd, int argc, char **argv);
 int cli_cmd_compile(cli_global *g, const cli_cmd *cmd, int argc, char **argv);
 int cli_cmd_warm(cli_global *g, const cli_cmd *cmd, int argc, char **argv);
@@ -154,5 +158,9 @@ int cli_cmd_ls(cli_global *g, const cli_cmd *cmd, int argc, char **argv);
 int cli_cmd_show(cli_global *g, const cli_cmd *cmd, int argc, char **argv);
 int cli_cmd_rm(cli_global *g, const cli_cmd *cmd, int argc, char **argv);
 int cli_cmd_check(cli_global *g, const cli_cmd *cmd, int argc, char **argv);
+int cli_cmd_gc(cli_global *g, const cli_cmd *cmd, int argc, char **argv);
+int cli_cmd_verify(cli_global *g, const cli_cmd *cmd, int argc, char **argv);
+int cli_cmd_merge(cli_global *g, const cli_cmd *cmd, int argc, char **argv);
+int cli_cmd_export(cli_global *g, const cli_cmd *cmd, int argc, char **argv);
 
 #endif /* KILN_CLI_H */

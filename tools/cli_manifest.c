@@ -266,6 +266,9 @@ static int add_line(const char *cmd, const char *name, int ln, char *text, cli_m
     if (kiln__spec_parse(text, &v, &e) || kiln__variant_check(&v, &e) ||
         !kiln__spec_format(&v, spec, sizeof spec, &e))
         return cli_fail(cmd, CLI_USAGE, "%s:%d: %s", name, ln, e.msg);
+    if (!archs[0] && !m->ndefault)
+        return cli_fail(cmd, CLI_USAGE, "%s:%d: no arch= on the line and no --arch given", name,
+                        ln);
     int idx[CLI_ARCH_MAX], nidx = m->ndefault;
     for (int i = 0; i < m->ndefault; i++) idx[i] = i;
     if (archs[0]) {

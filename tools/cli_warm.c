@@ -66,21 +66,6 @@ static char *first_lines(const char *s, int lines)
     return p;
 }
 
-/* The key a failed item would have had, when its configuration and key material can be made;
- * "" otherwise. */
-static void guess_key(const kiln_variant *v, const char *arch, char key[33])
-{
-    kiln__config cfg;
-    kiln__err e = {{0}};
-    char *material = NULL;
-    key[0] = 0;
-    if (kiln__config_pick(v, kiln__arch_sm(arch), &cfg, &e) ||
-        kiln__key_material(v, &cfg, arch, &material, &e))
-        return;
-    kiln__key_hash(material, key);
-    free(material);
-}
-
 static void run_item(warm *w, item *it)
 {
     const cli_mspec *s = &w->m->specs[it->spec];
@@ -97,7 +82,7 @@ static void run_item(warm *w, item *it)
     const char *msg = kiln_errmsg();
     it->msg = first_lines(*msg ? msg : kiln_ctx_errmsg(w->ctx), WARM_FAIL_LINES);
     it->state = ITEM_FAILED;
-    guess_key(&s->v, arch, it->key);
+    cli_key(&s->v, arch, it->key); /* the key it would have had, when it can be made */
 }
 
 /* Print progress: done/total, failures, rate and ETA; called with w->lock held. */
@@ -249,8 +234,28 @@ static long pick_jobs(const char *jobs_s, long *jobs)
     return 0;
 }
 
+/* A compile whose store failed (a full or read-only cache) still returns its kernel; for warm
+ * it is a failure: the point is the cache. Mark compiled items missing from the cache. */
+static void check_stored(const cli_global *g, warm *w)
+{
+    kiln__cache *c = NULL;
+    if (!w->compiled || cli_cache_open(g, "warm", &c)) return;
+    for (int i = 0; i < w->nitems; i++) {
+        item *it = &w->items[i];
+        char sum[33];
+        kiln__err e = {{0}};
+        if (it->state != ITEM_COMPILED || kiln__cache_checksum(c, it->key, sum, &e) == KILN_STATUS_OK)
+            continue;
+        it->state = ITEM_FAILED;
+        it->msg = first_lines("compiled but not stored (see the message above)", 1);
+        w->compiled--;
+        w->failed++;
+    }
+    kiln__cache_close(c);
+}
+
 /* Compile everything and print the summary; returns the exit status. */
-static int warm_run(warm *w, long jobs)
+static int warm_run(const cli_global *g, warm *w, long jobs)
 {
     if (jobs > w->nitems) jobs = w->nitems > 0 ? w->nitems : 1;
     fprintf(stderr, "kiln warm: %d specs, %d kernels, %ld jobs, cache %s\n", w->m->nspecs,
@@ -260,6 +265,7 @@ static int warm_run(warm *w, long jobs)
     pthread_mutex_init(&w->lock, NULL);
     if (w->nitems) run_all(w, (int)jobs);
     pthread_mutex_destroy(&w->lock);
+    check_stored(g, w);
     report_failures(w);
     double secs = (cli_now_ms() - w->t0_ms) / 1e3;
     printf("%d kernels: %d compiled, %d cached, %d failed in %.1f s (%.1f kernels/min)\n",
@@ -293,7 +299,7 @@ int cli_cmd_warm(cli_global *g, const cli_cmd *cmd, int argc, char **argv)
     if ((rc = cli_ctx_open(g, cmd->name, !cli_manifest_needs_native(&m), &w.ctx))) goto out;
     if ((rc = cli_manifest_resolve(cmd->name, w.ctx, &m))) goto out;
     if ((rc = make_items(&w, idx, count))) goto out;
-    rc = warm_run(&w, jobs);
+    rc = warm_run(g, &w, jobs);
 out:
     for (int i = 0; i < w.nitems; i++) free(w.items[i].msg);
     free(w.items);

@@ -44,15 +44,59 @@ static const char usage_compile[] =
 static const char usage_warm[] =
     "usage: kiln warm [--arch ARCHS] [--jobs N] [--shard I/N] MANIFEST\n"
     "\n"
-    "Compile every spec of MANIFEST for every arch into the cache, N at a time (default: the\n"
-    "number of online CPUs). MANIFEST has one spec per line; '#' starts a comment; blank lines\n"
-    "are skipped; '-' reads stdin. A malformed line stops everything before any compile.\n"
-    "Progress goes to stderr, failures are listed at the end, and the last line on stdout is\n"
-    "  N kernels: C compiled, H cached, F failed in T s\n"
+    "Compile every (spec, arch) of MANIFEST into the cache, N at a time. MANIFEST has one spec\n"
+    "per line; '#' starts a comment; blank lines are skipped; '-' reads stdin. A value may list\n"
+    "alternatives in braces (head_dim={64,128} dtype={f16,bf16}: 4 specs), and arch=LIST pins a\n"
+    "line to its own archs (record files written by KILN_RECORD have one per line). A malformed\n"
+    "line stops everything before any compile. Several processes may warm one cache at once:\n"
+    "each kernel is compiled by one of them (compile leases). Progress (done/total, failures,\n"
+    "rate, ETA) goes to stderr, failures are listed at the end, and the last line on stdout is\n"
+    "  N kernels: C compiled, H cached, F failed in T s (R kernels/min)\n"
     "\n"
+    "  --jobs N      parallel compiles (default: the online CPUs, bounded by MemAvailable at\n"
+    "                ~400 MB per NVRTC compile)\n"
     "  --shard I/N   take only the work items i with i % N == I (0 <= I < N), for spreading one\n"
-    "                manifest over N build hosts\n"
-    "\n" ARCH_HELP;
+    "                manifest over N build hosts; then kiln merge the shards\n"
+    "\n" ARCH_HELP "See docs/fleet.md.\n";
+
+static const char usage_verify[] =
+    "usage: kiln verify [--fix] [CACHE...]\n"
+    "\n"
+    "Check the cache (or each CACHE: a directory or a database file): SQLite's integrity check,\n"
+    "then every row: the stored checksum, the key recomputed from the key material, the key\n"
+    "format version, the arch and spec against the key material, and the cubin (a whole CUDA\n"
+    "ELF). Each bad row is printed as 'bad KEY ARCH SPEC: REASON'; the last line is\n"
+    "  verified N rows in PATH: B bad\n"
+    "Exit 1 while bad rows remain.\n"
+    "\n"
+    "  --fix   delete the bad rows (they are compiled again when next needed)\n";
+
+static const char usage_gc[] =
+    "usage: kiln gc [--max-size N] [--vacuum]\n"
+    "\n"
+    "Evict least recently used rows until the cubins total at most N bytes (--max-size, else\n"
+    "$KILN_CACHE_MAX_BYTES; without either nothing is evicted), delete compile leases nobody\n"
+    "holds any more, and checkpoint the WAL into the file.\n"
+    "\n"
+    "  --max-size N   the bound: bytes, or with a K, M, G or T suffix (512M)\n"
+    "  --vacuum       also rewrite the file without its free pages (before shipping it)\n";
+
+static const char usage_merge[] =
+    "usage: kiln merge OUT IN...\n"
+    "\n"
+    "Add every row of each IN to OUT (each a cache directory or a database file; OUT is created\n"
+    "when missing, the INs are only read). Every row is verified first (checksum, key from key\n"
+    "material, key format, cubin) and refused with the reason if bad; a file of a newer schema\n"
+    "is refused whole. A key already in OUT is kept (one key, one content). Prints one line per\n"
+    "IN (rows: added, present, refused) and a total. Exit 1 when anything was refused.\n";
+
+static const char usage_export[] =
+    "usage: kiln export [--arch ARCHS] [--spec-file MANIFEST] OUT\n"
+    "\n"
+    "Copy rows of the cache into OUT (a directory or a database file, created when missing):\n"
+    "those of the archs ARCHS (default: every row), or with --spec-file exactly the kernels of\n"
+    "MANIFEST (the format of kiln warm; lines without arch= take ARCHS). Rows are verified like\n"
+    "kiln merge. Kernels of the manifest that the cache lacks are listed; exit 1 if any.\n";
 
 static const char usage_ls[] =
     "usage: kiln ls [--json]\n"
@@ -116,6 +160,11 @@ static const cli_cmd commands[] = {
      usage_show},
     {"rm", cli_cmd_rm, "remove cache entries by key prefix", usage_rm},
     {"check", cli_cmd_check, "run a kernel on the GPU against a CPU reference", usage_check},
+    {"verify", cli_cmd_verify, "check every row of a cache; --fix deletes bad rows", usage_verify},
+    {"gc", cli_cmd_gc, "evict to a size bound, drop dead leases, compact", usage_gc},
+    {"merge", cli_cmd_merge, "union caches (shards) into one, verifying every row", usage_merge},
+    {"export", cli_cmd_export, "copy the rows of some archs or of a manifest into a new file",
+     usage_export},
     /* bench: benchmarks against the bandwidth and FLOP ceilings (tools/, to come) */
     {"help", cmd_help, "print this text, or a command's help", usage_help},
 };
@@ -409,6 +458,20 @@ int cli_cache_open(const cli_global *g, const char *cmd, kiln__cache **out)
     if (g->cache_dir) snprintf(dir, sizeof dir, "%s", g->cache_dir);
     else if (kiln__cache_default_dir(dir, sizeof dir, &e)) return cli_fail(cmd, CLI_FAIL, "%s", e.msg);
     if (kiln__cache_open(dir, out, &e)) return cli_fail(cmd, CLI_FAIL, "%s", e.msg);
+    return 0;
+}
+
+int cli_key(const kiln_variant *v, const char *arch, char key[33])
+{
+    kiln__config cfg;
+    kiln__err e = {{0}};
+    char *material = NULL;
+    key[0] = 0;
+    if (kiln__config_pick(v, kiln__arch_sm(arch), &cfg, &e) ||
+        kiln__key_material(v, &cfg, arch, &material, &e))
+        return -1;
+    kiln__key_hash(material, key);
+    free(material);
     return 0;
 }
 
