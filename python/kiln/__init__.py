@@ -1,0 +1,71 @@
+"""kiln — a runtime JIT generator of GPU attention kernels, from Python.
+
+A pure-Python binding (ctypes) over libkiln.so: no compiled extension, no build step beyond the
+repository's `make`. Without torch and without a GPU: variants and specs (Variant), contexts
+and compile-only kernels for any arch (Context.compile), kernel inspection (source, NVRTC log,
+key material, cubin, resources). With torch and a CUDA GPU: FlashInfer-shaped single-request
+decode and prefill on torch tensors. See docs/python.md.
+
+    import kiln
+    v = kiln.Variant("op=decode dtype=bf16 head_dim=128 group=4")
+    with kiln.Context(no_device=True) as ctx:
+        k = ctx.compile(v, arch="sm_90a")
+        print(k.info.registers, k.info.from_cache)
+
+    o = kiln.single_decode_with_kv_cache(q, k_cache, v_cache)      # torch tensors
+"""
+
+from ._version import __version__
+from ._lib import kiln_attn_args as AttnArgs
+from ._lib import kiln_params as Params
+from .core import (
+    Context,
+    DeviceInfo,
+    Kernel,
+    KernelInfo,
+    Variant,
+    nvrtc_version,
+    status_str,
+    version,
+)
+from .errors import (
+    KilnCacheError,
+    KilnCacheMiss,
+    KilnCompileError,
+    KilnCudaError,
+    KilnError,
+    KilnInvalidArgumentError,
+    KilnIOError,
+    KilnLibraryError,
+    KilnMismatchError,
+    KilnNoDeviceError,
+    KilnNoMemoryError,
+    KilnNotFoundError,
+    KilnParseError,
+    KilnUnsupportedError,
+    KilnWorkspaceError,
+)
+from .attention import (
+    LOG2E,
+    alibi_slopes,
+    default_context,
+    set_default_context,
+    single_decode_with_kv_cache,
+    single_prefill_with_kv_cache,
+    single_prefill_with_kv_cache_return_lse,
+)
+from .batch import (
+    BatchDecodeWithPagedKVCacheWrapper,
+    BatchPrefillWithPagedKVCacheWrapper,
+    BatchPrefillWithRaggedKVCacheWrapper,
+)
+
+
+def library_path():
+    """Path of the libkiln.so this process loaded (loads it; KilnLibraryError if none)."""
+    from . import _lib
+
+    return _lib.lib_path()
+
+
+__all__ = [name for name in dir() if not name.startswith("_")]

@@ -1,0 +1,424 @@
+"""attention.py — FlashInfer-shaped single-request attention over torch tensors.
+
+single_decode_with_kv_cache and single_prefill_with_kv_cache take FlashInfer's arguments and
+shapes (q [H, D] or [L_Q, H, D]; k, v [L_KV, H_KV, D] for "NHD", [H_KV, L_KV, D] for "HND"),
+pick the kiln variant the call needs, get its kernel from a process-wide default Context (one
+per device, created on first use, caching in the default cache directory), allocate the outputs
+and the decode workspace with torch, and launch on torch's current stream. torch is imported
+only inside these functions: the rest of the package works without it.
+
+The batch wrappers and merge_state(s) are not here yet: see batch.py and docs/python.md.
+"""
+
+import math
+import threading
+
+from .core import Context, Variant
+
+LOG2E = 1.4426950408889634  # log2(e): natural-log LSE * LOG2E = base-2 LSE
+
+_lock = threading.Lock()
+_contexts = {}  # CUDA ordinal -> Context (the default contexts, never closed)
+_kernels = {}  # (ordinal, variant fields) -> Kernel
+_workspaces = {}  # (ordinal, CUstream) -> torch.uint8 tensor, grown on demand
+_slopes = {}  # (ordinal, H) -> FlashInfer's default ALiBi slopes, float32 [H]
+
+
+def _torch():
+    try:
+        import torch
+    except ImportError as exc:  # pragma: no cover - exercised only without torch
+        raise ImportError(
+            "kiln's attention wrappers need torch; specs, Context.compile and kernel "
+            "inspection work without it"
+        ) from exc
+    return torch
+
+
+def _ordinal(device):
+    if device is None:
+        return 0
+    if isinstance(device, int):
+        return device
+    index = getattr(device, "index", None)
+    if index is None:
+        return _torch().cuda.current_device()
+    return index
+
+
+# ---- the default contexts ----------------------------------------------------------------------
+
+
+def default_context(device=None):
+    """The process-wide Context the wrappers use for a CUDA device (an ordinal, a torch.device,
+    or None for ordinal 0), created on first use with every option at its default: the cache
+    is $KILN_CACHE_DIR, else $XDG_CACHE_HOME/kiln, else ~/.cache/kiln, and $KILN_STRICT /
+    $KILN_RECORD choose the cache mode."""
+    ordinal = _ordinal(device)
+    ctx = _contexts.get(ordinal)
+    if ctx is None:
+        with _lock:
+            ctx = _contexts.get(ordinal)
+            if ctx is None:
+                ctx = Context(device=ordinal)
+                ctx._keep_alive = True  # never destroyed by the garbage collector (see Context)
+                _contexts[ordinal] = ctx
+    return ctx
+
+
+def set_default_context(ctx, device=None):
+    """Make `ctx` the wrappers' context for its device (or for `device` when given); for a
+    strict serving cache, say. The previous default is not closed (kernels may still run)."""
+    ordinal = ctx.device.ordinal if device is None else _ordinal(device)
+    with _lock:
+        _contexts[ordinal] = ctx
+        for key in [k for k in _kernels if k[0] == ordinal]:
+            del _kernels[key]
+
+
+def _kernel(ordinal, fields):
+    key = (ordinal,) + tuple(sorted(fields.items()))
+    k = _kernels.get(key)
+    if k is None:
+        k = default_context(ordinal).kernel(Variant(**fields))
+        _kernels[key] = k
+    return k
+
+
+# ---- argument checks ---------------------------------------------------------------------------
+
+
+def _as_tensor(torch, x, name):
+    if isinstance(x, torch.Tensor):
+        return x
+    if hasattr(x, "__dlpack__"):
+        return torch.from_dlpack(x)
+    raise TypeError(f"{name} must be a torch.Tensor (or support __dlpack__), not {type(x).__name__}")
+
+
+def _dtype_name(torch, dtype, what):
+    if dtype == torch.float16:
+        return "f16"
+    if dtype == torch.bfloat16:
+        return "bf16"
+    raise ValueError(f"{what}: dtype {dtype} is not supported (float16 or bfloat16)")
+
+
+def _check_input(torch, name, t, shape_doc, ndim, device):
+    """q, k, v: on `device`, ndim dims, fp16/bf16, last dim contiguous, 16-byte aligned, other
+    strides positive multiples of 8 elements (where the dim has more than one element)."""
+    if t.dim() != ndim:
+        raise ValueError(f"{name} must be {shape_doc}, got shape {tuple(t.shape)}")
+    if t.device != device:
+        raise ValueError(f"{name} is on {t.device}, q on {device}: all tensors must share a device")
+    _dtype_name(torch, t.dtype, name)
+    if t.stride(-1) != 1 and t.size(-1) > 1:
+        raise ValueError(
+            f"{name}: the last (head_dim) dimension must be contiguous, got strides {t.stride()}"
+        )
+    if t.numel() and t.data_ptr() % 16:
+        raise ValueError(f"{name}: data must be 16-byte aligned (data_ptr 0x{t.data_ptr():x})")
+    for d in range(ndim - 1):
+        if t.size(d) > 1 and (t.stride(d) <= 0 or t.stride(d) % 8):
+            raise ValueError(
+                f"{name}: stride {t.stride(d)} of dim {d} must be a positive multiple of 8 elements "
+                f"(strides {t.stride()}); call .contiguous()"
+            )
+
+
+def _stride(t, d):
+    """Stride in elements of dim d, or 0 (kiln's "dense default") where the dim has one element."""
+    return t.stride(d) if t.size(d) > 1 else 0
+
+
+def _layout(kv_layout):
+    layout = str(kv_layout).upper()
+    if layout not in ("NHD", "HND"):
+        raise ValueError(f"kv_layout={kv_layout!r}: must be 'NHD' or 'HND'")
+    return layout.lower()
+
+
+def _scale(value):
+    """A FlashInfer scale argument as a float (a one-element tensor is read, which syncs)."""
+    if value is None:
+        return 1.0
+    return float(value)
+
+
+def alibi_slopes(num_heads, device=None):
+    """The ALiBi paper's slopes for num_heads heads (what FlashInfer's pos_encoding_mode="ALIBI"
+    uses): 2^(-8i/n) for i = 1..n with n the largest power of two <= num_heads, then the odd
+    powers of 2^(-4/n) for the remaining heads. A float32 tensor [num_heads] on `device`."""
+    torch = _torch()
+    n = 2 ** int(math.floor(math.log2(num_heads)))
+    m = torch.pow(2.0 ** (-8.0 / n), torch.arange(1, n + 1, device=device, dtype=torch.float32))
+    if n < num_heads:
+        extra = torch.arange(1, 1 + 2 * (num_heads - n), 2, device=device, dtype=torch.float32)
+        m = torch.cat([m, torch.pow(2.0 ** (-4.0 / n), extra)])
+    return m
+
+
+def _logits(torch, device, H, pos_encoding_mode, logits_soft_cap, slopes):
+    """The variant's logits transform and the ALiBi slopes tensor (or None)."""
+    mode = str(pos_encoding_mode).upper()
+    if mode in ("ROPE_LLAMA", "ROPE"):
+        raise NotImplementedError(
+            "kiln has no fused RoPE yet: apply rotary embeddings to q and k before the call"
+        )
+    if mode not in ("NONE", "ALIBI"):
+        raise ValueError(f"pos_encoding_mode={pos_encoding_mode!r}: must be 'NONE' or 'ALIBI'")
+    cap = 0.0 if logits_soft_cap is None else float(logits_soft_cap)
+    if cap < 0 or math.isnan(cap):
+        raise ValueError(f"logits_soft_cap={logits_soft_cap}: must be > 0 (or None / 0 for none)")
+    alibi = mode == "ALIBI" or slopes is not None
+    if alibi and cap > 0:
+        raise NotImplementedError(
+            "kiln applies one built-in logits transform per kernel: soft-cap and ALiBi together "
+            "are not supported yet"
+        )
+    if not alibi:
+        return ("softcap" if cap > 0 else "none"), cap, None
+    if slopes is None:
+        capturing = torch.cuda.is_current_stream_capturing()
+        key = (device.index, H)
+        slopes = None if capturing else _slopes.get(key)
+        if slopes is None:
+            slopes = alibi_slopes(H, device)
+            if not capturing:  # values computed inside a capture exist only at replay
+                _slopes[key] = slopes
+    else:
+        slopes = _as_tensor(torch, slopes, "alibi_slopes")
+        if tuple(slopes.shape) != (H,):
+            raise ValueError(f"alibi_slopes must be [H] = [{H}], got shape {tuple(slopes.shape)}")
+        if slopes.device != device:
+            raise ValueError(f"alibi_slopes is on {slopes.device}, q on {device}")
+        slopes = slopes.to(torch.float32).contiguous()
+    return "alibi", cap, slopes
+
+
+def _workspace(torch, device, stream, nbytes):
+    """A decode workspace of at least nbytes for this device and stream: cached per (device,
+    stream) and grown when needed, so concurrent streams never share one; during CUDA graph
+    capture a fresh allocation from the graph's pool instead."""
+    if torch.cuda.is_current_stream_capturing():
+        return torch.empty(nbytes, dtype=torch.uint8, device=device)
+    key = (device.index, stream)
+    buf = _workspaces.get(key)
+    if buf is None or buf.numel() < nbytes:
+        size = max(nbytes, 2 * buf.numel() if buf is not None else 0)
+        buf = torch.empty(size, dtype=torch.uint8, device=device)
+        _workspaces[key] = buf
+    return buf
+
+
+# ---- the launch shared by decode and prefill ---------------------------------------------------
+
+
+def _attention(op, q, k, v, *, causal, kv_layout, sm_scale, logits_soft_cap, window_left,
+               return_lse, pos_encoding_mode, alibi_slopes_arg, lse_base, o_dtype, qk_scale=1.0,
+               v_scale=None):
+    torch = _torch()
+    q = _as_tensor(torch, q, "q")
+    k = _as_tensor(torch, k, "k")
+    v = _as_tensor(torch, v, "v")
+    if lse_base not in ("2", "e"):
+        raise ValueError(f"lse_base={lse_base!r}: must be '2' (FlashInfer's) or 'e'")
+    device = q.device
+    if device.type != "cuda":
+        raise ValueError(f"q must be a CUDA tensor, got one on {device}")
+    decode = op == "decode"
+    q_doc = "[H, D]" if decode else "[L_Q, H, D]"
+    _check_input(torch, "q", q, q_doc, 2 if decode else 3, device)
+    layout = _layout(kv_layout)
+    kv_doc = "[L_KV, H_KV, D] (NHD)" if layout == "nhd" else "[H_KV, L_KV, D] (HND)"
+    _check_input(torch, "k", k, kv_doc, 3, device)
+    _check_input(torch, "v", v, kv_doc, 3, device)
+    if k.shape != v.shape:
+        raise ValueError(f"k and v must have one shape, got {tuple(k.shape)} and {tuple(v.shape)}")
+    if k.dtype != q.dtype or v.dtype != q.dtype:
+        raise ValueError(f"q, k, v must share a dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
+    L_Q = 1 if decode else q.size(0)
+    H, D = q.size(-2), q.size(-1)
+    n_dim, h_dim = (0, 1) if layout == "nhd" else (1, 0)
+    L_KV, H_KV = k.size(n_dim), k.size(h_dim)
+    if k.size(2) != D:
+        raise ValueError(f"k, v head_dim {k.size(2)} differs from q's {D}")
+    if H_KV < 1 or H % H_KV:
+        raise ValueError(f"num_qo_heads={H} must be a positive multiple of num_kv_heads={H_KV}")
+    out_dtype = q.dtype if o_dtype is None else o_dtype
+    out_name = _dtype_name(torch, out_dtype, "o_dtype")
+    window = window_left is not None and window_left >= 0
+    scale = (1.0 / math.sqrt(D)) if sm_scale is None else float(sm_scale)
+    if not scale > 0:
+        raise ValueError(f"sm_scale={sm_scale}: must be > 0")
+    scale *= qk_scale
+    if not scale > 0:
+        raise ValueError(f"q_scale * k_scale = {qk_scale}: must be > 0")
+    logits, cap, slopes = _logits(torch, device, H, pos_encoding_mode, logits_soft_cap,
+                                  alibi_slopes_arg)
+
+    o_shape = (H, D) if decode else (L_Q, H, D)
+    lse_shape = (H,) if decode else (L_Q, H)
+    if L_Q == 0 or L_KV == 0:  # an empty request: no launch (kiln needs L_KV >= 1)
+        o = torch.zeros(o_shape, dtype=out_dtype, device=device)
+        if not return_lse:
+            return o
+        return o, torch.full(lse_shape, float("-inf"), dtype=torch.float32, device=device)
+
+    fields = dict(op=op, q_dtype=_dtype_name(torch, q.dtype, "q"), kv_dtype=_dtype_name(
+        torch, q.dtype, "q"), out_dtype=out_name, head_dim=D, group=H // H_KV, layout=layout,
+        mask="causal" if causal else "none", window=window, logits=logits, lse=bool(return_lse))
+    o = torch.empty(o_shape, dtype=out_dtype, device=device)
+    lse = torch.empty(lse_shape, dtype=torch.float32, device=device) if return_lse else None
+
+    from ._lib import kiln_attn_args
+
+    a = kiln_attn_args()
+    a.q, a.k, a.v, a.o = q.data_ptr(), k.data_ptr(), v.data_ptr(), o.data_ptr()
+    a.lse = lse.data_ptr() if lse is not None else 0
+    a.num_qo_heads, a.qo_len, a.kv_len = H, L_Q, L_KV
+    if decode:
+        a.q_stride_h, a.o_stride_h = _stride(q, 0), _stride(o, 0)
+    else:
+        a.q_stride_n, a.q_stride_h = _stride(q, 0), _stride(q, 1)
+        a.o_stride_n, a.o_stride_h = _stride(o, 0), _stride(o, 1)
+    a.k_stride_n, a.k_stride_h = _stride(k, n_dim), _stride(k, h_dim)
+    a.v_stride_n, a.v_stride_h = _stride(v, n_dim), _stride(v, h_dim)
+    a.params.sm_scale = scale
+    a.params.softcap = cap
+    a.params.window_left = int(window_left) if window else 0
+    a.params.alibi_slopes = slopes.data_ptr() if slopes is not None else 0
+
+    switch = device.index != torch.cuda.current_device()
+    guard = torch.cuda.device(device) if switch else None
+    if guard is not None:
+        guard.__enter__()
+    try:
+        kern = _kernel(device.index, fields)
+        stream = torch.cuda.current_stream(device).cuda_stream
+        if decode:
+            need = kern.workspace_size(H, L_KV)
+            if need:
+                ws = _workspace(torch, device, stream, need)
+                a.workspace, a.workspace_bytes = ws.data_ptr(), ws.numel()
+            kern.single_decode(a, stream)
+        else:
+            kern.single_prefill(a, stream)
+    finally:
+        if guard is not None:
+            guard.__exit__(None, None, None)
+
+    if v_scale is not None and v_scale != 1.0:
+        o.mul_(v_scale)
+    if lse is None:
+        return o
+    if lse_base == "2":
+        lse.mul_(LOG2E)
+    return o, lse
+
+
+# ---- the FlashInfer-shaped functions -----------------------------------------------------------
+
+
+def single_decode_with_kv_cache(
+    q,
+    k,
+    v,
+    kv_layout="NHD",
+    pos_encoding_mode="NONE",
+    use_tensor_cores=False,
+    q_scale=None,
+    k_scale=None,
+    v_scale=None,
+    window_left=-1,
+    logits_soft_cap=None,
+    sm_scale=None,
+    rope_scale=None,
+    rope_theta=None,
+    return_lse=False,
+    *,
+    alibi_slopes=None,
+    lse_base="2",
+):
+    """Decode attention for one request: FlashInfer's single_decode_with_kv_cache.
+
+    q [H, D]; k, v [L_KV, H_KV, D] ("NHD") or [H_KV, L_KV, D] ("HND"); float16 or bfloat16 on
+    one CUDA device; H a multiple of H_KV (GQA group G = H / H_KV, 1..64); D 64, 128 or 256. Any
+    strides whose last dimension is contiguous, 16-byte aligned, with other strides multiples
+    of 8 elements. Returns o [H, D] in q's dtype, and with return_lse=True also lse [H]
+    (float32, base 2 like FlashInfer's unless lse_base="e").
+
+    window_left >= 0 keeps the last window_left + 1 keys; logits_soft_cap > 0 applies
+    cap * tanh(x / cap); pos_encoding_mode="ALIBI" adds slope[h] * (j - (L_KV - 1)) with the
+    ALiBi paper's slopes, or with `alibi_slopes` (float32 [H]) when given. q_scale and k_scale
+    multiply sm_scale (default 1/sqrt(D)); v_scale multiplies o. use_tensor_cores is accepted
+    and ignored (kiln picks its decode kernel). RoPE (pos_encoding_mode="ROPE_LLAMA",
+    rope_scale, rope_theta) raises NotImplementedError. Launches on torch's current stream.
+    """
+    if rope_scale is not None or rope_theta is not None:
+        raise NotImplementedError("kiln has no fused RoPE yet (rope_scale / rope_theta)")
+    return _attention(
+        "decode", q, k, v, causal=False, kv_layout=kv_layout, sm_scale=sm_scale,
+        qk_scale=_scale(q_scale) * _scale(k_scale),
+        logits_soft_cap=logits_soft_cap, window_left=window_left, return_lse=return_lse,
+        pos_encoding_mode=pos_encoding_mode, alibi_slopes_arg=alibi_slopes, lse_base=lse_base,
+        o_dtype=None, v_scale=None if v_scale is None else _scale(v_scale),
+    )
+
+
+def single_prefill_with_kv_cache(
+    q,
+    k,
+    v,
+    scale_q=None,
+    scale_k=None,
+    scale_v=None,
+    o_dtype=None,
+    custom_mask=None,
+    packed_custom_mask=None,
+    causal=False,
+    kv_layout="NHD",
+    pos_encoding_mode="NONE",
+    use_fp16_qk_reduction=False,
+    sm_scale=None,
+    window_left=-1,
+    logits_soft_cap=None,
+    rope_scale=None,
+    rope_theta=None,
+    backend="auto",
+    return_lse=False,
+    *,
+    alibi_slopes=None,
+    lse_base="2",
+):
+    """Prefill / append attention for one request: FlashInfer's single_prefill_with_kv_cache.
+
+    q [L_Q, H, D]; k, v [L_KV, H_KV, D] ("NHD") or [H_KV, L_KV, D] ("HND"); same dtype, device
+    and stride rules as single_decode_with_kv_cache. causal=True is bottom-right aligned (query
+    i sees keys j <= i + L_KV - L_Q; needs L_Q <= L_KV). window_left >= 0 keeps keys
+    j >= i + L_KV - L_Q - window_left. o_dtype (float16 / bfloat16) may differ from q's. Returns
+    o [L_Q, H, D], and with return_lse=True also lse [L_Q, H] (float32, base 2 unless
+    lse_base="e"). ALiBi adds slope[h] * (j - (i + L_KV - L_Q)).
+
+    Not supported yet (raise NotImplementedError): custom_mask / packed_custom_mask, fp8
+    scale_q / scale_k / scale_v, RoPE. use_fp16_qk_reduction and backend are accepted and
+    ignored (kiln accumulates q.k in fp32 and picks its own kernel).
+    """
+    if custom_mask is not None or packed_custom_mask is not None:
+        raise NotImplementedError("kiln has no custom (bitmask) masks yet")
+    if scale_q is not None or scale_k is not None or scale_v is not None:
+        raise NotImplementedError("kiln has no fp8 inputs yet (scale_q / scale_k / scale_v)")
+    if rope_scale is not None or rope_theta is not None:
+        raise NotImplementedError("kiln has no fused RoPE yet (rope_scale / rope_theta)")
+    return _attention(
+        "prefill", q, k, v, causal=bool(causal), kv_layout=kv_layout, sm_scale=sm_scale,
+        logits_soft_cap=logits_soft_cap, window_left=window_left, return_lse=return_lse,
+        pos_encoding_mode=pos_encoding_mode, alibi_slopes_arg=alibi_slopes, lse_base=lse_base,
+        o_dtype=o_dtype,
+    )
+
+
+def single_prefill_with_kv_cache_return_lse(*args, **kwargs):
+    """single_prefill_with_kv_cache(..., return_lse=True), as FlashInfer has it."""
+    kwargs["return_lse"] = True
+    return single_prefill_with_kv_cache(*args, **kwargs)
