@@ -179,3 +179,30 @@ KT_GPU_TEST(gpu_maskdata)
     printf("    mask data: %d cases, %d bad\n", cases, bad);
     kiln_ctx_destroy(ctx);
 }
+
+/* Mask data is part of the key: a plain, a bitmask and a BSR variant never share a cache row. */
+KT_TEST(maskdata_key_distinct)
+{
+    char dir[600];
+    snprintf(dir, sizeof dir, "%s/c", kt_tmpdir());
+    kiln_ctx_opts o = {0};
+    o.cache_dir = dir;
+    o.no_device = 1;
+    kiln_ctx *ctx = NULL;
+    KT_OK(kiln_ctx_create(&o, &ctx), kiln_errmsg());
+    KT_REQUIRE(ctx);
+    char keys[3][33];
+    for (int md = 0; md < 3; md++) {
+        kiln_variant v;
+        KT_OK(kiln_variant_parse("op=decode dtype=f16 head_dim=64", &v), kiln_errmsg());
+        v.mask_data = (kiln_mask_data)md;
+        kiln_kernel *k = NULL;
+        KT_OK(kiln_kernel_compile(ctx, &v, "sm_90a", &k), kiln_ctx_errmsg(ctx));
+        kiln_kernel_info info;
+        if (!k || kiln_kernel_describe(k, &info)) return;
+        memcpy(keys[md], info.key, 33);
+        KT_EQ_INT(info.from_cache, 0);
+    }
+    KT_CHECK(strcmp(keys[0], keys[1]) && strcmp(keys[0], keys[2]) && strcmp(keys[1], keys[2]));
+    kiln_ctx_destroy(ctx);
+}
