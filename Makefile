@@ -15,6 +15,7 @@ WARN    := -Wall -Wextra -Wpedantic -Werror -Wshadow -Wstrict-prototypes -Wmissi
 CFLAGS  ?= -O2 -g
 ALLCFLAGS := -std=c11 -D_GNU_SOURCE -fPIC $(WARN) $(CFLAGS) $(SAN) \
              -Iinclude -Ijit -Icache -Iruntime -Itools -Itemplates/common -I$(BUILD)/gen -isystem $(CUDA_HOME)/include \
+             -isystem /usr/lib/llvm-14/include \
              -DKILN_NVRTC_DEFAULT='"$(CUDA_HOME)/lib64/libnvrtc.so.13"'
 LDLIBS  := -lsqlite3 -ldl -lpthread -lm
 LDFLAGS ?=

@@ -33,9 +33,17 @@ kiln_status kiln__snippet_check(kiln__snippet_kind kind, const char *text,
                                 const kiln_param_decl *params, int num_params, char *canon,
                                 size_t cap, kiln__err *e);
 
+/* kiln__snippet_check for text of exactly len bytes (which may hold a NUL: refused). */
+kiln_status kiln__snippet_check_n(kiln__snippet_kind kind, const char *text, size_t len,
+                                  const kiln_param_decl *params, int num_params, char *canon,
+                                  size_t cap, kiln__err *e);
+
 /* Check a variant's parameter declarations (names are identifiers, unique, not builtin names
  * or allowed function names; types in range). */
 kiln_status kiln__params_check(const kiln_param_decl *params, int num_params, kiln__err *e);
+
+/* "f32", "i32", "f32[]", "i32[]" (the spec's spelling of a parameter type); "?" otherwise. */
+const char *kiln__param_type_name(kiln_param_type t);
 
 /* Canonicalise both snippets of *v in place (no-op for empty ones). */
 kiln_status kiln__variant_canonicalize(kiln_variant *v, kiln__err *e);

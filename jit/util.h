@@ -66,7 +66,7 @@ kiln_status kiln__read_file(const char *path, char **data, size_t *size, kiln__e
 
 /* Fault injection for tests: when the counter named by `site` reaches zero the call fails.
  * Sites: "malloc", "sqlite", "nvrtc", "cuda", "nfs" (the cache's file system check reports
- * NFS). Per thread. kiln__fault(site) returns 1 when the call must fail.
+ * NFS), "libclang" (loading libclang fails as if it were missing). Per thread. kiln__fault(site) returns 1 when the call must fail.
  * Set with kiln__fault_arm(site, n): fail the n-th call from now (n >= 1); 0 disarms. */
 int kiln__fault(const char *site);
 void kiln__fault_arm(const char *site, int n);
