@@ -16,8 +16,13 @@
 /* Bump when anything in the key material's layout or the cache row meaning changes. */
 #define KILN__FORMAT_VERSION 1
 
-/* Longest canonical spec (bytes, with NUL). */
-#define KILN__SPEC_MAX 256
+/* Longest canonical spec (bytes, with NUL): the fixed keys (under 160 bytes), mask_data=,
+ * params= with every parameter at its longest name, and both snippets with every byte escaped
+ * (canonical snippets have nothing to escape; hand-made ones may). */
+#define KILN__SPEC_MAX                                                                         \
+    (192 + 8 + KILN_MAX_USER_PARAMS * (KILN_MAX_PARAM_NAME + 7) + 2 * (16 + 2 * KILN_MAX_SNIPPET))
+/* Longest spec line the parser reads (bytes, without the NUL). */
+#define KILN__SPEC_INPUT_MAX 4096
 
 /* ---- spec (jit/spec.c) ---------------------------------------------------------------------- */
 

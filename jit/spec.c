@@ -6,9 +6,14 @@
  * defaults of kiln_variant_default. The canonical form names every key once, in one fixed order,
  * separated by single spaces:
  *   op=prefill dtype=bf16 head_dim=128 group=4 layout=nhd mask=causal window=0 logits=softcap lse=0
- * with `q_dtype= kv_dtype= out_dtype=` in place of `dtype=` when the three differ. Since
- * format(parse(s)) == s for every canonical s and parse(format(v)) == v for every valid v, the
- * canonical spec stands for the variant in keys, cache rows and messages.
+ * with `q_dtype= kv_dtype= out_dtype=` in place of `dtype=` when the three differ, followed,
+ * only when present, by
+ *   mask_data=bitmask params=scale:f32,slopes:f32[] logits_expr="..." mask_expr="..."
+ * Snippet values are quoted, with \" and \\ as the only escapes, and may hold blanks; the
+ * parser canonicalises them (jit/snippet.c: libclang), so a parsed spec carries canonical
+ * snippet text. Since format(parse(s)) == s for every canonical s and parse(format(v)) == v for
+ * every valid v whose snippets are canonical, the canonical spec stands for the variant in keys,
+ * cache rows and messages.
  *
  * Every key and its legal values live in one table (`keys` below); the parser, the checker, the
  * formatter and the enum names all read it.
@@ -18,8 +23,10 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "snippet.h"
+
 /* Longest spec the parser reads, in bytes without the NUL. */
-#define SPEC_INPUT_MAX 1024
+#define SPEC_INPUT_MAX KILN__SPEC_INPUT_MAX
 /* Longest part of a token quoted in a message; longer tokens are cut and end in "...". */
 #define SHOW_MAX 64
 /* Legal range of group (G, query heads per KV head). */
@@ -42,6 +49,8 @@ static const choice mask_choices[] = {{"none", KILN_MASK_NONE}, {"causal", KILN_
 static const choice flag_choices[] = {{"0", 0}, {"1", 1}};
 static const choice logits_choices[] = {
     {"none", KILN_LOGITS_NONE}, {"softcap", KILN_LOGITS_SOFTCAP}, {"alibi", KILN_LOGITS_ALIBI}};
+static const choice mask_data_choices[] = {
+    {"none", KILN_MASK_DATA_NONE}, {"bitmask", KILN_MASK_DATA_BITMASK}, {"bsr", KILN_MASK_DATA_BSR}};
 
 typedef enum key_id {
     KEY_OP,
@@ -56,8 +65,19 @@ typedef enum key_id {
     KEY_WINDOW,
     KEY_LOGITS,
     KEY_LSE,
+    KEY_MASK_DATA,
+    KEY_PARAMS,
+    KEY_LOGITS_EXPR,
+    KEY_MASK_EXPR,
     KEY_COUNT_
 } key_id;
+
+/* How a key's value is written. */
+typedef enum key_text {
+    TEXT_WORD = 0,    /* one of the choices (or, with no choices, group's integer) */
+    TEXT_PARAMS = 1,  /* NAME:TYPE,NAME:TYPE */
+    TEXT_SNIPPET = 2, /* "quoted C expression" */
+} key_text;
 
 /* A spec key: its name and legal values. */
 typedef struct key_def {
@@ -65,6 +85,7 @@ typedef struct key_def {
     const choice *choices; /* NULL: a decimal integer in GROUP_MIN..GROUP_MAX (group) */
     int nchoices;
     int numeric; /* 1: each word is the decimal spelling of its value ("64", "0") */
+    key_text text;
 } key_def;
 
 #define CHOICES(a) a, (int)(sizeof a / sizeof a[0])
@@ -82,6 +103,10 @@ static const key_def keys[KEY_COUNT_] = {
     [KEY_WINDOW] = {"window", CHOICES(flag_choices), 1},
     [KEY_LOGITS] = {"logits", CHOICES(logits_choices), 0},
     [KEY_LSE] = {"lse", CHOICES(flag_choices), 1},
+    [KEY_MASK_DATA] = {"mask_data", CHOICES(mask_data_choices), 0},
+    [KEY_PARAMS] = {"params", NULL, 0, 0, TEXT_PARAMS},
+    [KEY_LOGITS_EXPR] = {"logits_expr", NULL, 0, 0, TEXT_SNIPPET},
+    [KEY_MASK_EXPR] = {"mask_expr", NULL, 0, 0, TEXT_SNIPPET},
 };
 
 /* ---- helpers ------------------------------------------------------------------------------- */
@@ -182,17 +207,105 @@ static int read_group(span v, int *out)
     return 0;
 }
 
-/* Parse one token into value[k] and remember it in given[k] (for duplicates and conflicts). */
-static kiln_status parse_token(span tok, span given[KEY_COUNT_], int value[KEY_COUNT_],
-                               kiln__err *e)
+/* Unquote a snippet value ("...", with \" and \\) into out[KILN_MAX_SNIPPET]. */
+static kiln_status parse_snippet(const char *show, const key_def *def, span val, char *out,
+                                 kiln__err *e)
 {
-    char show[SHOW_MAX + 4], other[SHOW_MAX + 4], known[256];
+    if (val.n < 2 || val.p[0] != '"')
+        return kiln__fail(e, KILN_STATUS_PARSE,
+                          "spec: token '%s': %s must be a quoted C expression, e.g. "
+                          "%s=\"kv_idx <= qo_idx\"",
+                          show, def->name, def->name);
+    size_t n = 0;
+    for (size_t i = 1; i < val.n; i++) {
+        char c = val.p[i];
+        if (c == '"') {
+            if (i + 1 != val.n)
+                return kiln__fail(e, KILN_STATUS_PARSE,
+                                  "spec: token '%s': text after the closing quote of %s", show,
+                                  def->name);
+            out[n] = 0;
+            return KILN_STATUS_OK;
+        }
+        if (c == '\\') {
+            c = i + 1 < val.n ? val.p[++i] : 0;
+            if (c != '"' && c != '\\')
+                return kiln__fail(e, KILN_STATUS_PARSE,
+                                  "spec: token '%s': unknown escape in %s (only \\\" and \\\\)",
+                                  show, def->name);
+        }
+        if (n + 1 >= KILN_MAX_SNIPPET)
+            return kiln__fail(e, KILN_STATUS_PARSE,
+                              "spec: token '%s': %s is longer than %d bytes", show, def->name,
+                              KILN_MAX_SNIPPET - 1);
+        out[n++] = c;
+    }
+    return kiln__fail(e, KILN_STATUS_PARSE, "spec: token '%s': unterminated quote in %s", show,
+                      def->name);
+}
+
+/* Parse params=NAME:TYPE,NAME:TYPE into x->params / x->num_params. */
+static kiln_status parse_params(const char *show, span val, kiln_variant *x, kiln__err *e)
+{
+    static const char form[] = "params must be NAME:TYPE[,NAME:TYPE...] with TYPE one of f32, "
+                               "i32, f32[], i32[]";
+    if (!val.n)
+        return kiln__fail(e, KILN_STATUS_PARSE, "spec: token '%s': empty value; %s", show, form);
+    size_t at = 0;
+    int n = 0;
+    for (;;) {
+        span item = {val.p + at, 0};
+        while (at + item.n < val.n && val.p[at + item.n] != ',') item.n++;
+        const char *colon = memchr(item.p, ':', item.n);
+        if (!item.n || !colon)
+            return kiln__fail(e, KILN_STATUS_PARSE, "spec: token '%s': %s entry %d: %s", show,
+                              item.n ? "no ':' in" : "empty", n + 1, form);
+        if (n == KILN_MAX_USER_PARAMS)
+            return kiln__fail(e, KILN_STATUS_PARSE, "spec: token '%s': more than %d parameters",
+                              show, KILN_MAX_USER_PARAMS);
+        span name = {item.p, (size_t)(colon - item.p)}, type = {colon + 1, item.n - name.n - 1};
+        if (name.n >= KILN_MAX_PARAM_NAME)
+            return kiln__fail(e, KILN_STATUS_PARSE,
+                              "spec: token '%s': parameter %d: name longer than %d bytes", show,
+                              n + 1, KILN_MAX_PARAM_NAME - 1);
+        int t = 0;
+        while (t < 4 && !span_is(type, kiln__param_type_name((kiln_param_type)t))) t++;
+        if (t == 4)
+            return kiln__fail(e, KILN_STATUS_PARSE, "spec: token '%s': parameter %d: %s", show,
+                              n + 1, form);
+        memcpy(x->params[n].name, name.p, name.n);
+        x->params[n].type = (kiln_param_type)t;
+        n++;
+        at += item.n;
+        if (at == val.n) break;
+        at++; /* the comma */
+        if (at == val.n)
+            return kiln__fail(e, KILN_STATUS_PARSE, "spec: token '%s': empty entry %d: %s", show,
+                              n + 1, form);
+    }
+    x->num_params = n;
+    kiln__err sub;
+    if (kiln__params_check(x->params, n, &sub)) {
+        const char *m = sub.msg;
+        if (!strncmp(m, "variant: ", 9)) m += 9;
+        return kiln__fail(e, KILN_STATUS_PARSE, "spec: token '%s': %s", show, m);
+    }
+    return KILN_STATUS_OK;
+}
+
+/* Parse one token into value[k] (or, for params and snippets, into *x) and remember it in
+ * given[k] (for duplicates and conflicts). */
+static kiln_status parse_token(span tok, span given[KEY_COUNT_], int value[KEY_COUNT_],
+                               kiln_variant *x, kiln__err *e)
+{
+    char show[SHOW_MAX + 4], other[SHOW_MAX + 4], known[320];
     show_span(tok, show);
     const char *eq = memchr(tok.p, '=', tok.n);
     if (!eq) return kiln__fail(e, KILN_STATUS_PARSE, "spec: token '%s': expected key=value", show);
     span name = {tok.p, (size_t)(eq - tok.p)};
     span val = {eq + 1, tok.n - name.n - 1};
-    if (memchr(val.p, '=', val.n))
+    const int quoted = val.n && val.p[0] == '"';
+    if (!quoted && memchr(val.p, '=', val.n))
         return kiln__fail(e, KILN_STATUS_PARSE,
                           "spec: token '%s': more than one '=' (expected key=value)", show);
     if (name.n == 0)
@@ -222,6 +335,14 @@ static kiln_status parse_token(span tok, span given[KEY_COUNT_], int value[KEY_C
             "spec: token '%s' conflicts with token '%s': dtype sets q_dtype, kv_dtype "
             "and out_dtype at once; give either dtype or the separate keys",
             show, other);
+    }
+    kiln_status st = KILN_STATUS_OK;
+    if (def->text == TEXT_PARAMS) st = parse_params(show, val, x, e);
+    if (def->text == TEXT_SNIPPET)
+        st = parse_snippet(show, def, val, k == KEY_LOGITS_EXPR ? x->logits_expr : x->mask_expr, e);
+    if (def->text != TEXT_WORD) {
+        if (!st) given[k] = tok;
+        return st;
     }
     list_choices(def, 0, known, sizeof known);
     const char *empty = val.n ? "" : "empty value; ";
@@ -260,6 +381,40 @@ static kiln_status check_field(const char *field, int v, key_id k, kiln__err *e)
                       allowed);
 }
 
+/* A snippet field must be NUL-terminated and printable (it is written into the spec). The
+ * grammar is checked by kiln__variant_canonicalize (libclang), not here: this stays cheap. */
+static kiln_status check_snippet_text(const char *field, const char *text, kiln__err *e)
+{
+    const char *end = memchr(text, 0, KILN_MAX_SNIPPET);
+    if (!end)
+        return kiln__fail(e, KILN_STATUS_UNSUPPORTED,
+                          "variant: %s is not NUL-terminated within %d bytes", field,
+                          KILN_MAX_SNIPPET);
+    for (const char *p = text; p < end; p++) {
+        unsigned char c = (unsigned char)*p;
+        if (c != '\t' && (c < 0x20 || c > 0x7e))
+            return kiln__fail(e, KILN_STATUS_UNSUPPORTED,
+                              "variant: %s: byte 0x%02x at offset %zu is not printable ASCII",
+                              field, c, (size_t)(p - text));
+    }
+    return KILN_STATUS_OK;
+}
+
+/* Append text to out[cap] at *at, escaping '"' and '\\' when `escape`; *at counts every byte
+ * even past cap. */
+static void append(char *out, size_t cap, size_t *at, const char *text, int escape)
+{
+    for (const char *p = text; *p; p++) {
+        if (escape && (*p == '"' || *p == '\\')) {
+            if (*at + 1 < cap) out[*at] = '\\';
+            ++*at;
+        }
+        if (*at + 1 < cap) out[*at] = *p;
+        ++*at;
+    }
+    if (cap) out[*at < cap ? *at : cap - 1] = 0;
+}
+
 /* ---- internal API -------------------------------------------------------------------------- */
 
 const char *kiln__op_name(kiln_op op) { return word_of(CHOICES(op_choices), (int)op); }
@@ -282,7 +437,11 @@ kiln_status kiln__variant_check(const kiln_variant *v, kiln__err *e)
         (st = check_field("mask", (int)v->mask, KEY_MASK, e)) ||
         (st = check_field("window", v->window, KEY_WINDOW, e)) ||
         (st = check_field("logits", (int)v->logits, KEY_LOGITS, e)) ||
-        (st = check_field("lse", v->lse, KEY_LSE, e)))
+        (st = check_field("lse", v->lse, KEY_LSE, e)) ||
+        (st = check_field("mask_data", (int)v->mask_data, KEY_MASK_DATA, e)) ||
+        (st = kiln__params_check(v->params, v->num_params, e)) ||
+        (st = check_snippet_text("logits_expr", v->logits_expr, e)) ||
+        (st = check_snippet_text("mask_expr", v->mask_expr, e)))
         return st;
     if (v->q_dtype != v->kv_dtype)
         return kiln__fail(e, KILN_STATUS_UNSUPPORTED,
@@ -315,14 +474,42 @@ kiln_status kiln__spec_parse(const char *spec, kiln_variant *out, kiln__err *e)
 
     span given[KEY_COUNT_] = {{0}};
     int value[KEY_COUNT_] = {0};
+    kiln_variant x; /* params and snippets as parsed */
+    memset(&x, 0, sizeof x);
     const char *p = spec;
     for (;;) {
         while (is_blank(*p)) p++;
         if (!*p) break;
+        /* a token ends at a blank, except inside a value that starts with '"' (which ends at
+         * the next '"' not escaped by '\\') */
         span tok = {p, 0};
-        while (p[tok.n] && !is_blank(p[tok.n])) tok.n++;
+        int quoted = 0, seen_eq = 0;
+        while (p[tok.n] && (quoted || !is_blank(p[tok.n]))) {
+            char c = p[tok.n];
+            if (quoted && c == '\\' && p[tok.n + 1]) {
+                tok.n += 2;
+                continue;
+            }
+            if (quoted && c == '"') quoted = 0;
+            else if (!seen_eq && c == '=') {
+                seen_eq = 1;
+                if (p[tok.n + 1] == '"') {
+                    quoted = 1;
+                    tok.n++;
+                }
+            }
+            tok.n++;
+        }
         p += tok.n;
-        kiln_status st = parse_token(tok, given, value, e);
+        if (quoted) {
+            char show[SHOW_MAX + 4];
+            show_span(tok, show);
+            return kiln__fail(e, KILN_STATUS_PARSE,
+                              "spec: token '%s': unterminated quote (a quoted value ends at the "
+                              "next '\"' not escaped by '\\')",
+                              show);
+        }
+        kiln_status st = parse_token(tok, given, value, &x, e);
         if (st) return st;
     }
 
@@ -340,9 +527,18 @@ kiln_status kiln__spec_parse(const char *spec, kiln_variant *out, kiln__err *e)
     if (given[KEY_WINDOW].p) v.window = value[KEY_WINDOW];
     if (given[KEY_LOGITS].p) v.logits = (kiln_logits)value[KEY_LOGITS];
     if (given[KEY_LSE].p) v.lse = value[KEY_LSE];
+    if (given[KEY_MASK_DATA].p) v.mask_data = (kiln_mask_data)value[KEY_MASK_DATA];
+    v.num_params = x.num_params;
+    memcpy(v.params, x.params, sizeof v.params);
+    memcpy(v.logits_expr, x.logits_expr, sizeof v.logits_expr);
+    memcpy(v.mask_expr, x.mask_expr, sizeof v.mask_expr);
 
     kiln_status st = kiln__variant_check(&v, e);
     if (st) return st;
+    if ((v.logits_expr[0] || v.mask_expr[0]) && (st = kiln__variant_canonicalize(&v, e))) {
+        kiln__err_prefix(e, "spec");
+        return st;
+    }
     *out = v;
     return KILN_STATUS_OK;
 }
@@ -374,7 +570,29 @@ size_t kiln__spec_format(const kiln_variant *v, char *buf, size_t cap, kiln__err
         kiln__fail(e, KILN_STATUS_INVALID_ARGUMENT, "spec: formatting failed");
         return 0;
     }
-    return (size_t)n;
+    /* the optional keys, each only when present */
+    size_t at = (size_t)n;
+    if (v->mask_data) {
+        append(buf, cap, &at, " mask_data=", 0);
+        append(buf, cap, &at, word_of(CHOICES(mask_data_choices), (int)v->mask_data), 0);
+    }
+    for (int i = 0; i < v->num_params; i++) {
+        append(buf, cap, &at, i ? "," : " params=", 0);
+        append(buf, cap, &at, v->params[i].name, 0);
+        append(buf, cap, &at, ":", 0);
+        append(buf, cap, &at, kiln__param_type_name(v->params[i].type), 0);
+    }
+    if (v->logits_expr[0]) {
+        append(buf, cap, &at, " logits_expr=\"", 0);
+        append(buf, cap, &at, v->logits_expr, 1);
+        append(buf, cap, &at, "\"", 0);
+    }
+    if (v->mask_expr[0]) {
+        append(buf, cap, &at, " mask_expr=\"", 0);
+        append(buf, cap, &at, v->mask_expr, 1);
+        append(buf, cap, &at, "\"", 0);
+    }
+    return at;
 }
 
 /* ---- public API ---------------------------------------------------------------------------- */

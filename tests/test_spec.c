@@ -328,7 +328,7 @@ static const bad_spec bad_specs[] = {
     {"opx=decode", KILN_STATUS_PARSE, "spec: token 'opx=decode': unknown key 'opx'"},
     {"foo=1", KILN_STATUS_PARSE,
      "(known keys: op, dtype, q_dtype, kv_dtype, out_dtype, head_dim, group, layout, mask, "
-     "window, logits, lse)"},
+     "window, logits, lse, mask_data, params, logits_expr, mask_expr)"},
     {"OP=decode", KILN_STATUS_PARSE, "unknown key 'OP'"},
     {"op=decode headdim=64", KILN_STATUS_PARSE, "token 'headdim=64': unknown key 'headdim'"},
     {"\"op=decode\"", KILN_STATUS_PARSE, "unknown key '\"op'"},
@@ -438,20 +438,22 @@ KT_TEST(spec_reject_table)
 
 KT_TEST(spec_reject_long)
 {
-    char spec[1100];
-    /* exactly 1024 bytes: blanks around one token are fine */
-    memset(spec, ' ', 1024);
+    enum { MAX = KILN__SPEC_INPUT_MAX };
+    char spec[MAX + 64], want[64];
+    /* exactly MAX bytes: blanks around one token are fine */
+    memset(spec, ' ', MAX);
     memcpy(spec + 500, "op=decode", 9);
-    spec[1024] = 0;
+    spec[MAX] = 0;
     kiln_variant v;
     KT_OK(kiln_variant_parse(spec, &v), kiln_errmsg());
     KT_EQ_INT(v.op, KILN_OP_DECODE);
-    /* 1025 bytes: refused before anything else is read */
-    memset(spec, ' ', 1025);
+    /* MAX + 1 bytes: refused before anything else is read */
+    memset(spec, ' ', MAX + 1);
     memcpy(spec + 500, "op=decode", 9);
-    spec[1025] = 0;
+    spec[MAX + 1] = 0;
     KT_STATUS(kiln_variant_parse(spec, &v), KILN_STATUS_PARSE, kiln_errmsg());
-    KT_CONTAINS(kiln_errmsg(), "spec: longer than the 1024-byte limit");
+    snprintf(want, sizeof want, "spec: longer than the %d-byte limit", MAX);
+    KT_CONTAINS(kiln_errmsg(), want);
     /* a long token is cut in the message */
     memset(spec, 'k', 1000);
     memcpy(spec + 1000, "=1", 3);
