@@ -13,6 +13,7 @@
 #include <stdint.h>
 
 #include "cache.h"
+#include "jit.h"
 #include "kiln.h"
 #include "util.h"
 
@@ -101,7 +102,7 @@ int cli_archs_resolve(const char *cmd, kiln_ctx *ctx, cli_archs *a);
 /* One spec of a manifest. */
 typedef struct cli_mspec {
     kiln_variant v;
-    char spec[256]; /* canonical */
+    char spec[KILN__SPEC_MAX]; /* canonical */
     int line;       /* first line (1-based) that named it */
 } cli_mspec;
 
