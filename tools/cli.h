@@ -137,7 +137,8 @@ void cli_manifest_free(cli_manifest *m);
  * Returns 0, or CLI_FAIL after printing the reason. */
 int cli_ctx_open(const cli_global *g, const char *cmd, int no_device, kiln_ctx **out);
 
-/* Open the cache of g directly (for ls, show, rm, info). Returns 0 or CLI_FAIL. */
+/* Open the cache of g directly (for ls, show, rm, info, gc, verify, export): --cache may also
+ * name a database file. Returns 0 or CLI_FAIL. */
 int cli_cache_open(const cli_global *g, const char *cmd, kiln__cache **out);
 
 /* The key v has for arch (computed; nothing compiled) into key[33]: 0, or -1 ("" in key) when

@@ -10,6 +10,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <time.h>
 
 #include "cli.h"
@@ -457,7 +458,10 @@ int cli_cache_open(const cli_global *g, const char *cmd, kiln__cache **out)
     *out = NULL;
     if (g->cache_dir) snprintf(dir, sizeof dir, "%s", g->cache_dir);
     else if (kiln__cache_default_dir(dir, sizeof dir, &e)) return cli_fail(cmd, CLI_FAIL, "%s", e.msg);
-    if (kiln__cache_open(dir, out, &e)) return cli_fail(cmd, CLI_FAIL, "%s", e.msg);
+    /* a database file names itself (merge and export outputs, shipped files) */
+    struct stat sb;
+    int flags = stat(dir, &sb) == 0 && S_ISREG(sb.st_mode) ? KILN__CACHE_FILE : 0;
+    if (kiln__cache_open_ex(dir, flags, out, &e)) return cli_fail(cmd, CLI_FAIL, "%s", e.msg);
     return 0;
 }
 
