@@ -28,7 +28,7 @@ _Static_assert(sizeof(((cli_mspec *)0)->spec) >= KILN__SPEC_MAX, "cli_mspec.spec
 /* Most specs one manifest line may expand to. */
 #define EXPAND_MAX 4096
 /* Longest line after expansion. */
-#define LINE_MAX_BYTES 4096
+#define LINE_MAX_BYTES (KILN__SPEC_INPUT_MAX + 256)
 
 /* ---- a small hash set of strings and of pairs ------------------------------------------------ */
 
