@@ -33,10 +33,6 @@ kiln_status kiln__key_material(const kiln_variant *v, const kiln__config *cfg, c
     kiln__str_printf(&s, "kiln-key-format: %d\nspec: %s\nconfig: %s\ntemplates: %s\nnvrtc: %s\narch: %s\n",
                      KILN__FORMAT_VERSION, spec, conf, kiln__templates_digest, kiln_nvrtc_version(),
                      arch);
-    /* Fields the spec line does not (yet) spell still shape the binary: name them here so
-     * that no two different kernels ever share a key. */
-    if (v->mask_data != KILN_MASK_DATA_NONE)
-        kiln__str_printf(&s, "mask_data: %s\n", v->mask_data == KILN_MASK_DATA_BITMASK ? "bitmask" : "bsr");
     kiln__str_printf(&s, "options: --gpu-architecture=%s", arch);
     int n = 0;
     const char *const *opts = kiln__nvrtc_options(arch, &n);

@@ -14,6 +14,7 @@
 #include <xxhash.h>
 
 #include "runtime.h"
+#include "snippet.h"
 
 /* The memo key: the variant's fields and the arch, with no padding bytes. */
 /* The memo key: the variant with every byte defined (padding and the bytes after each
@@ -286,7 +287,13 @@ static kiln_status acquire(kiln_ctx *ctx, kiln_kernel *k, int replace, int *take
  * stderr and do not fail a kernel that compiles. */
 static kiln_status build(kiln_ctx *ctx, kiln_kernel *k, kiln__err *e)
 {
-    kiln_status st = kiln__config_pick(&k->v, kiln__arch_sm(k->arch), &k->cfg, e);
+    kiln_status st;
+    /* Snippets are validated by libclang and replaced by their canonical token text before
+     * anything is keyed, expanded or compiled (the parser did it already for spec lines; a
+     * struct filled in C arrives here raw). Nothing reaches NVRTC or the cache unless it passed. */
+    if ((k->v.logits_expr[0] || k->v.mask_expr[0]) && (st = kiln__variant_canonicalize(&k->v, e)))
+        return st;
+    st = kiln__config_pick(&k->v, kiln__arch_sm(k->arch), &k->cfg, e);
     if (st) return st;
     if (!kiln__spec_format(&k->v, k->spec, sizeof k->spec, e)) return KILN_STATUS_UNSUPPORTED;
     if ((st = kiln__key_material(&k->v, &k->cfg, k->arch, &k->key_material, e))) return st;
