@@ -26,7 +26,11 @@ typedef struct point {
     float softcap;
     int bsr_pct;  /* > 0: mask_data=bsr, 64x64 blocks, this % present (random) */
     int tile_map; /* 1: plan the tile map first (skips hidden tiles) */
+    int user;     /* snippet parameter 0: user[0].f32 = softcap; 1: user[0].i32 = window_left */
 } point;
+
+#define SNIP_SOFTCAP "params=cap:f32 logits_expr=\"cap * tanhf(logits / cap)\""
+#define SNIP_WINDOW "params=w:i32 mask_expr=\"kv_idx >= qo_idx + kv_len - qo_len - w\""
 
 static const point points[] = {
     {"decode", "op=decode dtype=bf16 head_dim=128 group=4", 32, 1, 512, 0, 0, 0, 0},
@@ -46,7 +50,20 @@ static const point points[] = {
     {"prefill causal window1024", "op=prefill dtype=bf16 head_dim=128 group=4 mask=causal window=1", 32, 4096, 4096, 1024, 0, 0, 0},
     {"prefill causal bsr25", "op=prefill dtype=bf16 head_dim=128 group=4 mask=causal", 32, 4096, 4096, 0, 0, 25, 0},
     {"prefill causal bsr25 +map", "op=prefill dtype=bf16 head_dim=128 group=4 mask=causal", 32, 4096, 4096, 0, 0, 25, 1},
+    {"prefill causal softcap snippet", "op=prefill dtype=bf16 head_dim=128 group=4 mask=causal " SNIP_SOFTCAP, 32,
+     4096, 4096, 0, 30, 0, 0, 0},
+    {"prefill causal window1024 expr", "op=prefill dtype=bf16 head_dim=128 group=4 mask=causal " SNIP_WINDOW, 32,
+     4096, 4096, 1024, 0, 0, 0, 1},
+    {"prefill causal window1024 expr +map", "op=prefill dtype=bf16 head_dim=128 group=4 mask=causal " SNIP_WINDOW,
+     32, 4096, 4096, 1024, 0, 0, 1, 1},
 };
+
+/* The window expression's meaning, for counting its FLOPs. */
+static int window_visible(const void *u, int i, int j, int h, int hk, int lq, int lkv)
+{
+    (void)h, (void)hk;
+    return j >= i + lkv - lq - *(const int *)u;
+}
 
 /* A random BSR mask for a bench point (64 x 64 blocks); the reference mask callback reads it. */
 typedef struct bsr_mask {
@@ -219,6 +236,15 @@ int main(int argc, char **argv)
         /* cheap enough to check against the CPU reference? */
         const double ref_cost = (double)pt->L_Q * pt->L_KV * pt->H;
         s.skip_reference = ref_cost > 4e8;
+        if (strstr(pt->spec, "params=")) {
+            if (pt->user == 0) s.user[0].f32 = pt->softcap;
+            else {
+                s.user[0].i32 = pt->window_left;
+                s.ref_mask = window_visible;
+                s.ref_user = &pt->window_left;
+                s.use_tile_map = pt->tile_map;
+            }
+        }
         bsr_mask bm = {0};
         if (pt->bsr_pct) {
             bsr_make(&bm, pt->L_Q, pt->L_KV, pt->bsr_pct);

@@ -55,6 +55,35 @@ def sdpa(backend, causal):
     return f
 
 
+def flex_variants(inputs, L_Q, L_KV, D, rows):
+    """FlexAttention with score_mods / block masks for the variant points (causal, 4096)."""
+    from torch.nn.attention.flex_attention import flex_attention, create_block_mask
+    flex = torch.compile(flex_attention, dynamic=False)
+    causal = create_block_mask(lambda b, h, q, kv: q >= kv, 1, 1, L_Q, L_KV)
+    window = create_block_mask(lambda b, h, q, kv: (q >= kv) & (q - kv <= 1024), 1, 1, L_Q, L_KV)
+    slopes = torch.tensor([2 ** (-8 * (h + 1) / H) for h in range(H)], device="cuda")
+
+    def softcap(score, b, h, q, kv):
+        return 30.0 * torch.tanh(score / 30.0)
+
+    def alibi(score, b, h, q, kv):
+        return score + slopes[h] * (kv - q)
+
+    full = sum(min(L_KV, i + L_KV - L_Q + 1) for i in range(L_Q))
+    win = sum(min(i, 1024) + 1 for i in range(L_Q))
+    for vname, kw, pairs in (("softcap", dict(score_mod=softcap, block_mask=causal), full),
+                             ("alibi", dict(score_mod=alibi, block_mask=causal), full),
+                             ("window1024", dict(block_mask=window), win)):
+        try:
+            f = lambda q, k, v: flex(q, k, v, enable_gqa=True, **kw)
+            ms = timeit(f, inputs)
+            tf = 4.0 * D * pairs * H / (ms * 1e-3) / 1e12
+            rows.append(("prefill causal " + vname, L_Q, L_KV, "Flex", ms, 0.0, tf))
+            print(f"| prefill causal {vname} | {L_Q} | {L_KV} | Flex | {ms:.4f} | | {tf:.1f} |")
+        except Exception as e:
+            print(f"| prefill causal {vname} | {L_Q} | {L_KV} | Flex | failed: {type(e).__name__}: {str(e)[:80]} | | |")
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true")
@@ -111,6 +140,8 @@ def main():
                 print(f"| {name} | {L_Q} | {L_KV} | Flex | {ms:.4f} | {gbs:.0f} | {tf:.1f} |")
             except Exception as e:
                 print(f"| {name} | {L_Q} | {L_KV} | Flex | failed: {type(e).__name__}: {str(e)[:80]} | | |")
+        if not a.no_flex and name == "prefill causal" and L_Q == 4096:
+            flex_variants(inputs, L_Q, L_KV, D, rows)
         del inputs
         torch.cuda.empty_cache()
     if a.csv:
