@@ -98,6 +98,16 @@ static int has_word(const char *text, const char *word)
 static void emit_hooks(kiln__str *s, const kiln_variant *v)
 {
     const int has_logits = v->logits_expr[0] != 0, has_mask = v->mask_expr[0] != 0;
+    if (has_logits || has_mask)
+        /* Unqualified calls in the hooks find these class members first: the transcendental
+         * functions a snippet may call run on the same fast approximations the builtin
+         * transforms use (ex2/lg2/tanh.approx), so a snippet soft-cap costs what the builtin
+         * one does. */
+        kiln__str_puts(s, "    static __device__ __forceinline__ float tanhf(float x) { return kiln::tanh_fast(x); }\n"
+                          "    static __device__ __forceinline__ float exp2f(float x) { return kiln::exp2_fast(x); }\n"
+                          "    static __device__ __forceinline__ float expf(float x) { return kiln::exp2_fast(x * kiln::LOG2E); }\n"
+                          "    static __device__ __forceinline__ float log2f(float x) { return kiln::log2_fast(x); }\n"
+                          "    static __device__ __forceinline__ float logf(float x) { return kiln::log2_fast(x) * kiln::LN2; }\n");
     const int uses_head = has_mask && (has_word(v->mask_expr, "qo_head") || has_word(v->mask_expr, "kv_head"));
     kiln__str_printf(s, "    static constexpr bool HAS_LOGITS_EXPR = %s, HAS_MASK_EXPR = %s;\n",
                      has_logits ? "true" : "false", has_mask ? "true" : "false");
