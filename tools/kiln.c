@@ -192,10 +192,13 @@ static void print_main_usage(FILE *f)
                "                written (default: $KILN_BASE_CACHE_DIR)\n"
                "  --max-size N  keep the cache's cubins under N bytes (512M, 2G; default:\n"
                "                $KILN_CACHE_MAX_BYTES), evicting the least recently used\n"
-               "environment: KILN_STRICT=1 (a miss is an error, nothing compiles),\n"
-               "  KILN_RECORD=FILE (append every kernel requested to FILE; kiln warm replays it)\n"
+
                "  -h, --help    this text; after a command, that command's help\n"
                "  --version     kiln's version\n"
+               "\n"
+               "environment: KILN_STRICT=1 (a miss is an error; nothing is compiled),\n"
+               "  KILN_RECORD=FILE (append every kernel requested to FILE; kiln warm FILE\n"
+               "  replays it), KILN_BASE_CACHE_DIR, KILN_CACHE_MAX_BYTES; see docs/fleet.md\n"
                "\n"
                "exit status: 0 success, 1 run-time failure, 2 bad usage or input\n");
 }
