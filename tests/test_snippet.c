@@ -342,7 +342,7 @@ KT_TEST(snippet_refuses_bytes)
 {
     if (!need_clang()) return;
     kiln__err e;
-    char text[KILN_MAX_SNIPPET + 8], canon[KILN_MAX_SNIPPET];
+    char text[KILN_MAX_SNIPPET + 128], canon[KILN_MAX_SNIPPET];
     /* 511 bytes pass (blanks around a name), 512 do not */
     memset(text, ' ', KILN_MAX_SNIPPET - 1);
     memcpy(text + 200, "kv_idx", 6);
@@ -354,6 +354,7 @@ KT_TEST(snippet_refuses_bytes)
     text[KILN_MAX_SNIPPET] = 0;
     KT_EQ_INT(kiln__snippet_check(M, text, NULL, 0, canon, sizeof canon, &e), KILN_STATUS_PARSE);
     KT_CONTAINS(e.msg, "1:512: at least 512 bytes, over the 511-byte limit");
+    memset(text, ' ', 600);
     KT_EQ_INT(kiln__snippet_check_n(M, text, 600, NULL, 0, canon, sizeof canon, &e), KILN_STATUS_PARSE);
     KT_CONTAINS(e.msg, "600 bytes, over the 511-byte limit");
     /* a NUL inside, through the explicit length */

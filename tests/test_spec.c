@@ -181,6 +181,7 @@ static int grid_each(void (*fn)(const kiln_variant *v, void *arg), void *arg)
     for (int i = 0; i < GRID_SIZE; i++, n++) {
         int rest = i;
         kiln_variant v;
+        kiln_variant_default(&v); /* no mask data, parameters or snippets */
         v.op = (kiln_op)digit(&rest, 2);
         v.q_dtype = v.kv_dtype = (kiln_dtype)digit(&rest, 2);
         v.out_dtype = (kiln_dtype)digit(&rest, 2);
