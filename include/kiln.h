@@ -310,7 +310,8 @@ kiln_status kiln_kernel_compile(kiln_ctx *ctx, const kiln_variant *v, const char
 typedef struct kiln_kernel_info {
     char key[33];        /* 32 hex characters of XXH3-128 */
     char arch[16];       /* e.g. "sm_90a" */
-    char spec[256];      /* canonical spec */
+    char spec[256];      /* canonical spec, cut to 255 bytes (snippet specs run longer: use
+                            kiln_kernel_spec for the whole text) */
     int from_cache;      /* 1: found in the cache; 0: compiled by this process */
     double compile_ms;   /* NVRTC wall time when it was compiled (whoever compiled it) */
     int registers;       /* per thread, from ptxas */
@@ -323,9 +324,11 @@ typedef struct kiln_kernel_info {
 
 kiln_status kiln_kernel_describe(const kiln_kernel *k, kiln_kernel_info *out);
 
-/* Borrowed texts, alive as long as the kernel's context: the exact source compiled, the NVRTC
- * log (with ptxas' resource report), the exact text hashed into the key. */
+/* Borrowed texts, alive as long as the kernel's context: the exact source compiled, the whole
+ * canonical spec, the NVRTC log (with ptxas' resource report), the exact text hashed into the
+ * key. */
 const char *kiln_kernel_source(const kiln_kernel *k);
+const char *kiln_kernel_spec(const kiln_kernel *k);
 const char *kiln_kernel_log(const kiln_kernel *k);
 const char *kiln_kernel_key_material(const kiln_kernel *k);
 /* The cubin, alive as long as the context. */

@@ -9,9 +9,11 @@
 
 #include "jit.h"
 
-/* Options passed to NVRTC; the arch option is built per call. */
+/* Options passed to NVRTC; the arch option is built per call. --prec-div=false: a float
+ * division (a snippet's `logits / cap`) compiles to a reciprocal and a multiply, not the IEEE
+ * sequence; attention's own divisions (1 / l) need no more. */
 static const char *const base_options[] = {"-std=c++17", "-minimal", "--ptxas-options=-v",
-                                           "--fmad=true", NULL};
+                                           "--fmad=true", "--prec-div=false", NULL};
 
 const char *const *kiln__nvrtc_options(const char *arch, int *count)
 {

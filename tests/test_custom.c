@@ -258,3 +258,50 @@ KT_GPU_TEST(gpu_custom_softcap_equals_builtin)
     }
     kiln_ctx_destroy(ctx);
 }
+
+/* A refused snippet never reaches NVRTC or the cache; a snippet calling every allowed function
+ * compiles (NVRTC has each overload the validator admits). */
+KT_TEST(custom_refused_not_cached)
+{
+    char dir[600];
+    snprintf(dir, sizeof dir, "%s/c", kt_tmpdir());
+    kiln_ctx_opts o = {0};
+    o.cache_dir = dir;
+    o.no_device = 1;
+    kiln_ctx *ctx = NULL;
+    KT_OK(kiln_ctx_create(&o, &ctx), kiln_errmsg());
+    KT_REQUIRE(ctx);
+    kiln_variant v;
+    KT_OK(kiln_variant_parse("op=decode head_dim=64", &v), kiln_errmsg());
+    snprintf(v.mask_expr, sizeof v.mask_expr, "%s", "kv_idx = 3");
+    kiln_kernel *k = NULL;
+    KT_STATUS(kiln_kernel_compile(ctx, &v, "sm_90a", &k), KILN_STATUS_PARSE, kiln_ctx_errmsg(ctx));
+    KT_CONTAINS(kiln_ctx_errmsg(ctx), "snippet 'mask'");
+    kiln_ctx_destroy(ctx);
+    /* nothing was stored */
+    char db[700];
+    snprintf(db, sizeof db, "%s/kernels.db", dir);
+    char cmd[1600];
+    snprintf(cmd, sizeof cmd, "%s --cache %s ls 2>&1 | grep -c 'op=' ", kt_kiln_bin(), dir);
+    FILE *f = popen(cmd, "r");
+    int rows = -1;
+    if (f) {
+        if (fscanf(f, "%d", &rows) != 1) rows = -1;
+        pclose(f);
+    }
+    KT_EQ_INT(rows, 0);
+
+    KT_OK(kiln_ctx_create(&o, &ctx), kiln_errmsg());
+    KT_REQUIRE(ctx);
+    KT_OK(kiln_variant_parse(
+              "op=prefill head_dim=64 params=x:f32,n:i32 logits_expr=\"expf(logits) * 0.0f + exp2f(x) * 0.0f + "
+              "expm1f(x) * 0.0f + logf(2.0f) + log2f(2.0f) + log1pf(x) + powf(x, 2.0f) + sqrtf(4.0f) + "
+              "rsqrtf(4.0f) + tanhf(logits) + sinf(x) + cosf(x) + fabsf(x) + fminf(x, 1.0f) + fmaxf(x, 1.0f) + "
+              "floorf(x) + ceilf(x) + truncf(x) + roundf(x) + min(x, 1.0f) + max(x, 1.0f) + (float)min(n, 1) + "
+              "(float)max(n, 1) + (float)abs(n) + logits\"",
+              &v),
+          kiln_errmsg());
+    KT_OK(kiln_kernel_compile(ctx, &v, "sm_90a", &k), kiln_ctx_errmsg(ctx));
+    if (k) KT_CONTAINS(kiln_kernel_spec(k), "rsqrtf");
+    kiln_ctx_destroy(ctx);
+}
