@@ -211,6 +211,7 @@ _PROTOTYPES = {
     "kiln_kernel_compile": (c_enum, [_ctx_p, _p(kiln_variant), ctypes.c_char_p, _p(_kernel_p)]),
     "kiln_kernel_describe": (c_enum, [_kernel_p, _p(kiln_kernel_info)]),
     "kiln_kernel_source": (ctypes.c_char_p, [_kernel_p]),
+    "kiln_kernel_spec": (ctypes.c_char_p, [_kernel_p]),
     "kiln_kernel_log": (ctypes.c_char_p, [_kernel_p]),
     "kiln_kernel_key_material": (ctypes.c_char_p, [_kernel_p]),
     "kiln_kernel_cubin": (ctypes.c_void_p, [_kernel_p, _p(ctypes.c_size_t)]),

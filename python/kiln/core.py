@@ -524,7 +524,8 @@ class Kernel:
 
     key = property(lambda self: self.info.key)
     arch = property(lambda self: self.info.arch)
-    spec = property(lambda self: self.info.spec)
+    # the whole canonical spec (info.spec is cut to 255 bytes; snippet specs run longer)
+    spec = property(lambda self: _lib.text(_lib.lib().kiln_kernel_spec(self._p())))
 
     @property
     def source(self):
