@@ -359,7 +359,9 @@ kiln_status kiln_prefill_mask_plan_size(const kiln_kernel *k, int qo_len, int kv
 /* Evaluate the mask once per tile on the GPU (a kernel generated with the variant) and write
  * a->tile_map: 0 = every key of the tile hidden (the tile is skipped), 2 = every key visible
  * under the snippet and mask data (no per-element work for them), 1 = mixed. Re-run it when
- * the mask's inputs change (user parameters, bits, blocks, lengths). Asynchronous on stream;
+ * anything the mask reads changes: user parameters, bits, blocks, qo_len, kv_len,
+ * window_left (hidden tiles are skipped, so a stale map can hide visible keys) and, for a
+ * snippet that reads a head index, num_qo_heads. Asynchronous on stream;
  * allocates nothing. */
 kiln_status kiln_prefill_mask_plan(kiln_kernel *k, const kiln_attn_args *a, void *stream);
 

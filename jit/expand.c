@@ -81,8 +81,6 @@ static void emit_params(kiln__str *s, const kiln_variant *v)
                       "        (void)qo_len; (void)kv_len;\n");
 }
 
-/* The user snippets (validated and canonicalised before expansion) as static members of the
- * config struct; the templates call them only when HAS_*_EXPR is true. */
 /* 1 when `word` appears in text as a whole identifier. */
 static int has_word(const char *text, const char *word)
 {
@@ -95,6 +93,8 @@ static int has_word(const char *text, const char *word)
     return 0;
 }
 
+/* The user snippets (validated and canonicalised before expansion) as static members of the
+ * config struct; the templates call them only when HAS_*_EXPR is true. */
 static void emit_hooks(kiln__str *s, const kiln_variant *v)
 {
     const int has_logits = v->logits_expr[0] != 0, has_mask = v->mask_expr[0] != 0;

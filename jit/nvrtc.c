@@ -88,12 +88,27 @@ static kiln_status nvrtc_api(kiln__err *e)
 static char nvrtc_version[32];
 static pthread_once_t version_once = PTHREAD_ONCE_INIT;
 
+/* The memo sits in the default cache directory ($KILN_CACHE_DIR, else $XDG_CACHE_HOME/kiln,
+ * else ~/.cache/kiln), created (0700) when missing. */
 static void memo_path(char *out, size_t cap)
 {
-    const char *x = getenv("XDG_CACHE_HOME"), *h = getenv("HOME");
-    if (x && x[0] == '/') snprintf(out, cap, "%s/kiln/nvrtc-version", x);
-    else if (h && *h) snprintf(out, cap, "%s/.cache/kiln/nvrtc-version", h);
-    else out[0] = 0;
+    const char *k = getenv("KILN_CACHE_DIR"), *x = getenv("XDG_CACHE_HOME"), *h = getenv("HOME");
+    char dir[900];
+    if (k && *k) snprintf(dir, sizeof dir, "%s", k);
+    else if (x && x[0] == '/') snprintf(dir, sizeof dir, "%s/kiln", x);
+    else if (h && *h) snprintf(dir, sizeof dir, "%s/.cache/kiln", h);
+    else {
+        out[0] = 0;
+        return;
+    }
+    for (char *p = dir + 1; *p; p++) { /* mkdir -p, best effort */
+        if (*p != '/') continue;
+        *p = 0;
+        mkdir(dir, 0700);
+        *p = '/';
+    }
+    mkdir(dir, 0700);
+    snprintf(out, cap, "%s/nvrtc-version", dir);
 }
 
 static void read_version(void)

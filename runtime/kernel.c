@@ -16,7 +16,6 @@
 #include "runtime.h"
 #include "snippet.h"
 
-/* The memo key: the variant's fields and the arch, with no padding bytes. */
 /* The memo key: the variant with every byte defined (padding and the bytes after each
  * string's NUL zeroed) and the arch. Raw snippet text, not canonical: canonicalising costs a
  * libclang parse, which a memo hit must not pay; two spellings get two entries that share one

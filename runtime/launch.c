@@ -63,6 +63,11 @@ static kiln_status prepare(kiln_kernel *k, const kiln_attn_args *a, kiln_op op,
     if (!(rp->sm_scale >= 0.f))
         return kiln__fail(e, KILN_STATUS_INVALID_ARGUMENT, "%s %s: sm_scale must be >= 0", what, k->spec);
 
+    if (op == KILN_OP_PREFILL && a->qo_len < 0)
+        return kiln__fail(e, KILN_STATUS_INVALID_ARGUMENT, "%s %s: qo_len=%d < 0", what, k->spec, a->qo_len);
+    if (op == KILN_OP_PREFILL && v->mask == KILN_MASK_CAUSAL && a->qo_len > a->kv_len)
+        return kiln__fail(e, KILN_STATUS_INVALID_ARGUMENT, "%s %s: causal needs qo_len <= kv_len (got %d > %d)",
+                          what, k->spec, a->qo_len, a->kv_len);
     const int L_Q = op == KILN_OP_DECODE ? 1 : a->qo_len, L_KV = a->kv_len, H_KV = H / G;
     const int nhd = v->layout == KILN_LAYOUT_NHD;
     memset(p, 0, sizeof *p);
@@ -241,14 +246,7 @@ kiln_status kiln_single_prefill(kiln_kernel *k, const kiln_attn_args *a, void *s
     kiln_launch_params p;
     kiln_status st = prepare(k, a, KILN_OP_PREFILL, &p, &e);
     if (st) return fail(k, st, &e);
-    if (a->qo_len < 0)
-        return fail(k, kiln__fail(&e, KILN_STATUS_INVALID_ARGUMENT, "single prefill %s: qo_len=%d < 0",
-                                  k->spec, a->qo_len), &e);
     if (a->qo_len == 0) return KILN_STATUS_OK; /* an empty request: nothing to write */
-    if (k->v.mask == KILN_MASK_CAUSAL && a->qo_len > a->kv_len)
-        return fail(k, kiln__fail(&e, KILN_STATUS_INVALID_ARGUMENT,
-                                  "single prefill %s: causal needs qo_len <= kv_len (got %d > %d)",
-                                  k->spec, a->qo_len, a->kv_len), &e);
     const unsigned mblocks = (unsigned)((a->qo_len + k->cfg.block_m - 1) / k->cfg.block_m);
     void *args[] = {&p};
     CUresult r = k->ctx->cu->cuLaunchKernel(k->fn_main, mblocks, (unsigned)a->num_qo_heads, 1,

@@ -556,6 +556,13 @@ int cli_cmd_check(cli_global *g, const cli_cmd *cmd, int argc, char **argv)
     long kv[CHECK_KV_MAX], reps = 0;
     int nkv = 0;
     if ((rc = cli_spec(cmd->name, npos, argv, &v, canon, sizeof canon))) return rc;
+    /* The CPU reference knows the builtin masks and transforms only: a snippet's or mask
+     * data's meaning (and its run-time values) has to come from the caller, as the tests do
+     * (tests/test_custom.c, tests/test_maskdata.c). Refuse rather than check something else. */
+    if (v.logits_expr[0] || v.mask_expr[0] || v.num_params || v.mask_data != KILN_MASK_DATA_NONE)
+        return cli_fail(cmd->name, CLI_USAGE,
+                        "custom variants (snippets, params, mask_data) cannot be checked from the CLI: "
+                        "the reference needs their meaning and values; see tests/test_custom.c");
     if ((rc = check_shape(&ca, &v, &s, kv, &nkv, &reps))) return rc;
     kiln_ctx *ctx = NULL;
     if ((rc = cli_ctx_open(g, cmd->name, 0, &ctx))) return rc;
