@@ -2,7 +2,8 @@
  * kiln.c — the `kiln` command-line tool: global options, the command table that drives
  * dispatch and help, the usage texts, and the helpers every command shares (option parser,
  * error lines, specs from words, arch lists, contexts and the cache). The commands themselves
- * are in cli_cmds.c and cli_warm.c.
+ * are in cli_cmds.c (info, compile, ls, show, rm, check), cli_warm.c and cli_manifest.c
+ * (warm and manifests) and cli_fleet.c (gc, verify, merge, export).
  *
  *   kiln [--cache DIR] COMMAND [ARGS...]      kiln --help | --version | help COMMAND
  */
