@@ -433,3 +433,28 @@ KT_TEST(cli_info)
     KT_CHECK(!kt_have_gpu() || atoi(r.out) >= 1);
     run_free(&r);
 }
+
+/* show --sass: disassembles with cuobjdump when one is found; otherwise says what it needs and
+ * exits 1. KILN_CUOBJDUMP pointing at a missing file forces the second path. */
+KT_TEST(cli_show_sass)
+{
+    if (!have_bin()) return;
+    cli_run r;
+    char key[33];
+    KT_EQ_INT(RUN(&r, "compile", "--arch", "sm_90a", SPEC_A), 0);
+    key_of_line(r.out, 0, key);
+    run_free(&r);
+    const char *old = getenv("KILN_CUOBJDUMP");
+    char saved[1024] = "";
+    if (old) snprintf(saved, sizeof saved, "%s", old);
+    setenv("KILN_CUOBJDUMP", "/nonexistent/cuobjdump", 1);
+    KT_EQ_INT(RUN(&r, "show", key, "--sass"), 1);
+    KT_CONTAINS(r.err, "needs cuobjdump");
+    run_free(&r);
+    if (saved[0]) setenv("KILN_CUOBJDUMP", saved, 1);
+    else unsetenv("KILN_CUOBJDUMP");
+    int rc = RUN(&r, "show", key, "--sass");
+    if (rc == 0) KT_CONTAINS(r.out, "Function : kiln_main");
+    else KT_CONTAINS(r.err, "needs cuobjdump");
+    run_free(&r);
+}

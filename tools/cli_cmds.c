@@ -9,6 +9,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
+#include <sys/wait.h>
 
 #include "check.h"
 #include "cli.h"
@@ -263,8 +265,69 @@ typedef struct view {
 
 typedef struct show_opts {
     const char *arch, *cubin_file;
-    int source, log, material;
+    int source, log, material, sass;
 } show_opts;
+
+/* The disassembler: $KILN_CUOBJDUMP, else cuobjdump on PATH or in $CUDA_HOME/bin or
+ * /usr/local/cuda/bin. Writes the command into out; 0 when none is found. */
+static int find_cuobjdump(char *out, size_t cap)
+{
+    const char *env = getenv("KILN_CUOBJDUMP");
+    if (env && *env) {
+        snprintf(out, cap, "%s", env);
+        return access(env, X_OK) == 0;
+    }
+    const char *home = getenv("CUDA_HOME");
+    char cand[3][1024];
+    int n = 0;
+    if (home && *home) snprintf(cand[n++], sizeof cand[0], "%s/bin/cuobjdump", home);
+    snprintf(cand[n++], sizeof cand[0], "/usr/local/cuda/bin/cuobjdump");
+    for (int i = 0; i < n; i++)
+        if (access(cand[i], X_OK) == 0) {
+            snprintf(out, cap, "%s", cand[i]);
+            return 1;
+        }
+    const char *path = getenv("PATH");
+    while (path && *path) {
+        const char *colon = strchr(path, ':');
+        size_t len = colon ? (size_t)(colon - path) : strlen(path);
+        snprintf(out, cap, "%.*s/cuobjdump", (int)len, path);
+        if (len && access(out, X_OK) == 0) return 1;
+        path = colon ? colon + 1 : NULL;
+    }
+    return 0;
+}
+
+/* Disassemble the cubin with cuobjdump -sass (a temporary file; nothing else is run). */
+static int print_sass(const view *w)
+{
+    char tool[1024];
+    if (!find_cuobjdump(tool, sizeof tool))
+        return cli_fail("show", CLI_FAIL,
+                        "--sass needs cuobjdump (the CUDA toolkit's; not found on PATH, in $CUDA_HOME/bin "
+                        "or /usr/local/cuda/bin); set KILN_CUOBJDUMP, or write the cubin with --cubin");
+    char tmp[] = "/tmp/kiln-sass-XXXXXX";
+    int fd = mkstemp(tmp);
+    if (fd < 0) return cli_fail("show", CLI_FAIL, "cannot create a temporary file: %s", strerror(errno));
+    ssize_t wr = write(fd, w->cubin, w->cubin_size);
+    close(fd);
+    if (wr != (ssize_t)w->cubin_size) {
+        unlink(tmp);
+        return cli_fail("show", CLI_FAIL, "cannot write %s: %s", tmp, strerror(errno));
+    }
+    fflush(stdout);
+    pid_t pid = fork();
+    if (pid == 0) {
+        execl(tool, tool, "-sass", tmp, (char *)NULL);
+        _exit(127);
+    }
+    int status = 0;
+    if (pid > 0) waitpid(pid, &status, 0);
+    unlink(tmp);
+    if (pid < 0 || !WIFEXITED(status) || WEXITSTATUS(status) != 0)
+        return cli_fail("show", CLI_FAIL, "%s -sass failed on the cubin of %s (%s)", tool, w->key, w->arch);
+    return CLI_OK;
+}
 
 static int write_cubin(const char *file, const view *w, int quiet)
 {
@@ -283,7 +346,11 @@ static int view_print(const view *w, const show_opts *o)
     if (o->source) fputs(w->source, stdout);
     if (o->log) fputs(w->log, stdout);
     if (o->material) fputs(w->material, stdout);
-    int texts = o->source || o->log || o->material;
+    if (o->sass) {
+        int rc = print_sass(w);
+        if (rc) return rc;
+    }
+    int texts = o->source || o->log || o->material || o->sass;
     if (o->cubin_file) return write_cubin(o->cubin_file, w, texts);
     if (texts) return CLI_OK;
     char created[32] = "-", last[32] = "-";
@@ -407,6 +474,7 @@ int cli_cmd_show(cli_global *g, const cli_cmd *cmd, int argc, char **argv)
                             {"--log", NULL, &o.log},
                             {"--key-material", NULL, &o.material},
                             {"--cubin", &o.cubin_file, NULL},
+                            {"--sass", NULL, &o.sass},
                             {NULL, NULL, NULL}};
     int rc = cli_parse(g, cmd, argc, argv, opts, &npos);
     if (rc) return rc < 0 ? CLI_OK : rc;

@@ -109,7 +109,7 @@ static const char usage_ls[] =
     "  --json   a JSON array of objects instead of the table\n";
 
 static const char usage_show[] =
-    "usage: kiln show KEY-PREFIX|SPEC [--arch ARCH] [--source|--log|--key-material|--cubin FILE]\n"
+    "usage: kiln show KEY-PREFIX|SPEC [--arch ARCH] [--source|--log|--key-material|--sass|--cubin FILE]\n"
     "\n"
     "Show one kernel: by a key prefix (1 to 32 hex digits) of a cache entry, or by a spec,\n"
     "compiled (or found in the cache) for --arch (default: the GPU's arch).\n"
@@ -117,6 +117,7 @@ static const char usage_show[] =
     "  --source        print exactly the CUDA source that was compiled\n"
     "  --log           print the NVRTC log (with ptxas' resource report)\n"
     "  --key-material  print exactly the text hashed into the key\n"
+    "  --sass          disassemble the cubin with cuobjdump (CUDA toolkit; KILN_CUOBJDUMP)\n"
     "  --cubin FILE    write the cubin to FILE\n"
     "\n" SPEC_HELP;
 
