@@ -9,6 +9,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "grid.h"
 #include "jit.h"
 #include "kt.h"
 
@@ -262,44 +263,30 @@ KT_TEST(core_compile_grid)
 {
     const char *full_env = getenv("KILN_TEST_FULL");
     const int full = full_env && *full_env && strcmp(full_env, "0") != 0;
-    static const int dims[] = {64, 128, 256}, groups[] = {1, 4, 8};
     static const char *archs[] = {"sm_80", "sm_90a"};
     kiln_ctx *ctx = cpu_ctx(NULL);
     KT_REQUIRE(ctx);
     static double ms[2 * 432 * 2];
     int n = 0, idx = 0, spills = 0;
-    for (int op = 0; op < 2; op++)
-        for (int di = 0; di < 3; di++)
-            for (int gi = 0; gi < 3; gi++)
-                for (int dt = 0; dt < 2; dt++)
-                    for (int mask = 0; mask < 2; mask++)
-                        for (int win = 0; win < 2; win++)
-                            for (int lg = 0; lg < 3; lg++, idx++) {
-                                if (!full && idx % 16) continue;
-                                kiln_variant v;
-                                kiln_variant_default(&v);
-                                v.op = (kiln_op)op;
-                                v.head_dim = dims[di];
-                                v.group = groups[gi];
-                                v.q_dtype = v.kv_dtype = v.out_dtype = dt ? KILN_DTYPE_BF16 : KILN_DTYPE_F16;
-                                if (idx % 5 == 3) v.out_dtype = dt ? KILN_DTYPE_F16 : KILN_DTYPE_BF16;
-                                v.mask = mask ? KILN_MASK_CAUSAL : KILN_MASK_NONE;
-                                v.window = win;
-                                v.logits = (kiln_logits)lg;
-                                v.layout = (idx / 2) % 2 ? KILN_LAYOUT_HND : KILN_LAYOUT_NHD;
-                                v.lse = idx % 3 == 1;
-                                for (int a = 0; a < 2; a++) {
-                                    kiln_kernel *k = NULL;
-                                    if (kiln_kernel_compile(ctx, &v, archs[a], &k) != KILN_STATUS_OK) {
-                                        kt_fail(__FILE__, __LINE__, "%s", kiln_ctx_errmsg(ctx));
-                                        continue;
-                                    }
-                                    kiln_kernel_info info;
-                                    kiln_kernel_describe(k, &info);
-                                    ms[n++] = info.compile_ms;
-                                    spills += info.spill_bytes > 0;
-                                }
-                            }
+    static kiln_variant grid[KT_GRID_MAX];
+    for (int op = 0; op < 2; op++) {
+        const int count = kt_builtin_grid((kiln_op)op, grid);
+        for (int gi = 0; gi < count; gi++, idx++) {
+            if (!full && idx % 16) continue;
+            const kiln_variant v = grid[gi];
+            for (int a = 0; a < 2; a++) {
+                kiln_kernel *k = NULL;
+                if (kiln_kernel_compile(ctx, &v, archs[a], &k) != KILN_STATUS_OK) {
+                    kt_fail(__FILE__, __LINE__, "%s", kiln_ctx_errmsg(ctx));
+                    continue;
+                }
+                kiln_kernel_info info;
+                kiln_kernel_describe(k, &info);
+                ms[n++] = info.compile_ms;
+                spills += info.spill_bytes > 0;
+            }
+        }
+    }
     kiln_ctx_destroy(ctx);
     KT_REQUIRE(n > 0);
     qsort(ms, (size_t)n, sizeof ms[0], cmp_dbl);

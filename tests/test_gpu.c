@@ -17,42 +17,17 @@
 #include <unistd.h>
 
 #include "check.h"
+#include "grid.h"
 #include "kt.h"
 
-#define MAX_VARIANTS 512
+#define MAX_VARIANTS KT_GRID_MAX
 
 typedef struct grid {
     kiln_variant v[MAX_VARIANTS];
     int n;
 } grid;
 
-static void build_grid(kiln_op op, grid *g)
-{
-    static const int dims[] = {64, 128, 256}, groups[] = {1, 4, 8};
-    g->n = 0;
-    int alt = 0;
-    for (int di = 0; di < 3; di++)
-        for (int gi = 0; gi < 3; gi++)
-            for (int dt = 0; dt < 2; dt++)
-                for (int mask = 0; mask < 2; mask++)
-                    for (int win = 0; win < 2; win++)
-                        for (int lg = 0; lg < 3; lg++) {
-                            kiln_variant v;
-                            kiln_variant_default(&v);
-                            v.op = op;
-                            v.head_dim = dims[di];
-                            v.group = groups[gi];
-                            v.q_dtype = v.kv_dtype = v.out_dtype = dt ? KILN_DTYPE_BF16 : KILN_DTYPE_F16;
-                            if (alt % 5 == 3) v.out_dtype = dt ? KILN_DTYPE_F16 : KILN_DTYPE_BF16;
-                            v.mask = mask ? KILN_MASK_CAUSAL : KILN_MASK_NONE;
-                            v.window = win;
-                            v.logits = (kiln_logits)lg;
-                            v.layout = (alt / 2) % 2 ? KILN_LAYOUT_HND : KILN_LAYOUT_NHD;
-                            v.lse = alt % 3 == 1;
-                            alt++;
-                            g->v[g->n++] = v;
-                        }
-}
+static void build_grid(kiln_op op, grid *g) { g->n = kt_builtin_grid(op, g->v); }
 
 typedef struct pool {
     kiln_ctx *ctx;
