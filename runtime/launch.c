@@ -147,22 +147,30 @@ static kiln_status prepare(kiln_kernel *k, const kiln_attn_args *a, kiln_op op,
     return KILN_STATUS_OK;
 }
 
-/* The split-KV plan of a single decode: splits per KV head and tokens per split. */
-static void decode_plan(const kiln_kernel *k, int H, int L_KV, int window, int window_left,
-                        int *kv_begin, int *chunk, int *splits)
+/* Splits a decode of n keys may use: at most one wave of CTAs (a partial second wave would
+ * double the time of the whole launch) and no more splits than warp tiles of keys. Never
+ * decreases as n grows. */
+static int decode_split_bound(const kiln_kernel *k, int H, int n)
 {
     const kiln__config *c = &k->cfg;
-    const int begin = window ? (L_KV - 1 - window_left > 0 ? L_KV - 1 - window_left : 0) : 0;
-    const int n = L_KV - begin;
     const int per_split_min = DECODE_TILE * c->warps; /* every warp gets a tile */
     const int base = (H / k->v.group) * (k->v.group / c->gb);
     const int sms = k->ctx->info.sm_count > 0 ? k->ctx->info.sm_count : 1;
     const int slots = sms * (k->ctas_per_sm > 0 ? k->ctas_per_sm : 1);
-    /* At most one wave: a partial second wave would double the time of the whole launch. */
-    int want = slots / base;
-    int max_splits = (n + per_split_min - 1) / per_split_min;
-    if (want > max_splits) want = max_splits;
-    if (want < 1) want = 1;
+    int bound = slots / base;
+    const int by_len = (n + per_split_min - 1) / per_split_min;
+    if (bound > by_len) bound = by_len;
+    return bound < 1 ? 1 : bound;
+}
+
+/* The split-KV plan of a single decode: splits per KV head and tokens per split. */
+static void decode_plan(const kiln_kernel *k, int H, int L_KV, int window, int window_left,
+                        int *kv_begin, int *chunk, int *splits)
+{
+    const int per_split_min = DECODE_TILE * k->cfg.warps;
+    const int begin = window ? (L_KV - 1 - window_left > 0 ? L_KV - 1 - window_left : 0) : 0;
+    const int n = L_KV - begin;
+    const int want = decode_split_bound(k, H, n);
     int ch = (n + want - 1) / want;
     ch = (ch + per_split_min - 1) / per_split_min * per_split_min;
     *kv_begin = begin;
@@ -188,18 +196,9 @@ kiln_status kiln_decode_workspace_size(const kiln_kernel *k, int num_qo_heads, i
                    k->spec, num_qo_heads, kv_len);
         return kiln__ctx_error(k->ctx, KILN_STATUS_INVALID_ARGUMENT, &e);
     }
-    /* An upper bound of the plan's splits that never decreases with kv_len (the plan itself
-     * can split 2049 keys fewer ways than 2048), so a caller may size once for its longest
-     * request: one wave of CTAs, and no more splits than warp-tiles of keys. */
-    const kiln__config *c = &k->cfg;
-    const int base = (num_qo_heads / k->v.group) * (k->v.group / c->gb);
-    const int slots = (k->ctx->info.sm_count > 0 ? k->ctx->info.sm_count : 1) *
-                      (k->ctas_per_sm > 0 ? k->ctas_per_sm : 1);
-    const int per_split_min = DECODE_TILE * c->warps;
-    int bound = slots / base;
-    const int by_len = (kv_len + per_split_min - 1) / per_split_min;
-    if (bound > by_len) bound = by_len;
-    if (bound < 1) bound = 1;
+    /* The plan's bound for the whole length (a window only shrinks the plan): it never
+     * decreases with kv_len, so one buffer sized for the longest request serves all. */
+    const int bound = decode_split_bound(k, num_qo_heads, kv_len);
     *bytes = decode_ws(bound, num_qo_heads, k->v.head_dim);
     return KILN_STATUS_OK;
 }
