@@ -147,7 +147,7 @@ KT_TEST(core_compile_and_cache)
             KT_EQ_STR(info.arch, archs[a]);
             KT_CHECK(info.registers > 0);
             KT_CHECK(info.cubin_bytes > 1000);
-            if (a == 0) KT_EQ_INT(info.spill_bytes, 0); /* sm_80 spills a little: known */
+            KT_EQ_INT(info.spill_bytes, 0);
             KT_CHECK(info.compile_ms > 0);
             size_t sz = 0;
             const unsigned char *cubin = kiln_kernel_cubin(k, &sz);
