@@ -74,14 +74,30 @@ const char *kiln_errmsg(void);
  * ------------------------------------------------------------------------------------------- */
 
 typedef enum kiln_op {
-    KILN_OP_DECODE = 0,  /* one query token per request: q [H, D] */
-    KILN_OP_PREFILL = 1, /* L_Q query tokens: q [L_Q, H, D], tensor cores (mma.sync) */
+    KILN_OP_DECODE = 0,  /* one query token per request: q [H, D] (batch: [B, H, D]) */
+    KILN_OP_PREFILL = 1, /* L_Q query tokens: q [L_Q, H, D], tensor cores (mma.sync); with
+                            paged KV and a causal mask this is also "append" */
+    KILN_OP_MERGE = 2,   /* softmax-state merges (kiln_merge_state*): only dtype and head_dim
+                            mean anything; every other field must keep its default */
 } kiln_op;
 
 typedef enum kiln_dtype {
     KILN_DTYPE_F16 = 0,  /* IEEE half */
     KILN_DTYPE_BF16 = 1, /* bfloat16 */
+    KILN_DTYPE_E4M3 = 2, /* fp8 e4m3 (kv_dtype only; scale in kiln_params.k_scale / v_scale) */
+    KILN_DTYPE_E5M2 = 3, /* fp8 e5m2 (kv_dtype only) */
 } kiln_dtype;
+
+/* Where k and v live. */
+typedef enum kiln_kv_storage {
+    KILN_KV_CONTIGUOUS = 0, /* one request (kiln_single_*): k, v [L_KV, H_KV, D] or [H_KV, L_KV, D] */
+    KILN_KV_RAGGED = 1,     /* a batch (kiln_kiln_batch_plan / kiln_batch_run): k, v [total_kv, H_KV, D] (or HND
+                               via strides); request b owns rows kv_indptr[b] .. kv_indptr[b+1] */
+    KILN_KV_PAGED = 2,      /* a batch: a pool of pages, nhd [pages, page_size, H_KV, D] or hnd
+                               [pages, H_KV, page_size, D]; request b owns pages
+                               kv_indices[kv_indptr[b] .. kv_indptr[b+1]), the last holding
+                               kv_last_page_len[b] tokens (1..page_size) */
+} kiln_kv_storage;
 
 typedef enum kiln_layout {
     KILN_LAYOUT_NHD = 0, /* k, v [L_KV, H_KV, D]: tokens outermost */
@@ -148,8 +164,10 @@ typedef union kiln_param_value {
  * kiln_variant_default() or kiln_variant_parse(). Its canonical text form (the spec) is
  *   op=prefill dtype=bf16 head_dim=128 group=4 layout=nhd mask=causal window=0 logits=softcap lse=0
  * with q_dtype= / kv_dtype= / out_dtype= in place of dtype= when they differ, and, only when
- * present, params=name:f32,name:i32,name:f32[],name:i32[] logits_expr="..." mask_expr="..."
- * (quoted, with \" and \\ escapes; the text is the canonical token stream). */
+ * present, kv=ragged|paged rope=1 mask_data=... params=name:f32,name:i32,name:f32[],name:i32[]
+ * logits_expr="..." mask_expr="..." (quoted, with \" and \\ escapes; the text is the
+ * canonical token stream). kv_dtype may be e4m3 or e5m2 (fp8 KV) with q_dtype f16 or bf16;
+ * otherwise q_dtype must equal kv_dtype. */
 typedef struct kiln_variant {
     kiln_op op;           /* decode or prefill */
     kiln_dtype q_dtype;   /* dtype of q; must equal kv_dtype */
@@ -167,6 +185,8 @@ typedef struct kiln_variant {
     kiln_param_decl params[KILN_MAX_USER_PARAMS];
     char logits_expr[KILN_MAX_SNIPPET]; /* "" or a C expression: the new logit */
     char mask_expr[KILN_MAX_SNIPPET];   /* "" or a C expression: key visible */
+    kiln_kv_storage kv;   /* contiguous (single request), ragged or paged (batch) */
+    int rope;             /* 1: llama-style RoPE applied to q and k inside the kernel */
 } kiln_variant;
 
 /* Fill *v with the documented defaults: op=prefill dtype=f16 head_dim=128 group=1 layout=nhd
@@ -197,6 +217,10 @@ typedef struct kiln_params {
     int window_left;         /* window=1: how many keys left of the diagonal stay visible (>= 0) */
     kiln_devptr alibi_slopes; /* logits=alibi: float [H], one slope per query head */
     kiln_param_value user[KILN_MAX_USER_PARAMS]; /* the variant's user parameters, in order */
+    float k_scale;           /* fp8 KV: k = k_scale * stored value (0 means 1) */
+    float v_scale;           /* fp8 KV: v = v_scale * stored value (0 means 1) */
+    float rope_scale;        /* rope=1: positions are divided by it (0 means 1) */
+    float rope_theta;        /* rope=1: base of the frequencies (0 means 1e4) */
 } kiln_params;
 
 /* Tensors of one single-request launch. Strides are in elements; the last (D) dimension is
@@ -364,6 +388,131 @@ kiln_status kiln_prefill_mask_plan_size(const kiln_kernel *k, int qo_len, int kv
  * snippet that reads a head index, num_qo_heads. Asynchronous on stream;
  * allocates nothing. */
 kiln_status kiln_prefill_mask_plan(kiln_kernel *k, const kiln_attn_args *a, void *stream);
+
+/* ---------------------------------------------------------------------------------------------
+ * Batches: plan on the host, run on the stream (kv=ragged or kv=paged variants)
+ *
+ * A plan is made once per batch shape from CPU copies of the index arrays: it splits each
+ * request's keys over CTAs so that every SM gets about the same work, writes the schedule into
+ * the caller's device workspace with one asynchronous copy on the stream, and keeps what run
+ * needs. kiln_batch_run then launches a fixed grid and merges the split results: it allocates
+ * nothing, never synchronizes and reads the schedule from the workspace, so a run captured in
+ * a CUDA graph can be replayed after a new kiln_batch_plan (same plan object, same workspace, batch
+ * within the plan's bounds) with other lengths and contents.
+ *
+ * Rows: decode has one query row per request (q [B, H, D]); prefill rows of request b are
+ * qo_indptr[b] .. qo_indptr[b + 1] of q [total_qo, H, D]. Positions are bottom-right aligned
+ * per request: row i of a request with L_Q rows and L_KV keys sits at key position
+ * i + L_KV - L_Q (causal keeps j <= that; the window keeps j >= that - window_left). Prefill
+ * of a paged cache whose last L_Q keys are the new tokens is "append".
+ * RoPE (rope=1): row i is rotated at position i + L_KV - L_Q + offset[b] and key j at
+ * j + offset[b] (offset = rope_offsets, or 0), llama style (pairs d, d + D/2, angle
+ * pos / rope_scale * rope_theta^(-2d/D)).
+ * LSE: natural log of the sum of exp(logit), float [total_qo, H]; -inf for a row that sees
+ * no key (its o row is 0).
+ * ------------------------------------------------------------------------------------------- */
+
+typedef struct kiln_plan kiln_plan; /* opaque; one per (kernel, workspace); not thread-safe */
+
+typedef struct kiln_plan_opts {
+    int num_qo_heads;  /* H: a multiple of the variant's group */
+    int page_size;     /* kv=paged: tokens per page (>= 1) */
+    int max_batch;     /* > 0: CUDA-graph mode: the grid is sized for any batch of at most
+                          max_batch requests (and max_qo_tokens rows), so one captured run
+                          serves every later plan; 0: the grid fits each plan exactly */
+    int max_qo_tokens; /* prefill in graph mode: bound on total query rows */
+    int fixed_split;   /* > 0: batch-invariant mode: every request's keys are cut into chunks of
+                          this many tokens whatever else is in the batch, so its output is
+                          bitwise the same in any batch; 0: the planner balances the batch */
+    int no_split;      /* 1: never split a request's keys (one CTA per request and head group) */
+} kiln_plan_opts;
+
+/* Create a plan object for a loaded batch kernel (kv=ragged or kv=paged). Allocates a small
+ * pinned host buffer for the schedule; nothing on the device. */
+kiln_status kiln_plan_create(kiln_kernel *k, const kiln_plan_opts *opts, kiln_plan **out);
+void kiln_plan_destroy(kiln_plan *plan);
+
+/* Bytes of device workspace a plan of `batch` requests and `total_qo` query rows may need
+ * (decode: total_qo = batch). Never decreases with either argument. Pure host arithmetic. */
+kiln_status kiln_plan_workspace_size(const kiln_plan *plan, int batch, int total_qo, size_t *bytes);
+
+/* The batch as CPU arrays (host memory; only read during the call). */
+typedef struct kiln_batch_shape {
+    int batch;                    /* B >= 0 requests */
+    const int *qo_indptr;         /* prefill: [B + 1], qo_indptr[0] = 0, non-decreasing
+                                     (decode: NULL, one row per request) */
+    const int *kv_indptr;         /* ragged: [B + 1] token offsets; paged: [B + 1] offsets into
+                                     kv_indices; both start at 0 and never decrease */
+    const int *kv_last_page_len;  /* paged: [B], 1..page_size for a request with pages (ignored
+                                     for a request with none) */
+} kiln_batch_shape;
+
+/* Plan a batch: validates the arrays (every problem names the request and the value), picks
+ * the split, writes the schedule to the workspace with one async copy on stream, and returns.
+ * A request with no keys gets o = 0 and lse = -inf; with no rows, nothing. */
+kiln_status kiln_batch_plan(kiln_plan *plan, const kiln_batch_shape *shape, kiln_devptr workspace,
+                      size_t workspace_bytes, void *stream);
+
+/* What the last kiln_batch_plan decided (for tests, benchmarks and `kiln check`). */
+typedef struct kiln_plan_info {
+    int batch;        /* requests */
+    int items;        /* work items (request x query tile x key chunk) */
+    int grid;         /* CTAs along x of the main launch (>= items in graph mode) */
+    int kv_chunk;     /* keys per split (0: no request was split) */
+    int split_items;  /* items that write partial states merged afterwards */
+    int merge_tasks;  /* (request, query tile) groups the merge kernel combines */
+    int64_t max_item_keys; /* keys of the longest item */
+    int64_t total_keys;    /* keys over all items (x heads of one item) */
+} kiln_plan_info;
+
+kiln_status kiln_plan_describe(const kiln_plan *plan, kiln_plan_info *out);
+
+/* Tensors of a batch run. Strides are in elements; 0 means the dense default of the layout. */
+typedef struct kiln_batch_args {
+    kiln_devptr q;   /* [total_qo, H, D] */
+    kiln_devptr k;   /* ragged [total_kv, H_KV, D]; paged: the page pool (see kiln_kv_storage) */
+    kiln_devptr v;   /* like k */
+    kiln_devptr o;   /* like q, in out_dtype */
+    kiln_devptr lse; /* variant.lse: float [total_qo, H] */
+    kiln_devptr kv_indices;   /* paged: int32 page ids, the array kv_indptr indexes */
+    kiln_devptr rope_offsets; /* rope: int32 [B] position offsets, or 0 */
+    int64_t q_stride_n, q_stride_h;
+    int64_t o_stride_n, o_stride_h;
+    int64_t k_stride_page, k_stride_n, k_stride_h; /* paged nhd defaults: page_size*H_KV*D,
+                                                      H_KV*D, D; hnd: H_KV*page_size*D, D,
+                                                      page_size*D; ragged: -, H_KV*D, D */
+    int64_t v_stride_page, v_stride_n, v_stride_h;
+    kiln_devptr workspace;   /* the one given to kiln_batch_plan */
+    size_t workspace_bytes;
+    kiln_params params;
+} kiln_batch_args;
+
+/* Run the planned batch on stream: no allocation, no synchronisation, no host reads of device
+ * memory. Safe to capture in a CUDA graph. */
+kiln_status kiln_batch_run(kiln_plan *plan, const kiln_batch_args *a, void *stream);
+
+/* ---- softmax states ----
+ * A state is (v [n, H, D] in the kernel's dtype, lse [n, H] float, natural log) from any
+ * kernel with lse=1. Merging two states of the same rows gives the state of the union of
+ * their keys; a state with lse = -inf (no keys) contributes nothing (NaN-safe). The kernel is
+ * an op=merge variant of the states' dtype and head_dim. */
+typedef struct kiln_merge_args {
+    kiln_devptr v_a, lse_a;   /* first state (in place: also the output) */
+    kiln_devptr v_b, lse_b;   /* second state */
+    kiln_devptr v_out, lse_out; /* merge_state: output (lse_out may be 0) */
+    kiln_devptr mask;         /* merge_state_in_place: uint8 [n], row merged only where != 0
+                                 (0: every row) */
+    kiln_devptr v_all, lse_all; /* merge_states: [n, S, H, D] and [n, S, H] */
+    int num_states;           /* merge_states: S >= 1 */
+    int rows;                 /* n >= 0 */
+    int num_heads;            /* H >= 1 */
+    int64_t v_stride_n, v_stride_h; /* strides of every v tensor (0: dense [n, H, D]); lse is
+                                       always dense */
+} kiln_merge_args;
+
+kiln_status kiln_merge_state(kiln_kernel *k, const kiln_merge_args *a, void *stream);
+kiln_status kiln_merge_state_in_place(kiln_kernel *k, const kiln_merge_args *a, void *stream);
+kiln_status kiln_merge_states(kiln_kernel *k, const kiln_merge_args *a, void *stream);
 
 /* ---------------------------------------------------------------------------------------------
  * Versions

@@ -35,6 +35,7 @@ size_t kiln__spec_format(const kiln_variant *v, char *buf, size_t cap, kiln__err
 /* Names of enum values, for messages and the spec ("decode", "bf16", ...). */
 const char *kiln__op_name(kiln_op op);
 const char *kiln__dtype_name(kiln_dtype t);
+const char *kiln__kv_name(kiln_kv_storage k);
 const char *kiln__layout_name(kiln_layout l);
 const char *kiln__mask_name(kiln_mask m);
 const char *kiln__logits_name(kiln_logits l);

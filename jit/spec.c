@@ -8,7 +8,7 @@
  *   op=prefill dtype=bf16 head_dim=128 group=4 layout=nhd mask=causal window=0 logits=softcap lse=0
  * with `q_dtype= kv_dtype= out_dtype=` in place of `dtype=` when the three differ, followed,
  * only when present, by
- *   mask_data=bitmask params=scale:f32,slopes:f32[] logits_expr="..." mask_expr="..."
+ *   kv=paged rope=1 mask_data=bitmask params=scale:f32,slopes:f32[] logits_expr="..." mask_expr="..."
  * Snippet values are quoted, with \" and \\ as the only escapes, and may hold blanks; the
  * parser canonicalises them (jit/snippet.c: libclang), so a parsed spec carries canonical
  * snippet text. Since format(parse(s)) == s for every canonical s and parse(format(v)) == v for
@@ -41,8 +41,15 @@ typedef struct choice {
     int value;
 } choice;
 
-static const choice op_choices[] = {{"decode", KILN_OP_DECODE}, {"prefill", KILN_OP_PREFILL}};
+static const choice op_choices[] = {
+    {"decode", KILN_OP_DECODE}, {"prefill", KILN_OP_PREFILL}, {"merge", KILN_OP_MERGE}};
 static const choice dtype_choices[] = {{"f16", KILN_DTYPE_F16}, {"bf16", KILN_DTYPE_BF16}};
+static const choice kv_dtype_choices[] = {{"f16", KILN_DTYPE_F16},
+                                          {"bf16", KILN_DTYPE_BF16},
+                                          {"e4m3", KILN_DTYPE_E4M3},
+                                          {"e5m2", KILN_DTYPE_E5M2}};
+static const choice kv_choices[] = {
+    {"contiguous", KILN_KV_CONTIGUOUS}, {"ragged", KILN_KV_RAGGED}, {"paged", KILN_KV_PAGED}};
 static const choice head_dim_choices[] = {{"64", 64}, {"128", 128}, {"256", 256}};
 static const choice layout_choices[] = {{"nhd", KILN_LAYOUT_NHD}, {"hnd", KILN_LAYOUT_HND}};
 static const choice mask_choices[] = {{"none", KILN_MASK_NONE}, {"causal", KILN_MASK_CAUSAL}};
@@ -65,6 +72,8 @@ typedef enum key_id {
     KEY_WINDOW,
     KEY_LOGITS,
     KEY_LSE,
+    KEY_KV,
+    KEY_ROPE,
     KEY_MASK_DATA,
     KEY_PARAMS,
     KEY_LOGITS_EXPR,
@@ -94,7 +103,7 @@ static const key_def keys[KEY_COUNT_] = {
     [KEY_OP] = {"op", CHOICES(op_choices), 0},
     [KEY_DTYPE] = {"dtype", CHOICES(dtype_choices), 0},
     [KEY_Q_DTYPE] = {"q_dtype", CHOICES(dtype_choices), 0},
-    [KEY_KV_DTYPE] = {"kv_dtype", CHOICES(dtype_choices), 0},
+    [KEY_KV_DTYPE] = {"kv_dtype", CHOICES(kv_dtype_choices), 0},
     [KEY_OUT_DTYPE] = {"out_dtype", CHOICES(dtype_choices), 0},
     [KEY_HEAD_DIM] = {"head_dim", CHOICES(head_dim_choices), 1},
     [KEY_GROUP] = {"group", NULL, 0, 1},
@@ -103,6 +112,8 @@ static const key_def keys[KEY_COUNT_] = {
     [KEY_WINDOW] = {"window", CHOICES(flag_choices), 1},
     [KEY_LOGITS] = {"logits", CHOICES(logits_choices), 0},
     [KEY_LSE] = {"lse", CHOICES(flag_choices), 1},
+    [KEY_KV] = {"kv", CHOICES(kv_choices), 0},
+    [KEY_ROPE] = {"rope", CHOICES(flag_choices), 1},
     [KEY_MASK_DATA] = {"mask_data", CHOICES(mask_data_choices), 0},
     [KEY_PARAMS] = {"params", NULL, 0, 0, TEXT_PARAMS},
     [KEY_LOGITS_EXPR] = {"logits_expr", NULL, 0, 0, TEXT_SNIPPET},
@@ -418,7 +429,8 @@ static void append(char *out, size_t cap, size_t *at, const char *text, int esca
 /* ---- internal API -------------------------------------------------------------------------- */
 
 const char *kiln__op_name(kiln_op op) { return word_of(CHOICES(op_choices), (int)op); }
-const char *kiln__dtype_name(kiln_dtype t) { return word_of(CHOICES(dtype_choices), (int)t); }
+const char *kiln__dtype_name(kiln_dtype t) { return word_of(CHOICES(kv_dtype_choices), (int)t); }
+const char *kiln__kv_name(kiln_kv_storage k) { return word_of(CHOICES(kv_choices), (int)k); }
 const char *kiln__layout_name(kiln_layout l) { return word_of(CHOICES(layout_choices), (int)l); }
 const char *kiln__mask_name(kiln_mask m) { return word_of(CHOICES(mask_choices), (int)m); }
 const char *kiln__logits_name(kiln_logits l) { return word_of(CHOICES(logits_choices), (int)l); }
@@ -439,15 +451,35 @@ kiln_status kiln__variant_check(const kiln_variant *v, kiln__err *e)
         (st = check_field("logits", (int)v->logits, KEY_LOGITS, e)) ||
         (st = check_field("lse", v->lse, KEY_LSE, e)) ||
         (st = check_field("mask_data", (int)v->mask_data, KEY_MASK_DATA, e)) ||
+        (st = check_field("kv", (int)v->kv, KEY_KV, e)) ||
+        (st = check_field("rope", v->rope, KEY_ROPE, e)) ||
         (st = kiln__params_check(v->params, v->num_params, e)) ||
         (st = check_snippet_text("logits_expr", v->logits_expr, e)) ||
         (st = check_snippet_text("mask_expr", v->mask_expr, e)))
         return st;
-    if (v->q_dtype != v->kv_dtype)
+    const int fp8 = v->kv_dtype == KILN_DTYPE_E4M3 || v->kv_dtype == KILN_DTYPE_E5M2;
+    if (v->q_dtype != v->kv_dtype && !fp8)
         return kiln__fail(e, KILN_STATUS_UNSUPPORTED,
                           "variant: q_dtype=%s kv_dtype=%s: q_dtype must equal kv_dtype (q and k "
-                          "feed the same mma.sync instruction; only out_dtype may differ)",
+                          "feed the same mma.sync instruction; only out_dtype may differ, and "
+                          "kv_dtype may be e4m3 or e5m2)",
                           kiln__dtype_name(v->q_dtype), kiln__dtype_name(v->kv_dtype));
+    if (v->op == KILN_OP_MERGE) {
+        if ((v->kv_dtype != v->q_dtype || v->out_dtype != v->q_dtype ||
+                                             v->group != 1 || v->layout || v->mask || v->window ||
+                                             v->logits || v->lse || v->mask_data || v->num_params ||
+                                             v->logits_expr[0] || v->mask_expr[0] || v->kv || v->rope))
+            return kiln__fail(e, KILN_STATUS_UNSUPPORTED,
+                              "variant: op=merge takes only dtype and head_dim; every other key "
+                              "must keep its default (group=1 layout=nhd mask=none window=0 "
+                              "logits=none lse=0, no kv, rope, mask data or snippets)");
+        return KILN_STATUS_OK;
+    }
+    if (v->kv != KILN_KV_CONTIGUOUS && v->mask_data)
+        return kiln__fail(e, KILN_STATUS_UNSUPPORTED,
+                          "variant: kv=%s mask_data=%s: mask data is for single requests only "
+                          "(a batch takes builtin masks and mask snippets, which see `batch`)",
+                          kiln__kv_name(v->kv), word_of(CHOICES(mask_data_choices), (int)v->mask_data));
     return KILN_STATUS_OK;
 }
 
@@ -528,6 +560,8 @@ kiln_status kiln__spec_parse(const char *spec, kiln_variant *out, kiln__err *e)
     if (given[KEY_LOGITS].p) v.logits = (kiln_logits)value[KEY_LOGITS];
     if (given[KEY_LSE].p) v.lse = value[KEY_LSE];
     if (given[KEY_MASK_DATA].p) v.mask_data = (kiln_mask_data)value[KEY_MASK_DATA];
+    if (given[KEY_KV].p) v.kv = (kiln_kv_storage)value[KEY_KV];
+    if (given[KEY_ROPE].p) v.rope = value[KEY_ROPE];
     v.num_params = x.num_params;
     memcpy(v.params, x.params, sizeof v.params);
     memcpy(v.logits_expr, x.logits_expr, sizeof v.logits_expr);
@@ -572,6 +606,11 @@ size_t kiln__spec_format(const kiln_variant *v, char *buf, size_t cap, kiln__err
     }
     /* the optional keys, each only when present */
     size_t at = (size_t)n;
+    if (v->kv) {
+        append(buf, cap, &at, " kv=", 0);
+        append(buf, cap, &at, kiln__kv_name(v->kv), 0);
+    }
+    if (v->rope) append(buf, cap, &at, " rope=1", 0);
     if (v->mask_data) {
         append(buf, cap, &at, " mask_data=", 0);
         append(buf, cap, &at, word_of(CHOICES(mask_data_choices), (int)v->mask_data), 0);

@@ -329,7 +329,7 @@ static const bad_spec bad_specs[] = {
     {"opx=decode", KILN_STATUS_PARSE, "spec: token 'opx=decode': unknown key 'opx'"},
     {"foo=1", KILN_STATUS_PARSE,
      "(known keys: op, dtype, q_dtype, kv_dtype, out_dtype, head_dim, group, layout, mask, "
-     "window, logits, lse, mask_data, params, logits_expr, mask_expr)"},
+     "window, logits, lse, kv, rope, mask_data, params, logits_expr, mask_expr)"},
     {"OP=decode", KILN_STATUS_PARSE, "unknown key 'OP'"},
     {"op=decode headdim=64", KILN_STATUS_PARSE, "token 'headdim=64': unknown key 'headdim'"},
     {"\"op=decode\"", KILN_STATUS_PARSE, "unknown key '\"op'"},
@@ -488,7 +488,7 @@ KT_TEST(spec_check_bad_structs)
         int value;
         const char *fragment;
     } rows[] = {
-        {0, 2, "variant: op=2: op must be one of 0 (decode), 1 (prefill)"},
+        {0, 3, "variant: op=3: op must be one of 0 (decode), 1 (prefill), 2 (merge)"},
         {0, -1, "variant: op=-1"},
         {1, 2, "variant: q_dtype=2: q_dtype must be one of 0 (f16), 1 (bf16)"},
         {2, 7, "variant: kv_dtype=7"},

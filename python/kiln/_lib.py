@@ -89,6 +89,8 @@ class kiln_variant(ctypes.Structure):
         ("params", kiln_param_decl * KILN_MAX_USER_PARAMS),
         ("logits_expr", ctypes.c_char * KILN_MAX_SNIPPET),
         ("mask_expr", ctypes.c_char * KILN_MAX_SNIPPET),
+        ("kv", c_enum),  # kiln_kv_storage
+        ("rope", ctypes.c_int),
     ]
 
 
@@ -99,6 +101,10 @@ class kiln_params(ctypes.Structure):
         ("window_left", ctypes.c_int),
         ("alibi_slopes", c_devptr),
         ("user", kiln_param_value * KILN_MAX_USER_PARAMS),
+        ("k_scale", ctypes.c_float),
+        ("v_scale", ctypes.c_float),
+        ("rope_scale", ctypes.c_float),
+        ("rope_theta", ctypes.c_float),
     ]
 
 
