@@ -34,7 +34,7 @@
 #endif
 
 /* Room for the KILN_ABI text. */
-#define ABI_MAX 2048
+#define ABI_MAX 4096
 
 /* Append "name=value," to the ABI text. */
 static void abi_put(char *buf, size_t cap, const char *name, size_t value)
@@ -82,6 +82,35 @@ static void abi_text(char *buf, size_t cap)
     ABI_OFF(b, kiln_kernel_info, compile_ms);
     ABI_OFF(b, kiln_kernel_info, cubin_bytes);
     ABI_OFF(b, kiln_kernel_info, threads);
+    ABI_OFF(b, kiln_variant, kv);
+    ABI_OFF(b, kiln_variant, rope);
+    ABI_OFF(b, kiln_params, k_scale);
+    ABI_OFF(b, kiln_params, rope_theta);
+    ABI_SIZE(b, kiln_plan_opts);
+    ABI_OFF(b, kiln_plan_opts, fixed_split);
+    ABI_OFF(b, kiln_plan_opts, no_split);
+    ABI_SIZE(b, kiln_batch_shape);
+    ABI_OFF(b, kiln_batch_shape, qo_indptr);
+    ABI_OFF(b, kiln_batch_shape, kv_last_page_len);
+    ABI_SIZE(b, kiln_plan_info);
+    ABI_OFF(b, kiln_plan_info, merge_tasks);
+    ABI_OFF(b, kiln_plan_info, max_item_keys);
+    ABI_OFF(b, kiln_plan_info, total_keys);
+    ABI_SIZE(b, kiln_batch_args);
+    ABI_OFF(b, kiln_batch_args, kv_indices);
+    ABI_OFF(b, kiln_batch_args, rope_offsets);
+    ABI_OFF(b, kiln_batch_args, q_stride_n);
+    ABI_OFF(b, kiln_batch_args, k_stride_page);
+    ABI_OFF(b, kiln_batch_args, v_stride_h);
+    ABI_OFF(b, kiln_batch_args, workspace);
+    ABI_OFF(b, kiln_batch_args, workspace_bytes);
+    ABI_OFF(b, kiln_batch_args, params);
+    ABI_SIZE(b, kiln_merge_args);
+    ABI_OFF(b, kiln_merge_args, mask);
+    ABI_OFF(b, kiln_merge_args, num_states);
+    ABI_OFF(b, kiln_merge_args, num_heads);
+    ABI_OFF(b, kiln_merge_args, v_stride_n);
+    ABI_OFF(b, kiln_merge_args, v_stride_h);
     snprintf(buf, cap, "%s", b);
 }
 

@@ -40,8 +40,10 @@ STATUS_NAMES = (
 STATUS = {name: i for i, name in enumerate(STATUS_NAMES)}
 
 # Enum values, keyed by their spec spelling (kiln_op, kiln_dtype, ...).
-OPS = {"decode": 0, "prefill": 1}
-DTYPES = {"f16": 0, "bf16": 1}
+OPS = {"decode": 0, "prefill": 1, "merge": 2}
+DTYPES = {"f16": 0, "bf16": 1}  # q_dtype, out_dtype
+KV_DTYPES = {"f16": 0, "bf16": 1, "e4m3": 2, "e5m2": 3}  # kv_dtype: fp8 KV too
+KV_STORAGE = {"contiguous": 0, "ragged": 1, "paged": 2}  # kiln_kv_storage
 LAYOUTS = {"nhd": 0, "hnd": 1}
 MASKS = {"none": 0, "causal": 1}
 MASK_DATA = {"none": 0, "bitmask": 1, "bsr": 2}
@@ -181,6 +183,86 @@ class kiln_kernel_info(ctypes.Structure):
     ]
 
 
+# ---- batches: plans, batch launches, softmax-state merges ----
+
+
+class kiln_plan_opts(ctypes.Structure):
+    _fields_ = [
+        ("num_qo_heads", ctypes.c_int),
+        ("page_size", ctypes.c_int),
+        ("max_batch", ctypes.c_int),
+        ("max_qo_tokens", ctypes.c_int),
+        ("fixed_split", ctypes.c_int),
+        ("no_split", ctypes.c_int),
+    ]
+
+
+class kiln_batch_shape(ctypes.Structure):
+    _fields_ = [
+        ("batch", ctypes.c_int),
+        ("qo_indptr", ctypes.POINTER(ctypes.c_int)),
+        ("kv_indptr", ctypes.POINTER(ctypes.c_int)),
+        ("kv_last_page_len", ctypes.POINTER(ctypes.c_int)),
+    ]
+
+
+class kiln_plan_info(ctypes.Structure):
+    _fields_ = [
+        ("batch", ctypes.c_int),
+        ("items", ctypes.c_int),
+        ("grid", ctypes.c_int),
+        ("kv_chunk", ctypes.c_int),
+        ("split_items", ctypes.c_int),
+        ("merge_tasks", ctypes.c_int),
+        ("max_item_keys", ctypes.c_int64),
+        ("total_keys", ctypes.c_int64),
+    ]
+
+
+class kiln_batch_args(ctypes.Structure):
+    _fields_ = [
+        ("q", c_devptr),
+        ("k", c_devptr),
+        ("v", c_devptr),
+        ("o", c_devptr),
+        ("lse", c_devptr),
+        ("kv_indices", c_devptr),
+        ("rope_offsets", c_devptr),
+        ("q_stride_n", ctypes.c_int64),
+        ("q_stride_h", ctypes.c_int64),
+        ("o_stride_n", ctypes.c_int64),
+        ("o_stride_h", ctypes.c_int64),
+        ("k_stride_page", ctypes.c_int64),
+        ("k_stride_n", ctypes.c_int64),
+        ("k_stride_h", ctypes.c_int64),
+        ("v_stride_page", ctypes.c_int64),
+        ("v_stride_n", ctypes.c_int64),
+        ("v_stride_h", ctypes.c_int64),
+        ("workspace", c_devptr),
+        ("workspace_bytes", ctypes.c_size_t),
+        ("params", kiln_params),
+    ]
+
+
+class kiln_merge_args(ctypes.Structure):
+    _fields_ = [
+        ("v_a", c_devptr),
+        ("lse_a", c_devptr),
+        ("v_b", c_devptr),
+        ("lse_b", c_devptr),
+        ("v_out", c_devptr),
+        ("lse_out", c_devptr),
+        ("mask", c_devptr),
+        ("v_all", c_devptr),
+        ("lse_all", c_devptr),
+        ("num_states", ctypes.c_int),
+        ("rows", ctypes.c_int),
+        ("num_heads", ctypes.c_int),
+        ("v_stride_n", ctypes.c_int64),
+        ("v_stride_h", ctypes.c_int64),
+    ]
+
+
 # The structs test_basic.py checks against $KILN_ABI, by their C names.
 ABI_STRUCTS = {
     "kiln_variant": kiln_variant,
@@ -191,6 +273,11 @@ ABI_STRUCTS = {
     "kiln_kernel_info": kiln_kernel_info,
     "kiln_param_decl": kiln_param_decl,
     "kiln_param_value": kiln_param_value,
+    "kiln_plan_opts": kiln_plan_opts,
+    "kiln_batch_shape": kiln_batch_shape,
+    "kiln_plan_info": kiln_plan_info,
+    "kiln_batch_args": kiln_batch_args,
+    "kiln_merge_args": kiln_merge_args,
 }
 
 # ---- function prototypes ---------------------------------------------------------------------
@@ -198,6 +285,7 @@ ABI_STRUCTS = {
 _p = ctypes.POINTER
 _ctx_p = ctypes.c_void_p  # kiln_ctx *
 _kernel_p = ctypes.c_void_p  # kiln_kernel *
+_plan_p = ctypes.c_void_p  # kiln_plan *
 
 # name: (restype, argtypes)
 _PROTOTYPES = {
@@ -236,6 +324,26 @@ _PROTOTYPES = {
     "kiln_nvrtc_version": (ctypes.c_char_p, []),
 }
 
+# The batch API (kiln.h "Batches"): declared when the library has it. A libkiln.so built before
+# it still loads; calling one of these through fn() then raises KilnLibraryError saying so.
+_OPTIONAL_PROTOTYPES = {
+    "kiln_plan_create": (c_enum, [_kernel_p, _p(kiln_plan_opts), _p(_plan_p)]),
+    "kiln_plan_destroy": (None, [_plan_p]),
+    "kiln_plan_workspace_size": (
+        c_enum,
+        [_plan_p, ctypes.c_int, ctypes.c_int, _p(ctypes.c_size_t)],
+    ),
+    "kiln_batch_plan": (
+        c_enum,
+        [_plan_p, _p(kiln_batch_shape), c_devptr, ctypes.c_size_t, ctypes.c_void_p],
+    ),
+    "kiln_plan_describe": (c_enum, [_plan_p, _p(kiln_plan_info)]),
+    "kiln_batch_run": (c_enum, [_plan_p, _p(kiln_batch_args), ctypes.c_void_p]),
+    "kiln_merge_state": (c_enum, [_kernel_p, _p(kiln_merge_args), ctypes.c_void_p]),
+    "kiln_merge_state_in_place": (c_enum, [_kernel_p, _p(kiln_merge_args), ctypes.c_void_p]),
+    "kiln_merge_states": (c_enum, [_kernel_p, _p(kiln_merge_args), ctypes.c_void_p]),
+}
+
 # ---- loading ---------------------------------------------------------------------------------
 
 _lock = threading.Lock()
@@ -271,6 +379,11 @@ def _declare(lib):
         fn = getattr(lib, name)
         fn.restype = restype
         fn.argtypes = argtypes
+    for name, (restype, argtypes) in _OPTIONAL_PROTOTYPES.items():
+        fn = getattr(lib, name, None)  # absent from a library older than the batch API
+        if fn is not None:
+            fn.restype = restype
+            fn.argtypes = argtypes
 
 
 def lib():
@@ -305,6 +418,27 @@ def lib():
             "kiln: cannot load libkiln.so (build it with `make` at the repository root, or set "
             f"KILN_LIB to its path): tried {where}"
         )
+
+
+def has(name):
+    """Whether the loaded library exports `name` (loads it)."""
+    return getattr(lib(), name, None) is not None
+
+
+def fn(name):
+    """The library function `name`, declared; for the optional (batch) API, raises
+    KilnLibraryError naming the library and the function when this build lacks it."""
+    f = getattr(lib(), name, None)
+    if f is None:
+        from .errors import KilnLibraryError
+
+        raise KilnLibraryError(
+            None,
+            f"kiln: {_lib_path} has no {name}: this libkiln.so predates kiln's batch API "
+            "(plans, batch runs, state merges); rebuild it with `make` or point KILN_LIB at a "
+            "newer build",
+        )
+    return f
 
 
 def lib_path():
