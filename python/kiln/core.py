@@ -36,15 +36,16 @@ def status_str(status):
 _ENUM_FIELDS = {
     "op": _lib.OPS,
     "q_dtype": _lib.DTYPES,
-    "kv_dtype": _lib.DTYPES,
+    "kv_dtype": _lib.KV_DTYPES,
     "out_dtype": _lib.DTYPES,
     "layout": _lib.LAYOUTS,
     "mask": _lib.MASKS,
     "logits": _lib.LOGITS,
     "mask_data": _lib.MASK_DATA,
+    "kv": _lib.KV_STORAGE,
 }
 _INT_FIELDS = ("head_dim", "group")
-_BOOL_FIELDS = ("window", "lse")
+_BOOL_FIELDS = ("window", "lse", "rope")
 _TEXT_FIELDS = ("logits_expr", "mask_expr")
 FIELDS = ("op", "dtype") + tuple(_ENUM_FIELDS)[1:] + _INT_FIELDS + _BOOL_FIELDS + (
     "params",
@@ -78,9 +79,10 @@ class Variant:
 
     Variant("op=decode head_dim=64") parses a spec; keyword fields override it
     (Variant(op="decode", dtype="bf16", group=4)). Values use the spec's spelling: op
-    decode|prefill, dtype/q_dtype/kv_dtype/out_dtype f16|bf16, head_dim 64|128|256, group 1..64,
-    layout nhd|hnd, mask none|causal, window and lse bool, logits none|softcap|alibi, mask_data
-    none|bitmask|bsr, params
+    decode|prefill|merge, dtype/q_dtype/out_dtype f16|bf16, kv_dtype f16|bf16|e4m3|e5m2,
+    head_dim 64|128|256, group 1..64, layout nhd|hnd, mask none|causal, window, lse and rope
+    bool, logits none|softcap|alibi, mask_data none|bitmask|bsr, kv contiguous|ragged|paged,
+    params
     [(name, "f32"|"i32"|"f32[]"|"i32[]")], logits_expr / mask_expr C expressions. Fields read
     back by name (v.head_dim); str(v) is the canonical spec. Variants are immutable and
     hashable; v.replace(**fields) returns a changed copy. Invalid combinations raise
@@ -179,7 +181,7 @@ class Variant:
     # ---- fields ----
     op = property(lambda self: _name_of(_lib.OPS, self._c.op))
     q_dtype = property(lambda self: _name_of(_lib.DTYPES, self._c.q_dtype))
-    kv_dtype = property(lambda self: _name_of(_lib.DTYPES, self._c.kv_dtype))
+    kv_dtype = property(lambda self: _name_of(_lib.KV_DTYPES, self._c.kv_dtype))
     out_dtype = property(lambda self: _name_of(_lib.DTYPES, self._c.out_dtype))
     head_dim = property(lambda self: self._c.head_dim)
     group = property(lambda self: self._c.group)
@@ -189,6 +191,8 @@ class Variant:
     logits = property(lambda self: _name_of(_lib.LOGITS, self._c.logits))
     mask_data = property(lambda self: _name_of(_lib.MASK_DATA, self._c.mask_data))
     lse = property(lambda self: bool(self._c.lse))
+    kv = property(lambda self: _name_of(_lib.KV_STORAGE, self._c.kv))
+    rope = property(lambda self: bool(self._c.rope))
     logits_expr = property(lambda self: _lib.text(self._c.logits_expr))
     mask_expr = property(lambda self: _lib.text(self._c.mask_expr))
 
@@ -240,6 +244,8 @@ class Variant:
             "logits": self.logits,
             "lse": self.lse,
             "mask_data": self.mask_data,
+            "kv": self.kv,
+            "rope": self.rope,
             "params": list(self.params),
             "logits_expr": self.logits_expr,
             "mask_expr": self.mask_expr,
@@ -568,6 +574,33 @@ class Kernel:
         """kiln_single_prefill with a filled kiln.AttnArgs on `stream`."""
         check(_lib.lib().kiln_single_prefill(self._p(), ctypes.byref(args), _stream_handle(stream)),
               self._ctx._handle)
+
+    # ---- batches (kv=ragged / kv=paged kernels) and merges (op=merge kernels) ----
+    def plan(self, num_qo_heads, page_size=0, max_batch=0, max_qo_tokens=0, fixed_split=0,
+             no_split=False):
+        """kiln_plan_create: a kiln.Plan for this batch kernel with the fields of
+        kiln_plan_opts. KilnLibraryError when the library predates the batch API."""
+        from .plan import Plan
+
+        return Plan(self, num_qo_heads=num_qo_heads, page_size=page_size, max_batch=max_batch,
+                    max_qo_tokens=max_qo_tokens, fixed_split=fixed_split, no_split=no_split)
+
+    def _merge(self, name, args, stream):
+        check(_lib.fn(name)(self._p(), ctypes.byref(args), _stream_handle(stream)),
+              self._ctx._handle)
+
+    def merge_state(self, args, stream=None):
+        """kiln_merge_state with a filled kiln.MergeArgs (v_a, lse_a, v_b, lse_b -> v_out,
+        lse_out; natural-log LSE) on `stream`. The kernel is an op=merge variant."""
+        self._merge("kiln_merge_state", args, stream)
+
+    def merge_state_in_place(self, args, stream=None):
+        """kiln_merge_state_in_place: (v_a, lse_a) absorbs (v_b, lse_b), rows where mask != 0."""
+        self._merge("kiln_merge_state_in_place", args, stream)
+
+    def merge_states(self, args, stream=None):
+        """kiln_merge_states: v_all [n, S, H, D], lse_all [n, S, H] -> v_out, lse_out."""
+        self._merge("kiln_merge_states", args, stream)
 
     def __repr__(self):
         if self._ctx.closed:
