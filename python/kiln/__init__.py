@@ -3,8 +3,10 @@
 A pure-Python binding (ctypes) over libkiln.so: no compiled extension, no build step beyond the
 repository's `make`. Without torch and without a GPU: variants and specs (Variant), contexts
 and compile-only kernels for any arch (Context.compile), kernel inspection (source, NVRTC log,
-key material, cubin, resources). With torch and a CUDA GPU: FlashInfer-shaped single-request
-decode and prefill on torch tensors. See docs/python.md.
+key material, cubin, resources), the variant a batch plan needs (batch_variant). With torch and
+a CUDA GPU: FlashInfer-shaped single-request decode and prefill, the batch wrappers (paged
+decode, paged and ragged prefill: plan/run, CUDA graphs), merge_state(s) and multi-level
+cascade on torch tensors. See docs/python.md.
 
     import kiln
     v = kiln.Variant("op=decode dtype=bf16 head_dim=128 group=4")
@@ -18,6 +20,8 @@ decode and prefill on torch tensors. See docs/python.md.
 from ._version import __version__
 from ._lib import kiln_attn_args as AttnArgs
 from ._lib import kiln_params as Params
+from ._lib import kiln_batch_args as BatchArgs
+from ._lib import kiln_merge_args as MergeArgs
 from .core import (
     Context,
     DeviceInfo,
@@ -54,10 +58,18 @@ from .attention import (
     single_prefill_with_kv_cache,
     single_prefill_with_kv_cache_return_lse,
 )
+from .plan import Plan, PlanInfo
 from .batch import (
     BatchDecodeWithPagedKVCacheWrapper,
     BatchPrefillWithPagedKVCacheWrapper,
     BatchPrefillWithRaggedKVCacheWrapper,
+    batch_variant,
+)
+from .cascade import (
+    MultiLevelCascadeAttentionWrapper,
+    merge_state,
+    merge_state_in_place,
+    merge_states,
 )
 
 

@@ -7,7 +7,7 @@ per device, created on first use, caching in the default cache directory), alloc
 and the decode workspace with torch, and launch on torch's current stream. torch is imported
 only inside these functions: the rest of the package works without it.
 
-The batch wrappers and merge_state(s) are not here yet: see batch.py and docs/python.md.
+The batch wrappers are in batch.py, merge_state(s) and cascade in cascade.py.
 """
 
 import math
