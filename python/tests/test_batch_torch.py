@@ -1,0 +1,644 @@
+"""test_batch_torch.py — the batch wrappers and state merges on a GPU, against a float32 torch
+reference written here: pages gathered per request, bottom-right causal, GQA, window, soft-cap,
+fp8 KV with scales, llama RoPE; merges against the log-sum-exp formula.
+
+Skips unless torch is importable (the reference self-checks), a CUDA GPU is usable and the
+loaded libkiln.so has the batch API (everything else). Inputs are fresh random data (the seed
+is in every failure message); outputs are poisoned with NaN first. Kernels compile into
+$KILN_TEST_CACHE when set, else a fresh temporary cache.
+"""
+
+import math
+import os
+import random
+import sys
+import tempfile
+import unittest
+
+_SRC = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # python/
+if os.environ.get("KILN_TEST_INSTALLED") != "1" and os.path.isdir(os.path.join(_SRC, "kiln")):
+    sys.path.insert(0, _SRC)
+
+import kiln  # noqa: E402
+from kiln import _lib  # noqa: E402
+
+try:
+    import torch
+except ImportError:
+    torch = None
+
+HAVE_TORCH = torch is not None
+HAVE_GPU = HAVE_TORCH and torch.cuda.is_available()
+DTYPES = {"f16": torch.float16, "bf16": torch.bfloat16} if HAVE_TORCH else {}
+WS_BYTES = 128 << 20  # FlashInfer's advice
+_tmp_cache = None
+
+
+def _have_batch_api():
+    try:
+        return _lib.has("kiln_batch_run")
+    except kiln.KilnLibraryError:
+        return False
+
+
+RUN_GPU = HAVE_GPU and _have_batch_api()
+WHY = "needs torch, a CUDA GPU and a libkiln.so with the batch API"
+
+
+def setUpModule():
+    global _tmp_cache
+    if not RUN_GPU:
+        return
+    cache = os.environ.get("KILN_TEST_CACHE")
+    if not cache:
+        _tmp_cache = tempfile.TemporaryDirectory(prefix="kiln-py-batch-")
+        cache = _tmp_cache.name
+    os.environ["KILN_CACHE_DIR"] = cache  # read when the default context is created
+    torch.backends.cuda.matmul.allow_tf32 = False
+
+
+def tearDownModule():
+    if _tmp_cache is not None:
+        _tmp_cache.cleanup()
+
+
+# ---- the reference -------------------------------------------------------------------------
+
+
+def rope(x, pos, scale=1.0, theta=1e4):
+    """Llama RoPE of x [L, H, D] at positions pos [L] (float32): pairs (d, d + D/2), angle
+    pos / scale * theta^(-2d/D)."""
+    D = x.shape[-1]
+    half = D // 2
+    freq = theta ** (-2.0 * torch.arange(half, device=x.device, dtype=torch.float32) / D)
+    ang = (pos.float() / scale)[:, None] * freq[None, :]  # [L, D/2]
+    cos, sin = ang.cos()[:, None, :], ang.sin()[:, None, :]
+    x1, x2 = x[..., :half], x[..., half:]
+    return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1)
+
+
+def attend(q, k, v, *, causal=False, window_left=-1, softcap=None, sm_scale=None,
+           slopes=None, rope_args=None):
+    """One request in float32: q [L_Q, H, D], k, v [L_KV, H_KV, D] (NHD, any dtype: upcast;
+    fp8 callers pass dequantised values). Bottom-right aligned positions. Returns o [L_Q, H, D]
+    and the natural-log lse [L_Q, H]; a row seeing no key gives o = 0, lse = -inf."""
+    L_Q, H, D = q.shape
+    L_KV, H_KV = k.shape[0], k.shape[1]
+    qf, kf, vf = q.float(), k.float(), v.float()
+    off = L_KV - L_Q
+    if rope_args is not None:
+        qf = rope(qf, torch.arange(L_Q, device=q.device) + off, *rope_args)
+        kf = rope(kf, torch.arange(L_KV, device=q.device), *rope_args)
+    G = H // H_KV
+    kf, vf = kf.repeat_interleave(G, dim=1), vf.repeat_interleave(G, dim=1)
+    scale = (1.0 / math.sqrt(D)) if sm_scale is None else sm_scale
+    s = torch.einsum("qhd,khd->hqk", qf, kf) * scale
+    if softcap:
+        s = softcap * torch.tanh(s / softcap)
+    i = torch.arange(L_Q, device=q.device)[:, None]
+    j = torch.arange(L_KV, device=q.device)[None, :]
+    if slopes is not None:
+        s = s + slopes.float()[:, None, None] * (j - (i + off)).float()[None]
+    visible = torch.ones(L_Q, L_KV, dtype=torch.bool, device=q.device)
+    if causal:
+        visible &= j <= i + off
+    if window_left is not None and window_left >= 0:
+        visible &= j >= i + off - window_left
+    s = s.masked_fill(~visible[None], float("-inf"))
+    if L_KV == 0:
+        return (torch.zeros(L_Q, H, D, device=q.device),
+                torch.full((L_Q, H), float("-inf"), device=q.device))
+    lse = torch.logsumexp(s, dim=-1)
+    p = torch.nan_to_num(torch.softmax(s, dim=-1), nan=0.0)
+    o = torch.einsum("hqk,khd->qhd", p, vf)
+    return o, lse.transpose(0, 1).contiguous()
+
+
+def gather(pool, page_ids, last_len, layout):
+    """The keys of one request from a page pool [pages, P, H_KV, D] (NHD) or
+    [pages, H_KV, P, D] (HND): its pages in order, the last cut to last_len tokens."""
+    if not page_ids:
+        shape = pool.shape
+        H_KV, D = (shape[2], shape[3]) if layout == "NHD" else (shape[1], shape[3])
+        return pool.new_zeros((0, H_KV, D))
+    pages = pool[torch.tensor(page_ids, device=pool.device, dtype=torch.long)]
+    if layout == "HND":
+        pages = pages.transpose(1, 2)  # [n, P, H_KV, D]
+    flat = pages.reshape(-1, pages.shape[2], pages.shape[3])
+    P = pages.shape[1]
+    return flat[: (len(page_ids) - 1) * P + last_len]
+
+
+class PagedBatch:
+    """A random paged batch: kv lengths, qo lengths, a shuffled page pool."""
+
+    def __init__(self, kv_lens, qo_lens, H_KV, D, P, layout, dtype, extra_pages=5):
+        self.kv_lens, self.qo_lens, self.P, self.layout = kv_lens, qo_lens, P, layout
+        n_pages = [(L + P - 1) // P for L in kv_lens]
+        total = sum(n_pages) + extra_pages
+        perm = torch.randperm(total).tolist()
+        self.pages, at = [], 0
+        for n in n_pages:
+            self.pages.append(perm[at:at + n])
+            at += n
+        self.indptr = [0]
+        for n in n_pages:
+            self.indptr.append(self.indptr[-1] + n)
+        self.indices = torch.tensor(sum(self.pages, []), dtype=torch.int32, device="cuda")
+        self.last = [(L - (n - 1) * P) if n else 0 for L, n in zip(kv_lens, n_pages)]
+        self.qo_indptr = [0]
+        for n in qo_lens:
+            self.qo_indptr.append(self.qo_indptr[-1] + n)
+        shape = (total, P, H_KV, D) if layout == "NHD" else (total, H_KV, P, D)
+        self.k = torch.randn(*shape, device="cuda").to(dtype)
+        self.v = torch.randn(*shape, device="cuda").to(dtype)
+
+    def kv(self, b):
+        return (gather(self.k, self.pages[b], self.last[b], self.layout),
+                gather(self.v, self.pages[b], self.last[b], self.layout))
+
+
+def tolerance(dtype):
+    return (1.5e-2, 2e-2) if dtype == "bf16" else (2e-3, 5e-3)
+
+
+class Base(unittest.TestCase):
+    def setUp(self):
+        self.seed = random.SystemRandom().randrange(1 << 31)
+        torch.manual_seed(self.seed)
+        random.seed(self.seed)
+        self.ws = torch.zeros(WS_BYTES, dtype=torch.uint8, device="cuda")
+
+    def rand(self, *shape, dtype="bf16"):
+        return torch.randn(*shape, device="cuda").to(DTYPES[dtype])
+
+    def poison(self, *shape, dtype="bf16"):
+        t = torch.full(shape, float("nan"), device="cuda", dtype=DTYPES[dtype])
+        del t
+
+    def assertClose(self, got, ref, atol, rtol, what):
+        got, ref = got.float(), ref.float()
+        self.assertEqual(tuple(got.shape), tuple(ref.shape), what)
+        both_inf = torch.isinf(got) & torch.isinf(ref) & (torch.sign(got) == torch.sign(ref))
+        err = (got - ref).abs()
+        ok = (err <= atol + rtol * ref.abs()) | both_inf
+        if bool(ok.all()):
+            return
+        bad = (~ok).nonzero()
+        lines = [f"{what}: {bad.shape[0]} of {got.numel()} out of tolerance (atol {atol}, rtol "
+                 f"{rtol}, seed {self.seed})"]
+        for idx in bad[:5].tolist():
+            t = tuple(idx)
+            lines.append(f"  {what}{list(t)} = {got[t].item():.6g}, ref {ref[t].item():.6g}")
+        self.fail("\n".join(lines))
+
+
+# ---- the reference itself (torch only) -----------------------------------------------------
+
+
+@unittest.skipUnless(HAVE_TORCH, "needs torch")
+class TestReference(unittest.TestCase):
+    def test_gather_layouts_agree(self):
+        torch.manual_seed(0)
+        pool = torch.randn(6, 4, 2, 8)  # NHD, page_size 4
+        k = gather(pool, [3, 0, 5], 2, "NHD")
+        self.assertEqual(tuple(k.shape), (10, 2, 8))
+        self.assertTrue(torch.equal(k[:4], pool[3]) and torch.equal(k[8:], pool[5, :2]))
+        k2 = gather(pool.transpose(1, 2).contiguous(), [3, 0, 5], 2, "HND")
+        self.assertTrue(torch.equal(k, k2))
+
+    def test_rope_rotates_pairs(self):
+        x = torch.randn(3, 2, 8)
+        y = rope(x, torch.arange(3))
+        self.assertTrue(torch.allclose(y[0], x[0]))  # position 0: identity
+        self.assertTrue(torch.allclose(y.norm(dim=-1), x.norm(dim=-1), atol=1e-5))
+        # q.k depends on the distance only
+        q, k = torch.randn(1, 1, 8), torch.randn(1, 1, 8)
+        a = (rope(q, torch.tensor([5])) * rope(k, torch.tensor([2]))).sum()
+        b = (rope(q, torch.tensor([9])) * rope(k, torch.tensor([6]))).sum()
+        self.assertAlmostEqual(float(a), float(b), places=4)
+
+    def test_causal_bottom_right(self):
+        q, k = torch.randn(2, 1, 8), torch.randn(5, 1, 8)
+        o, lse = attend(q, k, k, causal=True)
+        o4, lse4 = attend(q[:1], k[:4], k[:4])  # row 0 sees keys 0..3
+        self.assertTrue(torch.allclose(o[0], o4[0], atol=1e-6))
+
+
+# ---- decode --------------------------------------------------------------------------------
+
+
+@unittest.skipUnless(RUN_GPU, WHY)
+class TestBatchDecode(Base):
+    # (kv_lens, H, H_KV, D, page_size, layout, dtype)
+    SHAPES = [
+        ([7, 100, 1, 513, 64], 32, 8, 128, 16, "NHD", "bf16"),
+        ([33, 0, 250], 8, 8, 64, 1, "HND", "f16"),  # a request with no pages; page_size 1
+        ([4000, 17], 64, 1, 128, 64, "NHD", "bf16"),  # MQA, a long request (split)
+        ([300, 301, 302, 303], 16, 2, 256, 32, "HND", "f16"),
+    ]
+
+    def run_case(self, kv_lens, H, H_KV, D, P, layout, dtype, single_tensor=False, **kw):
+        b = PagedBatch(kv_lens, [1] * len(kv_lens), H_KV, D, P, layout, DTYPES[dtype])
+        q = self.rand(len(kv_lens), H, D, dtype=dtype)
+        w = kiln.BatchDecodeWithPagedKVCacheWrapper(self.ws, layout, lse_base="e")
+        w.plan(torch.tensor(b.indptr, dtype=torch.int32, device="cuda"), b.indices,
+               torch.tensor(b.last, dtype=torch.int32), H, H_KV, D, P, q_data_type=DTYPES[dtype],
+               **kw)
+        cache = torch.stack([b.k, b.v], dim=1) if single_tensor else (b.k, b.v)
+        self.poison(len(kv_lens), H, D, dtype=dtype)
+        o, lse = w.run(q, cache, return_lse=True)
+        torch.cuda.synchronize()
+        what = f"batch decode {kv_lens} H={H} H_KV={H_KV} D={D} P={P} {layout} {dtype} {kw}"
+        self.assertEqual((o.dtype, tuple(o.shape)), (DTYPES[dtype], (len(kv_lens), H, D)))
+        ref_kw = dict(window_left=kw.get("window_left", -1), softcap=kw.get("logits_soft_cap"),
+                      sm_scale=kw.get("sm_scale"))
+        for r, _ in enumerate(kv_lens):
+            k, v = b.kv(r)
+            ref_o, ref_lse = attend(q[r:r + 1], k, v, **ref_kw)
+            self.assertClose(o[r], ref_o[0], *tolerance(dtype), f"{what} o[{r}]")
+            self.assertClose(lse[r], ref_lse[0], 1e-2, 1e-3, f"{what} lse[{r}]")
+        return w, b, q, o, lse
+
+    def test_shapes(self):
+        for shape in self.SHAPES:
+            with self.subTest(shape=shape):
+                self.run_case(*shape)
+
+    def test_single_tensor_cache(self):
+        self.run_case([50, 60], 8, 2, 128, 16, "NHD", "bf16", single_tensor=True)
+        self.run_case([50, 60], 8, 2, 128, 16, "HND", "f16", single_tensor=True)
+
+    def test_window_softcap(self):
+        self.run_case([1000, 20, 300], 32, 8, 128, 16, "NHD", "bf16", window_left=64)
+        self.run_case([500, 200], 16, 4, 128, 16, "NHD", "bf16", logits_soft_cap=5.0,
+                      sm_scale=0.3)
+
+    def test_lse_base_two_and_out(self):
+        b = PagedBatch([100, 200], [1, 1], 2, 64, 16, "NHD", torch.float16)
+        q = self.rand(2, 8, 64, dtype="f16")
+        w2 = kiln.BatchDecodeWithPagedKVCacheWrapper(self.ws)  # FlashInfer's base 2
+        w2.plan(b.indptr, b.indices, b.last, 8, 2, 64, 16)
+        out = torch.empty(2, 8, 64, dtype=torch.float16, device="cuda")
+        lse = torch.empty(2, 8, device="cuda")
+        o2, l2 = w2.run(q, (b.k, b.v), out=out, lse=lse, return_lse=True)
+        self.assertTrue(o2 is out and l2 is lse)
+        ws_e = torch.zeros(WS_BYTES, dtype=torch.uint8, device="cuda")
+        we = kiln.BatchDecodeWithPagedKVCacheWrapper(ws_e, lse_base="e")
+        we.plan(b.indptr, b.indices, b.last, 8, 2, 64, 16)
+        oe, le = we.run(q, (b.k, b.v), return_lse=True)
+        self.assertTrue(torch.equal(o2, oe))
+        self.assertClose(l2, le * kiln.LOG2E, 1e-5, 1e-6, "lse base 2")
+        self.assertTrue(torch.is_tensor(w2.run(q, (b.k, b.v))))  # no lse asked
+
+    def test_fp8_kv(self):
+        for kv_name, kv_dtype in (("float8_e4m3fn", torch.float8_e4m3fn),
+                                  ("float8_e5m2", torch.float8_e5m2)):
+            b = PagedBatch([200, 77], [1, 1], 2, 128, 16, "NHD", torch.float32)
+            b.k, b.v = (b.k * 4).to(kv_dtype), (b.v * 4).to(kv_dtype)
+            q = self.rand(2, 8, 128)
+            w = kiln.BatchDecodeWithPagedKVCacheWrapper(self.ws, lse_base="e")
+            w.plan(b.indptr, b.indices, b.last, 8, 2, 128, 16, q_data_type=torch.bfloat16,
+                   kv_data_type=kv_name)
+            self.assertEqual(w.variant.kv_dtype, kv_name[len("float8_"):][:4])
+            o = w.run(q, (b.k, b.v), k_scale=0.25, v_scale=0.5)
+            for r in range(2):
+                k, v = b.kv(r)
+                ref, _ = attend(q[r:r + 1], k.float() * 0.25, v.float() * 0.5)
+                self.assertClose(o[r], ref[0], 2e-2, 3e-2, f"fp8 {kv_name} o[{r}]")
+
+    def test_scales_fold_like_flashinfer(self):
+        b = PagedBatch([90], [1], 8, 64, 16, "NHD", torch.float16)
+        q = self.rand(1, 8, 64, dtype="f16")
+        w = kiln.BatchDecodeWithPagedKVCacheWrapper(self.ws)
+        w.plan(b.indptr, b.indices, b.last, 8, 8, 64, 16)
+        o = w.run(q, (b.k, b.v), q_scale=0.5, k_scale=2.0, v_scale=3.0)
+        k, v = b.kv(0)
+        ref, _ = attend(q, k, v)
+        self.assertClose(o[0], ref[0] * 3.0, 6e-3, 5e-3, "q/k/v scales")
+
+    def test_rope(self):
+        b = PagedBatch([123, 40], [1, 1], 4, 128, 16, "NHD", torch.bfloat16)
+        q = self.rand(2, 16, 128)
+        w = kiln.BatchDecodeWithPagedKVCacheWrapper(self.ws)
+        w.plan(b.indptr, b.indices, b.last, 16, 4, 128, 16, pos_encoding_mode="ROPE_LLAMA",
+               q_data_type="bfloat16", rope_scale=2.0, rope_theta=5e5)
+        self.assertTrue(w.variant.rope)
+        o = w.run(q, (b.k, b.v))
+        for r in range(2):
+            k, v = b.kv(r)
+            ref, _ = attend(q[r:r + 1], k, v, rope_args=(2.0, 5e5))
+            self.assertClose(o[r], ref[0], 2e-2, 3e-2, f"rope o[{r}]")
+
+    def test_batch_invariant(self):
+        # fixed_split_size: a request's output is bitwise the same in any batch.
+        b = PagedBatch([3000, 50, 1200, 7], [1] * 4, 2, 128, 16, "NHD", torch.bfloat16)
+        q = self.rand(4, 16, 128)
+        w = kiln.BatchDecodeWithPagedKVCacheWrapper(self.ws)
+        w.plan(b.indptr, b.indices, b.last, 16, 2, 128, 16, q_data_type="bfloat16",
+               fixed_split_size=8)
+        full = w.run(q, (b.k, b.v)).clone()
+        pages0 = b.pages[0]
+        w.plan([0, len(pages0)], b.indices[:len(pages0)], [b.last[0]], 16, 2, 128, 16,
+               q_data_type="bfloat16", fixed_split_size=8)
+        alone = w.run(q[:1], (b.k, b.v))
+        self.assertTrue(torch.equal(alone[0], full[0]), f"batch-invariant (seed {self.seed})")
+        self.assertGreater(w.plan_info.items, 1)
+
+    def test_workspace_too_small(self):
+        b = PagedBatch([50000], [1], 8, 128, 16, "NHD", torch.bfloat16)
+        w = kiln.BatchDecodeWithPagedKVCacheWrapper(
+            torch.empty(64, dtype=torch.uint8, device="cuda"))
+        with self.assertRaises(kiln.KilnWorkspaceError) as cm:
+            w.plan(b.indptr, b.indices, b.last, 64, 8, 128, 16, q_data_type="bfloat16")
+        self.assertIn("float_workspace_buffer has 64 bytes", str(cm.exception))
+
+    def test_run_checks(self):
+        b = PagedBatch([20, 30], [1, 1], 2, 64, 16, "NHD", torch.float16)
+        w = kiln.BatchDecodeWithPagedKVCacheWrapper(self.ws)
+        w.plan(b.indptr, b.indices, b.last, 8, 2, 64, 16)
+        q = self.rand(2, 8, 64, dtype="f16")
+        for bad, fragment in [
+            ((self.rand(3, 8, 64, dtype="f16"), (b.k, b.v)), "rows"),
+            ((q.bfloat16(), (b.k, b.v)), "dtype"),
+            ((q, (b.k, b.v, b.v)), "(k_cache, v_cache)"),
+            ((q, (b.k[:, :8], b.v[:, :8])), "k_cache must be"),
+            ((q, b.k), "[pages, 2, ...]"),
+        ]:
+            with self.assertRaises(ValueError) as cm:
+                w.run(*bad)
+            self.assertIn(fragment, str(cm.exception))
+        with self.assertRaises(ValueError):
+            w.run(q, (b.k, b.v), window_left=5)
+
+    def test_cuda_graph_replay_after_replan(self):
+        H, H_KV, D, P, B = 32, 8, 128, 16, 4
+        max_pages = 2048
+        indices_buf = torch.zeros(max_pages, dtype=torch.int32, device="cuda")
+        w = kiln.BatchDecodeWithPagedKVCacheWrapper(
+            self.ws, "NHD", use_cuda_graph=True,
+            paged_kv_indptr_buffer=torch.zeros(B + 1, dtype=torch.int32, device="cuda"),
+            paged_kv_indices_buffer=indices_buf,
+            paged_kv_last_page_len_buffer=torch.zeros(B, dtype=torch.int32, device="cuda"))
+        pool_pages = 1500
+        k_pool = self.rand(pool_pages, P, H_KV, D)
+        v_pool = self.rand(pool_pages, P, H_KV, D)
+        q = self.rand(B, H, D)
+
+        def new_batch(lens):
+            n = [(L + P - 1) // P for L in lens]
+            ids = torch.randperm(pool_pages)[:sum(n)].tolist()
+            indptr, pages, at = [0], [], 0
+            for c in n:
+                pages.append(ids[at:at + c])
+                at += c
+                indptr.append(indptr[-1] + c)
+            last = [L - (c - 1) * P for L, c in zip(lens, n)]
+            return indptr, ids, last, pages
+
+        indptr, ids, last, _ = new_batch([100, 2000, 5, 700])
+        w.plan(indptr, ids, last, H, H_KV, D, P, q_data_type="bfloat16")
+        w.run(q, (k_pool, v_pool))  # load the kernel outside the capture
+        torch.cuda.synchronize()
+        g = torch.cuda.CUDAGraph()
+        s = torch.cuda.Stream()
+        s.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(s):
+            with torch.cuda.graph(g):
+                out = w.run(q, (k_pool, v_pool))
+        torch.cuda.current_stream().wait_stream(s)
+        for lens in ([100, 2000, 5, 700], [3000, 1, 64, 16], [17, 18, 19, 20000 // 8]):
+            indptr, ids, last, pages = new_batch(lens)
+            w.plan(indptr, ids, last, H, H_KV, D, P, q_data_type="bfloat16")  # re-plan
+            q.copy_(self.rand(B, H, D))
+            g.replay()
+            torch.cuda.synchronize()
+            for r, L in enumerate(lens):
+                k = gather(k_pool, pages[r], last[r], "NHD")
+                v = gather(v_pool, pages[r], last[r], "NHD")
+                ref, _ = attend(q[r:r + 1], k, v)
+                self.assertClose(out[r], ref[0], *tolerance("bf16"),
+                                 f"graph replay lens={lens} o[{r}]")
+
+
+# ---- prefill -------------------------------------------------------------------------------
+
+
+@unittest.skipUnless(RUN_GPU, WHY)
+class TestBatchPrefillPaged(Base):
+    # (qo_lens, kv_lens, H, H_KV, D, page_size, causal, layout, dtype)
+    SHAPES = [
+        ([5, 128, 1, 300], [5, 400, 33, 300], 32, 8, 128, 16, True, "NHD", "bf16"),  # append
+        ([64, 64], [64, 200], 8, 8, 64, 1, False, "HND", "f16"),
+        ([200, 7], [150, 7], 16, 2, 256, 32, False, "NHD", "f16"),  # L_Q > L_KV, no causal
+        ([17, 0, 40], [100, 10, 40], 8, 1, 128, 8, True, "HND", "bf16"),  # an empty request
+    ]
+
+    def run_case(self, qo_lens, kv_lens, H, H_KV, D, P, causal, layout, dtype, **kw):
+        b = PagedBatch(kv_lens, qo_lens, H_KV, D, P, layout, DTYPES[dtype])
+        q = self.rand(sum(qo_lens), H, D, dtype=dtype)
+        w = kiln.BatchPrefillWithPagedKVCacheWrapper(self.ws, layout, lse_base="e")
+        w.plan(torch.tensor(b.qo_indptr, dtype=torch.int32), b.indptr, b.indices, b.last, H,
+               H_KV, D, P, causal=causal, q_data_type=DTYPES[dtype], **kw)
+        self.poison(sum(qo_lens), H, D, dtype=dtype)
+        o, lse = w.run(q, (b.k, b.v), return_lse=True)
+        torch.cuda.synchronize()
+        what = (f"batch prefill paged qo={qo_lens} kv={kv_lens} H={H} H_KV={H_KV} D={D} P={P} "
+                f"causal={causal} {layout} {dtype} {kw}")
+        for r in range(len(qo_lens)):
+            lo, hi = b.qo_indptr[r], b.qo_indptr[r + 1]
+            k, v = b.kv(r)
+            ref_o, ref_lse = attend(q[lo:hi], k, v, causal=causal,
+                                    window_left=kw.get("window_left", -1),
+                                    softcap=kw.get("logits_soft_cap"))
+            self.assertClose(o[lo:hi], ref_o, *tolerance(dtype), f"{what} o[req {r}]")
+            self.assertClose(lse[lo:hi], ref_lse, 1e-2, 1e-3, f"{what} lse[req {r}]")
+
+    def test_shapes(self):
+        for shape in self.SHAPES:
+            with self.subTest(shape=shape):
+                self.run_case(*shape)
+
+    def test_window_softcap(self):
+        self.run_case([100, 50], [400, 50], 8, 2, 128, 16, True, "NHD", "bf16", window_left=32)
+        self.run_case([64], [256], 8, 8, 128, 16, True, "NHD", "bf16", logits_soft_cap=5.0,
+                      sm_scale=0.3)
+
+
+@unittest.skipUnless(RUN_GPU, WHY)
+class TestBatchPrefillRagged(Base):
+    # (qo_lens, kv_lens, H, H_KV, D, causal, layout, dtype)
+    SHAPES = [
+        ([100, 1, 300], [100, 513, 300], 32, 8, 128, True, "NHD", "bf16"),
+        ([77, 20], [77, 10], 16, 4, 64, False, "HND", "f16"),
+        ([128], [1000], 8, 1, 256, True, "NHD", "f16"),
+    ]
+
+    def run_case(self, qo_lens, kv_lens, H, H_KV, D, causal, layout, dtype):
+        qo_indptr, kv_indptr = [0], [0]
+        for a, c in zip(qo_lens, kv_lens):
+            qo_indptr.append(qo_indptr[-1] + a)
+            kv_indptr.append(kv_indptr[-1] + c)
+        q = self.rand(qo_indptr[-1], H, D, dtype=dtype)
+        shape = (kv_indptr[-1], H_KV, D) if layout == "NHD" else (H_KV, kv_indptr[-1], D)
+        k, v = self.rand(*shape, dtype=dtype), self.rand(*shape, dtype=dtype)
+        w = kiln.BatchPrefillWithRaggedKVCacheWrapper(self.ws, layout, lse_base="e")
+        w.plan(qo_indptr, torch.tensor(kv_indptr, dtype=torch.int32, device="cuda"), H, H_KV,
+               D, causal=causal, q_data_type=DTYPES[dtype])
+        self.assertEqual(w.variant.kv, "ragged")
+        o, lse = w.run(q, k, v, return_lse=True)
+        torch.cuda.synchronize()
+        kn, vn = (k, v) if layout == "NHD" else (k.transpose(0, 1), v.transpose(0, 1))
+        what = f"ragged qo={qo_lens} kv={kv_lens} H={H} H_KV={H_KV} D={D} {causal} {layout}"
+        for r in range(len(qo_lens)):
+            a, z = qo_indptr[r], qo_indptr[r + 1]
+            ref_o, ref_lse = attend(q[a:z], kn[kv_indptr[r]:kv_indptr[r + 1]],
+                                    vn[kv_indptr[r]:kv_indptr[r + 1]], causal=causal)
+            self.assertClose(o[a:z], ref_o, *tolerance(dtype), f"{what} o[req {r}]")
+            self.assertClose(lse[a:z], ref_lse, 1e-2, 1e-3, f"{what} lse[req {r}]")
+
+    def test_shapes(self):
+        for shape in self.SHAPES:
+            with self.subTest(shape=shape):
+                self.run_case(*shape)
+
+    def test_fused_qkv_views(self):
+        # q, k, v as head slices of one projection output (strided, no copies).
+        H, H_KV, D, L = 16, 4, 128, 300
+        qkv = self.rand(L, H + 2 * H_KV, D)
+        q, k, v = qkv[:, :H], qkv[:, H:H + H_KV], qkv[:, H + H_KV:]
+        w = kiln.BatchPrefillWithRaggedKVCacheWrapper(self.ws)
+        w.plan([0, 100, L], [0, 100, L], H, H_KV, D, causal=True, q_data_type="bfloat16")
+        o = w.run(q, k, v)
+        for a, z in ((0, 100), (100, L)):
+            ref, _ = attend(q[a:z], k[a:z], v[a:z], causal=True)
+            self.assertClose(o[a:z], ref, *tolerance("bf16"), f"fused qkv rows {a}..{z}")
+
+
+# ---- merges and cascade --------------------------------------------------------------------
+
+
+def ref_merge(vs, ss):
+    """Merge states in float32: vs [S] of [n, H, D], ss [S] of [n, H] natural-log LSE."""
+    s = torch.stack([x.float() for x in ss])  # [S, n, H]
+    m = torch.logsumexp(s, dim=0)
+    w = torch.nan_to_num(torch.exp(s - m[None]), nan=0.0)  # rows with all -inf: weight 0
+    v = sum(w[i][..., None] * vs[i].float() for i in range(len(vs)))
+    return v, m
+
+
+@unittest.skipUnless(RUN_GPU, WHY)
+class TestMerge(Base):
+    def states(self, n, H, D, dtype):
+        v = self.rand(n, H, D, dtype=dtype)
+        s = torch.randn(n, H, device="cuda") * 3
+        return v, s
+
+    def test_merge_state(self):
+        for dtype, base in (("bf16", "2"), ("f16", "e")):
+            va, sa = self.states(300, 32, 128, dtype)
+            vb, sb = self.states(300, 32, 128, dtype)
+            sa[0], sb[1] = float("-inf"), float("-inf")  # a state with no keys
+            sa[2], sb[2] = float("-inf"), float("-inf")  # both empty
+            vb[2].zero_()
+            va[2].zero_()
+            k = kiln.LOG2E if base == "2" else 1.0
+            v, s = kiln.merge_state(va, sa * k, vb, sb * k, lse_base=base)
+            ref_v, ref_s = ref_merge([va, vb], [sa, sb])
+            self.assertClose(v, ref_v, *tolerance(dtype), f"merge_state v ({dtype}, base {base})")
+            self.assertClose(s, ref_s * k, 1e-4, 1e-5, f"merge_state s (base {base})")
+            self.assertFalse(torch.isnan(v).any())
+
+    def test_merge_state_in_place(self):
+        v, s = self.states(200, 8, 64, "f16")
+        vo, so = self.states(200, 8, 64, "f16")
+        mask = torch.rand(200, device="cuda") < 0.5
+        v0, s0 = v.clone(), s.clone() * kiln.LOG2E
+        s2 = s0.clone()
+        kiln.merge_state_in_place(v, s2, vo, so * kiln.LOG2E, mask=mask)
+        ref_v, ref_s = ref_merge([v0, vo], [s0 / kiln.LOG2E, so])
+        self.assertClose(v[mask], ref_v[mask], *tolerance("f16"), "in place v (merged rows)")
+        self.assertClose(s2[mask], ref_s[mask] * kiln.LOG2E, 1e-4, 1e-5, "in place s")
+        self.assertTrue(torch.equal(v[~mask], v0[~mask]), "unmasked rows of v changed")
+        self.assertTrue(torch.equal(s2[~mask], s0[~mask]), "unmasked rows of s changed")
+
+    def test_merge_states(self):
+        n, S, H, D = 100, 3, 8, 128
+        v = self.rand(n, S, H, D)
+        s = torch.randn(n, S, H, device="cuda")
+        vm, sm = kiln.merge_states(v, s * kiln.LOG2E)
+        ref_v, ref_s = ref_merge([v[:, i] for i in range(S)], [s[:, i] for i in range(S)])
+        self.assertClose(vm, ref_v, *tolerance("bf16"), "merge_states v")
+        self.assertClose(sm, ref_s * kiln.LOG2E, 1e-4, 1e-5, "merge_states s")
+
+    def test_split_attention_merges_to_whole(self):
+        # Two key halves attended separately and merged equal the whole: the states are real.
+        q = self.rand(64, 8, 128)
+        k, v = self.rand(600, 8, 128), self.rand(600, 8, 128)
+        o1, l1 = kiln.single_prefill_with_kv_cache(q, k[:250], v[:250], return_lse=True)
+        o2, l2 = kiln.single_prefill_with_kv_cache(q, k[250:], v[250:], return_lse=True)
+        o, lse = kiln.merge_state(o1, l1, o2, l2)
+        ref_o, ref_lse = attend(q, k, v)
+        self.assertClose(o, ref_o, *tolerance("bf16"), "split + merge o")
+        self.assertClose(lse, ref_lse * kiln.LOG2E, 1e-2, 1e-3, "split + merge lse")
+
+    def test_bad_inputs(self):
+        v, s = self.states(10, 8, 64, "f16")
+        with self.assertRaises(ValueError):
+            kiln.merge_state(v, s, v.bfloat16(), s)
+        with self.assertRaises(ValueError):
+            kiln.merge_state(v, s.half(), v, s)
+        with self.assertRaises(ValueError):
+            kiln.merge_state(v.float(), s, v.float(), s)
+        with self.assertRaises(ValueError):
+            kiln.merge_state_in_place(v, s, v, s, mask=torch.ones(3, device="cuda"))
+
+
+@unittest.skipUnless(RUN_GPU, WHY)
+class TestCascade(Base):
+    def test_two_levels(self):
+        # Level 0: one shared prefix for every request (one "request" holding all rows);
+        # level 1: each request's own pages, causal.
+        H, H_KV, D, P = 16, 4, 128, 16
+        qo_lens, own_lens, prefix_len = [5, 1, 20], [30, 17, 20], 100
+        total_pages = 64
+        k_pool = self.rand(total_pages, P, H_KV, D)
+        v_pool = self.rand(total_pages, P, H_KV, D)
+        perm = torch.randperm(total_pages).tolist()
+        n_prefix = (prefix_len + P - 1) // P
+        prefix_pages, at = perm[:n_prefix], n_prefix
+        own_pages = []
+        for L in own_lens:
+            c = (L + P - 1) // P
+            own_pages.append(perm[at:at + c])
+            at += c
+        qo_indptr = [0]
+        for n in qo_lens:
+            qo_indptr.append(qo_indptr[-1] + n)
+        own_indptr = [0]
+        for p in own_pages:
+            own_indptr.append(own_indptr[-1] + len(p))
+        own_last = [L - (len(p) - 1) * P for L, p in zip(own_lens, own_pages)]
+        prefix_last = prefix_len - (n_prefix - 1) * P
+        q = self.rand(qo_indptr[-1], H, D)
+        w = kiln.MultiLevelCascadeAttentionWrapper(2, self.ws)
+        w.plan([[0, qo_indptr[-1]], qo_indptr], [[0, n_prefix], own_indptr],
+               [torch.tensor(prefix_pages, dtype=torch.int32, device="cuda"),
+                torch.tensor(sum(own_pages, []), dtype=torch.int32, device="cuda")],
+               [[prefix_last], own_last], H, H_KV, D, P, causal=True, q_data_type="bfloat16")
+        o = w.run(q, (k_pool, v_pool))
+        torch.cuda.synchronize()
+        kp = gather(k_pool, prefix_pages, prefix_last, "NHD")
+        vp = gather(v_pool, prefix_pages, prefix_last, "NHD")
+        for r in range(len(qo_lens)):
+            a, z = qo_indptr[r], qo_indptr[r + 1]
+            ko = gather(k_pool, own_pages[r], own_last[r], "NHD")
+            vo = gather(v_pool, own_pages[r], own_last[r], "NHD")
+            o_p, l_p = attend(q[a:z], kp, vp)
+            o_o, l_o = attend(q[a:z], ko, vo, causal=True)
+            ref, _ = ref_merge([o_p, o_o], [l_p, l_o])
+            self.assertClose(o[a:z], ref, *tolerance("bf16"), f"cascade req {r}")
+
+
+if __name__ == "__main__":
+    unittest.main()
