@@ -351,6 +351,12 @@ class _BatchWrapper:
                      logits_soft_cap, window_left, rope_scale, rope_theta, q_word, kv_word,
                      o_word, pos_encoding_mode, total_kv):
         """Everything after the host checks: kernel, plan object, workspace, kiln_batch_plan."""
+        self._state = None  # a failed plan leaves nothing to run
+        scale = (1.0 / math.sqrt(D)) if sm_scale is None else float(sm_scale)
+        if not scale > 0 or math.isinf(scale):
+            raise ValueError(f"sm_scale={sm_scale}: must be a finite value > 0")
+        if self._kv == "paged" and indices is None:
+            raise ValueError("the page ids (indices) are missing")
         batch = len(kv_indptr) - 1
         total_qo = batch if qo_indptr is None else qo_indptr[-1]
         if self._use_cuda_graph:
@@ -408,9 +414,7 @@ class _BatchWrapper:
         st.variant, st.plan = variant, plan
         st.H, st.H_KV, st.D, st.page_size = H, H_KV, D, page_size
         st.batch, st.total_qo, st.total_kv = batch, total_qo, total_kv
-        st.sm_scale = (1.0 / math.sqrt(D)) if sm_scale is None else float(sm_scale)
-        if not st.sm_scale > 0:
-            raise ValueError(f"sm_scale={sm_scale}: must be > 0")
+        st.sm_scale = scale
         st.softcap = float(logits_soft_cap or 0.0)
         st.window_left = int(window_left) if window_left is not None and window_left >= 0 else -1
         rope = str(pos_encoding_mode).upper() == "ROPE_LLAMA"

@@ -257,6 +257,7 @@ class TestWrapperChecks(unittest.TestCase):
             ("block_tables", dict(block_tables=[[0]])),
             ("q_len_per_req", dict(q_len_per_req=2)),
             ("window_right", dict(window_right=4)),
+            ("sm_scale=-1", dict(sm_scale=-1.0)),
         ]
         for fragment, kw in cases:
             with self.subTest(kw=kw):
