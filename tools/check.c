@@ -110,6 +110,76 @@ static double from_bits(kiln_dtype t, uint16_t h)
     return t == KILN_DTYPE_BF16 ? bf16_to_f32(h) : f16_to_f32(h);
 }
 
+uint16_t kiln_check_to_bits(kiln_dtype t, float f) { return to_bits(t, f); }
+double kiln_check_from_bits(kiln_dtype t, uint16_t h) { return from_bits(t, h); }
+uint64_t kiln_check_rng(uint64_t *s) { return rng_next(s); }
+float kiln_check_uniform(uint64_t *s) { return rng_uniform(s); }
+
+/* ---- fp8 ------------------------------------------------------------------------------------ */
+
+typedef struct fp8_fmt {
+    int mbits, bias;
+    double max; /* largest finite value */
+} fp8_fmt;
+
+static fp8_fmt fp8_of(kiln_dtype t)
+{
+    return t == KILN_DTYPE_E5M2 ? (fp8_fmt){2, 15, 57344.0} : (fp8_fmt){3, 7, 448.0};
+}
+
+uint8_t kiln_check_fp8_encode(kiln_dtype t, double x)
+{
+    const fp8_fmt f = fp8_of(t);
+    if (isnan(x)) return 0x7f; /* a NaN in both formats */
+    const uint8_t sign = signbit(x) ? 0x80 : 0;
+    double a = fabs(x);
+    if (a == 0) return sign;
+    /* the quantum of a's binade, or of the subnormals below the smallest normal */
+    int k;
+    frexp(a, &k);
+    int e = k - 1;
+    if (e < 1 - f.bias) e = 1 - f.bias;
+    const double quantum = ldexp(1.0, e - f.mbits);
+    double r = nearbyint(a / quantum) * quantum; /* ties to even (default rounding mode) */
+    if (r > f.max) r = f.max;
+    if (r < ldexp(1.0, 1 - f.bias)) /* subnormal (or zero) */
+        return (uint8_t)(sign | (int)(r / ldexp(1.0, 1 - f.bias - f.mbits)));
+    frexp(r, &k);
+    e = k - 1;
+    const int man = (int)((r / ldexp(1.0, e) - 1.0) * (1 << f.mbits));
+    return (uint8_t)(sign | ((e + f.bias) << f.mbits) | man);
+}
+
+double kiln_check_fp8_decode(kiln_dtype t, uint8_t b)
+{
+    const fp8_fmt f = fp8_of(t);
+    const int ebits = 7 - f.mbits, exp = (b >> f.mbits) & ((1 << ebits) - 1), man = b & ((1 << f.mbits) - 1);
+    const double sign = b & 0x80 ? -1.0 : 1.0;
+    if (t == KILN_DTYPE_E4M3 && exp == 15 && man == 7) return NAN;
+    if (t == KILN_DTYPE_E5M2 && exp == 31) return man ? NAN : sign * INFINITY;
+    if (exp == 0) return sign * ldexp((double)man, 1 - f.bias - f.mbits);
+    return sign * ldexp(1.0 + (double)man / (1 << f.mbits), exp - f.bias);
+}
+
+double kiln_check_decode(kiln_dtype t, uint16_t code)
+{
+    if (t == KILN_DTYPE_E4M3 || t == KILN_DTYPE_E5M2) return kiln_check_fp8_decode(t, (uint8_t)code);
+    return from_bits(t, code);
+}
+
+void kiln_check_rope(double *x, int D, double pos, double scale, double theta)
+{
+    const int half = D / 2;
+    if (scale == 0) scale = 1;
+    if (theta == 0) theta = 1e4;
+    for (int d = 0; d < half; d++) {
+        const double angle = pos / scale * pow(theta, -2.0 * d / D);
+        const double c = cos(angle), s = sin(angle), a = x[d], b = x[d + half];
+        x[d] = a * c - b * s;
+        x[d + half] = b * c + a * s;
+    }
+}
+
 /* ---- the problem: host tensors with strides --------------------------------------------- */
 
 typedef struct problem {

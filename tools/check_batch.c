@@ -1,0 +1,476 @@
+/*
+ * check_batch.c — the batch checker: one logical batch of requests drawn from a seed, stored
+ * ragged or paged (pool bigger than needed, pages shuffled, odd last pages, optional padded
+ * strides), run through kiln_plan_create → kiln_batch_plan → kiln_batch_run (optionally
+ * captured in a CUDA graph and replayed after a re-plan), and compared row by row with a
+ * float64 reference of the header's batch semantics. Also the paged ≡ ragged and batch
+ * invariance checks. See check.h.
+ */
+#include "check_batch.h"
+
+#include <math.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#define PAD 16             /* extra elements per padded stride: keeps 16-byte alignment for fp8 */
+#define ROPE_OFFSET_MAX 1000
+#define MAX_THREADS 64
+
+/* ---- index arrays --------------------------------------------------------------------------- */
+
+void kiln_check_lens_uniform(int *out, int n, int lo, int hi, uint64_t seed)
+{
+    for (int i = 0; i < n; i++)
+        out[i] = hi > lo ? lo + (int)(kiln_check_rng(&seed) % (uint64_t)(hi - lo + 1)) : lo;
+}
+
+void kiln_check_index_free(kiln_check_index *x)
+{
+    if (!x) return;
+    free(x->qo_indptr);
+    free(x->kv_indptr);
+    free(x->page_indptr);
+    free(x->page_ids);
+    free(x->last_page_len);
+    memset(x, 0, sizeof *x);
+}
+
+kiln_status kiln_check_index_build(int batch, const int *qo_lens, const int *kv_lens, int page_size,
+                                   int shuffle, int extra_pages, uint64_t seed, kiln_check_index *x)
+{
+    memset(x, 0, sizeof *x);
+    if (batch < 0) return KILN_STATUS_INVALID_ARGUMENT;
+    const size_t n1 = (size_t)batch + 1;
+    x->batch = batch;
+    x->page_size = page_size > 0 ? page_size : 0;
+    x->qo_indptr = calloc(n1, sizeof(int));
+    x->kv_indptr = calloc(n1, sizeof(int));
+    x->page_indptr = calloc(n1, sizeof(int));
+    x->last_page_len = calloc(n1, sizeof(int));
+    if (!x->qo_indptr || !x->kv_indptr || !x->page_indptr || !x->last_page_len) goto oom;
+    for (int b = 0; b < batch; b++) {
+        const int q = qo_lens ? qo_lens[b] : 1, kv = kv_lens[b];
+        if (q < 0 || kv < 0) {
+            kiln_check_index_free(x);
+            return KILN_STATUS_INVALID_ARGUMENT;
+        }
+        const int pages = x->page_size ? (kv + x->page_size - 1) / x->page_size : 0;
+        x->qo_indptr[b + 1] = x->qo_indptr[b] + q;
+        x->kv_indptr[b + 1] = x->kv_indptr[b] + kv;
+        x->page_indptr[b + 1] = x->page_indptr[b] + pages;
+        x->last_page_len[b] = pages ? kv - (pages - 1) * x->page_size : 0;
+    }
+    x->total_qo = x->qo_indptr[batch];
+    x->total_kv = x->kv_indptr[batch];
+    x->pages_used = x->page_indptr[batch];
+    if (extra_pages < 0) extra_pages = 0;
+    x->pool_pages = x->pages_used + extra_pages;
+    if (x->pool_pages == 0) x->pool_pages = 1; /* a pool is never empty */
+    int *perm = malloc(sizeof(int) * (size_t)x->pool_pages);
+    x->page_ids = malloc(sizeof(int) * ((size_t)x->pages_used + 1));
+    if (!perm || !x->page_ids) {
+        free(perm);
+        goto oom;
+    }
+    for (int i = 0; i < x->pool_pages; i++) perm[i] = i;
+    if (shuffle)
+        for (int i = x->pool_pages - 1; i > 0; i--) {
+            const int j = (int)(kiln_check_rng(&seed) % (uint64_t)(i + 1)), t = perm[i];
+            perm[i] = perm[j];
+            perm[j] = t;
+        }
+    memcpy(x->page_ids, perm, sizeof(int) * (size_t)x->pages_used);
+    x->page_ids[x->pages_used] = 0;
+    free(perm);
+    return KILN_STATUS_OK;
+oom:
+    kiln_check_index_free(x);
+    return KILN_STATUS_NO_MEMORY;
+}
+
+int kiln_check_index_verify(const kiln_check_index *x, char *msg, size_t cap)
+{
+    const int B = x->batch;
+    if (x->qo_indptr[0] || x->kv_indptr[0] || x->page_indptr[0]) {
+        snprintf(msg, cap, "an indptr does not start at 0");
+        return -1;
+    }
+    for (int b = 0; b < B; b++) {
+        if (x->qo_indptr[b + 1] < x->qo_indptr[b] || x->kv_indptr[b + 1] < x->kv_indptr[b] ||
+            x->page_indptr[b + 1] < x->page_indptr[b]) {
+            snprintf(msg, cap, "request %d: an indptr decreases", b);
+            return -1;
+        }
+        if (!x->page_size) continue;
+        const int kv = x->kv_indptr[b + 1] - x->kv_indptr[b];
+        const int pages = x->page_indptr[b + 1] - x->page_indptr[b];
+        const int held = pages ? (pages - 1) * x->page_size + x->last_page_len[b] : 0;
+        if (held != kv || (pages && (x->last_page_len[b] < 1 || x->last_page_len[b] > x->page_size))) {
+            snprintf(msg, cap, "request %d: %d pages, last %d, hold %d keys, want %d", b, pages,
+                     x->last_page_len[b], held, kv);
+            return -1;
+        }
+    }
+    if (x->total_qo != x->qo_indptr[B] || x->total_kv != x->kv_indptr[B] || x->pages_used != x->page_indptr[B]) {
+        snprintf(msg, cap, "totals disagree with the indptr arrays");
+        return -1;
+    }
+    if (x->pages_used > x->pool_pages) {
+        snprintf(msg, cap, "%d pages used of a pool of %d", x->pages_used, x->pool_pages);
+        return -1;
+    }
+    unsigned char *seen = calloc((size_t)x->pool_pages + 1, 1);
+    if (!seen) {
+        snprintf(msg, cap, "out of memory");
+        return -1;
+    }
+    for (int i = 0; i < x->pages_used; i++) {
+        const int p = x->page_ids[i];
+        if (p < 0 || p >= x->pool_pages || seen[p]++) {
+            snprintf(msg, cap, "page_ids[%d] = %d: outside the pool or repeated", i, p);
+            free(seen);
+            return -1;
+        }
+    }
+    free(seen);
+    return 0;
+}
+
+/* ---- logical batches ------------------------------------------------------------------------ */
+
+void kiln__cb_free(cb_logical *L)
+{
+    kiln_check_index_free(&L->ix);
+    free(L->q);
+    free(L->k);
+    free(L->vv);
+    free(L->rope_off);
+    free(L->slopes);
+    memset(L, 0, sizeof *L);
+}
+
+static int is_fp8(kiln_dtype t) { return t == KILN_DTYPE_E4M3 || t == KILN_DTYPE_E5M2; }
+
+/* A code of dtype t for the value x (scaled down by scale first for fp8). */
+static uint16_t encode(kiln_dtype t, float x, float scale)
+{
+    return is_fp8(t) ? kiln_check_fp8_encode(t, (double)x / scale) : kiln_check_to_bits(t, x);
+}
+
+/* A large finite (or NaN) code for memory no valid key should read. */
+static uint16_t garbage(kiln_dtype t, int nan, uint64_t *seed)
+{
+    const float g = (kiln_check_uniform(seed) < 0 ? -1.0f : 1.0f) * (100.0f + 400.0f * fabsf(kiln_check_uniform(seed)));
+    if (is_fp8(t)) return nan ? 0x7f : kiln_check_fp8_encode(t, g);
+    return nan ? 0xffff : kiln_check_to_bits(t, g);
+}
+
+kiln_status kiln__cb_make(const kiln_variant *v, const kiln_check_batch *s, uint64_t seed, cb_logical *L)
+{
+    memset(L, 0, sizeof *L);
+    L->v = *v;
+    L->D = v->head_dim;
+    L->G = v->group;
+    L->H = s->num_qo_heads;
+    if (L->H < L->G || L->H % L->G) return KILN_STATUS_INVALID_ARGUMENT;
+    L->H_KV = L->H / L->G;
+    L->sm_scale = s->sm_scale > 0 ? s->sm_scale : 1.0f / sqrtf((float)L->D);
+    L->softcap = s->softcap > 0 ? s->softcap : 30.0f;
+    L->k_scale = is_fp8(v->kv_dtype) ? (s->k_scale > 0 ? s->k_scale : 0.75f) : 0;
+    L->v_scale = is_fp8(v->kv_dtype) ? (s->v_scale > 0 ? s->v_scale : 1.25f) : 0;
+    L->rope_scale = s->rope_scale;
+    L->rope_theta = s->rope_theta;
+    const int P = v->kv == KILN_KV_PAGED ? (s->page_size > 0 ? s->page_size : 16) : 0;
+    const int B = s->batch;
+    long kv_sum = 0, nonzero = 0;
+    for (int b = 0; b < B; b++) {
+        kv_sum += s->kv_lens[b];
+        nonzero += s->kv_lens[b] > 0;
+    }
+    L->window_left = s->window_left >= 0 ? s->window_left : nonzero ? (int)(kv_sum / nonzero / 3) : 0;
+    int pages = 0;
+    for (int b = 0; P && b < B; b++) pages += (s->kv_lens[b] + P - 1) / P;
+    const int extra = s->extra_pages < 0 ? 0 : s->extra_pages > 0 ? s->extra_pages : pages / 3 + 2;
+    kiln_status st = kiln_check_index_build(B, v->op == KILN_OP_DECODE ? NULL : s->qo_lens, s->kv_lens, P,
+                                            !s->no_shuffle, extra, seed ^ 0x5eed, &L->ix);
+    if (st) return st;
+    const size_t qn = (size_t)L->ix.total_qo * L->H * L->D, kn = (size_t)L->ix.total_kv * L->H_KV * L->D;
+    L->q = malloc(sizeof(uint16_t) * (qn + 1));
+    L->k = malloc(sizeof(uint16_t) * (kn + 1));
+    L->vv = malloc(sizeof(uint16_t) * (kn + 1));
+    L->rope_off = calloc((size_t)B + 1, sizeof(int));
+    L->slopes = malloc(sizeof(float) * (size_t)L->H);
+    if (!L->q || !L->k || !L->vv || !L->rope_off || !L->slopes) {
+        kiln__cb_free(L);
+        return KILN_STATUS_NO_MEMORY;
+    }
+    /* q is scaled up so the softmax is not flat (as in the single-request check) */
+    for (size_t i = 0; i < qn; i++) L->q[i] = kiln_check_to_bits(v->q_dtype, 2.0f * kiln_check_uniform(&seed));
+    const float ks = L->k_scale > 0 ? L->k_scale : 1, vs = L->v_scale > 0 ? L->v_scale : 1;
+    for (size_t i = 0; i < kn; i++) L->k[i] = encode(v->kv_dtype, kiln_check_uniform(&seed), ks);
+    for (size_t i = 0; i < kn; i++) L->vv[i] = encode(v->kv_dtype, kiln_check_uniform(&seed), vs);
+    for (int b = 0; v->rope && s->rope_offsets && b < B; b++)
+        L->rope_off[b] = (int)(kiln_check_rng(&seed) % ROPE_OFFSET_MAX);
+    for (int h = 0; h < L->H; h++) L->slopes[h] = exp2f(-8.0f * (float)(h + 1) / (float)L->H);
+    L->has_rope_off = v->rope && s->rope_offsets;
+    L->garbage_seed = seed;
+    L->nan_pool = s->nan_pool;
+    return KILN_STATUS_OK;
+}
+
+/* ---- storage: the logical batch laid out as the kernel reads it ------------------------------ */
+
+void kiln__cb_store_free(cb_store *S)
+{
+    free(S->q);
+    free(S->k);
+    free(S->v);
+    memset(S, 0, sizeof *S);
+}
+
+/* Element offset of key j of request b, head hk, in the stored k / v. */
+static size_t kv_offset(const cb_logical *L, const cb_store *S, int b, int j, int hk)
+{
+    if (L->v.kv == KILN_KV_PAGED) {
+        const int P = L->ix.page_size;
+        const int page = L->ix.page_ids[L->ix.page_indptr[b] + j / P];
+        return (size_t)page * S->ks_page + (size_t)(j % P) * S->ks_n + (size_t)hk * S->ks_h;
+    }
+    return (size_t)(L->ix.kv_indptr[b] + j) * S->ks_n + (size_t)hk * S->ks_h;
+}
+
+kiln_status kiln__cb_store(const cb_logical *L, int strided, int kv_rows_cap, int pool_cap, cb_store *S)
+{
+    memset(S, 0, sizeof *S);
+    const int D = L->D, pad = strided ? PAD : 0, hnd = L->v.layout == KILN_LAYOUT_HND;
+    const int P = L->ix.page_size;
+    const int rows = kv_rows_cap > L->ix.total_kv ? kv_rows_cap : L->ix.total_kv;
+    const int pool = pool_cap > L->ix.pool_pages ? pool_cap : L->ix.pool_pages;
+    S->esize = is_fp8(L->v.kv_dtype) ? 1 : 2;
+    S->qs_h = D + pad;
+    S->qs_n = (int64_t)L->H * S->qs_h + pad;
+    S->os_h = S->qs_h;
+    S->os_n = S->qs_n;
+    if (L->v.kv == KILN_KV_PAGED) {
+        if (hnd) {
+            S->ks_n = D + pad;
+            S->ks_h = (int64_t)P * S->ks_n + pad;
+            S->ks_page = (int64_t)L->H_KV * S->ks_h + pad;
+        } else {
+            S->ks_h = D + pad;
+            S->ks_n = (int64_t)L->H_KV * S->ks_h + pad;
+            S->ks_page = (int64_t)P * S->ks_n + pad;
+        }
+        S->kv_elems = (size_t)pool * S->ks_page;
+    } else if (hnd) {
+        S->ks_n = D + pad;
+        S->ks_h = (int64_t)(rows > 0 ? rows : 1) * S->ks_n + pad;
+        S->kv_elems = (size_t)L->H_KV * S->ks_h;
+    } else {
+        S->ks_h = D + pad;
+        S->ks_n = (int64_t)L->H_KV * S->ks_h + pad;
+        S->kv_elems = (size_t)(rows > 0 ? rows : 1) * S->ks_n;
+    }
+    /* dense strides go to the kernel as 0 (its defaults), except ragged hnd, which has none */
+    S->pass_strides = strided || (L->v.kv == KILN_KV_RAGGED && hnd);
+    const int tq = L->ix.total_qo > 0 ? L->ix.total_qo : 1;
+    S->q_elems = (size_t)tq * S->qs_n;
+    S->o_elems = S->q_elems;
+    S->q = malloc(S->q_elems * 2);
+    S->k = malloc(S->kv_elems * S->esize);
+    S->v = malloc(S->kv_elems * S->esize);
+    if (!S->q || !S->k || !S->v) {
+        kiln__cb_store_free(S);
+        return KILN_STATUS_NO_MEMORY;
+    }
+    uint64_t g = L->garbage_seed ^ 0x9a4ba6e;
+    for (size_t i = 0; i < S->q_elems; i++) ((uint16_t *)S->q)[i] = garbage(L->v.q_dtype, 0, &g);
+    for (size_t i = 0; i < S->kv_elems; i++) {
+        const uint16_t a = garbage(L->v.kv_dtype, L->nan_pool, &g), b = garbage(L->v.kv_dtype, L->nan_pool, &g);
+        if (S->esize == 1) {
+            ((uint8_t *)S->k)[i] = (uint8_t)a;
+            ((uint8_t *)S->v)[i] = (uint8_t)b;
+        } else {
+            ((uint16_t *)S->k)[i] = a;
+            ((uint16_t *)S->v)[i] = b;
+        }
+    }
+    for (int r = 0; r < L->ix.total_qo; r++)
+        for (int h = 0; h < L->H; h++)
+            memcpy((uint16_t *)S->q + r * S->qs_n + h * S->qs_h, L->q + ((size_t)r * L->H + h) * D, 2 * (size_t)D);
+    for (int b = 0; b < L->ix.batch; b++)
+        for (int j = 0; j < L->ix.kv_indptr[b + 1] - L->ix.kv_indptr[b]; j++)
+            for (int hk = 0; hk < L->H_KV; hk++) {
+                const size_t at = kv_offset(L, S, b, j, hk);
+                const size_t from = ((size_t)(L->ix.kv_indptr[b] + j) * L->H_KV + hk) * D;
+                for (int d = 0; d < D; d++) {
+                    if (S->esize == 1) {
+                        ((uint8_t *)S->k)[at + d] = (uint8_t)L->k[from + d];
+                        ((uint8_t *)S->v)[at + d] = (uint8_t)L->vv[from + d];
+                    } else {
+                        ((uint16_t *)S->k)[at + d] = L->k[from + d];
+                        ((uint16_t *)S->v)[at + d] = L->vv[from + d];
+                    }
+                }
+            }
+    return KILN_STATUS_OK;
+}
+
+/* ---- the float64 reference ------------------------------------------------------------------ */
+
+typedef struct ref_job {
+    const cb_logical *L;
+    double *o, *lse;
+    int first, step;
+} ref_job;
+
+/* The request owning row r (binary search in qo_indptr). */
+static int request_of(const kiln_check_index *x, int r)
+{
+    int lo = 0, hi = x->batch - 1;
+    while (lo < hi) {
+        const int mid = (lo + hi + 1) / 2;
+        if (x->qo_indptr[mid] <= r) lo = mid;
+        else hi = mid - 1;
+    }
+    /* skip requests with no rows that share the offset */
+    while (lo + 1 < x->batch && x->qo_indptr[lo + 1] <= r) lo++;
+    return lo;
+}
+
+static void *ref_worker(void *arg)
+{
+    ref_job *jb = arg;
+    const cb_logical *L = jb->L;
+    const int D = L->D, H = L->H;
+    const kiln_dtype qt = L->v.q_dtype, kt = L->v.kv_dtype;
+    const double ks = L->k_scale > 0 ? L->k_scale : 1, vs = L->v_scale > 0 ? L->v_scale : 1;
+    int max_kv = 1;
+    for (int b = 0; b < L->ix.batch; b++) {
+        const int n = L->ix.kv_indptr[b + 1] - L->ix.kv_indptr[b];
+        if (n > max_kv) max_kv = n;
+    }
+    double *qd = malloc(sizeof(double) * (size_t)D), *kd = malloc(sizeof(double) * (size_t)D);
+    double *x = malloc(sizeof(double) * (size_t)max_kv), *acc = malloc(sizeof(double) * (size_t)D);
+    if (!qd || !kd || !x || !acc) goto out;
+    for (long task = jb->first; task < (long)L->ix.total_qo * H; task += jb->step) {
+        const int r = (int)(task / H), h = (int)(task % H), hk = h / L->G;
+        const int b = request_of(&L->ix, r);
+        const int L_Q = L->ix.qo_indptr[b + 1] - L->ix.qo_indptr[b];
+        const int L_KV = L->ix.kv_indptr[b + 1] - L->ix.kv_indptr[b];
+        const int i = r - L->ix.qo_indptr[b], diag = i + L_KV - L_Q;
+        for (int d = 0; d < D; d++) qd[d] = kiln_check_from_bits(qt, L->q[((size_t)r * H + h) * D + d]);
+        if (L->v.rope) kiln_check_rope(qd, D, diag + L->rope_off[b], L->rope_scale, L->rope_theta);
+        double m = -INFINITY;
+        for (int j = 0; j < L_KV; j++) {
+            x[j] = -INFINITY;
+            if (L->v.mask == KILN_MASK_CAUSAL && j > diag) continue;
+            if (L->v.window && j < diag - L->window_left) continue;
+            const uint16_t *kr = L->k + ((size_t)(L->ix.kv_indptr[b] + j) * L->H_KV + hk) * D;
+            for (int d = 0; d < D; d++) kd[d] = ks * kiln_check_decode(kt, kr[d]);
+            if (L->v.rope) kiln_check_rope(kd, D, j + L->rope_off[b], L->rope_scale, L->rope_theta);
+            double dot = 0;
+            for (int d = 0; d < D; d++) dot += qd[d] * kd[d];
+            double s = dot * L->sm_scale;
+            if (L->v.logits == KILN_LOGITS_SOFTCAP) s = L->softcap * tanh(s / L->softcap);
+            if (L->v.logits == KILN_LOGITS_ALIBI) s += (double)L->slopes[h] * (double)(j - diag);
+            x[j] = s;
+            if (s > m) m = s;
+        }
+        double l = 0;
+        for (int d = 0; d < D; d++) acc[d] = 0;
+        for (int j = 0; m > -INFINITY && j < L_KV; j++) {
+            if (x[j] == -INFINITY) continue;
+            const double w = exp(x[j] - m);
+            const uint16_t *vr = L->vv + ((size_t)(L->ix.kv_indptr[b] + j) * L->H_KV + hk) * D;
+            l += w;
+            for (int d = 0; d < D; d++) acc[d] += w * vs * kiln_check_decode(kt, vr[d]);
+        }
+        for (int d = 0; d < D; d++) jb->o[((size_t)r * H + h) * D + d] = l > 0 ? acc[d] / l : 0;
+        jb->lse[(size_t)r * H + h] = l > 0 ? m + log(l) : -INFINITY;
+    }
+out:
+    free(qd);
+    free(kd);
+    free(x);
+    free(acc);
+    return NULL;
+}
+
+kiln_status kiln__cb_reference(const cb_logical *L, double **o, double **lse)
+{
+    const size_t rows = (size_t)L->ix.total_qo * L->H;
+    *o = malloc(sizeof(double) * (rows * L->D + 1));
+    *lse = malloc(sizeof(double) * (rows + 1));
+    if (!*o || !*lse) {
+        free(*o);
+        free(*lse);
+        *o = *lse = NULL;
+        return KILN_STATUS_NO_MEMORY;
+    }
+    long n = sysconf(_SC_NPROCESSORS_ONLN);
+    int nt = n < 1 ? 1 : n > MAX_THREADS ? MAX_THREADS : (int)n;
+    if ((long)rows < nt) nt = rows > 0 ? (int)rows : 1;
+    pthread_t th[MAX_THREADS];
+    ref_job jobs[MAX_THREADS];
+    for (int t = 0; t < nt; t++) {
+        jobs[t] = (ref_job){L, *o, *lse, t, nt};
+        if (t > 0 && pthread_create(&th[t], NULL, ref_worker, &jobs[t]) != 0) jobs[t].step = -1;
+    }
+    ref_worker(&jobs[0]);
+    for (int t = 1; t < nt; t++) {
+        if (jobs[t].step == -1) {
+            jobs[t].step = nt;
+            ref_worker(&jobs[t]);
+        } else {
+            pthread_join(th[t], NULL);
+        }
+    }
+    return KILN_STATUS_OK;
+}
+
+void kiln__cb_compare(const cb_logical *L, const cb_out *out, const double *ref_o, const double *ref_lse,
+                      kiln_check_result *r, double sums[2], int *bad_req)
+{
+    const int D = L->D, H = L->H;
+    for (int row = 0; row < L->ix.total_qo; row++) {
+        const int b = request_of(&L->ix, row), i = row - L->ix.qo_indptr[b];
+        for (int h = 0; h < H; h++) {
+            for (int d = 0; d < D; d++) {
+                const size_t at = ((size_t)row * H + h) * D + d;
+                const double ref = ref_o[at], got = kiln_check_from_bits(L->v.out_dtype, out->o[at]);
+                const double err = fabs(got - ref);
+                r->checked++;
+                sums[0] += (got - ref) * (got - ref);
+                sums[1] += ref * ref;
+                if (fabs(ref) > r->max_ref) r->max_ref = fabs(ref);
+                if (!(err <= r->atol + r->rtol * fabs(ref))) {
+                    if (!r->bad++) {
+                        snprintf(r->first_bad, sizeof r->first_bad, "o[b=%d,i=%d,h=%d,d=%d] = %.6g, ref %.6g", b,
+                                 i, h, d, got, ref);
+                        if (bad_req && *bad_req < 0) *bad_req = b;
+                    }
+                }
+                if (!(err <= r->max_err)) r->max_err = isnan(err) ? INFINITY : err;
+            }
+            if (!L->v.lse) continue;
+            const double ref = ref_lse[(size_t)row * H + h], got = out->lse[(size_t)row * H + h];
+            const double err = isinf(ref) && got == ref ? 0.0 : fabs(got - ref);
+            r->checked++;
+            if (!(err <= 1e-3 + 1e-3 * fabs(ref))) {
+                if (!r->bad++) {
+                    snprintf(r->first_bad, sizeof r->first_bad, "lse[b=%d,i=%d,h=%d] = %.6g, ref %.6g", b, i, h,
+                             got, ref);
+                    if (bad_req && *bad_req < 0) *bad_req = b;
+                }
+            }
+            if (!(err <= r->lse_max_err)) r->lse_max_err = isnan(err) ? INFINITY : err;
+        }
+    }
+    r->rel_l2 = sums[1] > 0 ? sqrt(sums[0] / sums[1]) : sqrt(sums[0]);
+    if (isnan(r->rel_l2)) r->rel_l2 = INFINITY;
+}

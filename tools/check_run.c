@@ -1,0 +1,574 @@
+/*
+ * check_run.c — the device half of the batch checker: uploads stored batches, plans and runs
+ * them (directly, or captured once in a CUDA graph and replayed after each re-plan), times
+ * runs with CUDA events, and the public checks built on it: kiln_check_batch_run,
+ * kiln_check_batch_equiv (paged ≡ ragged) and kiln_check_batch_invariance. See check.h.
+ */
+#include <dlfcn.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "check_batch.h"
+
+#define CU_TRY(call, what)                                                                     \
+    do {                                                                                       \
+        CUresult r_ = (call);                                                                  \
+        if (r_ != CUDA_SUCCESS) {                                                              \
+            st = kiln__cu_fail(e, r_, "check batch: %s", what);                                \
+            goto done;                                                                         \
+        }                                                                                      \
+    } while (0)
+
+/* A kiln call failed: take the context's message. */
+#define KILN_TRY(call)                                                                         \
+    do {                                                                                       \
+        if ((st = (call))) {                                                                   \
+            kiln__fail(e, st, "%s", kiln_ctx_errmsg(ctx));                                     \
+            goto done;                                                                         \
+        }                                                                                      \
+    } while (0)
+
+/* The CUDA graph entry points, resolved here from the libcuda the runtime loaded (by the exact
+ * versioned symbols cuda.h names, as runtime/cu.c does) so the library's driver table stays as it
+ * is. */
+#define GRAPH_FUNCS(X)                                                                         \
+    X(cuStreamBeginCapture) X(cuStreamEndCapture) X(cuGraphInstantiateWithFlags) X(cuGraphLaunch) \
+    X(cuGraphDestroy) X(cuGraphExecDestroy)
+
+typedef struct graph_api {
+#define GRAPH_MEMBER(name) __typeof__(&name) name;
+    GRAPH_FUNCS(GRAPH_MEMBER)
+#undef GRAPH_MEMBER
+} graph_api;
+
+#define GRAPH_STR2(x) #x
+#define GRAPH_STR(x) GRAPH_STR2(x)
+
+/* Fill g; KILN_STATUS_NO_DEVICE when libcuda (already loaded by the context) lacks an entry. */
+static kiln_status graph_api_get(graph_api *g, kiln__err *e)
+{
+    void *lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD);
+    if (!lib) return kiln__fail(e, KILN_STATUS_NO_DEVICE, "check batch: libcuda.so.1 is not loaded");
+#define GRAPH_RESOLVE(name)                                                                    \
+    {                                                                                          \
+        void *fn = dlsym(lib, GRAPH_STR(name));                                                \
+        if (!fn) {                                                                             \
+            dlclose(lib);                                                                      \
+            return kiln__fail(e, KILN_STATUS_NO_DEVICE, "check batch: CUDA driver lacks %s",   \
+                              GRAPH_STR(name));                                                \
+        }                                                                                      \
+        memcpy(&g->name, &fn, sizeof fn);                                                      \
+    }
+    GRAPH_FUNCS(GRAPH_RESOLVE)
+#undef GRAPH_RESOLVE
+    dlclose(lib); /* drops only the reference NOLOAD took; the runtime's handle keeps it loaded */
+    return KILN_STATUS_OK;
+}
+
+static double now_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec * 1e3 + ts.tv_nsec * 1e-6;
+}
+
+static int cmp_double(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+uint64_t kiln__cb_seed(uint64_t s)
+{
+    if (s) return s;
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    return ((uint64_t)ts.tv_sec << 30) ^ (uint64_t)ts.tv_nsec ^ 0x6b696c6eull;
+}
+
+void kiln__cb_out_free(cb_out *o)
+{
+    free(o->o);
+    free(o->lse);
+    memset(o, 0, sizeof *o);
+}
+
+/* Device buffers of a run, sized for the largest batch. */
+typedef struct dev {
+    CUdeviceptr q, k, v, o, lse, indices, rope, slopes, ws;
+    size_t ws_bytes;
+} dev;
+
+static void fill_args(const cb_logical *L, const cb_store *S, const dev *d, kiln_batch_args *a)
+{
+    memset(a, 0, sizeof *a);
+    a->q = d->q;
+    a->k = d->k;
+    a->v = d->v;
+    a->o = d->o;
+    a->lse = L->v.lse ? d->lse : 0;
+    a->kv_indices = L->v.kv == KILN_KV_PAGED ? d->indices : 0;
+    a->rope_offsets = L->has_rope_off ? d->rope : 0;
+    if (S->pass_strides) {
+        a->q_stride_n = S->qs_n;
+        a->q_stride_h = S->qs_h;
+        a->o_stride_n = S->os_n;
+        a->o_stride_h = S->os_h;
+        a->k_stride_page = a->v_stride_page = L->v.kv == KILN_KV_PAGED ? S->ks_page : 0;
+        a->k_stride_n = a->v_stride_n = S->ks_n;
+        a->k_stride_h = a->v_stride_h = S->ks_h;
+    }
+    a->workspace = d->ws;
+    a->workspace_bytes = d->ws_bytes;
+    a->params.sm_scale = L->sm_scale;
+    a->params.softcap = L->softcap;
+    a->params.window_left = L->window_left;
+    a->params.alibi_slopes = d->slopes;
+    a->params.k_scale = L->k_scale;
+    a->params.v_scale = L->v_scale;
+    a->params.rope_scale = L->rope_scale;
+    a->params.rope_theta = L->rope_theta;
+}
+
+kiln_status kiln__cb_run(kiln_ctx *ctx, kiln_kernel *k, const cb_logical *const *Ls, int n,
+                         const cb_run_opts *ro, cb_out *outs, kiln__err *e)
+{
+    kiln_status st = KILN_STATUS_OK;
+    const kiln__cu *cu = ctx ? ctx->cu : NULL;
+    cb_store S[2] = {{0}};
+    dev d = {0};
+    kiln_plan *plan = NULL;
+    CUstream stream = NULL;
+    CUgraph graph = NULL;
+    CUgraphExec exec = NULL;
+    CUevent ev[2] = {0};
+    uint16_t *o_host = NULL;
+    double *ms = NULL;
+    graph_api ga = {0};
+    for (int i = 0; i < n; i++) memset(&outs[i], 0, sizeof outs[i]);
+    if (!cu || !k || !k->loaded) return kiln__fail(e, KILN_STATUS_NO_DEVICE, "check batch: no GPU or kernel not loaded");
+    if (n < 1 || n > 2) return kiln__fail(e, KILN_STATUS_INVALID_ARGUMENT, "check batch: 1 or 2 batches per run");
+    if ((st = kiln__ctx_bind(ctx, e))) return st;
+    if (ro->graph && (st = graph_api_get(&ga, e))) return st;
+    const cb_logical *L0 = Ls[0];
+    const int H = L0->H, D = L0->D;
+    int maxB = 0, maxQ = 0, maxKV = 0, maxPool = 0, maxPages = 0;
+    for (int i = 0; i < n; i++) {
+        const kiln_check_index *x = &Ls[i]->ix;
+        if (x->batch > maxB) maxB = x->batch;
+        if (x->total_qo > maxQ) maxQ = x->total_qo;
+        if (x->total_kv > maxKV) maxKV = x->total_kv;
+        if (x->pool_pages > maxPool) maxPool = x->pool_pages;
+        if (x->pages_used > maxPages) maxPages = x->pages_used;
+    }
+    size_t q_elems = 0, kv_elems = 0;
+    for (int i = 0; i < n; i++) {
+        if ((st = kiln__cb_store(Ls[i], ro->strided, maxKV, maxPool, &S[i]))) {
+            kiln__fail(e, st, "check batch: out of host memory for the stored batch");
+            goto done;
+        }
+        if (S[i].q_elems > q_elems) q_elems = S[i].q_elems;
+        if (S[i].kv_elems > kv_elems) kv_elems = S[i].kv_elems;
+    }
+    const size_t lse_bytes = sizeof(float) * ((size_t)(maxQ > 0 ? maxQ : 1) * H + 4);
+    const size_t esize = (size_t)S[0].esize;
+    o_host = malloc(q_elems * 2);
+    for (int i = 0; i < n; i++) {
+        outs[i].o = malloc(sizeof(uint16_t) * ((size_t)Ls[i]->ix.total_qo * H * D + 1));
+        outs[i].lse = malloc(sizeof(float) * ((size_t)Ls[i]->ix.total_qo * H + 1));
+        if (!outs[i].o || !outs[i].lse) o_host = (free(o_host), NULL);
+    }
+    if (!o_host) {
+        st = kiln__fail(e, KILN_STATUS_NO_MEMORY, "check batch: out of host memory");
+        goto done;
+    }
+    CU_TRY(cu->cuMemAlloc(&d.q, q_elems * 2), "alloc q");
+    CU_TRY(cu->cuMemAlloc(&d.o, q_elems * 2), "alloc o");
+    CU_TRY(cu->cuMemAlloc(&d.k, kv_elems * esize), "alloc k");
+    CU_TRY(cu->cuMemAlloc(&d.v, kv_elems * esize), "alloc v");
+    CU_TRY(cu->cuMemAlloc(&d.lse, lse_bytes), "alloc lse");
+    CU_TRY(cu->cuMemAlloc(&d.indices, sizeof(int) * ((size_t)maxPages + 1)), "alloc kv_indices");
+    CU_TRY(cu->cuMemAlloc(&d.rope, sizeof(int) * ((size_t)maxB + 1)), "alloc rope offsets");
+    CU_TRY(cu->cuMemAlloc(&d.slopes, sizeof(float) * (size_t)H), "alloc slopes");
+    CU_TRY(cu->cuMemcpyHtoD(d.slopes, L0->slopes, sizeof(float) * (size_t)H), "copy slopes");
+
+    kiln_plan_opts po = ro->po;
+    po.num_qo_heads = H;
+    po.page_size = L0->ix.page_size;
+    if (ro->graph && po.max_batch < maxB) po.max_batch = maxB;
+    if (ro->graph && L0->v.op == KILN_OP_PREFILL && po.max_qo_tokens < maxQ) po.max_qo_tokens = maxQ;
+    KILN_TRY(kiln_plan_create(k, &po, &plan));
+    const int wsB = po.max_batch > maxB ? po.max_batch : maxB;
+    const int wsQ = L0->v.op == KILN_OP_DECODE ? wsB : po.max_qo_tokens > maxQ ? po.max_qo_tokens : maxQ;
+    KILN_TRY(kiln_plan_workspace_size(plan, wsB, wsQ, &d.ws_bytes));
+    CU_TRY(cu->cuMemAlloc(&d.ws, d.ws_bytes ? d.ws_bytes : 16), "alloc workspace");
+    if (ro->graph) CU_TRY(cu->cuStreamCreate(&stream, CU_STREAM_NON_BLOCKING), "create stream");
+
+    for (int i = 0; i < n; i++) {
+        const cb_logical *L = Ls[i];
+        const kiln_check_index *x = &L->ix;
+        CU_TRY(cu->cuMemcpyHtoD(d.q, S[i].q, S[i].q_elems * 2), "copy q");
+        CU_TRY(cu->cuMemcpyHtoD(d.k, S[i].k, S[i].kv_elems * esize), "copy k");
+        CU_TRY(cu->cuMemcpyHtoD(d.v, S[i].v, S[i].kv_elems * esize), "copy v");
+        if (x->pages_used) CU_TRY(cu->cuMemcpyHtoD(d.indices, x->page_ids, sizeof(int) * (size_t)x->pages_used), "copy kv_indices");
+        if (x->batch) CU_TRY(cu->cuMemcpyHtoD(d.rope, L->rope_off, sizeof(int) * (size_t)x->batch), "copy rope offsets");
+        /* poison: 0xffff is NaN in f16 and bf16, 0xffffffff in f32 */
+        CU_TRY(cu->cuMemsetD8(d.o, 0xff, q_elems * 2), "poison o");
+        CU_TRY(cu->cuMemsetD8(d.lse, 0xff, lse_bytes), "poison lse");
+        CU_TRY(cu->cuCtxSynchronize(), "upload");
+        kiln_batch_shape shape = {0};
+        shape.batch = x->batch;
+        shape.qo_indptr = L->v.op == KILN_OP_PREFILL ? x->qo_indptr : NULL;
+        shape.kv_indptr = L->v.kv == KILN_KV_PAGED ? x->page_indptr : x->kv_indptr;
+        shape.kv_last_page_len = L->v.kv == KILN_KV_PAGED ? x->last_page_len : NULL;
+        double t0 = now_ms();
+        KILN_TRY(kiln_batch_plan(plan, &shape, d.ws, d.ws_bytes, stream));
+        outs[i].plan_ms = now_ms() - t0;
+        KILN_TRY(kiln_plan_describe(plan, &outs[i].info));
+        kiln_batch_args a;
+        fill_args(L, &S[i], &d, &a);
+        if (!ro->graph) {
+            KILN_TRY(kiln_batch_run(plan, &a, stream));
+        } else {
+            if (i == 0) {
+                CU_TRY(ga.cuStreamBeginCapture(stream, CU_STREAM_CAPTURE_MODE_THREAD_LOCAL), "begin capture");
+                kiln_status rs = kiln_batch_run(plan, &a, stream);
+                CUresult cr = ga.cuStreamEndCapture(stream, &graph);
+                if (rs) {
+                    st = kiln__fail(e, rs, "check batch: run under capture: %s", kiln_ctx_errmsg(ctx));
+                    goto done;
+                }
+                CU_TRY(cr, "end capture (did the run do something a graph cannot hold?)");
+                CU_TRY(ga.cuGraphInstantiateWithFlags(&exec, graph, 0), "instantiate graph");
+            }
+            CU_TRY(ga.cuGraphLaunch(exec, stream), "launch graph");
+        }
+        CU_TRY(cu->cuCtxSynchronize(), "run batch");
+        CU_TRY(cu->cuMemcpyDtoH(o_host, d.o, S[i].o_elems * 2), "copy o back");
+        if (x->total_qo) CU_TRY(cu->cuMemcpyDtoH(outs[i].lse, d.lse, sizeof(float) * (size_t)x->total_qo * H), "copy lse back");
+        for (int r = 0; r < x->total_qo; r++)
+            for (int h = 0; h < H; h++)
+                memcpy(outs[i].o + ((size_t)r * H + h) * D, o_host + r * S[i].os_n + h * S[i].os_h, 2 * (size_t)D);
+        if (ro->time_reps > 0 && i == n - 1) {
+            ms = malloc(sizeof(double) * (size_t)ro->time_reps);
+            if (!ms) {
+                st = kiln__fail(e, KILN_STATUS_NO_MEMORY, "check batch: out of host memory");
+                goto done;
+            }
+            CU_TRY(cu->cuEventCreate(&ev[0], CU_EVENT_DEFAULT), "event");
+            CU_TRY(cu->cuEventCreate(&ev[1], CU_EVENT_DEFAULT), "event");
+            for (int t = -3; t < ro->time_reps; t++) { /* three warm-up runs */
+                CU_TRY(cu->cuEventRecord(ev[0], stream), "event record");
+                if (exec) CU_TRY(ga.cuGraphLaunch(exec, stream), "launch graph");
+                else KILN_TRY(kiln_batch_run(plan, &a, stream));
+                CU_TRY(cu->cuEventRecord(ev[1], stream), "event record");
+                CU_TRY(cu->cuEventSynchronize(ev[1]), "timed run");
+                float f = 0;
+                cu->cuEventElapsedTime(&f, ev[0], ev[1]);
+                if (t >= 0) ms[t] = f;
+            }
+            qsort(ms, (size_t)ro->time_reps, sizeof *ms, cmp_double);
+            outs[i].kernel_ms = ms[ro->time_reps / 2];
+            outs[i].min_ms = ms[0];
+        }
+    }
+done:
+    if (st && cu) cu->cuCtxSynchronize();
+    if (ev[0]) cu->cuEventDestroy(ev[0]);
+    if (ev[1]) cu->cuEventDestroy(ev[1]);
+    if (exec) ga.cuGraphExecDestroy(exec);
+    if (graph) ga.cuGraphDestroy(graph);
+    if (stream) cu->cuStreamDestroy(stream);
+    kiln_plan_destroy(plan);
+    CUdeviceptr *bufs[] = {&d.q, &d.k, &d.v, &d.o, &d.lse, &d.indices, &d.rope, &d.slopes, &d.ws};
+    for (size_t b = 0; cu && b < sizeof bufs / sizeof bufs[0]; b++)
+        if (*bufs[b]) cu->cuMemFree(*bufs[b]);
+    for (int i = 0; i < 2; i++) kiln__cb_store_free(&S[i]);
+    free(o_host);
+    free(ms);
+    if (st)
+        for (int i = 0; i < n; i++) kiln__cb_out_free(&outs[i]);
+    return st;
+}
+
+/* ---- kiln_check_batch_run ------------------------------------------------------------------- */
+
+/* The graph check's second batch: fewer requests (same bound), other lengths, one empty, no
+ * more rows than the first. */
+static void second_lens(const kiln_variant *v, const kiln_check_batch *s, uint64_t seed, int *qo, int *kv, int *B2)
+{
+    const int B = s->batch;
+    int max_kv = 0, max_qo = 1;
+    long total = 0;
+    for (int b = 0; b < B; b++) {
+        if (s->kv_lens[b] > max_kv) max_kv = s->kv_lens[b];
+        const int q = v->op == KILN_OP_PREFILL ? s->qo_lens[b] : 1;
+        if (q > max_qo) max_qo = q;
+        total += q;
+    }
+    *B2 = B > 1 ? B - B / 3 : B;
+    long total2 = 0;
+    for (int b = 0; b < *B2; b++) {
+        kv[b] = (int)(kiln_check_rng(&seed) % (uint64_t)(max_kv + max_kv / 2 + 2));
+        qo[b] = v->op == KILN_OP_PREFILL ? (int)(kiln_check_rng(&seed) % (uint64_t)(max_qo + 1)) : 1;
+        if (*B2 > 1 && b == *B2 / 2) kv[b] = 0;
+        if (v->mask == KILN_MASK_CAUSAL && qo[b] > kv[b] && v->op == KILN_OP_PREFILL) qo[b] = kv[b];
+        total2 += qo[b];
+    }
+    for (int b = 0; total2 > total && b < *B2; b++) { /* stay within the first batch's rows */
+        total2 -= qo[b];
+        qo[b] = 0;
+    }
+}
+
+/* Visible (row, key) pairs of L, for FLOPs. */
+static double visible_pairs(const cb_logical *L)
+{
+    double n = 0;
+    for (int b = 0; b < L->ix.batch; b++) {
+        const int L_Q = L->ix.qo_indptr[b + 1] - L->ix.qo_indptr[b], L_KV = L->ix.kv_indptr[b + 1] - L->ix.kv_indptr[b];
+        for (int i = 0; i < L_Q; i++) {
+            const int diag = i + L_KV - L_Q;
+            int lo = 0, hi = L_KV;
+            if (L->v.mask == KILN_MASK_CAUSAL && diag + 1 < hi) hi = diag + 1;
+            if (L->v.window && diag - L->window_left > lo) lo = diag - L->window_left;
+            if (hi > lo) n += hi - lo;
+        }
+    }
+    return n;
+}
+
+static kiln_status batch_variant(const kiln_kernel *k, kiln__err *e)
+{
+    if (!k || (k->v.kv != KILN_KV_RAGGED && k->v.kv != KILN_KV_PAGED) || k->v.op == KILN_OP_MERGE)
+        return kiln__fail(e, KILN_STATUS_INVALID_ARGUMENT,
+                          "check batch: not a batch variant (needs op=decode or prefill with kv=ragged or kv=paged)");
+    return KILN_STATUS_OK;
+}
+
+static cb_run_opts run_opts(const kiln_check_batch *s, int time_reps)
+{
+    cb_run_opts ro = {0};
+    ro.strided = s->strided;
+    ro.graph = s->graph;
+    ro.po.max_batch = s->max_batch;
+    ro.po.max_qo_tokens = s->max_qo_tokens;
+    ro.po.fixed_split = s->fixed_split;
+    ro.po.no_split = s->no_split;
+    ro.time_reps = time_reps;
+    return ro;
+}
+
+kiln_status kiln_check_batch_run(kiln_ctx *ctx, kiln_kernel *k, const kiln_check_batch *s, int time_reps,
+                                 kiln_check_batch_result *res, char *msg, size_t cap)
+{
+    kiln__err err = {{0}}, *e = &err;
+    kiln_status st = KILN_STATUS_OK;
+    cb_logical L[2];
+    memset(L, 0, sizeof L);
+    cb_out out[2] = {{0}};
+    double *ref_o = NULL, *ref_lse = NULL;
+    int *lens2 = NULL;
+    memset(res, 0, sizeof *res);
+    res->bad_request = -1;
+    if ((st = batch_variant(k, e))) goto done;
+    const uint64_t seed = kiln__cb_seed(s->seed);
+    res->seed = seed;
+    int n = 1;
+    if ((st = kiln__cb_make(&k->v, s, seed, &L[0]))) {
+        kiln__fail(e, st, "check batch: bad shape (heads %d, group %d) or out of memory", s->num_qo_heads, k->v.group);
+        goto done;
+    }
+    if (s->graph) {
+        lens2 = malloc(sizeof(int) * (2 * (size_t)s->batch + 2));
+        if (!lens2) {
+            st = kiln__fail(e, KILN_STATUS_NO_MEMORY, "check batch: out of host memory");
+            goto done;
+        }
+        kiln_check_batch s2 = *s;
+        second_lens(&k->v, s, seed ^ 0x2ba7c4, lens2, lens2 + s->batch + 1, &s2.batch);
+        s2.qo_lens = lens2;
+        s2.kv_lens = lens2 + s->batch + 1;
+        if ((st = kiln__cb_make(&k->v, &s2, seed + 1, &L[1]))) {
+            kiln__fail(e, st, "check batch: out of host memory");
+            goto done;
+        }
+        n = 2;
+    }
+    const cb_logical *Ls[2] = {&L[0], &L[1]};
+    cb_run_opts ro = run_opts(s, time_reps);
+    if ((st = kiln__cb_run(ctx, k, Ls, n, &ro, out, e))) goto done;
+    res->plan = out[0].info;
+    res->plan_ms = out[0].plan_ms;
+    res->batches = n;
+    res->r.kernel_ms = out[n - 1].kernel_ms;
+    res->r.min_ms = out[n - 1].min_ms;
+    kiln_check_tolerance(&k->v, &res->r.atol, &res->r.rtol);
+    double sums[2] = {0, 0};
+    for (int i = 0; i < n && !s->skip_reference; i++) {
+        if ((st = kiln__cb_reference(&L[i], &ref_o, &ref_lse))) {
+            kiln__fail(e, st, "check batch: out of host memory for the reference");
+            goto done;
+        }
+        kiln__cb_compare(&L[i], &out[i], ref_o, ref_lse, &res->r, sums, i == 0 ? &res->bad_request : NULL);
+        free(ref_o);
+        free(ref_lse);
+        ref_o = ref_lse = NULL;
+    }
+    const cb_logical *Lt = &L[n - 1];
+    const double esz = (k->v.kv_dtype == KILN_DTYPE_E4M3 || k->v.kv_dtype == KILN_DTYPE_E5M2) ? 1 : 2;
+    res->r.flops = 4.0 * Lt->D * visible_pairs(Lt) * Lt->H;
+    res->r.bytes = 2.0 * 2 * Lt->ix.total_qo * Lt->H * Lt->D + 2.0 * esz * Lt->ix.total_kv * Lt->H_KV * Lt->D;
+    if (res->r.bad) st = KILN_STATUS_MISMATCH;
+done:
+    if (st == KILN_STATUS_MISMATCH)
+        snprintf(msg, cap, "%lld of %lld elements out of tolerance; first: %s", res->r.bad, res->r.checked,
+                 res->r.first_bad);
+    else if (st) snprintf(msg, cap, "%s", e->msg);
+    else if (cap) msg[0] = 0;
+    for (int i = 0; i < 2; i++) {
+        kiln__cb_out_free(&out[i]);
+        kiln__cb_free(&L[i]);
+    }
+    free(ref_o);
+    free(ref_lse);
+    free(lens2);
+    return st;
+}
+
+/* ---- pairs of runs -------------------------------------------------------------------------- */
+
+/* Compare rows [ra, ra + rows) of out a with rows [rb, rb + rows) of out b: bits, and the
+ * tolerance of v (when tol is set) taking b as the reference. Returns the out-of-tolerance
+ * count. */
+static long long compare_pair(const kiln_variant *v, int H, int D, const cb_out *a, int ra, const cb_out *b, int rb,
+                              int rows, int tol, kiln_check_pair *p)
+{
+    double atol, rtol;
+    long long bad = 0;
+    kiln_check_tolerance(v, &atol, &rtol);
+    for (int r = 0; r < rows; r++)
+        for (int h = 0; h < H; h++) {
+            for (int d = 0; d < D; d++) {
+                const uint16_t x = a->o[((size_t)(ra + r) * H + h) * D + d], y = b->o[((size_t)(rb + r) * H + h) * D + d];
+                const double fx = kiln_check_from_bits(v->out_dtype, x), fy = kiln_check_from_bits(v->out_dtype, y);
+                const double diff = fabs(fx - fy);
+                p->compared++;
+                if (!(diff <= p->max_diff)) p->max_diff = isnan(diff) ? INFINITY : diff;
+                if (x != y && !p->differ++)
+                    snprintf(p->first, sizeof p->first, "o[row %d,h=%d,d=%d]: %.6g (0x%04x) vs %.6g (0x%04x)", r, h,
+                             d, fx, x, fy, y);
+                if (tol && !(diff <= atol + rtol * fabs(fy))) bad++;
+            }
+            if (!v->lse) continue;
+            const float x = a->lse[(size_t)(ra + r) * H + h], y = b->lse[(size_t)(rb + r) * H + h];
+            p->compared++;
+            if (memcmp(&x, &y, sizeof x) != 0 && !p->differ++)
+                snprintf(p->first, sizeof p->first, "lse[row %d,h=%d]: %.9g vs %.9g", r, h, x, y);
+            if (tol && !(x == y || fabs((double)x - y) <= 1e-3 + 1e-3 * fabs((double)y))) bad++;
+        }
+    p->bitwise = p->differ == 0;
+    return bad;
+}
+
+kiln_status kiln_check_batch_equiv(kiln_ctx *ctx, kiln_kernel *k_paged, kiln_kernel *k_ragged,
+                                   const kiln_check_batch *s, kiln_check_pair *p, char *msg, size_t cap)
+{
+    kiln__err err = {{0}}, *e = &err;
+    kiln_status st = KILN_STATUS_OK;
+    cb_logical Lp = {0}, Lr = {0};
+    cb_out op = {0}, orr = {0};
+    memset(p, 0, sizeof *p);
+    if ((st = batch_variant(k_paged, e)) || (st = batch_variant(k_ragged, e))) goto done;
+    kiln_variant a = k_paged->v, b = k_ragged->v;
+    a.kv = b.kv = KILN_KV_CONTIGUOUS;
+    if (k_paged->v.kv != KILN_KV_PAGED || k_ragged->v.kv != KILN_KV_RAGGED || memcmp(&a, &b, sizeof a) != 0) {
+        st = kiln__fail(e, KILN_STATUS_INVALID_ARGUMENT, "check equiv: need a kv=paged and a kv=ragged kernel of one variant");
+        goto done;
+    }
+    const uint64_t seed = kiln__cb_seed(s->seed);
+    /* the same seed draws the same q, k, v whatever the storage */
+    if ((st = kiln__cb_make(&k_paged->v, s, seed, &Lp)) || (st = kiln__cb_make(&k_ragged->v, s, seed, &Lr))) {
+        kiln__fail(e, st, "check equiv: bad shape or out of memory");
+        goto done;
+    }
+    cb_run_opts ro = run_opts(s, 0);
+    const cb_logical *l1[1] = {&Lp}, *l2[1] = {&Lr};
+    if ((st = kiln__cb_run(ctx, k_paged, l1, 1, &ro, &op, e)) || (st = kiln__cb_run(ctx, k_ragged, l2, 1, &ro, &orr, e)))
+        goto done;
+    p->a = op.info;
+    p->b = orr.info;
+    p->same_split = op.info.items == orr.info.items && op.info.kv_chunk == orr.info.kv_chunk &&
+                    op.info.split_items == orr.info.split_items;
+    const long long bad = compare_pair(&k_paged->v, Lp.H, Lp.D, &op, 0, &orr, 0, Lp.ix.total_qo, 1, p);
+    if ((p->same_split && !p->bitwise) || bad) {
+        st = KILN_STATUS_MISMATCH;
+        kiln__fail(e, st, "paged vs ragged (%s split): %lld elements differ in bits, %lld out of tolerance; first: %s",
+                   p->same_split ? "same" : "different", p->differ, bad, p->first);
+    }
+done:
+    if (st) snprintf(msg, cap, "%s", e->msg);
+    else if (cap) msg[0] = 0;
+    kiln__cb_out_free(&op);
+    kiln__cb_out_free(&orr);
+    kiln__cb_free(&Lp);
+    kiln__cb_free(&Lr);
+    return st;
+}
+
+kiln_status kiln_check_batch_invariance(kiln_ctx *ctx, kiln_kernel *k, const kiln_check_batch *s, int req,
+                                        kiln_check_pair *p, char *msg, size_t cap)
+{
+    kiln__err err = {{0}}, *e = &err;
+    kiln_status st = KILN_STATUS_OK;
+    cb_logical L = {0}, L1 = {0};
+    cb_out ob = {0}, o1 = {0};
+    memset(p, 0, sizeof *p);
+    if ((st = batch_variant(k, e))) goto done;
+    if (req < 0 || req >= s->batch || s->fixed_split <= 0) {
+        st = kiln__fail(e, KILN_STATUS_INVALID_ARGUMENT, "check invariance: request %d of %d, fixed_split %d (> 0 needed)",
+                        req, s->batch, s->fixed_split);
+        goto done;
+    }
+    const uint64_t seed = kiln__cb_seed(s->seed);
+    kiln_check_batch s1 = *s;
+    s1.batch = 1;
+    s1.qo_lens = s->qo_lens ? s->qo_lens + req : NULL;
+    s1.kv_lens = s->kv_lens + req;
+    s1.window_left = s->window_left; /* the same window whatever the batch */
+    if ((st = kiln__cb_make(&k->v, s, seed, &L)) || (st = kiln__cb_make(&k->v, &s1, seed + 7, &L1))) {
+        kiln__fail(e, st, "check invariance: bad shape or out of memory");
+        goto done;
+    }
+    /* request req's data, copied into the batch of one */
+    const int q0 = L.ix.qo_indptr[req], nq = L.ix.qo_indptr[req + 1] - q0;
+    const int k0 = L.ix.kv_indptr[req], nk = L.ix.kv_indptr[req + 1] - k0;
+    memcpy(L1.q, L.q + (size_t)q0 * L.H * L.D, sizeof(uint16_t) * (size_t)nq * L.H * L.D);
+    memcpy(L1.k, L.k + (size_t)k0 * L.H_KV * L.D, sizeof(uint16_t) * (size_t)nk * L.H_KV * L.D);
+    memcpy(L1.vv, L.vv + (size_t)k0 * L.H_KV * L.D, sizeof(uint16_t) * (size_t)nk * L.H_KV * L.D);
+    L1.rope_off[0] = L.rope_off[req];
+    L1.window_left = L.window_left;
+    cb_run_opts ro = run_opts(s, 0);
+    ro.graph = 0;
+    const cb_logical *lb[1] = {&L}, *l1[1] = {&L1};
+    if ((st = kiln__cb_run(ctx, k, lb, 1, &ro, &ob, e)) || (st = kiln__cb_run(ctx, k, l1, 1, &ro, &o1, e))) goto done;
+    p->a = ob.info;
+    p->b = o1.info;
+    compare_pair(&k->v, L.H, L.D, &ob, q0, &o1, 0, nq, 0, p);
+    if (!p->bitwise) {
+        st = KILN_STATUS_MISMATCH;
+        kiln__fail(e, st, "request %d alone vs in a batch of %d (fixed_split %d): %lld of %lld elements differ; first: %s",
+                   req, s->batch, s->fixed_split, p->differ, p->compared, p->first);
+    }
+done:
+    if (st) snprintf(msg, cap, "%s", e->msg);
+    else if (cap) msg[0] = 0;
+    kiln__cb_out_free(&ob);
+    kiln__cb_out_free(&o1);
+    kiln__cb_free(&L);
+    kiln__cb_free(&L1);
+    return st;
+}
