@@ -287,6 +287,79 @@ KT_TEST(cli_check_needs_gpu)
     run_free(&r);
 }
 
+/* Batch options of `kiln check`: every usage error is exit 2 with a message naming the option,
+ * found before any GPU is needed; a valid batch command without a GPU is exit 1. */
+KT_TEST(cli_check_batch_options)
+{
+    if (!have_bin()) return;
+    cli_run r;
+    const char *paged = "op=prefill kv=paged dtype=bf16 head_dim=64 group=1";
+    const char *ragged = "op=decode kv=ragged dtype=f16 head_dim=64 group=1";
+    KT_EQ_INT(RUN(&r, "check", paged, "--batch", "3", "--kv-lens", "1,2"), 2);
+    KT_CONTAINS(r.err, "kiln check: --kv-lens has 2 lengths for a batch of 3");
+    run_free(&r);
+    KT_EQ_INT(RUN(&r, "check", paged, "--kv-lens", "5,0,7", "--qo-lens", "1,2"), 2);
+    KT_CONTAINS(r.err, "--qo-lens has 2 lengths for a batch of 3");
+    run_free(&r);
+    KT_EQ_INT(RUN(&r, "check", paged, "--kv-dist", "uniform:5"), 2);
+    KT_CONTAINS(r.err, "--kv-dist 'uniform:5': expected uniform:LO:HI");
+    run_free(&r);
+    KT_EQ_INT(RUN(&r, "check", paged, "--kv-dist", "normal:1:5"), 2);
+    run_free(&r);
+    KT_EQ_INT(RUN(&r, "check", paged, "--qo-dist", "uniform:9:3"), 2);
+    KT_CONTAINS(r.err, "--qo-dist");
+    run_free(&r);
+    KT_EQ_INT(RUN(&r, "check", paged, "--kv-len", "3", "--kv-dist", "uniform:1:2"), 2);
+    KT_CONTAINS(r.err, "give at most one of --kv-len, --kv-lens and --kv-dist");
+    run_free(&r);
+    KT_EQ_INT(RUN(&r, "check", paged, "--page-size", "0"), 2);
+    KT_CONTAINS(r.err, "--page-size");
+    run_free(&r);
+    KT_EQ_INT(RUN(&r, "check", paged, "--kv-len", "1,2"), 2);
+    KT_CONTAINS(r.err, "--kv-lens gives a list");
+    run_free(&r);
+    KT_EQ_INT(RUN(&r, "check", paged, "--kv-lens", "4,-1"), 2);
+    run_free(&r);
+    KT_EQ_INT(RUN(&r, "check", paged, "--kv-lens", "4,,5"), 2);
+    KT_CONTAINS(r.err, "bad list");
+    run_free(&r);
+    KT_EQ_INT(RUN(&r, "check", paged, "--batch", "-2"), 2);
+    run_free(&r);
+    KT_EQ_INT(RUN(&r, "check", paged, "--fixed-split", "0"), 2);
+    KT_CONTAINS(r.err, "--fixed-split");
+    run_free(&r);
+    KT_EQ_INT(RUN(&r, "check", ragged, "--page-size", "4"), 2);
+    KT_CONTAINS(r.err, "--page-size needs kv=paged");
+    run_free(&r);
+    KT_EQ_INT(RUN(&r, "check", ragged, "--qo-lens", "1,2"), 2);
+    KT_CONTAINS(r.err, "a decode batch has one query row per request");
+    run_free(&r);
+    KT_EQ_INT(RUN(&r, "check", "op=decode kv=ragged head_dim=64 group=4", "--heads", "6", "--batch", "2"), 2);
+    KT_CONTAINS(r.err, "not a multiple of group 4");
+    run_free(&r);
+    KT_EQ_INT(RUN(&r, "check", SPEC_A, "--graph"), 2);
+    KT_CONTAINS(r.err, "--graph needs a batch variant");
+    run_free(&r);
+    KT_EQ_INT(RUN(&r, "check", SPEC_A, "--batch", "4"), 2);
+    KT_CONTAINS(r.err, "--batch needs a batch variant");
+    run_free(&r);
+    KT_EQ_INT(RUN(&r, "check", "op=merge dtype=f16 head_dim=64", "--kv-len", "4"), 2);
+    KT_CONTAINS(r.err, "op=merge takes");
+    run_free(&r);
+    KT_EQ_INT(RUN(&r, "check", "--help"), 0);
+    KT_CONTAINS(r.out, "--kv-dist uniform:LO:HI");
+    KT_CONTAINS(r.out, "--fixed-split N");
+    run_free(&r);
+    if (kt_have_gpu()) return;
+    KT_EQ_INT(RUN(&r, "check", paged, "--kv-lens", "0,17,5", "--qo-dist", "uniform:0:9", "--page-size", "5",
+                  "--graph", "--fixed-split", "64", "--seed", "7"), 1);
+    KT_CONTAINS(r.err, "kiln check: no GPU: ");
+    run_free(&r);
+    KT_EQ_INT(RUN(&r, "check", "op=merge dtype=bf16 head_dim=128", "--batch", "33"), 1);
+    KT_CONTAINS(r.err, "kiln check: no GPU: ");
+    run_free(&r);
+}
+
 /* ---- ls, show, rm --------------------------------------------------------------------------- */
 
 KT_TEST(cli_ls_show_rm)
