@@ -27,17 +27,26 @@ int kiln__smem_limit(int sm)
     }
 }
 
-static int decode_smem(int d, int gb, int warps, int stages)
+static int is_fp8(kiln_dtype t) { return t == KILN_DTYPE_E4M3 || t == KILN_DTYPE_E5M2; }
+
+/* Mirrors decode_layout in templates/decode.cuh. */
+static int decode_smem(const kiln_variant *v, int gb, int warps, int stages)
 {
+    const int d = v->head_dim, fp8 = is_fp8(v->kv_dtype), es = fp8 ? 1 : 2;
     int q = gb * d * 4, pbuf = warps * gb * DECODE_TILE * 4;
-    int kv = warps * stages * (DECODE_TILE * (d + 8) + DECODE_TILE * d) * 2;
+    int offs = v->kv == KILN_KV_PAGED ? warps * DECODE_TILE * 16 : 0;
+    int freq = v->rope ? d / 2 * 4 : 0;
+    int kv = warps * stages * (DECODE_TILE * (d * es + (fp8 ? 8 : 16)) + DECODE_TILE * d * es);
     int combine = warps * gb * (d + 2) * 4;
-    return q + pbuf + (kv > combine ? kv : combine);
+    return q + pbuf + offs + freq + (kv > combine ? kv : combine);
 }
 
-static int prefill_smem(int d, int warps, int mt, int bn, int stages)
+/* Mirrors prefill_layout in templates/prefill.cuh. */
+static int prefill_smem(const kiln_variant *v, int warps, int mt, int bn, int stages)
 {
-    return warps * mt * 16 * d * 2 + 2 * stages * bn * d * 2;
+    const int d = v->head_dim, fp8 = is_fp8(v->kv_dtype), es = fp8 ? 1 : 2;
+    return warps * mt * 16 * d * 2 + 2 * stages * bn * d * es + (fp8 ? 2 * bn * d * 2 : 0) +
+           (v->rope ? d / 2 * 4 : 0);
 }
 
 /* Apply "key=value" overrides from KILN_TUNE. */
@@ -73,6 +82,13 @@ kiln_status kiln__config_pick(const kiln_variant *v, int sm, kiln__config *c, ki
     memset(c, 0, sizeof *c);
     c->min_blocks = 1;
     const int d = v->head_dim, limit = kiln__smem_limit(sm);
+    if (v->op == KILN_OP_MERGE) {
+        c->warps = d / 32;
+        c->threads = d;
+        c->block_m = 1;
+        c->merge_threads = d;
+        return KILN_STATUS_OK;
+    }
     if (v->op == KILN_OP_DECODE) {
         c->gb = 1;
         for (int g = 1; g <= DECODE_MAX_GB && g <= v->group; g++)
@@ -83,15 +99,15 @@ kiln_status kiln__config_pick(const kiln_variant *v, int sm, kiln__config *c, ki
          * d256 2.7 vs 1.6 TB/s at L_KV 32768), then fewer warps. */
         c->stages = 2;
         c->warps = 4;
-        if (decode_smem(d, c->gb, c->warps, c->stages) > limit) c->stages = 1;
-        while (c->warps > 1 && decode_smem(d, c->gb, c->warps, c->stages) > limit) c->warps /= 2;
+        if (decode_smem(v, c->gb, c->warps, c->stages) > limit) c->stages = 1;
+        while (c->warps > 1 && decode_smem(v, c->gb, c->warps, c->stages) > limit) c->warps /= 2;
         kiln_status st = apply_tune(c, e);
         if (st) return st;
         if (c->block_n != DECODE_TILE || c->mt || c->q_in_regs)
             return kiln__fail(e, KILN_STATUS_UNSUPPORTED,
                               "config: decode takes bn=%d only and no mt/qregs (KILN_TUNE)", DECODE_TILE);
         c->block_m = c->gb;
-        c->smem_bytes = decode_smem(d, c->gb, c->warps, c->stages);
+        c->smem_bytes = decode_smem(v, c->gb, c->warps, c->stages);
         c->merge_threads = d;
         if (c->gb < 1 || v->group % c->gb || c->stages < 1 || c->warps < 1 || c->warps > MAX_WARPS)
             return kiln__fail(e, KILN_STATUS_UNSUPPORTED,
@@ -108,7 +124,8 @@ kiln_status kiln__config_pick(const kiln_variant *v, int sm, kiln__config *c, ki
         if (c->gb)
             return kiln__fail(e, KILN_STATUS_UNSUPPORTED, "config: prefill takes no gb (KILN_TUNE)");
         c->block_m = c->warps * c->mt * 16;
-        c->smem_bytes = prefill_smem(d, c->warps, c->mt, c->block_n, c->stages);
+        c->merge_threads = v->kv != KILN_KV_CONTIGUOUS ? 128 : 0;
+        c->smem_bytes = prefill_smem(v, c->warps, c->mt, c->block_n, c->stages);
         if (c->warps < 1 || c->warps > MAX_WARPS || c->mt < 1 || c->mt > 4 || c->block_n < 16 ||
             c->block_n % 16 || c->stages < 1 || c->stages > 4)
             return kiln__fail(e, KILN_STATUS_UNSUPPORTED,

@@ -141,8 +141,9 @@ kiln_status kiln__expand(const kiln_variant *v, const kiln__config *cfg, const c
     if (!kiln__spec_format(v, spec, sizeof spec, e)) return KILN_STATUS_UNSUPPORTED;
     kiln__config_format(cfg, conf, sizeof conf);
 
-    const int decode = v->op == KILN_OP_DECODE;
-    const char *family = decode ? "decode.cuh" : "prefill.cuh";
+    const int decode = v->op == KILN_OP_DECODE, merge = v->op == KILN_OP_MERGE;
+    const int batch = v->kv != KILN_KV_CONTIGUOUS;
+    const char *family = merge ? "merge.cuh" : decode ? "decode.cuh" : "prefill.cuh";
     const kiln__template *t = find_template(family, strlen(family));
     if (!t) return kiln__fail(e, KILN_STATUS_UNSUPPORTED, "expand: template %s is not embedded", family);
 
@@ -167,11 +168,29 @@ kiln_status kiln__expand(const kiln_variant *v, const kiln__config *cfg, const c
                      "struct kiln_cfg {\n"
                      "    static constexpr int D = %d, G = %d, DT = %s, OUT_DT = %s;\n"
                      "    static constexpr int LOGITS = %d, CAUSAL = %d, WINDOW = %d, LSE = %d;\n"
-                     "    static constexpr int WARPS = %d, STAGES = %d;\n",
+                     "    static constexpr int WARPS = %d, STAGES = %d;\n"
+                     "    static constexpr int KV = %d, KV_DT = %d, ROPE = %d;\n",
                      v->head_dim, v->group, dt_const(v->q_dtype), dt_const(v->out_dtype),
                      (int)v->logits, v->mask == KILN_MASK_CAUSAL, v->window, v->lse, cfg->warps,
-                     cfg->stages);
+                     cfg->stages, (int)v->kv, (int)v->kv_dtype, v->rope);
     emit_hooks(&s, v);
+    if (merge) {
+        kiln__str_puts(&s, "};\n");
+        for (int i = 0; i < 3; i++) {
+            static const char *const entry[3] = {KILN__ENTRY_MERGE_STATE, KILN__ENTRY_MERGE_IN_PLACE,
+                                                 KILN__ENTRY_MERGE_STATES};
+            static const char *const body[3] = {"kiln::merge_state_kernel<kiln_cfg>(p, false)",
+                                                "kiln::merge_state_kernel<kiln_cfg>(p, true)",
+                                                "kiln::merge_states_kernel<kiln_cfg>(p)"};
+            kiln__str_printf(&s,
+                             "\nextern \"C\" __global__ void __launch_bounds__(%d)\n"
+                             "%s(const __grid_constant__ kiln::merge_params p)\n{\n    %s;\n}\n",
+                             cfg->threads, entry[i], body[i]);
+        }
+        *source = kiln__str_take(&s);
+        if (!*source) return kiln__fail(e, KILN_STATUS_NO_MEMORY, "expand: out of memory");
+        return KILN_STATUS_OK;
+    }
     if (decode)
         kiln__str_printf(&s, "    static constexpr int GB = %d, TILE = %d;\n", cfg->gb, cfg->block_n);
     else
@@ -184,7 +203,13 @@ kiln_status kiln__expand(const kiln_variant *v, const kiln__config *cfg, const c
                      "%s(const __grid_constant__ kiln_launch_params p)\n{\n"
                      "    kiln::%s_kernel<kiln_cfg>(p);\n}\n",
                      cfg->threads, cfg->min_blocks, KILN__ENTRY_MAIN, decode ? "decode" : "prefill");
-    if (decode)
+    if (batch)
+        kiln__str_printf(&s,
+                         "\nextern \"C\" __global__ void __launch_bounds__(%d)\n"
+                         "%s(const __grid_constant__ kiln_launch_params p)\n{\n"
+                         "    kiln::batch_merge_kernel<kiln_cfg>(p);\n}\n",
+                         cfg->merge_threads, KILN__ENTRY_MERGE);
+    else if (decode)
         kiln__str_printf(&s,
                          "\nextern \"C\" __global__ void __launch_bounds__(%d)\n"
                          "%s(const __grid_constant__ kiln_launch_params p)\n{\n"

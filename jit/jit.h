@@ -101,6 +101,9 @@ kiln_status kiln__expand(const kiln_variant *v, const kiln__config *cfg, const c
 #define KILN__ENTRY_MAIN "kiln_main"
 #define KILN__ENTRY_MERGE "kiln_merge"
 #define KILN__ENTRY_TILE_MAP "kiln_tile_map"
+#define KILN__ENTRY_MERGE_STATE "kiln_merge_state"
+#define KILN__ENTRY_MERGE_IN_PLACE "kiln_merge_state_in_place"
+#define KILN__ENTRY_MERGE_STATES "kiln_merge_states"
 #define KILN__TILE_MAP_THREADS 256
 
 /* 1 when the variant masks per element beyond the builtin masks (snippet or mask data). */

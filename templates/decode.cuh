@@ -29,19 +29,26 @@
 
 #include "common/device.cuh"
 #include "common/params.h"
+#include "merge.cuh"
 
 namespace kiln {
 
 template <class Cfg> struct decode_layout {
     static constexpr int D = Cfg::D, GB = Cfg::GB, TILE = Cfg::TILE;
-    static constexpr int KROW = D + 8;                         /* padded K row, u16 */
-    static constexpr int STAGE_U16 = TILE * KROW + TILE * D;   /* one K + one V tile */
+    static constexpr bool FP8 = Cfg::KV_DT >= 2;
+    static constexpr int ES = FP8 ? 1 : 2;                      /* bytes per K/V element */
+    static constexpr int KROW = D * ES + (FP8 ? 8 : 16);        /* padded K row, bytes */
+    static constexpr int VROW = D * ES;                          /* V row, bytes */
+    static constexpr int STAGE_BYTES = TILE * KROW + TILE * VROW; /* one K + one V tile */
     static constexpr int Q_BYTES = GB * D * 4;                  /* q as float [GB][D] */
     static constexpr int P_BYTES = Cfg::WARPS * GB * TILE * 4;  /* p [WARPS][GB][TILE] */
-    static constexpr int KV_BYTES = Cfg::WARPS * Cfg::STAGES * STAGE_U16 * 2;
+    static constexpr int OFF_BYTES = Cfg::KV == 2 ? Cfg::WARPS * TILE * 16 : 0; /* page rows */
+    static constexpr int FREQ_BYTES = Cfg::ROPE ? D / 2 * 4 : 0;
+    static constexpr int KV_BYTES = Cfg::WARPS * Cfg::STAGES * STAGE_BYTES;
     static constexpr int COMBINE_BYTES = Cfg::WARPS * GB * (D + 2) * 4;
     static constexpr int REGION = KV_BYTES > COMBINE_BYTES ? KV_BYTES : COMBINE_BYTES;
-    static constexpr int BYTES = Q_BYTES + P_BYTES + REGION;
+    static constexpr int HEAD = Q_BYTES + P_BYTES + OFF_BYTES + FREQ_BYTES;
+    static constexpr int BYTES = HEAD + REGION;
 };
 
 /* Vector of N 16-bit values from global/shared memory into floats. */
@@ -63,6 +70,26 @@ template <int DT, int N> __device__ __forceinline__ void load_f(const u16 *p, fl
     }
 }
 
+/* N consecutive K/V elements (16-bit or fp8, as the variant stores them) into floats; fp8
+ * values come out without their scale (see fp8x4_halves). */
+template <class Cfg, int N> __device__ __forceinline__ void load_kv(const unsigned char *p, float (&f)[N])
+{
+    if constexpr (Cfg::KV_DT < 2) {
+        load_f<Cfg::KV_DT, N>(reinterpret_cast<const u16 *>(p), f);
+    } else if constexpr (N == 8) {
+        const uint2 w = *reinterpret_cast<const uint2 *>(p);
+        fp8x4_to_f<Cfg::KV_DT>(w.x, f);
+        fp8x4_to_f<Cfg::KV_DT>(w.y, f + 4);
+    } else if constexpr (N == 4) {
+        fp8x4_to_f<Cfg::KV_DT>(*reinterpret_cast<const u32 *>(p), f);
+    } else {
+        float t[4];
+        fp8x4_to_f<Cfg::KV_DT>((u32) * reinterpret_cast<const u16 *>(p), t);
+        f[0] = t[0];
+        f[1] = t[1];
+    }
+}
+
 __device__ __forceinline__ float warp_max(float x)
 {
 #pragma unroll
@@ -77,54 +104,129 @@ __device__ __forceinline__ float warp_sum(float x)
     return x;
 }
 
-/* Issue the cp.async copies of one K tile and one V tile (keys [t0, t0+TILE) ∩ [.., hi)). */
+/* Issue the cp.async copies of one K tile and one V tile (keys [t0, t0+TILE) ∩ [.., hi)) of
+ * a request whose keys start at kv_start. Paged KV: each lane first looks up the page of one
+ * row and leaves the row's byte offsets in the warp's table `offs`. */
 template <class Cfg>
-__device__ __forceinline__ void decode_load_tile(u16 *stage, const u16 *k, const u16 *v,
-                                                 i64 ks, i64 vs, int t0, int hi, int lane)
+__device__ __forceinline__ void decode_load_tile(unsigned char *stage, const unsigned char *k,
+                                                 const unsigned char *v, const kiln_launch_params &p,
+                                                 const int *pages, int t0, int hi, int lane, i64 *offs)
 {
     using L = decode_layout<Cfg>;
-    constexpr int CHUNKS = Cfg::D / 8; /* 16-byte chunks per row */
-    u16 *ks_ = stage;
-    u16 *vs_ = stage + Cfg::TILE * L::KROW;
-#pragma unroll
+    constexpr int CHUNKS = Cfg::D * L::ES / 16; /* 16-byte chunks per row */
+    constexpr int ES = L::ES;
+    unsigned char *ks_ = stage;
+    unsigned char *vs_ = stage + Cfg::TILE * L::KROW;
+    if constexpr (Cfg::KV == 2) {
+        const int j = t0 + lane;
+        i64 ko = 0, vo = 0; /* rows past the end read nothing (zero-filled) at offset 0 */
+        if (j < hi) {
+            const int ps = p.page_size, pg = j / ps;
+            const i64 page = pages[pg]; /* the request's page list */
+            const i64 in = j - pg * ps;
+            ko = (page * p.k_stride_page + in * p.k_stride_n) * ES;
+            vo = (page * p.v_stride_page + in * p.v_stride_n) * ES;
+        }
+        offs[lane * 2] = ko;
+        offs[lane * 2 + 1] = vo;
+        __syncwarp();
+    }
+    /* paged: unrolled fully, the table reads are all hoisted ahead of the copies (spills) */
+#pragma unroll(Cfg::KV == 2 ? 2 : Cfg::TILE * CHUNKS / WARP)
     for (int it = 0; it < Cfg::TILE * CHUNKS / WARP; it++) {
         int c = it * WARP + lane;
         int row = c / CHUNKS, col = c % CHUNKS;
         int j = t0 + row;
         bool ok = j < hi;
-        const u16 *srck = ok ? k + (i64)j * ks + col * 8 : k;
-        const u16 *srcv = ok ? v + (i64)j * vs + col * 8 : v;
-        cp_async16(smem_addr(ks_ + row * L::KROW + col * 8), srck, ok ? 16 : 0);
-        cp_async16(smem_addr(vs_ + row * Cfg::D + col * 8), srcv, ok ? 16 : 0);
+        const unsigned char *srck, *srcv;
+        if constexpr (Cfg::KV == 2) {
+            const longlong2 o2 = *reinterpret_cast<const longlong2 *>(offs + row * 2);
+            srck = k + o2.x + col * 16;
+            srcv = v + o2.y + col * 16;
+        } else if constexpr (ES == 2) { /* element arithmetic: byte offsets from a register copy of
+                                            the strides cost ~50 registers (measured) */
+            srck = ok ? reinterpret_cast<const unsigned char *>(reinterpret_cast<const u16 *>(k) + (i64)j * p.k_stride_n + col * 8) : k;
+            srcv = ok ? reinterpret_cast<const unsigned char *>(reinterpret_cast<const u16 *>(v) + (i64)j * p.v_stride_n + col * 8) : v;
+        } else {
+            srck = ok ? k + (i64)j * p.k_stride_n + col * 16 : k;
+            srcv = ok ? v + (i64)j * p.v_stride_n + col * 16 : v;
+        }
+        cp_async16(smem_addr(ks_ + row * L::KROW + col * 16), srck, ok ? 16 : 0);
+        cp_async16(smem_addr(vs_ + row * L::VROW + col * 16), srcv, ok ? 16 : 0);
     }
+    if constexpr (Cfg::KV == 2) __syncwarp(); /* the table is rewritten by the next call */
 }
 
 template <class Cfg> __device__ void decode_kernel(const kiln_launch_params &p)
 {
     using L = decode_layout<Cfg>;
     constexpr int D = Cfg::D, GB = Cfg::GB, TILE = Cfg::TILE, WARPS = Cfg::WARPS;
-    constexpr int STAGES = Cfg::STAGES, DT = Cfg::DT;
+    constexpr int STAGES = Cfg::STAGES, DT = Cfg::DT, ES = L::ES;
+    constexpr bool BATCH = Cfg::KV != 0;
     constexpr int DPL = D / WARP; /* elements of D per lane in p.v */
     static_assert(TILE == WARP, "one key per lane");
 
     extern __shared__ __align__(16) unsigned char smem[];
     float *q_s = reinterpret_cast<float *>(smem);                 /* [GB][D] */
     float *p_s = reinterpret_cast<float *>(smem + L::Q_BYTES);    /* [WARPS][GB][TILE] */
-    unsigned char *region = smem + L::Q_BYTES + L::P_BYTES;
+    i64 *off_s = reinterpret_cast<i64 *>(smem + L::Q_BYTES + L::P_BYTES); /* [WARPS][TILE][2] */
+    float *freq_s = reinterpret_cast<float *>(smem + L::Q_BYTES + L::P_BYTES + L::OFF_BYTES);
+    unsigned char *region = smem + L::HEAD;
 
-    const int split = blockIdx.x, hk = blockIdx.y, g0 = blockIdx.z * GB;
+    const int hk = blockIdx.y, g0 = blockIdx.z * GB;
     const int tid = threadIdx.x, warp = tid / WARP, lane = tid % WARP;
-    const int L_KV = p.kv_len;
-    const int lo = p.kv_begin + split * p.kv_chunk;
-    const int hi = min(L_KV, lo + p.kv_chunk);
 
-    const u16 *q = reinterpret_cast<const u16 *>(p.q);
-    const u16 *k = reinterpret_cast<const u16 *>(p.k) + (i64)hk * p.k_stride_h;
-    const u16 *v = reinterpret_cast<const u16 *>(p.v) + (i64)hk * p.v_stride_h;
+    /* What this CTA covers: a split of the single request, or one planned work item. */
+    int b = 0, L_KV, lo, hi, slot, q_row = 0, kv_start = 0;
+    if constexpr (BATCH) {
+        if ((int)blockIdx.x >= num_items(p)) return; /* padding of a graph-sized grid */
+        const work_item it = load_item(p, blockIdx.x);
+        const work_req r = load_req(p, it.b);
+        b = it.b;
+        L_KV = r.kv_len;
+        q_row = r.q_start;
+        kv_start = r.kv_start;
+        slot = it.slot;
+        lo = it.kv_lo;
+        hi = min(L_KV, it.kv_hi);
+        if (Cfg::WINDOW) lo = max(lo, L_KV - 1 - p.window_left);
+        if (hi < lo) hi = lo;
+    } else {
+        L_KV = p.kv_len;
+        lo = p.kv_begin + blockIdx.x * p.kv_chunk;
+        hi = min(L_KV, lo + p.kv_chunk);
+        slot = p.num_splits == 1 ? -1 : (int)blockIdx.x;
+    }
 
-    for (int i = tid; i < GB * D; i += WARPS * WARP) {
-        int g = i / D, d = i % D;
-        q_s[i] = to_float<DT>(q[(i64)(hk * Cfg::G + g0 + g) * p.q_stride_h + d]);
+    const u16 *q = reinterpret_cast<const u16 *>(p.q) + (i64)q_row * p.q_stride_n;
+    const unsigned char *k = reinterpret_cast<const unsigned char *>(p.k) + (i64)hk * p.k_stride_h * ES;
+    const unsigned char *v = reinterpret_cast<const unsigned char *>(p.v) + (i64)hk * p.v_stride_h * ES;
+    if (Cfg::KV == 1) { /* ragged: start at the request's first row */
+        k += (i64)kv_start * p.k_stride_n * ES;
+        v += (i64)kv_start * p.v_stride_n * ES;
+    }
+    const int *pages = Cfg::KV == 2 ? reinterpret_cast<const int *>(p.kv_indices) + kv_start : nullptr;
+    const int rope_off = Cfg::ROPE && BATCH && p.rope_offsets
+                             ? reinterpret_cast<const int *>(p.rope_offsets)[b] : 0;
+
+    if constexpr (Cfg::ROPE) {
+        for (int d = tid; d < D / 2; d += WARPS * WARP)
+            freq_s[d] = rope_freq(d, D, p.rope_rcp_scale, p.rope_log2_theta);
+        __syncthreads();
+        const float pos = (float)(L_KV - 1 + rope_off);
+        for (int i = tid; i < GB * D / 2; i += WARPS * WARP) {
+            const int g = i / (D / 2), d = i % (D / 2);
+            const u16 *qh = q + (i64)(hk * Cfg::G + g0 + g) * p.q_stride_h;
+            float x0 = to_float<DT>(qh[d]), x1 = to_float<DT>(qh[d + D / 2]);
+            rope_rotate(x0, x1, pos * freq_s[d]);
+            q_s[g * D + d] = x0;
+            q_s[g * D + d + D / 2] = x1;
+        }
+    } else {
+        for (int i = tid; i < GB * D; i += WARPS * WARP) {
+            int g = i / D, d = i % D;
+            q_s[i] = to_float<DT>(q[(i64)(hk * Cfg::G + g0 + g) * p.q_stride_h + d]);
+        }
     }
     float slope[GB];
 #pragma unroll
@@ -144,28 +246,29 @@ template <class Cfg> __device__ void decode_kernel(const kiln_launch_params &p)
 
     const int n_tiles = (hi - lo + TILE - 1) / TILE;
     const int n_mine = n_tiles > warp ? (n_tiles - warp + WARPS - 1) / WARPS : 0;
-    u16 *stages = reinterpret_cast<u16 *>(region) + warp * STAGES * L::STAGE_U16;
+    unsigned char *stages = region + warp * STAGES * L::STAGE_BYTES;
     float *pw = p_s + warp * GB * TILE;
+    i64 *offs = off_s + warp * TILE * 2;
 
 #pragma unroll
     for (int s = 0; s < STAGES - 1; s++) {
         if (s < n_mine)
-            decode_load_tile<Cfg>(stages + s * L::STAGE_U16, k, v, p.k_stride_n, p.v_stride_n,
-                                  lo + (warp + s * WARPS) * TILE, hi, lane);
+            decode_load_tile<Cfg>(stages + s * L::STAGE_BYTES, k, v, p, pages,
+                                  lo + (warp + s * WARPS) * TILE, hi, lane, offs);
         cp_async_commit();
     }
 
     for (int i = 0; i < n_mine; i++) {
         const int ahead = i + STAGES - 1;
         if (ahead < n_mine)
-            decode_load_tile<Cfg>(stages + (ahead % STAGES) * L::STAGE_U16, k, v, p.k_stride_n,
-                                  p.v_stride_n, lo + (warp + ahead * WARPS) * TILE, hi, lane);
+            decode_load_tile<Cfg>(stages + (ahead % STAGES) * L::STAGE_BYTES, k, v, p, pages,
+                                  lo + (warp + ahead * WARPS) * TILE, hi, lane, offs);
         cp_async_commit();
         cp_async_wait<STAGES - 1>();
         __syncwarp();
 
-        const u16 *ks_ = stages + (i % STAGES) * L::STAGE_U16;
-        const u16 *vs_ = ks_ + TILE * L::KROW;
+        const unsigned char *ks_ = stages + (i % STAGES) * L::STAGE_BYTES;
+        const unsigned char *vs_ = ks_ + TILE * L::KROW;
         const int t0 = lo + (warp + i * WARPS) * TILE;
         const int j = t0 + lane;
 
@@ -173,24 +276,44 @@ template <class Cfg> __device__ void decode_kernel(const kiln_launch_params &p)
         float acc[GB];
 #pragma unroll
         for (int g = 0; g < GB; g++) acc[g] = 0.f;
-#pragma unroll 8
-        for (int c = 0; c < D / 8; c++) {
-            float kf[8];
-            load_f<DT, 8>(ks_ + lane * L::KROW + c * 8, kf);
+        if constexpr (Cfg::ROPE) {
+            const float pos = (float)(j + rope_off);
+#pragma unroll 1
+            for (int c = 0; c < D / 16; c++) {
+                float k0[8], k1[8];
+                load_kv<Cfg, 8>(ks_ + lane * L::KROW + c * 8 * ES, k0);
+                load_kv<Cfg, 8>(ks_ + lane * L::KROW + (c * 8 + D / 2) * ES, k1);
 #pragma unroll
-            for (int g = 0; g < GB; g++) {
-                const float4 qa = *reinterpret_cast<const float4 *>(q_s + g * D + c * 8);
-                const float4 qb = *reinterpret_cast<const float4 *>(q_s + g * D + c * 8 + 4);
-                acc[g] += qa.x * kf[0] + qa.y * kf[1] + qa.z * kf[2] + qa.w * kf[3] +
-                          qb.x * kf[4] + qb.y * kf[5] + qb.z * kf[6] + qb.w * kf[7];
+                for (int e = 0; e < 8; e++) rope_rotate(k0[e], k1[e], pos * freq_s[c * 8 + e]);
+#pragma unroll
+                for (int g = 0; g < GB; g++) {
+                    const float *qa = q_s + g * D + c * 8, *qb = qa + D / 2;
+#pragma unroll
+                    for (int e = 0; e < 8; e++) acc[g] += qa[e] * k0[e] + qb[e] * k1[e];
+                }
+            }
+        } else {
+#pragma unroll 4
+            for (int c = 0; c < D / 8; c++) {
+                float kf[8];
+                load_kv<Cfg, 8>(ks_ + lane * L::KROW + c * 8 * ES, kf);
+#pragma unroll
+                for (int g = 0; g < GB; g++) {
+                    const float4 qa = *reinterpret_cast<const float4 *>(q_s + g * D + c * 8);
+                    const float4 qb = *reinterpret_cast<const float4 *>(q_s + g * D + c * 8 + 4);
+                    acc[g] += qa.x * kf[0] + qa.y * kf[1] + qa.z * kf[2] + qa.w * kf[3] +
+                              qb.x * kf[4] + qb.y * kf[5] + qb.z * kf[6] + qb.w * kf[7];
+                }
             }
         }
         const bool valid = j < hi;
 #pragma unroll
         for (int g = 0; g < GB; g++) {
             const int h = hk * Cfg::G + g0 + g;
-            const bool vis = valid && mask_data<Cfg>(p, 0, j) && mask_user<Cfg>(p, 0, j, h, hk);
-            float s = vis ? logit_full<Cfg>(acc[g], p, slope[g], 0, j, h, hk) : neg_inf();
+            const int iq = 0; /* the one query row */
+            const bool vis = valid && mask_data<Cfg>(p, iq, j) && mask_user<Cfg>(p, iq, j, h, hk, b, 1, L_KV);
+            const float qk = L::FP8 ? acc[g] * p.k_scale : acc[g];
+            float s = vis ? logit_full<Cfg>(qk, p, slope[g], iq, j, h, hk, b, 1, L_KV) : neg_inf();
             float m_new = max_f(m[g], warp_max(s));
             /* a tile the mask hides entirely leaves m at -inf: keep exp2 finite */
             float m_use = m_new == neg_inf() ? 0.f : m_new;
@@ -209,7 +332,7 @@ template <class Cfg> __device__ void decode_kernel(const kiln_launch_params &p)
         for (int t = 0; t < TILE; t += 4) {
             float vf[4][DPL];
 #pragma unroll
-            for (int u = 0; u < 4; u++) load_f<DT, DPL>(vs_ + (t + u) * D + lane * DPL, vf[u]);
+            for (int u = 0; u < 4; u++) load_kv<Cfg, DPL>(vs_ + (t + u) * L::VROW + lane * DPL * ES, vf[u]);
 #pragma unroll
             for (int g = 0; g < GB; g++) {
                 const float4 pp = *reinterpret_cast<const float4 *>(pw + g * TILE + t);
@@ -238,6 +361,7 @@ template <class Cfg> __device__ void decode_kernel(const kiln_launch_params &p)
     }
     __syncthreads();
 
+    const float vsc = L::FP8 ? p.v_scale : 1.0f;
     for (int i = tid; i < GB * D; i += WARPS * WARP) {
         const int g = i / D, d = i % D, h = hk * Cfg::G + g0 + g;
         float M = neg_inf();
@@ -251,14 +375,16 @@ template <class Cfg> __device__ void decode_kernel(const kiln_launch_params &p)
             lsum += cl[w * GB + g] * f;
             osum += co[(w * GB + g) * D + d] * f;
         }
-        const float out = lsum > 0.f ? osum / lsum : 0.f;
+        const float out = lsum > 0.f ? osum / lsum * vsc : 0.f;
         const float lse2 = lsum > 0.f ? M + log2_fast(lsum) : neg_inf(); /* log2 units */
-        if (p.num_splits == 1) {
-            reinterpret_cast<u16 *>(p.o)[(i64)h * p.o_stride_h + d] = from_float<Cfg::OUT_DT>(out);
-            if (Cfg::LSE && d == 0) reinterpret_cast<float *>(p.lse)[h] = lse2 * LN2;
+        if (slot < 0) {
+            reinterpret_cast<u16 *>(p.o)[(i64)q_row * p.o_stride_n + (i64)h * p.o_stride_h + d] =
+                from_float<Cfg::OUT_DT>(out);
+            if (Cfg::LSE && d == 0)
+                reinterpret_cast<float *>(p.lse)[(i64)q_row * p.num_qo_heads + h] = lse2 * LN2;
         } else {
-            reinterpret_cast<float *>(p.partial_o)[((i64)split * p.num_qo_heads + h) * D + d] = out;
-            if (d == 0) reinterpret_cast<float *>(p.partial_lse)[(i64)split * p.num_qo_heads + h] = lse2;
+            reinterpret_cast<float *>(p.partial_o)[((i64)slot * p.num_qo_heads + h) * D + d] = out;
+            if (d == 0) reinterpret_cast<float *>(p.partial_lse)[(i64)slot * p.num_qo_heads + h] = lse2;
         }
     }
 }

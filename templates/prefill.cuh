@@ -33,15 +33,22 @@
 
 #include "common/device.cuh"
 #include "common/params.h"
+#include "merge.cuh"
 
 namespace kiln {
 
 template <class Cfg> struct prefill_layout {
     static constexpr int D = Cfg::D, BN = Cfg::BN;
     static constexpr int BM = Cfg::WARPS * Cfg::MT * 16;
+    static constexpr bool FP8 = Cfg::KV_DT >= 2;
+    static constexpr int ES = FP8 ? 1 : 2;           /* bytes per stored K/V element */
     static constexpr int Q_BYTES = BM * D * 2;
-    static constexpr int TILE_BYTES = BN * D * 2;
-    static constexpr int BYTES = Q_BYTES + 2 * Cfg::STAGES * TILE_BYTES;
+    static constexpr int STAGE_TILE = BN * D * ES;   /* one K or V tile as loaded */
+    static constexpr int TILE_BYTES = BN * D * 2;    /* one K or V tile as the MMAs read it */
+    static constexpr int FREQ_BYTES = Cfg::ROPE ? D / 2 * 4 : 0;
+    /* fp8: the pipeline holds fp8 tiles, converted into one 16-bit K and V tile per step */
+    static constexpr int CONV_BYTES = FP8 ? 2 * TILE_BYTES : 0;
+    static constexpr int BYTES = Q_BYTES + 2 * Cfg::STAGES * STAGE_TILE + CONV_BYTES + FREQ_BYTES;
 };
 
 /* Element offset of 16-byte chunk `chunk` of row `row` in a swizzled [rows][D] tile. */
@@ -91,6 +98,119 @@ __device__ __forceinline__ void load_rows(u16 *tile, const u16 *g, i64 stride, i
     }
 }
 
+/* Issue cp.async copies of keys [row0, row0 + ROWS) of one request into a tile: 16-bit K/V
+ * into the swizzled layout, fp8 into a plain [ROWS][D] byte tile; rows at or past row_hi are
+ * zero-filled. KV 0 / 1: rows at base + j * stride (ragged bases are shifted to the request);
+ * KV 2: pages, each thread walking its rows' pages incrementally (one division per tile). */
+template <class Cfg, int ROWS, int THREADS>
+__device__ __forceinline__ void load_kv_rows(unsigned char *tile, const unsigned char *g, i64 stride_n,
+                                             i64 stride_page, const kiln_launch_params &p, int kv_start,
+                                             int row0, int row_hi, int tid)
+{
+    using L = prefill_layout<Cfg>;
+    constexpr int D = Cfg::D, ES = L::ES;
+    if constexpr (Cfg::KV != 2 && !L::FP8) {
+        load_rows<ROWS, D, THREADS>(reinterpret_cast<u16 *>(tile), reinterpret_cast<const u16 *>(g), stride_n,
+                                    row0, row_hi, tid);
+    } else {
+        constexpr int CHUNKS = D * ES / 16;
+        constexpr int STEP = THREADS / CHUNKS;
+        static_assert(THREADS % CHUNKS == 0 && ROWS % STEP == 0, "load shape");
+        const int r0 = tid / CHUNKS, ch = tid % CHUNKS;
+        int j = row0 + r0, pg = 0, in = 0, page = 0;
+        if constexpr (Cfg::KV == 2) {
+            pg = j / p.page_size;
+            in = j - pg * p.page_size;
+        }
+        int cur = -1;
+#pragma unroll
+        for (int it = 0; it < ROWS / STEP; it++) {
+            const int row = r0 + it * STEP;
+            const bool ok = j < row_hi;
+            i64 off = 0;
+            if constexpr (Cfg::KV == 2) {
+                if (ok && pg != cur) {
+                    page = reinterpret_cast<const int *>(p.kv_indices)[kv_start + pg];
+                    cur = pg;
+                }
+                off = ((i64)page * stride_page + (i64)in * stride_n) * ES;
+            } else {
+                off = (i64)j * stride_n * ES;
+            }
+            const u32 dst = L::FP8 ? smem_addr(tile + row * D * ES + ch * 16)
+                                   : smem_addr(reinterpret_cast<u16 *>(tile) + swz<D>(row, ch));
+            cp_async16(dst, ok ? g + off + ch * 16 : g, ok ? 16 : 0);
+            j += STEP;
+            if constexpr (Cfg::KV == 2) {
+                in += STEP;
+                while (in >= p.page_size) {
+                    in -= p.page_size;
+                    pg++;
+                }
+            }
+        }
+    }
+}
+
+/* fp8 and RoPE: turn the loaded K (and, fp8, V) tile of keys j0 .. j0 + BN into the 16-bit
+ * swizzled tiles the MMAs read: dequantise (without the scale, folded elsewhere) and rotate K
+ * at positions j + rope_off. Every thread takes 16-byte chunks (8 elements); a RoPE chunk of
+ * the first half of D is rotated together with its partner chunk D/2 further. */
+template <class Cfg, int THREADS>
+__device__ __forceinline__ void prefill_transform(const unsigned char *kin, const unsigned char *vin, u16 *kout,
+                                                  u16 *vout, const float *freq, int j0, int rope_off, int tid)
+{
+    using L = prefill_layout<Cfg>;
+    constexpr int D = Cfg::D, BN = Cfg::BN, DT = Cfg::DT, C = D / 8;
+    auto read8 = [&](const unsigned char *t, int row, int c, float (&f)[8]) {
+        if constexpr (L::FP8) {
+            const uint2 w = *reinterpret_cast<const uint2 *>(t + row * D + c * 8);
+            fp8x4_to_f<Cfg::KV_DT>(w.x, f);
+            fp8x4_to_f<Cfg::KV_DT>(w.y, f + 4);
+        } else {
+            const uint4 w = *reinterpret_cast<const uint4 *>(reinterpret_cast<const u16 *>(t) + swz<D>(row, c));
+            unpack2<DT>(w.x, f[0], f[1]);
+            unpack2<DT>(w.y, f[2], f[3]);
+            unpack2<DT>(w.z, f[4], f[5]);
+            unpack2<DT>(w.w, f[6], f[7]);
+        }
+    };
+    auto write8 = [&](u16 *t, int row, int c, const float (&f)[8]) {
+        uint4 w;
+        w.x = pack2<DT>(f[0], f[1]);
+        w.y = pack2<DT>(f[2], f[3]);
+        w.z = pack2<DT>(f[4], f[5]);
+        w.w = pack2<DT>(f[6], f[7]);
+        *reinterpret_cast<uint4 *>(t + swz<D>(row, c)) = w;
+    };
+    if constexpr (Cfg::ROPE) {
+        for (int e = tid; e < BN * (C / 2); e += THREADS) {
+            const int row = e / (C / 2), c = e % (C / 2);
+            float a[8], b[8];
+            read8(kin, row, c, a);
+            read8(kin, row, c + C / 2, b);
+            const float pos = (float)(j0 + row + rope_off);
+#pragma unroll
+            for (int u = 0; u < 8; u++) rope_rotate(a[u], b[u], pos * freq[c * 8 + u]);
+            write8(kout, row, c, a);
+            write8(kout, row, c + C / 2, b);
+        }
+    } else {
+        for (int e = tid; e < BN * C; e += THREADS) {
+            float a[8];
+            read8(kin, e / C, e % C, a);
+            write8(kout, e / C, e % C, a);
+        }
+    }
+    if constexpr (L::FP8) {
+        for (int e = tid; e < BN * C; e += THREADS) {
+            float a[8];
+            read8(vin, e / C, e % C, a);
+            write8(vout, e / C, e % C, a);
+        }
+    }
+}
+
 template <class Cfg> __device__ void prefill_kernel(const kiln_launch_params &p)
 {
     using L = prefill_layout<Cfg>;
@@ -102,31 +222,70 @@ template <class Cfg> __device__ void prefill_kernel(const kiln_launch_params &p)
     static_assert(BN % 16 == 0 && D % 64 == 0, "tile shape");
 
     extern __shared__ __align__(128) unsigned char smem[];
+    constexpr bool BATCH = Cfg::KV != 0, XFORM = L::FP8 || Cfg::ROPE;
+    constexpr int ES = L::ES;
     u16 *q_s = reinterpret_cast<u16 *>(smem);
-    u16 *k_s = reinterpret_cast<u16 *>(smem + L::Q_BYTES);
-    u16 *v_s = k_s + STAGES * BN * D;
+    unsigned char *k_in = smem + L::Q_BYTES;                  /* [STAGES] loaded K tiles */
+    unsigned char *v_in = k_in + STAGES * L::STAGE_TILE;      /* [STAGES] loaded V tiles */
+    u16 *kc_s = reinterpret_cast<u16 *>(v_in + STAGES * L::STAGE_TILE); /* fp8: converted K, V */
+    u16 *vc_s = kc_s + BN * D;
+    float *freq_s = reinterpret_cast<float *>(smem + L::Q_BYTES + 2 * STAGES * L::STAGE_TILE + L::CONV_BYTES);
 
     const int tid = threadIdx.x, warp = tid / WARP, lane = tid % WARP;
-    const int m_block = gridDim.x - 1 - blockIdx.x; /* heaviest causal tiles first */
     const int h = blockIdx.y, hk = h / Cfg::G;
-    const int L_Q = p.qo_len, L_KV = p.kv_len, off = L_KV - L_Q;
+    /* The query tile and key range of this CTA: a tile of the single request (heaviest causal
+     * tiles first), or one planned work item. */
+    int m_block, b = 0, L_Q, L_KV, q_start = 0, kv_start = 0, slot = -1, it_lo = 0, it_hi;
+    if constexpr (BATCH) {
+        if ((int)blockIdx.x >= num_items(p)) return; /* padding of a graph-sized grid */
+        const work_item it = load_item(p, blockIdx.x);
+        const work_req r = load_req(p, it.b);
+        b = it.b;
+        m_block = it.m;
+        L_Q = r.qo_len;
+        L_KV = r.kv_len;
+        q_start = r.q_start;
+        kv_start = r.kv_start;
+        slot = it.slot;
+        it_lo = it.kv_lo;
+        it_hi = it.kv_hi;
+    } else {
+        m_block = gridDim.x - 1 - blockIdx.x;
+        L_Q = p.qo_len;
+        L_KV = p.kv_len;
+        it_hi = L_KV;
+    }
+    const int off = L_KV - L_Q;
     const int m0 = m_block * BM;
 
-    const u16 *qg = reinterpret_cast<const u16 *>(p.q) + (i64)h * p.q_stride_h;
-    const u16 *kg = reinterpret_cast<const u16 *>(p.k) + (i64)hk * p.k_stride_h;
-    const u16 *vg = reinterpret_cast<const u16 *>(p.v) + (i64)hk * p.v_stride_h;
+    const u16 *qg = reinterpret_cast<const u16 *>(p.q) + (i64)q_start * p.q_stride_n + (i64)h * p.q_stride_h;
+    const unsigned char *kg = reinterpret_cast<const unsigned char *>(p.k) + (i64)hk * p.k_stride_h * ES;
+    const unsigned char *vg = reinterpret_cast<const unsigned char *>(p.v) + (i64)hk * p.v_stride_h * ES;
+    if constexpr (Cfg::KV == 1) { /* ragged: the request's rows start at kv_start */
+        kg += (i64)kv_start * p.k_stride_n * ES;
+        vg += (i64)kv_start * p.v_stride_n * ES;
+    }
+    const int rope_off = Cfg::ROPE && BATCH && p.rope_offsets ? reinterpret_cast<const int *>(p.rope_offsets)[b] : 0;
+    if constexpr (Cfg::ROPE) {
+        for (int d = tid; d < D / 2; d += THREADS) freq_s[d] = rope_freq(d, D, p.rope_rcp_scale, p.rope_log2_theta);
+        /* the first barrier of the main loop orders these writes before any read */
+    }
 
-    int kv_hi = L_KV, kv_lo = 0;
-    if (Cfg::CAUSAL) kv_hi = min(L_KV, m0 + BM + off);
-    if (Cfg::WINDOW) kv_lo = max(0, m0 + off - p.window_left);
+    int kv_hi = min(L_KV, it_hi), kv_lo = it_lo;
+    const int key_hi = kv_hi; /* keys at or past it are masked (the item's end) */
+    if (Cfg::CAUSAL) kv_hi = min(kv_hi, m0 + BM + off);
+    if (Cfg::WINDOW) kv_lo = max(kv_lo, m0 + off - p.window_left);
+    kv_lo = max(kv_lo, 0);
     const int t_first = kv_lo / BN;
     const int t_end = kv_hi > kv_lo ? (kv_hi + BN - 1) / BN : t_first;
     const float slope = Cfg::LOGITS == 2 ? reinterpret_cast<const float *>(p.alibi)[h] : 0.f;
     /* With no logits transform the row max is taken on raw q.k (sm_scale > 0 keeps the order)
      * and c2 = sm_scale * log2(e) turns it into exp2 units inside one FFMA per element;
-     * otherwise the transform already returns log2 units and c2 = 1. */
+     * otherwise the transform already returns log2 units and c2 = 1. fp8 K: its scale joins
+     * the raw product. */
     constexpr bool RAW = Cfg::LOGITS == 0 && !Cfg::HAS_LOGITS_EXPR;
-    const float c2 = RAW ? p.sm_scale * LOG2E : 1.0f;
+    const float ksc = L::FP8 ? p.k_scale : 1.0f;
+    const float c2 = RAW ? p.sm_scale * LOG2E * ksc : 1.0f;
 
     /* Element masks (snippet or mask data): the tile map, when given, classes each key tile of
      * this query tile as hidden (skipped), mixed (per-element mask) or fully visible. */
@@ -139,6 +298,12 @@ template <class Cfg> __device__ void prefill_kernel(const kiln_launch_params &p)
             while (t < t_end && map[t] == 0) t++;
         return t;
     };
+    auto issue = [&](int st, int t) {
+        load_kv_rows<Cfg, BN, THREADS>(k_in + st * L::STAGE_TILE, kg, p.k_stride_n, p.k_stride_page, p, kv_start,
+                                       t * BN, L_KV, tid);
+        load_kv_rows<Cfg, BN, THREADS>(v_in + st * L::STAGE_TILE, vg, p.v_stride_n, p.v_stride_page, p, kv_start,
+                                       t * BN, L_KV, tid);
+    };
 
     /* pend[]: key tiles in flight, oldest first; t_next: the next one to load. */
     int pend[STAGES];
@@ -148,8 +313,7 @@ template <class Cfg> __device__ void prefill_kernel(const kiln_launch_params &p)
     for (int s = 0; s < STAGES - 1; s++) {
         pend[s] = t_next;
         if (t_next < t_end) {
-            load_rows<BN, D, THREADS>(k_s + s * BN * D, kg, p.k_stride_n, t_next * BN, L_KV, tid);
-            load_rows<BN, D, THREADS>(v_s + s * BN * D, vg, p.v_stride_n, t_next * BN, L_KV, tid);
+            issue(s, t_next);
             t_next = next_tile(t_next + 1);
         }
         cp_async_commit();
@@ -164,8 +328,9 @@ template <class Cfg> __device__ void prefill_kernel(const kiln_launch_params &p)
     const int r7 = lane & 7;
     const int bq = lane >> 4, bk = (lane >> 3) & 1, bv = lane >> 4;
     const u32 q_addr = smem_addr(q_s) + (u32)((wrow + (lane & 15)) * ROW_BYTES);
-    const u32 k_addr = smem_addr(k_s) + (u32)(((lane >> 4) * 8 + r7) * ROW_BYTES);
-    const u32 v_addr = smem_addr(v_s) + (u32)((((lane >> 3) & 1) * 8 + r7) * ROW_BYTES);
+    /* fp8 reads the converted tiles (one buffer), 16-bit the pipeline's stages */
+    const u32 k_addr = smem_addr(L::FP8 ? (void *)kc_s : (void *)k_in) + (u32)(((lane >> 4) * 8 + r7) * ROW_BYTES);
+    const u32 v_addr = smem_addr(L::FP8 ? (void *)vc_s : (void *)v_in) + (u32)((((lane >> 3) & 1) * 8 + r7) * ROW_BYTES);
     u32 xq[4], xk[4], xv[4];
 #pragma unroll
     for (int rem = 0; rem < 4; rem++) {
@@ -192,9 +357,7 @@ template <class Cfg> __device__ void prefill_kernel(const kiln_launch_params &p)
     for (int idx = 0;; idx++) {
         pend[STAGES - 1] = t_next;
         if (t_next < t_end) {
-            const int st = (idx + STAGES - 1) % STAGES;
-            load_rows<BN, D, THREADS>(k_s + st * BN * D, kg, p.k_stride_n, t_next * BN, L_KV, tid);
-            load_rows<BN, D, THREADS>(v_s + st * BN * D, vg, p.v_stride_n, t_next * BN, L_KV, tid);
+            issue((idx + STAGES - 1) % STAGES, t_next);
             t_next = next_tile(t_next + 1);
         }
         cp_async_commit();
@@ -202,6 +365,30 @@ template <class Cfg> __device__ void prefill_kernel(const kiln_launch_params &p)
         if (t >= t_end) break;
         cp_async_wait<STAGES - 1>();
         __syncthreads();
+        if constexpr (XFORM) {
+            if (Cfg::ROPE && idx == 0) { /* rotate Q once, in place, at positions i + off */
+                for (int e = tid; e < BM * (D / 16); e += THREADS) {
+                    const int row = e / (D / 16), c = e % (D / 16);
+                    u16 *ra = q_s + swz<D>(row, c), *rb = q_s + swz<D>(row, c + D / 16);
+                    const float pos = (float)(m0 + row + off + rope_off);
+#pragma unroll
+                    for (int u = 0; u < 8; u += 2) {
+                        float a0, a1, b0, b1;
+                        unpack2<DT>(*reinterpret_cast<u32 *>(ra + u), a0, a1);
+                        unpack2<DT>(*reinterpret_cast<u32 *>(rb + u), b0, b1);
+                        rope_rotate(a0, b0, pos * freq_s[c * 8 + u]);
+                        rope_rotate(a1, b1, pos * freq_s[c * 8 + u + 1]);
+                        *reinterpret_cast<u32 *>(ra + u) = pack2<DT>(a0, a1);
+                        *reinterpret_cast<u32 *>(rb + u) = pack2<DT>(b0, b1);
+                    }
+                }
+            }
+            const int st = idx % STAGES;
+            u16 *kdst = L::FP8 ? kc_s : reinterpret_cast<u16 *>(k_in + st * L::STAGE_TILE);
+            prefill_transform<Cfg, THREADS>(k_in + st * L::STAGE_TILE, v_in + st * L::STAGE_TILE, kdst, vc_s,
+                                            freq_s, t * BN, rope_off, tid);
+            __syncthreads();
+        }
 
         if (Cfg::Q_IN_REGS && idx == 0) {
 #pragma unroll
@@ -211,8 +398,8 @@ template <class Cfg> __device__ void prefill_kernel(const kiln_launch_params &p)
                     ldmatrix_x4(q_addr + mt * 16 * ROW_BYTES + (kk >> 2) * 128 + xq[kk & 3], qf[mt][kk][0],
                                 qf[mt][kk][1], qf[mt][kk][2], qf[mt][kk][3]);
         }
-        const u32 ks = k_addr + (u32)((idx % STAGES) * BN * ROW_BYTES);
-        const u32 vs = v_addr + (u32)((idx % STAGES) * BN * ROW_BYTES);
+        const u32 ks = k_addr + (L::FP8 ? 0u : (u32)((idx % STAGES) * BN * ROW_BYTES));
+        const u32 vs = v_addr + (L::FP8 ? 0u : (u32)((idx % STAGES) * BN * ROW_BYTES));
 
         /* S = Q K^T for this warp's rows and BN keys. */
         float s[MT][NT][4];
@@ -255,7 +442,7 @@ template <class Cfg> __device__ void prefill_kernel(const kiln_launch_params &p)
         /* Logits transform, mask, online softmax. */
         const int j0 = t * BN;
         const bool elem = ELEM && (!map || map[t] == 1);
-        const bool need_mask = elem || j0 + BN > L_KV || (Cfg::CAUSAL && j0 + BN - 1 > m0 + off) ||
+        const bool need_mask = elem || j0 + BN > key_hi || (Cfg::CAUSAL && j0 + BN - 1 > m0 + off) ||
                                (Cfg::WINDOW && j0 < m0 + BM - 1 + off - p.window_left);
 #pragma unroll
         for (int mt = 0; mt < MT; mt++) {
@@ -270,13 +457,14 @@ template <class Cfg> __device__ void prefill_kernel(const kiln_launch_params &p)
                         const int j = j0 + nt * 8 + (lane % 4) * 2 + c;
                         /* RAW: keep q.k; the scale is folded into the exp2 below */
                         float x = RAW ? s[mt][nt][r * 2 + c]
-                                      : logit_full<Cfg>(s[mt][nt][r * 2 + c], p, slope, i, j, h, hk);
+                                      : logit_full<Cfg>(s[mt][nt][r * 2 + c] * ksc, p, slope, i, j, h, hk, b,
+                                                        L_Q, L_KV);
                         if (need_mask) {
-                            bool vis = j < L_KV;
+                            bool vis = j < key_hi;
                             if (Cfg::CAUSAL) vis = vis && j <= i + off;
                             if (Cfg::WINDOW) vis = vis && j >= i + off - p.window_left;
                             if (ELEM && elem)
-                                vis = vis && mask_data<Cfg>(p, i, j) && mask_user<Cfg>(p, i, j, h, hk);
+                                vis = vis && mask_data<Cfg>(p, i, j) && mask_user<Cfg>(p, i, j, h, hk, b, L_Q, L_KV);
                             x = vis ? x : neg_inf();
                         }
                         s[mt][nt][r * 2 + c] = x;
@@ -335,8 +523,9 @@ template <class Cfg> __device__ void prefill_kernel(const kiln_launch_params &p)
     }
     cp_async_wait<0>();
 
-    /* Normalise and store. */
-    u16 *og = reinterpret_cast<u16 *>(p.o) + (i64)h * p.o_stride_h;
+    /* Normalise and store: o rows directly, or a partial state of the item's slot. */
+    u16 *og = reinterpret_cast<u16 *>(p.o) + (i64)q_start * p.o_stride_n + (i64)h * p.o_stride_h;
+    const float vsc = L::FP8 ? p.v_scale : 1.0f;
 #pragma unroll
     for (int mt = 0; mt < MT; mt++) {
 #pragma unroll
@@ -344,9 +533,10 @@ template <class Cfg> __device__ void prefill_kernel(const kiln_launch_params &p)
             float lr = l[mt][r];
             lr += __shfl_xor_sync(0xffffffffu, lr, 1);
             lr += __shfl_xor_sync(0xffffffffu, lr, 2);
-            const float inv = lr > 0.f ? 1.f / lr : 0.f;
-            const int i = m0 + wrow + mt * 16 + lane / 4 + r * 8;
-            if (i < L_Q) {
+            const float inv = lr > 0.f ? vsc / lr : 0.f;
+            const int rloc = wrow + mt * 16 + lane / 4 + r * 8, i = m0 + rloc;
+            const float lse2 = lr > 0.f ? m[mt][r] * c2 + log2_fast(lr) : neg_inf();
+            if (i < L_Q && slot < 0) {
                 u16 *orow = og + (i64)i * p.o_stride_n;
 #pragma unroll
                 for (int dt = 0; dt < DTN; dt++) {
@@ -355,8 +545,19 @@ template <class Cfg> __device__ void prefill_kernel(const kiln_launch_params &p)
                         o[mt][dt][r * 2] * inv, o[mt][dt][r * 2 + 1] * inv);
                 }
                 if (Cfg::LSE && lane % 4 == 0)
-                    reinterpret_cast<float *>(p.lse)[(i64)i * p.num_qo_heads + h] =
-                        lr > 0.f ? (m[mt][r] * c2 + log2_fast(lr)) * LN2 : neg_inf();
+                    reinterpret_cast<float *>(p.lse)[((i64)q_start + i) * p.num_qo_heads + h] = lse2 * LN2;
+            } else if (i < L_Q) {
+                const i64 at = ((i64)slot * p.num_qo_heads + h) * BM + rloc;
+                float *prow = reinterpret_cast<float *>(p.partial_o) + at * D;
+#pragma unroll
+                for (int dt = 0; dt < DTN; dt++) {
+                    const int d = dt * 8 + (lane % 4) * 2;
+                    float2 f2;
+                    f2.x = o[mt][dt][r * 2] * inv;
+                    f2.y = o[mt][dt][r * 2 + 1] * inv;
+                    *reinterpret_cast<float2 *>(prow + d) = f2;
+                }
+                if (lane % 4 == 0) reinterpret_cast<float *>(p.partial_lse)[at] = lse2;
             }
         }
     }
@@ -380,7 +581,7 @@ template <class Cfg> __device__ void prefill_tile_map_kernel(const kiln_launch_p
         if (Cfg::CAUSAL) builtin = builtin && j <= i + off;
         if (Cfg::WINDOW) builtin = builtin && j >= i + off - p.window_left;
         for (int h = 0; h < heads; h++) {
-            const bool vis = mask_data<Cfg>(p, i, j) && mask_user<Cfg>(p, i, j, h, h / Cfg::G);
+            const bool vis = mask_data<Cfg>(p, i, j) && mask_user<Cfg>(p, i, j, h, h / Cfg::G, 0, L_Q, L_KV);
             any = any || (vis && builtin);
             all = all && vis;
         }

@@ -168,13 +168,14 @@ __device__ __forceinline__ float logit_nat(float qk, float sm_scale, float cap, 
 
 /* The full logit in log2 units (times LOG2E, for exp2): the builtin transform, then the
  * variant's logits snippet when it has one (Cfg::logits_expr, generated from the user's
- * validated expression). i, j: query row and key index; h, hk: query and KV head. */
+ * validated expression). i, j: query row and key index; h, hk: query and KV head; b, L_Q,
+ * L_KV: the request (0 and the launch's lengths for a single request). */
 template <class Cfg, class P>
 __device__ __forceinline__ float logit_full(float qk, const P &p, float slope, int i, int j, int h,
-                                            int hk)
+                                            int hk, int b, int L_Q, int L_KV)
 {
-    float x = logit_nat<Cfg::LOGITS>(qk, p.sm_scale, p.softcap, slope, j - (i + p.kv_len - p.qo_len));
-    if constexpr (Cfg::HAS_LOGITS_EXPR) x = Cfg::logits_expr(x, 0, i, j, h, hk, p.qo_len, p.kv_len, p);
+    float x = logit_nat<Cfg::LOGITS>(qk, p.sm_scale, p.softcap, slope, j - (i + L_KV - L_Q));
+    if constexpr (Cfg::HAS_LOGITS_EXPR) x = Cfg::logits_expr(x, b, i, j, h, hk, L_Q, L_KV, p);
     return x * LOG2E;
 }
 
@@ -203,10 +204,110 @@ template <class Cfg, class P> __device__ __forceinline__ bool mask_data(const P 
 
 /* The variant's mask snippet (true: visible); always true without one. */
 template <class Cfg, class P>
-__device__ __forceinline__ bool mask_user(const P &p, int i, int j, int h, int hk)
+__device__ __forceinline__ bool mask_user(const P &p, int i, int j, int h, int hk, int b, int L_Q,
+                                          int L_KV)
 {
-    if constexpr (Cfg::HAS_MASK_EXPR) return Cfg::mask_expr(0, i, j, h, hk, p.qo_len, p.kv_len, p);
+    if constexpr (Cfg::HAS_MASK_EXPR) return Cfg::mask_expr(b, i, j, h, hk, L_Q, L_KV, p);
     return true;
+}
+
+/* ---- fp8 KV ----
+ * Four fp8 values (one 32-bit word, byte 0 first) to floats through f16 bits: e5m2 is the top
+ * byte of an f16; e4m3's exponent and mantissa shifted into an f16 give the value times 2^-8
+ * (normal and subnormal alike), a factor the host folds into k_scale / v_scale. */
+enum kv_dtype_id { KV_F16 = 0, KV_BF16 = 1, KV_E4M3 = 2, KV_E5M2 = 3 };
+
+__device__ __forceinline__ void half2_to_f(u32 w, float &lo, float &hi)
+{
+    unpack2<F16>(w, lo, hi);
+}
+
+template <int KVT> __device__ __forceinline__ void fp8x4_halves(u32 w, u32 &h01, u32 &h23)
+{
+    if (KVT == KV_E5M2) {
+        h01 = __byte_perm(w, 0, 0x1404);
+        h23 = __byte_perm(w, 0, 0x3424);
+    } else {
+        const u32 a = __byte_perm(w, 0, 0x4140), c = __byte_perm(w, 0, 0x4342);
+        h01 = ((a & 0x007f007fu) << 7) | ((a & 0x00800080u) << 8);
+        h23 = ((c & 0x007f007fu) << 7) | ((c & 0x00800080u) << 8);
+    }
+}
+
+template <int KVT> __device__ __forceinline__ void fp8x4_to_f(u32 w, float *f)
+{
+    u32 a, c;
+    fp8x4_halves<KVT>(w, a, c);
+    half2_to_f(a, f[0], f[1]);
+    half2_to_f(c, f[2], f[3]);
+}
+
+/* ---- RoPE (llama, non-interleaved: pairs d, d + D/2) ----
+ * Rotate (x0, x1) = (x[d], x[d + D/2]) by the angle pos * theta^(-2d/D) / rope_scale. */
+__device__ __forceinline__ float rope_freq(int d, int D, float rcp_scale, float log2_theta)
+{
+    return exp2_fast(-(float)(2 * d) / (float)D * log2_theta) * rcp_scale;
+}
+/* sin and cos of any float angle: reduced to [-pi, pi] in two steps of 2 pi (hi + lo parts),
+ * then the hardware approximations (absolute error about 2^-21 there). */
+__device__ __forceinline__ void sincos_reduced(float angle, float &s, float &c)
+{
+    float k;
+    asm("cvt.rni.f32.f32 %0, %1;" : "=f"(k) : "f"(angle * 0.15915494309189535f));
+    float r = fmaf(-k, 6.28318548202514648f, angle);
+    r = fmaf(-k, -1.7484556e-07f, r);
+    asm("sin.approx.f32 %0, %1;" : "=f"(s) : "f"(r));
+    asm("cos.approx.f32 %0, %1;" : "=f"(c) : "f"(r));
+}
+__device__ __forceinline__ void rope_rotate(float &x0, float &x1, float angle)
+{
+    float s, c;
+    sincos_reduced(angle, s, c);
+    const float a = x0 * c - x1 * s, b = x1 * c + x0 * s;
+    x0 = a;
+    x1 = b;
+}
+
+/* ---- batches ---- */
+
+/* One work item of a batch plan: request b, query tile m, keys [kv_lo, kv_hi), and the
+ * partial-state slot it writes (-1: it owns its rows and writes o directly). */
+struct work_item {
+    int b, m, kv_lo, kv_hi, slot;
+};
+/* One request: its query rows start at q_start in q/o, its keys at kv_start (ragged: token
+ * row; paged: offset into kv_indices). */
+struct work_req {
+    int q_start, qo_len, kv_start, kv_len;
+};
+
+template <class P> __device__ __forceinline__ work_item load_item(const P &p, int i)
+{
+    const int *w = reinterpret_cast<const int *>(p.work) + p.items_off + i * 8;
+    const int4 a = *reinterpret_cast<const int4 *>(w);
+    return work_item{a.x, a.y, a.z, a.w, w[4]};
+}
+template <class P> __device__ __forceinline__ work_req load_req(const P &p, int b)
+{
+    const int4 a = *reinterpret_cast<const int4 *>(reinterpret_cast<const int *>(p.work) + p.reqs_off + b * 4);
+    return work_req{a.x, a.y, a.z, a.w};
+}
+template <class P> __device__ __forceinline__ int num_items(const P &p)
+{
+    return reinterpret_cast<const int *>(p.work)[0];
+}
+
+/* Element offset of key j of a request (KV = 0 contiguous, 1 ragged, 2 paged) from the base
+ * pointer of its KV head, for a tensor with the given token and page strides. */
+template <int KV, class P>
+__device__ __forceinline__ i64 kv_row_offset(const P &p, int kv_start, int j, i64 stride_n, i64 stride_page)
+{
+    if (KV == 0) return (i64)j * stride_n;
+    if (KV == 1) return (i64)(kv_start + j) * stride_n;
+    const int ps = p.page_size;
+    const int pg = j / ps;
+    const int page = reinterpret_cast<const int *>(p.kv_indices)[kv_start + pg];
+    return (i64)page * stride_page + (i64)(j - pg * ps) * stride_n;
 }
 
 } /* namespace kiln */

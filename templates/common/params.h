@@ -40,8 +40,23 @@ typedef struct kiln_launch_params {
     int bsr_r, bsr_c;               /* bsr block shape */
     int kv_tiles;                   /* prefill: key tiles per query tile (row stride of the map) */
     int pad2;
+    /* batches (kv=ragged / kv=paged): the plan's schedule lives in the workspace */
+    unsigned long long kv_indices;  /* paged: int page ids */
+    unsigned long long work;        /* int: [0] items, [1] merge tasks, then the arrays below */
+    unsigned long long rope_offsets; /* int [B] position offsets, or 0 */
+    long long k_stride_page, v_stride_page; /* paged: elements between pages */
+    int items_off;   /* int offset in work of the items: 8 ints each (b, m, kv_lo, kv_hi, slot) */
+    int reqs_off;    /* int offset of the requests: 4 ints each (q_start, qo_len, kv_start, kv_len) */
+    int tasks_off;   /* int offset of the merge tasks: 4 ints each (b, m, slot0, nslots) */
+    int page_size;   /* paged: tokens per page */
+    int slot_rows;   /* rows of one partial slot per head: decode 1, prefill BM */
+    float k_scale;   /* fp8: effective scale of stored k (e4m3 includes 2^8, see device.cuh) */
+    float v_scale;   /* fp8: effective scale of stored v */
+    float rope_rcp_scale; /* rope: 1 / rope_scale */
+    float rope_log2_theta; /* rope: log2(rope_theta) */
+    int pad3;
 } kiln_launch_params;
 
-#define KILN_LAUNCH_PARAMS_SIZE 288
+#define KILN_LAUNCH_PARAMS_SIZE 368
 
 #endif /* KILN_PARAMS_H */
