@@ -425,6 +425,9 @@ typedef struct kiln_plan_opts {
                           this many tokens whatever else is in the batch, so its output is
                           bitwise the same in any batch; 0: the planner balances the batch */
     int no_split;      /* 1: never split a request's keys (one CTA per request and head group) */
+    int64_t max_total_kv; /* with fixed_split: bound on the sum of the requests' keys, which
+                             sizes the workspace for the splits (0: the planner's own bound on
+                             split items applies, and a plan past it fails) */
 } kiln_plan_opts;
 
 /* Create a plan object for a loaded batch kernel (kv=ragged or kv=paged). Allocates a small

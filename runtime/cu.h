@@ -20,7 +20,8 @@
     X(cuGetErrorName) X(cuMemAlloc) X(cuMemFree) X(cuMemcpyHtoD) X(cuMemcpyDtoH)               \
     X(cuMemcpyDtoD) X(cuMemsetD8) X(cuMemsetD32) X(cuStreamCreate) X(cuStreamDestroy)          \
     X(cuStreamSynchronize) X(cuEventCreate) X(cuEventRecord) X(cuEventSynchronize)             \
-    X(cuEventElapsedTime) X(cuEventDestroy) X(cuOccupancyMaxActiveBlocksPerMultiprocessor)
+    X(cuEventElapsedTime) X(cuEventDestroy) X(cuOccupancyMaxActiveBlocksPerMultiprocessor)           \
+    X(cuMemHostAlloc) X(cuMemFreeHost) X(cuMemcpyHtoDAsync)
 
 typedef struct kiln__cu {
 #define KILN__CU_MEMBER(name) __typeof__(&name) name;

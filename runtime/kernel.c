@@ -47,6 +47,8 @@ static void make_memo_key(const kiln_variant *v, const char *arch, memo_key *mk)
     n->logits = v->logits;
     n->lse = v->lse;
     n->mask_data = v->mask_data;
+    n->kv = v->kv;
+    n->rope = v->rope;
     n->num_params = v->num_params;
     for (int i = 0; i < v->num_params && i < KILN_MAX_USER_PARAMS; i++) {
         copy_str(n->params[i].name, v->params[i].name, sizeof n->params[i].name);
@@ -78,9 +80,15 @@ static kiln_status load_module(kiln_ctx *ctx, kiln_kernel *k, kiln__err *e)
     if (st) return st;
     CUresult r = cu->cuModuleLoadData(&k->module, k->cubin);
     if (r != CUDA_SUCCESS) return kiln__cu_fail(e, r, "load %s (%s) for %s", k->key, k->spec, k->arch);
-    r = cu->cuModuleGetFunction(&k->fn_main, k->module, KILN__ENTRY_MAIN);
-    if (r == CUDA_SUCCESS && k->v.op == KILN_OP_DECODE)
-        r = cu->cuModuleGetFunction(&k->fn_merge, k->module, KILN__ENTRY_MERGE);
+    if (k->v.op == KILN_OP_MERGE) {
+        r = cu->cuModuleGetFunction(&k->fn_main, k->module, KILN__ENTRY_MERGE_STATE);
+        if (r == CUDA_SUCCESS) r = cu->cuModuleGetFunction(&k->fn_merge, k->module, KILN__ENTRY_MERGE_IN_PLACE);
+        if (r == CUDA_SUCCESS) r = cu->cuModuleGetFunction(&k->fn_aux, k->module, KILN__ENTRY_MERGE_STATES);
+    } else {
+        r = cu->cuModuleGetFunction(&k->fn_main, k->module, KILN__ENTRY_MAIN);
+        if (r == CUDA_SUCCESS && (k->v.op == KILN_OP_DECODE || k->v.kv != KILN_KV_CONTIGUOUS))
+            r = cu->cuModuleGetFunction(&k->fn_merge, k->module, KILN__ENTRY_MERGE);
+    }
     if (r == CUDA_SUCCESS)
         r = cu->cuFuncSetAttribute(k->fn_main, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
                                    k->cfg.smem_bytes);

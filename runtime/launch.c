@@ -3,6 +3,7 @@
  * plan of decode, the parameter block) and one or two cuLaunchKernel calls on the caller's
  * stream: no allocation, no synchronisation, no cache or compiler work.
  */
+#include <math.h>
 #include <string.h>
 
 #include "params.h"
@@ -18,15 +19,21 @@ static kiln_status fail(kiln_kernel *k, kiln_status st, kiln__err *e)
 }
 
 /* Checks shared by decode and prefill; fills the common part of the parameter block. */
-static kiln_status prepare(kiln_kernel *k, const kiln_attn_args *a, kiln_op op,
-                           kiln_launch_params *p, kiln__err *e)
+static kiln_status prepare_as(kiln_kernel *k, const kiln_attn_args *a, kiln_op op, int batch,
+                              kiln_launch_params *p, kiln__err *e)
 {
-    const char *what = op == KILN_OP_DECODE ? "single decode" : "single prefill";
+    const char *what = batch ? (op == KILN_OP_DECODE ? "batch decode" : "batch prefill")
+                             : op == KILN_OP_DECODE ? "single decode" : "single prefill";
     if (!k || !a) return kiln__fail(e, KILN_STATUS_INVALID_ARGUMENT, "%s: NULL kernel or args", what);
     const kiln_variant *v = &k->v;
     if (v->op != op)
         return kiln__fail(e, KILN_STATUS_INVALID_ARGUMENT, "%s: kernel %s is a %s kernel", what,
                           k->spec, kiln__op_name(v->op));
+    if (!batch && v->kv != KILN_KV_CONTIGUOUS)
+        return kiln__fail(e, KILN_STATUS_INVALID_ARGUMENT,
+                          "%s: kernel %s is a batch kernel (kv=%s): use kiln_plan_create, kiln_batch_plan "
+                          "and kiln_batch_run",
+                          what, k->spec, kiln__kv_name(v->kv));
     if (!k->loaded)
         return kiln__fail(e, KILN_STATUS_INVALID_ARGUMENT,
                           "%s: kernel %s (%s) was compiled for inspection, not loaded; use kiln_kernel_get",
@@ -85,12 +92,28 @@ static kiln_status prepare(kiln_kernel *k, const kiln_attn_args *a, kiln_op op,
     p->k_stride_h = a->k_stride_h ? a->k_stride_h : nhd ? D : (int64_t)L_KV * D;
     p->v_stride_n = a->v_stride_n ? a->v_stride_n : nhd ? (int64_t)H_KV * D : D;
     p->v_stride_h = a->v_stride_h ? a->v_stride_h : nhd ? D : (int64_t)L_KV * D;
-    if ((p->q_stride_h | p->q_stride_n | p->k_stride_n | p->k_stride_h | p->v_stride_n |
-         p->v_stride_h) % 8 ||
+    const int fp8 = v->kv_dtype == KILN_DTYPE_E4M3 || v->kv_dtype == KILN_DTYPE_E5M2;
+    if ((p->q_stride_h | p->q_stride_n) % 8 || (p->k_stride_n | p->k_stride_h | p->v_stride_n | p->v_stride_h) % (fp8 ? 16 : 8) ||
         (p->o_stride_h | p->o_stride_n) % 2)
         return kiln__fail(e, KILN_STATUS_INVALID_ARGUMENT,
-                          "%s %s: q/k/v strides must be multiples of 8 elements and o strides even",
+                          "%s %s: q strides must be multiples of 8 elements, k/v strides of 16 bytes, o strides even",
                           what, k->spec);
+    /* fp8: e4m3 is decoded through f16 bits at 2^-8 of its value (device.cuh) */
+    const float k_scale = rp->k_scale != 0.f ? rp->k_scale : 1.f, v_scale = rp->v_scale != 0.f ? rp->v_scale : 1.f;
+    if (fp8 && (!(k_scale > 0.f) || !(v_scale > 0.f)))
+        return kiln__fail(e, KILN_STATUS_INVALID_ARGUMENT, "%s %s: k_scale and v_scale must be > 0 (got %g, %g)",
+                          what, k->spec, (double)rp->k_scale, (double)rp->v_scale);
+    const float fp8_unit = v->kv_dtype == KILN_DTYPE_E4M3 ? 256.f : 1.f;
+    p->k_scale = fp8 ? k_scale * fp8_unit : 1.f;
+    p->v_scale = fp8 ? v_scale * fp8_unit : 1.f;
+    if (v->rope) {
+        const float rs = rp->rope_scale != 0.f ? rp->rope_scale : 1.f, th = rp->rope_theta != 0.f ? rp->rope_theta : 1e4f;
+        if (!(rs > 0.f) || !(th > 0.f))
+            return kiln__fail(e, KILN_STATUS_INVALID_ARGUMENT, "%s %s: rope_scale and rope_theta must be > 0", what,
+                              k->spec);
+        p->rope_rcp_scale = 1.f / rs;
+        p->rope_log2_theta = log2f(th);
+    }
     p->qo_len = L_Q;
     p->kv_len = L_KV;
     p->num_qo_heads = H;
@@ -145,6 +168,35 @@ static kiln_status prepare(kiln_kernel *k, const kiln_attn_args *a, kiln_op op,
         }
     }
     return KILN_STATUS_OK;
+}
+
+static kiln_status prepare(kiln_kernel *k, const kiln_attn_args *a, kiln_op op, kiln_launch_params *p,
+                           kiln__err *e)
+{
+    return prepare_as(k, a, op, 0, p, e);
+}
+
+/* The parameter block of a batch run: the checks and run-time values shared with single
+ * requests; batch.c fills in the schedule and the KV strides. */
+kiln_status kiln__batch_prepare(kiln_kernel *k, const kiln_batch_args *b, int H, kiln_launch_params *p,
+                                kiln__err *e)
+{
+    kiln_attn_args a;
+    memset(&a, 0, sizeof a);
+    a.q = b->q;
+    a.k = b->k;
+    a.v = b->v;
+    a.o = b->o;
+    a.lse = b->lse;
+    a.num_qo_heads = H;
+    a.qo_len = 0;
+    a.kv_len = 1;
+    a.q_stride_n = b->q_stride_n;
+    a.q_stride_h = b->q_stride_h;
+    a.o_stride_n = b->o_stride_n;
+    a.o_stride_h = b->o_stride_h;
+    a.params = b->params;
+    return prepare_as(k, &a, k ? k->v.op : KILN_OP_DECODE, 1, p, e);
 }
 
 /* Splits a decode of n keys may use: at most one wave of CTAs (a partial second wave would

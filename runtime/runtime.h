@@ -11,6 +11,7 @@
 #include "cu.h"
 #include "jit.h"
 #include "kiln.h"
+#include "params.h"
 
 #define KILN__MEMO_BUCKETS 1024
 
@@ -32,7 +33,7 @@ struct kiln_kernel {
     int loaded;
     int building; /* 1 while one thread builds or loads it; others wait on memo_cond */
     CUmodule module;
-    CUfunction fn_main, fn_merge;
+    CUfunction fn_main, fn_merge, fn_aux; /* merge ops: state, in place, states */
     int ctas_per_sm; /* occupancy of fn_main */
     uint64_t memo_hash;
     struct kiln_kernel *next; /* memo chain */
@@ -73,5 +74,9 @@ kiln_status kiln__ctx_policy(kiln_ctx *ctx, const kiln_ctx_opts *o, kiln__err *e
 void kiln__ctx_policy_free(kiln_ctx *ctx);
 /* Append "<spec> arch=<arch>" to the record manifest (one write, O_APPEND). */
 kiln_status kiln__ctx_record(kiln_ctx *ctx, const char *spec, const char *arch, kiln__err *e);
+
+/* The parameter block of a batch run (launch.c): argument checks and run-time values. */
+kiln_status kiln__batch_prepare(kiln_kernel *k, const kiln_batch_args *a, int H, kiln_launch_params *p,
+                                kiln__err *e);
 
 #endif /* KILN_RUNTIME_H */
