@@ -89,6 +89,7 @@ static void abi_text(char *buf, size_t cap)
     ABI_SIZE(b, kiln_plan_opts);
     ABI_OFF(b, kiln_plan_opts, fixed_split);
     ABI_OFF(b, kiln_plan_opts, no_split);
+    ABI_OFF(b, kiln_plan_opts, max_total_kv);
     ABI_SIZE(b, kiln_batch_shape);
     ABI_OFF(b, kiln_batch_shape, qo_indptr);
     ABI_OFF(b, kiln_batch_shape, kv_last_page_len);

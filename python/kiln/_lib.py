@@ -194,6 +194,7 @@ class kiln_plan_opts(ctypes.Structure):
         ("max_qo_tokens", ctypes.c_int),
         ("fixed_split", ctypes.c_int),
         ("no_split", ctypes.c_int),
+        ("max_total_kv", ctypes.c_int64),
     ]
 
 
