@@ -45,6 +45,7 @@ struct kiln_plan {
     kiln_devptr ws;
     size_t ws_bytes;
     int planned;
+    int host_only;      /* tests: schedule into plain host memory, no device (kiln__plan_host) */
     /* host staging */
     int *host;          /* pinned, host_ints long */
     size_t host_ints;
@@ -164,9 +165,45 @@ kiln_status kiln_plan_create(kiln_kernel *k, const kiln_plan_opts *opts, kiln_pl
     return KILN_STATUS_OK;
 }
 
+kiln_status kiln__plan_host(kiln_kernel *k, const kiln_plan_opts *opts, int sms, int ctas_per_sm, kiln_plan **out)
+{
+    *out = NULL;
+    kiln_plan *pl = calloc(1, sizeof *pl);
+    if (!pl) return KILN_STATUS_NO_MEMORY;
+    const kiln_variant *v = &k->v;
+    pl->k = k;
+    pl->o = *opts;
+    pl->host_only = 1;
+    pl->decode = v->op == KILN_OP_DECODE;
+    pl->H = opts->num_qo_heads;
+    pl->D = v->head_dim;
+    pl->hpi = pl->decode ? (pl->H / v->group) * (v->group / k->cfg.gb) : pl->H;
+    pl->rows = pl->decode ? 1 : k->cfg.block_m;
+    pl->gran = pl->decode ? DECODE_TILE * k->cfg.warps : k->cfg.block_n;
+    pl->slots = sms * ctas_per_sm;
+    if (pl->o.fixed_split > 0) pl->o.fixed_split = (pl->o.fixed_split + pl->gran - 1) / pl->gran * pl->gran;
+    *out = pl;
+    return KILN_STATUS_OK;
+}
+
+const int *kiln__plan_schedule(const kiln_plan *pl, int *items_off, int *reqs_off, int *tasks_off)
+{
+    *items_off = pl->items_off;
+    *reqs_off = pl->reqs_off;
+    *tasks_off = pl->tasks_off;
+    return pl->host;
+}
+
 void kiln_plan_destroy(kiln_plan *pl)
 {
     if (!pl) return;
+    if (pl->host_only) {
+        free(pl->host);
+        free(pl->tile_keys);
+        free(pl->order);
+        free(pl);
+        return;
+    }
     const kiln__cu *cu = pl->k->ctx->cu;
     if (cu) {
         kiln__err e;
@@ -317,7 +354,7 @@ kiln_status kiln_batch_plan(kiln_plan *pl, const kiln_batch_shape *s, kiln_devpt
     layout L;
     if (layout_for(pl, lb, pl->decode ? lb : lq, &L))
         return plan_fail(pl, kiln__fail(&e, KILN_STATUS_INVALID_ARGUMENT, "plan %s: batch too large", pl->k->spec), &e);
-    if (!workspace || workspace_bytes < L.bytes || workspace % 256)
+    if (!pl->host_only && (!workspace || workspace_bytes < L.bytes || workspace % 256))
         return plan_fail(pl, kiln__fail(&e, KILN_STATUS_WORKSPACE,
                                         "plan %s: the workspace holds %zu bytes at 0x%llx; this batch needs %zu, "
                                         "256-byte aligned (kiln_plan_workspace_size)",
@@ -380,7 +417,13 @@ kiln_status kiln_batch_plan(kiln_plan *pl, const kiln_batch_shape *s, kiln_devpt
         if (r != CUDA_SUCCESS) return plan_fail(pl, kiln__cu_fail(&e, r, "plan %s: previous copy", pl->k->spec), &e);
     }
     const size_t ints = L.int_bytes / sizeof(int);
-    if ((st = kiln__ctx_bind(pl->k->ctx, &e))) return plan_fail(pl, st, &e);
+    if (pl->host_only && ints > pl->host_ints) {
+        free(pl->host);
+        pl->host = calloc(ints, sizeof(int));
+        pl->host_ints = pl->host ? ints : 0;
+        if (!pl->host) return plan_fail(pl, kiln__fail(&e, KILN_STATUS_NO_MEMORY, "plan: out of memory"), &e);
+    }
+    if (!pl->host_only && (st = kiln__ctx_bind(pl->k->ctx, &e))) return plan_fail(pl, st, &e);
     if (ints > pl->host_ints) {
         if (pl->host) pl->k->ctx->cu->cuMemFreeHost(pl->host);
         pl->host = NULL;
@@ -438,11 +481,13 @@ kiln_status kiln_batch_plan(kiln_plan *pl, const kiln_batch_shape *s, kiln_devpt
 
     /* one copy of the int region actually used (header .. last task) */
     const size_t used = (size_t)(L.tasks_off + ntasks * TASK_INTS) * sizeof(int);
-    const kiln__cu *cu = pl->k->ctx->cu;
-    CUresult r = cu->cuMemcpyHtoDAsync(workspace, w, used, (CUstream)stream);
-    if (r == CUDA_SUCCESS) r = cu->cuEventRecord(pl->copied, (CUstream)stream);
-    if (r != CUDA_SUCCESS) return plan_fail(pl, kiln__cu_fail(&e, r, "plan %s: copy the schedule", pl->k->spec), &e);
-    pl->copy_pending = 1;
+    if (!pl->host_only) {
+        const kiln__cu *cu = pl->k->ctx->cu;
+        CUresult r = cu->cuMemcpyHtoDAsync(workspace, w, used, (CUstream)stream);
+        if (r == CUDA_SUCCESS) r = cu->cuEventRecord(pl->copied, (CUstream)stream);
+        if (r != CUDA_SUCCESS) return plan_fail(pl, kiln__cu_fail(&e, r, "plan %s: copy the schedule", pl->k->spec), &e);
+        pl->copy_pending = 1;
+    }
 
     pl->items_off = L.items_off;
     pl->reqs_off = L.reqs_off;

@@ -79,4 +79,11 @@ kiln_status kiln__ctx_record(kiln_ctx *ctx, const char *spec, const char *arch, 
 kiln_status kiln__batch_prepare(kiln_kernel *k, const kiln_batch_args *a, int H, kiln_launch_params *p,
                                 kiln__err *e);
 
+/* Tests: a plan that schedules into host memory only, for a kernel that need not be loaded,
+ * on a device of `sms` SMs running `ctas_per_sm` CTAs each; and its last schedule (ints: header
+ * [items, tasks, batch, 0], items of 8 ints at items_off, requests of 4 at reqs_off, tasks of 4
+ * at tasks_off). batch.c. */
+kiln_status kiln__plan_host(kiln_kernel *k, const kiln_plan_opts *opts, int sms, int ctas_per_sm, kiln_plan **out);
+const int *kiln__plan_schedule(const kiln_plan *pl, int *items_off, int *reqs_off, int *tasks_off);
+
 #endif /* KILN_RUNTIME_H */

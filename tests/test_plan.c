@@ -1,0 +1,442 @@
+/*
+ * test_plan.c — the batch planner on the host (no GPU): every schedule covers each (request,
+ * query tile, key) exactly once, slots and merge tasks agree, no item is far longer than the
+ * average work per CTA slot, the workspace size bounds every plan, fixed splits are batch
+ * invariant, and degenerate batches are handled or refused with a message naming the request.
+ *
+ * Plans are made with kiln__plan_host (runtime.h) for kernels compiled for sm_90a on a
+ * 132-SM device running 1 (decode) or 2 (prefill) CTAs per SM, like an H200.
+ */
+#include <stdlib.h>
+#include <string.h>
+
+#include "kt.h"
+#include "runtime.h"
+
+enum { SMS = 132 };
+
+static kiln_kernel *compile(kiln_ctx *ctx, const char *spec)
+{
+    kiln_variant v;
+    if (kiln_variant_parse(spec, &v) != KILN_STATUS_OK) {
+        kt_fail(__FILE__, __LINE__, "%s: %s", spec, kiln_errmsg());
+        return NULL;
+    }
+    kiln_kernel *k = NULL;
+    if (kiln_kernel_compile(ctx, &v, "sm_90a", &k) != KILN_STATUS_OK)
+        kt_fail(__FILE__, __LINE__, "%s: %s", spec, kiln_ctx_errmsg(ctx));
+    return k;
+}
+
+static kiln_ctx *make_ctx(void)
+{
+    kiln_ctx_opts o = {0};
+    o.no_device = 1;
+    o.cache_dir = kt_tmpdir();
+    kiln_ctx *ctx = NULL;
+    if (kiln_ctx_create(&o, &ctx) != KILN_STATUS_OK) kt_fail(__FILE__, __LINE__, "%s", kiln_errmsg());
+    return ctx;
+}
+
+static unsigned rnd(unsigned *s)
+{
+    *s = *s * 1664525u + 1013904223u;
+    return *s >> 8;
+}
+
+/* A batch: lengths and the index arrays kiln_batch_plan reads. */
+typedef struct batch {
+    int B;
+    int qo[300], kv[300];
+    int qo_indptr[301], kv_indptr[301], last[300];
+} batch;
+
+static void build(batch *b, int paged, int page)
+{
+    b->qo_indptr[0] = b->kv_indptr[0] = 0;
+    for (int i = 0; i < b->B; i++) {
+        b->qo_indptr[i + 1] = b->qo_indptr[i] + b->qo[i];
+        const int pages = paged ? (b->kv[i] + page - 1) / page : b->kv[i];
+        b->kv_indptr[i + 1] = b->kv_indptr[i] + pages;
+        b->last[i] = paged && b->kv[i] ? b->kv[i] - (pages - 1) * page : 1;
+    }
+}
+
+static kiln_batch_shape shape_of(const batch *b, int decode)
+{
+    kiln_batch_shape s = {b->B, decode ? NULL : b->qo_indptr, b->kv_indptr, b->last};
+    return s;
+}
+
+/* Check one schedule against the batch: coverage, slots, tasks, item length bound. */
+static void check_schedule(kiln_plan *pl, const batch *b, int decode, int rows, int causal, const char *what)
+{
+    kiln_plan_info info;
+    KT_OK(kiln_plan_describe(pl, &info), kiln_errmsg());
+    int io, ro, to;
+    const int *w = kiln__plan_schedule(pl, &io, &ro, &to);
+    const int nitems = w[0], ntasks = w[1];
+    KT_EQ_INT(nitems, info.items);
+    KT_EQ_INT(ntasks, info.merge_tasks);
+    /* requests */
+    for (int r = 0; r < b->B; r++) {
+        const int *q = w + ro + r * 4;
+        if (q[1] != (decode ? 1 : b->qo[r]) || q[3] != b->kv[r]) {
+            kt_fail(__FILE__, __LINE__, "%s: request %d recorded as qo=%d kv=%d, is qo=%d kv=%d", what, r, q[1],
+                    q[3], decode ? 1 : b->qo[r], b->kv[r]);
+            return;
+        }
+    }
+    /* coverage: per (request, tile) the items' key ranges tile [0, visible keys) in order */
+    int64_t total = 0, work = 0, longest = 0;
+    int *slot_seen = calloc((size_t)nitems + 1, sizeof(int));
+    for (int r = 0; r < b->B; r++) {
+        const int qo = decode ? 1 : b->qo[r], kv = b->kv[r];
+        const int tiles = decode ? 1 : (qo + rows - 1) / rows;
+        for (int m = 0; m < tiles; m++) {
+            int64_t vis = kv;
+            if (causal && !decode) {
+                vis = (int64_t)(m + 1) * rows + kv - qo;
+                if (vis > kv) vis = kv;
+                if (vis < 0) vis = 0;
+            }
+            int covered = 0, n = 0, split = 0;
+            for (int i = 0; i < nitems; i++) {
+                const int *it = w + io + i * 8;
+                if (it[0] != r || it[1] != m) continue;
+                n++;
+                if (it[4] >= 0) split = 1;
+                if (it[2] != covered) {
+                    /* items of one tile are emitted in key order */
+                    kt_fail(__FILE__, __LINE__, "%s: request %d tile %d: item starts at %d, expected %d", what, r, m,
+                            it[2], covered);
+                    free(slot_seen);
+                    return;
+                }
+                covered = it[3];
+                if (it[3] - it[2] > longest) longest = it[3] - it[2];
+                if (it[4] >= 0) {
+                    if (it[4] >= nitems || slot_seen[it[4]]++) {
+                        kt_fail(__FILE__, __LINE__, "%s: slot %d reused or out of range", what, it[4]);
+                        free(slot_seen);
+                        return;
+                    }
+                }
+            }
+            if (n == 0 || covered != vis || (n > 1) != split) {
+                kt_fail(__FILE__, __LINE__, "%s: request %d tile %d: %d items cover %d of %lld keys (split=%d)", what,
+                        r, m, n, covered, (long long)vis, split);
+                free(slot_seen);
+                return;
+            }
+            total += vis;
+            work += vis;
+        }
+    }
+    /* no item belongs to a tile that does not exist */
+    for (int i = 0; i < nitems; i++) {
+        const int *it = w + io + i * 8;
+        const int tiles = it[0] < b->B ? (decode ? 1 : (b->qo[it[0]] + rows - 1) / rows) : 0;
+        if (it[0] >= b->B || it[1] >= tiles) {
+            kt_fail(__FILE__, __LINE__, "%s: item %d names request %d tile %d", what, i, it[0], it[1]);
+            break;
+        }
+    }
+    /* tasks: each names a split tile, its slots are that tile's items' slots */
+    for (int t = 0; t < ntasks; t++) {
+        const int *tk = w + to + t * 4;
+        int n = 0, lo = 1 << 30;
+        for (int i = 0; i < nitems; i++) {
+            const int *it = w + io + i * 8;
+            if (it[0] == tk[0] && it[1] == tk[1]) {
+                n++;
+                if (it[4] < lo) lo = it[4];
+            }
+        }
+        if (n != tk[3] || lo != tk[2] || n < 2) {
+            kt_fail(__FILE__, __LINE__, "%s: task %d (request %d tile %d) says slots %d+%d, items say %d+%d", what, t,
+                    tk[0], tk[1], tk[2], tk[3], lo, n);
+            break;
+        }
+    }
+    KT_EQ_INT((int)info.total_keys, (int)total);
+    KT_EQ_INT((int)info.max_item_keys, (int)longest);
+    free(slot_seen);
+    (void)work;
+}
+
+/* Balance bound: no item is longer than twice the average work per CTA slot, unless it is a
+ * single unsplit tile no longer than 4 granules or the split granule itself. */
+static void check_balance(kiln_plan *pl, int hpi, int slots, int gran, const char *what)
+{
+    kiln_plan_info info;
+    kiln_plan_describe(pl, &info);
+    const double avg = (double)info.total_keys * hpi / slots;
+    const double bound = 2 * avg > 4 * gran ? 2 * avg : 4 * gran;
+    if ((double)info.max_item_keys > bound && info.max_item_keys > info.kv_chunk)
+        kt_fail(__FILE__, __LINE__, "%s: longest item %lld keys > bound %.0f (avg per slot %.0f, chunk %d)", what,
+                (long long)info.max_item_keys, bound, avg, info.kv_chunk);
+}
+
+KT_TEST(plan_schedules_cover_and_balance)
+{
+    kiln_ctx *ctx = make_ctx();
+    KT_REQUIRE(ctx);
+    static const char *const specs[] = {
+        "op=decode dtype=bf16 head_dim=128 group=4 kv=paged",
+        "op=decode dtype=f16 head_dim=64 group=1 kv=ragged",
+        "op=prefill dtype=bf16 head_dim=128 group=4 mask=causal kv=paged",
+        "op=prefill dtype=f16 head_dim=128 group=1 kv=ragged",
+    };
+    unsigned seed = 7;
+    int plans = 0;
+    for (int si = 0; si < 4; si++) {
+        kiln_kernel *k = compile(ctx, specs[si]);
+        if (!k) continue;
+        const int decode = k->v.op == KILN_OP_DECODE, paged = k->v.kv == KILN_KV_PAGED;
+        const int causal = k->v.mask == KILN_MASK_CAUSAL, H = 32;
+        for (int trial = 0; trial < 40; trial++) {
+            batch *b = calloc(1, sizeof *b);
+            const int shapes = trial % 5;
+            b->B = shapes == 0 ? 1 : shapes == 1 ? 17 : shapes == 2 ? 64 : shapes == 3 ? 256 : 12;
+            for (int r = 0; r < b->B; r++) {
+                b->kv[r] = shapes == 0 ? 1 + (int)(rnd(&seed) % 40000) : (int)(rnd(&seed) % 5000);
+                if (shapes == 4 && r == 0) b->kv[r] = 30000; /* one huge among tiny */
+                if (shapes == 4 && r) b->kv[r] = (int)(rnd(&seed) % 3);
+                b->qo[r] = decode ? 1 : (int)(rnd(&seed) % 700);
+                if (causal && b->qo[r] > b->kv[r] && rnd(&seed) % 2) b->qo[r] = b->kv[r];
+            }
+            build(b, paged, 16);
+            kiln_plan_opts o = {0};
+            o.num_qo_heads = H;
+            o.page_size = 16;
+            kiln_plan *pl = NULL;
+            KT_OK(kiln__plan_host(k, &o, SMS, decode ? 1 : 2, &pl), "plan host");
+            kiln_batch_shape sh = shape_of(b, decode);
+            char what[128];
+            snprintf(what, sizeof what, "%s trial %d B=%d", specs[si], trial, b->B);
+            if (kiln_batch_plan(pl, &sh, 0, 0, NULL) != KILN_STATUS_OK) {
+                kt_fail(__FILE__, __LINE__, "%s: %s", what, kiln_ctx_errmsg(ctx));
+            } else {
+                check_schedule(pl, b, decode, decode ? 1 : k->cfg.block_m, causal, what);
+                check_balance(pl, decode ? (H / k->v.group) * (k->v.group / k->cfg.gb) : H, SMS * (decode ? 1 : 2),
+                              decode ? 32 * k->cfg.warps : k->cfg.block_n, what);
+                /* the workspace size bounds the plan */
+                size_t need = 0;
+                KT_OK(kiln_plan_workspace_size(pl, b->B, decode ? b->B : b->qo_indptr[b->B], &need), "size");
+                int io, ro, to;
+                const int *w = kiln__plan_schedule(pl, &io, &ro, &to);
+                KT_CHECK((size_t)(to + w[1] * 4) * sizeof(int) <= need);
+                plans++;
+            }
+            kiln_plan_destroy(pl);
+            free(b);
+        }
+    }
+    KT_CHECK(plans == 160);
+    kiln_ctx_destroy(ctx);
+}
+
+/* A long single decode is split over the device; a batch that fills the device is not. */
+KT_TEST(plan_split_decisions)
+{
+    kiln_ctx *ctx = make_ctx();
+    KT_REQUIRE(ctx);
+    kiln_kernel *k = compile(ctx, "op=decode dtype=bf16 head_dim=128 group=4 kv=paged");
+    KT_REQUIRE(k);
+    kiln_plan_opts o = {0};
+    o.num_qo_heads = 32;
+    o.page_size = 16;
+    kiln_plan *pl = NULL;
+    KT_OK(kiln__plan_host(k, &o, SMS, 1, &pl), "plan host");
+    batch *b = calloc(1, sizeof *b);
+    b->B = 1;
+    b->kv[0] = 32768;
+    build(b, 1, 16);
+    kiln_batch_shape sh = shape_of(b, 1);
+    KT_OK(kiln_batch_plan(pl, &sh, 0, 0, NULL), kiln_ctx_errmsg(ctx));
+    kiln_plan_info info;
+    kiln_plan_describe(pl, &info);
+    KT_CHECK(info.items >= 8 && info.items * 8 <= 2 * SMS); /* split, about one wave */
+    KT_CHECK(info.merge_tasks == 1);
+    b->B = 64;
+    for (int r = 0; r < 64; r++) b->kv[r] = 4096;
+    build(b, 1, 16);
+    sh = shape_of(b, 1);
+    KT_OK(kiln_batch_plan(pl, &sh, 0, 0, NULL), kiln_ctx_errmsg(ctx));
+    kiln_plan_describe(pl, &info);
+    KT_EQ_INT(info.merge_tasks, 0); /* 512 CTAs already fill 132 slots */
+    KT_EQ_INT(info.items, 64);
+    kiln_plan_destroy(pl);
+    free(b);
+    kiln_ctx_destroy(ctx);
+}
+
+/* fixed_split: a request's items do not depend on the rest of the batch. */
+KT_TEST(plan_fixed_split_invariant)
+{
+    kiln_ctx *ctx = make_ctx();
+    KT_REQUIRE(ctx);
+    kiln_kernel *k = compile(ctx, "op=decode dtype=bf16 head_dim=128 group=4 kv=paged");
+    KT_REQUIRE(k);
+    kiln_plan_opts o = {0};
+    o.num_qo_heads = 32;
+    o.page_size = 16;
+    o.fixed_split = 1000; /* rounded up to the 128-key granule: 1024 */
+    o.max_total_kv = 1 << 22;
+    kiln_plan *pl = NULL;
+    KT_OK(kiln__plan_host(k, &o, SMS, 1, &pl), "plan host");
+    batch *b = calloc(1, sizeof *b);
+    unsigned seed = 3;
+    int ranges_alone[64][2], n_alone = 0;
+    for (int trial = 0; trial < 3; trial++) {
+        b->B = trial == 0 ? 1 : 50 + trial * 30;
+        for (int r = 0; r < b->B; r++) b->kv[r] = (int)(rnd(&seed) % 9000);
+        b->kv[trial == 0 ? 0 : 7] = 5000; /* the request we follow */
+        build(b, 1, 16);
+        kiln_batch_shape sh = shape_of(b, 1);
+        KT_OK(kiln_batch_plan(pl, &sh, 0, 0, NULL), kiln_ctx_errmsg(ctx));
+        int io, ro, to, n = 0, ranges[64][2] = {{0}};
+        const int *w = kiln__plan_schedule(pl, &io, &ro, &to);
+        for (int i = 0; i < w[0]; i++) {
+            const int *it = w + io + i * 8;
+            if (it[0] != (trial == 0 ? 0 : 7) || n == 64) continue;
+            ranges[n][0] = it[2];
+            ranges[n][1] = it[3];
+            n++;
+        }
+        if (trial == 0) {
+            memcpy(ranges_alone, ranges, sizeof ranges);
+            n_alone = n;
+            KT_EQ_INT(n, 5); /* 5000 keys in chunks of 1024 */
+        } else {
+            KT_EQ_INT(n, n_alone);
+            KT_CHECK(!memcmp(ranges, ranges_alone, sizeof(int) * 2 * (size_t)n));
+        }
+    }
+    kiln_plan_destroy(pl);
+    free(b);
+    kiln_ctx_destroy(ctx);
+}
+
+/* Degenerate batches: empty, zero-length requests, rows without keys; bad arrays refused with
+ * the request named. */
+KT_TEST(plan_degenerate_and_refused)
+{
+    kiln_ctx *ctx = make_ctx();
+    KT_REQUIRE(ctx);
+    kiln_kernel *kd = compile(ctx, "op=decode dtype=bf16 head_dim=128 group=4 kv=paged");
+    kiln_kernel *kp = compile(ctx, "op=prefill dtype=bf16 head_dim=128 group=4 mask=causal kv=paged");
+    KT_REQUIRE(kd && kp);
+    kiln_plan_opts o = {0};
+    o.num_qo_heads = 32;
+    o.page_size = 16;
+    kiln_plan *pd = NULL, *pp = NULL;
+    KT_OK(kiln__plan_host(kd, &o, SMS, 1, &pd), "plan host");
+    KT_OK(kiln__plan_host(kp, &o, SMS, 2, &pp), "plan host");
+    batch *b = calloc(1, sizeof *b);
+    kiln_batch_shape sh = {0};
+    KT_OK(kiln_batch_plan(pd, &sh, 0, 0, NULL), "empty batch");
+    kiln_plan_info info;
+    kiln_plan_describe(pd, &info);
+    KT_EQ_INT(info.items, 0);
+
+    /* zero-length requests: decode gets one empty item each (it writes o = 0, lse = -inf) */
+    b->B = 3;
+    b->kv[0] = 0;
+    b->kv[1] = 37;
+    b->kv[2] = 0;
+    b->qo[0] = 5;
+    b->qo[1] = 0;
+    b->qo[2] = 0;
+    build(b, 1, 16);
+    sh = shape_of(b, 1);
+    KT_OK(kiln_batch_plan(pd, &sh, 0, 0, NULL), kiln_ctx_errmsg(ctx));
+    check_schedule(pd, b, 1, 1, 0, "decode with empty requests");
+    kiln_plan_describe(pd, &info);
+    KT_EQ_INT(info.items, 3);
+    sh = shape_of(b, 0);
+    KT_OK(kiln_batch_plan(pp, &sh, 0, 0, NULL), kiln_ctx_errmsg(ctx));
+    check_schedule(pp, b, 0, kp->cfg.block_m, 1, "prefill with rows but no keys");
+    kiln_plan_describe(pp, &info);
+    KT_EQ_INT(info.items, 1); /* request 0's tile; requests 1 and 2 have no rows */
+
+    /* refusals name the request and the value */
+    b->last[1] = 17;
+    sh = shape_of(b, 1);
+    KT_STATUS(kiln_batch_plan(pd, &sh, 0, 0, NULL), KILN_STATUS_INVALID_ARGUMENT, "last page");
+    KT_CONTAINS(kiln_ctx_errmsg(ctx), "request 1: kv_last_page_len=17 must be in 1..page_size=16");
+    build(b, 1, 16);
+    b->kv_indptr[3] = 1; /* 0, 0, 3, 1 */
+    KT_STATUS(kiln_batch_plan(pd, &sh, 0, 0, NULL), KILN_STATUS_INVALID_ARGUMENT, "indptr");
+    KT_CONTAINS(kiln_ctx_errmsg(ctx), "request 2: kv_indptr decreases (3 then 1)");
+    build(b, 1, 16);
+    b->qo_indptr[0] = 2;
+    sh = shape_of(b, 0);
+    KT_STATUS(kiln_batch_plan(pp, &sh, 0, 0, NULL), KILN_STATUS_INVALID_ARGUMENT, "qo indptr");
+    KT_CONTAINS(kiln_ctx_errmsg(ctx), "must be 0");
+    sh.batch = -1;
+    KT_STATUS(kiln_batch_plan(pp, &sh, 0, 0, NULL), KILN_STATUS_INVALID_ARGUMENT, "negative batch");
+    KT_CONTAINS(kiln_ctx_errmsg(ctx), "batch=-1 < 0");
+    KT_STATUS(kiln_batch_plan(pp, NULL, 0, 0, NULL), KILN_STATUS_INVALID_ARGUMENT, "NULL shape");
+
+    /* graph mode bounds */
+    kiln_plan *pg = NULL;
+    o.max_batch = 2;
+    KT_OK(kiln__plan_host(kd, &o, SMS, 1, &pg), "plan host");
+    build(b, 1, 16);
+    sh = shape_of(b, 1);
+    KT_STATUS(kiln_batch_plan(pg, &sh, 0, 0, NULL), KILN_STATUS_INVALID_ARGUMENT, "over max_batch");
+    KT_CONTAINS(kiln_ctx_errmsg(ctx), "batch=3 exceeds the plan's max_batch=2");
+    sh.batch = 2;
+    KT_OK(kiln_batch_plan(pg, &sh, 0, 0, NULL), kiln_ctx_errmsg(ctx));
+    kiln_plan_describe(pg, &info);
+    KT_CHECK(info.grid >= info.items && info.grid > 2); /* padded for any batch up to 2 */
+    size_t s1 = 0, s2 = 0;
+    KT_OK(kiln_plan_workspace_size(pg, 1, 1, &s1), "size");
+    KT_OK(kiln_plan_workspace_size(pg, 2, 2, &s2), "size");
+    KT_CHECK(s1 == s2 && s1 > 0); /* graph mode: the bound's layout */
+
+    /* a non-batch kernel is refused */
+    kiln_kernel *ks = compile(ctx, "op=decode dtype=bf16 head_dim=128 group=4");
+    kiln_plan *bad = NULL;
+    KT_STATUS(kiln_plan_create(ks, &o, &bad), KILN_STATUS_INVALID_ARGUMENT, "single kernel");
+    KT_CONTAINS(kiln_ctx_errmsg(ctx), "is not a batch kernel");
+    kiln_plan_destroy(pg);
+    kiln_plan_destroy(pd);
+    kiln_plan_destroy(pp);
+    free(b);
+    kiln_ctx_destroy(ctx);
+}
+
+/* NVRTC compiles the batch kernels for sm_80 and sm_90a without spills. */
+KT_TEST(plan_batch_kernels_compile)
+{
+    kiln_ctx *ctx = make_ctx();
+    KT_REQUIRE(ctx);
+    static const char *const specs[] = {
+        "op=decode dtype=bf16 head_dim=128 group=4 kv=paged",
+        "op=decode dtype=f16 head_dim=64 group=8 kv=ragged lse=1 logits=softcap window=1",
+        "op=decode q_dtype=bf16 kv_dtype=e4m3 out_dtype=bf16 head_dim=256 group=1 kv=paged",
+        "op=decode dtype=bf16 head_dim=128 group=4 kv=paged rope=1",
+        "op=prefill dtype=bf16 head_dim=128 group=4 mask=causal kv=paged lse=1",
+        "op=prefill q_dtype=f16 kv_dtype=e5m2 out_dtype=f16 head_dim=64 group=1 kv=ragged logits=alibi",
+        "op=prefill dtype=bf16 head_dim=256 group=8 mask=causal kv=paged rope=1 window=1",
+        "op=merge dtype=bf16 head_dim=128",
+    };
+    for (int i = 0; i < 8; i++)
+        for (int a = 0; a < 2; a++) {
+            kiln_variant v;
+            KT_OK(kiln_variant_parse(specs[i], &v), kiln_errmsg());
+            kiln_kernel *k = NULL;
+            if (kiln_kernel_compile(ctx, &v, a ? "sm_80" : "sm_90a", &k) != KILN_STATUS_OK) {
+                kt_fail(__FILE__, __LINE__, "%s: %s", specs[i], kiln_ctx_errmsg(ctx));
+                continue;
+            }
+            kiln_kernel_info info;
+            kiln_kernel_describe(k, &info);
+            if (info.spill_bytes)
+                kt_fail(__FILE__, __LINE__, "%s (%s): %d bytes spilled", specs[i], info.arch, info.spill_bytes);
+        }
+    kiln_ctx_destroy(ctx);
+}
