@@ -31,9 +31,6 @@ TEST_OBJ := $(TEST_SRC:%.c=$(BUILD)/obj/%.o)
 TEMPLATES := $(shell find templates -name '*.cuh' -o -name '*.h' | LC_ALL=C sort)
 
 LIB_A  := $(BUILD)/lib/libkiln.a
-# TEMPORARY: weak fallbacks for the batch API until the runtime implements it (tools/check_stubs.c);
-# linked after $(LIB_A) so the library's definitions win. Remove with that file.
-STUB_A := $(BUILD)/lib/libkiln_stubs.a
 LIB_SO := $(BUILD)/lib/libkiln.so
 KILN   := $(BUILD)/bin/kiln
 TESTS  := $(BUILD)/bin/kiln-tests
@@ -95,21 +92,17 @@ $(LIB_SO): $(LIB_OBJ)
 	@mkdir -p $(dir $@)
 	$(CC) -shared $(SAN) $(LDFLAGS) -o $@ $^ $(LDLIBS)
 
-$(STUB_A): $(BUILD)/obj/tools/check_stubs.o
+$(KILN): $(TOOL_OBJ) $(CHECK_OBJ) $(LIB_A)
 	@mkdir -p $(dir $@)
-	rm -f $@ && ar rcs $@ $^
+	$(CC) $(SAN) $(LDFLAGS) -o $@ $(TOOL_OBJ) $(CHECK_OBJ) $(LIB_A) $(LDLIBS)
 
-$(KILN): $(TOOL_OBJ) $(CHECK_OBJ) $(LIB_A) $(STUB_A)
+$(BENCH): $(BUILD)/obj/tools/bench/bench.o $(CHECK_OBJ) $(LIB_A)
 	@mkdir -p $(dir $@)
-	$(CC) $(SAN) $(LDFLAGS) -o $@ $(TOOL_OBJ) $(CHECK_OBJ) $(LIB_A) $(STUB_A) $(LDLIBS)
+	$(CC) $(SAN) $(LDFLAGS) -o $@ $< $(CHECK_OBJ) $(LIB_A) $(LDLIBS)
 
-$(BENCH): $(BUILD)/obj/tools/bench/bench.o $(CHECK_OBJ) $(LIB_A) $(STUB_A)
+$(TESTS): $(TEST_OBJ) $(CHECK_OBJ) $(LIB_A)
 	@mkdir -p $(dir $@)
-	$(CC) $(SAN) $(LDFLAGS) -o $@ $< $(CHECK_OBJ) $(LIB_A) $(STUB_A) $(LDLIBS)
-
-$(TESTS): $(TEST_OBJ) $(CHECK_OBJ) $(LIB_A) $(STUB_A)
-	@mkdir -p $(dir $@)
-	$(CC) $(SAN) $(LDFLAGS) -o $@ $(TEST_OBJ) $(CHECK_OBJ) $(LIB_A) $(STUB_A) $(LDLIBS)
+	$(CC) $(SAN) $(LDFLAGS) -o $@ $(TEST_OBJ) $(CHECK_OBJ) $(LIB_A) $(LDLIBS)
 
 test: deps
 	$(MAKE) all

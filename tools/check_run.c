@@ -197,6 +197,8 @@ kiln_status kiln__cb_run(kiln_ctx *ctx, kiln_kernel *k, const cb_logical *const 
 
     kiln_plan_opts po = ro->po;
     po.num_qo_heads = H;
+    for (int i = 0; po.fixed_split > 0 && i < n; i++) /* sizes the workspace for the fixed splits */
+        if (Ls[i]->ix.total_kv > po.max_total_kv) po.max_total_kv = Ls[i]->ix.total_kv;
     po.page_size = L0->ix.page_size;
     if (ro->graph && po.max_batch < maxB) po.max_batch = maxB;
     if (ro->graph && L0->v.op == KILN_OP_PREFILL && po.max_qo_tokens < maxQ) po.max_qo_tokens = maxQ;
