@@ -91,7 +91,7 @@ typedef enum kiln_dtype {
 /* Where k and v live. */
 typedef enum kiln_kv_storage {
     KILN_KV_CONTIGUOUS = 0, /* one request (kiln_single_*): k, v [L_KV, H_KV, D] or [H_KV, L_KV, D] */
-    KILN_KV_RAGGED = 1,     /* a batch (kiln_kiln_batch_plan / kiln_batch_run): k, v [total_kv, H_KV, D] (or HND
+    KILN_KV_RAGGED = 1,     /* a batch (kiln_batch_plan / kiln_batch_run): k, v [total_kv, H_KV, D] (or HND
                                via strides); request b owns rows kv_indptr[b] .. kv_indptr[b+1] */
     KILN_KV_PAGED = 2,      /* a batch: a pool of pages, nhd [pages, page_size, H_KV, D] or hnd
                                [pages, H_KV, page_size, D]; request b owns pages
@@ -422,8 +422,10 @@ typedef struct kiln_plan_opts {
                           serves every later plan; 0: the grid fits each plan exactly */
     int max_qo_tokens; /* prefill in graph mode: bound on total query rows */
     int fixed_split;   /* > 0: batch-invariant mode: every request's keys are cut into chunks of
-                          this many tokens whatever else is in the batch, so its output is
-                          bitwise the same in any batch; 0: the planner balances the batch */
+                          this many tokens (rounded up to the kernel's key tile) whatever else is
+                          in the batch, so its output is bitwise the same in any batch; prefill
+                          then never splits (an unsplit query tile is already invariant);
+                          0: the planner balances the batch */
     int no_split;      /* 1: never split a request's keys (one CTA per request and head group) */
     int64_t max_total_kv; /* with fixed_split: bound on the sum of the requests' keys, which
                              sizes the workspace for the splits (0: the planner's own bound on

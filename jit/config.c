@@ -36,7 +36,7 @@ static int decode_smem(const kiln_variant *v, int gb, int warps, int stages)
     int q = gb * d * 4, pbuf = warps * gb * DECODE_TILE * 4;
     int offs = v->kv == KILN_KV_PAGED ? warps * DECODE_TILE * 16 : 0;
     int freq = v->rope ? d / 2 * 4 : 0;
-    int kv = warps * stages * (DECODE_TILE * (d * es + (fp8 ? 8 : 16)) + DECODE_TILE * d * es);
+    int kv = warps * stages * (DECODE_TILE * (d * es + 16) + DECODE_TILE * d * es);
     int combine = warps * gb * (d + 2) * 4;
     return q + pbuf + offs + freq + (kv > combine ? kv : combine);
 }

@@ -64,7 +64,7 @@ static kiln_status plan_fail(kiln_plan *pl, kiln_status st, kiln__err *e)
 /* The bound on split items (partial slots) of a plan with `batch` requests. */
 static int64_t split_bound(const kiln_plan *pl, int batch)
 {
-    if (pl->o.no_split) return 0;
+    if (pl->o.no_split || (pl->o.fixed_split > 0 && !pl->decode)) return 0;
     if (pl->o.fixed_split > 0 && pl->o.max_total_kv > 0)
         return pl->o.max_total_kv / pl->o.fixed_split + (int64_t)batch + 1;
     const int64_t waves = pl->decode ? 8 : 2;
@@ -388,7 +388,11 @@ kiln_status kiln_batch_plan(kiln_plan *pl, const kiln_batch_shape *s, kiln_devpt
 
     /* the chunk: fixed, none, or the best estimate over tile-aligned powers of two */
     int64_t chunk = 0, items = 0, splits = 0;
-    if (pl->o.fixed_split > 0) {
+    if (pl->o.fixed_split > 0 && !pl->decode) {
+        /* prefill: an unsplit query tile runs its keys in one fixed order whatever the batch,
+         * so batch invariance needs no chunks (and no partial states) */
+        estimate(pl, ntiles, 0, &items, &splits);
+    } else if (pl->o.fixed_split > 0) {
         chunk = pl->o.fixed_split;
         estimate(pl, ntiles, chunk, &items, &splits);
         if (splits > L.slots)

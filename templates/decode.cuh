@@ -37,7 +37,8 @@ template <class Cfg> struct decode_layout {
     static constexpr int D = Cfg::D, GB = Cfg::GB, TILE = Cfg::TILE;
     static constexpr bool FP8 = Cfg::KV_DT >= 2;
     static constexpr int ES = FP8 ? 1 : 2;                      /* bytes per K/V element */
-    static constexpr int KROW = D * ES + (FP8 ? 8 : 16);        /* padded K row, bytes */
+    static constexpr int KROW = D * ES + 16;                     /* padded K row, bytes (16-byte
+                                                                    aligned for cp.async) */
     static constexpr int VROW = D * ES;                          /* V row, bytes */
     static constexpr int STAGE_BYTES = TILE * KROW + TILE * VROW; /* one K + one V tile */
     static constexpr int Q_BYTES = GB * D * 4;                  /* q as float [GB][D] */
@@ -290,6 +291,23 @@ template <class Cfg> __device__ void decode_kernel(const kiln_launch_params &p)
                     const float *qa = q_s + g * D + c * 8, *qb = qa + D / 2;
 #pragma unroll
                     for (int e = 0; e < 8; e++) acc[g] += qa[e] * k0[e] + qb[e] * k1[e];
+                }
+            }
+        } else if constexpr (L::FP8) {
+            /* 16 keys' bytes per read: a quarter warp then covers all 32 banks once */
+#pragma unroll 2
+            for (int c = 0; c < D / 16; c++) {
+                const uint4 w = *reinterpret_cast<const uint4 *>(ks_ + lane * L::KROW + c * 16);
+                float kf[16];
+                fp8x4_to_f<Cfg::KV_DT>(w.x, kf);
+                fp8x4_to_f<Cfg::KV_DT>(w.y, kf + 4);
+                fp8x4_to_f<Cfg::KV_DT>(w.z, kf + 8);
+                fp8x4_to_f<Cfg::KV_DT>(w.w, kf + 12);
+#pragma unroll
+                for (int g = 0; g < GB; g++) {
+                    const float *qa = q_s + g * D + c * 16;
+#pragma unroll
+                    for (int e = 0; e < 16; e++) acc[g] += qa[e] * kf[e];
                 }
             }
         } else {

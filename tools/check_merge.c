@@ -108,7 +108,7 @@ kiln_status kiln_check_merge(kiln_ctx *ctx, kiln_kernel *k, kiln_check_merge_op 
     }
     for (size_t i = 0; i < vn; i++) v[i] = kiln_check_to_bits(t, kiln_check_uniform(&seed));
     for (size_t i = 0; i < ln; i++) {
-        const int row = op == KILN_CHECK_MERGE_STATES ? (int)(i / ((size_t)S * H)) : (int)(i % ((size_t)n * H) / H);
+        const int row = op == KILN_CHECK_MERGE_STATES ? (int)(i / ((size_t)S * H)) : (int)(i % ((size_t)(n > 0 ? n : 1) * H) / H);
         const int empty = row % EMPTY_ROW == 3 || kiln_check_rng(&seed) % 5 == 0;
         lse[i] = empty ? -INFINITY : 8.0f * kiln_check_uniform(&seed);
     }
