@@ -450,7 +450,7 @@ class TestBatchPrefillPaged(Base):
             k, v = b.kv(r)
             ref_o, ref_lse = attend(q[lo:hi], k, v, causal=causal,
                                     window_left=kw.get("window_left", -1),
-                                    softcap=kw.get("logits_soft_cap"))
+                                    softcap=kw.get("logits_soft_cap"), sm_scale=kw.get("sm_scale"))
             self.assertClose(o[lo:hi], ref_o, *tolerance(dtype), f"{what} o[req {r}]")
             self.assertClose(lse[lo:hi], ref_lse, 1e-2, 1e-3, f"{what} lse[req {r}]")
 
