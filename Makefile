@@ -64,7 +64,7 @@ deps:
 	else echo "deps: all present"; fi
 	@test -f $(CUDA_HOME)/include/nvrtc.h || { echo "deps: no CUDA toolkit at $(CUDA_HOME) (set CUDA_HOME)"; exit 1; }
 
-$(BUILD)/obj/%.o: %.c $(wildcard include/*.h jit/*.h cache/*.h runtime/*.h tools/*.h tests/*.h templates/common/*.h) $(BUILD)/gen/kiln_gen.h
+$(BUILD)/obj/%.o: %.c $(wildcard include/*.h jit/*.h cache/*.h runtime/*.h tools/*.h tools/bench/*.h tests/*.h templates/common/*.h) $(BUILD)/gen/kiln_gen.h
 	@mkdir -p $(dir $@)
 	$(CC) $(ALLCFLAGS) -c $< -o $@
 
@@ -96,9 +96,10 @@ $(KILN): $(TOOL_OBJ) $(CHECK_OBJ) $(LIB_A)
 	@mkdir -p $(dir $@)
 	$(CC) $(SAN) $(LDFLAGS) -o $@ $(TOOL_OBJ) $(CHECK_OBJ) $(LIB_A) $(LDLIBS)
 
-$(BENCH): $(BUILD)/obj/tools/bench/bench.o $(CHECK_OBJ) $(LIB_A)
+BENCH_OBJ := $(patsubst %.c,$(BUILD)/obj/%.o,$(wildcard tools/bench/*.c))
+$(BENCH): $(BENCH_OBJ) $(CHECK_OBJ) $(LIB_A)
 	@mkdir -p $(dir $@)
-	$(CC) $(SAN) $(LDFLAGS) -o $@ $< $(CHECK_OBJ) $(LIB_A) $(LDLIBS)
+	$(CC) $(SAN) $(LDFLAGS) -o $@ $(BENCH_OBJ) $(CHECK_OBJ) $(LIB_A) $(LDLIBS)
 
 $(TESTS): $(TEST_OBJ) $(CHECK_OBJ) $(LIB_A)
 	@mkdir -p $(dir $@)

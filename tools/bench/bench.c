@@ -5,9 +5,15 @@
  * job; each point here is first checked against the CPU reference when that is cheap.
  *
  * Usage: kiln-bench [--quick] [--only NAME] [--csv FILE]   (NAME: a point name, exactly)
+ *        kiln-bench --batch [--quick] [--only NAME] [--csv FILE] [--max-gib N]
+ *                                the batch suites (batch.c): paged decode sweep, batch prefill,
+ *                                cascade, host overhead of plan/run
+ *        kiln-bench --list [--batch]   the point names --only accepts
  *        kiln-bench --jit        JIT figures, no GPU needed: cold compile, in-process memo hit,
  *                                new-process cache hit (`kiln compile` of a cached spec)
- * Prints one markdown table on stdout.
+ * Prints markdown tables on stdout. CSV files start with one metadata line
+ * "# kiln-bench gpu=... arch=... sms=... driver=... nvrtc=... kiln=... date=... copy_GBps=...
+ * read_GBps=..." (tools/bench/plot.py reads it), then a header line.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -16,6 +22,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "bench.h"
 #include "check.h"
 #include "kiln.h"
 
@@ -177,41 +184,100 @@ static int jit_figures(const char *argv0)
     return 0;
 }
 
+static void usage(const char *argv0)
+{
+    fprintf(stderr,
+            "usage: %s [--batch] [--quick] [--only NAME] [--csv FILE] [--max-gib N]\n"
+            "       %s --list [--batch]\n"
+            "       %s --jit\n",
+            argv0, argv0, argv0);
+}
+
+static void list_points(int batch)
+{
+    if (batch) {
+        batch_list();
+        return;
+    }
+    for (size_t i = 0; i < sizeof points / sizeof points[0]; i++)
+        if (i == 0 || strcmp(points[i].name, points[i - 1].name)) puts(points[i].name);
+}
+
 int main(int argc, char **argv)
 {
     if (argc == 2 && !strcmp(argv[1], "--jit")) return jit_figures(argv[0]);
-    int quick = 0;
+    int quick = 0, batch = 0, list = 0;
+    double max_gib = 120;
     const char *csv_path = NULL, *only = NULL;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--quick")) quick = 1;
+        else if (!strcmp(argv[i], "--batch")) batch = 1;
+        else if (!strcmp(argv[i], "--list")) list = 1;
         else if (!strcmp(argv[i], "--csv") && i + 1 < argc) csv_path = argv[++i];
         else if (!strcmp(argv[i], "--only") && i + 1 < argc) only = argv[++i];
+        else if (!strcmp(argv[i], "--max-gib") && i + 1 < argc && atof(argv[i + 1]) > 0) max_gib = atof(argv[++i]);
         else {
-            fprintf(stderr, "usage: %s [--quick] [--only NAME] [--csv FILE]\n", argv[0]);
+            usage(argv[0]);
             return 2;
         }
+    }
+    if (list) {
+        list_points(batch);
+        return 0;
     }
     kiln_ctx *ctx = NULL;
     if (kiln_ctx_create(NULL, &ctx) != KILN_STATUS_OK) {
         fprintf(stderr, "kiln-bench: %s\n", kiln_errmsg());
         return 1;
     }
-    kiln_device_info di;
-    kiln_ctx_device(ctx, &di);
-    if (!di.present) {
+    bench_env env = {0};
+    env.ctx = ctx;
+    env.cu = ctx->cu;
+    env.only = only;
+    env.quick = quick;
+    env.max_gib = max_gib;
+    kiln_ctx_device(ctx, &env.di);
+    const kiln_device_info di = env.di;
+    if (!di.present || !env.cu) {
         fprintf(stderr, "kiln-bench: no GPU: %s\n", kiln_ctx_errmsg(ctx));
+        kiln_ctx_destroy(ctx);
         return 1;
     }
     char msg[512];
     double copy = 0;
-    if (kiln_check_bandwidth(ctx, (size_t)2 << 30, &copy, msg, sizeof msg)) {
+    if (kiln_check_bandwidth(ctx, (size_t)2 << 30, &copy, msg, sizeof msg) || devk_load(&env, msg, sizeof msg) ||
+        devk_read_ceiling(&env, (size_t)2 << 30, &env.read_gbs, msg, sizeof msg)) {
         fprintf(stderr, "kiln-bench: %s\n", msg);
+        kiln_ctx_destroy(ctx);
         return 1;
     }
+    env.copy_gbs = copy;
     FILE *csv = csv_path ? fopen(csv_path, "w") : NULL;
+    if (csv_path && !csv) {
+        fprintf(stderr, "kiln-bench: cannot write %s\n", csv_path);
+        kiln_ctx_destroy(ctx);
+        return 1;
+    }
+    if (csv) {
+        char date[32];
+        time_t now = time(NULL);
+        strftime(date, sizeof date, "%Y-%m-%d", gmtime(&now));
+        fprintf(csv, "# kiln-bench gpu=%s arch=%s sms=%d driver=%d nvrtc=%s kiln=%s date=%s copy_GBps=%.0f "
+                     "read_GBps=%.0f\n",
+                di.name, di.arch, di.sm_count, di.driver_version, kiln_nvrtc_version(), kiln_version(), date, copy,
+                env.read_gbs);
+    }
+    printf("GPU %s (%s, %d SMs), driver %d, NVRTC %s; device-to-device copy %.0f GB/s, streaming read %.0f GB/s\n\n",
+           di.name, di.arch, di.sm_count, di.driver_version, kiln_nvrtc_version(), copy, env.read_gbs);
+    if (batch) {
+        if (csv) fprintf(csv, "name,spec,B,H,L_Q,L_KV,ms,GBps,TFLOPs,copy_GBps,read_GBps,check\n");
+        env.csv = csv;
+        const int failed = batch_run_all(&env);
+        if (csv) fclose(csv);
+        kiln_ctx_destroy(ctx);
+        return failed ? 1 : 0;
+    }
     if (csv) fprintf(csv, "name,spec,H,L_Q,L_KV,ms,GBps,TFLOPs,copy_GBps\n");
-    printf("GPU %s (%s, %d SMs), driver %d, NVRTC %s; device-to-device copy %.0f GB/s\n\n", di.name,
-           di.arch, di.sm_count, di.driver_version, kiln_nvrtc_version(), copy);
     printf("| point | H | L_Q | L_KV | ms | GB/s | %% copy | TFLOP/s | check |\n|---|---|---|---|---|---|---|---|---|\n");
     int failed = 0;
     for (size_t i = 0; i < sizeof points / sizeof points[0]; i++) {
