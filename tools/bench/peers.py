@@ -5,9 +5,17 @@ bf16, H = 32, H_KV = 8, D = 128 unless noted. CUDA-event timing, warm-up, median
 rotating input copies so L2 does not hold them. Prints a markdown table; --csv writes CSV.
 
 Usage: python3 tools/bench/peers.py [--quick] [--csv FILE] [--no-flex]
+       python3 tools/bench/peers.py --batch [--quick] [--csv FILE] [--no-flex] [--flex-decode]
+               [--only NAME] [--max-gib N] [--flashinfer [--fi-ok FILE]]
+       python3 tools/bench/peers.py --fi-compile-only --fi-ok FILE [--fi-all] [--fi-deadline S]
+--batch runs the batch peers of tools/bench/peers_batch.py (the shapes of kiln-bench --batch).
+CSV files start with a "# peers key=value ..." metadata line (GPU, torch, FlashInfer, date) that
+tools/bench/plot.py reads.
 """
 import argparse
+import datetime
 import math
+import os
 import sys
 
 import torch
@@ -89,7 +97,25 @@ def main():
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--csv")
     ap.add_argument("--no-flex", action="store_true")
+    ap.add_argument("--batch", action="store_true", help="batch peers (peers_batch.py)")
+    ap.add_argument("--only", help="batch: one point name of kiln-bench --list --batch")
+    ap.add_argument("--max-gib", type=float, default=100.0, help="batch: skip points over this many GiB")
+    ap.add_argument("--flex-decode", action="store_true", help="batch: also Flex on decode (a compile per shape)")
+    ap.add_argument("--flashinfer", action="store_true", help="batch: include FlashInfer (needs import flashinfer)")
+    ap.add_argument("--fi-ok", help="FlashInfer configs that compiled (written by --fi-compile-only)")
+    ap.add_argument("--fi-compile-only", action="store_true", help="JIT-compile and check FlashInfer's configs, then exit")
+    ap.add_argument("--fi-all", action="store_true", help="also FlashInfer d64/d256 decode configs")
+    ap.add_argument("--fi-deadline", type=float, default=480.0, help="seconds; no new FlashInfer compile after it")
     a = ap.parse_args()
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    meta = {"gpu": torch.cuda.get_device_name().replace(" ", "_"), "torch": torch.__version__,
+            "cuda": torch.version.cuda, "cudnn": torch.backends.cudnn.version(),
+            "date": datetime.date.today().isoformat()}
+    if a.fi_compile_only:
+        import peers_batch
+        peers_batch.fi_compile(a.fi_ok or "fi_ok.txt",
+                               peers_batch.FI_CONFIGS_ALL if a.fi_all else peers_batch.FI_CONFIGS_DEFAULT, a.fi_deadline)
+        return 0
     rows = []
     # ceilings
     x = torch.empty(1 << 30, device="cuda", dtype=torch.uint8)
@@ -102,6 +128,17 @@ def main():
     mm_tf = 2 * 8192 ** 3 / (ms * 1e-3) / 1e12
     del m
     print(f"torch {torch.__version__}, {torch.cuda.get_device_name()}: copy {copy_gbs:.0f} GB/s, bf16 matmul {mm_tf:.0f} TFLOP/s\n")
+    meta["copy_GBps"], meta["matmul_TFLOPs"] = f"{copy_gbs:.0f}", f"{mm_tf:.0f}"
+    if a.batch:
+        import peers_batch
+        brows = peers_batch.run(a, meta)
+        if a.csv:
+            with open(a.csv, "w") as f:
+                f.write("# peers " + " ".join(f"{k}={v}" for k, v in meta.items()) + "\n")
+                f.write("name,B,L_Q,L_KV,peer,ms,GBps,TFLOPs,check\n")
+                for r in brows:
+                    f.write("%s,%d,%d,%d,%s,%.5f,%.1f,%.2f,%s\n" % r)
+        return 0
     points = [
         ("decode", 1, 1, 512, 128, False), ("decode", 1, 1, 4096, 128, False),
         ("decode", 1, 1, 32768, 128, False), ("decode d64", 1, 1, 32768, 64, False),
@@ -146,6 +183,7 @@ def main():
         torch.cuda.empty_cache()
     if a.csv:
         with open(a.csv, "w") as f:
+            f.write("# peers " + " ".join(f"{k}={v}" for k, v in meta.items()) + "\n")
             f.write("name,L_Q,L_KV,peer,ms,GBps,TFLOPs\n")
             for r in rows:
                 f.write("%s,%d,%d,%s,%.5f,%.1f,%.2f\n" % r)
