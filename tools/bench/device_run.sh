@@ -1,17 +1,58 @@
 #!/bin/bash
 # device_run.sh — what one lease on the GPU machine runs, in stages, logs under $OUT.
-#   tests:  kiln info, the GPU tests (full grid), the Python tests, make demo's tour
-#   bench:  kiln-bench (CSV + table) and the peers in the same process run (peers.py)
+#   tests:      kiln info, the GPU tests (full grid), the Python tests, make demo's tour
+#   bench:      kiln-bench (CSV + table) and the peers in the same process run (peers.py)
+#   batch:      kiln-bench --batch (decode sweep, prefill, cascade, host overhead) and
+#               peers.py --batch; with FI=1 also FlashInfer (installed from .whl/ by fi-install,
+#               its kernels JIT-compiled once by peers.py --fi-compile-only under a deadline)
+#   fi-install: install .whl/ (tools/bench/fetch_flashinfer.sh, run on a dev box) into
+#               $FI_SITE with pip --no-index (falls back to unzipping the wheels)
 # usage (on the GPU machine, from the repo root, after `. .gpu/env.sh`):
-#   tools/bench/device_run.sh tests|bench|all
+#   tools/bench/device_run.sh tests|bench|batch|fi-install|all
+# environment: OUT (logs, default /tmp/kiln-out); FI=1 (batch: FlashInfer too); FI_ALL=1 (its
+#   d64/d256 decode configs too); FI_DEADLINE (seconds of FlashInfer compiling, default 480);
+#   QUICK=1 (batch: the short sweep); FI_SITE (default $PWD/.fi-site); FLASHINFER_WORKSPACE_BASE
+#   (FlashInfer's JIT cache, default $PWD/.fi-cache: ignored, so a warm machine keeps it).
 set -u
 OUT=${OUT:-/tmp/kiln-out}
 mkdir -p "$OUT"
 export KILN_CACHE_DIR=${KILN_CACHE_DIR:-/tmp/kiln-cache} KILN_TEST_CACHE=${KILN_TEST_CACHE:-/tmp/kiln-cache}
 export PYTHONUNBUFFERED=1
 mkdir -p "$KILN_CACHE_DIR"
+FI_SITE=${FI_SITE:-$PWD/.fi-site}
+export FLASHINFER_WORKSPACE_BASE=${FLASHINFER_WORKSPACE_BASE:-$PWD/.fi-cache}
 stage=${1:-all}
 summary=()
+
+fi_env() {
+    export PYTHONPATH="$FI_SITE${PYTHONPATH:+:$PYTHONPATH}" PATH="$FI_SITE/bin:$PATH"
+    export MAX_JOBS=${MAX_JOBS:-$(nproc)}
+}
+
+fi_install() {
+    [ -d .whl ] || { echo "fi-install: no .whl/ (run tools/bench/fetch_flashinfer.sh on a dev box, carry .whl)"; return 1; }
+    mkdir -p "$FI_SITE"
+    if python3 -m pip --version > /dev/null 2>&1; then
+        python3 -m pip install -q --no-index --find-links .whl --no-deps --target "$FI_SITE" --upgrade \
+            --break-system-packages .whl/*.whl > "$OUT/fi_install.log" 2>&1 ||
+            python3 -m pip install -q --no-index --find-links .whl --no-deps --target "$FI_SITE" --upgrade \
+                .whl/*.whl >> "$OUT/fi_install.log" 2>&1
+    else
+        echo "no pip: unzipping the wheels" > "$OUT/fi_install.log"
+        for w in .whl/*.whl; do python3 -m zipfile -e "$w" "$FI_SITE" >> "$OUT/fi_install.log" 2>&1; done
+        # wheel scripts (ninja) land under *.data/scripts; put them on PATH
+        mkdir -p "$FI_SITE/bin"
+        for s in "$FI_SITE"/*.data/scripts/*; do [ -f "$s" ] && cp "$s" "$FI_SITE/bin/" && chmod +x "$FI_SITE/bin/$(basename "$s")"; done
+        find "$FI_SITE" -path '*ninja/data/bin/ninja' -exec chmod +x {} \;
+    fi
+    fi_env
+    python3 -c "import flashinfer, tvm_ffi; print('flashinfer', flashinfer.__version__)" >> "$OUT/fi_install.log" 2>&1
+    local rc=$?
+    command -v ninja >> "$OUT/fi_install.log" 2>&1 || echo "fi-install: no ninja on PATH" >> "$OUT/fi_install.log"
+    tail -3 "$OUT/fi_install.log"
+    return $rc
+}
+
 if [ "$stage" = tests ] || [ "$stage" = all ]; then
     build/bin/kiln info > "$OUT/info.log" 2>&1
     timeout 330 build/bin/kiln-tests --gpu > "$OUT/gpu_tests.log" 2>&1
@@ -28,5 +69,33 @@ if [ "$stage" = bench ] || [ "$stage" = all ]; then
     timeout 300 python3 tools/bench/peers.py --csv "$OUT/peers.csv" 2>&1 | grep -v Warning > "$OUT/peers.md"
     summary+=("peers: done")
     cat "$OUT/bench.md" "$OUT/peers.md"
+fi
+if [ "$stage" = fi-install ]; then
+    fi_install
+    summary+=("fi-install: exit $?")
+fi
+if [ "$stage" = batch ] || [ "$stage" = all ]; then
+    q=(); [ "${QUICK:-0}" = 1 ] && q=(--quick)
+    timeout 400 build/bin/kiln-bench --batch "${q[@]}" --csv "$OUT/kiln_batch.csv" > "$OUT/bench_batch.md" 2>&1
+    summary+=("bench --batch: exit $?")
+    fiopt=()
+    if [ "${FI:-0}" = 1 ]; then
+        if python3 -c "import flashinfer" > /dev/null 2>&1 || { fi_env; python3 -c "import flashinfer" > /dev/null 2>&1; } ||
+            { fi_install > /dev/null && fi_env; }; then
+            fi_env
+            fiall=(); [ "${FI_ALL:-0}" = 1 ] && fiall=(--fi-all)
+            dl=${FI_DEADLINE:-480}
+            timeout $((dl + 240)) python3 tools/bench/peers.py --fi-compile-only --fi-ok "$OUT/fi_ok.txt" \
+                --fi-deadline "$dl" "${fiall[@]}" > "$OUT/fi_compile.log" 2>&1
+            summary+=("flashinfer compile: exit $? ($(tail -1 "$OUT/fi_compile.log"))")
+            [ -s "$OUT/fi_ok.txt" ] && fiopt=(--flashinfer --fi-ok "$OUT/fi_ok.txt")
+        else
+            summary+=("flashinfer: not importable (see $OUT/fi_install.log)")
+        fi
+    fi
+    timeout 500 python3 tools/bench/peers.py --batch "${q[@]}" "${fiopt[@]}" --csv "$OUT/peers_batch.csv" 2>&1 |
+        grep -v Warning > "$OUT/peers_batch.md"
+    summary+=("peers --batch: done")
+    cat "$OUT/bench_batch.md" "$OUT/peers_batch.md"
 fi
 printf '%s\n' "${summary[@]}"
