@@ -23,40 +23,12 @@
 #include <string.h>
 #include <time.h>
 
-#include "bench.h"
+#include "batch.h"
 #include "check.h"
-
-#define HQ 32
-#define HKV 8
-#define PAGE 16
-#define ROTATE_BYTES (256ull << 20)
-#define MAX_COPIES 128
-#define REPS 30
-#define WARM 3
 
 /* ---- shapes and buffers -------------------------------------------------------------------- */
 
-/* A batch on the host: per-request lengths and the arrays kiln_batch_plan reads. */
-typedef struct bshape {
-    int B;
-    int *qo_len, *kv_len;           /* [B] */
-    int *qo_indptr;                 /* [B + 1]; NULL for decode (one row per request) */
-    int *kv_indptr;                 /* [B + 1]: ragged token offsets, paged page offsets */
-    int *last;                      /* [B] paged: tokens in the last page */
-    int64_t total_qo, total_kv, n_idx; /* rows, tokens, page ids (paged) */
-} bshape;
-
-/* Device buffers of one point. */
-typedef struct bbufs {
-    int copies, paged, D, elt;   /* elt: bytes of one K/V element (2 bf16, 1 fp8) */
-    int64_t pool_units;          /* per copy: pages (paged) or tokens (ragged) */
-    size_t q_bytes, kv_bytes;    /* one copy of q; one copy of k (v alike) */
-    CUdeviceptr q, k, v, o, lse, idx, ws;
-    size_t ws_bytes;
-    int *idx_host;               /* paged: copies x n_idx page ids */
-} bbufs;
-
-static void shape_free(bshape *s)
+void bshape_free(bshape *s)
 {
     free(s->qo_len);
     free(s->kv_len);
@@ -67,10 +39,11 @@ static void shape_free(bshape *s)
 }
 
 /* B requests; qo_len[b] = qo (0: decode) and kv_len[b] = kvl[b]. */
-static int shape_make(bshape *s, int B, int qo, const int *kvl, int paged)
+int bshape_make(bshape *s, int B, int qo, const int *kvl, int paged)
 {
     memset(s, 0, sizeof *s);
     s->B = B;
+    s->paged = paged;
     s->qo_len = calloc((size_t)B + 1, sizeof(int));
     s->kv_len = calloc((size_t)B + 1, sizeof(int));
     s->kv_indptr = calloc((size_t)B + 1, sizeof(int));
@@ -82,7 +55,7 @@ static int shape_make(bshape *s, int B, int qo, const int *kvl, int paged)
         s->kv_len[b] = kvl[b];
         const int units = paged ? (kvl[b] + PAGE - 1) / PAGE : kvl[b];
         s->kv_indptr[b + 1] = s->kv_indptr[b] + units;
-        s->last[b] = kvl[b] - (units - 1) * PAGE;
+        s->last[b] = paged ? kvl[b] - (units - 1) * PAGE : 0;
         if (qo) s->qo_indptr[b + 1] = s->qo_indptr[b] + qo;
         s->total_qo += s->qo_len[b];
         s->total_kv += kvl[b];
@@ -91,7 +64,7 @@ static int shape_make(bshape *s, int B, int qo, const int *kvl, int paged)
     return 0;
 }
 
-static void bufs_free(bench_env *env, bbufs *b)
+void bbufs_free(bench_env *env, bbufs *b)
 {
     CUdeviceptr *all[] = {&b->q, &b->k, &b->v, &b->o, &b->lse, &b->idx, &b->ws};
     for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
@@ -100,7 +73,7 @@ static void bufs_free(bench_env *env, bbufs *b)
     memset(b, 0, sizeof *b);
 }
 
-static uint64_t rng(uint64_t *x)
+uint64_t brng(uint64_t *x)
 {
     *x = *x * 6364136223846793005ull + 1442695040888963407ull;
     return *x >> 33;
@@ -134,7 +107,7 @@ static int copies_for(double bytes)
 /* Allocate and fill the buffers. Paged pools hold copies x pool_units pages; with idx (the
  * page table of copy 0, s->n_idx ids, copies must be 1) the caller places pages itself,
  * otherwise every request owns pool pages at shuffled places. */
-static kiln_status bufs_alloc(bench_env *env, bbufs *b, const bshape *s, int paged, int D, int elt,
+kiln_status bbufs_alloc(bench_env *env, bbufs *b, const bshape *s, int paged, int D, int elt,
                               int64_t pool_units, const int *idx, char *msg, size_t cap)
 {
     b->paged = paged;
@@ -173,7 +146,7 @@ static kiln_status bufs_alloc(bench_env *env, bbufs *b, const bshape *s, int pag
             uint64_t x = 99;
             for (int64_t i = 0; i < all; i++) b->idx_host[i] = (int)i;
             for (int64_t i = all - 1; i > 0; i--) {
-                const int64_t j = (int64_t)(rng(&x) % (uint64_t)(i + 1));
+                const int64_t j = (int64_t)(brng(&x) % (uint64_t)(i + 1));
                 const int t = b->idx_host[i];
                 b->idx_host[i] = b->idx_host[j];
                 b->idx_host[j] = t;
@@ -188,7 +161,7 @@ fill_failed:
     return st;
 }
 
-static void batch_args(const bbufs *b, const bshape *s, int copy, kiln_batch_args *a)
+void bbufs_args(const bbufs *b, const bshape *s, int copy, kiln_batch_args *a)
 {
     memset(a, 0, sizeof *a);
     a->q = b->q + (CUdeviceptr)copy * b->q_bytes;
@@ -207,7 +180,7 @@ static void batch_args(const bbufs *b, const bshape *s, int copy, kiln_batch_arg
 }
 
 /* Create a plan for k, size and allocate its workspace into b, plan s on the default stream. */
-static kiln_status plan_make(bench_env *env, kiln_kernel *k, const bshape *s, bbufs *b, kiln_plan **plan,
+kiln_status bplan_make(bench_env *env, kiln_kernel *k, const bshape *s, bbufs *b, kiln_plan **plan,
                              char *msg, size_t cap)
 {
     kiln_plan_opts po = {0};
@@ -220,7 +193,7 @@ static kiln_status plan_make(bench_env *env, kiln_kernel *k, const bshape *s, bb
         return st;
     }
     B_TRY(env->cu->cuMemAlloc(&b->ws, b->ws_bytes ? b->ws_bytes : 16), "alloc workspace");
-    kiln_batch_shape bs = {s->B, s->qo_indptr, s->kv_indptr, s->last};
+    kiln_batch_shape bs = {s->B, s->qo_indptr, s->kv_indptr, s->paged ? s->last : NULL};
     if ((st = kiln_batch_plan(*plan, &bs, b->ws, b->ws_bytes, NULL))) {
         snprintf(msg, cap, "kiln_batch_plan: %s", kiln_ctx_errmsg(env->ctx));
         return st;
@@ -230,17 +203,14 @@ static kiln_status plan_make(bench_env *env, kiln_kernel *k, const bshape *s, bb
 
 /* ---- timing --------------------------------------------------------------------------------- */
 
-/* One timed step: everything a point launches for copy c. */
-typedef kiln_status (*step_fn)(void *user, int copy);
-
-static int cmp_d(const void *a, const void *b)
+int bcmp_d(const void *a, const void *b)
 {
     double x = *(const double *)a, y = *(const double *)b;
     return x < y ? -1 : x > y;
 }
 
 /* Median ms of REPS steps after WARM, rotating copies. */
-static kiln_status time_steps(bench_env *env, step_fn fn, void *user, int copies, double *med, char *msg,
+kiln_status btime_steps(bench_env *env, step_fn fn, void *user, int copies, double *med, char *msg,
                               size_t cap)
 {
     CUevent ev[2] = {0};
@@ -267,7 +237,7 @@ static kiln_status time_steps(bench_env *env, step_fn fn, void *user, int copies
     env->cu->cuEventDestroy(ev[0]);
     env->cu->cuEventDestroy(ev[1]);
     if (st) return st;
-    qsort(ms, REPS, sizeof ms[0], cmp_d);
+    qsort(ms, REPS, sizeof ms[0], bcmp_d);
     *med = ms[REPS / 2];
     return KILN_STATUS_OK;
 }
@@ -352,7 +322,7 @@ static void ref_row(const float *q, const float *k, const float *v, int n_vis, i
 
 /* Compare rows of o (copy 0's inputs) with the reference: requests 0 and B-1; decode their one
  * row, prefill rows 0, L/2, L-1. causal: bottom-right aligned. Returns MISMATCH with msg set. */
-static kiln_status check_rows(bench_env *env, const kiln_variant *v, const bbufs *b, const bshape *s,
+kiln_status bcheck_rows(bench_env *env, const kiln_variant *v, const bbufs *b, const bshape *s,
                               int causal, char *msg, size_t cap)
 {
     const int D = b->D;
@@ -420,13 +390,13 @@ static kiln_status step_run(void *user, int copy)
 {
     run_ctx *rc = user;
     kiln_batch_args a;
-    batch_args(rc->b, rc->s, copy, &a);
+    bbufs_args(rc->b, rc->s, copy, &a);
     return kiln_batch_run(rc->plan, &a, NULL);
 }
 
-static int on(const bench_env *env, const char *name) { return !env->only || !strcmp(env->only, name); }
+int bench_on(const bench_env *env, const char *name) { return !env->only || !strcmp(env->only, name); }
 
-static void csv_row(bench_env *env, const char *name, const char *spec, int B, int L_Q, int L_KV, double ms,
+void bcsv_row(bench_env *env, const char *name, const char *spec, int B, int L_Q, int L_KV, double ms,
                     double gbs, double tf, const char *check)
 {
     if (env->csv)
@@ -461,7 +431,7 @@ static void run_point(bench_env *env, const bpoint *pt)
     const int D = v.head_dim;
     int *kvl = malloc(sizeof(int) * (size_t)pt->B);
     for (int i = 0; i < pt->B; i++) kvl[i] = pt->L_KV;
-    if (shape_make(&s, pt->B, pt->L_Q, kvl, paged)) {
+    if (bshape_make(&s, pt->B, pt->L_Q, kvl, paged)) {
         free(kvl);
         printf("| %s | out of host memory |\n", pt->name);
         env->failed++;
@@ -475,15 +445,15 @@ static void run_point(bench_env *env, const bpoint *pt)
     if (gib > env->max_gib) {
         printf("| %s | %d | %d | skipped: %.1f GiB of buffers (over --max-gib %.0f) |\n", pt->name, pt->B,
                pt->L_KV, gib, env->max_gib);
-        shape_free(&s);
+        bshape_free(&s);
         return;
     }
-    st = bufs_alloc(env, &b, &s, paged, D, elt, units, NULL, msg, sizeof msg);
+    st = bbufs_alloc(env, &b, &s, paged, D, elt, units, NULL, msg, sizeof msg);
     if (st == KILN_STATUS_NO_MEMORY) {
         printf("| %s | %d | %d | skipped: %.1f GiB does not fit (%s) |\n", pt->name, pt->B, pt->L_KV, gib, msg);
         goto out;
     }
-    if (!st) st = plan_make(env, k, &s, &b, &plan, msg, sizeof msg);
+    if (!st) st = bplan_make(env, k, &s, &b, &plan, msg, sizeof msg);
     /* one checked run on poisoned outputs (0xff.. is NaN in bf16 and f32) */
     if (!st && (env->cu->cuMemsetD8(b.o, 0xff, b.q_bytes) || env->cu->cuMemsetD8(b.lse, 0xff, 16))) {
         snprintf(msg, sizeof msg, "poison o failed");
@@ -496,7 +466,7 @@ static void run_point(bench_env *env, const bpoint *pt)
         st = KILN_STATUS_CUDA;
     }
     if (!st) {
-        st = check_rows(env, &v, &b, &s, v.mask == KILN_MASK_CAUSAL, msg, sizeof msg);
+        st = bcheck_rows(env, &v, &b, &s, v.mask == KILN_MASK_CAUSAL, msg, sizeof msg);
         if (st == KILN_STATUS_MISMATCH) {
             check = "MISMATCH";
             printf("<!-- %s B%d L%d: %s -->\n", pt->name, pt->B, pt->L_KV, msg);
@@ -505,7 +475,7 @@ static void run_point(bench_env *env, const bpoint *pt)
         }
     }
     double ms = 0;
-    if (!st) st = time_steps(env, step_run, &rc, b.copies, &ms, msg, sizeof msg);
+    if (!st) st = btime_steps(env, step_run, &rc, b.copies, &ms, msg, sizeof msg);
     if (st) {
         printf("| %s | %d | %d | failed: %s |\n", pt->name, pt->B, pt->L_KV, msg);
         env->failed++;
@@ -516,7 +486,7 @@ static void run_point(bench_env *env, const bpoint *pt)
         const double gbs = bytes / (ms * 1e-3) / 1e9;
         printf("| %s | %d | %d | %.4f | %.0f | %.1f | %.1f | %d | %s |\n", pt->name, pt->B, pt->L_KV, ms, gbs,
                100 * gbs / env->copy_gbs, 100 * gbs / env->read_gbs, b.copies, check);
-        csv_row(env, pt->name, pt->spec, pt->B, 1, pt->L_KV, ms, gbs, 0, check);
+        bcsv_row(env, pt->name, pt->spec, pt->B, 1, pt->L_KV, ms, gbs, 0, check);
     } else {
         double pairs = 0;
         for (int i = 0; i < pt->L_Q; i++) {
@@ -525,20 +495,15 @@ static void run_point(bench_env *env, const bpoint *pt)
         }
         const double tf = 4.0 * D * pairs * HQ * pt->B / (ms * 1e-3) / 1e12;
         printf("| %s | %d | %d | %.4f | %.1f | %d | %s |\n", pt->name, pt->B, pt->L_KV, ms, tf, b.copies, check);
-        csv_row(env, pt->name, pt->spec, pt->B, pt->L_Q, pt->L_KV, ms, 0, tf, check);
+        bcsv_row(env, pt->name, pt->spec, pt->B, pt->L_Q, pt->L_KV, ms, 0, tf, check);
     }
 out:
     kiln_plan_destroy(plan);
-    bufs_free(env, &b);
-    shape_free(&s);
+    bbufs_free(env, &b);
+    bshape_free(&s);
 }
 
 /* ---- the suites ------------------------------------------------------------------------------ */
-
-#define DEC(dt, d) "op=decode " dt " head_dim=" #d " group=4 kv=paged"
-#define BF16 "dtype=bf16"
-#define FP8 "q_dtype=bf16 kv_dtype=e4m3 out_dtype=bf16"
-#define PRE(kv, mask) "op=prefill dtype=bf16 head_dim=128 group=4" mask " kv=" kv
 
 static const struct {
     const char *name, *spec;
@@ -567,8 +532,6 @@ static const int dec_B[] = {1, 16, 64, 256}, dec_L[] = {512, 4096, 32768};
 /* (B, S): the single/batch sweep of equal total tokens (16384) plus single requests */
 static const int pre_BS[][2] = {{1, 1024}, {16, 1024}, {1, 4096}, {4, 4096}, {1, 16384}};
 
-static const char *const cascade_name = "cascade", *const host_name = "host overhead";
-
 void batch_list(void)
 {
     for (size_t i = 0; i < sizeof decode_kinds / sizeof decode_kinds[0]; i++) puts(decode_kinds[i].name);
@@ -585,7 +548,7 @@ static void decode_suite(bench_env *env)
     printf("| point | B | L_KV | ms | GB/s | %% copy | %% read | copies | check |\n"
            "|---|---|---|---|---|---|---|---|---|\n");
     for (size_t i = 0; i < sizeof decode_kinds / sizeof decode_kinds[0]; i++) {
-        if (!on(env, decode_kinds[i].name)) continue;
+        if (!bench_on(env, decode_kinds[i].name)) continue;
         for (size_t bi = 0; bi < sizeof dec_B / sizeof dec_B[0]; bi++)
             for (size_t li = 0; li < sizeof dec_L / sizeof dec_L[0]; li++) {
                 if (env->quick && (dec_B[bi] == 16 || dec_B[bi] == 256 || dec_L[li] == 512)) continue;
@@ -594,7 +557,7 @@ static void decode_suite(bench_env *env)
             }
     }
     for (size_t i = 0; i < sizeof decode_dims / sizeof decode_dims[0]; i++) {
-        if (!on(env, decode_dims[i].name) || (env->quick && strstr(decode_dims[i].name, "fp8"))) continue;
+        if (!bench_on(env, decode_dims[i].name) || (env->quick && strstr(decode_dims[i].name, "fp8"))) continue;
         bpoint p = {decode_dims[i].name, decode_dims[i].spec, 64, 0, 4096};
         run_point(env, &p);
     }
@@ -607,7 +570,7 @@ static void prefill_suite(bench_env *env)
            128, HQ, HKV);
     printf("| point | B | S | ms | TFLOP/s | copies | check |\n|---|---|---|---|---|---|---|\n");
     for (size_t i = 0; i < sizeof prefill_kinds / sizeof prefill_kinds[0]; i++) {
-        if (!on(env, prefill_kinds[i].name)) continue;
+        if (!bench_on(env, prefill_kinds[i].name)) continue;
         for (size_t j = 0; j < sizeof pre_BS / sizeof pre_BS[0]; j++) {
             const int B = pre_BS[j][0], S = pre_BS[j][1];
             if (!prefill_kinds[i].causal_only && !(B == 4 && S == 4096)) continue;
@@ -616,327 +579,6 @@ static void prefill_suite(bench_env *env)
             run_point(env, &p);
         }
     }
-}
-
-/* ---- cascade ---------------------------------------------------------------------------------- */
-
-#define CASCADE_PREFIX 32768
-#define CASCADE_PRIVATE 512
-
-typedef struct cascade_run {
-    bench_env *env;
-    kiln_kernel *merge;
-    kiln_plan *pre, *dec, *plain;
-    bbufs *bpre, *bdec, *bplain;   /* share one pool and q; own o / lse / workspace */
-    const bshape *spre, *sdec, *splain;
-    int B;
-} cascade_run;
-
-static kiln_status step_plain(void *user, int copy)
-{
-    cascade_run *c = user;
-    kiln_batch_args a;
-    batch_args(c->bplain, c->splain, copy, &a);
-    return kiln_batch_run(c->plain, &a, NULL);
-}
-
-static kiln_status step_cascade(void *user, int copy)
-{
-    cascade_run *c = user;
-    kiln_batch_args a;
-    batch_args(c->bpre, c->spre, copy, &a); /* prefix: B query rows, one request, no mask */
-    kiln_status st = kiln_batch_run(c->pre, &a, NULL);
-    if (st) return st;
-    batch_args(c->bdec, c->sdec, copy, &a); /* private parts: one decode row per request */
-    if ((st = kiln_batch_run(c->dec, &a, NULL))) return st;
-    kiln_merge_args m = {0};
-    m.v_a = c->bdec->o;
-    m.lse_a = c->bdec->lse;
-    m.v_b = c->bpre->o;
-    m.lse_b = c->bpre->lse;
-    m.rows = c->B;
-    m.num_heads = HQ;
-    return kiln_merge_state_in_place(c->merge, &m, NULL);
-}
-
-/* Shared prefix of CASCADE_PREFIX tokens + CASCADE_PRIVATE private tokens per request, decode.
- * Plain: one paged decode whose page tables all start with the prefix's pages. Cascade: the
- * prefix as one non-causal prefill of the B query rows (lse=1), the private parts as a batch
- * decode (lse=1), then kiln_merge_state_in_place. Checked: cascade o against plain o (every row),
- * plain o against the CPU reference (first and last request). */
-static void cascade_point(bench_env *env, int B)
-{
-    char msg[512] = "";
-    const char *check = "ok";
-    kiln_kernel *kplain = NULL, *kpre = NULL, *kdec = NULL, *kmerge = NULL;
-    const char *sp_plain = DEC(BF16, 128), *sp_pre = PRE("paged", " lse=1"),
-               *sp_dec = DEC(BF16, 128) " lse=1", *sp_merge = "op=merge dtype=bf16 head_dim=128";
-    kiln_variant v;
-    kiln_status st = KILN_STATUS_OK;
-    const char *specs[4] = {sp_plain, sp_pre, sp_dec, sp_merge};
-    kiln_kernel **ks[4] = {&kplain, &kpre, &kdec, &kmerge};
-    for (int i = 0; i < 4 && !st; i++) {
-        st = kiln_variant_parse(specs[i], &v);
-        if (!st) st = kiln_kernel_get(env->ctx, &v, ks[i]);
-        if (st) snprintf(msg, sizeof msg, "%s: %s", specs[i], kiln_ctx_errmsg(env->ctx));
-    }
-    if (st) {
-        printf("| %d | failed: %s |\n", B, msg);
-        env->failed++;
-        return;
-    }
-    const int pre_pages = CASCADE_PREFIX / PAGE, priv_pages = CASCADE_PRIVATE / PAGE;
-    const int pool_pages = pre_pages + B * priv_pages;
-    /* shapes */
-    bshape splain = {0}, spre = {0}, sdec = {0};
-    bbufs bplain = {0}, bpre = {0}, bdec = {0};
-    kiln_plan *pplain = NULL, *ppre = NULL, *pdec = NULL;
-    int *lens = malloc(sizeof(int) * (size_t)B), *perm = malloc(sizeof(int) * (size_t)pool_pages);
-    int *idx_plain = malloc(sizeof(int) * (size_t)B * (pre_pages + priv_pages));
-    int *idx_pre = malloc(sizeof(int) * (size_t)pre_pages), *idx_dec = malloc(sizeof(int) * (size_t)B * priv_pages);
-    int one_prefix = CASCADE_PREFIX;
-    if (!lens || !perm || !idx_plain || !idx_pre || !idx_dec) {
-        printf("| %d | out of host memory |\n", B);
-        goto out;
-    }
-    uint64_t x = 7;
-    for (int i = 0; i < pool_pages; i++) perm[i] = i;
-    for (int i = pool_pages - 1; i > 0; i--) {
-        const int j = (int)(rng(&x) % (uint64_t)(i + 1)), t = perm[i];
-        perm[i] = perm[j];
-        perm[j] = t;
-    }
-    /* perm[0 .. pre_pages) are the prefix's pages, then request b's private pages */
-    for (int i = 0; i < pre_pages; i++) idx_pre[i] = perm[i];
-    for (int b = 0; b < B; b++)
-        for (int p = 0; p < priv_pages; p++) idx_dec[b * priv_pages + p] = perm[pre_pages + b * priv_pages + p];
-    for (int b = 0; b < B; b++) {
-        int *row = idx_plain + (size_t)b * (pre_pages + priv_pages);
-        memcpy(row, idx_pre, sizeof(int) * (size_t)pre_pages);
-        memcpy(row + pre_pages, idx_dec + (size_t)b * priv_pages, sizeof(int) * (size_t)priv_pages);
-    }
-    for (int b = 0; b < B; b++) lens[b] = CASCADE_PREFIX + CASCADE_PRIVATE;
-    if (shape_make(&splain, B, 0, lens, 1) || shape_make(&spre, 1, B, &one_prefix, 1)) goto oom;
-    for (int b = 0; b < B; b++) lens[b] = CASCADE_PRIVATE;
-    if (shape_make(&sdec, B, 0, lens, 1)) goto oom;
-    /* the plain buffers own the pool and q; the others borrow them */
-    bplain.copies = 1;
-    if ((st = bufs_alloc(env, &bplain, &splain, 1, 128, 2, pool_pages, idx_plain, msg, sizeof msg))) goto fail;
-    bpre = bplain;
-    bdec = bplain;
-    bpre.o = bpre.lse = bpre.ws = bpre.idx = 0;
-    bdec.o = bdec.lse = bdec.ws = bdec.idx = 0;
-    bpre.idx_host = idx_pre;
-    bdec.idx_host = idx_dec;
-    idx_pre = idx_dec = NULL;
-    {
-        const size_t ob = (size_t)B * HQ * 128 * 2, lb = (size_t)B * HQ * sizeof(float);
-        if (env->cu->cuMemAlloc(&bpre.o, ob) || env->cu->cuMemAlloc(&bdec.o, ob) ||
-            env->cu->cuMemAlloc(&bpre.lse, lb) || env->cu->cuMemAlloc(&bdec.lse, lb) ||
-            env->cu->cuMemAlloc(&bpre.idx, sizeof(int) * (size_t)pre_pages) ||
-            env->cu->cuMemAlloc(&bdec.idx, sizeof(int) * (size_t)B * priv_pages) ||
-            env->cu->cuMemcpyHtoD(bpre.idx, bpre.idx_host, sizeof(int) * (size_t)pre_pages) ||
-            env->cu->cuMemcpyHtoD(bdec.idx, bdec.idx_host, sizeof(int) * (size_t)B * priv_pages)) {
-            snprintf(msg, sizeof msg, "alloc cascade buffers failed");
-            st = KILN_STATUS_CUDA;
-            goto fail;
-        }
-    }
-    if ((st = plan_make(env, kplain, &splain, &bplain, &pplain, msg, sizeof msg)) ||
-        (st = plan_make(env, kpre, &spre, &bpre, &ppre, msg, sizeof msg)) ||
-        (st = plan_make(env, kdec, &sdec, &bdec, &pdec, msg, sizeof msg)))
-        goto fail;
-    cascade_run cr = {env, kmerge, ppre, pdec, pplain, &bpre, &bdec, &bplain, &spre, &sdec, &splain, B};
-    /* correctness: plain vs reference, cascade vs plain */
-    env->cu->cuMemsetD8(bplain.o, 0xff, bplain.q_bytes);
-    env->cu->cuMemsetD8(bdec.o, 0xff, bplain.q_bytes);
-    if ((st = step_plain(&cr, 0)) || (st = step_cascade(&cr, 0))) {
-        snprintf(msg, sizeof msg, "run: %s", kiln_ctx_errmsg(env->ctx));
-        goto fail;
-    }
-    if (env->cu->cuCtxSynchronize()) {
-        snprintf(msg, sizeof msg, "run failed on the device");
-        st = KILN_STATUS_CUDA;
-        goto fail;
-    }
-    kiln_variant_parse(sp_plain, &v);
-    st = check_rows(env, &v, &bplain, &splain, 0, msg, sizeof msg);
-    if (!st) {
-        const size_t n = (size_t)B * HQ * 128;
-        uint16_t *a = malloc(n * 2), *c = malloc(n * 2);
-        double atol, rtol;
-        kiln_check_tolerance(&v, &atol, &rtol);
-        if (!a || !c || env->cu->cuMemcpyDtoH(a, bplain.o, n * 2) || env->cu->cuMemcpyDtoH(c, bdec.o, n * 2)) {
-            snprintf(msg, sizeof msg, "copy outputs back failed");
-            st = KILN_STATUS_CUDA;
-        }
-        for (size_t i = 0; i < n && !st; i++) {
-            const double pa = devk_bf16_to_f32(a[i]), pc = devk_bf16_to_f32(c[i]);
-            if (!(fabs(pa - pc) <= 2 * (atol + rtol * fabs(pa)))) {
-                snprintf(msg, sizeof msg, "cascade o[%zu] = %.6g, plain %.6g", i, pc, pa);
-                st = KILN_STATUS_MISMATCH;
-            }
-        }
-        free(a);
-        free(c);
-    }
-    if (st == KILN_STATUS_MISMATCH) {
-        printf("<!-- cascade B%d: %s -->\n", B, msg);
-        check = "MISMATCH";
-        env->failed++;
-        st = KILN_STATUS_OK;
-    }
-    if (st) goto fail;
-    double ms_plain = 0, ms_casc = 0;
-    if ((st = time_steps(env, step_plain, &cr, 1, &ms_plain, msg, sizeof msg)) ||
-        (st = time_steps(env, step_cascade, &cr, 1, &ms_casc, msg, sizeof msg)))
-        goto fail;
-    /* bytes a cascade must move: the prefix once, every private part, q, o */
-    const double bytes = 2.0 * (CASCADE_PREFIX + (double)B * CASCADE_PRIVATE) * HKV * 128 * 2 +
-                         (double)B * HQ * 128 * 2 * 2;
-    printf("| %d | %d | %d | %.4f | %.4f | %.2f | %.0f | %.0f | %s |\n", B, CASCADE_PREFIX, CASCADE_PRIVATE,
-           ms_plain, ms_casc, ms_plain / ms_casc, bytes / (ms_plain * 1e-3) / 1e9, bytes / (ms_casc * 1e-3) / 1e9,
-           check);
-    csv_row(env, "cascade plain", sp_plain, B, 1, CASCADE_PREFIX + CASCADE_PRIVATE, ms_plain,
-            bytes / (ms_plain * 1e-3) / 1e9, 0, check);
-    csv_row(env, "cascade", "prefill(lse=1) + decode(lse=1) + merge_state_in_place", B, 1,
-            CASCADE_PREFIX + CASCADE_PRIVATE, ms_casc, bytes / (ms_casc * 1e-3) / 1e9, 0, check);
-    goto out;
-oom:
-    snprintf(msg, sizeof msg, "out of host memory");
-    st = KILN_STATUS_NO_MEMORY;
-fail:
-    printf("| %d | failed: %s |\n", B, msg);
-    env->failed++;
-out:
-    kiln_plan_destroy(pplain);
-    kiln_plan_destroy(ppre);
-    kiln_plan_destroy(pdec);
-    /* bpre / bdec borrow q, k, v from bplain */
-    bpre.q = bpre.k = bpre.v = 0;
-    bdec.q = bdec.k = bdec.v = 0;
-    bufs_free(env, &bpre);
-    bufs_free(env, &bdec);
-    bufs_free(env, &bplain);
-    shape_free(&splain);
-    shape_free(&spre);
-    shape_free(&sdec);
-    free(lens);
-    free(perm);
-    free(idx_plain);
-    free(idx_pre);
-    free(idx_dec);
-}
-
-static void cascade_suite(bench_env *env)
-{
-    if (!on(env, cascade_name)) return;
-    printf("\n### Cascade: shared prefix vs plain paged decode (bf16 d128; GB/s of the bytes a cascade must "
-           "move: prefix once + private parts + q + o)\n\n");
-    printf("| B | prefix | private | plain ms | cascade ms | speedup | plain GB/s | cascade GB/s | check |\n"
-           "|---|---|---|---|---|---|---|---|---|\n");
-    cascade_point(env, 64);
-    if (!env->quick) cascade_point(env, 256);
-}
-
-/* ---- host overhead ---------------------------------------------------------------------------- */
-
-#define HOST_B 256
-#define HOST_CALLS 1000
-#define HOST_SYNC_EVERY 16
-
-static double now_us(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec * 1e6 + ts.tv_nsec / 1e3;
-}
-
-/* The lengths of the host-overhead batch (peers.py uses the same formula): 512 .. 8192. */
-static int host_len(int b) { return 512 + (b * 7919) % 7681; }
-
-/* Wall clock of kiln_batch_plan and kiln_batch_run around each call, no sync inside the timed
- * region (the stream is drained every HOST_SYNC_EVERY calls, untimed, so the launch queue never
- * fills); median and p90 of HOST_CALLS calls. */
-static void host_point(bench_env *env, const char *what, const char *spec, int qo)
-{
-    char msg[512] = "";
-    kiln_variant v;
-    kiln_kernel *k = NULL;
-    kiln_plan *plan = NULL;
-    bshape s = {0};
-    bbufs b = {0};
-    int lens[HOST_B];
-    double *t_plan = malloc(sizeof(double) * HOST_CALLS), *t_run = malloc(sizeof(double) * HOST_CALLS);
-    kiln_status st = kiln_variant_parse(spec, &v);
-    if (!st) st = kiln_kernel_get(env->ctx, &v, &k);
-    if (st || !t_plan || !t_run) {
-        printf("| %s | failed: %s |\n", what, kiln_ctx_errmsg(env->ctx));
-        env->failed++;
-        goto out;
-    }
-    for (int i = 0; i < HOST_B; i++) lens[i] = host_len(i);
-    const int paged = v.kv == KILN_KV_PAGED;
-    if (shape_make(&s, HOST_B, qo, lens, paged)) goto out;
-    b.copies = 1;
-    if ((st = bufs_alloc(env, &b, &s, paged, v.head_dim, 2, paged ? s.n_idx : s.total_kv, NULL, msg, sizeof msg)) ||
-        (st = plan_make(env, k, &s, &b, &plan, msg, sizeof msg))) {
-        printf("| %s | failed: %s |\n", what, msg);
-        env->failed++;
-        goto out;
-    }
-    kiln_batch_shape bs = {s.B, s.qo_indptr, s.kv_indptr, s.last};
-    kiln_batch_args a;
-    batch_args(&b, &s, 0, &a);
-    for (int i = 0; i < HOST_CALLS + 10 && !st; i++) {
-        double t0 = now_us();
-        st = kiln_batch_plan(plan, &bs, b.ws, b.ws_bytes, NULL);
-        double t1 = now_us();
-        if (!st) st = kiln_batch_run(plan, &a, NULL);
-        double t2 = now_us();
-        if (i >= 10) {
-            t_plan[i - 10] = t1 - t0;
-            t_run[i - 10] = t2 - t1;
-        }
-        if (i % HOST_SYNC_EVERY == HOST_SYNC_EVERY - 1) env->cu->cuCtxSynchronize();
-    }
-    env->cu->cuCtxSynchronize();
-    if (st) {
-        printf("| %s | failed: %s |\n", what, kiln_ctx_errmsg(env->ctx));
-        env->failed++;
-        goto out;
-    }
-    qsort(t_plan, HOST_CALLS, sizeof(double), cmp_d);
-    qsort(t_run, HOST_CALLS, sizeof(double), cmp_d);
-    kiln_plan_info pi = {0};
-    kiln_plan_describe(plan, &pi);
-    const double p50 = t_plan[HOST_CALLS / 2], r50 = t_run[HOST_CALLS / 2];
-    printf("| %s | kiln_batch_plan | %d | %.1f | %.1f | %.1f | %d items, grid %d, chunk %d |\n", what, HOST_B, p50,
-           t_plan[0], t_plan[HOST_CALLS * 9 / 10], pi.items, pi.grid, pi.kv_chunk);
-    printf("| %s | kiln_batch_run | %d | %.1f | %.1f | %.1f | |\n", what, HOST_B, r50, t_run[0],
-           t_run[HOST_CALLS * 9 / 10]);
-    char name[96];
-    snprintf(name, sizeof name, "host plan %s", what);
-    csv_row(env, name, spec, HOST_B, qo ? qo : 1, 0, p50 / 1e3, 0, 0, "us");
-    snprintf(name, sizeof name, "host run %s", what);
-    csv_row(env, name, spec, HOST_B, qo ? qo : 1, 0, r50 / 1e3, 0, 0, "us");
-out:
-    kiln_plan_destroy(plan);
-    bufs_free(env, &b);
-    shape_free(&s);
-    free(t_plan);
-    free(t_run);
-}
-
-static void host_suite(bench_env *env)
-{
-    if (!on(env, host_name)) return;
-    printf("\n### Host overhead, batch %d, lengths 512..8192 (wall clock per call, µs; no sync inside the "
-           "timed region; %d calls)\n\n",
-           HOST_B, HOST_CALLS);
-    printf("| batch | call | B | median µs | min µs | p90 µs | plan |\n|---|---|---|---|---|---|---|\n");
-    host_point(env, "decode paged", DEC(BF16, 128), 0);
-    host_point(env, "prefill paged causal", PRE("paged", " mask=causal"), 16);
 }
 
 int batch_run_all(bench_env *env)

@@ -1,0 +1,337 @@
+/*
+ * cascade.c — kiln-bench --batch's last two suites: a shared prefix decoded as a cascade (one
+ * prefill of the prefix over every request's query row, a decode of the private parts, a
+ * merge of the two softmax states) against a plain paged decode whose page tables all start
+ * with the prefix's pages; and the host overhead of kiln_batch_plan / kiln_batch_run.
+ */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "batch.h"
+#include "check.h"
+
+const char *const cascade_name = "cascade", *const host_name = "host overhead";
+
+/* ---- cascade ---------------------------------------------------------------------------------- */
+
+#define CASCADE_PREFIX 32768
+#define CASCADE_PRIVATE 512
+
+typedef struct cascade_run {
+    bench_env *env;
+    kiln_kernel *merge;
+    kiln_plan *pre, *dec, *plain;
+    bbufs *bpre, *bdec, *bplain;   /* share one pool and q; own o / lse / workspace */
+    const bshape *spre, *sdec, *splain;
+    int B;
+} cascade_run;
+
+static kiln_status step_plain(void *user, int copy)
+{
+    cascade_run *c = user;
+    kiln_batch_args a;
+    bbufs_args(c->bplain, c->splain, copy, &a);
+    return kiln_batch_run(c->plain, &a, NULL);
+}
+
+static kiln_status step_cascade(void *user, int copy)
+{
+    cascade_run *c = user;
+    kiln_batch_args a;
+    bbufs_args(c->bpre, c->spre, copy, &a); /* prefix: B query rows, one request, no mask */
+    kiln_status st = kiln_batch_run(c->pre, &a, NULL);
+    if (st) return st;
+    bbufs_args(c->bdec, c->sdec, copy, &a); /* private parts: one decode row per request */
+    if ((st = kiln_batch_run(c->dec, &a, NULL))) return st;
+    kiln_merge_args m = {0};
+    m.v_a = c->bdec->o;
+    m.lse_a = c->bdec->lse;
+    m.v_b = c->bpre->o;
+    m.lse_b = c->bpre->lse;
+    m.rows = c->B;
+    m.num_heads = HQ;
+    return kiln_merge_state_in_place(c->merge, &m, NULL);
+}
+
+/* Shared prefix of CASCADE_PREFIX tokens + CASCADE_PRIVATE private tokens per request, decode.
+ * Plain: one paged decode whose page tables all start with the prefix's pages. Cascade: the
+ * prefix as one non-causal prefill of the B query rows (lse=1), the private parts as a batch
+ * decode (lse=1), then kiln_merge_state_in_place. Checked: cascade o against plain o (every row),
+ * plain o against the CPU reference (first and last request). */
+static void cascade_point(bench_env *env, int B)
+{
+    char msg[512] = "";
+    const char *check = "ok";
+    kiln_kernel *kplain = NULL, *kpre = NULL, *kdec = NULL, *kmerge = NULL;
+    const char *sp_plain = DEC(BF16, 128), *sp_pre = PRE("paged", " lse=1"),
+               *sp_dec = DEC(BF16, 128) " lse=1", *sp_merge = "op=merge dtype=bf16 head_dim=128";
+    kiln_variant v;
+    kiln_status st = KILN_STATUS_OK;
+    const char *specs[4] = {sp_plain, sp_pre, sp_dec, sp_merge};
+    kiln_kernel **ks[4] = {&kplain, &kpre, &kdec, &kmerge};
+    for (int i = 0; i < 4 && !st; i++) {
+        st = kiln_variant_parse(specs[i], &v);
+        if (!st) st = kiln_kernel_get(env->ctx, &v, ks[i]);
+        if (st) snprintf(msg, sizeof msg, "%s: %s", specs[i], kiln_ctx_errmsg(env->ctx));
+    }
+    if (st) {
+        printf("| %d | failed: %s |\n", B, msg);
+        env->failed++;
+        return;
+    }
+    const int pre_pages = CASCADE_PREFIX / PAGE, priv_pages = CASCADE_PRIVATE / PAGE;
+    const int pool_pages = pre_pages + B * priv_pages;
+    /* shapes */
+    bshape splain = {0}, spre = {0}, sdec = {0};
+    bbufs bplain = {0}, bpre = {0}, bdec = {0};
+    kiln_plan *pplain = NULL, *ppre = NULL, *pdec = NULL;
+    int *lens = malloc(sizeof(int) * (size_t)B), *perm = malloc(sizeof(int) * (size_t)pool_pages);
+    int *idx_plain = malloc(sizeof(int) * (size_t)B * (pre_pages + priv_pages));
+    int *idx_pre = malloc(sizeof(int) * (size_t)pre_pages), *idx_dec = malloc(sizeof(int) * (size_t)B * priv_pages);
+    int one_prefix = CASCADE_PREFIX;
+    if (!lens || !perm || !idx_plain || !idx_pre || !idx_dec) {
+        printf("| %d | out of host memory |\n", B);
+        goto out;
+    }
+    uint64_t x = 7;
+    for (int i = 0; i < pool_pages; i++) perm[i] = i;
+    for (int i = pool_pages - 1; i > 0; i--) {
+        const int j = (int)(brng(&x) % (uint64_t)(i + 1)), t = perm[i];
+        perm[i] = perm[j];
+        perm[j] = t;
+    }
+    /* perm[0 .. pre_pages) are the prefix's pages, then request b's private pages */
+    for (int i = 0; i < pre_pages; i++) idx_pre[i] = perm[i];
+    for (int b = 0; b < B; b++)
+        for (int p = 0; p < priv_pages; p++) idx_dec[b * priv_pages + p] = perm[pre_pages + b * priv_pages + p];
+    for (int b = 0; b < B; b++) {
+        int *row = idx_plain + (size_t)b * (pre_pages + priv_pages);
+        memcpy(row, idx_pre, sizeof(int) * (size_t)pre_pages);
+        memcpy(row + pre_pages, idx_dec + (size_t)b * priv_pages, sizeof(int) * (size_t)priv_pages);
+    }
+    for (int b = 0; b < B; b++) lens[b] = CASCADE_PREFIX + CASCADE_PRIVATE;
+    if (bshape_make(&splain, B, 0, lens, 1) || bshape_make(&spre, 1, B, &one_prefix, 1)) goto oom;
+    for (int b = 0; b < B; b++) lens[b] = CASCADE_PRIVATE;
+    if (bshape_make(&sdec, B, 0, lens, 1)) goto oom;
+    /* the plain buffers own the pool and q; the others borrow them */
+    bplain.copies = 1;
+    if ((st = bbufs_alloc(env, &bplain, &splain, 1, 128, 2, pool_pages, idx_plain, msg, sizeof msg))) goto fail;
+    bpre = bplain;
+    bdec = bplain;
+    bpre.o = bpre.lse = bpre.ws = bpre.idx = 0;
+    bdec.o = bdec.lse = bdec.ws = bdec.idx = 0;
+    bpre.idx_host = idx_pre;
+    bdec.idx_host = idx_dec;
+    idx_pre = idx_dec = NULL;
+    {
+        const size_t ob = (size_t)B * HQ * 128 * 2, lb = (size_t)B * HQ * sizeof(float);
+        if (env->cu->cuMemAlloc(&bpre.o, ob) || env->cu->cuMemAlloc(&bdec.o, ob) ||
+            env->cu->cuMemAlloc(&bpre.lse, lb) || env->cu->cuMemAlloc(&bdec.lse, lb) ||
+            env->cu->cuMemAlloc(&bpre.idx, sizeof(int) * (size_t)pre_pages) ||
+            env->cu->cuMemAlloc(&bdec.idx, sizeof(int) * (size_t)B * priv_pages) ||
+            env->cu->cuMemcpyHtoD(bpre.idx, bpre.idx_host, sizeof(int) * (size_t)pre_pages) ||
+            env->cu->cuMemcpyHtoD(bdec.idx, bdec.idx_host, sizeof(int) * (size_t)B * priv_pages)) {
+            snprintf(msg, sizeof msg, "alloc cascade buffers failed");
+            st = KILN_STATUS_CUDA;
+            goto fail;
+        }
+    }
+    if ((st = bplan_make(env, kplain, &splain, &bplain, &pplain, msg, sizeof msg)) ||
+        (st = bplan_make(env, kpre, &spre, &bpre, &ppre, msg, sizeof msg)) ||
+        (st = bplan_make(env, kdec, &sdec, &bdec, &pdec, msg, sizeof msg)))
+        goto fail;
+    cascade_run cr = {env, kmerge, ppre, pdec, pplain, &bpre, &bdec, &bplain, &spre, &sdec, &splain, B};
+    /* correctness: plain vs reference, cascade vs plain */
+    env->cu->cuMemsetD8(bplain.o, 0xff, bplain.q_bytes);
+    env->cu->cuMemsetD8(bdec.o, 0xff, bplain.q_bytes);
+    if ((st = step_plain(&cr, 0)) || (st = step_cascade(&cr, 0))) {
+        snprintf(msg, sizeof msg, "run: %s", kiln_ctx_errmsg(env->ctx));
+        goto fail;
+    }
+    if (env->cu->cuCtxSynchronize()) {
+        snprintf(msg, sizeof msg, "run failed on the device");
+        st = KILN_STATUS_CUDA;
+        goto fail;
+    }
+    kiln_variant_parse(sp_plain, &v);
+    st = bcheck_rows(env, &v, &bplain, &splain, 0, msg, sizeof msg);
+    if (!st) {
+        const size_t n = (size_t)B * HQ * 128;
+        uint16_t *a = malloc(n * 2), *c = malloc(n * 2);
+        double atol, rtol;
+        kiln_check_tolerance(&v, &atol, &rtol);
+        if (!a || !c || env->cu->cuMemcpyDtoH(a, bplain.o, n * 2) || env->cu->cuMemcpyDtoH(c, bdec.o, n * 2)) {
+            snprintf(msg, sizeof msg, "copy outputs back failed");
+            st = KILN_STATUS_CUDA;
+        }
+        for (size_t i = 0; i < n && !st; i++) {
+            const double pa = devk_bf16_to_f32(a[i]), pc = devk_bf16_to_f32(c[i]);
+            if (!(fabs(pa - pc) <= 2 * (atol + rtol * fabs(pa)))) {
+                snprintf(msg, sizeof msg, "cascade o[%zu] = %.6g, plain %.6g", i, pc, pa);
+                st = KILN_STATUS_MISMATCH;
+            }
+        }
+        free(a);
+        free(c);
+    }
+    if (st == KILN_STATUS_MISMATCH) {
+        printf("<!-- cascade B%d: %s -->\n", B, msg);
+        check = "MISMATCH";
+        env->failed++;
+        st = KILN_STATUS_OK;
+    }
+    if (st) goto fail;
+    double ms_plain = 0, ms_casc = 0;
+    if ((st = btime_steps(env, step_plain, &cr, 1, &ms_plain, msg, sizeof msg)) ||
+        (st = btime_steps(env, step_cascade, &cr, 1, &ms_casc, msg, sizeof msg)))
+        goto fail;
+    /* bytes a cascade must move: the prefix once, every private part, q, o */
+    const double bytes = 2.0 * (CASCADE_PREFIX + (double)B * CASCADE_PRIVATE) * HKV * 128 * 2 +
+                         (double)B * HQ * 128 * 2 * 2;
+    printf("| %d | %d | %d | %.4f | %.4f | %.2f | %.0f | %.0f | %s |\n", B, CASCADE_PREFIX, CASCADE_PRIVATE,
+           ms_plain, ms_casc, ms_plain / ms_casc, bytes / (ms_plain * 1e-3) / 1e9, bytes / (ms_casc * 1e-3) / 1e9,
+           check);
+    bcsv_row(env, "cascade plain", sp_plain, B, 1, CASCADE_PREFIX + CASCADE_PRIVATE, ms_plain,
+            bytes / (ms_plain * 1e-3) / 1e9, 0, check);
+    bcsv_row(env, "cascade", "prefill(lse=1) + decode(lse=1) + merge_state_in_place", B, 1,
+            CASCADE_PREFIX + CASCADE_PRIVATE, ms_casc, bytes / (ms_casc * 1e-3) / 1e9, 0, check);
+    goto out;
+oom:
+    snprintf(msg, sizeof msg, "out of host memory");
+    st = KILN_STATUS_NO_MEMORY;
+fail:
+    printf("| %d | failed: %s |\n", B, msg);
+    env->failed++;
+out:
+    kiln_plan_destroy(pplain);
+    kiln_plan_destroy(ppre);
+    kiln_plan_destroy(pdec);
+    /* bpre / bdec borrow q, k, v from bplain */
+    bpre.q = bpre.k = bpre.v = 0;
+    bdec.q = bdec.k = bdec.v = 0;
+    bbufs_free(env, &bpre);
+    bbufs_free(env, &bdec);
+    bbufs_free(env, &bplain);
+    bshape_free(&splain);
+    bshape_free(&spre);
+    bshape_free(&sdec);
+    free(lens);
+    free(perm);
+    free(idx_plain);
+    free(idx_pre);
+    free(idx_dec);
+}
+
+void cascade_suite(bench_env *env)
+{
+    if (!bench_on(env, cascade_name)) return;
+    printf("\n### Cascade: shared prefix vs plain paged decode (bf16 d128; GB/s of the bytes a cascade must "
+           "move: prefix once + private parts + q + o)\n\n");
+    printf("| B | prefix | private | plain ms | cascade ms | speedup | plain GB/s | cascade GB/s | check |\n"
+           "|---|---|---|---|---|---|---|---|---|\n");
+    cascade_point(env, 64);
+    if (!env->quick) cascade_point(env, 256);
+}
+
+/* ---- host overhead ---------------------------------------------------------------------------- */
+
+#define HOST_B 256
+#define HOST_CALLS 1000
+#define HOST_SYNC_EVERY 16
+
+static double now_us(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec * 1e6 + ts.tv_nsec / 1e3;
+}
+
+/* The lengths of the host-overhead batch (peers.py uses the same formula): 512 .. 8192. */
+static int host_len(int b) { return 512 + (b * 7919) % 7681; }
+
+/* Wall clock of kiln_batch_plan and kiln_batch_run around each call, no sync inside the timed
+ * region (the stream is drained every HOST_SYNC_EVERY calls, untimed, so the launch queue never
+ * fills); median and p90 of HOST_CALLS calls. */
+static void host_point(bench_env *env, const char *what, const char *spec, int qo)
+{
+    char msg[512] = "";
+    kiln_variant v;
+    kiln_kernel *k = NULL;
+    kiln_plan *plan = NULL;
+    bshape s = {0};
+    bbufs b = {0};
+    int lens[HOST_B];
+    double *t_plan = malloc(sizeof(double) * HOST_CALLS), *t_run = malloc(sizeof(double) * HOST_CALLS);
+    kiln_status st = kiln_variant_parse(spec, &v);
+    if (!st) st = kiln_kernel_get(env->ctx, &v, &k);
+    if (st || !t_plan || !t_run) {
+        printf("| %s | failed: %s |\n", what, kiln_ctx_errmsg(env->ctx));
+        env->failed++;
+        goto out;
+    }
+    for (int i = 0; i < HOST_B; i++) lens[i] = host_len(i);
+    const int paged = v.kv == KILN_KV_PAGED;
+    if (bshape_make(&s, HOST_B, qo, lens, paged)) goto out;
+    b.copies = 1;
+    if ((st = bbufs_alloc(env, &b, &s, paged, v.head_dim, 2, paged ? s.n_idx : s.total_kv, NULL, msg, sizeof msg)) ||
+        (st = bplan_make(env, k, &s, &b, &plan, msg, sizeof msg))) {
+        printf("| %s | failed: %s |\n", what, msg);
+        env->failed++;
+        goto out;
+    }
+    kiln_batch_shape bs = {s.B, s.qo_indptr, s.kv_indptr, s.paged ? s.last : NULL};
+    kiln_batch_args a;
+    bbufs_args(&b, &s, 0, &a);
+    for (int i = 0; i < HOST_CALLS + 10 && !st; i++) {
+        double t0 = now_us();
+        st = kiln_batch_plan(plan, &bs, b.ws, b.ws_bytes, NULL);
+        double t1 = now_us();
+        if (!st) st = kiln_batch_run(plan, &a, NULL);
+        double t2 = now_us();
+        if (i >= 10) {
+            t_plan[i - 10] = t1 - t0;
+            t_run[i - 10] = t2 - t1;
+        }
+        if (i % HOST_SYNC_EVERY == HOST_SYNC_EVERY - 1) env->cu->cuCtxSynchronize();
+    }
+    env->cu->cuCtxSynchronize();
+    if (st) {
+        printf("| %s | failed: %s |\n", what, kiln_ctx_errmsg(env->ctx));
+        env->failed++;
+        goto out;
+    }
+    qsort(t_plan, HOST_CALLS, sizeof(double), bcmp_d);
+    qsort(t_run, HOST_CALLS, sizeof(double), bcmp_d);
+    kiln_plan_info pi = {0};
+    kiln_plan_describe(plan, &pi);
+    const double p50 = t_plan[HOST_CALLS / 2], r50 = t_run[HOST_CALLS / 2];
+    printf("| %s | kiln_batch_plan | %d | %.1f | %.1f | %.1f | %d items, grid %d, chunk %d |\n", what, HOST_B, p50,
+           t_plan[0], t_plan[HOST_CALLS * 9 / 10], pi.items, pi.grid, pi.kv_chunk);
+    printf("| %s | kiln_batch_run | %d | %.1f | %.1f | %.1f | |\n", what, HOST_B, r50, t_run[0],
+           t_run[HOST_CALLS * 9 / 10]);
+    char name[96];
+    snprintf(name, sizeof name, "host plan %s", what);
+    bcsv_row(env, name, spec, HOST_B, qo ? qo : 1, 0, p50 / 1e3, 0, 0, "us");
+    snprintf(name, sizeof name, "host run %s", what);
+    bcsv_row(env, name, spec, HOST_B, qo ? qo : 1, 0, r50 / 1e3, 0, 0, "us");
+out:
+    kiln_plan_destroy(plan);
+    bbufs_free(env, &b);
+    bshape_free(&s);
+    free(t_plan);
+    free(t_run);
+}
+
+void host_suite(bench_env *env)
+{
+    if (!bench_on(env, host_name)) return;
+    printf("\n### Host overhead, batch %d, lengths 512..8192 (wall clock per call, µs; no sync inside the "
+           "timed region; %d calls)\n\n",
+           HOST_B, HOST_CALLS);
+    printf("| batch | call | B | median µs | min µs | p90 µs | plan |\n|---|---|---|---|---|---|---|\n");
+    host_point(env, "decode paged", DEC(BF16, 128), 0);
+    host_point(env, "prefill paged causal", PRE("paged", " mask=causal"), 16);
+}
+
