@@ -485,7 +485,7 @@ static void run_point(bench_env *env, const bpoint *pt)
         const double bytes = (double)s.total_kv * HKV * D * elt * 2 + (double)s.B * HQ * D * 2 * 2;
         const double gbs = bytes / (ms * 1e-3) / 1e9;
         printf("| %s | %d | %d | %.4f | %.0f | %.1f | %.1f | %d | %s |\n", pt->name, pt->B, pt->L_KV, ms, gbs,
-               100 * gbs / env->copy_gbs, 100 * gbs / env->read_gbs, b.copies, check);
+               100 * gbs / env->copy_gbs, env->read_gbs > 0 ? 100 * gbs / env->read_gbs : 0.0, b.copies, check);
         bcsv_row(env, pt->name, pt->spec, pt->B, 1, pt->L_KV, ms, gbs, 0, check);
     } else {
         double pairs = 0;
@@ -532,13 +532,31 @@ static const int dec_B[] = {1, 16, 64, 256}, dec_L[] = {512, 4096, 32768};
 /* (B, S): the single/batch sweep of equal total tokens (16384) plus single requests */
 static const int pre_BS[][2] = {{1, 1024}, {16, 1024}, {1, 4096}, {4, 4096}, {1, 16384}};
 
+/* Every batch point name, in suite order; NULL-terminated. */
+static const char *const *names(void)
+{
+    static const char *all[32];
+    if (!all[0]) {
+        size_t n = 0;
+        for (size_t i = 0; i < sizeof decode_kinds / sizeof decode_kinds[0]; i++) all[n++] = decode_kinds[i].name;
+        for (size_t i = 0; i < sizeof decode_dims / sizeof decode_dims[0]; i++) all[n++] = decode_dims[i].name;
+        for (size_t i = 0; i < sizeof prefill_kinds / sizeof prefill_kinds[0]; i++) all[n++] = prefill_kinds[i].name;
+        all[n++] = cascade_name;
+        all[n++] = host_name;
+    }
+    return all;
+}
+
 void batch_list(void)
 {
-    for (size_t i = 0; i < sizeof decode_kinds / sizeof decode_kinds[0]; i++) puts(decode_kinds[i].name);
-    for (size_t i = 0; i < sizeof decode_dims / sizeof decode_dims[0]; i++) puts(decode_dims[i].name);
-    for (size_t i = 0; i < sizeof prefill_kinds / sizeof prefill_kinds[0]; i++) puts(prefill_kinds[i].name);
-    puts(cascade_name);
-    puts(host_name);
+    for (const char *const *n = names(); *n; n++) puts(*n);
+}
+
+int batch_known(const char *name)
+{
+    for (const char *const *n = names(); *n; n++)
+        if (!strcmp(*n, name)) return 1;
+    return 0;
 }
 
 static void decode_suite(bench_env *env)

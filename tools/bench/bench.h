@@ -45,8 +45,9 @@ float devk_e4m3_to_f32(uint8_t b);
 
 /* ---- batch.c ---- */
 
-/* Print the batch point names, one a line. */
+/* Print the batch point names, one a line; 1 if name is one of them. */
 void batch_list(void);
+int batch_known(const char *name);
 /* Run the batch suites (decode sweep, prefill, cascade, host overhead) under env's filters;
  * prints one markdown table per suite, writes CSV rows. Returns the number of failed points. */
 int batch_run_all(bench_env *env);
