@@ -25,7 +25,8 @@ stage=${1:-all}
 summary=()
 
 fi_env() {
-    export PYTHONPATH="$FI_SITE${PYTHONPATH:+:$PYTHONPATH}" PATH="$FI_SITE/bin:$PATH"
+    export CUDA_HOME=${CUDA_HOME:-/usr/local/cuda}
+    export PYTHONPATH="$FI_SITE${PYTHONPATH:+:$PYTHONPATH}" PATH="$FI_SITE/bin:$CUDA_HOME/bin:$PATH"
     export MAX_JOBS=${MAX_JOBS:-$(nproc)}
 }
 
