@@ -108,7 +108,7 @@ static int copies_for(double bytes)
  * page table of copy 0, s->n_idx ids, copies must be 1) the caller places pages itself,
  * otherwise every request owns pool pages at shuffled places. */
 kiln_status bbufs_alloc(bench_env *env, bbufs *b, const bshape *s, int paged, int D, int elt,
-                              int64_t pool_units, const int *idx, char *msg, size_t cap)
+                        int64_t pool_units, const int *idx, char *msg, size_t cap)
 {
     b->paged = paged;
     b->D = D;
@@ -181,7 +181,7 @@ void bbufs_args(const bbufs *b, const bshape *s, int copy, kiln_batch_args *a)
 
 /* Create a plan for k, size and allocate its workspace into b, plan s on the default stream. */
 kiln_status bplan_make(bench_env *env, kiln_kernel *k, const bshape *s, bbufs *b, kiln_plan **plan,
-                             char *msg, size_t cap)
+                       char *msg, size_t cap)
 {
     kiln_plan_opts po = {0};
     po.num_qo_heads = HQ;
@@ -211,7 +211,7 @@ int bcmp_d(const void *a, const void *b)
 
 /* Median ms of REPS steps after WARM, rotating copies. */
 kiln_status btime_steps(bench_env *env, step_fn fn, void *user, int copies, double *med, char *msg,
-                              size_t cap)
+                        size_t cap)
 {
     CUevent ev[2] = {0};
     double ms[REPS];
@@ -323,7 +323,7 @@ static void ref_row(const float *q, const float *k, const float *v, int n_vis, i
 /* Compare rows of o (copy 0's inputs) with the reference: requests 0 and B-1; decode their one
  * row, prefill rows 0, L/2, L-1. causal: bottom-right aligned. Returns MISMATCH with msg set. */
 kiln_status bcheck_rows(bench_env *env, const kiln_variant *v, const bbufs *b, const bshape *s,
-                              int causal, char *msg, size_t cap)
+                        int causal, char *msg, size_t cap)
 {
     const int D = b->D;
     double atol, rtol;
@@ -397,7 +397,7 @@ static kiln_status step_run(void *user, int copy)
 int bench_on(const bench_env *env, const char *name) { return !env->only || !strcmp(env->only, name); }
 
 void bcsv_row(bench_env *env, const char *name, const char *spec, int B, int L_Q, int L_KV, double ms,
-                    double gbs, double tf, const char *check)
+              double gbs, double tf, const char *check)
 {
     if (env->csv)
         fprintf(env->csv, "%s,\"%s\",%d,%d,%d,%d,%.5f,%.1f,%.2f,%.0f,%.0f,%s\n", name, spec, B, HQ, L_Q, L_KV, ms,
