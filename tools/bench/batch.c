@@ -185,7 +185,7 @@ kiln_status bplan_make(bench_env *env, kiln_kernel *k, const bshape *s, bbufs *b
 {
     kiln_plan_opts po = {0};
     po.num_qo_heads = HQ;
-    po.page_size = PAGE;
+    po.page_size = s->paged ? PAGE : 0; /* ragged: 0, as python/kiln does */
     kiln_status st = kiln_plan_create(k, &po, plan);
     if (!st) st = kiln_plan_workspace_size(*plan, s->B, (int)s->total_qo, &b->ws_bytes);
     if (st) {
