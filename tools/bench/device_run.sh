@@ -1,18 +1,24 @@
 #!/bin/bash
 # device_run.sh — what one lease on the GPU machine runs, in stages, logs under $OUT.
-#   tests:      kiln info, the GPU tests (full grid), the Python tests, make demo's tour
-#   bench:      kiln-bench (CSV + table) and the peers in the same process run (peers.py)
-#   batch:      kiln-bench --batch (decode sweep, prefill, cascade, host overhead) and
-#               peers.py --batch; with FI=1 also FlashInfer (installed from .whl/ by fi-install,
-#               its kernels JIT-compiled once by peers.py --fi-compile-only under a deadline)
-#   fi-install: install .whl/ (tools/bench/fetch_flashinfer.sh, run on a dev box) into
-#               $FI_SITE with pip --no-index (falls back to unzipping the wheels)
+#   tests:       kiln info, the GPU tests (full grid), the Python tests, make demo's tour
+#   bench:       kiln-bench (CSV + table) and the peers in the same process run (peers.py)
+#   batch:       batch-kiln then batch-peers
+#   batch-kiln:  kiln-bench --batch (decode sweep, prefill, cascade, host overhead)
+#   batch-peers: peers.py --batch; with FI=1 also FlashInfer (from .whl/, see fi-install; its
+#                kernels compiled by fi-compile first unless $FI_OK already lists them)
+#   fi-install:  install .whl/ (tools/bench/fetch_flashinfer.sh, run on a dev box) into
+#                $FI_SITE with pip --no-index (falls back to unzipping the wheels)
+#   fi-compile:  JIT-compile and check FlashInfer's configs once (peers.py --fi-compile-only,
+#                no new compile after FI_DEADLINE seconds); writes $FI_OK
 # usage (on the GPU machine, from the repo root, after `. .gpu/env.sh`):
-#   tools/bench/device_run.sh tests|bench|batch|fi-install|all
-# environment: OUT (logs, default /tmp/kiln-out); FI=1 (batch: FlashInfer too); FI_ALL=1 (its
-#   d64/d256 decode configs too); FI_DEADLINE (seconds of FlashInfer compiling, default 480);
-#   QUICK=1 (batch: the short sweep); FI_SITE (default $PWD/.fi-site); FLASHINFER_WORKSPACE_BASE
-#   (FlashInfer's JIT cache, default $PWD/.fi-cache: ignored, so a warm machine keeps it).
+#   tools/bench/device_run.sh tests|bench|batch|batch-kiln|batch-peers|fi-install|fi-compile|all
+# One device call runs at most 10 minutes: with FlashInfer, run `fi-install` + `fi-compile` in
+# one call and `FI=1 ... batch` in the next (the machine keeps .fi-site/ and .fi-cache/, both
+# ignored, while it stays warm).
+# environment: OUT (logs, default /tmp/kiln-out); FI=1 (FlashInfer peers); FI_ALL=1 (its
+#   d64/d256 decode configs too); FI_DEADLINE (seconds, default 420); QUICK=1 (the short
+#   sweeps); FI_SITE (default $PWD/.fi-site); FLASHINFER_WORKSPACE_BASE (its JIT cache,
+#   default $PWD/.fi-cache); FI_OK (configs that compiled, default $FLASHINFER_WORKSPACE_BASE/fi_ok.txt).
 set -u
 OUT=${OUT:-/tmp/kiln-out}
 mkdir -p "$OUT"
@@ -21,6 +27,8 @@ export PYTHONUNBUFFERED=1
 mkdir -p "$KILN_CACHE_DIR"
 FI_SITE=${FI_SITE:-$PWD/.fi-site}
 export FLASHINFER_WORKSPACE_BASE=${FLASHINFER_WORKSPACE_BASE:-$PWD/.fi-cache}
+FI_OK=${FI_OK:-$FLASHINFER_WORKSPACE_BASE/fi_ok.txt}
+mkdir -p "$FLASHINFER_WORKSPACE_BASE"
 stage=${1:-all}
 summary=()
 
@@ -71,25 +79,41 @@ if [ "$stage" = bench ] || [ "$stage" = all ]; then
     summary+=("peers: done")
     cat "$OUT/bench.md" "$OUT/peers.md"
 fi
+fi_ready() { # FlashInfer importable, installing it from .whl/ if needed
+    fi_env
+    python3 -c "import flashinfer" > /dev/null 2>&1 || { fi_install > /dev/null && python3 -c "import flashinfer" > /dev/null 2>&1; }
+}
+
+fi_compile() {
+    local fiall=() dl=${FI_DEADLINE:-420}
+    [ "${FI_ALL:-0}" = 1 ] && fiall=(--fi-all)
+    timeout $((dl + 150)) python3 tools/bench/peers.py --fi-compile-only --fi-ok "$FI_OK" \
+        --fi-deadline "$dl" "${fiall[@]}" > "$OUT/fi_compile.log" 2>&1
+    local rc=$?
+    [ -f "$FI_OK" ] && cp "$FI_OK" "$OUT/fi_ok.txt"
+    summary+=("flashinfer compile: exit $rc ($(tail -1 "$OUT/fi_compile.log"))")
+    cat "$OUT/fi_compile.log"
+}
+
+q=(); [ "${QUICK:-0}" = 1 ] && q=(--quick)
 if [ "$stage" = fi-install ]; then
     fi_install
     summary+=("fi-install: exit $?")
 fi
-if [ "$stage" = batch ] || [ "$stage" = all ]; then
-    q=(); [ "${QUICK:-0}" = 1 ] && q=(--quick)
+if [ "$stage" = fi-compile ]; then
+    if fi_ready; then fi_compile; else summary+=("flashinfer: not importable (see $OUT/fi_install.log)"); fi
+fi
+if [ "$stage" = batch ] || [ "$stage" = batch-kiln ] || [ "$stage" = all ]; then
     timeout 400 build/bin/kiln-bench --batch "${q[@]}" --csv "$OUT/kiln_batch.csv" > "$OUT/bench_batch.md" 2>&1
     summary+=("bench --batch: exit $?")
+    cat "$OUT/bench_batch.md"
+fi
+if [ "$stage" = batch ] || [ "$stage" = batch-peers ] || [ "$stage" = all ]; then
     fiopt=()
     if [ "${FI:-0}" = 1 ]; then
-        if python3 -c "import flashinfer" > /dev/null 2>&1 || { fi_env; python3 -c "import flashinfer" > /dev/null 2>&1; } ||
-            { fi_install > /dev/null && fi_env; }; then
-            fi_env
-            fiall=(); [ "${FI_ALL:-0}" = 1 ] && fiall=(--fi-all)
-            dl=${FI_DEADLINE:-480}
-            timeout $((dl + 240)) python3 tools/bench/peers.py --fi-compile-only --fi-ok "$OUT/fi_ok.txt" \
-                --fi-deadline "$dl" "${fiall[@]}" > "$OUT/fi_compile.log" 2>&1
-            summary+=("flashinfer compile: exit $? ($(tail -1 "$OUT/fi_compile.log"))")
-            [ -s "$OUT/fi_ok.txt" ] && fiopt=(--flashinfer --fi-ok "$OUT/fi_ok.txt")
+        if fi_ready; then
+            [ -s "$FI_OK" ] || fi_compile
+            [ -s "$FI_OK" ] && fiopt=(--flashinfer --fi-ok "$FI_OK")
         else
             summary+=("flashinfer: not importable (see $OUT/fi_install.log)")
         fi
@@ -97,6 +121,6 @@ if [ "$stage" = batch ] || [ "$stage" = all ]; then
     timeout 500 python3 tools/bench/peers.py --batch "${q[@]}" "${fiopt[@]}" --csv "$OUT/peers_batch.csv" 2>&1 |
         grep -v Warning > "$OUT/peers_batch.md"
     summary+=("peers --batch: done")
-    cat "$OUT/bench_batch.md" "$OUT/peers_batch.md"
+    cat "$OUT/peers_batch.md"
 fi
 printf '%s\n' "${summary[@]}"

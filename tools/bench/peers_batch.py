@@ -272,8 +272,8 @@ def fi_compile(ok_path, configs, deadline_s):
                 good.append(key)
         except Exception as e:  # noqa: BLE001 — a config that fails to build is reported, not fatal
             print(f"  {key}: failed after {time.time() - t:.1f} s: {type(e).__name__}: {str(e)[:300]}", flush=True)
-    with open(ok_path, "w") as f:
-        f.write("\n".join(good) + "\n")
+        with open(ok_path, "w") as f:  # after every config: a killed run keeps what compiled
+            f.write("".join(k + "\n" for k in good))
     print(f"FlashInfer: {len(good)} of {len(configs)} configs ready ({time.time() - t0:.0f} s)")
 
 
