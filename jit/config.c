@@ -46,7 +46,7 @@ static int prefill_smem(const kiln_variant *v, int warps, int mt, int bn, int st
 {
     const int d = v->head_dim, fp8 = is_fp8(v->kv_dtype), es = fp8 ? 1 : 2;
     return warps * mt * 16 * d * 2 + 2 * stages * bn * d * es + (fp8 ? 2 * bn * d * 2 : 0) +
-           (v->rope ? d / 2 * 4 : 0);
+           (v->rope ? d / 2 * 4 : 0) + (v->kv == KILN_KV_PAGED ? 2 * bn * 8 : 0);
 }
 
 /* Apply "key=value" overrides from KILN_TUNE. */

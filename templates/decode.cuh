@@ -111,7 +111,7 @@ __device__ __forceinline__ float warp_sum(float x)
 template <class Cfg>
 __device__ __forceinline__ void decode_load_tile(unsigned char *stage, const unsigned char *k,
                                                  const unsigned char *v, const kiln_launch_params &p,
-                                                 const int *pages, int t0, int hi, int lane, i64 *offs)
+                                                 int page, int t0, int hi, int lane, i64 *offs)
 {
     using L = decode_layout<Cfg>;
     constexpr int CHUNKS = Cfg::D * L::ES / 16; /* 16-byte chunks per row */
@@ -121,12 +121,10 @@ __device__ __forceinline__ void decode_load_tile(unsigned char *stage, const uns
     if constexpr (Cfg::KV == 2) {
         const int j = t0 + lane;
         i64 ko = 0, vo = 0; /* rows past the end read nothing (zero-filled) at offset 0 */
-        if (j < hi) {
-            const int ps = p.page_size, pg = j / ps;
-            const i64 page = pages[pg]; /* the request's page list */
-            const i64 in = j - pg * ps;
-            ko = (page * p.k_stride_page + in * p.k_stride_n) * ES;
-            vo = (page * p.v_stride_page + in * p.v_stride_n) * ES;
+        if (j < hi) { /* page: this lane's row's page id, loaded a step ahead (decode_row_page) */
+            const i64 in = j % p.page_size;
+            ko = ((i64)page * p.k_stride_page + in * p.k_stride_n) * ES;
+            vo = ((i64)page * p.v_stride_page + in * p.v_stride_n) * ES;
         }
         offs[lane * 2] = ko;
         offs[lane * 2 + 1] = vo;
@@ -156,6 +154,15 @@ __device__ __forceinline__ void decode_load_tile(unsigned char *stage, const uns
         cp_async16(smem_addr(vs_ + row * L::VROW + col * 16), srcv, ok ? 16 : 0);
     }
     if constexpr (Cfg::KV == 2) __syncwarp(); /* the table is rewritten by the next call */
+}
+
+/* Paged KV: the page id of key t0 + lane (0 past hi), loaded one tile before it is needed so
+ * the index load's latency hides behind a tile of compute. */
+__device__ __forceinline__ int decode_row_page(const kiln_launch_params &p, const int *pages, int t0, int hi,
+                                               int lane)
+{
+    const int j = t0 + lane;
+    return pages && j < hi ? pages[j / p.page_size] : 0;
 }
 
 template <class Cfg> __device__ void decode_kernel(const kiln_launch_params &p)
@@ -253,18 +260,23 @@ template <class Cfg> __device__ void decode_kernel(const kiln_launch_params &p)
 
 #pragma unroll
     for (int s = 0; s < STAGES - 1; s++) {
-        if (s < n_mine)
-            decode_load_tile<Cfg>(stages + s * L::STAGE_BYTES, k, v, p, pages,
-                                  lo + (warp + s * WARPS) * TILE, hi, lane, offs);
+        if (s < n_mine) {
+            const int t0 = lo + (warp + s * WARPS) * TILE;
+            decode_load_tile<Cfg>(stages + s * L::STAGE_BYTES, k, v, p,
+                                  Cfg::KV == 2 ? decode_row_page(p, pages, t0, hi, lane) : 0, t0, hi, lane, offs);
+        }
         cp_async_commit();
     }
+    int page_ahead = Cfg::KV == 2 ? decode_row_page(p, pages, lo + (warp + (STAGES - 1) * WARPS) * TILE, hi, lane) : 0;
 
     for (int i = 0; i < n_mine; i++) {
         const int ahead = i + STAGES - 1;
         if (ahead < n_mine)
-            decode_load_tile<Cfg>(stages + (ahead % STAGES) * L::STAGE_BYTES, k, v, p, pages,
+            decode_load_tile<Cfg>(stages + (ahead % STAGES) * L::STAGE_BYTES, k, v, p, page_ahead,
                                   lo + (warp + ahead * WARPS) * TILE, hi, lane, offs);
         cp_async_commit();
+        if constexpr (Cfg::KV == 2)
+            page_ahead = decode_row_page(p, pages, lo + (warp + (ahead + 1) * WARPS) * TILE, hi, lane);
         cp_async_wait<STAGES - 1>();
         __syncwarp();
 

@@ -48,7 +48,9 @@ template <class Cfg> struct prefill_layout {
     static constexpr int FREQ_BYTES = Cfg::ROPE ? D / 2 * 4 : 0;
     /* fp8: the pipeline holds fp8 tiles, converted into one 16-bit K and V tile per step */
     static constexpr int CONV_BYTES = FP8 ? 2 * TILE_BYTES : 0;
-    static constexpr int BYTES = Q_BYTES + 2 * Cfg::STAGES * STAGE_TILE + CONV_BYTES + FREQ_BYTES;
+    /* paged: byte offsets of the K and V rows of the next key tile, filled a step ahead */
+    static constexpr int TAB_BYTES = Cfg::KV == 2 ? 2 * BN * 8 : 0;
+    static constexpr int BYTES = Q_BYTES + 2 * Cfg::STAGES * STAGE_TILE + CONV_BYTES + FREQ_BYTES + TAB_BYTES;
 };
 
 /* Element offset of 16-byte chunk `chunk` of row `row` in a swizzled [rows][D] tile. */
@@ -101,11 +103,10 @@ __device__ __forceinline__ void load_rows(u16 *tile, const u16 *g, i64 stride, i
 /* Issue cp.async copies of keys [row0, row0 + ROWS) of one request into a tile: 16-bit K/V
  * into the swizzled layout, fp8 into a plain [ROWS][D] byte tile; rows at or past row_hi are
  * zero-filled. KV 0 / 1: rows at base + j * stride (ragged bases are shifted to the request);
- * KV 2: pages, each thread walking its rows' pages incrementally (one division per tile). */
+ * KV 2: rows at base + tab[row], the byte offsets fill_page_table wrote for this tile. */
 template <class Cfg, int ROWS, int THREADS>
 __device__ __forceinline__ void load_kv_rows(unsigned char *tile, const unsigned char *g, i64 stride_n,
-                                             i64 stride_page, const kiln_launch_params &p, int kv_start,
-                                             int row0, int row_hi, int tid)
+                                             const i64 *tab, int row0, int row_hi, int tid)
 {
     using L = prefill_layout<Cfg>;
     constexpr int D = Cfg::D, ES = L::ES;
@@ -117,38 +118,36 @@ __device__ __forceinline__ void load_kv_rows(unsigned char *tile, const unsigned
         constexpr int STEP = THREADS / CHUNKS;
         static_assert(THREADS % CHUNKS == 0 && ROWS % STEP == 0, "load shape");
         const int r0 = tid / CHUNKS, ch = tid % CHUNKS;
-        int j = row0 + r0, pg = 0, in = 0, page = 0;
-        if constexpr (Cfg::KV == 2) {
-            pg = j / p.page_size;
-            in = j - pg * p.page_size;
-        }
-        int cur = -1;
 #pragma unroll
         for (int it = 0; it < ROWS / STEP; it++) {
-            const int row = r0 + it * STEP;
+            const int row = r0 + it * STEP, j = row0 + row;
             const bool ok = j < row_hi;
-            i64 off = 0;
-            if constexpr (Cfg::KV == 2) {
-                if (ok && pg != cur) {
-                    page = reinterpret_cast<const int *>(p.kv_indices)[kv_start + pg];
-                    cur = pg;
-                }
-                off = ((i64)page * stride_page + (i64)in * stride_n) * ES;
-            } else {
-                off = (i64)j * stride_n * ES;
-            }
+            const i64 off = Cfg::KV == 2 ? tab[row] : (i64)j * stride_n * ES;
             const u32 dst = L::FP8 ? smem_addr(tile + row * D * ES + ch * 16)
                                    : smem_addr(reinterpret_cast<u16 *>(tile) + swz<D>(row, ch));
             cp_async16(dst, ok ? g + off + ch * 16 : g, ok ? 16 : 0);
-            j += STEP;
-            if constexpr (Cfg::KV == 2) {
-                in += STEP;
-                while (in >= p.page_size) {
-                    in -= p.page_size;
-                    pg++;
-                }
-            }
         }
+    }
+}
+
+/* Paged KV: the byte offsets of the K rows (tab[0..BN)) and V rows (tab[BN..2BN)) of key tile
+ * t, one row per thread; rows past the request read page 0 (they are zero-filled anyway). */
+template <class Cfg>
+__device__ __forceinline__ void fill_page_table(i64 *tab, const kiln_launch_params &p, const int *pages, int t,
+                                                int L_KV, int tid)
+{
+    constexpr int BN = Cfg::BN, ES = prefill_layout<Cfg>::ES;
+    if (tid < BN) {
+        const int j = t * BN + tid;
+        i64 ko = 0, vo = 0;
+        if (j < L_KV) {
+            const int pg = j / p.page_size;
+            const i64 page = pages[pg], in = j - pg * p.page_size;
+            ko = (page * p.k_stride_page + in * p.k_stride_n) * ES;
+            vo = (page * p.v_stride_page + in * p.v_stride_n) * ES;
+        }
+        tab[tid] = ko;
+        tab[BN + tid] = vo;
     }
 }
 
@@ -298,11 +297,12 @@ template <class Cfg> __device__ void prefill_kernel(const kiln_launch_params &p)
             while (t < t_end && map[t] == 0) t++;
         return t;
     };
+    i64 *tab_s = reinterpret_cast<i64 *>(smem + L::Q_BYTES + 2 * STAGES * L::STAGE_TILE + L::CONV_BYTES +
+                                         L::FREQ_BYTES);
+    const int *pages = Cfg::KV == 2 ? reinterpret_cast<const int *>(p.kv_indices) + kv_start : nullptr;
     auto issue = [&](int st, int t) {
-        load_kv_rows<Cfg, BN, THREADS>(k_in + st * L::STAGE_TILE, kg, p.k_stride_n, p.k_stride_page, p, kv_start,
-                                       t * BN, L_KV, tid);
-        load_kv_rows<Cfg, BN, THREADS>(v_in + st * L::STAGE_TILE, vg, p.v_stride_n, p.v_stride_page, p, kv_start,
-                                       t * BN, L_KV, tid);
+        load_kv_rows<Cfg, BN, THREADS>(k_in + st * L::STAGE_TILE, kg, p.k_stride_n, tab_s, t * BN, L_KV, tid);
+        load_kv_rows<Cfg, BN, THREADS>(v_in + st * L::STAGE_TILE, vg, p.v_stride_n, tab_s + BN, t * BN, L_KV, tid);
     };
 
     /* pend[]: key tiles in flight, oldest first; t_next: the next one to load. */
@@ -313,10 +313,20 @@ template <class Cfg> __device__ void prefill_kernel(const kiln_launch_params &p)
     for (int s = 0; s < STAGES - 1; s++) {
         pend[s] = t_next;
         if (t_next < t_end) {
+            if constexpr (Cfg::KV == 2) { /* the prologue fills each table in place */
+                fill_page_table<Cfg>(tab_s, p, pages, t_next, L_KV, tid);
+                __syncthreads();
+            }
             issue(s, t_next);
             t_next = next_tile(t_next + 1);
+            if constexpr (Cfg::KV == 2) __syncthreads();
         }
         cp_async_commit();
+    }
+    /* the first tile of the loop: its table, then a step ahead from there on */
+    if constexpr (Cfg::KV == 2) {
+        if (t_next < t_end) fill_page_table<Cfg>(tab_s, p, pages, t_next, L_KV, tid);
+        __syncthreads();
     }
 
     const int wrow = warp * MT * 16; /* this warp's first row in the CTA tile */
@@ -365,6 +375,10 @@ template <class Cfg> __device__ void prefill_kernel(const kiln_launch_params &p)
         if (t >= t_end) break;
         cp_async_wait<STAGES - 1>();
         __syncthreads();
+        /* every thread has issued from the table: refill it for the next iteration's tile (the
+         * barrier at the end of this iteration publishes it) */
+        if constexpr (Cfg::KV == 2)
+            if (t_next < t_end) fill_page_table<Cfg>(tab_s, p, pages, t_next, L_KV, tid);
         if constexpr (XFORM) {
             if (Cfg::ROPE && idx == 0) { /* rotate Q once, in place, at positions i + off */
                 for (int e = tid; e < BM * (D / 16); e += THREADS) {
