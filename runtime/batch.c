@@ -31,6 +31,9 @@ enum {
     CTA_OVERHEAD_KEYS = 256,
     /* extra cost of a split query tile: its partial write and the merge */
     SPLIT_OVERHEAD_KEYS = 64,
+    /* pinned schedule buffers used in turn: a plan waits only when the copy out of the buffer
+     * it reuses (HOST_RING plans ago) has not run yet */
+    HOST_RING = 4,
 };
 
 struct kiln_plan {
@@ -47,10 +50,11 @@ struct kiln_plan {
     int planned;
     int host_only;      /* tests: schedule into plain host memory, no device (kiln__plan_host) */
     /* host staging */
-    int *host;          /* pinned, host_ints long */
+    int *host;          /* pinned: HOST_RING buffers of host_ints each */
     size_t host_ints;
-    CUevent copied;     /* recorded after the last copy out of host */
-    int copy_pending;
+    CUevent copied[HOST_RING]; /* recorded after the copy out of each buffer */
+    int copy_pending[HOST_RING];
+    int ring;           /* the buffer the last plan used */
     /* scratch (plain heap) */
     int *tile_keys, *order;
     size_t scratch_cap;
@@ -155,9 +159,12 @@ kiln_status kiln_plan_create(kiln_kernel *k, const kiln_plan_opts *opts, kiln_pl
         pl->o.fixed_split = (pl->o.fixed_split + pl->gran - 1) / pl->gran * pl->gran;
     kiln_status st = kiln__ctx_bind(k->ctx, &e);
     CUresult r = CUDA_SUCCESS;
-    if (!st) r = k->ctx->cu->cuEventCreate(&pl->copied, CU_EVENT_DISABLE_TIMING);
+    int made = 0;
+    for (; !st && r == CUDA_SUCCESS && made < HOST_RING; made++)
+        r = k->ctx->cu->cuEventCreate(&pl->copied[made], CU_EVENT_DISABLE_TIMING);
     if (st || r != CUDA_SUCCESS) {
         if (!st) st = kiln__cu_fail(&e, r, "plan %s: event", k->spec);
+        for (int i = 0; i < made - 1; i++) k->ctx->cu->cuEventDestroy(pl->copied[i]);
         free(pl);
         return kiln__ctx_error(k->ctx, st, &e);
     }
@@ -208,8 +215,10 @@ void kiln_plan_destroy(kiln_plan *pl)
     if (cu) {
         kiln__err e;
         if (!kiln__ctx_bind(pl->k->ctx, &e)) {
-            if (pl->copy_pending) cu->cuEventSynchronize(pl->copied);
-            cu->cuEventDestroy(pl->copied);
+            for (int i = 0; i < HOST_RING; i++) {
+                if (pl->copy_pending[i]) cu->cuEventSynchronize(pl->copied[i]);
+                cu->cuEventDestroy(pl->copied[i]);
+            }
             if (pl->host) cu->cuMemFreeHost(pl->host);
         }
     }
@@ -365,7 +374,7 @@ kiln_status kiln_batch_plan(kiln_plan *pl, const kiln_batch_shape *s, kiln_devpt
     const int64_t ntiles64 = tile_bound(pl, B, total_qo);
     if ((size_t)ntiles64 > pl->scratch_cap) {
         size_t cap = (size_t)ntiles64 + 64;
-        int *a = realloc(pl->tile_keys, cap * sizeof *a), *o = a ? realloc(pl->order, cap * 2 * sizeof *o) : NULL;
+        int *a = realloc(pl->tile_keys, cap * sizeof *a), *o = a ? realloc(pl->order, cap * 4 * sizeof *o) : NULL;
         if (a) pl->tile_keys = a;
         if (o) pl->order = o;
         if (!a || !o) return plan_fail(pl, kiln__fail(&e, KILN_STATUS_NO_MEMORY, "plan: out of memory"), &e);
@@ -415,30 +424,36 @@ kiln_status kiln_batch_plan(kiln_plan *pl, const kiln_batch_shape *s, kiln_devpt
     }
 
     /* the schedule, heaviest items first: bucket by the bit length of the item's keys */
-    if (pl->copy_pending) { /* the pinned buffer may still be read by the previous copy */
-        const CUresult r = pl->k->ctx->cu->cuEventSynchronize(pl->copied);
-        pl->copy_pending = 0;
-        if (r != CUDA_SUCCESS) return plan_fail(pl, kiln__cu_fail(&e, r, "plan %s: previous copy", pl->k->spec), &e);
-    }
     const size_t ints = L.int_bytes / sizeof(int);
+    const int slot = (pl->ring + 1) % HOST_RING;
     if (pl->host_only && ints > pl->host_ints) {
         free(pl->host);
         pl->host = calloc(ints, sizeof(int));
         pl->host_ints = pl->host ? ints : 0;
         if (!pl->host) return plan_fail(pl, kiln__fail(&e, KILN_STATUS_NO_MEMORY, "plan: out of memory"), &e);
     }
-    if (!pl->host_only && (st = kiln__ctx_bind(pl->k->ctx, &e))) return plan_fail(pl, st, &e);
-    if (ints > pl->host_ints) {
-        if (pl->host) pl->k->ctx->cu->cuMemFreeHost(pl->host);
-        pl->host = NULL;
-        pl->host_ints = 0;
-        void *h = NULL;
-        const CUresult r = pl->k->ctx->cu->cuMemHostAlloc(&h, ints * sizeof(int), 0);
-        if (r != CUDA_SUCCESS) return plan_fail(pl, kiln__cu_fail(&e, r, "plan %s: pinned buffer", pl->k->spec), &e);
-        pl->host = h;
-        pl->host_ints = ints;
+    if (!pl->host_only) {
+        if ((st = kiln__ctx_bind(pl->k->ctx, &e))) return plan_fail(pl, st, &e);
+        const kiln__cu *cu = pl->k->ctx->cu;
+        /* growing: every buffer must be free; otherwise only the one reused now */
+        for (int i = 0; i < HOST_RING; i++) {
+            if (!pl->copy_pending[i] || (i != slot && ints <= pl->host_ints)) continue;
+            const CUresult r = cu->cuEventSynchronize(pl->copied[i]);
+            pl->copy_pending[i] = 0;
+            if (r != CUDA_SUCCESS) return plan_fail(pl, kiln__cu_fail(&e, r, "plan %s: earlier copy", pl->k->spec), &e);
+        }
+        if (ints > pl->host_ints) {
+            if (pl->host) cu->cuMemFreeHost(pl->host);
+            pl->host = NULL;
+            pl->host_ints = 0;
+            void *h = NULL;
+            const CUresult r = cu->cuMemHostAlloc(&h, ints * sizeof(int) * HOST_RING, 0);
+            if (r != CUDA_SUCCESS) return plan_fail(pl, kiln__cu_fail(&e, r, "plan %s: pinned buffer", pl->k->spec), &e);
+            pl->host = h;
+            pl->host_ints = ints;
+        }
     }
-    int *w = pl->host;
+    int *w = pl->host + (pl->host_only ? 0 : (size_t)slot * pl->host_ints);
     int *req = w + L.reqs_off, *item = w + L.items_off, *task = w + L.tasks_off;
     for (int b = 0; b < B; b++) {
         req[b * 4 + 0] = pl->decode ? b : s->qo_indptr[b];
@@ -448,35 +463,47 @@ kiln_status kiln_batch_plan(kiln_plan *pl, const kiln_batch_shape *s, kiln_devpt
     }
     int nitems = 0, ntasks = 0, nslot = 0;
     int64_t total_keys = 0, longest = 0;
-    for (int bucket = 32; bucket >= 0; bucket--) {
-        for (int t = 0; t < ntiles; t++) {
-            const int keys = pl->tile_keys[t];
-            const int64_t n = chunk > 0 && keys > chunk ? ceil_div(keys, chunk) : 1;
-            const int64_t size = n > 1 ? chunk : keys;
-            const int bits = size ? 32 - __builtin_clz((unsigned)size) : 0;
-            if (bits != bucket) continue;
-            const int slot0 = n > 1 ? nslot : -1;
-            for (int64_t c = 0; c < n; c++) {
-                int *it = item + (size_t)nitems * ITEM_INTS;
-                it[0] = tile_b[t];
-                it[1] = tile_m[t];
-                it[2] = n > 1 ? (int)(c * chunk) : 0;
-                it[3] = n > 1 ? (int)((c + 1) * chunk < keys ? (c + 1) * chunk : keys) : keys;
-                it[4] = n > 1 ? slot0 + (int)c : -1;
-                it[5] = it[6] = it[7] = 0;
-                nitems++;
-            }
-            if (n > 1) {
-                task[ntasks * 4 + 0] = tile_b[t];
-                task[ntasks * 4 + 1] = tile_m[t];
-                task[ntasks * 4 + 2] = slot0;
-                task[ntasks * 4 + 3] = (int)n;
-                ntasks++;
-                nslot += (int)n;
-            }
-            total_keys += keys;
-            if (size > longest) longest = size;
+    /* counting sort of the tiles by the bit length of their items' keys, longest first */
+    int *tile_bits = pl->order + 2 * pl->scratch_cap, *sorted = pl->order + 3 * pl->scratch_cap;
+    int count[34] = {0};
+    for (int t = 0; t < ntiles; t++) {
+        const int keys = pl->tile_keys[t];
+        const int64_t size = chunk > 0 && keys > chunk ? chunk : keys;
+        tile_bits[t] = size ? 32 - __builtin_clz((unsigned)size) : 0;
+        count[tile_bits[t]]++;
+    }
+    for (int b = 32, at = 0; b >= 0; b--) {
+        const int n = count[b];
+        count[b] = at;
+        at += n;
+    }
+    for (int t = 0; t < ntiles; t++) sorted[count[tile_bits[t]]++] = t;
+    for (int x = 0; x < ntiles; x++) {
+        const int t = sorted[x];
+        const int keys = pl->tile_keys[t];
+        const int64_t n = chunk > 0 && keys > chunk ? ceil_div(keys, chunk) : 1;
+        const int64_t size = n > 1 ? chunk : keys;
+        const int slot0 = n > 1 ? nslot : -1;
+        for (int64_t c = 0; c < n; c++) {
+            int *it = item + (size_t)nitems * ITEM_INTS;
+            it[0] = tile_b[t];
+            it[1] = tile_m[t];
+            it[2] = n > 1 ? (int)(c * chunk) : 0;
+            it[3] = n > 1 ? (int)((c + 1) * chunk < keys ? (c + 1) * chunk : keys) : keys;
+            it[4] = n > 1 ? slot0 + (int)c : -1;
+            it[5] = it[6] = it[7] = 0;
+            nitems++;
         }
+        if (n > 1) {
+            task[ntasks * 4 + 0] = tile_b[t];
+            task[ntasks * 4 + 1] = tile_m[t];
+            task[ntasks * 4 + 2] = slot0;
+            task[ntasks * 4 + 3] = (int)n;
+            ntasks++;
+            nslot += (int)n;
+        }
+        total_keys += keys;
+        if (size > longest) longest = size;
     }
     w[0] = nitems;
     w[1] = ntasks;
@@ -488,9 +515,10 @@ kiln_status kiln_batch_plan(kiln_plan *pl, const kiln_batch_shape *s, kiln_devpt
     if (!pl->host_only) {
         const kiln__cu *cu = pl->k->ctx->cu;
         CUresult r = cu->cuMemcpyHtoDAsync(workspace, w, used, (CUstream)stream);
-        if (r == CUDA_SUCCESS) r = cu->cuEventRecord(pl->copied, (CUstream)stream);
+        if (r == CUDA_SUCCESS) r = cu->cuEventRecord(pl->copied[slot], (CUstream)stream);
         if (r != CUDA_SUCCESS) return plan_fail(pl, kiln__cu_fail(&e, r, "plan %s: copy the schedule", pl->k->spec), &e);
-        pl->copy_pending = 1;
+        pl->copy_pending[slot] = 1;
+        pl->ring = slot;
     }
 
     pl->items_off = L.items_off;
