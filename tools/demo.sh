@@ -51,7 +51,13 @@ if [ "${gpus:-0}" -gt 0 ]; then
 '
     for spec in $specs; do
         IFS=$old_ifs
-        step check "$spec" --kv-len "$KV_LENS"
+        case "$spec" in
+        *op=merge*) step check "$spec" ;;
+        *kv=paged* | *kv=ragged*)
+            # a batch of 17 requests of random lengths (some empty), pages of 16
+            step check "$spec" --batch 17 --kv-dist uniform:0:2048 --qo-dist uniform:0:300 --page-size 16 ;;
+        *) step check "$spec" --kv-len "$KV_LENS" ;;
+        esac
     done
     IFS=$old_ifs
 fi
