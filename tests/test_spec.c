@@ -756,3 +756,59 @@ KT_TEST(arch_all)
     KT_CHECK(has80);
     KT_CHECK(has90a);
 }
+
+/* The serving keys: every op × kv storage × kv dtype × rope × q dtype × out dtype round-trips
+ * (format(parse(s)) == s and parse(format(v)) == v); fp8 needs a 16-bit q; mask data and
+ * op=merge with batch keys are refused with the reason. */
+KT_TEST(spec_roundtrip_serving_keys)
+{
+    static const char *const ops[] = {"decode", "prefill"};
+    static const char *const kvs[] = {"contiguous", "ragged", "paged"};
+    static const char *const kvts[] = {"f16", "bf16", "e4m3", "e5m2"};
+    static const char *const dts[] = {"f16", "bf16"};
+    int n = 0;
+    for (int o = 0; o < 2; o++)
+        for (int s = 0; s < 3; s++)
+            for (int t = 0; t < 4; t++)
+                for (int r = 0; r < 2; r++)
+                    for (int q = 0; q < 2; q++)
+                        for (int u = 0; u < 2; u++) {
+                            char spec[256], buf[KILN__SPEC_MAX];
+                            snprintf(spec, sizeof spec, "op=%s q_dtype=%s kv_dtype=%s out_dtype=%s kv=%s rope=%d",
+                                     ops[o], dts[q], kvts[t], dts[u], kvs[s], r);
+                            kiln_variant v;
+                            const int fp8 = t >= 2, ok = fp8 || t == q;
+                            if (!ok) {
+                                KT_STATUS(kiln_variant_parse(spec, &v), KILN_STATUS_UNSUPPORTED, spec);
+                                continue;
+                            }
+                            KT_OK(kiln_variant_parse(spec, &v), kiln_errmsg());
+                            KT_EQ_INT((int)v.kv, s);
+                            KT_EQ_INT(v.rope, r);
+                            KT_EQ_INT((int)v.kv_dtype, t);
+                            kiln_variant_format(&v, buf, sizeof buf);
+                            kiln_variant w;
+                            KT_OK(kiln_variant_parse(buf, &w), buf);
+                            KT_CHECK(!memcmp(&v, &w, sizeof v));
+                            char again[KILN__SPEC_MAX];
+                            kiln_variant_format(&w, again, sizeof again);
+                            KT_EQ_STR(again, buf);
+                            /* optional keys appear only when set */
+                            KT_CHECK((strstr(buf, " kv=") != NULL) == (s != 0));
+                            KT_CHECK((strstr(buf, " rope=1") != NULL) == (r != 0));
+                            n++;
+                        }
+    KT_EQ_INT(n, 2 * 3 * 2 * 2 * 2 * 3); /* ops, kv, rope, q, out; per q its own kv dtype and both fp8 */
+    kiln_variant v;
+    KT_STATUS(kiln_variant_parse("op=decode kv=paged mask_data=bitmask", &v), KILN_STATUS_UNSUPPORTED, "mask data");
+    KT_CONTAINS(kiln_errmsg(), "mask data is for single requests only");
+    KT_STATUS(kiln_variant_parse("op=merge kv=paged", &v), KILN_STATUS_UNSUPPORTED, "merge kv");
+    KT_CONTAINS(kiln_errmsg(), "op=merge takes only dtype and head_dim");
+    KT_STATUS(kiln_variant_parse("op=decode kv=blocks", &v), KILN_STATUS_PARSE, "kv value");
+    KT_CONTAINS(kiln_errmsg(), "kv must be one of contiguous, ragged, paged");
+    KT_STATUS(kiln_variant_parse("dtype=e4m3", &v), KILN_STATUS_PARSE, "fp8 q");
+    KT_OK(kiln_variant_parse("op=merge dtype=bf16 head_dim=64", &v), kiln_errmsg());
+    char buf[KILN__SPEC_MAX];
+    kiln_variant_format(&v, buf, sizeof buf);
+    KT_EQ_STR(buf, "op=merge dtype=bf16 head_dim=64 group=1 layout=nhd mask=none window=0 logits=none lse=0");
+}
