@@ -39,7 +39,7 @@ def read(path):
 
 
 def stamp(fig, km, pm):
-    parts = [km.get("gpu", pm.get("gpu", "?")), f"{km.get('arch', '')} {km.get('sms', '')} SMs".strip(),
+    parts = [pm.get("gpu", km.get("gpu", "?")), f"{km.get('arch', '')} {km.get('sms', '')} SMs".strip(),
              f"driver {km.get('driver', '?')}", f"NVRTC {km.get('nvrtc', '?')}", f"kiln {km.get('kiln', '?')}"]
     if pm:
         parts += [f"torch {pm.get('torch', '?')}", f"cuDNN {pm.get('cudnn', '?')}"]
