@@ -167,7 +167,8 @@ typedef union kiln_param_value {
  * present, kv=ragged|paged rope=1 mask_data=... params=name:f32,name:i32,name:f32[],name:i32[]
  * logits_expr="..." mask_expr="..." (quoted, with \" and \\ escapes; the text is the
  * canonical token stream). kv_dtype may be e4m3 or e5m2 (fp8 KV) with q_dtype f16 or bf16;
- * otherwise q_dtype must equal kv_dtype. */
+ * otherwise q_dtype must equal kv_dtype. fp8 KV and rope=1 need kv=ragged or kv=paged (a
+ * single request is a batch of one). */
 typedef struct kiln_variant {
     kiln_op op;           /* decode or prefill */
     kiln_dtype q_dtype;   /* dtype of q; must equal kv_dtype */

@@ -475,6 +475,11 @@ kiln_status kiln__variant_check(const kiln_variant *v, kiln__err *e)
                               "logits=none lse=0, no kv, rope, mask data or snippets)");
         return KILN_STATUS_OK;
     }
+    if (v->kv == KILN_KV_CONTIGUOUS && (fp8 || v->rope))
+        return kiln__fail(e, KILN_STATUS_UNSUPPORTED,
+                          "variant: %s with kv=contiguous: fp8 KV and rope are built for batches "
+                          "(kv=ragged or kv=paged; a single request is a batch of one)",
+                          fp8 ? "an fp8 kv_dtype" : "rope=1");
     if (v->kv != KILN_KV_CONTIGUOUS && v->mask_data)
         return kiln__fail(e, KILN_STATUS_UNSUPPORTED,
                           "variant: kv=%s mask_data=%s: mask data is for single requests only "

@@ -766,6 +766,7 @@ KT_TEST(spec_roundtrip_serving_keys)
     static const char *const kvs[] = {"contiguous", "ragged", "paged"};
     static const char *const kvts[] = {"f16", "bf16", "e4m3", "e5m2"};
     static const char *const dts[] = {"f16", "bf16"};
+    kiln_variant v0;
     int n = 0;
     for (int o = 0; o < 2; o++)
         for (int s = 0; s < 3; s++)
@@ -777,7 +778,7 @@ KT_TEST(spec_roundtrip_serving_keys)
                             snprintf(spec, sizeof spec, "op=%s q_dtype=%s kv_dtype=%s out_dtype=%s kv=%s rope=%d",
                                      ops[o], dts[q], kvts[t], dts[u], kvs[s], r);
                             kiln_variant v;
-                            const int fp8 = t >= 2, ok = fp8 || t == q;
+                            const int fp8 = t >= 2, ok = (fp8 || t == q) && (s != 0 || (!fp8 && !r));
                             if (!ok) {
                                 KT_STATUS(kiln_variant_parse(spec, &v), KILN_STATUS_UNSUPPORTED, spec);
                                 continue;
@@ -798,7 +799,11 @@ KT_TEST(spec_roundtrip_serving_keys)
                             KT_CHECK((strstr(buf, " rope=1") != NULL) == (r != 0));
                             n++;
                         }
-    KT_EQ_INT(n, 2 * 3 * 2 * 2 * 2 * 3); /* ops, kv, rope, q, out; per q its own kv dtype and both fp8 */
+    /* batches: ops, 2 kv, rope, q, out, per q its own kv dtype and both fp8; single requests
+     * (kv=contiguous): no fp8, no rope */
+    KT_EQ_INT(n, 2 * 2 * 2 * 2 * 2 * 3 + 2 * 2 * 2);
+    KT_STATUS(kiln_variant_parse("op=decode kv_dtype=e4m3", &v0), KILN_STATUS_UNSUPPORTED, "single fp8");
+    KT_CONTAINS(kiln_errmsg(), "a single request is a batch of one");
     kiln_variant v;
     KT_STATUS(kiln_variant_parse("op=decode kv=paged mask_data=bitmask", &v), KILN_STATUS_UNSUPPORTED, "mask data");
     KT_CONTAINS(kiln_errmsg(), "mask data is for single requests only");
