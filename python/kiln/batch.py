@@ -348,8 +348,8 @@ class _BatchWrapper:
 
     def _plan_common(self, *, variant, H, H_KV, D, page_size, kv_indptr, qo_indptr,
                      last_page_len, indices, fixed_split_size, disable_split_kv, sm_scale,
-                     logits_soft_cap, window_left, rope_scale, rope_theta, q_word, kv_word,
-                     o_word, pos_encoding_mode, total_kv):
+                     logits_soft_cap, window_left, rope_scale, rope_theta, pos_encoding_mode,
+                     total_kv):
         """Everything after the host checks: kernel, plan object, workspace, kiln_batch_plan."""
         self._state = None  # a failed plan leaves nothing to run
         scale = (1.0 / math.sqrt(D)) if sm_scale is None else float(sm_scale)
@@ -420,9 +420,9 @@ class _BatchWrapper:
         rope = str(pos_encoding_mode).upper() == "ROPE_LLAMA"
         st.rope_scale = float(rope_scale) if rope and rope_scale is not None else 0.0
         st.rope_theta = float(rope_theta) if rope and rope_theta is not None else 0.0
-        st.q_dtype = _torch_dtype(torch, q_word)
-        st.kv_dtype = _torch_dtype(torch, kv_word)
-        st.o_dtype = _torch_dtype(torch, o_word)
+        st.q_dtype = _torch_dtype(torch, variant.q_dtype)
+        st.kv_dtype = _torch_dtype(torch, variant.kv_dtype)
+        st.o_dtype = _torch_dtype(torch, variant.out_dtype)
         st.indices, st.slopes = dev_indices, slopes
         self._state = st
 
@@ -613,8 +613,7 @@ class BatchDecodeWithPagedKVCacheWrapper(_BatchWrapper):
             indices=indices, fixed_split_size=fixed_split_size,
             disable_split_kv=disable_split_kv, sm_scale=sm_scale,
             logits_soft_cap=logits_soft_cap, window_left=window_left, rope_scale=rope_scale,
-            rope_theta=rope_theta, q_word=variant.q_dtype, kv_word=variant.kv_dtype,
-            o_word=variant.out_dtype, pos_encoding_mode=pos_encoding_mode, total_kv=None)
+            rope_theta=rope_theta, pos_encoding_mode=pos_encoding_mode, total_kv=None)
 
     begin_forward = plan
 
@@ -712,8 +711,7 @@ class BatchPrefillWithPagedKVCacheWrapper(_BatchWrapper):
             indices=paged_kv_indices, fixed_split_size=fixed_split_size,
             disable_split_kv=disable_split_kv, sm_scale=sm_scale,
             logits_soft_cap=logits_soft_cap, window_left=window_left, rope_scale=rope_scale,
-            rope_theta=rope_theta, q_word=variant.q_dtype, kv_word=variant.kv_dtype,
-            o_word=variant.out_dtype, pos_encoding_mode=pos_encoding_mode, total_kv=None)
+            rope_theta=rope_theta, pos_encoding_mode=pos_encoding_mode, total_kv=None)
 
     begin_forward = plan
 
@@ -787,8 +785,7 @@ class BatchPrefillWithRaggedKVCacheWrapper(_BatchWrapper):
             page_size=1, kv_indptr=kv, qo_indptr=qo, last_page_len=None, indices=None,
             fixed_split_size=fixed_split_size, disable_split_kv=disable_split_kv,
             sm_scale=sm_scale, logits_soft_cap=logits_soft_cap, window_left=window_left,
-            rope_scale=rope_scale, rope_theta=rope_theta, q_word=variant.q_dtype,
-            kv_word=variant.kv_dtype, o_word=variant.out_dtype,
+            rope_scale=rope_scale, rope_theta=rope_theta,
             pos_encoding_mode=pos_encoding_mode, total_kv=kv[-1])
 
     begin_forward = plan
