@@ -112,6 +112,27 @@ static int layout_for(const kiln_plan *pl, int batch, int64_t total_qo, layout *
     return 0;
 }
 
+/* A plan object with the kernel's geometry: CTAs per work item, rows per query tile, the key
+ * granule of a split, and `slots` CTAs resident on the device at once. */
+static kiln_plan *plan_new(kiln_kernel *k, const kiln_plan_opts *opts, int slots)
+{
+    kiln_plan *pl = calloc(1, sizeof *pl);
+    if (!pl) return NULL;
+    const kiln_variant *v = &k->v;
+    pl->k = k;
+    pl->o = *opts;
+    pl->decode = v->op == KILN_OP_DECODE;
+    pl->H = opts->num_qo_heads;
+    pl->D = v->head_dim;
+    pl->hpi = pl->decode ? (pl->H / v->group) * (v->group / k->cfg.gb) : pl->H;
+    pl->rows = pl->decode ? 1 : k->cfg.block_m;
+    pl->gran = pl->decode ? DECODE_TILE * k->cfg.warps : k->cfg.block_n;
+    pl->slots = slots;
+    if (pl->o.fixed_split > 0) /* chunks stay aligned to the kernel's key tiles */
+        pl->o.fixed_split = (pl->o.fixed_split + pl->gran - 1) / pl->gran * pl->gran;
+    return pl;
+}
+
 kiln_status kiln_plan_create(kiln_kernel *k, const kiln_plan_opts *opts, kiln_plan **out)
 {
     kiln__err e = {{0}};
@@ -143,20 +164,9 @@ kiln_status kiln_plan_create(kiln_kernel *k, const kiln_plan_opts *opts, kiln_pl
                    (long long)opts->max_total_kv);
         return kiln__ctx_error(k->ctx, KILN_STATUS_INVALID_ARGUMENT, &e);
     }
-    kiln_plan *pl = calloc(1, sizeof *pl);
-    if (!pl) return kiln__fail(kiln__tls_err(), KILN_STATUS_NO_MEMORY, "plan: out of memory");
-    pl->k = k;
-    pl->o = *opts;
-    pl->decode = v->op == KILN_OP_DECODE;
-    pl->H = H;
-    pl->D = v->head_dim;
-    pl->hpi = pl->decode ? (H / G) * (G / k->cfg.gb) : H;
-    pl->rows = pl->decode ? 1 : k->cfg.block_m;
-    pl->gran = pl->decode ? DECODE_TILE * k->cfg.warps : k->cfg.block_n;
     const int sms = k->ctx->info.sm_count > 0 ? k->ctx->info.sm_count : 1;
-    pl->slots = sms * (k->ctas_per_sm > 0 ? k->ctas_per_sm : 1);
-    if (pl->o.fixed_split > 0) /* chunks stay aligned to the kernel's key tiles */
-        pl->o.fixed_split = (pl->o.fixed_split + pl->gran - 1) / pl->gran * pl->gran;
+    kiln_plan *pl = plan_new(k, opts, sms * (k->ctas_per_sm > 0 ? k->ctas_per_sm : 1));
+    if (!pl) return kiln__fail(kiln__tls_err(), KILN_STATUS_NO_MEMORY, "plan: out of memory");
     kiln_status st = kiln__ctx_bind(k->ctx, &e);
     CUresult r = CUDA_SUCCESS;
     int made = 0;
@@ -174,22 +184,9 @@ kiln_status kiln_plan_create(kiln_kernel *k, const kiln_plan_opts *opts, kiln_pl
 
 kiln_status kiln__plan_host(kiln_kernel *k, const kiln_plan_opts *opts, int sms, int ctas_per_sm, kiln_plan **out)
 {
-    *out = NULL;
-    kiln_plan *pl = calloc(1, sizeof *pl);
-    if (!pl) return KILN_STATUS_NO_MEMORY;
-    const kiln_variant *v = &k->v;
-    pl->k = k;
-    pl->o = *opts;
-    pl->host_only = 1;
-    pl->decode = v->op == KILN_OP_DECODE;
-    pl->H = opts->num_qo_heads;
-    pl->D = v->head_dim;
-    pl->hpi = pl->decode ? (pl->H / v->group) * (v->group / k->cfg.gb) : pl->H;
-    pl->rows = pl->decode ? 1 : k->cfg.block_m;
-    pl->gran = pl->decode ? DECODE_TILE * k->cfg.warps : k->cfg.block_n;
-    pl->slots = sms * ctas_per_sm;
-    if (pl->o.fixed_split > 0) pl->o.fixed_split = (pl->o.fixed_split + pl->gran - 1) / pl->gran * pl->gran;
-    *out = pl;
+    *out = plan_new(k, opts, sms * ctas_per_sm);
+    if (!*out) return KILN_STATUS_NO_MEMORY;
+    (*out)->host_only = 1;
     return KILN_STATUS_OK;
 }
 
@@ -204,15 +201,10 @@ const int *kiln__plan_schedule(const kiln_plan *pl, int *items_off, int *reqs_of
 void kiln_plan_destroy(kiln_plan *pl)
 {
     if (!pl) return;
+    const kiln__cu *cu = pl->k->ctx->cu;
     if (pl->host_only) {
         free(pl->host);
-        free(pl->tile_keys);
-        free(pl->order);
-        free(pl);
-        return;
-    }
-    const kiln__cu *cu = pl->k->ctx->cu;
-    if (cu) {
+    } else if (cu) {
         kiln__err e;
         if (!kiln__ctx_bind(pl->k->ctx, &e)) {
             for (int i = 0; i < HOST_RING; i++) {
@@ -395,13 +387,12 @@ kiln_status kiln_batch_plan(kiln_plan *pl, const kiln_batch_shape *s, kiln_devpt
         }
     }
 
-    /* the chunk: fixed, none, or the best estimate over tile-aligned powers of two */
-    int64_t chunk = 0, items = 0, splits = 0;
-    if (pl->o.fixed_split > 0 && !pl->decode) {
-        /* prefill: an unsplit query tile runs its keys in one fixed order whatever the batch,
-         * so batch invariance needs no chunks (and no partial states) */
-        estimate(pl, ntiles, 0, &items, &splits);
-    } else if (pl->o.fixed_split > 0) {
+    /* the chunk: fixed (decode), none, or the best estimate over tile-aligned powers of two;
+     * prefill with fixed_split never splits (an unsplit query tile runs its keys in one fixed
+     * order whatever the batch, so batch invariance needs no chunks) */
+    int64_t chunk = 0;
+    if (pl->o.fixed_split > 0 && pl->decode) {
+        int64_t items, splits;
         chunk = pl->o.fixed_split;
         estimate(pl, ntiles, chunk, &items, &splits);
         if (splits > L.slots)
@@ -409,18 +400,16 @@ kiln_status kiln_batch_plan(kiln_plan *pl, const kiln_batch_shape *s, kiln_devpt
                                             "plan %s: fixed_split=%lld cuts this batch into %lld split items, more "
                                             "than the %lld the workspace was sized for; set max_total_kv",
                                             pl->k->spec, (long long)chunk, (long long)splits, (long long)L.slots), &e);
-    } else {
-        double best = estimate(pl, ntiles, 0, &items, &splits);
-        if (!pl->o.no_split)
-            for (int64_t c = pl->gran; c < max_keys; c *= 2) {
-                int64_t it, sp;
-                const double est = estimate(pl, ntiles, c, &it, &sp);
-                if (sp <= L.slots && est < best * 0.97) {
-                    best = est;
-                    chunk = c;
-                }
+    } else if (pl->o.fixed_split <= 0 && !pl->o.no_split) {
+        int64_t it, sp;
+        double best = estimate(pl, ntiles, 0, &it, &sp);
+        for (int64_t c = pl->gran; c < max_keys; c *= 2) {
+            const double est = estimate(pl, ntiles, c, &it, &sp);
+            if (sp <= L.slots && est < best * 0.97) {
+                best = est;
+                chunk = c;
             }
-        estimate(pl, ntiles, chunk, &items, &splits);
+        }
     }
 
     /* the schedule, heaviest items first: bucket by the bit length of the item's keys */
