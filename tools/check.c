@@ -215,22 +215,49 @@ static int visible(const problem *p, int i, int j, int h)
     return 1;
 }
 
-typedef struct ref_job {
-    problem *p;
+/* One thread's share of kiln_check_parallel. */
+typedef struct par_job {
+    void (*work)(void *arg, int first, int step);
+    void *arg;
     int first, step;
-} ref_job;
+} par_job;
+
+static void *par_run(void *job)
+{
+    par_job *j = job;
+    j->work(j->arg, j->first, j->step);
+    return NULL;
+}
+
+void kiln_check_parallel(void (*work)(void *arg, int first, int step), void *arg, long tasks)
+{
+    long n = sysconf(_SC_NPROCESSORS_ONLN);
+    int nt = n < 1 ? 1 : n > MAX_THREADS ? MAX_THREADS : (int)n;
+    if (tasks < nt) nt = tasks > 0 ? (int)tasks : 1;
+    pthread_t th[MAX_THREADS];
+    par_job jobs[MAX_THREADS];
+    int started[MAX_THREADS] = {0};
+    for (int t = 0; t < nt; t++) {
+        jobs[t] = (par_job){work, arg, t, nt};
+        if (t > 0) started[t] = pthread_create(&th[t], NULL, par_run, &jobs[t]) == 0;
+    }
+    par_run(&jobs[0]);
+    for (int t = 1; t < nt; t++) {
+        if (started[t]) pthread_join(th[t], NULL);
+        else par_run(&jobs[t]); /* failed to start: its share runs here */
+    }
+}
 
 /* Reference for rows (i, h) with (i * H + h) % step == first. */
-static void *ref_worker(void *arg)
+static void ref_work(void *arg, int first, int step)
 {
-    ref_job *jb = arg;
-    problem *p = jb->p;
+    problem *p = arg;
     const int D = p->D, off = p->L_KV - p->L_Q;
     double *qd = malloc(sizeof(double) * (size_t)D);
     double *x = malloc(sizeof(double) * (size_t)p->L_KV);
     double *acc = malloc(sizeof(double) * (size_t)D);
     if (!qd || !x || !acc) goto out;
-    for (long r = jb->first; r < (long)p->L_Q * p->H; r += jb->step) {
+    for (long r = first; r < (long)p->L_Q * p->H; r += step) {
         const int i = (int)(r / p->H), h = (int)(r % p->H), hk = h / p->G;
         const kiln_dtype qt = p->v.q_dtype, kt = p->v.kv_dtype;
         for (int d = 0; d < D; d++) qd[d] = from_bits(qt, p->q[i * p->qs_n + h * p->qs_h + d]);
@@ -270,31 +297,9 @@ out:
     free(qd);
     free(x);
     free(acc);
-    return NULL;
 }
 
-static void reference(problem *p)
-{
-    long n = sysconf(_SC_NPROCESSORS_ONLN);
-    int nt = n < 1 ? 1 : n > MAX_THREADS ? MAX_THREADS : (int)n;
-    if ((long)p->L_Q * p->H < nt) nt = p->L_Q * p->H;
-    pthread_t th[MAX_THREADS];
-    ref_job jobs[MAX_THREADS];
-    for (int t = 0; t < nt; t++) {
-        jobs[t] = (ref_job){p, t, nt};
-        if (t > 0 && pthread_create(&th[t], NULL, ref_worker, &jobs[t]) != 0)
-            jobs[t].step = -1; /* failed to start: run inline below */
-    }
-    ref_worker(&jobs[0]);
-    for (int t = 1; t < nt; t++) {
-        if (jobs[t].step == -1) {
-            jobs[t].step = nt;
-            ref_worker(&jobs[t]);
-        } else {
-            pthread_join(th[t], NULL);
-        }
-    }
-}
+static void reference(problem *p) { kiln_check_parallel(ref_work, p, (long)p->L_Q * p->H); }
 
 static long long visible_pairs(const problem *p)
 {

@@ -9,16 +9,13 @@
 #include "check_batch.h"
 
 #include <math.h>
-#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
-#include <unistd.h>
 
 #define PAD 16             /* extra elements per padded stride: keeps 16-byte alignment for fp8 */
 #define ROPE_OFFSET_MAX 1000
-#define MAX_THREADS 64
 
 /* ---- index arrays --------------------------------------------------------------------------- */
 
@@ -325,7 +322,6 @@ kiln_status kiln__cb_store(const cb_logical *L, int strided, int kv_rows_cap, in
 typedef struct ref_job {
     const cb_logical *L;
     double *o, *lse;
-    int first, step;
 } ref_job;
 
 /* The request owning row r (binary search in qo_indptr). */
@@ -342,9 +338,9 @@ static int request_of(const kiln_check_index *x, int r)
     return lo;
 }
 
-static void *ref_worker(void *arg)
+static void ref_work(void *arg, int first, int step)
 {
-    ref_job *jb = arg;
+    const ref_job *jb = arg;
     const cb_logical *L = jb->L;
     const int D = L->D, H = L->H;
     const kiln_dtype qt = L->v.q_dtype, kt = L->v.kv_dtype;
@@ -357,7 +353,7 @@ static void *ref_worker(void *arg)
     double *qd = malloc(sizeof(double) * (size_t)D), *kd = malloc(sizeof(double) * (size_t)D);
     double *x = malloc(sizeof(double) * (size_t)max_kv), *acc = malloc(sizeof(double) * (size_t)D);
     if (!qd || !kd || !x || !acc) goto out;
-    for (long task = jb->first; task < (long)L->ix.total_qo * H; task += jb->step) {
+    for (long task = first; task < (long)L->ix.total_qo * H; task += step) {
         const int r = (int)(task / H), h = (int)(task % H), hk = h / L->G;
         const int b = request_of(&L->ix, r);
         const int L_Q = L->ix.qo_indptr[b + 1] - L->ix.qo_indptr[b];
@@ -398,7 +394,6 @@ out:
     free(kd);
     free(x);
     free(acc);
-    return NULL;
 }
 
 kiln_status kiln__cb_reference(const cb_logical *L, double **o, double **lse)
@@ -412,24 +407,8 @@ kiln_status kiln__cb_reference(const cb_logical *L, double **o, double **lse)
         *o = *lse = NULL;
         return KILN_STATUS_NO_MEMORY;
     }
-    long n = sysconf(_SC_NPROCESSORS_ONLN);
-    int nt = n < 1 ? 1 : n > MAX_THREADS ? MAX_THREADS : (int)n;
-    if ((long)rows < nt) nt = rows > 0 ? (int)rows : 1;
-    pthread_t th[MAX_THREADS];
-    ref_job jobs[MAX_THREADS];
-    for (int t = 0; t < nt; t++) {
-        jobs[t] = (ref_job){L, *o, *lse, t, nt};
-        if (t > 0 && pthread_create(&th[t], NULL, ref_worker, &jobs[t]) != 0) jobs[t].step = -1;
-    }
-    ref_worker(&jobs[0]);
-    for (int t = 1; t < nt; t++) {
-        if (jobs[t].step == -1) {
-            jobs[t].step = nt;
-            ref_worker(&jobs[t]);
-        } else {
-            pthread_join(th[t], NULL);
-        }
-    }
+    ref_job job = {L, *o, *lse};
+    kiln_check_parallel(ref_work, &job, (long)rows);
     return KILN_STATUS_OK;
 }
 
