@@ -215,6 +215,14 @@ static int visible(const problem *p, int i, int j, int h)
     return 1;
 }
 
+void kiln_check_message(kiln_status st, const kiln_check_result *r, const char *err, char *msg, size_t cap)
+{
+    if (st == KILN_STATUS_MISMATCH)
+        snprintf(msg, cap, "%lld of %lld elements out of tolerance; first: %s", r->bad, r->checked, r->first_bad);
+    else if (st) snprintf(msg, cap, "%s", err);
+    else if (cap) msg[0] = 0;
+}
+
 /* One thread's share of kiln_check_parallel. */
 typedef struct par_job {
     void (*work)(void *arg, int first, int step);
@@ -628,10 +636,7 @@ kiln_status kiln_check_run(kiln_ctx *ctx, kiln_kernel *k, const kiln_check_shape
     if (r->bad) st = KILN_STATUS_MISMATCH;
 
 done:
-    if (st && st != KILN_STATUS_MISMATCH) snprintf(msg, cap, "%s", e.msg);
-    else if (st == KILN_STATUS_MISMATCH)
-        snprintf(msg, cap, "%lld of %lld elements out of tolerance; first: %s", r->bad, r->checked, r->first_bad);
-    else if (cap) msg[0] = 0;
+    kiln_check_message(st, r, e.msg, msg, cap);
     if (ev[0]) cu->cuEventDestroy(ev[0]);
     if (ev[1]) cu->cuEventDestroy(ev[1]);
     if (cu) dev_free(cu, &b);

@@ -88,6 +88,10 @@ double kiln_check_fp8_decode(kiln_dtype t, uint8_t b);
 /* The value of a stored element code of any dtype (16-bit bits, or an fp8 byte). */
 double kiln_check_decode(kiln_dtype t, uint16_t code);
 /* splitmix64: the next 64 random bits of *s, and a float in [-1, 1). */
+/* The one-line outcome of a check into msg[cap]: "N of M elements out of tolerance; first: ..."
+ * for a mismatch, err for another failure, "" for success. */
+void kiln_check_message(kiln_status st, const kiln_check_result *r, const char *err, char *msg, size_t cap);
+
 /* Run work(arg, first, step) for first = 0 .. nt-1 with step = nt on up to one thread per
  * CPU (at most `tasks` threads; the caller's thread takes first = 0). */
 void kiln_check_parallel(void (*work)(void *arg, int first, int step), void *arg, long tasks);

@@ -186,10 +186,7 @@ kiln_status kiln_check_merge(kiln_ctx *ctx, kiln_kernel *k, kiln_check_merge_op 
     if (isnan(r->rel_l2)) r->rel_l2 = INFINITY;
     if (r->bad) st = KILN_STATUS_MISMATCH;
 done:
-    if (st == KILN_STATUS_MISMATCH)
-        snprintf(msg, cap, "%lld of %lld elements out of tolerance; first: %s", r->bad, r->checked, r->first_bad);
-    else if (st) snprintf(msg, cap, "%s", e->msg);
-    else if (cap) msg[0] = 0;
+    kiln_check_message(st, r, e->msg, msg, cap);
     CUdeviceptr bufs[] = {dv, dl, dvo, dlo, dm};
     for (size_t i = 0; cu && i < sizeof bufs / sizeof bufs[0]; i++)
         if (bufs[i]) cu->cuMemFree(bufs[i]);
@@ -316,10 +313,7 @@ kiln_status kiln_check_cascade(kiln_ctx *ctx, kiln_kernel *k_prefix, kiln_kernel
     kiln__cb_compare(&Lf, &om, ref_o, ref_lse, r, sums, NULL);
     if (r->bad) st = KILN_STATUS_MISMATCH;
 done:
-    if (st == KILN_STATUS_MISMATCH)
-        snprintf(msg, cap, "%lld of %lld elements out of tolerance; first: %s", r->bad, r->checked, r->first_bad);
-    else if (st) snprintf(msg, cap, "%s", e->msg);
-    else if (cap) msg[0] = 0;
+    kiln_check_message(st, r, e->msg, msg, cap);
     for (int i = 0; cu && i < 6; i++)
         if (buf[i]) cu->cuMemFree(buf[i]);
     kiln__cb_out_free(&op);

@@ -426,11 +426,7 @@ kiln_status kiln_check_batch_run(kiln_ctx *ctx, kiln_kernel *k, const kiln_check
     res->r.bytes = 2.0 * 2 * Lt->ix.total_qo * Lt->H * Lt->D + 2.0 * esz * Lt->ix.total_kv * Lt->H_KV * Lt->D;
     if (res->r.bad) st = KILN_STATUS_MISMATCH;
 done:
-    if (st == KILN_STATUS_MISMATCH)
-        snprintf(msg, cap, "%lld of %lld elements out of tolerance; first: %s", res->r.bad, res->r.checked,
-                 res->r.first_bad);
-    else if (st) snprintf(msg, cap, "%s", e->msg);
-    else if (cap) msg[0] = 0;
+    kiln_check_message(st, &res->r, e->msg, msg, cap);
     for (int i = 0; i < 2; i++) {
         kiln__cb_out_free(&out[i]);
         kiln__cb_free(&L[i]);

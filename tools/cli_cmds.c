@@ -538,6 +538,18 @@ typedef struct check_args {
 } check_args;
 
 /* Turn the option texts into a shape template, the kv lengths and the timing reps. */
+/* --seed: a whole number into *seed; CLI_USAGE (with the message printed) otherwise. */
+static int parse_seed(const char *cmd, const char *text, uint64_t *seed)
+{
+    char *end = NULL;
+    errno = 0;
+    const unsigned long long x = strtoull(text, &end, 10);
+    if (!*text || *end || errno || text[0] == '-')
+        return cli_fail(cmd, CLI_USAGE, "--seed '%s': expected a whole number", text);
+    *seed = x;
+    return 0;
+}
+
 static int check_shape(const check_args *ca, const kiln_variant *v, kiln_check_shape *s,
                        long kv[CHECK_KV_MAX], int *nkv, long *reps)
 {
@@ -564,14 +576,7 @@ static int check_shape(const check_args *ca, const kiln_variant *v, kiln_check_s
             return cli_fail(cmd, CLI_USAGE, "--softcap '%s': expected a number > 0", ca->softcap);
         s->softcap = (float)cap;
     }
-    if (ca->seed) {
-        char *end = NULL;
-        errno = 0;
-        unsigned long long seed = strtoull(ca->seed, &end, 10);
-        if (!*ca->seed || *end || errno || ca->seed[0] == '-')
-            return cli_fail(cmd, CLI_USAGE, "--seed '%s': expected a whole number", ca->seed);
-        s->seed = seed;
-    }
+    if (ca->seed && parse_seed(cmd, ca->seed, &s->seed)) return CLI_USAGE;
     s->strided = ca->strided;
     *reps = 0;
     if (ca->time && (rc = cli_long(cmd, "--time", ca->time, 1, 1000000, reps))) return rc;
@@ -682,14 +687,7 @@ static int batch_shape(const check_args *ca, const kiln_variant *v, kiln_check_b
     int rc = 0, batch = 0;
     memset(s, 0, sizeof *s);
     s->window_left = -1;
-    if (ca->seed) {
-        char *end = NULL;
-        errno = 0;
-        unsigned long long seed = strtoull(ca->seed, &end, 10);
-        if (!*ca->seed || *end || errno || ca->seed[0] == '-')
-            return cli_fail(cmd, CLI_USAGE, "--seed '%s': expected a whole number", ca->seed);
-        s->seed = seed;
-    }
+    if (ca->seed && parse_seed(cmd, ca->seed, &s->seed)) return CLI_USAGE;
     s->seed = kiln__cb_seed(s->seed);
     if (ca->batch) {
         if ((rc = cli_long(cmd, "--batch", ca->batch, 0, CHECK_BATCH_MAX, &x))) return rc;
