@@ -54,8 +54,13 @@ if [ "${gpus:-0}" -gt 0 ]; then
         case "$spec" in
         *op=merge*) step check "$spec" ;;
         *kv=paged* | *kv=ragged*)
-            # a batch of 17 requests of random lengths (some empty), pages of 16
-            step check "$spec" --batch 17 --kv-dist uniform:0:2048 --qo-dist uniform:0:300 --page-size 16 ;;
+            # a batch of 17 requests of random lengths (some empty); pages of 16 when paged;
+            # prefill rows per request at random, decode one row each
+            opts="--batch 17 --kv-dist uniform:0:2048"
+            case "$spec" in *kv=paged*) opts="$opts --page-size 16" ;; esac
+            case "$spec" in *op=prefill*) opts="$opts --qo-dist uniform:0:300" ;; esac
+            # shellcheck disable=SC2086 # $opts is a list of words
+            step check "$spec" $opts ;;
         *) step check "$spec" --kv-len "$KV_LENS" ;;
         esac
     done
