@@ -70,10 +70,58 @@ static kiln_status apply_tune(kiln__config *c, kiln__err *e)
         else if (!strcmp(tok, "qregs")) c->q_in_regs = val;
         else if (!strcmp(tok, "gb")) c->gb = val;
         else if (!strcmp(tok, "minb")) c->min_blocks = val;
+        else if (!strcmp(tok, "pack")) c->pack = val;
         else
             return kiln__fail(e, KILN_STATUS_INVALID_ARGUMENT,
-                              "KILN_TUNE: unknown field '%s' (warps, mt, bn, stages, qregs, gb, minb)", tok);
+                              "KILN_TUNE: unknown field '%s' (warps, mt, bn, stages, qregs, gb, minb, pack)", tok);
     }
+    return KILN_STATUS_OK;
+}
+
+/* Tensor-core decode: a batch whose group fills a useful part of the m16 MMA rows and divides
+ * them (G in {4, 8, 16}); smaller groups would waste 15/16 or 7/8 of every MMA, and their CUDA-core
+ * kernel reads each K/V row once anyway. */
+static int decode_packs(const kiln_variant *v)
+{
+    return v->kv != KILN_KV_CONTIGUOUS && v->group >= 4 && 16 % v->group == 0;
+}
+
+/* The prefill-shaped kernel: prefill, and decode on tensor cores (pack). */
+static kiln_status pick_mma(const kiln_variant *v, kiln__config *c, kiln__err *e)
+{
+    const int d = v->head_dim, decode = v->op == KILN_OP_DECODE;
+    if (decode) {
+        /* One warp of 16 packed rows (G heads of one token) per CTA, K/V tiles of 16 KiB
+         * (4096 / D keys) triple-buffered: four CTAs per SM hide each other's loads. H200, B64 x
+         * 4096 paged bf16 d128 (TB/s): bn 32 / 3 stages 3.98, 2 stages 3.87, 4 stages 2.72 (3
+         * CTAs per SM), bn 64 / 2 stages 2.75; 2 warps 3.57, 4 warps 3.14 (the extra warps run
+         * on empty rows); CUDA-core decode 3.49. */
+        c->warps = 1;
+        c->block_n = 4096 / d;
+        c->stages = 3;
+    } else {
+        c->warps = 4;
+        c->block_n = d > 128 ? 32 : 64;
+        c->stages = 2;
+    }
+    c->mt = 1;
+    c->q_in_regs = d <= 128;
+    kiln_status st = apply_tune(c, e);
+    if (st) return st;
+    if (c->gb)
+        return kiln__fail(e, KILN_STATUS_UNSUPPORTED, "config: %s takes no gb (KILN_TUNE)",
+                          decode ? "tensor-core decode" : "prefill");
+    c->block_m = c->warps * c->mt * 16;
+    c->merge_threads = v->kv != KILN_KV_CONTIGUOUS ? (decode ? d : 128) : 0;
+    c->smem_bytes = prefill_smem(v, c->warps, c->mt, c->block_n, c->stages);
+    if (c->warps < 1 || c->warps > MAX_WARPS || c->mt < 1 || c->mt > 4 || c->block_n < 16 ||
+        c->block_n % 16 || c->stages < 1 || c->stages > 4)
+        return kiln__fail(e, KILN_STATUS_UNSUPPORTED, "config: %s warps=%d mt=%d bn=%d stages=%d is not valid",
+                          decode ? "tensor-core decode" : "prefill", c->warps, c->mt, c->block_n, c->stages);
+    if (c->pack && (v->kv == KILN_KV_CONTIGUOUS || c->block_m % v->group))
+        return kiln__fail(e, KILN_STATUS_UNSUPPORTED,
+                          "config: pack=1 needs a batch (kv=ragged|paged) and a group dividing the %d rows "
+                          "of a CTA tile (group=%d)", c->block_m, v->group);
     return KILN_STATUS_OK;
 }
 
@@ -82,6 +130,14 @@ kiln_status kiln__config_pick(const kiln_variant *v, int sm, kiln__config *c, ki
     memset(c, 0, sizeof *c);
     c->min_blocks = 1;
     const int d = v->head_dim, limit = kiln__smem_limit(sm);
+    /* pack first: it decides which kernel family the other fields describe */
+    c->pack = v->op == KILN_OP_DECODE && decode_packs(v);
+    kiln_status st = apply_tune(c, e);
+    if (st) return st;
+    const int pack = c->pack;
+    memset(c, 0, sizeof *c);
+    c->min_blocks = 1;
+    c->pack = pack;
     if (v->op == KILN_OP_MERGE) {
         c->warps = d / 32;
         c->threads = d;
@@ -89,7 +145,9 @@ kiln_status kiln__config_pick(const kiln_variant *v, int sm, kiln__config *c, ki
         c->merge_threads = d;
         return KILN_STATUS_OK;
     }
-    if (v->op == KILN_OP_DECODE) {
+    if (v->op == KILN_OP_DECODE && c->pack) {
+        if ((st = pick_mma(v, c, e))) return st;
+    } else if (v->op == KILN_OP_DECODE) {
         c->gb = 1;
         for (int g = 1; g <= DECODE_MAX_GB && g <= v->group; g++)
             if (v->group % g == 0) c->gb = g;
@@ -105,8 +163,7 @@ kiln_status kiln__config_pick(const kiln_variant *v, int sm, kiln__config *c, ki
         if (v->kv != KILN_KV_CONTIGUOUS && !is_fp8(v->kv_dtype)) c->stages = 1;
         if (decode_smem(v, c->gb, c->warps, c->stages) > limit) c->stages = 1;
         while (c->warps > 1 && decode_smem(v, c->gb, c->warps, c->stages) > limit) c->warps /= 2;
-        kiln_status st = apply_tune(c, e);
-        if (st) return st;
+        if ((st = apply_tune(c, e))) return st;
         if (c->block_n != DECODE_TILE || c->mt || c->q_in_regs)
             return kiln__fail(e, KILN_STATUS_UNSUPPORTED,
                               "config: decode takes bn=%d only and no mt/qregs (KILN_TUNE)", DECODE_TILE);
@@ -117,24 +174,8 @@ kiln_status kiln__config_pick(const kiln_variant *v, int sm, kiln__config *c, ki
             return kiln__fail(e, KILN_STATUS_UNSUPPORTED,
                               "config: decode gb=%d stages=%d warps=%d is not valid for group %d",
                               c->gb, c->stages, c->warps, v->group);
-    } else {
-        c->warps = 4;
-        c->mt = 1;
-        c->block_n = d > 128 ? 32 : 64;
-        c->stages = 2;
-        c->q_in_regs = d <= 128;
-        kiln_status st = apply_tune(c, e);
-        if (st) return st;
-        if (c->gb)
-            return kiln__fail(e, KILN_STATUS_UNSUPPORTED, "config: prefill takes no gb (KILN_TUNE)");
-        c->block_m = c->warps * c->mt * 16;
-        c->merge_threads = v->kv != KILN_KV_CONTIGUOUS ? 128 : 0;
-        c->smem_bytes = prefill_smem(v, c->warps, c->mt, c->block_n, c->stages);
-        if (c->warps < 1 || c->warps > MAX_WARPS || c->mt < 1 || c->mt > 4 || c->block_n < 16 ||
-            c->block_n % 16 || c->stages < 1 || c->stages > 4)
-            return kiln__fail(e, KILN_STATUS_UNSUPPORTED,
-                              "config: prefill warps=%d mt=%d bn=%d stages=%d is not valid",
-                              c->warps, c->mt, c->block_n, c->stages);
+    } else if ((st = pick_mma(v, c, e))) {
+        return st;
     }
     c->threads = c->warps * 32;
     if (c->min_blocks < 1 || c->min_blocks * c->threads > 2048)
@@ -151,7 +192,7 @@ void kiln__config_format(const kiln__config *c, char *buf, size_t cap)
 {
     snprintf(buf, cap,
              "threads=%d smem=%d block_m=%d block_n=%d warps=%d stages=%d mt=%d qregs=%d gb=%d "
-             "minb=%d merge=%d",
+             "minb=%d merge=%d pack=%d",
              c->threads, c->smem_bytes, c->block_m, c->block_n, c->warps, c->stages, c->mt,
-             c->q_in_regs, c->gb, c->min_blocks, c->merge_threads);
+             c->q_in_regs, c->gb, c->min_blocks, c->merge_threads, c->pack);
 }

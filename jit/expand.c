@@ -143,7 +143,9 @@ kiln_status kiln__expand(const kiln_variant *v, const kiln__config *cfg, const c
 
     const int decode = v->op == KILN_OP_DECODE, merge = v->op == KILN_OP_MERGE;
     const int batch = v->kv != KILN_KV_CONTIGUOUS;
-    const char *family = merge ? "merge.cuh" : decode ? "decode.cuh" : "prefill.cuh";
+    /* decode on tensor cores (cfg->pack) is the prefill kernel with the group packed into rows */
+    const int cuda_core_decode = decode && !cfg->pack;
+    const char *family = merge ? "merge.cuh" : cuda_core_decode ? "decode.cuh" : "prefill.cuh";
     const kiln__template *t = find_template(family, strlen(family));
     if (!t) return kiln__fail(e, KILN_STATUS_UNSUPPORTED, "expand: template %s is not embedded", family);
 
@@ -191,18 +193,18 @@ kiln_status kiln__expand(const kiln_variant *v, const kiln__config *cfg, const c
         if (!*source) return kiln__fail(e, KILN_STATUS_NO_MEMORY, "expand: out of memory");
         return KILN_STATUS_OK;
     }
-    if (decode)
+    if (cuda_core_decode)
         kiln__str_printf(&s, "    static constexpr int GB = %d, TILE = %d;\n", cfg->gb, cfg->block_n);
     else
-        kiln__str_printf(&s, "    static constexpr int MT = %d, BN = %d, Q_IN_REGS = %d;\n", cfg->mt,
-                         cfg->block_n, cfg->q_in_regs);
+        kiln__str_printf(&s, "    static constexpr int MT = %d, BN = %d, Q_IN_REGS = %d, PACK = %d;\n", cfg->mt,
+                         cfg->block_n, cfg->q_in_regs, cfg->pack);
     kiln__str_printf(&s,
                      "};\nstatic_assert(sizeof(kiln_launch_params) == KILN_LAUNCH_PARAMS_SIZE, "
                      "\"params layout\");\n\n"
                      "extern \"C\" __global__ void __launch_bounds__(%d, %d)\n"
                      "%s(const __grid_constant__ kiln_launch_params p)\n{\n"
                      "    kiln::%s_kernel<kiln_cfg>(p);\n}\n",
-                     cfg->threads, cfg->min_blocks, KILN__ENTRY_MAIN, decode ? "decode" : "prefill");
+                     cfg->threads, cfg->min_blocks, KILN__ENTRY_MAIN, cuda_core_decode ? "decode" : "prefill");
     if (batch)
         kiln__str_printf(&s,
                          "\nextern \"C\" __global__ void __launch_bounds__(%d)\n"

@@ -69,6 +69,8 @@ typedef struct kiln__config {
     int gb;            /* decode: query heads per CTA (divides G) */
     int min_blocks;    /* CTAs per SM the register budget targets (__launch_bounds__) */
     int merge_threads; /* decode: threads of the split-merge kernel */
+    int pack;          /* batches: the G query heads of a token are G rows of one CTA tile; for
+                          decode this is the tensor-core kernel (prefill.cuh), else CUDA cores */
 } kiln__config;
 
 /* Largest dynamic shared memory per block on an arch (bytes). */

@@ -124,9 +124,12 @@ static kiln_plan *plan_new(kiln_kernel *k, const kiln_plan_opts *opts, int slots
     pl->decode = v->op == KILN_OP_DECODE;
     pl->H = opts->num_qo_heads;
     pl->D = v->head_dim;
-    pl->hpi = pl->decode ? (pl->H / v->group) * (v->group / k->cfg.gb) : pl->H;
-    pl->rows = pl->decode ? 1 : k->cfg.block_m;
-    pl->gran = pl->decode ? DECODE_TILE * k->cfg.warps : k->cfg.block_n;
+    /* CTAs per item: query heads, KV heads (pack) or the CUDA-core decode's head groups;
+     * rows: query tokens per tile (a partial slot's rows); gran: keys per kernel tile */
+    const int pack = k->cfg.pack, G = v->group;
+    pl->hpi = pack ? pl->H / G : pl->decode ? (pl->H / G) * (G / k->cfg.gb) : pl->H;
+    pl->rows = pl->decode ? 1 : pack ? k->cfg.block_m / G : k->cfg.block_m;
+    pl->gran = pl->decode && !pack ? DECODE_TILE * k->cfg.warps : k->cfg.block_n;
     pl->slots = slots;
     if (pl->o.fixed_split > 0) /* chunks stay aligned to the kernel's key tiles */
         pl->o.fixed_split = (pl->o.fixed_split + pl->gran - 1) / pl->gran * pl->gran;
@@ -598,12 +601,12 @@ kiln_status kiln_batch_run(kiln_plan *pl, const kiln_batch_args *a, void *stream
     const kiln__cu *cu = k->ctx->cu;
     void *args[] = {&p};
     CUresult r;
-    if (pl->decode) {
+    if (pl->decode && !k->cfg.pack) {
         const unsigned hk = (unsigned)(pl->H / k->v.group), gz = (unsigned)(k->v.group / k->cfg.gb);
         r = cu->cuLaunchKernel(k->fn_main, (unsigned)pl->grid, hk, gz, (unsigned)k->cfg.threads, 1, 1,
                                (unsigned)k->cfg.smem_bytes, (CUstream)stream, args, NULL);
     } else {
-        r = cu->cuLaunchKernel(k->fn_main, (unsigned)pl->grid, (unsigned)pl->H, 1, (unsigned)k->cfg.threads, 1, 1,
+        r = cu->cuLaunchKernel(k->fn_main, (unsigned)pl->grid, (unsigned)pl->hpi, 1, (unsigned)k->cfg.threads, 1, 1,
                                (unsigned)k->cfg.smem_bytes, (CUstream)stream, args, NULL);
     }
     if (r == CUDA_SUCCESS && pl->tasks_grid > 0)

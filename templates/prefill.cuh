@@ -22,7 +22,13 @@
  * fully visible (no element work).
  * BM = WARPS * MT * 16 query rows per CTA.
  *
- * Launch: grid (ceil(L_Q / BM), H), WARPS*32 threads, smem prefill_layout<Cfg>::BYTES.
+ * PACK (batches only; G divides 16): one CTA per (query tile, KV head) whose rows are the G
+ * query heads of each query token, row R = token R / G, head hk * G + R % G, so every K/V tile
+ * is loaded once for the whole group. This is kiln's tensor-core decode (a decode request is
+ * one token, its G heads are G rows of the m16 MMA) and an option of batch prefill.
+ *
+ * Launch: grid (ceil(L_Q / BM), H), WARPS*32 threads, smem prefill_layout<Cfg>::BYTES
+ * (PACK: grid (work items, H_KV)).
  * Shared tiles are [rows][D] with 16-byte chunks XOR-swizzled by (row & 7), so ldmatrix reads
  * of 8 rows at one column hit 8 different banks.
  *
@@ -137,8 +143,8 @@ __device__ __forceinline__ void fill_page_table(i64 *tab, const kiln_launch_para
                                                 int L_KV, int tid)
 {
     constexpr int BN = Cfg::BN, ES = prefill_layout<Cfg>::ES;
-    if (tid < BN) {
-        const int j = t * BN + tid;
+    for (int r = tid; r < BN; r += Cfg::WARPS * WARP) {
+        const int j = t * BN + r;
         i64 ko = 0, vo = 0;
         if (j < L_KV) {
             const int pg = j / p.page_size;
@@ -146,8 +152,8 @@ __device__ __forceinline__ void fill_page_table(i64 *tab, const kiln_launch_para
             ko = (page * p.k_stride_page + in * p.k_stride_n) * ES;
             vo = (page * p.v_stride_page + in * p.v_stride_n) * ES;
         }
-        tab[tid] = ko;
-        tab[BN + tid] = vo;
+        tab[r] = ko;
+        tab[BN + r] = vo;
     }
 }
 
@@ -231,7 +237,11 @@ template <class Cfg> __device__ void prefill_kernel(const kiln_launch_params &p)
     float *freq_s = reinterpret_cast<float *>(smem + L::Q_BYTES + 2 * STAGES * L::STAGE_TILE + L::CONV_BYTES);
 
     const int tid = threadIdx.x, warp = tid / WARP, lane = tid % WARP;
-    const int h = blockIdx.y, hk = h / Cfg::G;
+    /* PG rows per query token; h is the CTA's (PACK: first) query head */
+    constexpr int PG = Cfg::PACK ? Cfg::G : 1;
+    static_assert(!Cfg::PACK || (Cfg::KV != 0 && BM % Cfg::G == 0), "PACK: batches, G divides BM");
+    const int hk = Cfg::PACK ? (int)blockIdx.y : (int)blockIdx.y / Cfg::G;
+    const int h = Cfg::PACK ? hk * Cfg::G : (int)blockIdx.y;
     /* The query tile and key range of this CTA: a tile of the single request (heaviest causal
      * tiles first), or one planned work item. */
     int m_block, b = 0, L_Q, L_KV, q_start = 0, kv_start = 0, slot = -1, it_lo = 0, it_hi;
@@ -255,7 +265,9 @@ template <class Cfg> __device__ void prefill_kernel(const kiln_launch_params &p)
         it_hi = L_KV;
     }
     const int off = L_KV - L_Q;
-    const int m0 = m_block * BM;
+    const int m0 = m_block * BM;          /* first (packed) row of the tile */
+    const int rows_hi = L_Q * PG;         /* (packed) rows of the request */
+    const int tq0 = m0 / PG, tq1 = (m0 + BM - 1) / PG; /* first and last query token of the tile */
 
     const u16 *qg = reinterpret_cast<const u16 *>(p.q) + (i64)q_start * p.q_stride_n + (i64)h * p.q_stride_h;
     const unsigned char *kg = reinterpret_cast<const unsigned char *>(p.k) + (i64)hk * p.k_stride_h * ES;
@@ -272,12 +284,11 @@ template <class Cfg> __device__ void prefill_kernel(const kiln_launch_params &p)
 
     int kv_hi = min(L_KV, it_hi), kv_lo = it_lo;
     const int key_hi = kv_hi; /* keys at or past it are masked (the item's end) */
-    if (Cfg::CAUSAL) kv_hi = min(kv_hi, m0 + BM + off);
-    if (Cfg::WINDOW) kv_lo = max(kv_lo, m0 + off - p.window_left);
+    if (Cfg::CAUSAL) kv_hi = min(kv_hi, tq1 + 1 + off);
+    if (Cfg::WINDOW) kv_lo = max(kv_lo, tq0 + off - p.window_left);
     kv_lo = max(kv_lo, 0);
     const int t_first = kv_lo / BN;
     const int t_end = kv_hi > kv_lo ? (kv_hi + BN - 1) / BN : t_first;
-    const float slope = Cfg::LOGITS == 2 ? reinterpret_cast<const float *>(p.alibi)[h] : 0.f;
     /* With no logits transform the row max is taken on raw q.k (sm_scale > 0 keeps the order)
      * and c2 = sm_scale * log2(e) turns it into exp2 units inside one FFMA per element;
      * otherwise the transform already returns log2 units and c2 = 1. fp8 K: its scale joins
@@ -308,7 +319,16 @@ template <class Cfg> __device__ void prefill_kernel(const kiln_launch_params &p)
     /* pend[]: key tiles in flight, oldest first; t_next: the next one to load. */
     int pend[STAGES];
     int t_next = next_tile(t_first);
-    load_rows<BM, D, THREADS>(q_s, qg, p.q_stride_n, m0, L_Q, tid);
+    if constexpr (Cfg::PACK) { /* row R: token R / G, head h + R % G */
+        for (int e = tid; e < BM * (D / 8); e += THREADS) {
+            const int r = e / (D / 8), ch = e % (D / 8), R = m0 + r;
+            const bool ok = R < rows_hi;
+            const u16 *src = qg + (i64)(R / PG) * p.q_stride_n + (i64)(R % PG) * p.q_stride_h + ch * 8;
+            cp_async16(smem_addr(q_s + swz<D>(r, ch)), ok ? src : qg, ok ? 16 : 0);
+        }
+    } else {
+        load_rows<BM, D, THREADS>(q_s, qg, p.q_stride_n, m0, L_Q, tid);
+    }
 #pragma unroll
     for (int s = 0; s < STAGES - 1; s++) {
         pend[s] = t_next;
@@ -330,6 +350,18 @@ template <class Cfg> __device__ void prefill_kernel(const kiln_launch_params &p)
     }
 
     const int wrow = warp * MT * 16; /* this warp's first row in the CTA tile */
+    /* The query token and head of each of this lane's rows (mt, r), and its ALiBi slope. */
+    int row_i[MT][2], row_h[MT][2];
+    float slope[MT][2];
+#pragma unroll
+    for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+        for (int r = 0; r < 2; r++) {
+            const int R = m0 + wrow + mt * 16 + lane / 4 + r * 8;
+            row_i[mt][r] = R / PG;
+            row_h[mt][r] = h + R % PG;
+            slope[mt][r] = Cfg::LOGITS == 2 ? reinterpret_cast<const float *>(p.alibi)[row_h[mt][r]] : 0.f;
+        }
 
     /* ldmatrix addresses. Every row a lane reads has (row & 7) == (lane & 7), and the 16-byte
      * chunk it reads is 8q + (2 rem + b) for a per-operand bit b, so the swizzled chunk is
@@ -384,7 +416,7 @@ template <class Cfg> __device__ void prefill_kernel(const kiln_launch_params &p)
                 for (int e = tid; e < BM * (D / 16); e += THREADS) {
                     const int row = e / (D / 16), c = e % (D / 16);
                     u16 *ra = q_s + swz<D>(row, c), *rb = q_s + swz<D>(row, c + D / 16);
-                    const float pos = (float)(m0 + row + off + rope_off);
+                    const float pos = (float)((m0 + row) / PG + off + rope_off);
 #pragma unroll
                     for (int u = 0; u < 8; u += 2) {
                         float a0, a1, b0, b1;
@@ -456,13 +488,13 @@ template <class Cfg> __device__ void prefill_kernel(const kiln_launch_params &p)
         /* Logits transform, mask, online softmax. */
         const int j0 = t * BN;
         const bool elem = ELEM && (!map || map[t] == 1);
-        const bool need_mask = elem || j0 + BN > key_hi || (Cfg::CAUSAL && j0 + BN - 1 > m0 + off) ||
-                               (Cfg::WINDOW && j0 < m0 + BM - 1 + off - p.window_left);
+        const bool need_mask = elem || j0 + BN > key_hi || (Cfg::CAUSAL && j0 + BN - 1 > tq0 + off) ||
+                               (Cfg::WINDOW && j0 < tq1 + off - p.window_left);
 #pragma unroll
         for (int mt = 0; mt < MT; mt++) {
 #pragma unroll
             for (int r = 0; r < 2; r++) {
-                const int i = m0 + wrow + mt * 16 + lane / 4 + r * 8;
+                const int i = row_i[mt][r], hr = row_h[mt][r];
                 float rmax = neg_inf();
 #pragma unroll
                 for (int nt = 0; nt < NT; nt++)
@@ -471,14 +503,14 @@ template <class Cfg> __device__ void prefill_kernel(const kiln_launch_params &p)
                         const int j = j0 + nt * 8 + (lane % 4) * 2 + c;
                         /* RAW: keep q.k; the scale is folded into the exp2 below */
                         float x = RAW ? s[mt][nt][r * 2 + c]
-                                      : logit_full<Cfg>(s[mt][nt][r * 2 + c] * ksc, p, slope, i, j, h, hk, b,
-                                                        L_Q, L_KV);
+                                      : logit_full<Cfg>(s[mt][nt][r * 2 + c] * ksc, p, slope[mt][r], i, j, hr,
+                                                        hk, b, L_Q, L_KV);
                         if (need_mask) {
                             bool vis = j < key_hi;
                             if (Cfg::CAUSAL) vis = vis && j <= i + off;
                             if (Cfg::WINDOW) vis = vis && j >= i + off - p.window_left;
                             if (ELEM && elem)
-                                vis = vis && mask_data<Cfg>(p, i, j) && mask_user<Cfg>(p, i, j, h, hk, b, L_Q, L_KV);
+                                vis = vis && mask_data<Cfg>(p, i, j) && mask_user<Cfg>(p, i, j, hr, hk, b, L_Q, L_KV);
                             x = vis ? x : neg_inf();
                         }
                         s[mt][nt][r * 2 + c] = x;
@@ -538,7 +570,7 @@ template <class Cfg> __device__ void prefill_kernel(const kiln_launch_params &p)
     cp_async_wait<0>();
 
     /* Normalise and store: o rows directly, or a partial state of the item's slot. */
-    u16 *og = reinterpret_cast<u16 *>(p.o) + (i64)q_start * p.o_stride_n + (i64)h * p.o_stride_h;
+    u16 *og = reinterpret_cast<u16 *>(p.o) + (i64)q_start * p.o_stride_n;
     const float vsc = L::FP8 ? p.v_scale : 1.0f;
 #pragma unroll
     for (int mt = 0; mt < MT; mt++) {
@@ -548,10 +580,11 @@ template <class Cfg> __device__ void prefill_kernel(const kiln_launch_params &p)
             lr += __shfl_xor_sync(0xffffffffu, lr, 1);
             lr += __shfl_xor_sync(0xffffffffu, lr, 2);
             const float inv = lr > 0.f ? vsc / lr : 0.f;
-            const int rloc = wrow + mt * 16 + lane / 4 + r * 8, i = m0 + rloc;
+            const int i = row_i[mt][r], hr = row_h[mt][r];
+            const bool in = m0 + wrow + mt * 16 + lane / 4 + r * 8 < rows_hi;
             const float lse2 = lr > 0.f ? m[mt][r] * c2 + log2_fast(lr) : neg_inf();
-            if (i < L_Q && slot < 0) {
-                u16 *orow = og + (i64)i * p.o_stride_n;
+            if (in && slot < 0) {
+                u16 *orow = og + (i64)i * p.o_stride_n + (i64)hr * p.o_stride_h;
 #pragma unroll
                 for (int dt = 0; dt < DTN; dt++) {
                     const int d = dt * 8 + (lane % 4) * 2;
@@ -559,9 +592,9 @@ template <class Cfg> __device__ void prefill_kernel(const kiln_launch_params &p)
                         o[mt][dt][r * 2] * inv, o[mt][dt][r * 2 + 1] * inv);
                 }
                 if (Cfg::LSE && lane % 4 == 0)
-                    reinterpret_cast<float *>(p.lse)[((i64)q_start + i) * p.num_qo_heads + h] = lse2 * LN2;
-            } else if (i < L_Q) {
-                const i64 at = ((i64)slot * p.num_qo_heads + h) * BM + rloc;
+                    reinterpret_cast<float *>(p.lse)[((i64)q_start + i) * p.num_qo_heads + hr] = lse2 * LN2;
+            } else if (in) { /* slot rows are the tile's query tokens */
+                const i64 at = ((i64)slot * p.num_qo_heads + hr) * p.slot_rows + (i - tq0);
                 float *prow = reinterpret_cast<float *>(p.partial_o) + at * D;
 #pragma unroll
                 for (int dt = 0; dt < DTN; dt++) {

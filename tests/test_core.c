@@ -121,6 +121,58 @@ KT_TEST(core_key_sensitivity)
     KT_CHECK(strcmp(again, keys[0]) != 0);
 }
 
+/* Batch decode picks its kernel by group size: tensor cores (the prefill kernel with the
+ * group packed into MMA rows) for G in {4, 8, 16}, CUDA cores otherwise and for single
+ * requests; KILN_TUNE pack= overrides, and a pack the kernel cannot take is refused. */
+KT_TEST(core_decode_kernel_choice)
+{
+    static const struct {
+        const char *spec;
+        int pack;
+    } cases[] = {
+        {"op=decode dtype=bf16 head_dim=128 group=4 kv=paged", 1},
+        {"op=decode dtype=bf16 head_dim=128 group=8 kv=ragged", 1},
+        {"op=decode dtype=f16 head_dim=64 group=16 kv=paged", 1},
+        {"op=decode q_dtype=bf16 kv_dtype=e4m3 out_dtype=bf16 head_dim=256 group=8 kv=paged", 1},
+        {"op=decode dtype=bf16 head_dim=128 group=1 kv=paged", 0},
+        {"op=decode dtype=bf16 head_dim=128 group=2 kv=paged", 0},
+        {"op=decode dtype=bf16 head_dim=128 group=6 kv=paged", 0},
+        {"op=decode dtype=bf16 head_dim=128 group=8", 0},
+        {"op=prefill dtype=bf16 head_dim=128 group=8 kv=paged", 0},
+    };
+    kiln_variant v;
+    kiln__config cfg;
+    kiln__err e;
+    char *src = NULL;
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        parse(cases[i].spec, &v);
+        KT_OK(kiln__config_pick(&v, 90, &cfg, &e), e.msg);
+        if (cfg.pack != cases[i].pack) kt_fail(__FILE__, __LINE__, "%s: pack=%d", cases[i].spec, cfg.pack);
+        KT_OK(kiln__expand(&v, &cfg, "sm_90a", &src, &e), e.msg);
+        KT_REQUIRE(src);
+        const int mma = cfg.pack || v.op == KILN_OP_PREFILL;
+        KT_CHECK(strstr(src, mma ? "kiln::prefill_kernel<kiln_cfg>" : "kiln::decode_kernel<kiln_cfg>") != NULL);
+        free(src);
+        src = NULL;
+    }
+    parse("op=decode dtype=bf16 head_dim=128 group=4 kv=paged", &v);
+    setenv("KILN_TUNE", "pack=0", 1);
+    KT_OK(kiln__config_pick(&v, 90, &cfg, &e), e.msg);
+    KT_CHECK(cfg.pack == 0 && cfg.gb == 4);
+    setenv("KILN_TUNE", "pack=1,warps=2", 1);
+    parse("op=prefill dtype=bf16 head_dim=128 group=8 kv=ragged", &v);
+    KT_OK(kiln__config_pick(&v, 90, &cfg, &e), e.msg);
+    KT_CHECK(cfg.pack == 1 && cfg.block_m == 32);
+    setenv("KILN_TUNE", "pack=1", 1);
+    parse("op=decode dtype=bf16 head_dim=128 group=8", &v); /* single request */
+    KT_CHECK(kiln__config_pick(&v, 90, &cfg, &e) == KILN_STATUS_UNSUPPORTED);
+    KT_CONTAINS(e.msg, "pack=1 needs a batch");
+    parse("op=decode dtype=bf16 head_dim=128 group=3 kv=paged", &v);
+    KT_CHECK(kiln__config_pick(&v, 90, &cfg, &e) == KILN_STATUS_UNSUPPORTED);
+    KT_CONTAINS(e.msg, "group=3");
+    unsetenv("KILN_TUNE");
+}
+
 /* Compile one kernel of each family for sm_90a and sm_80 through the public API; a second
  * context on the same cache finds them; every introspection field is filled. */
 KT_TEST(core_compile_and_cache)

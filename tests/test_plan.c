@@ -219,8 +219,9 @@ KT_TEST(plan_schedules_cover_and_balance)
                 kt_fail(__FILE__, __LINE__, "%s: %s", what, kiln_ctx_errmsg(ctx));
             } else {
                 check_schedule(pl, b, decode, decode ? 1 : k->cfg.block_m, causal, what);
-                check_balance(pl, decode ? (H / k->v.group) * (k->v.group / k->cfg.gb) : H, SMS * (decode ? 1 : 2),
-                              decode ? 32 * k->cfg.warps : k->cfg.block_n, what);
+                const int G = k->v.group, pack = k->cfg.pack;
+                check_balance(pl, pack ? H / G : decode ? (H / G) * (G / k->cfg.gb) : H, SMS * (decode ? 1 : 2),
+                              decode && !pack ? 32 * k->cfg.warps : k->cfg.block_n, what);
                 /* the workspace size bounds the plan */
                 size_t need = 0;
                 KT_OK(kiln_plan_workspace_size(pl, b->B, decode ? b->B : b->qo_indptr[b->B], &need), "size");
