@@ -80,10 +80,13 @@ static kiln_status apply_tune(kiln__config *c, kiln__err *e)
 
 /* Tensor-core decode: a batch whose group fills a useful part of the m16 MMA rows and divides
  * them (G in {4, 8, 16}); smaller groups would waste 15/16 or 7/8 of every MMA, and their CUDA-core
- * kernel reads each K/V row once anyway. */
+ * kernel reads each K/V row once anyway. 16-bit KV only (H200, B64 x 4096 paged, G 4, GB/s
+ * tensor / CUDA cores): bf16 d64 3785 / 3553, d128 3990 / 3492, d256 4173 / 3065, but fp8 KV
+ * 1199 / 2100 (its tiles are widened through shared memory behind a block barrier, which a
+ * one-warp CTA pays in full). */
 static int decode_packs(const kiln_variant *v)
 {
-    return v->kv != KILN_KV_CONTIGUOUS && v->group >= 4 && 16 % v->group == 0;
+    return v->kv != KILN_KV_CONTIGUOUS && v->group >= 4 && 16 % v->group == 0 && !is_fp8(v->kv_dtype);
 }
 
 /* The prefill-shaped kernel: prefill, and decode on tensor cores (pack). */
@@ -91,14 +94,16 @@ static kiln_status pick_mma(const kiln_variant *v, kiln__config *c, kiln__err *e
 {
     const int d = v->head_dim, decode = v->op == KILN_OP_DECODE;
     if (decode) {
-        /* One warp of 16 packed rows (G heads of one token) per CTA, K/V tiles of 16 KiB
-         * (4096 / D keys) triple-buffered: four CTAs per SM hide each other's loads. H200, B64 x
-         * 4096 paged bf16 d128 (TB/s): bn 32 / 3 stages 3.98, 2 stages 3.87, 4 stages 2.72 (3
-         * CTAs per SM), bn 64 / 2 stages 2.75; 2 warps 3.57, 4 warps 3.14 (the extra warps run
-         * on empty rows); CUDA-core decode 3.49. */
+        /* One warp of 16 packed rows (G heads of one token) per CTA and small K/V tiles, so
+         * that four or five CTAs per SM hide each other's loads. H200, B64 x 4096 paged bf16
+         * (TB/s): d128 bn 32 / 3 stages 3.98, 2 stages 3.87, 4 stages 2.72 (3 CTAs per SM),
+         * bn 64 / 2 stages 2.75, 2 warps 3.57, 4 warps 3.14 (the extra warps run on empty
+         * rows), CUDA-core decode 3.49; d64 bn 32 / 3 stages 3.79, bn 64 3.21, CUDA cores 3.55;
+         * d256 bn 16 / 2 stages 4.17, bn 16 / 3 stages 2.81, bn 32 / 2 stages 3.34, CUDA cores
+         * 3.07. */
         c->warps = 1;
-        c->block_n = 4096 / d;
-        c->stages = 3;
+        c->block_n = d > 128 ? 16 : 32;
+        c->stages = d > 128 ? 2 : 3;
     } else {
         c->warps = 4;
         c->block_n = d > 128 ? 32 : 64;

@@ -122,8 +122,9 @@ KT_TEST(core_key_sensitivity)
 }
 
 /* Batch decode picks its kernel by group size: tensor cores (the prefill kernel with the
- * group packed into MMA rows) for G in {4, 8, 16}, CUDA cores otherwise and for single
- * requests; KILN_TUNE pack= overrides, and a pack the kernel cannot take is refused. */
+ * group packed into MMA rows) for G in {4, 8, 16} with 16-bit KV, CUDA cores otherwise
+ * and for single requests; KILN_TUNE pack= overrides, and a pack the kernel cannot take is
+ * refused. */
 KT_TEST(core_decode_kernel_choice)
 {
     static const struct {
@@ -132,8 +133,10 @@ KT_TEST(core_decode_kernel_choice)
     } cases[] = {
         {"op=decode dtype=bf16 head_dim=128 group=4 kv=paged", 1},
         {"op=decode dtype=bf16 head_dim=128 group=8 kv=ragged", 1},
-        {"op=decode dtype=f16 head_dim=64 group=16 kv=paged", 1},
-        {"op=decode q_dtype=bf16 kv_dtype=e4m3 out_dtype=bf16 head_dim=256 group=8 kv=paged", 1},
+        {"op=decode dtype=f16 head_dim=128 group=16 kv=paged", 1},
+        {"op=decode dtype=f16 head_dim=64 group=8 kv=paged", 1},
+        {"op=decode dtype=bf16 head_dim=256 group=4 kv=paged", 1},
+        {"op=decode q_dtype=bf16 kv_dtype=e4m3 out_dtype=bf16 head_dim=128 group=8 kv=paged", 0},
         {"op=decode dtype=bf16 head_dim=128 group=1 kv=paged", 0},
         {"op=decode dtype=bf16 head_dim=128 group=2 kv=paged", 0},
         {"op=decode dtype=bf16 head_dim=128 group=6 kv=paged", 0},

@@ -105,6 +105,8 @@ def main():
     ap.add_argument("--fi-ok", help="FlashInfer configs that compiled (written by --fi-compile-only)")
     ap.add_argument("--fi-compile-only", action="store_true", help="JIT-compile and check FlashInfer's configs, then exit")
     ap.add_argument("--fi-all", action="store_true", help="also FlashInfer d64/d256 decode configs")
+    ap.add_argument("--fi-configs", help="comma-separated FlashInfer configs to compile (kind:dD:dtype, e.g. "
+                    "decode:d128:bf16,decode-tc:d128:bf16); default: the standard list")
     ap.add_argument("--fi-deadline", type=float, default=480.0, help="seconds; no new FlashInfer compile after it")
     a = ap.parse_args()
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -114,6 +116,7 @@ def main():
     if a.fi_compile_only:
         import peers_batch
         peers_batch.fi_compile(a.fi_ok or "fi_ok.txt",
+                               a.fi_configs.split(",") if a.fi_configs else
                                peers_batch.FI_CONFIGS_ALL if a.fi_all else peers_batch.FI_CONFIGS_DEFAULT, a.fi_deadline)
         return 0
     rows = []
