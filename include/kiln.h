@@ -431,6 +431,7 @@ typedef struct kiln_plan_opts {
     int64_t max_total_kv; /* with fixed_split: bound on the sum of the requests' keys, which
                              sizes the workspace for the splits (0: the planner's own bound on
                              split items applies, and a plan past it fails) */
+    int bsr_r, bsr_c;     /* mask_data=bsr: block rows and columns (>= 1); see kiln_batch_args */
 } kiln_plan_opts;
 
 /* Create a plan object for a loaded batch kernel (kv=ragged or kv=paged). Allocates a small
@@ -491,6 +492,16 @@ typedef struct kiln_batch_args {
     kiln_devptr workspace;   /* the one given to kiln_batch_plan */
     size_t workspace_bytes;
     kiln_params params;
+    /* Mask data, per request, in request order (decode: L_Q = 1 per request):
+     * mask_data=bitmask: uint8 packed bits; request b's L_Q x L_KV bits (bit i * L_KV + j of it,
+     *   little-endian within a byte) start at bit sum over b' < b of L_Q(b') * L_KV(b'), i.e. the
+     *   requests' bit matrices concatenated with no padding;
+     * mask_data=bsr: block rows of R = plan bsr_r query rows and C = bsr_c keys; request b has
+     *   ceil(L_Q / R) block rows, numbered in bsr_indptr from the sum of the earlier requests'
+     *   (bsr_indptr: int32 [total block rows + 1]); bsr_indices: int32 column blocks (j / C)
+     *   of the request, sorted within each block row. */
+    kiln_devptr mask_bits;
+    kiln_devptr bsr_indptr, bsr_indices;
 } kiln_batch_args;
 
 /* Run the planned batch on stream: no allocation, no synchronisation, no host reads of device

@@ -480,11 +480,6 @@ kiln_status kiln__variant_check(const kiln_variant *v, kiln__err *e)
                           "variant: %s with kv=contiguous: fp8 KV and rope are built for batches "
                           "(kv=ragged or kv=paged; a single request is a batch of one)",
                           fp8 ? "an fp8 kv_dtype" : "rope=1");
-    if (v->kv != KILN_KV_CONTIGUOUS && v->mask_data)
-        return kiln__fail(e, KILN_STATUS_UNSUPPORTED,
-                          "variant: kv=%s mask_data=%s: mask data is for single requests only "
-                          "(a batch takes builtin masks and mask snippets, which see `batch`)",
-                          kiln__kv_name(v->kv), word_of(CHOICES(mask_data_choices), (int)v->mask_data));
     return KILN_STATUS_OK;
 }
 

@@ -24,7 +24,7 @@
 enum {
     DECODE_TILE = 32,
     ITEM_INTS = 8,
-    REQ_INTS = 4,
+    REQ_INTS = 8, /* q_start, qo_len, kv_start, kv_len, mask bit0 (low, high), bsr row0, 0 */
     TASK_INTS = 4,
     HEADER_INTS = 4,
     /* per-CTA fixed cost in keys: pipeline fill, q load, the final combine */
@@ -136,6 +136,30 @@ static kiln_plan *plan_new(kiln_kernel *k, const kiln_plan_opts *opts, int slots
     return pl;
 }
 
+/* The plan options, against the kernel. */
+static kiln_status opts_check(const kiln_kernel *k, const kiln_plan_opts *opts, kiln__err *e)
+{
+    const kiln_variant *v = &k->v;
+    const int H = opts->num_qo_heads, G = v->group;
+    if (H < 1 || H % G || (v->kv == KILN_KV_PAGED && opts->page_size < 1) || opts->max_batch < 0 ||
+        opts->max_qo_tokens < 0 || opts->fixed_split < 0 || opts->max_total_kv < 0) {
+        kiln__fail(e, KILN_STATUS_INVALID_ARGUMENT,
+                   "plan %s: num_qo_heads=%d must be a positive multiple of group=%d; page_size=%d must "
+                   "be >= 1 for kv=paged; max_batch=%d, max_qo_tokens=%d, fixed_split=%d, "
+                   "max_total_kv=%lld must be >= 0",
+                   k->spec, H, G, opts->page_size, opts->max_batch, opts->max_qo_tokens, opts->fixed_split,
+                   (long long)opts->max_total_kv);
+        return KILN_STATUS_INVALID_ARGUMENT;
+    }
+    if (v->mask_data == KILN_MASK_DATA_BSR && (opts->bsr_r < 1 || opts->bsr_c < 1)) {
+        kiln__fail(e, KILN_STATUS_INVALID_ARGUMENT,
+                   "plan %s: mask_data=bsr needs the block shape in the options: bsr_r=%d and bsr_c=%d "
+                   "must be >= 1", k->spec, opts->bsr_r, opts->bsr_c);
+        return KILN_STATUS_INVALID_ARGUMENT;
+    }
+    return KILN_STATUS_OK;
+}
+
 kiln_status kiln_plan_create(kiln_kernel *k, const kiln_plan_opts *opts, kiln_plan **out)
 {
     kiln__err e = {{0}};
@@ -156,21 +180,12 @@ kiln_status kiln_plan_create(kiln_kernel *k, const kiln_plan_opts *opts, kiln_pl
                    k->key, k->arch);
         return kiln__ctx_error(k->ctx, KILN_STATUS_INVALID_ARGUMENT, &e);
     }
-    const int H = opts->num_qo_heads, G = v->group;
-    if (H < 1 || H % G || (v->kv == KILN_KV_PAGED && opts->page_size < 1) || opts->max_batch < 0 ||
-        opts->max_qo_tokens < 0 || opts->fixed_split < 0 || opts->max_total_kv < 0) {
-        kiln__fail(&e, KILN_STATUS_INVALID_ARGUMENT,
-                   "plan %s: num_qo_heads=%d must be a positive multiple of group=%d; page_size=%d must "
-                   "be >= 1 for kv=paged; max_batch=%d, max_qo_tokens=%d, fixed_split=%d, "
-                   "max_total_kv=%lld must be >= 0",
-                   k->spec, H, G, opts->page_size, opts->max_batch, opts->max_qo_tokens, opts->fixed_split,
-                   (long long)opts->max_total_kv);
-        return kiln__ctx_error(k->ctx, KILN_STATUS_INVALID_ARGUMENT, &e);
-    }
+    kiln_status st = opts_check(k, opts, &e);
+    if (st) return kiln__ctx_error(k->ctx, st, &e);
     const int sms = k->ctx->info.sm_count > 0 ? k->ctx->info.sm_count : 1;
     kiln_plan *pl = plan_new(k, opts, sms * (k->ctas_per_sm > 0 ? k->ctas_per_sm : 1));
     if (!pl) return kiln__fail(kiln__tls_err(), KILN_STATUS_NO_MEMORY, "plan: out of memory");
-    kiln_status st = kiln__ctx_bind(k->ctx, &e);
+    st = kiln__ctx_bind(k->ctx, &e);
     CUresult r = CUDA_SUCCESS;
     int made = 0;
     for (; !st && r == CUDA_SUCCESS && made < HOST_RING; made++)
@@ -187,6 +202,9 @@ kiln_status kiln_plan_create(kiln_kernel *k, const kiln_plan_opts *opts, kiln_pl
 
 kiln_status kiln__plan_host(kiln_kernel *k, const kiln_plan_opts *opts, int sms, int ctas_per_sm, kiln_plan **out)
 {
+    *out = NULL;
+    kiln_status st = opts_check(k, opts, kiln__tls_err());
+    if (st) return st;
     *out = plan_new(k, opts, sms * ctas_per_sm);
     if (!*out) return KILN_STATUS_NO_MEMORY;
     (*out)->host_only = 1;
@@ -447,12 +465,27 @@ kiln_status kiln_batch_plan(kiln_plan *pl, const kiln_batch_shape *s, kiln_devpt
     }
     int *w = pl->host + (pl->host_only ? 0 : (size_t)slot * pl->host_ints);
     int *req = w + L.reqs_off, *item = w + L.items_off, *task = w + L.tasks_off;
+    /* requests; mask data of request b starts after the earlier requests' (bits: their
+     * L_Q x L_KV matrices; bsr: their block rows) */
+    int64_t bit0 = 0, row0 = 0;
+    const int R = pl->o.bsr_r > 0 ? pl->o.bsr_r : 1;
     for (int b = 0; b < B; b++) {
-        req[b * 4 + 0] = pl->decode ? b : s->qo_indptr[b];
-        req[b * 4 + 1] = pl->decode ? 1 : s->qo_indptr[b + 1] - s->qo_indptr[b];
-        req[b * 4 + 2] = s->kv_indptr[b];
-        req[b * 4 + 3] = req_kv_len(pl, s, b);
+        int *q = req + (size_t)b * REQ_INTS;
+        const int qo = pl->decode ? 1 : s->qo_indptr[b + 1] - s->qo_indptr[b], kv = req_kv_len(pl, s, b);
+        q[0] = pl->decode ? b : s->qo_indptr[b];
+        q[1] = qo;
+        q[2] = s->kv_indptr[b];
+        q[3] = kv;
+        q[4] = (int)(uint32_t)(uint64_t)bit0;
+        q[5] = (int)(uint32_t)((uint64_t)bit0 >> 32);
+        q[6] = (int)row0;
+        q[7] = 0;
+        bit0 += (int64_t)qo * kv;
+        row0 += ceil_div(qo, R);
     }
+    if (row0 > INT32_MAX)
+        return plan_fail(pl, kiln__fail(&e, KILN_STATUS_INVALID_ARGUMENT,
+                                        "plan %s: %lld bsr block rows exceed 2^31", pl->k->spec, (long long)row0), &e);
     int nitems = 0, ntasks = 0, nslot = 0;
     int64_t total_keys = 0, longest = 0;
     /* counting sort of the tiles by the bit length of their items' keys, longest first */
@@ -555,7 +588,7 @@ kiln_status kiln_batch_run(kiln_plan *pl, const kiln_batch_args *a, void *stream
                                         k->spec, (unsigned long long)a->workspace, a->workspace_bytes,
                                         (unsigned long long)pl->ws, pl->need_bytes), &e);
     kiln_launch_params p;
-    kiln_status st = kiln__batch_prepare(k, a, pl->H, &p, &e);
+    kiln_status st = kiln__batch_prepare(k, a, pl->H, pl->o.bsr_r, pl->o.bsr_c, &p, &e);
     if (st) return plan_fail(pl, st, &e);
     p.num_qo_heads = pl->H;
     p.num_kv_heads = pl->H / k->v.group;

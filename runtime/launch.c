@@ -178,8 +178,8 @@ static kiln_status prepare(kiln_kernel *k, const kiln_attn_args *a, kiln_op op, 
 
 /* The parameter block of a batch run: the checks and run-time values shared with single
  * requests; batch.c fills in the schedule and the KV strides. */
-kiln_status kiln__batch_prepare(kiln_kernel *k, const kiln_batch_args *b, int H, kiln_launch_params *p,
-                                kiln__err *e)
+kiln_status kiln__batch_prepare(kiln_kernel *k, const kiln_batch_args *b, int H, int bsr_r, int bsr_c,
+                                kiln_launch_params *p, kiln__err *e)
 {
     kiln_attn_args a;
     memset(&a, 0, sizeof a);
@@ -196,6 +196,11 @@ kiln_status kiln__batch_prepare(kiln_kernel *k, const kiln_batch_args *b, int H,
     a.o_stride_n = b->o_stride_n;
     a.o_stride_h = b->o_stride_h;
     a.params = b->params;
+    a.mask_bits = b->mask_bits;
+    a.bsr_indptr = b->bsr_indptr;
+    a.bsr_indices = b->bsr_indices;
+    a.bsr_r = bsr_r;
+    a.bsr_c = bsr_c;
     return prepare_as(k, &a, k ? k->v.op : KILN_OP_DECODE, 1, p, e);
 }
 

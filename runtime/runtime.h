@@ -76,8 +76,8 @@ void kiln__ctx_policy_free(kiln_ctx *ctx);
 kiln_status kiln__ctx_record(kiln_ctx *ctx, const char *spec, const char *arch, kiln__err *e);
 
 /* The parameter block of a batch run (launch.c): argument checks and run-time values. */
-kiln_status kiln__batch_prepare(kiln_kernel *k, const kiln_batch_args *a, int H, kiln_launch_params *p,
-                                kiln__err *e);
+kiln_status kiln__batch_prepare(kiln_kernel *k, const kiln_batch_args *a, int H, int bsr_r, int bsr_c,
+                                kiln_launch_params *p, kiln__err *e);
 
 /* Tests: a plan that schedules into host memory only, for a kernel that need not be loaded,
  * on a device of `sms` SMs running `ctas_per_sm` CTAs each; and its last schedule (ints: header

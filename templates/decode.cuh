@@ -186,10 +186,12 @@ template <class Cfg> __device__ void decode_kernel(const kiln_launch_params &p)
 
     /* What this CTA covers: a split of the single request, or one planned work item. */
     int b = 0, L_KV, lo, hi, slot, q_row = 0, kv_start = 0;
+    mask_base mb{0, 0};
     if constexpr (BATCH) {
         if ((int)blockIdx.x >= num_items(p)) return; /* padding of a graph-sized grid */
         const work_item it = load_item(p, blockIdx.x);
         const work_req r = load_req(p, it.b);
+        if constexpr (Cfg::MASK_DATA != 0) mb = load_req_mask(p, it.b);
         b = it.b;
         L_KV = r.kv_len;
         q_row = r.q_start;
@@ -341,7 +343,7 @@ template <class Cfg> __device__ void decode_kernel(const kiln_launch_params &p)
         for (int g = 0; g < GB; g++) {
             const int h = hk * Cfg::G + g0 + g;
             const int iq = 0; /* the one query row */
-            const bool vis = valid && mask_data<Cfg>(p, iq, j) && mask_user<Cfg>(p, iq, j, h, hk, b, 1, L_KV);
+            const bool vis = valid && mask_data<Cfg>(p, mb, L_KV, iq, j) && mask_user<Cfg>(p, iq, j, h, hk, b, 1, L_KV);
             const float qk = L::FP8 ? acc[g] * p.k_scale : acc[g];
             float s = vis ? logit_full<Cfg>(qk, p, slope[g], iq, j, h, hk, b, 1, L_KV) : neg_inf();
             float m_new = max_f(m[g], warp_max(s));

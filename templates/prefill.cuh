@@ -245,10 +245,12 @@ template <class Cfg> __device__ void prefill_kernel(const kiln_launch_params &p)
     /* The query tile and key range of this CTA: a tile of the single request (heaviest causal
      * tiles first), or one planned work item. */
     int m_block, b = 0, L_Q, L_KV, q_start = 0, kv_start = 0, slot = -1, it_lo = 0, it_hi;
+    mask_base mb{0, 0};
     if constexpr (BATCH) {
         if ((int)blockIdx.x >= num_items(p)) return; /* padding of a graph-sized grid */
         const work_item it = load_item(p, blockIdx.x);
         const work_req r = load_req(p, it.b);
+        if constexpr (Cfg::MASK_DATA != 0) mb = load_req_mask(p, it.b);
         b = it.b;
         m_block = it.m;
         L_Q = r.qo_len;
@@ -510,7 +512,7 @@ template <class Cfg> __device__ void prefill_kernel(const kiln_launch_params &p)
                             if (Cfg::CAUSAL) vis = vis && j <= i + off;
                             if (Cfg::WINDOW) vis = vis && j >= i + off - p.window_left;
                             if (ELEM && elem)
-                                vis = vis && mask_data<Cfg>(p, i, j) && mask_user<Cfg>(p, i, j, hr, hk, b, L_Q, L_KV);
+                                vis = vis && mask_data<Cfg>(p, mb, L_KV, i, j) && mask_user<Cfg>(p, i, j, hr, hk, b, L_Q, L_KV);
                             x = vis ? x : neg_inf();
                         }
                         s[mt][nt][r * 2 + c] = x;
@@ -628,7 +630,8 @@ template <class Cfg> __device__ void prefill_tile_map_kernel(const kiln_launch_p
         if (Cfg::CAUSAL) builtin = builtin && j <= i + off;
         if (Cfg::WINDOW) builtin = builtin && j >= i + off - p.window_left;
         for (int h = 0; h < heads; h++) {
-            const bool vis = mask_data<Cfg>(p, i, j) && mask_user<Cfg>(p, i, j, h, h / Cfg::G, 0, L_Q, L_KV);
+            const bool vis = mask_data<Cfg>(p, mask_base{0, 0}, L_KV, i, j) &&
+                             mask_user<Cfg>(p, i, j, h, h / Cfg::G, 0, L_Q, L_KV);
             any = any || (vis && builtin);
             all = all && vis;
         }

@@ -7,7 +7,8 @@
  * GPU grids follow FlashInfer's test grids — batch {1,12,17,128} × kv_len {1,54,97,512,2048,
  * 16384} × qo_len {1,17,37,127,577} × page size {1,5,8,16} × head dim {64,128,256} × group
  * {1,4,8} × layout {nhd,hnd} × mask {none,causal} × window × logits {none,softcap,alibi} ×
- * kv dtype {f16,bf16,e4m3,e5m2} × rope × lse × strides — as a covering walk rather than the
+ * kv dtype {f16,bf16,e4m3,e5m2} × rope × lse × strides × mask data {none, bitmask, bsr} — as a
+ * covering walk rather than the
  * product: case i takes value (i + i / n_f) mod n_f of each factor f (n_f its size, the
  * factors' sizes mostly co-prime), so every value of every factor appears and pairs rotate.
  * Per-request lengths scatter around the case's kv_len and qo_len, with an empty request
@@ -275,6 +276,10 @@ static void make_case(kiln_op op, int i, bcase *c)
     v->logits = (kiln_logits)((i / 5) % 3);
     v->lse = i % 3 == 1;
     v->rope = i % 5 == 2;
+    /* mask data per request: none, none, bitmask, bsr */
+    v->mask_data = (i + i / 7) % 4 == 2 ? KILN_MASK_DATA_BITMASK
+                   : (i + i / 7) % 4 == 3 ? KILN_MASK_DATA_BSR
+                                          : KILN_MASK_DATA_NONE;
     const kiln_dtype kd = PICK(g_kvdt, i / 4);
     v->q_dtype = v->out_dtype = kd == KILN_DTYPE_BF16 || (kd == KILN_DTYPE_E5M2 && i % 2) ? KILN_DTYPE_BF16 : KILN_DTYPE_F16;
     v->kv_dtype = kd == KILN_DTYPE_F16 || kd == KILN_DTYPE_BF16 ? v->q_dtype : kd;
@@ -303,6 +308,8 @@ static void make_case(kiln_op op, int i, bcase *c)
     s->window_left = -1;
     s->strided = i % 4 == 3;
     s->rope_offsets = v->rope && i % 2;
+    s->bsr_r = i % 3 ? 7 : 16;
+    s->bsr_c = i % 4 ? 40 : 64;
     s->seed = seed;
 }
 
@@ -339,6 +346,55 @@ static void run_grid(kiln_op op)
 
 KT_GPU_TEST(gpu_batch_decode_grid) { run_grid(KILN_OP_DECODE); }
 KT_GPU_TEST(gpu_batch_prefill_grid) { run_grid(KILN_OP_PREFILL); }
+
+/* Mask data per request: bitmask and bsr, decode on CUDA cores (G 1) and tensor cores (G 4)
+ * and prefill, ragged and paged, with a causal mask on prefill and a graph replay on one. */
+KT_GPU_TEST(gpu_batch_mask_data)
+{
+    kiln_ctx *ctx = gpu_ctx();
+    if (!ctx) return;
+    static const char *const specs[] = {
+        "op=decode dtype=f16 head_dim=128 group=1 kv=paged mask_data=bitmask lse=1",
+        "op=decode dtype=bf16 head_dim=128 group=4 kv=paged mask_data=bsr",
+        "op=decode dtype=bf16 head_dim=64 group=4 kv=ragged mask_data=bitmask",
+        "op=prefill dtype=bf16 head_dim=128 group=4 kv=paged mask=causal mask_data=bitmask lse=1",
+        "op=prefill dtype=f16 head_dim=64 group=1 kv=ragged mask_data=bsr",
+        "op=prefill dtype=bf16 head_dim=128 group=8 kv=ragged mask=causal mask_data=bsr",
+    };
+    int qo[17], kv[17];
+    uint64_t seed = 0x6d61736bu;
+    for (int b = 0; b < 17; b++) {
+        kv[b] = b == 5 ? 0 : 1 + (int)(kiln_check_rng(&seed) % 700);
+        qo[b] = b == 9 ? 0 : 1 + (int)(kiln_check_rng(&seed) % 90);
+        if (qo[b] > kv[b]) qo[b] = kv[b];
+    }
+    for (size_t i = 0; i < sizeof specs / sizeof specs[0]; i++) {
+        kiln_variant v;
+        if (kiln_variant_parse(specs[i], &v) != KILN_STATUS_OK) {
+            kt_fail(__FILE__, __LINE__, "%s: %s", specs[i], kiln_errmsg());
+            continue;
+        }
+        kiln_kernel *k = get(ctx, &v);
+        if (!k) continue;
+        kiln_check_batch s;
+        memset(&s, 0, sizeof s);
+        s.batch = 17;
+        s.qo_lens = qo;
+        s.kv_lens = kv;
+        s.num_qo_heads = 2 * v.group;
+        s.page_size = 5;
+        s.window_left = -1;
+        s.bsr_r = i % 2 ? 3 : 16;
+        s.bsr_c = i % 2 ? 24 : 64;
+        s.graph = i == 3;
+        s.seed = 0x6d61736bu + i;
+        kiln_check_batch_result r;
+        char msg[1024];
+        if (kiln_check_batch_run(ctx, k, &s, 0, &r, msg, sizeof msg) != KILN_STATUS_OK)
+            kt_fail(__FILE__, __LINE__, "%s: %s (request %d)", specs[i], msg, r.bad_request);
+    }
+    kiln_ctx_destroy(ctx);
+}
 
 /* A base variant for the focused tests. */
 static void base_variant(kiln_variant *v, kiln_op op, kiln_kv_storage kv)

@@ -78,14 +78,21 @@ static void check_schedule(kiln_plan *pl, const batch *b, int decode, int rows, 
     const int nitems = w[0], ntasks = w[1];
     KT_EQ_INT(nitems, info.items);
     KT_EQ_INT(ntasks, info.merge_tasks);
-    /* requests */
+    /* requests, with where their mask data starts: bits after the earlier requests' L_Q x L_KV
+     * matrices, bsr block rows (of the plan's bsr_r, 1 when unset) after theirs */
+    int64_t bit0 = 0, row0 = 0;
     for (int r = 0; r < b->B; r++) {
-        const int *q = w + ro + r * 4;
-        if (q[1] != (decode ? 1 : b->qo[r]) || q[3] != b->kv[r]) {
-            kt_fail(__FILE__, __LINE__, "%s: request %d recorded as qo=%d kv=%d, is qo=%d kv=%d", what, r, q[1],
-                    q[3], decode ? 1 : b->qo[r], b->kv[r]);
+        const int *q = w + ro + r * 8;
+        const int qo = decode ? 1 : b->qo[r];
+        const int64_t got_bit0 = (int64_t)(((uint64_t)(uint32_t)q[5] << 32) | (uint32_t)q[4]);
+        if (q[1] != qo || q[3] != b->kv[r] || got_bit0 != bit0 || q[6] != row0) {
+            kt_fail(__FILE__, __LINE__, "%s: request %d recorded as qo=%d kv=%d bit0=%lld row0=%d, is qo=%d kv=%d "
+                    "bit0=%lld row0=%lld", what, r, q[1], q[3], (long long)got_bit0, q[6], qo, b->kv[r],
+                    (long long)bit0, (long long)row0);
             return;
         }
+        bit0 += (int64_t)qo * b->kv[r];
+        row0 += qo;
     }
     /* coverage: per (request, tile) the items' key ranges tile [0, visible keys) in order */
     int64_t total = 0, work = 0, longest = 0;
@@ -439,5 +446,50 @@ KT_TEST(plan_batch_kernels_compile)
             if (info.spill_bytes)
                 kt_fail(__FILE__, __LINE__, "%s (%s): %d bytes spilled", specs[i], info.arch, info.spill_bytes);
         }
+    kiln_ctx_destroy(ctx);
+}
+
+/* Mask data in a batch: each request's bits start after the earlier requests' L_Q x L_KV
+ * matrices and its bsr block rows after theirs (ceil(L_Q / bsr_r) each); a bsr plan without a
+ * block shape is refused. */
+KT_TEST(plan_mask_data_offsets)
+{
+    kiln_ctx *ctx = make_ctx();
+    KT_REQUIRE(ctx);
+    kiln_kernel *k = compile(ctx, "op=prefill dtype=bf16 head_dim=64 group=4 kv=ragged mask_data=bsr");
+    KT_REQUIRE(k);
+    kiln_plan_opts o = {0};
+    o.num_qo_heads = 8;
+    kiln_plan *pl = NULL;
+    KT_STATUS(kiln__plan_host(k, &o, SMS, 2, &pl), KILN_STATUS_INVALID_ARGUMENT, "bsr without a block shape");
+    KT_CONTAINS(kiln_errmsg(), "mask_data=bsr needs the block shape");
+    KT_CHECK(pl == NULL);
+    o.bsr_r = 3;
+    o.bsr_c = 16;
+    KT_OK(kiln__plan_host(k, &o, SMS, 2, &pl), kiln_errmsg());
+    batch *b = calloc(1, sizeof *b);
+    KT_REQUIRE(b);
+    static const int qo[5] = {7, 0, 3, 1, 10}, kv[5] = {9, 4, 0, 130, 10};
+    b->B = 5;
+    for (int r = 0; r < 5; r++) {
+        b->qo[r] = qo[r];
+        b->kv[r] = kv[r];
+    }
+    build(b, 0, 16);
+    kiln_batch_shape sh = shape_of(b, 0);
+    KT_OK(kiln_batch_plan(pl, &sh, 0, 0, NULL), kiln_ctx_errmsg(ctx));
+    int io, ro, to;
+    const int *w = kiln__plan_schedule(pl, &io, &ro, &to);
+    static const long long bit0[5] = {0, 63, 63, 63, 193};
+    static const int row0[5] = {0, 3, 3, 4, 5};
+    for (int r = 0; r < 5; r++) {
+        const int *q = w + ro + r * 8;
+        const long long got = (long long)(((uint64_t)(uint32_t)q[5] << 32) | (uint32_t)q[4]);
+        if (got != bit0[r] || q[6] != row0[r])
+            kt_fail(__FILE__, __LINE__, "request %d: bit0=%lld row0=%d, expected %lld and %d", r, got, q[6],
+                    bit0[r], row0[r]);
+    }
+    kiln_plan_destroy(pl);
+    free(b);
     kiln_ctx_destroy(ctx);
 }

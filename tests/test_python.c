@@ -90,6 +90,8 @@ static void abi_text(char *buf, size_t cap)
     ABI_OFF(b, kiln_plan_opts, fixed_split);
     ABI_OFF(b, kiln_plan_opts, no_split);
     ABI_OFF(b, kiln_plan_opts, max_total_kv);
+    ABI_OFF(b, kiln_plan_opts, bsr_r);
+    ABI_OFF(b, kiln_plan_opts, bsr_c);
     ABI_SIZE(b, kiln_batch_shape);
     ABI_OFF(b, kiln_batch_shape, qo_indptr);
     ABI_OFF(b, kiln_batch_shape, kv_last_page_len);
@@ -106,6 +108,8 @@ static void abi_text(char *buf, size_t cap)
     ABI_OFF(b, kiln_batch_args, workspace);
     ABI_OFF(b, kiln_batch_args, workspace_bytes);
     ABI_OFF(b, kiln_batch_args, params);
+    ABI_OFF(b, kiln_batch_args, mask_bits);
+    ABI_OFF(b, kiln_batch_args, bsr_indices);
     ABI_SIZE(b, kiln_merge_args);
     ABI_OFF(b, kiln_merge_args, mask);
     ABI_OFF(b, kiln_merge_args, num_states);

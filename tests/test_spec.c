@@ -805,8 +805,19 @@ KT_TEST(spec_roundtrip_serving_keys)
     KT_STATUS(kiln_variant_parse("op=decode kv_dtype=e4m3", &v0), KILN_STATUS_UNSUPPORTED, "single fp8");
     KT_CONTAINS(kiln_errmsg(), "a single request is a batch of one");
     kiln_variant v;
-    KT_STATUS(kiln_variant_parse("op=decode kv=paged mask_data=bitmask", &v), KILN_STATUS_UNSUPPORTED, "mask data");
-    KT_CONTAINS(kiln_errmsg(), "mask data is for single requests only");
+    /* mask data works per request in batches */
+    static const char *const masked[] = {"op=decode dtype=f16 head_dim=128 group=1 kv=paged mask_data=bitmask",
+                                         "op=prefill dtype=bf16 head_dim=64 group=4 kv=ragged mask_data=bsr"};
+    for (int i = 0; i < 2; i++) {
+        char canon[512], again[512];
+        KT_OK(kiln_variant_parse(masked[i], &v), kiln_errmsg());
+        kiln_variant_format(&v, canon, sizeof canon);
+        KT_CHECK(strstr(canon, i ? " mask_data=bsr" : " mask_data=bitmask") != NULL);
+        kiln_variant w;
+        KT_OK(kiln_variant_parse(canon, &w), kiln_errmsg());
+        kiln_variant_format(&w, again, sizeof again);
+        KT_EQ_STR(again, canon);
+    }
     KT_STATUS(kiln_variant_parse("op=merge kv=paged", &v), KILN_STATUS_UNSUPPORTED, "merge kv");
     KT_CONTAINS(kiln_errmsg(), "op=merge takes only dtype and head_dim");
     KT_STATUS(kiln_variant_parse("op=decode kv=blocks", &v), KILN_STATUS_PARSE, "kv value");

@@ -166,6 +166,8 @@ typedef struct kiln_check_batch {
                             workspace, replay again and check both */
     uint64_t seed;       /* 0 picks one from the clock */
     int skip_reference;  /* 1: time only */
+    int bsr_r, bsr_c;    /* mask_data=bsr: block shape (0: 7 rows by 40 keys); mask data is
+                            drawn at random per request (some rows empty, some full) */
 } kiln_check_batch;
 
 typedef struct kiln_check_batch_result {

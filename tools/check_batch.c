@@ -147,7 +147,85 @@ void kiln__cb_free(cb_logical *L)
     free(L->vv);
     free(L->rope_off);
     free(L->slopes);
+    free(L->mask_bits);
+    free(L->bsr_indptr);
+    free(L->bsr_indices);
+    free(L->bit0);
+    free(L->row0);
     memset(L, 0, sizeof *L);
+}
+
+/* Random mask data of the variant's kind for every request: per query row (bitmask) or block
+ * row (bsr), one in eight hides every key, one in eight shows every key, the others show about
+ * two in three at random. */
+static kiln_status make_mask(cb_logical *L, const kiln_check_batch *s, uint64_t *seed)
+{
+    const kiln_check_index *x = &L->ix;
+    const int B = x->batch, R = s->bsr_r > 0 ? s->bsr_r : 7, C = s->bsr_c > 0 ? s->bsr_c : 40;
+    L->bsr_r = R;
+    L->bsr_c = C;
+    L->bit0 = calloc((size_t)B + 1, sizeof *L->bit0);
+    L->row0 = calloc((size_t)B + 1, sizeof *L->row0);
+    if (!L->bit0 || !L->row0) return KILN_STATUS_NO_MEMORY;
+    int64_t bits = 0, rows = 0, cells = 0;
+    for (int b = 0; b < B; b++) {
+        const int qo = x->qo_indptr[b + 1] - x->qo_indptr[b], kv = x->kv_indptr[b + 1] - x->kv_indptr[b];
+        L->bit0[b] = bits;
+        L->row0[b] = (int)rows;
+        bits += (int64_t)qo * kv;
+        rows += (qo + R - 1) / R;
+        cells += (int64_t)((qo + R - 1) / R) * ((kv + C - 1) / C);
+    }
+    if (L->v.mask_data == KILN_MASK_DATA_BITMASK) {
+        L->mask_bytes = (size_t)(bits + 7) / 8 + 1;
+        L->mask_bits = calloc(L->mask_bytes, 1);
+        if (!L->mask_bits) return KILN_STATUS_NO_MEMORY;
+        for (int b = 0; b < B; b++) {
+            const int qo = x->qo_indptr[b + 1] - x->qo_indptr[b], kv = x->kv_indptr[b + 1] - x->kv_indptr[b];
+            for (int i = 0; i < qo; i++) {
+                const uint64_t kind = kiln_check_rng(seed) % 8;
+                for (int j = 0; kind != 0 && j < kv; j++) {
+                    if (kind != 1 && kiln_check_rng(seed) % 3 == 0) continue;
+                    const int64_t bit = L->bit0[b] + (int64_t)i * kv + j;
+                    L->mask_bits[bit >> 3] |= (unsigned char)(1u << (bit & 7));
+                }
+            }
+        }
+    } else {
+        L->bsr_rows = (int)rows;
+        L->bsr_indptr = malloc(sizeof(int) * ((size_t)rows + 1));
+        L->bsr_indices = malloc(sizeof(int) * ((size_t)cells + 1));
+        if (!L->bsr_indptr || !L->bsr_indices) return KILN_STATUS_NO_MEMORY;
+        int nnz = 0;
+        for (int b = 0; b < B; b++) {
+            const int qo = x->qo_indptr[b + 1] - x->qo_indptr[b], kv = x->kv_indptr[b + 1] - x->kv_indptr[b];
+            for (int br = 0; br < (qo + R - 1) / R; br++) {
+                L->bsr_indptr[L->row0[b] + br] = nnz;
+                const uint64_t kind = kiln_check_rng(seed) % 8;
+                for (int cb = 0; kind != 0 && cb < (kv + C - 1) / C; cb++)
+                    if (kind == 1 || kiln_check_rng(seed) % 3 != 0) L->bsr_indices[nnz++] = cb;
+            }
+        }
+        L->bsr_indptr[rows] = nnz;
+        L->bsr_nnz = nnz;
+    }
+    return KILN_STATUS_OK;
+}
+
+/* Whether the mask data shows key j to query row i of request b (with L_KV keys). */
+static int mask_shows(const cb_logical *L, int b, int i, int j, int L_KV)
+{
+    if (L->v.mask_data == KILN_MASK_DATA_BITMASK) {
+        const int64_t bit = L->bit0[b] + (int64_t)i * L_KV + j;
+        return (L->mask_bits[bit >> 3] >> (bit & 7)) & 1;
+    }
+    if (L->v.mask_data == KILN_MASK_DATA_BSR) {
+        const int br = L->row0[b] + i / L->bsr_r, cb = j / L->bsr_c;
+        for (int at = L->bsr_indptr[br]; at < L->bsr_indptr[br + 1]; at++)
+            if (L->bsr_indices[at] == cb) return 1;
+        return 0;
+    }
+    return 1;
 }
 
 static int is_fp8(kiln_dtype t) { return t == KILN_DTYPE_E4M3 || t == KILN_DTYPE_E5M2; }
@@ -214,6 +292,10 @@ kiln_status kiln__cb_make(const kiln_variant *v, const kiln_check_batch *s, uint
         L->rope_off[b] = (int)(kiln_check_rng(&seed) % ROPE_OFFSET_MAX);
     for (int h = 0; h < L->H; h++) L->slopes[h] = exp2f(-8.0f * (float)(h + 1) / (float)L->H);
     L->has_rope_off = v->rope && s->rope_offsets;
+    if (v->mask_data && (st = make_mask(L, s, &seed))) {
+        kiln__cb_free(L);
+        return st;
+    }
     L->garbage_seed = seed;
     L->nan_pool = s->nan_pool;
     return KILN_STATUS_OK;
@@ -366,6 +448,7 @@ static void ref_work(void *arg, int first, int step)
             x[j] = -INFINITY;
             if (L->v.mask == KILN_MASK_CAUSAL && j > diag) continue;
             if (L->v.window && j < diag - L->window_left) continue;
+            if (L->v.mask_data && !mask_shows(L, b, i, j, L_KV)) continue;
             const uint16_t *kr = L->k + ((size_t)(L->ix.kv_indptr[b] + j) * L->H_KV + hk) * D;
             for (int d = 0; d < D; d++) kd[d] = ks * kiln_check_decode(kt, kr[d]);
             if (L->v.rope) kiln_check_rope(kd, D, j + L->rope_off[b], L->rope_scale, L->rope_theta);

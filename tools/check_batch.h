@@ -23,6 +23,14 @@ typedef struct cb_logical {
     int window_left;
     int nan_pool;        /* storage: unused slots hold NaN */
     uint64_t garbage_seed;
+    /* mask data (variant mask_data), per request in request order as the kernel reads it:
+     * request b's bits from bit0[b], its bsr block rows from row0[b] */
+    unsigned char *mask_bits;
+    size_t mask_bytes;
+    int *bsr_indptr, *bsr_indices; /* [bsr_rows + 1], [bsr_nnz] */
+    int bsr_rows, bsr_nnz, bsr_r, bsr_c;
+    int64_t *bit0;
+    int *row0;
 } cb_logical;
 
 /* A logical batch laid out for the kernel (host copies, with padding and unused pages). */

@@ -98,7 +98,7 @@ void kiln__cb_out_free(cb_out *o)
 
 /* Device buffers of a run, sized for the largest batch. */
 typedef struct dev {
-    CUdeviceptr q, k, v, o, lse, indices, rope, slopes, ws;
+    CUdeviceptr q, k, v, o, lse, indices, rope, slopes, ws, bits, bsr_ip, bsr_ix;
     size_t ws_bytes;
 } dev;
 
@@ -123,6 +123,9 @@ static void fill_args(const cb_logical *L, const cb_store *S, const dev *d, kiln
     }
     a->workspace = d->ws;
     a->workspace_bytes = d->ws_bytes;
+    a->mask_bits = d->bits;
+    a->bsr_indptr = d->bsr_ip;
+    a->bsr_indices = d->bsr_ix;
     a->params.sm_scale = L->sm_scale;
     a->params.softcap = L->softcap;
     a->params.window_left = L->window_left;
@@ -155,9 +158,13 @@ kiln_status kiln__cb_run(kiln_ctx *ctx, kiln_kernel *k, const cb_logical *const 
     if (ro->graph && (st = graph_api_get(&ga, e))) return st;
     const cb_logical *L0 = Ls[0];
     const int H = L0->H, D = L0->D;
-    int maxB = 0, maxQ = 0, maxKV = 0, maxPool = 0, maxPages = 0;
+    int maxB = 0, maxQ = 0, maxKV = 0, maxPool = 0, maxPages = 0, maxRows = 0, maxNnz = 0;
+    size_t maxBits = 0;
     for (int i = 0; i < n; i++) {
         const kiln_check_index *x = &Ls[i]->ix;
+        if (Ls[i]->mask_bytes > maxBits) maxBits = Ls[i]->mask_bytes;
+        if (Ls[i]->bsr_rows > maxRows) maxRows = Ls[i]->bsr_rows;
+        if (Ls[i]->bsr_nnz > maxNnz) maxNnz = Ls[i]->bsr_nnz;
         if (x->batch > maxB) maxB = x->batch;
         if (x->total_qo > maxQ) maxQ = x->total_qo;
         if (x->total_kv > maxKV) maxKV = x->total_kv;
@@ -194,12 +201,19 @@ kiln_status kiln__cb_run(kiln_ctx *ctx, kiln_kernel *k, const cb_logical *const 
     CU_TRY(cu->cuMemAlloc(&d.rope, sizeof(int) * ((size_t)maxB + 1)), "alloc rope offsets");
     CU_TRY(cu->cuMemAlloc(&d.slopes, sizeof(float) * (size_t)H), "alloc slopes");
     CU_TRY(cu->cuMemcpyHtoD(d.slopes, L0->slopes, sizeof(float) * (size_t)H), "copy slopes");
+    if (L0->v.mask_data == KILN_MASK_DATA_BITMASK) CU_TRY(cu->cuMemAlloc(&d.bits, maxBits + 1), "alloc mask bits");
+    if (L0->v.mask_data == KILN_MASK_DATA_BSR) {
+        CU_TRY(cu->cuMemAlloc(&d.bsr_ip, sizeof(int) * ((size_t)maxRows + 1)), "alloc bsr_indptr");
+        CU_TRY(cu->cuMemAlloc(&d.bsr_ix, sizeof(int) * ((size_t)maxNnz + 1)), "alloc bsr_indices");
+    }
 
     kiln_plan_opts po = ro->po;
     po.num_qo_heads = H;
     for (int i = 0; po.fixed_split > 0 && i < n; i++) /* sizes the workspace for the fixed splits */
         if (Ls[i]->ix.total_kv > po.max_total_kv) po.max_total_kv = Ls[i]->ix.total_kv;
     po.page_size = L0->ix.page_size;
+    po.bsr_r = L0->bsr_r;
+    po.bsr_c = L0->bsr_c;
     if (ro->graph && po.max_batch < maxB) po.max_batch = maxB;
     if (ro->graph && L0->v.op == KILN_OP_PREFILL && po.max_qo_tokens < maxQ) po.max_qo_tokens = maxQ;
     KILN_TRY(kiln_plan_create(k, &po, &plan));
@@ -217,6 +231,12 @@ kiln_status kiln__cb_run(kiln_ctx *ctx, kiln_kernel *k, const cb_logical *const 
         CU_TRY(cu->cuMemcpyHtoD(d.v, S[i].v, S[i].kv_elems * esize), "copy v");
         if (x->pages_used) CU_TRY(cu->cuMemcpyHtoD(d.indices, x->page_ids, sizeof(int) * (size_t)x->pages_used), "copy kv_indices");
         if (x->batch) CU_TRY(cu->cuMemcpyHtoD(d.rope, L->rope_off, sizeof(int) * (size_t)x->batch), "copy rope offsets");
+        if (L->mask_bits) CU_TRY(cu->cuMemcpyHtoD(d.bits, L->mask_bits, L->mask_bytes), "copy mask bits");
+        if (L->bsr_indptr) {
+            CU_TRY(cu->cuMemcpyHtoD(d.bsr_ip, L->bsr_indptr, sizeof(int) * ((size_t)L->bsr_rows + 1)), "copy bsr_indptr");
+            if (L->bsr_nnz)
+                CU_TRY(cu->cuMemcpyHtoD(d.bsr_ix, L->bsr_indices, sizeof(int) * (size_t)L->bsr_nnz), "copy bsr_indices");
+        }
         /* poison: 0xffff is NaN in f16 and bf16, 0xffffffff in f32 */
         CU_TRY(cu->cuMemsetD8(d.o, 0xff, q_elems * 2), "poison o");
         CU_TRY(cu->cuMemsetD8(d.lse, 0xff, lse_bytes), "poison lse");
@@ -285,7 +305,8 @@ done:
     if (graph) ga.cuGraphDestroy(graph);
     if (stream) cu->cuStreamDestroy(stream);
     kiln_plan_destroy(plan);
-    CUdeviceptr *bufs[] = {&d.q, &d.k, &d.v, &d.o, &d.lse, &d.indices, &d.rope, &d.slopes, &d.ws};
+    CUdeviceptr *bufs[] = {&d.q,    &d.k,     &d.v,      &d.o,   &d.lse,   &d.indices,
+                           &d.rope, &d.slopes, &d.ws,    &d.bits, &d.bsr_ip, &d.bsr_ix};
     for (size_t b = 0; cu && b < sizeof bufs / sizeof bufs[0]; b++)
         if (*bufs[b]) cu->cuMemFree(*bufs[b]);
     for (int i = 0; i < 2; i++) kiln__cb_store_free(&S[i]);

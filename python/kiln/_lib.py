@@ -195,6 +195,8 @@ class kiln_plan_opts(ctypes.Structure):
         ("fixed_split", ctypes.c_int),
         ("no_split", ctypes.c_int),
         ("max_total_kv", ctypes.c_int64),
+        ("bsr_r", ctypes.c_int),
+        ("bsr_c", ctypes.c_int),
     ]
 
 
@@ -242,6 +244,9 @@ class kiln_batch_args(ctypes.Structure):
         ("workspace", c_devptr),
         ("workspace_bytes", ctypes.c_size_t),
         ("params", kiln_params),
+        ("mask_bits", c_devptr),
+        ("bsr_indptr", c_devptr),
+        ("bsr_indices", c_devptr),
     ]
 
 

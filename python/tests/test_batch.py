@@ -87,9 +87,9 @@ class TestPrototypes(unittest.TestCase):
         # Field order of the new mirrors, as kiln.h has it (sizes: test_basic.TestABI).
         self.assertEqual([f for f, _ in _lib.kiln_plan_opts._fields_],
                          ["num_qo_heads", "page_size", "max_batch", "max_qo_tokens",
-                          "fixed_split", "no_split", "max_total_kv"])
-        self.assertEqual([f for f, _ in _lib.kiln_batch_args._fields_][-3:],
-                         ["workspace", "workspace_bytes", "params"])
+                          "fixed_split", "no_split", "max_total_kv", "bsr_r", "bsr_c"])
+        self.assertEqual([f for f, _ in _lib.kiln_batch_args._fields_][-6:],
+                         ["workspace", "workspace_bytes", "params", "mask_bits", "bsr_indptr", "bsr_indices"])
         for name in ("kiln_plan_opts", "kiln_batch_shape", "kiln_plan_info", "kiln_batch_args",
                      "kiln_merge_args"):
             self.assertIn(name, _lib.ABI_STRUCTS)

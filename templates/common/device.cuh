@@ -179,16 +179,25 @@ __device__ __forceinline__ float logit_full(float qk, const P &p, float slope, i
     return x * LOG2E;
 }
 
-/* The run-time mask data (Cfg::MASK_DATA 1 bitmask, 2 bsr) at query row i, key j. */
-template <class Cfg, class P> __device__ __forceinline__ bool mask_data(const P &p, int i, int j)
+/* Where one request's mask data starts: its first bit (bitmask) and first block row (bsr).
+ * Zero for a single request; a batch's plan stores them per request (load_req_mask). */
+struct mask_base {
+    i64 bit0;
+    int row0;
+};
+
+/* The run-time mask data (Cfg::MASK_DATA 1 bitmask, 2 bsr) at query row i, key j of a request
+ * with L_KV keys whose data starts at mb. */
+template <class Cfg, class P>
+__device__ __forceinline__ bool mask_data(const P &p, const mask_base &mb, int L_KV, int i, int j)
 {
     if constexpr (Cfg::MASK_DATA == 1) {
-        const i64 bit = (i64)i * p.kv_len + j;
+        const i64 bit = mb.bit0 + (i64)i * L_KV + j;
         return (reinterpret_cast<const unsigned char *>(p.mask_bits)[bit >> 3] >> (bit & 7)) & 1;
     } else if constexpr (Cfg::MASK_DATA == 2) {
         const int *indptr = reinterpret_cast<const int *>(p.bsr_indptr);
         const int *cols = reinterpret_cast<const int *>(p.bsr_indices);
-        const int rb = i / p.bsr_r, cb = j / p.bsr_c;
+        const int rb = mb.row0 + i / p.bsr_r, cb = j / p.bsr_c;
         int lo = indptr[rb], hi = indptr[rb + 1]; /* binary search in a sorted row */
         while (lo < hi) {
             const int mid = (lo + hi) >> 1;
@@ -287,10 +296,17 @@ template <class P> __device__ __forceinline__ work_item load_item(const P &p, in
     const int4 a = *reinterpret_cast<const int4 *>(w);
     return work_item{a.x, a.y, a.z, a.w, w[4]};
 }
+/* A request: 8 ints (q_start, qo_len, kv_start, kv_len, mask bit0 low and high word, mask
+ * block row0, 0). */
 template <class P> __device__ __forceinline__ work_req load_req(const P &p, int b)
 {
-    const int4 a = *reinterpret_cast<const int4 *>(reinterpret_cast<const int *>(p.work) + p.reqs_off + b * 4);
+    const int4 a = *reinterpret_cast<const int4 *>(reinterpret_cast<const int *>(p.work) + p.reqs_off + b * 8);
     return work_req{a.x, a.y, a.z, a.w};
+}
+template <class P> __device__ __forceinline__ mask_base load_req_mask(const P &p, int b)
+{
+    const int4 a = *reinterpret_cast<const int4 *>(reinterpret_cast<const int *>(p.work) + p.reqs_off + b * 8 + 4);
+    return mask_base{(i64)(((unsigned long long)(unsigned)a.y << 32) | (unsigned)a.x), a.z};
 }
 template <class P> __device__ __forceinline__ int num_items(const P &p)
 {
