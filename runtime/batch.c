@@ -11,7 +11,7 @@
  * when anything may be split, the merge kernel: pure host arithmetic and two launches.
  *
  * Workspace (offsets fixed by the plan's bounds, so a graph-mode run keeps them): an int
- * region (header [items, tasks, 0, 0], items of 8 ints, requests of 4, tasks of 4), then the
+ * region (header [items, tasks, B, 0], items of 8 ints, requests of 8, tasks of 4), then the
  * partial states: float lse [slots][H][rows], float o [slots][H][rows][D].
  */
 #include <math.h>

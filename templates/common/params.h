@@ -46,7 +46,7 @@ typedef struct kiln_launch_params {
     unsigned long long rope_offsets; /* int [B] position offsets, or 0 */
     long long k_stride_page, v_stride_page; /* paged: elements between pages */
     int items_off;   /* int offset in work of the items: 8 ints each (b, m, kv_lo, kv_hi, slot) */
-    int reqs_off;    /* int offset of the requests: 4 ints each (q_start, qo_len, kv_start, kv_len) */
+    int reqs_off;    /* int offset of the requests: 8 ints each (q_start, qo_len, kv_start, kv_len, mask bit0 lo/hi, bsr row0, 0) */
     int tasks_off;   /* int offset of the merge tasks: 4 ints each (b, m, slot0, nslots) */
     int page_size;   /* paged: tokens per page */
     int slot_rows;   /* rows of one partial slot per head: decode 1, prefill BM */
