@@ -203,6 +203,14 @@ typedef struct kiln_check_pair {
 kiln_status kiln_check_batch_equiv(kiln_ctx *ctx, kiln_kernel *k_paged, kiln_kernel *k_ragged,
                                    const kiln_check_batch *s, kiln_check_pair *p, char *msg, size_t cap);
 
+/* The batch kernel k_batch (kv=ragged) and the single-request kernel k_single (kv=contiguous,
+ * the variants equal otherwise, no mask data) on the same data: every request with rows and
+ * keys run alone through kiln_single_decode / kiln_single_prefill must agree with its rows of
+ * the batch run within the variant's tolerance (p->bitwise says whether every bit matched;
+ * p->a is the batch plan). MISMATCH otherwise. */
+kiln_status kiln_check_batch_vs_single(kiln_ctx *ctx, kiln_kernel *k_batch, kiln_kernel *k_single,
+                                       const kiln_check_batch *s, kiln_check_pair *p, char *msg, size_t cap);
+
 /* Batch invariance (s->fixed_split > 0): request `req` of batch s, run alone and inside s,
  * gives bitwise identical o (and lse). MISMATCH otherwise. */
 kiln_status kiln_check_batch_invariance(kiln_ctx *ctx, kiln_kernel *k, const kiln_check_batch *s,

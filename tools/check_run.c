@@ -591,3 +591,129 @@ done:
     kiln__cb_free(&L1);
     return st;
 }
+
+/* Request b of a logical batch as dense NHD rows: q [nq][H][D], k and v [nk][H_KV][D]. */
+static void request_rows(const cb_logical *L, int b, const uint16_t **q, const uint16_t **k, const uint16_t **v,
+                         int *nq, int *nk)
+{
+    const int q0 = L->ix.qo_indptr[b], k0 = L->ix.kv_indptr[b];
+    *nq = L->ix.qo_indptr[b + 1] - q0;
+    *nk = L->ix.kv_indptr[b + 1] - k0;
+    *q = L->q + (size_t)q0 * L->H * L->D;
+    *k = L->k + (size_t)k0 * L->H_KV * L->D;
+    *v = L->vv + (size_t)k0 * L->H_KV * L->D;
+}
+
+kiln_status kiln_check_batch_vs_single(kiln_ctx *ctx, kiln_kernel *k_batch, kiln_kernel *k_single,
+                                       const kiln_check_batch *s, kiln_check_pair *p, char *msg, size_t cap)
+{
+    kiln__err err = {{0}}, *e = &err;
+    kiln_status st = KILN_STATUS_OK;
+    cb_logical L = {0};
+    cb_out ob = {0}, os = {0};
+    CUdeviceptr dq = 0, dk = 0, dv = 0, dout = 0, dlse = 0, dslopes = 0, dws = 0;
+    memset(p, 0, sizeof *p);
+    const kiln__cu *cu = ctx ? ctx->cu : NULL;
+    if ((st = batch_variant(k_batch, e))) goto done;
+    kiln_variant a = k_batch->v, b = k_single ? k_single->v : a;
+    a.kv = KILN_KV_CONTIGUOUS;
+    if (!k_single || k_batch->v.kv != KILN_KV_RAGGED || memcmp(&a, &b, sizeof a) != 0 || a.mask_data) {
+        st = kiln__fail(e, KILN_STATUS_INVALID_ARGUMENT,
+                        "check vs single: need a kv=ragged and a kv=contiguous kernel of one variant (no mask data)");
+        goto done;
+    }
+    if (!cu || !k_single->loaded) {
+        st = kiln__fail(e, KILN_STATUS_NO_DEVICE, "check vs single: no GPU or kernel not loaded");
+        goto done;
+    }
+    if ((st = kiln__cb_make(&k_batch->v, s, kiln__cb_seed(s->seed), &L))) {
+        kiln__fail(e, st, "check vs single: bad shape or out of memory");
+        goto done;
+    }
+    cb_run_opts ro = run_opts(s, 0);
+    const cb_logical *l1[1] = {&L};
+    if ((st = kiln__cb_run(ctx, k_batch, l1, 1, &ro, &ob, e))) goto done;
+    p->a = ob.info;
+    if ((st = kiln__ctx_bind(ctx, e))) goto done;
+    const int H = L.H, HK = L.H_KV, D = L.D, B = L.ix.batch;
+    int max_q = 1, max_k = 1;
+    size_t ws_bytes = 16;
+    for (int r = 0; r < B; r++) {
+        const uint16_t *q, *k, *v;
+        int nq, nk;
+        request_rows(&L, r, &q, &k, &v, &nq, &nk);
+        if (nq > max_q) max_q = nq;
+        if (nk > max_k) max_k = nk;
+        size_t ws = 0;
+        if (a.op == KILN_OP_DECODE && nk > 0) {
+            KILN_TRY(kiln_decode_workspace_size(k_single, H, nk, &ws));
+            if (ws > ws_bytes) ws_bytes = ws;
+        }
+    }
+    CU_TRY(cu->cuMemAlloc(&dq, (size_t)max_q * H * D * 2), "alloc q");
+    CU_TRY(cu->cuMemAlloc(&dout, (size_t)max_q * H * D * 2), "alloc o");
+    CU_TRY(cu->cuMemAlloc(&dk, (size_t)max_k * HK * D * 2), "alloc k");
+    CU_TRY(cu->cuMemAlloc(&dv, (size_t)max_k * HK * D * 2), "alloc v");
+    CU_TRY(cu->cuMemAlloc(&dlse, sizeof(float) * (size_t)max_q * H), "alloc lse");
+    CU_TRY(cu->cuMemAlloc(&dslopes, sizeof(float) * (size_t)H), "alloc slopes");
+    CU_TRY(cu->cuMemAlloc(&dws, ws_bytes), "alloc workspace");
+    CU_TRY(cu->cuMemcpyHtoD(dslopes, L.slopes, sizeof(float) * (size_t)H), "copy slopes");
+    os.o = malloc(sizeof(uint16_t) * ((size_t)max_q * H * D + 1));
+    os.lse = malloc(sizeof(float) * ((size_t)max_q * H + 1));
+    if (!os.o || !os.lse) {
+        st = kiln__fail(e, KILN_STATUS_NO_MEMORY, "check vs single: out of host memory");
+        goto done;
+    }
+    long long bad = 0;
+    for (int r = 0; r < B; r++) {
+        const uint16_t *q, *k, *v;
+        int nq, nk;
+        request_rows(&L, r, &q, &k, &v, &nq, &nk);
+        if (nq == 0 || nk == 0) continue; /* a single launch needs keys and rows */
+        CU_TRY(cu->cuMemcpyHtoD(dq, q, (size_t)nq * H * D * 2), "copy q");
+        CU_TRY(cu->cuMemcpyHtoD(dk, k, (size_t)nk * HK * D * 2), "copy k");
+        CU_TRY(cu->cuMemcpyHtoD(dv, v, (size_t)nk * HK * D * 2), "copy v");
+        kiln_attn_args sa;
+        memset(&sa, 0, sizeof sa);
+        sa.q = dq;
+        sa.k = dk;
+        sa.v = dv;
+        sa.o = dout;
+        sa.lse = a.lse ? dlse : 0;
+        sa.num_qo_heads = H;
+        sa.qo_len = nq;
+        sa.kv_len = nk;
+        sa.q_stride_n = sa.o_stride_n = (int64_t)H * D;
+        sa.q_stride_h = sa.o_stride_h = D;
+        sa.k_stride_n = sa.v_stride_n = (int64_t)HK * D; /* rows as the batch holds them: NHD */
+        sa.k_stride_h = sa.v_stride_h = D;
+        sa.workspace = dws;
+        sa.workspace_bytes = ws_bytes;
+        sa.params.sm_scale = L.sm_scale;
+        sa.params.softcap = L.softcap;
+        sa.params.window_left = L.window_left;
+        sa.params.alibi_slopes = dslopes;
+        KILN_TRY(a.op == KILN_OP_DECODE ? kiln_single_decode(k_single, &sa, NULL) : kiln_single_prefill(k_single, &sa, NULL));
+        CU_TRY(cu->cuCtxSynchronize(), "single run");
+        CU_TRY(cu->cuMemcpyDtoH(os.o, dout, (size_t)nq * H * D * 2), "copy o back");
+        if (a.lse) CU_TRY(cu->cuMemcpyDtoH(os.lse, dlse, sizeof(float) * (size_t)nq * H), "copy lse back");
+        bad += compare_pair(&a, H, D, &os, 0, &ob, L.ix.qo_indptr[r], nq, 1, p);
+    }
+    if (bad) {
+        st = KILN_STATUS_MISMATCH;
+        kiln__fail(e, st, "batch (kv=ragged) vs single (kv=contiguous): %lld elements out of tolerance, %lld differ in "
+                   "bits; first: %s", bad, p->differ, p->first);
+    }
+done:
+    if (st) snprintf(msg, cap, "%s", e->msg);
+    else if (cap) msg[0] = 0;
+    if (cu) {
+        CUdeviceptr bufs[] = {dq, dk, dv, dout, dlse, dslopes, dws};
+        for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
+            if (bufs[i]) cu->cuMemFree(bufs[i]);
+    }
+    kiln__cb_out_free(&ob);
+    kiln__cb_out_free(&os);
+    kiln__cb_free(&L);
+    return st;
+}

@@ -214,9 +214,23 @@ def _workspace(torch, device, stream, nbytes):
 # ---- the launch shared by decode and prefill ---------------------------------------------------
 
 
+def pack_mask_bits(torch, mask, count, device):
+    """A boolean mask of `count` elements (True: visible), flattened, as kiln's bitmask bytes:
+    element n is bit n % 8 of byte n // 8 (little-endian, FlashInfer's bit order), one spare
+    zero byte so the tensor is never empty. Raises ValueError on a size mismatch."""
+    if not isinstance(mask, torch.Tensor) or mask.numel() != count:
+        raise ValueError(f"custom_mask must be a tensor of {count} elements (qo_len * kv_len per "
+                         f"request), got {getattr(mask, 'shape', type(mask).__name__)}")
+    m = mask.reshape(-1).to(device=device, dtype=torch.bool)
+    pad = (-count) % 8 + 8
+    m = torch.cat([m, m.new_zeros(pad)])
+    weights = torch.tensor([1, 2, 4, 8, 16, 32, 64, 128], dtype=torch.int32, device=device)
+    return (m.view(-1, 8).to(torch.int32) * weights).sum(dim=1).to(torch.uint8)
+
+
 def _attention(op, q, k, v, *, causal, kv_layout, sm_scale, logits_soft_cap, window_left,
                return_lse, pos_encoding_mode, alibi_slopes_arg, lse_base, o_dtype, qk_scale=1.0,
-               v_scale=None):
+               v_scale=None, custom_mask=None):
     torch = _torch()
     q = _as_tensor(torch, q, "q")
     k = _as_tensor(torch, k, "k")
@@ -267,7 +281,9 @@ def _attention(op, q, k, v, *, causal, kv_layout, sm_scale, logits_soft_cap, win
 
     fields = dict(op=op, q_dtype=_dtype_name(torch, q.dtype, "q"), kv_dtype=_dtype_name(
         torch, q.dtype, "q"), out_dtype=out_name, head_dim=D, group=H // H_KV, layout=layout,
-        mask="causal" if causal else "none", window=window, logits=logits, lse=bool(return_lse))
+        mask="causal" if causal else "none", window=window, logits=logits, lse=bool(return_lse),
+        mask_data="none" if custom_mask is None else "bitmask")
+    bits = None if custom_mask is None else pack_mask_bits(torch, custom_mask, L_Q * L_KV, device)
     o = torch.empty(o_shape, dtype=out_dtype, device=device)
     lse = torch.empty(lse_shape, dtype=torch.float32, device=device) if return_lse else None
 
@@ -288,6 +304,7 @@ def _attention(op, q, k, v, *, causal, kv_layout, sm_scale, logits_soft_cap, win
     a.params.softcap = cap
     a.params.window_left = int(window_left) if window else 0
     a.params.alibi_slopes = slopes.data_ptr() if slopes is not None else 0
+    a.mask_bits = bits.data_ptr() if bits is not None else 0
 
     switch = device.index != torch.cuda.current_device()
     guard = torch.cuda.device(device) if switch else None
@@ -400,12 +417,14 @@ def single_prefill_with_kv_cache(
     o [L_Q, H, D], and with return_lse=True also lse [L_Q, H] (float32, base 2 unless
     lse_base="e"). ALiBi adds slope[h] * (j - (i + L_KV - L_Q)).
 
-    Not supported yet (raise NotImplementedError): custom_mask / packed_custom_mask, fp8
+    custom_mask: bool [L_Q, L_KV] (or flattened), True where the key is visible, AND-ed with
+    causal and the window (a row that sees no key gets o = 0, lse = -inf).
+    Not supported yet (raise NotImplementedError): packed_custom_mask (pass custom_mask), fp8
     scale_q / scale_k / scale_v, RoPE. use_fp16_qk_reduction and backend are accepted and
     ignored (kiln accumulates q.k in fp32 and picks its own kernel).
     """
-    if custom_mask is not None or packed_custom_mask is not None:
-        raise NotImplementedError("kiln has no custom (bitmask) masks yet")
+    if packed_custom_mask is not None:
+        raise NotImplementedError("packed_custom_mask: pass the boolean custom_mask instead")
     if scale_q is not None or scale_k is not None or scale_v is not None:
         raise NotImplementedError("kiln has no fp8 inputs yet (scale_q / scale_k / scale_v)")
     if rope_scale is not None or rope_theta is not None:
@@ -414,7 +433,7 @@ def single_prefill_with_kv_cache(
         "prefill", q, k, v, causal=bool(causal), kv_layout=kv_layout, sm_scale=sm_scale,
         logits_soft_cap=logits_soft_cap, window_left=window_left, return_lse=return_lse,
         pos_encoding_mode=pos_encoding_mode, alibi_slopes_arg=alibi_slopes, lse_base=lse_base,
-        o_dtype=o_dtype,
+        o_dtype=o_dtype, custom_mask=custom_mask,
     )
 
 

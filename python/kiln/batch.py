@@ -13,7 +13,7 @@ so a run can be captured in a CUDA graph and replayed after a new plan().
 
 Differences from FlashInfer are listed in docs/python.md: the LSE is base 2 by default like
 FlashInfer's (lse_base="e" gives kiln's natural log), fp8 KV scales go to the kernel, the
-custom masks / MLA / sinks / other backends are refused.
+packed custom masks / MLA / sinks / other backends are refused (custom_mask works).
 
 torch is imported only inside the functions; batch_variant and the argument checks of plan()
 work without it.
@@ -24,7 +24,7 @@ import functools
 import math
 
 from . import _lib
-from .attention import LOG2E, _stride, alibi_slopes, default_context
+from .attention import LOG2E, _stride, alibi_slopes, default_context, pack_mask_bits
 from .core import Variant
 from .errors import KilnWorkspaceError
 from .plan import Plan, host_ints
@@ -93,13 +93,15 @@ def _positive_int(value, name):
 
 def batch_variant(op, kv, num_qo_heads, num_kv_heads, head_dim, *, kv_layout="NHD",
                   causal=False, pos_encoding_mode="NONE", window_left=-1, logits_soft_cap=None,
-                  q_data_type="float16", kv_data_type=None, o_data_type=None, lse=True):
+                  q_data_type="float16", kv_data_type=None, o_data_type=None, lse=True,
+                  mask_data="none"):
     """The kiln.Variant a batch plan with these arguments runs (no torch, no GPU needed): use
     it to compile ahead (ctx.compile(v, arch=...), `kiln warm`). op "decode" | "prefill"; kv
     "paged" | "ragged"; the rest are the plan arguments of the FlashInfer wrappers. group is
     num_qo_heads / num_kv_heads; mask=causal iff causal (prefill); window=1 iff window_left >= 0;
     logits=softcap iff logits_soft_cap > 0, alibi for pos_encoding_mode="ALIBI"; rope=1 for
-    "ROPE_LLAMA"; lse=1 unless lse=False. Raises ValueError naming the argument."""
+    "ROPE_LLAMA"; lse=1 unless lse=False; mask_data "none" | "bitmask" (a prefill plan's
+    custom_mask) | "bsr". Raises ValueError naming the argument."""
     if op not in ("decode", "prefill"):
         raise ValueError(f"op={op!r}: must be 'decode' or 'prefill'")
     if kv not in ("paged", "ragged"):
@@ -142,10 +144,12 @@ def batch_variant(op, kv, num_qo_heads, num_kv_heads, head_dim, *, kv_layout="NH
     if int(window_left) != window_left:
         raise TypeError(f"window_left must be an int, got {window_left!r}")
     logits = "alibi" if mode == "ALIBI" else ("softcap" if cap > 0 else "none")
+    if mask_data not in ("none", "bitmask", "bsr"):
+        raise ValueError(f"mask_data={mask_data!r}: must be 'none', 'bitmask' or 'bsr'")
     return Variant(op=op, q_dtype=q, kv_dtype=k, out_dtype=o, head_dim=D, group=H // H_KV,
                    layout=layout, mask="causal" if causal and op == "prefill" else "none",
                    window=int(window_left) >= 0, logits=logits, lse=bool(lse), kv=kv,
-                   rope=mode == "ROPE_LLAMA")
+                   rope=mode == "ROPE_LLAMA", mask_data=mask_data)
 
 
 # ---- host checks of the index arrays -----------------------------------------------------------
@@ -267,7 +271,7 @@ class _State:
 
     __slots__ = ("variant", "plan", "H", "H_KV", "D", "page_size", "batch", "total_qo",
                  "total_kv", "sm_scale", "softcap", "window_left", "rope_scale", "rope_theta",
-                 "q_dtype", "kv_dtype", "o_dtype", "indices", "slopes")
+                 "q_dtype", "kv_dtype", "o_dtype", "indices", "slopes", "mask_bits")
 
 
 class _BatchWrapper:
@@ -424,7 +428,25 @@ class _BatchWrapper:
         st.kv_dtype = _torch_dtype(torch, variant.kv_dtype)
         st.o_dtype = _torch_dtype(torch, variant.out_dtype)
         st.indices, st.slopes = dev_indices, slopes
+        st.mask_bits = None
         self._state = st
+
+    def _set_custom_mask(self, custom_mask, qo_indptr, kv_lens):
+        """FlashInfer's custom_mask: bool, the requests' [qo_len, kv_len] masks flattened and
+        concatenated (True: the key is visible) — kiln's bitmask layout once packed (bit
+        i * kv_len + j of a request, requests back to back, little-endian bits)."""
+        st = self._state
+        torch = _torch()
+        if self._use_cuda_graph:
+            self._state = None
+            raise NotImplementedError("custom_mask in CUDA-graph mode: the mask buffer's address "
+                                      "would change with every plan")
+        need = sum((qo_indptr[b + 1] - qo_indptr[b]) * kv_lens[b] for b in range(len(kv_lens)))
+        try:
+            st.mask_bits = pack_mask_bits(torch, custom_mask, need, self.device)
+        except ValueError:
+            self._state = None
+            raise
 
     def _device_indices(self, torch, indices, used):
         """The page ids as an int32 device tensor at a fixed address in CUDA-graph mode (copied
@@ -493,6 +515,7 @@ class _BatchWrapper:
             a.v_stride_page, a.v_stride_n, a.v_stride_h) = k_strides
         a.workspace = self._float_workspace_buffer.data_ptr()
         a.workspace_bytes = self._workspace_bytes
+        a.mask_bits = st.mask_bits.data_ptr() if st.mask_bits is not None else 0
         p = a.params
         p.sm_scale = st.sm_scale * qs * (1.0 if fp8 else ks)
         p.softcap = st.softcap
@@ -666,7 +689,9 @@ class BatchPrefillWithPagedKVCacheWrapper(_BatchWrapper):
                  backend="auto", jit_args=None, jit_kwargs=None, *, context=None,
                  lse_base="2", max_qo_tokens=None):
         if custom_mask_buf is not None or mask_indptr_buf is not None:
-            raise NotImplementedError("custom masks are not supported by kiln's batch kernels")
+            raise NotImplementedError("custom_mask_buf / mask_indptr_buf: custom masks are not "
+                                      "supported in CUDA-graph mode (pass custom_mask to plan() "
+                                      "without use_cuda_graph)")
         max_batch = 0
         if use_cuda_graph:
             if paged_kv_indices_buf is None:
@@ -691,14 +716,14 @@ class BatchPrefillWithPagedKVCacheWrapper(_BatchWrapper):
         request. head_dim_vo must equal head_dim_qk; custom masks and FlashInfer's other
         keywords (prefix_len_ptr, seq_lens, block_tables, ...) raise NotImplementedError;
         use_fp16_qk_reduction is ignored (kiln accumulates in fp32)."""
-        _refuse_prefill_extras(head_dim_qk, head_dim_vo, custom_mask, packed_custom_mask,
-                               unsupported)
+        _refuse_prefill_extras(head_dim_qk, head_dim_vo, packed_custom_mask, unsupported)
         page_size = _positive_int(page_size, "page_size")
         variant = batch_variant("prefill", "paged", num_qo_heads, num_kv_heads, head_dim_qk,
                                 kv_layout=self._kv_layout, causal=causal,
                                 pos_encoding_mode=pos_encoding_mode, window_left=window_left,
                                 logits_soft_cap=logits_soft_cap, q_data_type=q_data_type,
-                                kv_data_type=kv_data_type, o_data_type=o_data_type, lse=lse)
+                                kv_data_type=kv_data_type, o_data_type=o_data_type, lse=lse,
+                                mask_data="none" if custom_mask is None else "bitmask")
         qo = host_ints(qo_indptr, "qo_indptr")
         check_indptr("qo_indptr", qo)
         kv_indptr = host_ints(paged_kv_indptr, "paged_kv_indptr")
@@ -712,6 +737,10 @@ class BatchPrefillWithPagedKVCacheWrapper(_BatchWrapper):
             disable_split_kv=disable_split_kv, sm_scale=sm_scale,
             logits_soft_cap=logits_soft_cap, window_left=window_left, rope_scale=rope_scale,
             rope_theta=rope_theta, pos_encoding_mode=pos_encoding_mode, total_kv=None)
+        if custom_mask is not None:
+            lens = [(kv_indptr[b + 1] - kv_indptr[b] - 1) * page_size + last[b]
+                    if kv_indptr[b + 1] > kv_indptr[b] else 0 for b in range(len(last))]
+            self._set_custom_mask(custom_mask, qo, lens)
 
     begin_forward = plan
 
@@ -753,7 +782,9 @@ class BatchPrefillWithRaggedKVCacheWrapper(_BatchWrapper):
                  mask_indptr_buf=None, backend="auto", jit_args=None, jit_kwargs=None, *,
                  context=None, lse_base="2", max_qo_tokens=None):
         if custom_mask_buf is not None or mask_indptr_buf is not None:
-            raise NotImplementedError("custom masks are not supported by kiln's batch kernels")
+            raise NotImplementedError("custom_mask_buf / mask_indptr_buf: custom masks are not "
+                                      "supported in CUDA-graph mode (pass custom_mask to plan() "
+                                      "without use_cuda_graph)")
         max_batch = 0
         if use_cuda_graph:
             buf = qo_indptr_buf if qo_indptr_buf is not None else kv_indptr_buf
@@ -769,13 +800,13 @@ class BatchPrefillWithRaggedKVCacheWrapper(_BatchWrapper):
              fixed_split_size=None, disable_split_kv=False, lse=True, **unsupported):
         """Plan the batch (FlashInfer's arguments). qo_indptr, kv_indptr [B + 1] row offsets,
         copied to the host once. fixed_split_size is in tokens here (no pages)."""
-        _refuse_prefill_extras(head_dim_qk, head_dim_vo, custom_mask, packed_custom_mask,
-                               unsupported)
+        _refuse_prefill_extras(head_dim_qk, head_dim_vo, packed_custom_mask, unsupported)
         variant = batch_variant("prefill", "ragged", num_qo_heads, num_kv_heads, head_dim_qk,
                                 kv_layout=self._kv_layout, causal=causal,
                                 pos_encoding_mode=pos_encoding_mode, window_left=window_left,
                                 logits_soft_cap=logits_soft_cap, q_data_type=q_data_type,
-                                kv_data_type=kv_data_type, o_data_type=o_data_type, lse=lse)
+                                kv_data_type=kv_data_type, o_data_type=o_data_type, lse=lse,
+                                mask_data="none" if custom_mask is None else "bitmask")
         qo = host_ints(qo_indptr, "qo_indptr")
         check_indptr("qo_indptr", qo)
         kv = host_ints(kv_indptr, "kv_indptr")
@@ -787,6 +818,8 @@ class BatchPrefillWithRaggedKVCacheWrapper(_BatchWrapper):
             sm_scale=sm_scale, logits_soft_cap=logits_soft_cap, window_left=window_left,
             rope_scale=rope_scale, rope_theta=rope_theta,
             pos_encoding_mode=pos_encoding_mode, total_kv=kv[-1])
+        if custom_mask is not None:
+            self._set_custom_mask(custom_mask, qo, [kv[b + 1] - kv[b] for b in range(len(kv) - 1)])
 
     begin_forward = plan
 
@@ -823,13 +856,13 @@ _FLASHINFER_PREFILL_EXTRAS = frozenset((
 ))
 
 
-def _refuse_prefill_extras(head_dim_qk, head_dim_vo, custom_mask, packed_custom_mask, extra):
+def _refuse_prefill_extras(head_dim_qk, head_dim_vo, packed_custom_mask, extra):
     if head_dim_vo is not None and head_dim_vo != head_dim_qk:
         raise NotImplementedError(f"head_dim_vo={head_dim_vo} != head_dim_qk={head_dim_qk}: "
                                   "kiln's kernels have one head dim")
-    if custom_mask is not None or packed_custom_mask is not None:
-        raise NotImplementedError("custom_mask / packed_custom_mask: kiln's batch kernels take "
-                                  "the builtin masks only (mask data is for single requests)")
+    if packed_custom_mask is not None:
+        raise NotImplementedError("packed_custom_mask (FlashInfer's per-request byte-padded "
+                                  "bits): pass the boolean custom_mask instead")
     unknown = sorted(set(extra) - _FLASHINFER_PREFILL_EXTRAS)
     if unknown:
         raise TypeError(f"plan() got unexpected keyword arguments: {', '.join(unknown)}")

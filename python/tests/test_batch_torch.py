@@ -78,7 +78,7 @@ def rope(x, pos, scale=1.0, theta=1e4):
 
 
 def attend(q, k, v, *, causal=False, window_left=-1, softcap=None, sm_scale=None,
-           slopes=None, rope_args=None):
+           slopes=None, rope_args=None, mask=None):
     """One request in float32: q [L_Q, H, D], k, v [L_KV, H_KV, D] (NHD, any dtype: upcast;
     fp8 callers pass dequantised values). Bottom-right aligned positions. Returns o [L_Q, H, D]
     and the natural-log lse [L_Q, H]; a row seeing no key gives o = 0, lse = -inf."""
@@ -104,6 +104,8 @@ def attend(q, k, v, *, causal=False, window_left=-1, softcap=None, sm_scale=None
         visible &= j <= i + off
     if window_left is not None and window_left >= 0:
         visible &= j >= i + off - window_left
+    if mask is not None:  # a custom mask [L_Q, L_KV], True: visible
+        visible &= mask
     s = s.masked_fill(~visible[None], float("-inf"))
     if L_KV == 0:
         return (torch.zeros(L_Q, H, D, device=q.device),
@@ -501,6 +503,55 @@ class TestBatchPrefillRagged(Base):
         for shape in self.SHAPES:
             with self.subTest(shape=shape):
                 self.run_case(*shape)
+
+    def test_custom_mask(self):
+        # FlashInfer's custom_mask (the requests' [qo, kv] bool masks flattened back to back),
+        # causal on top, some rows fully hidden; ragged and paged.
+        qo_lens, kv_lens, H, H_KV, D = [37, 0, 64, 5], [90, 40, 64, 300], 8, 2, 128
+        qo_indptr, kv_indptr = [0], [0]
+        for a, c in zip(qo_lens, kv_lens):
+            qo_indptr.append(qo_indptr[-1] + a)
+            kv_indptr.append(kv_indptr[-1] + c)
+        masks = [torch.rand(a, c, device="cuda") < 0.6 for a, c in zip(qo_lens, kv_lens)]
+        if qo_lens[0]:
+            masks[0][3] = False  # a row that sees no key
+        flat = torch.cat([m.reshape(-1) for m in masks])
+        q = self.rand(qo_indptr[-1], H, D)
+        k, v = self.rand(kv_indptr[-1], H_KV, D), self.rand(kv_indptr[-1], H_KV, D)
+        w = kiln.BatchPrefillWithRaggedKVCacheWrapper(self.ws, lse_base="e")
+        w.plan(qo_indptr, kv_indptr, H, H_KV, D, causal=True, custom_mask=flat,
+               q_data_type="bfloat16")
+        self.assertEqual(w.variant.mask_data, "bitmask")
+        o, lse = w.run(q, k, v, return_lse=True)
+        # the same batch in pages of 16 through the paged wrapper
+        P = 16
+        pages = [(c + P - 1) // P for c in kv_lens]
+        pool_k = torch.zeros(sum(pages), P, H_KV, D, device="cuda", dtype=k.dtype)
+        pool_v = torch.zeros_like(pool_k)
+        page_indptr, at = [0], 0
+        for r, c in enumerate(kv_lens):
+            for t in range(c):
+                pool_k[at + t // P, t % P] = k[kv_indptr[r] + t]
+                pool_v[at + t // P, t % P] = v[kv_indptr[r] + t]
+            at += pages[r]
+            page_indptr.append(at)
+        last = [c - (p - 1) * P if p else 0 for c, p in zip(kv_lens, pages)]
+        wp = kiln.BatchPrefillWithPagedKVCacheWrapper(self.ws, lse_base="e")
+        wp.plan(qo_indptr, page_indptr, list(range(at)), last, H, H_KV, D, P, causal=True,
+                custom_mask=flat, q_data_type="bfloat16")
+        op = wp.run(q, (pool_k, pool_v))
+        torch.cuda.synchronize()
+        for r in range(len(qo_lens)):
+            a, z = qo_indptr[r], qo_indptr[r + 1]
+            if a == z:
+                continue
+            ref_o, ref_lse = attend(q[a:z], k[kv_indptr[r]:kv_indptr[r + 1]],
+                                    v[kv_indptr[r]:kv_indptr[r + 1]], causal=True, mask=masks[r])
+            self.assertClose(o[a:z], ref_o, *tolerance("bf16"), f"custom mask ragged o[req {r}]")
+            self.assertClose(lse[a:z], ref_lse, 1e-2, 1e-3, f"custom mask ragged lse[req {r}]")
+            self.assertClose(op[a:z], ref_o, *tolerance("bf16"), f"custom mask paged o[req {r}]")
+        with self.assertRaises(ValueError):
+            w.plan(qo_indptr, kv_indptr, H, H_KV, D, custom_mask=flat[:-1], q_data_type="bfloat16")
 
     def test_fused_qkv_views(self):
         # q, k, v as head slices of one projection output (strided, no copies).

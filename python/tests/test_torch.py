@@ -58,7 +58,7 @@ def tearDownModule():
 
 
 def reference(q, k, v, *, layout="NHD", causal=False, window_left=-1, softcap=None, slopes=None,
-              sm_scale=None):
+              sm_scale=None, mask=None):
     """Softmax attention in float32, written out in torch: kiln's definition (docs/api.md).
 
     q [L_Q, H, D]; k, v [L_KV, H_KV, D] (NHD) or [H_KV, L_KV, D] (HND). Returns o [L_Q, H, D]
@@ -86,6 +86,8 @@ def reference(q, k, v, *, layout="NHD", causal=False, window_left=-1, softcap=No
         visible &= j <= i + off
     if window_left is not None and window_left >= 0:
         visible &= j >= i + off - window_left
+    if mask is not None:  # custom mask [L_Q, L_KV], True: visible
+        visible &= mask
     s = s.masked_fill(~visible[None], float("-inf"))
     lse = torch.logsumexp(s, dim=-1)  # [H, L_Q]
     p = torch.nan_to_num(torch.softmax(s, dim=-1), nan=0.0)
@@ -197,7 +199,7 @@ class TestReference(unittest.TestCase):
     def test_not_yet(self):
         q, k = torch.randn(8, 64).half(), torch.randn(16, 8, 64).half()
         with self.assertRaises(NotImplementedError):
-            kiln.single_prefill_with_kv_cache(q.unsqueeze(0), k, k, custom_mask=torch.ones(1))
+            kiln.single_prefill_with_kv_cache(q.unsqueeze(0), k, k, packed_custom_mask=torch.ones(1))
         with self.assertRaises(NotImplementedError):
             kiln.single_decode_with_kv_cache(q, k, k, rope_theta=1e4)
 
@@ -480,6 +482,20 @@ class TestPrefill(Base):
         q, k, v = self.qkv(5, 0, 8, 8, 64, "NHD", "f16")
         o, lse = kiln.single_prefill_with_kv_cache(q, k, v, return_lse=True)
         self.assertTrue((o == 0).all() and torch.isinf(lse).all())
+
+    def test_custom_mask(self):
+        # a bool [L_Q, L_KV] mask AND-ed with causal; one row sees no key
+        L_Q, L_KV, H, H_KV, D = 77, 300, 8, 2, 128
+        q, k, v = self.rand(L_Q, H, D), self.rand(L_KV, H_KV, D), self.rand(L_KV, H_KV, D)
+        mask = torch.rand(L_Q, L_KV, device="cuda") < 0.5
+        mask[5] = False
+        o, lse = kiln.single_prefill_with_kv_cache(q, k, v, custom_mask=mask, causal=True,
+                                                   return_lse=True, lse_base="e")
+        ref_o, ref_lse = reference(q, k, v, causal=True, mask=mask)
+        self.assertClose(o, ref_o, *tolerance("bf16"), "custom mask o")
+        self.assertClose(lse, ref_lse, 1e-2, 1e-3, "custom mask lse")
+        with self.assertRaises(ValueError):
+            kiln.single_prefill_with_kv_cache(q, k, v, custom_mask=mask[:, :-1])
 
     def test_causal_needs_short_q(self):
         q, k, v = self.qkv(20, 10, 8, 8, 64, "NHD", "f16")
