@@ -22,6 +22,7 @@
 
 #include "check.h"
 #include "check_batch.h"
+#include "jit.h"
 #include "kt.h"
 
 /* ---- CPU: the checker's pieces -------------------------------------------------------------- */
@@ -342,6 +343,37 @@ static void run_grid(kiln_op op)
     printf("    %s batches: %d cases, %d bad, worst rel_l2 %.3g\n", op == KILN_OP_DECODE ? "decode" : "prefill", n, bad,
            worst);
     kiln_ctx_destroy(ctx);
+}
+
+/* CPU: every case of both full grids is a valid batch variant whose config picks (the GPU run
+ * must not fail on a spec); with KILN_TEST_GRID_SPECS=FILE the specs are appended to FILE, a
+ * manifest for `kiln warm` (to compile the grid's kernels ahead, on a machine without a GPU). */
+KT_TEST(batch_grid_cases_valid)
+{
+    const char *path = getenv("KILN_TEST_GRID_SPECS");
+    FILE *f = path && *path ? fopen(path, "a") : NULL;
+    static bcase c;
+    int n = 0, packed = 0;
+    for (int op = 0; op < 2; op++)
+        for (int i = 0; i < 160; i++) {
+            make_case(op ? KILN_OP_PREFILL : KILN_OP_DECODE, i, &c);
+            char spec[512];
+            kiln_variant_format(&c.v, spec, sizeof spec);
+            kiln_variant back;
+            kiln__config cfg;
+            kiln__err e;
+            if (kiln_variant_parse(spec, &back) != KILN_STATUS_OK || kiln__config_pick(&back, 90, &cfg, &e)) {
+                kt_fail(__FILE__, __LINE__, "case %d: %s: %s", i, spec, kiln_errmsg());
+                continue;
+            }
+            KT_CHECK(c.s.batch >= 1 && c.s.batch <= 128 && c.s.num_qo_heads % c.v.group == 0);
+            packed += cfg.pack;
+            n++;
+            if (f) fprintf(f, "%s\n", spec);
+        }
+    if (f) fclose(f);
+    KT_EQ_INT(n, 320);
+    KT_CHECK(packed > 0 && packed < 160); /* both decode kernels appear */
 }
 
 KT_GPU_TEST(gpu_batch_decode_grid) { run_grid(KILN_OP_DECODE); }
