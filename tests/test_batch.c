@@ -333,6 +333,11 @@ static void run_grid(kiln_op op)
         char msg[1024], spec[512];
         kiln_status st = kiln_check_batch_run(ctx, k, &c.s, 0, &r, msg, sizeof msg);
         if (r.r.rel_l2 > worst) worst = r.r.rel_l2;
+        if (getenv("KILN_TEST_VERBOSE")) { /* progress of a long grid, one line per case */
+            kiln_variant_format(&c.v, spec, sizeof spec);
+            printf("    case %d %s B=%d: %s rel_l2 %.3g\n", i, spec, c.s.batch, st ? "BAD" : "ok", r.r.rel_l2);
+            fflush(stdout);
+        }
         if (st) {
             bad++;
             kiln_variant_format(&c.v, spec, sizeof spec);
