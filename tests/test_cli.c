@@ -340,6 +340,16 @@ KT_TEST(cli_check_batch_options)
     KT_EQ_INT(RUN(&r, "check", SPEC_A, "--graph"), 2);
     KT_CONTAINS(r.err, "--graph needs a batch variant");
     run_free(&r);
+    /* mask data: checked in batches (random per-request masks), refused for single requests */
+    KT_EQ_INT(RUN(&r, "check", "op=prefill dtype=f16 head_dim=64 group=1 mask_data=bsr"), 2);
+    KT_CONTAINS(r.err, "mask_data outside a batch");
+    run_free(&r);
+    if (!kt_have_gpu()) {
+        KT_EQ_INT(RUN(&r, "check", "op=prefill kv=ragged dtype=f16 head_dim=64 group=1 mask_data=bitmask",
+                      "--batch", "3"), 1);
+        KT_CONTAINS(r.err, "no GPU");
+        run_free(&r);
+    }
     KT_EQ_INT(RUN(&r, "check", SPEC_A, "--batch", "4"), 2);
     KT_CONTAINS(r.err, "--batch needs a batch variant");
     run_free(&r);
