@@ -401,10 +401,19 @@ kiln_status kiln__cb_store(const cb_logical *L, int strided, int kv_rows_cap, in
 
 /* ---- the float64 reference ------------------------------------------------------------------ */
 
+/* One task: rows [i0, i1) of request b, for the G query heads of KV head hk. */
+typedef struct ref_task {
+    int b, hk, i0, i1;
+} ref_task;
+
 typedef struct ref_job {
     const cb_logical *L;
+    const ref_task *tasks;
+    long ntasks;
     double *o, *lse;
 } ref_job;
+
+enum { REF_ROWS = 16 }; /* query rows per task: K and V are decoded once per task */
 
 /* The request owning row r (binary search in qo_indptr). */
 static int request_of(const kiln_check_index *x, int r)
@@ -420,78 +429,117 @@ static int request_of(const kiln_check_index *x, int r)
     return lo;
 }
 
+/* A task's keys and values in float64, dequantised (times the fp8 scales) and, with RoPE,
+ * the keys rotated at their positions: kd, vd [L_KV][D]. */
+static void ref_decode_kv(const cb_logical *L, int b, int hk, double *kd, double *vd)
+{
+    const int D = L->D, L_KV = L->ix.kv_indptr[b + 1] - L->ix.kv_indptr[b];
+    const kiln_dtype kt = L->v.kv_dtype;
+    const double ks = L->k_scale > 0 ? L->k_scale : 1, vs = L->v_scale > 0 ? L->v_scale : 1;
+    for (int j = 0; j < L_KV; j++) {
+        const size_t at = ((size_t)(L->ix.kv_indptr[b] + j) * L->H_KV + hk) * D;
+        for (int d = 0; d < D; d++) {
+            kd[(size_t)j * D + d] = ks * kiln_check_decode(kt, L->k[at + d]);
+            vd[(size_t)j * D + d] = vs * kiln_check_decode(kt, L->vv[at + d]);
+        }
+        if (L->v.rope) kiln_check_rope(kd + (size_t)j * D, D, j + L->rope_off[b], L->rope_scale, L->rope_theta);
+    }
+}
+
 static void ref_work(void *arg, int first, int step)
 {
     const ref_job *jb = arg;
     const cb_logical *L = jb->L;
     const int D = L->D, H = L->H;
-    const kiln_dtype qt = L->v.q_dtype, kt = L->v.kv_dtype;
-    const double ks = L->k_scale > 0 ? L->k_scale : 1, vs = L->v_scale > 0 ? L->v_scale : 1;
     int max_kv = 1;
     for (int b = 0; b < L->ix.batch; b++) {
         const int n = L->ix.kv_indptr[b + 1] - L->ix.kv_indptr[b];
         if (n > max_kv) max_kv = n;
     }
-    double *qd = malloc(sizeof(double) * (size_t)D), *kd = malloc(sizeof(double) * (size_t)D);
-    double *x = malloc(sizeof(double) * (size_t)max_kv), *acc = malloc(sizeof(double) * (size_t)D);
-    if (!qd || !kd || !x || !acc) goto out;
-    for (long task = first; task < (long)L->ix.total_qo * H; task += step) {
-        const int r = (int)(task / H), h = (int)(task % H), hk = h / L->G;
-        const int b = request_of(&L->ix, r);
+    double *qd = malloc(sizeof(double) * (size_t)D), *acc = malloc(sizeof(double) * (size_t)D);
+    double *x = malloc(sizeof(double) * (size_t)max_kv);
+    double *kd = malloc(sizeof(double) * (size_t)max_kv * D), *vd = malloc(sizeof(double) * (size_t)max_kv * D);
+    const int ok = qd && acc && x && kd && vd;
+    for (long t = first; t < jb->ntasks; t += step) {
+        const ref_task *tk = &jb->tasks[t];
+        const int b = tk->b, hk = tk->hk;
         const int L_Q = L->ix.qo_indptr[b + 1] - L->ix.qo_indptr[b];
         const int L_KV = L->ix.kv_indptr[b + 1] - L->ix.kv_indptr[b];
-        const int i = r - L->ix.qo_indptr[b], diag = i + L_KV - L_Q;
-        for (int d = 0; d < D; d++) qd[d] = kiln_check_from_bits(qt, L->q[((size_t)r * H + h) * D + d]);
-        if (L->v.rope) kiln_check_rope(qd, D, diag + L->rope_off[b], L->rope_scale, L->rope_theta);
-        double m = -INFINITY;
-        for (int j = 0; j < L_KV; j++) {
-            x[j] = -INFINITY;
-            if (L->v.mask == KILN_MASK_CAUSAL && j > diag) continue;
-            if (L->v.window && j < diag - L->window_left) continue;
-            if (L->v.mask_data && !mask_shows(L, b, i, j, L_KV)) continue;
-            const uint16_t *kr = L->k + ((size_t)(L->ix.kv_indptr[b] + j) * L->H_KV + hk) * D;
-            for (int d = 0; d < D; d++) kd[d] = ks * kiln_check_decode(kt, kr[d]);
-            if (L->v.rope) kiln_check_rope(kd, D, j + L->rope_off[b], L->rope_scale, L->rope_theta);
-            double dot = 0;
-            for (int d = 0; d < D; d++) dot += qd[d] * kd[d];
-            double s = dot * L->sm_scale;
-            if (L->v.logits == KILN_LOGITS_SOFTCAP) s = L->softcap * tanh(s / L->softcap);
-            if (L->v.logits == KILN_LOGITS_ALIBI) s += (double)L->slopes[h] * (double)(j - diag);
-            x[j] = s;
-            if (s > m) m = s;
-        }
-        double l = 0;
-        for (int d = 0; d < D; d++) acc[d] = 0;
-        for (int j = 0; m > -INFINITY && j < L_KV; j++) {
-            if (x[j] == -INFINITY) continue;
-            const double w = exp(x[j] - m);
-            const uint16_t *vr = L->vv + ((size_t)(L->ix.kv_indptr[b] + j) * L->H_KV + hk) * D;
-            l += w;
-            for (int d = 0; d < D; d++) acc[d] += w * vs * kiln_check_decode(kt, vr[d]);
-        }
-        for (int d = 0; d < D; d++) jb->o[((size_t)r * H + h) * D + d] = l > 0 ? acc[d] / l : 0;
-        jb->lse[(size_t)r * H + h] = l > 0 ? m + log(l) : -INFINITY;
+        if (ok) ref_decode_kv(L, b, hk, kd, vd);
+        for (int i = tk->i0; i < tk->i1; i++)
+            for (int g = 0; g < L->G; g++) {
+                const int h = hk * L->G + g, r = L->ix.qo_indptr[b] + i, diag = i + L_KV - L_Q;
+                double *orow = jb->o + ((size_t)r * H + h) * D, *lrow = jb->lse + (size_t)r * H + h;
+                if (!ok) { /* out of memory: a NaN row fails the comparison loudly */
+                    for (int d = 0; d < D; d++) orow[d] = NAN;
+                    *lrow = NAN;
+                    continue;
+                }
+                for (int d = 0; d < D; d++) qd[d] = kiln_check_from_bits(L->v.q_dtype, L->q[((size_t)r * H + h) * D + d]);
+                if (L->v.rope) kiln_check_rope(qd, D, diag + L->rope_off[b], L->rope_scale, L->rope_theta);
+                double m = -INFINITY;
+                for (int j = 0; j < L_KV; j++) {
+                    x[j] = -INFINITY;
+                    if (L->v.mask == KILN_MASK_CAUSAL && j > diag) continue;
+                    if (L->v.window && j < diag - L->window_left) continue;
+                    if (L->v.mask_data && !mask_shows(L, b, i, j, L_KV)) continue;
+                    const double *kr = kd + (size_t)j * D;
+                    double dot = 0;
+                    for (int d = 0; d < D; d++) dot += qd[d] * kr[d];
+                    double s = dot * L->sm_scale;
+                    if (L->v.logits == KILN_LOGITS_SOFTCAP) s = L->softcap * tanh(s / L->softcap);
+                    if (L->v.logits == KILN_LOGITS_ALIBI) s += (double)L->slopes[h] * (double)(j - diag);
+                    x[j] = s;
+                    if (s > m) m = s;
+                }
+                double l = 0;
+                for (int d = 0; d < D; d++) acc[d] = 0;
+                for (int j = 0; m > -INFINITY && j < L_KV; j++) {
+                    if (x[j] == -INFINITY) continue;
+                    const double w = exp(x[j] - m);
+                    const double *vr = vd + (size_t)j * D;
+                    l += w;
+                    for (int d = 0; d < D; d++) acc[d] += w * vr[d];
+                }
+                for (int d = 0; d < D; d++) orow[d] = l > 0 ? acc[d] / l : 0;
+                *lrow = l > 0 ? m + log(l) : -INFINITY;
+            }
     }
-out:
     free(qd);
-    free(kd);
-    free(x);
     free(acc);
+    free(x);
+    free(kd);
+    free(vd);
 }
 
 kiln_status kiln__cb_reference(const cb_logical *L, double **o, double **lse)
 {
     const size_t rows = (size_t)L->ix.total_qo * L->H;
+    const kiln_check_index *x = &L->ix;
+    long ntasks = 0;
+    for (int b = 0; b < x->batch; b++)
+        ntasks += (long)(x->qo_indptr[b + 1] - x->qo_indptr[b] + REF_ROWS - 1) / REF_ROWS * L->H_KV;
+    ref_task *tasks = malloc(sizeof *tasks * (size_t)(ntasks + 1)); /* + 1: never malloc(0) */
     *o = malloc(sizeof(double) * (rows * L->D + 1));
     *lse = malloc(sizeof(double) * (rows + 1));
-    if (!*o || !*lse) {
+    if (!*o || !*lse || !tasks) {
         free(*o);
         free(*lse);
+        free(tasks);
         *o = *lse = NULL;
         return KILN_STATUS_NO_MEMORY;
     }
-    ref_job job = {L, *o, *lse};
-    kiln_check_parallel(ref_work, &job, (long)rows);
+    /* tasks in request order */
+    long n = 0;
+    for (int b = 0; b < x->batch; b++) {
+        const int L_Q = x->qo_indptr[b + 1] - x->qo_indptr[b];
+        for (int i0 = 0; i0 < L_Q; i0 += REF_ROWS)
+            for (int hk = 0; hk < L->H_KV; hk++)
+                tasks[n++] = (ref_task){b, hk, i0, i0 + REF_ROWS < L_Q ? i0 + REF_ROWS : L_Q};
+    }
+    ref_job job = {L, tasks, n, *o, *lse};
+    kiln_check_parallel(ref_work, &job, n);
+    free(tasks);
     return KILN_STATUS_OK;
 }
 
