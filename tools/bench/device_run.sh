@@ -10,13 +10,18 @@
 #                $FI_SITE with pip --no-index (falls back to unzipping the wheels)
 #   fi-compile:  JIT-compile and check FlashInfer's configs once (peers.py --fi-compile-only,
 #                no new compile after FI_DEADLINE seconds); writes $FI_OK
+#   fi-batch:    all of it in one call (the machine is handed back 30 s after a call, taking
+#                the JIT cache with it): fi-install, fi-compile, kiln-bench --batch, then
+#                peers.py --batch with FlashInfer. H200, 2026-11-29: install 12 s, the four
+#                default bf16 d128 configs 113 s, kiln-bench 78 s, peers 54 s
 # usage (on the GPU machine, from the repo root, after `. .gpu/env.sh`):
-#   tools/bench/device_run.sh tests|bench|batch|batch-kiln|batch-peers|fi-install|fi-compile|all
+#   tools/bench/device_run.sh tests|bench|batch|batch-kiln|batch-peers|fi-install|fi-compile|fi-batch|all
 # One device call runs at most 10 minutes: with FlashInfer, run `fi-install` + `fi-compile` in
 # one call and `FI=1 ... batch` in the next (the machine keeps .fi-site/ and .fi-cache/, both
 # ignored, while it stays warm).
 # environment: OUT (logs, default /tmp/kiln-out); FI=1 (FlashInfer peers); FI_ALL=1 (its
-#   d64/d256 decode configs too); FI_DEADLINE (seconds, default 420); QUICK=1 (the short
+#   d64/d256 decode configs too); FI_CONFIGS (comma list for peers.py --fi-configs, e.g.
+#   decode:d128:bf16,decode-tc:d128:bf16); FI_DEADLINE (seconds, default 420); QUICK=1 (the short
 #   sweeps); FI_SITE (default $PWD/.fi-site); FLASHINFER_WORKSPACE_BASE (its JIT cache,
 #   default $PWD/.fi-cache); FI_OK (configs that compiled, default $FLASHINFER_WORKSPACE_BASE/fi_ok.txt).
 set -u
@@ -87,6 +92,7 @@ fi_ready() { # FlashInfer importable, installing it from .whl/ if needed
 fi_compile() {
     local fiall=() dl=${FI_DEADLINE:-420}
     [ "${FI_ALL:-0}" = 1 ] && fiall=(--fi-all)
+    [ -n "${FI_CONFIGS:-}" ] && fiall=(--fi-configs "$FI_CONFIGS")
     timeout $((dl + 150)) python3 tools/bench/peers.py --fi-compile-only --fi-ok "$FI_OK" \
         --fi-deadline "$dl" "${fiall[@]}" > "$OUT/fi_compile.log" 2>&1
     local rc=$?
@@ -103,12 +109,16 @@ fi
 if [ "$stage" = fi-compile ]; then
     if fi_ready; then fi_compile; else summary+=("flashinfer: not importable (see $OUT/fi_install.log)"); fi
 fi
-if [ "$stage" = batch ] || [ "$stage" = batch-kiln ] || [ "$stage" = all ]; then
+if [ "$stage" = fi-batch ]; then
+    if fi_ready; then FI_DEADLINE=${FI_DEADLINE:-200} fi_compile > /dev/null; else summary+=("flashinfer: not importable"); fi
+    export FI=1
+fi
+if [ "$stage" = batch ] || [ "$stage" = batch-kiln ] || [ "$stage" = all ] || [ "$stage" = fi-batch ]; then
     timeout 400 build/bin/kiln-bench --batch "${q[@]}" --csv "$OUT/kiln_batch.csv" > "$OUT/bench_batch.md" 2>&1
     summary+=("bench --batch: exit $?")
     cat "$OUT/bench_batch.md"
 fi
-if [ "$stage" = batch ] || [ "$stage" = batch-peers ] || [ "$stage" = all ]; then
+if [ "$stage" = batch ] || [ "$stage" = batch-peers ] || [ "$stage" = all ] || [ "$stage" = fi-batch ]; then
     fiopt=()
     if [ "${FI:-0}" = 1 ]; then
         if fi_ready; then
