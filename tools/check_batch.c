@@ -244,6 +244,39 @@ static uint16_t garbage(kiln_dtype t, int nan, uint64_t *seed)
     return nan ? 0xffff : kiln_check_to_bits(t, g);
 }
 
+/* Random codes for n elements in parallel: element i of chunk c (FILL_CHUNK elements) draws
+ * from a stream seeded by (seed, c), so the values depend on the seed only, not on the threads.
+ * q: bits of 2 x uniform in dtype t; k, v: codes of uniform / scale (fp8) or bits. */
+enum { FILL_CHUNK = 1 << 18 };
+typedef struct fill_job {
+    uint16_t *dst;
+    size_t n;
+    kiln_dtype t;
+    int is_q;
+    float scale;
+    uint64_t seed;
+} fill_job;
+
+static void fill_work(void *arg, int first, int step)
+{
+    const fill_job *f = arg;
+    const long chunks = (long)((f->n + FILL_CHUNK - 1) / FILL_CHUNK);
+    for (long c = first; c < chunks; c += step) {
+        uint64_t s = f->seed ^ (0x9e3779b97f4a7c15ull * (uint64_t)(c + 1));
+        const size_t hi = (size_t)(c + 1) * FILL_CHUNK < f->n ? (size_t)(c + 1) * FILL_CHUNK : f->n;
+        for (size_t i = (size_t)c * FILL_CHUNK; i < hi; i++) {
+            const float x = kiln_check_uniform(&s);
+            f->dst[i] = f->is_q ? kiln_check_to_bits(f->t, 2.0f * x) : encode(f->t, x, f->scale);
+        }
+    }
+}
+
+static void fill_codes(uint16_t *dst, size_t n, kiln_dtype t, int is_q, float scale, uint64_t seed)
+{
+    fill_job f = {dst, n, t, is_q, scale, seed};
+    kiln_check_parallel(fill_work, &f, (long)((n + FILL_CHUNK - 1) / FILL_CHUNK));
+}
+
 kiln_status kiln__cb_make(const kiln_variant *v, const kiln_check_batch *s, uint64_t seed, cb_logical *L)
 {
     memset(L, 0, sizeof *L);
@@ -284,10 +317,10 @@ kiln_status kiln__cb_make(const kiln_variant *v, const kiln_check_batch *s, uint
         return KILN_STATUS_NO_MEMORY;
     }
     /* q is scaled up so the softmax is not flat (as in the single-request check) */
-    for (size_t i = 0; i < qn; i++) L->q[i] = kiln_check_to_bits(v->q_dtype, 2.0f * kiln_check_uniform(&seed));
     const float ks = L->k_scale > 0 ? L->k_scale : 1, vs = L->v_scale > 0 ? L->v_scale : 1;
-    for (size_t i = 0; i < kn; i++) L->k[i] = encode(v->kv_dtype, kiln_check_uniform(&seed), ks);
-    for (size_t i = 0; i < kn; i++) L->vv[i] = encode(v->kv_dtype, kiln_check_uniform(&seed), vs);
+    fill_codes(L->q, qn, v->q_dtype, 1, 1.0f, kiln_check_rng(&seed));
+    fill_codes(L->k, kn, v->kv_dtype, 0, ks, kiln_check_rng(&seed));
+    fill_codes(L->vv, kn, v->kv_dtype, 0, vs, kiln_check_rng(&seed));
     for (int b = 0; v->rope && s->rope_offsets && b < B; b++)
         L->rope_off[b] = (int)(kiln_check_rng(&seed) % ROPE_OFFSET_MAX);
     for (int h = 0; h < L->H; h++) L->slopes[h] = exp2f(-8.0f * (float)(h + 1) / (float)L->H);
@@ -320,6 +353,24 @@ static size_t kv_offset(const cb_logical *L, const cb_store *S, int b, int j, in
         return (size_t)page * S->ks_page + (size_t)(j % P) * S->ks_n + (size_t)hk * S->ks_h;
     }
     return (size_t)(L->ix.kv_indptr[b] + j) * S->ks_n + (size_t)hk * S->ks_h;
+}
+
+enum { GARBAGE_CODES = 4093 };
+
+/* n elements of es bytes (1: the low byte of each code) at dst: codes[i % GARBAGE_CODES]. */
+static void fill_periodic(void *dst, size_t n, int es, const uint16_t *codes)
+{
+    const size_t first = n < GARBAGE_CODES ? n : GARBAGE_CODES;
+    for (size_t i = 0; i < first; i++) {
+        if (es == 1) ((uint8_t *)dst)[i] = (uint8_t)codes[i];
+        else ((uint16_t *)dst)[i] = codes[i];
+    }
+    /* then copy the period forward, doubling what is copied each time */
+    for (size_t done = first; done < n;) {
+        const size_t len = done < n - done ? done : n - done;
+        memcpy((char *)dst + done * (size_t)es, dst, len * (size_t)es);
+        done += len;
+    }
 }
 
 kiln_status kiln__cb_store(const cb_logical *L, int strided, int kv_rows_cap, int pool_cap, cb_store *S)
@@ -366,18 +417,20 @@ kiln_status kiln__cb_store(const cb_logical *L, int strided, int kv_rows_cap, in
         kiln__cb_store_free(S);
         return KILN_STATUS_NO_MEMORY;
     }
+    /* Every slot first gets garbage: codes from a table of GARBAGE_CODES random large values
+     * (or NaN) repeated (a prime period, so rows and heads see different values); the valid
+     * rows are copied over it below. Drawing each element (an fp8 encode each) took 22 s for
+     * the largest grid batches. */
     uint64_t g = L->garbage_seed ^ 0x9a4ba6e;
-    for (size_t i = 0; i < S->q_elems; i++) ((uint16_t *)S->q)[i] = garbage(L->v.q_dtype, 0, &g);
-    for (size_t i = 0; i < S->kv_elems; i++) {
-        const uint16_t a = garbage(L->v.kv_dtype, L->nan_pool, &g), b = garbage(L->v.kv_dtype, L->nan_pool, &g);
-        if (S->esize == 1) {
-            ((uint8_t *)S->k)[i] = (uint8_t)a;
-            ((uint8_t *)S->v)[i] = (uint8_t)b;
-        } else {
-            ((uint16_t *)S->k)[i] = a;
-            ((uint16_t *)S->v)[i] = b;
-        }
+    uint16_t qg[GARBAGE_CODES], kg[GARBAGE_CODES], vg[GARBAGE_CODES];
+    for (int i = 0; i < GARBAGE_CODES; i++) {
+        qg[i] = garbage(L->v.q_dtype, 0, &g);
+        kg[i] = garbage(L->v.kv_dtype, L->nan_pool, &g);
+        vg[i] = garbage(L->v.kv_dtype, L->nan_pool, &g);
     }
+    fill_periodic(S->q, S->q_elems, 2, qg);
+    fill_periodic(S->k, S->kv_elems, S->esize, kg);
+    fill_periodic(S->v, S->kv_elems, S->esize, vg);
     for (int r = 0; r < L->ix.total_qo; r++)
         for (int h = 0; h < L->H; h++)
             memcpy((uint16_t *)S->q + r * S->qs_n + h * S->qs_h, L->q + ((size_t)r * L->H + h) * D, 2 * (size_t)D);
@@ -386,14 +439,14 @@ kiln_status kiln__cb_store(const cb_logical *L, int strided, int kv_rows_cap, in
             for (int hk = 0; hk < L->H_KV; hk++) {
                 const size_t at = kv_offset(L, S, b, j, hk);
                 const size_t from = ((size_t)(L->ix.kv_indptr[b] + j) * L->H_KV + hk) * D;
-                for (int d = 0; d < D; d++) {
-                    if (S->esize == 1) {
-                        ((uint8_t *)S->k)[at + d] = (uint8_t)L->k[from + d];
-                        ((uint8_t *)S->v)[at + d] = (uint8_t)L->vv[from + d];
-                    } else {
-                        ((uint16_t *)S->k)[at + d] = L->k[from + d];
-                        ((uint16_t *)S->v)[at + d] = L->vv[from + d];
-                    }
+                if (S->esize == 2) {
+                    memcpy((uint16_t *)S->k + at, L->k + from, 2 * (size_t)D);
+                    memcpy((uint16_t *)S->v + at, L->vv + from, 2 * (size_t)D);
+                    continue;
+                }
+                for (int d = 0; d < D; d++) { /* fp8: the code is the low byte */
+                    ((uint8_t *)S->k)[at + d] = (uint8_t)L->k[from + d];
+                    ((uint8_t *)S->v)[at + d] = (uint8_t)L->vv[from + d];
                 }
             }
     return KILN_STATUS_OK;
