@@ -272,8 +272,8 @@ KT_TEST(batch_reference_matches_naive)
     static const char *const specs[] = {
         "op=decode dtype=bf16 head_dim=64 group=4 kv=paged rope=1 lse=1",
         "op=decode q_dtype=f16 kv_dtype=e4m3 out_dtype=f16 head_dim=64 group=1 kv=ragged logits=softcap window=1",
-        "op=prefill dtype=f16 head_dim=64 group=2 kv=paged mask=causal logits=alibi mask_data=bitmask",
-        "op=prefill q_dtype=bf16 kv_dtype=e5m2 out_dtype=bf16 head_dim=128 group=4 kv=ragged rope=1 window=1 mask_data=bsr",
+        "op=prefill dtype=f16 head_dim=64 group=2 layout=hnd kv=paged mask=causal logits=alibi mask_data=bitmask",
+        "op=prefill q_dtype=bf16 kv_dtype=e5m2 out_dtype=bf16 head_dim=128 group=4 layout=hnd kv=ragged rope=1 window=1 mask_data=bsr",
         "op=prefill dtype=bf16 head_dim=64 group=1 kv=ragged mask=causal",
     };
     const int qo[6] = {37, 0, 17, 1, 40, 5}, kv[6] = {70, 12, 0, 33, 64, 9};
@@ -306,6 +306,31 @@ KT_TEST(batch_reference_matches_naive)
         }
         if (differ) kt_fail(__FILE__, __LINE__, "%s: %zu values differ from the plain reference", specs[i], differ);
         if (v.mask_data) KT_CHECK(hidden > 0 && hidden < rows); /* the drawn masks hide some rows, not all */
+        /* the stored layout (strided, pages shuffled) holds every key and value where the
+         * index arrays say, and garbage elsewhere */
+        cb_store S;
+        KT_OK(kiln__cb_store(&L, 1, 0, 0, &S), "store");
+        size_t misplaced = 0;
+        for (int b = 0; b < L.ix.batch; b++)
+            for (int j = 0; j < L.ix.kv_indptr[b + 1] - L.ix.kv_indptr[b]; j++)
+                for (int hk = 0; hk < L.H_KV; hk++) {
+                    size_t at;
+                    if (v.kv == KILN_KV_PAGED) {
+                        const int P = L.ix.page_size, page = L.ix.page_ids[L.ix.page_indptr[b] + j / P];
+                        at = (size_t)page * S.ks_page + (size_t)(j % P) * S.ks_n + (size_t)hk * S.ks_h;
+                    } else {
+                        at = (size_t)(L.ix.kv_indptr[b] + j) * S.ks_n + (size_t)hk * S.ks_h;
+                    }
+                    const size_t from = ((size_t)(L.ix.kv_indptr[b] + j) * L.H_KV + hk) * L.D;
+                    for (int d = 0; d < L.D; d++) {
+                        const unsigned kk = S.esize == 1 ? ((const uint8_t *)S.k)[at + d] : ((const uint16_t *)S.k)[at + d];
+                        const unsigned vv = S.esize == 1 ? ((const uint8_t *)S.v)[at + d] : ((const uint16_t *)S.v)[at + d];
+                        misplaced += kk != (S.esize == 1 ? (L.k[from + d] & 0xff) : L.k[from + d]);
+                        misplaced += vv != (S.esize == 1 ? (L.vv[from + d] & 0xff) : L.vv[from + d]);
+                    }
+                }
+        if (misplaced) kt_fail(__FILE__, __LINE__, "%s: %zu stored K/V elements differ", specs[i], misplaced);
+        kiln__cb_store_free(&S);
         free(o);
         free(lse);
         free(o2);
