@@ -155,6 +155,15 @@ def batch_variant(op, kv, num_qo_heads, num_kv_heads, head_dim, *, kv_layout="NH
 # ---- host checks of the index arrays -----------------------------------------------------------
 
 
+def _request_kv_lens(kv_indptr, last_page_len, page_size):
+    """Keys of each request: the indptr's differences (ragged), or (pages - 1) * page_size +
+    last page's length (paged; last_page_len given)."""
+    n = [kv_indptr[b + 1] - kv_indptr[b] for b in range(len(kv_indptr) - 1)]
+    if last_page_len is None:
+        return n
+    return [(p - 1) * page_size + last_page_len[b] if p else 0 for b, p in enumerate(n)]
+
+
 def check_indptr(name, values, batch=None):
     """indptr arrays: batch + 1 entries, starting at 0, never decreasing."""
     if not values:
@@ -353,9 +362,13 @@ class _BatchWrapper:
     def _plan_common(self, *, variant, H, H_KV, D, page_size, kv_indptr, qo_indptr,
                      last_page_len, indices, fixed_split_size, disable_split_kv, sm_scale,
                      logits_soft_cap, window_left, rope_scale, rope_theta, pos_encoding_mode,
-                     total_kv):
-        """Everything after the host checks: kernel, plan object, workspace, kiln_batch_plan."""
+                     total_kv, custom_mask=None):
+        """Everything after the host checks: kernel, plan object, workspace, the custom mask
+        packed into kiln's bitmask, kiln_batch_plan."""
         self._state = None  # a failed plan leaves nothing to run
+        if custom_mask is not None and self._use_cuda_graph:
+            raise NotImplementedError("custom_mask in CUDA-graph mode: the mask buffer's address "
+                                      "would change with every plan")
         scale = (1.0 / math.sqrt(D)) if sm_scale is None else float(sm_scale)
         if not scale > 0 or math.isinf(scale):
             raise ValueError(f"sm_scale={sm_scale}: must be a finite value > 0")
@@ -411,6 +424,13 @@ class _BatchWrapper:
                 slopes = self._slopes.get(H)
                 if slopes is None:
                     slopes = self._slopes[H] = alibi_slopes(H, device)
+            mask_bits = None
+            if custom_mask is not None:
+                # FlashInfer's custom_mask: the requests' bool [qo_len, kv_len] masks flattened
+                # back to back, which is kiln's per-request bitmask layout once packed
+                kv_lens = _request_kv_lens(kv_indptr, last_page_len, page_size)
+                need = sum((qo_indptr[b + 1] - qo_indptr[b]) * kv_lens[b] for b in range(batch))
+                mask_bits = pack_mask_bits(torch, custom_mask, need, device)
             stream = torch.cuda.current_stream(device).cuda_stream
             plan.plan(kv_indptr, self._float_workspace_buffer.data_ptr(), self._workspace_bytes,
                       stream, qo_indptr=qo_indptr, kv_last_page_len=last_page_len)
@@ -427,26 +447,8 @@ class _BatchWrapper:
         st.q_dtype = _torch_dtype(torch, variant.q_dtype)
         st.kv_dtype = _torch_dtype(torch, variant.kv_dtype)
         st.o_dtype = _torch_dtype(torch, variant.out_dtype)
-        st.indices, st.slopes = dev_indices, slopes
-        st.mask_bits = None
+        st.indices, st.slopes, st.mask_bits = dev_indices, slopes, mask_bits
         self._state = st
-
-    def _set_custom_mask(self, custom_mask, qo_indptr, kv_lens):
-        """FlashInfer's custom_mask: bool, the requests' [qo_len, kv_len] masks flattened and
-        concatenated (True: the key is visible) — kiln's bitmask layout once packed (bit
-        i * kv_len + j of a request, requests back to back, little-endian bits)."""
-        st = self._state
-        torch = _torch()
-        if self._use_cuda_graph:
-            self._state = None
-            raise NotImplementedError("custom_mask in CUDA-graph mode: the mask buffer's address "
-                                      "would change with every plan")
-        need = sum((qo_indptr[b + 1] - qo_indptr[b]) * kv_lens[b] for b in range(len(kv_lens)))
-        try:
-            st.mask_bits = pack_mask_bits(torch, custom_mask, need, self.device)
-        except ValueError:
-            self._state = None
-            raise
 
     def _device_indices(self, torch, indices, used):
         """The page ids as an int32 device tensor at a fixed address in CUDA-graph mode (copied
@@ -736,11 +738,8 @@ class BatchPrefillWithPagedKVCacheWrapper(_BatchWrapper):
             indices=paged_kv_indices, fixed_split_size=fixed_split_size,
             disable_split_kv=disable_split_kv, sm_scale=sm_scale,
             logits_soft_cap=logits_soft_cap, window_left=window_left, rope_scale=rope_scale,
-            rope_theta=rope_theta, pos_encoding_mode=pos_encoding_mode, total_kv=None)
-        if custom_mask is not None:
-            lens = [(kv_indptr[b + 1] - kv_indptr[b] - 1) * page_size + last[b]
-                    if kv_indptr[b + 1] > kv_indptr[b] else 0 for b in range(len(last))]
-            self._set_custom_mask(custom_mask, qo, lens)
+            rope_theta=rope_theta, pos_encoding_mode=pos_encoding_mode, total_kv=None,
+            custom_mask=custom_mask)
 
     begin_forward = plan
 
@@ -817,9 +816,7 @@ class BatchPrefillWithRaggedKVCacheWrapper(_BatchWrapper):
             fixed_split_size=fixed_split_size, disable_split_kv=disable_split_kv,
             sm_scale=sm_scale, logits_soft_cap=logits_soft_cap, window_left=window_left,
             rope_scale=rope_scale, rope_theta=rope_theta,
-            pos_encoding_mode=pos_encoding_mode, total_kv=kv[-1])
-        if custom_mask is not None:
-            self._set_custom_mask(custom_mask, qo, [kv[b + 1] - kv[b] for b in range(len(kv) - 1)])
+            pos_encoding_mode=pos_encoding_mode, total_kv=kv[-1], custom_mask=custom_mask)
 
     begin_forward = plan
 
