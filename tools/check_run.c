@@ -538,6 +538,18 @@ done:
     return st;
 }
 
+/* Request b of a logical batch as dense NHD rows: q [nq][H][D], k and v [nk][H_KV][D]. */
+static void request_rows(const cb_logical *L, int b, const uint16_t **q, const uint16_t **k, const uint16_t **v,
+                         int *nq, int *nk)
+{
+    const int q0 = L->ix.qo_indptr[b], k0 = L->ix.kv_indptr[b];
+    *nq = L->ix.qo_indptr[b + 1] - q0;
+    *nk = L->ix.kv_indptr[b + 1] - k0;
+    *q = L->q + (size_t)q0 * L->H * L->D;
+    *k = L->k + (size_t)k0 * L->H_KV * L->D;
+    *v = L->vv + (size_t)k0 * L->H_KV * L->D;
+}
+
 kiln_status kiln_check_batch_invariance(kiln_ctx *ctx, kiln_kernel *k, const kiln_check_batch *s, int req,
                                         kiln_check_pair *p, char *msg, size_t cap)
 {
@@ -563,11 +575,12 @@ kiln_status kiln_check_batch_invariance(kiln_ctx *ctx, kiln_kernel *k, const kil
         goto done;
     }
     /* request req's data, copied into the batch of one */
-    const int q0 = L.ix.qo_indptr[req], nq = L.ix.qo_indptr[req + 1] - q0;
-    const int k0 = L.ix.kv_indptr[req], nk = L.ix.kv_indptr[req + 1] - k0;
-    memcpy(L1.q, L.q + (size_t)q0 * L.H * L.D, sizeof(uint16_t) * (size_t)nq * L.H * L.D);
-    memcpy(L1.k, L.k + (size_t)k0 * L.H_KV * L.D, sizeof(uint16_t) * (size_t)nk * L.H_KV * L.D);
-    memcpy(L1.vv, L.vv + (size_t)k0 * L.H_KV * L.D, sizeof(uint16_t) * (size_t)nk * L.H_KV * L.D);
+    const uint16_t *rq, *rk, *rv;
+    int nq, nk;
+    request_rows(&L, req, &rq, &rk, &rv, &nq, &nk);
+    memcpy(L1.q, rq, sizeof(uint16_t) * (size_t)nq * L.H * L.D);
+    memcpy(L1.k, rk, sizeof(uint16_t) * (size_t)nk * L.H_KV * L.D);
+    memcpy(L1.vv, rv, sizeof(uint16_t) * (size_t)nk * L.H_KV * L.D);
     L1.rope_off[0] = L.rope_off[req];
     L1.window_left = L.window_left;
     cb_run_opts ro = run_opts(s, 0);
@@ -576,7 +589,7 @@ kiln_status kiln_check_batch_invariance(kiln_ctx *ctx, kiln_kernel *k, const kil
     if ((st = kiln__cb_run(ctx, k, lb, 1, &ro, &ob, e)) || (st = kiln__cb_run(ctx, k, l1, 1, &ro, &o1, e))) goto done;
     p->a = ob.info;
     p->b = o1.info;
-    compare_pair(&k->v, L.H, L.D, &ob, q0, &o1, 0, nq, 0, p);
+    compare_pair(&k->v, L.H, L.D, &ob, L.ix.qo_indptr[req], &o1, 0, nq, 0, p);
     if (!p->bitwise) {
         st = KILN_STATUS_MISMATCH;
         kiln__fail(e, st, "request %d alone vs in a batch of %d (fixed_split %d): %lld of %lld elements differ; first: %s",
@@ -590,18 +603,6 @@ done:
     kiln__cb_free(&L);
     kiln__cb_free(&L1);
     return st;
-}
-
-/* Request b of a logical batch as dense NHD rows: q [nq][H][D], k and v [nk][H_KV][D]. */
-static void request_rows(const cb_logical *L, int b, const uint16_t **q, const uint16_t **k, const uint16_t **v,
-                         int *nq, int *nk)
-{
-    const int q0 = L->ix.qo_indptr[b], k0 = L->ix.kv_indptr[b];
-    *nq = L->ix.qo_indptr[b + 1] - q0;
-    *nk = L->ix.kv_indptr[b + 1] - k0;
-    *q = L->q + (size_t)q0 * L->H * L->D;
-    *k = L->k + (size_t)k0 * L->H_KV * L->D;
-    *v = L->vv + (size_t)k0 * L->H_KV * L->D;
 }
 
 kiln_status kiln_check_batch_vs_single(kiln_ctx *ctx, kiln_kernel *k_batch, kiln_kernel *k_single,
