@@ -481,7 +481,7 @@ kiln_status kiln_batch_plan(kiln_plan *pl, const kiln_batch_shape *s, kiln_devpt
         q[6] = (int)row0;
         q[7] = 0;
         bit0 += (int64_t)qo * kv;
-        row0 += ceil_div(qo, R);
+        row0 += R == 1 ? qo : ceil_div(qo, R); /* no division on the plan's path without bsr */
     }
     if (row0 > INT32_MAX)
         return plan_fail(pl, kiln__fail(&e, KILN_STATUS_INVALID_ARGUMENT,
