@@ -56,6 +56,12 @@ template <class Cfg> struct prefill_layout {
     static constexpr int CONV_BYTES = FP8 ? 2 * TILE_BYTES : 0;
     /* paged: byte offsets of the K and V rows of the next key tile, filled a step ahead */
     static constexpr int TAB_BYTES = Cfg::KV == 2 ? 2 * BN * 8 : 0;
+    /* a K/V tile load: each thread copies one 16-byte chunk of every STEP-th row */
+    static constexpr int THREADS = Cfg::WARPS * 32, CHUNKS = D * ES / 16, STEP = THREADS / CHUNKS,
+                         ITERS = BN / STEP;
+    /* where row r's offset sits in a table: a thread's rows r0, r0 + STEP, ... are adjacent,
+     * so it reads them with a few wide loads instead of one dependent load per row */
+    static __device__ __forceinline__ int tab_at(int r) { return (r % STEP) * ITERS + r / STEP; }
     static constexpr int BYTES = Q_BYTES + 2 * Cfg::STAGES * STAGE_TILE + CONV_BYTES + FREQ_BYTES + TAB_BYTES;
 };
 
@@ -92,7 +98,7 @@ __device__ __forceinline__ void load_rows(u16 *tile, const u16 *g, i64 stride, i
     if (row0 + ROWS <= row_hi) { /* interior tile: no bounds checks */
 #pragma unroll
         for (int it = 0; it < ROWS / STEP; it++) {
-            cp_async16(dst + (u32)(it * STEP * D * 2) + swz_delta<D>(r0, ch, it * STEP), src, 16);
+            cp_async16_full(dst + (u32)(it * STEP * D * 2) + swz_delta<D>(r0, ch, it * STEP), src);
             src += step;
         }
         return;
@@ -109,7 +115,7 @@ __device__ __forceinline__ void load_rows(u16 *tile, const u16 *g, i64 stride, i
 /* Issue cp.async copies of keys [row0, row0 + ROWS) of one request into a tile: 16-bit K/V
  * into the swizzled layout, fp8 into a plain [ROWS][D] byte tile; rows at or past row_hi are
  * zero-filled. KV 0 / 1: rows at base + j * stride (ragged bases are shifted to the request);
- * KV 2: rows at base + tab[row], the byte offsets fill_page_table wrote for this tile. */
+ * KV 2: rows at base + tab[row], the byte offsets page_rows::write put there for this tile. */
 template <class Cfg, int ROWS, int THREADS>
 __device__ __forceinline__ void load_kv_rows(unsigned char *tile, const unsigned char *g, i64 stride_n,
                                              const i64 *tab, int row0, int row_hi, int tid)
@@ -124,11 +130,41 @@ __device__ __forceinline__ void load_kv_rows(unsigned char *tile, const unsigned
         constexpr int STEP = THREADS / CHUNKS;
         static_assert(THREADS % CHUNKS == 0 && ROWS % STEP == 0, "load shape");
         const int r0 = tid / CHUNKS, ch = tid % CHUNKS;
+        static_assert(Cfg::KV != 2 || (ROWS == Cfg::BN && STEP == L::STEP), "the table's row order");
+        /* this thread's row offsets (tab_at order), read up front: the copies are volatile
+         * asm, which no load moves across, so reads between them would each wait in turn */
+        constexpr int IT = ROWS / STEP;
+        i64 trow[Cfg::KV == 2 ? IT : 1];
+        if constexpr (Cfg::KV == 2) {
+            const i64 *t0 = tab + r0 * IT;
+            if constexpr (IT % 2 == 0) {
+#pragma unroll
+                for (int it = 0; it < IT; it += 2) {
+                    const longlong2 w = *reinterpret_cast<const longlong2 *>(t0 + it);
+                    trow[it] = w.x;
+                    trow[it + 1] = w.y;
+                }
+            } else {
+#pragma unroll
+                for (int it = 0; it < IT; it++) trow[it] = t0[it];
+            }
+        }
+        if (row0 + ROWS <= row_hi) { /* interior tile: no bounds checks, no zero-fill form */
+#pragma unroll
+            for (int it = 0; it < ROWS / STEP; it++) {
+                const int row = r0 + it * STEP;
+                const i64 off = Cfg::KV == 2 ? trow[Cfg::KV == 2 ? it : 0] : (i64)(row0 + row) * stride_n * ES;
+                const u32 dst = L::FP8 ? smem_addr(tile + row * D * ES + ch * 16)
+                                       : smem_addr(reinterpret_cast<u16 *>(tile) + swz<D>(row, ch));
+                cp_async16_full(dst, g + off + ch * 16);
+            }
+            return;
+        }
 #pragma unroll
         for (int it = 0; it < ROWS / STEP; it++) {
             const int row = r0 + it * STEP, j = row0 + row;
             const bool ok = j < row_hi;
-            const i64 off = Cfg::KV == 2 ? tab[row] : (i64)j * stride_n * ES;
+            const i64 off = Cfg::KV == 2 ? trow[Cfg::KV == 2 ? it : 0] : (i64)j * stride_n * ES;
             const u32 dst = L::FP8 ? smem_addr(tile + row * D * ES + ch * 16)
                                    : smem_addr(reinterpret_cast<u16 *>(tile) + swz<D>(row, ch));
             cp_async16(dst, ok ? g + off + ch * 16 : g, ok ? 16 : 0);
@@ -136,26 +172,43 @@ __device__ __forceinline__ void load_kv_rows(unsigned char *tile, const unsigned
     }
 }
 
-/* Paged KV: the byte offsets of the K rows (tab[0..BN)) and V rows (tab[BN..2BN)) of key tile
- * t, one row per thread; rows past the request read page 0 (they are zero-filled anyway). */
-template <class Cfg>
-__device__ __forceinline__ void fill_page_table(i64 *tab, const kiln_launch_params &p, const int *pages, int t,
-                                                int L_KV, int tid)
-{
-    constexpr int BN = Cfg::BN, ES = prefill_layout<Cfg>::ES;
-    for (int r = tid; r < BN; r += Cfg::WARPS * WARP) {
-        const int j = t * BN + r;
-        i64 ko = 0, vo = 0;
-        if (j < L_KV) {
-            const int pg = j / p.page_size;
-            const i64 page = pages[pg], in = j - pg * p.page_size;
-            ko = (page * p.k_stride_page + in * p.k_stride_n) * ES;
-            vo = (page * p.v_stride_page + in * p.v_stride_n) * ES;
+/* Paged KV: the byte offsets of the K rows (tab[0..BN)) and V rows (tab[BN..2BN)) of a key
+ * tile, in prefill_layout::tab_at order, one row per thread (RPT rows where BN exceeds the
+ * block). The page ids come through registers a tile ahead: page_ids() issues their loads for a
+ * later tile, write() turns the ids loaded one iteration earlier into offsets, so no warp waits
+ * on a global load before its MMAs. Rows past the request read page 0 (they are zero-filled
+ * anyway). */
+template <class Cfg> struct page_rows {
+    static constexpr int THREADS = Cfg::WARPS * WARP, BN = Cfg::BN;
+    static constexpr int RPT = (BN + THREADS - 1) / THREADS;
+    int page[RPT], in[RPT];
+
+    __device__ __forceinline__ void page_ids(const kiln_launch_params &p, const int *pages, int t, int L_KV, int tid)
+    {
+#pragma unroll
+        for (int u = 0; u < RPT; u++) {
+            const int r = tid + u * THREADS, j = t * BN + r;
+            const bool ok = r < BN && j < L_KV;
+            const int pg = ok ? j / p.page_size : 0;
+            page[u] = ok ? pages[pg] : 0;
+            in[u] = ok ? j - pg * p.page_size : 0;
         }
-        tab[r] = ko;
-        tab[BN + r] = vo;
     }
-}
+
+    __device__ __forceinline__ void write(i64 *tab, const kiln_launch_params &p, int tid) const
+    {
+        constexpr int ES = prefill_layout<Cfg>::ES;
+#pragma unroll
+        for (int u = 0; u < RPT; u++) {
+            const int r = tid + u * THREADS;
+            if (r < BN) {
+                const int at = prefill_layout<Cfg>::tab_at(r);
+                tab[at] = ((i64)page[u] * p.k_stride_page + (i64)in[u] * p.k_stride_n) * ES;
+                tab[BN + at] = ((i64)page[u] * p.v_stride_page + (i64)in[u] * p.v_stride_n) * ES;
+            }
+        }
+    }
+};
 
 /* fp8 and RoPE: turn the loaded K (and, fp8, V) tile of keys j0 .. j0 + BN into the 16-bit
  * swizzled tiles the MMAs read: dequantise (without the scale, folded elsewhere) and rotate K
@@ -331,12 +384,14 @@ template <class Cfg> __device__ void prefill_kernel(const kiln_launch_params &p)
     } else {
         load_rows<BM, D, THREADS>(q_s, qg, p.q_stride_n, m0, L_Q, tid);
     }
+    page_rows<Cfg> pr;
 #pragma unroll
     for (int s = 0; s < STAGES - 1; s++) {
         pend[s] = t_next;
         if (t_next < t_end) {
             if constexpr (Cfg::KV == 2) { /* the prologue fills each table in place */
-                fill_page_table<Cfg>(tab_s, p, pages, t_next, L_KV, tid);
+                pr.page_ids(p, pages, t_next, L_KV, tid);
+                pr.write(tab_s, p, tid);
                 __syncthreads();
             }
             issue(s, t_next);
@@ -345,9 +400,14 @@ template <class Cfg> __device__ void prefill_kernel(const kiln_launch_params &p)
         }
         cp_async_commit();
     }
-    /* the first tile of the loop: its table, then a step ahead from there on */
+    /* the first tile of the loop: its table; then the page ids of the tile after it, whose
+     * table the first iteration writes (each iteration then loads the ids a tile further) */
     if constexpr (Cfg::KV == 2) {
-        if (t_next < t_end) fill_page_table<Cfg>(tab_s, p, pages, t_next, L_KV, tid);
+        if (t_next < t_end) {
+            pr.page_ids(p, pages, t_next, L_KV, tid);
+            pr.write(tab_s, p, tid);
+            pr.page_ids(p, pages, next_tile(t_next + 1), L_KV, tid);
+        }
         __syncthreads();
     }
 
@@ -412,7 +472,10 @@ template <class Cfg> __device__ void prefill_kernel(const kiln_launch_params &p)
         /* every thread has issued from the table: refill it for the next iteration's tile (the
          * barrier at the end of this iteration publishes it) */
         if constexpr (Cfg::KV == 2)
-            if (t_next < t_end) fill_page_table<Cfg>(tab_s, p, pages, t_next, L_KV, tid);
+            if (t_next < t_end) {
+                pr.write(tab_s, p, tid); /* ids loaded an iteration ago */
+                pr.page_ids(p, pages, next_tile(t_next + 1), L_KV, tid);
+            }
         if constexpr (XFORM) {
             if (Cfg::ROPE && idx == 0) { /* rotate Q once, in place, at positions i + off */
                 for (int e = tid; e < BM * (D / 16); e += THREADS) {
@@ -492,32 +555,55 @@ template <class Cfg> __device__ void prefill_kernel(const kiln_launch_params &p)
         const bool elem = ELEM && (!map || map[t] == 1);
         const bool need_mask = elem || j0 + BN > key_hi || (Cfg::CAUSAL && j0 + BN - 1 > tq0 + off) ||
                                (Cfg::WINDOW && j0 < tq1 + off - p.window_left);
+        /* The transform, then the mask in a pass of its own behind a warp-uniform branch:
+         * interleaved with the row max, the compiler predicated the mask's compares and
+         * selects into every tile (about 200 instructions per tile and warp) instead of only
+         * the few tiles that need them. */
+        if constexpr (!RAW) {
 #pragma unroll
-        for (int mt = 0; mt < MT; mt++) {
+            for (int mt = 0; mt < MT; mt++)
 #pragma unroll
-            for (int r = 0; r < 2; r++) {
-                const int i = row_i[mt][r], hr = row_h[mt][r];
-                float rmax = neg_inf();
+                for (int r = 0; r < 2; r++)
 #pragma unroll
-                for (int nt = 0; nt < NT; nt++)
+                    for (int nt = 0; nt < NT; nt++)
 #pragma unroll
-                    for (int c = 0; c < 2; c++) {
-                        const int j = j0 + nt * 8 + (lane % 4) * 2 + c;
-                        /* RAW: keep q.k; the scale is folded into the exp2 below */
-                        float x = RAW ? s[mt][nt][r * 2 + c]
-                                      : logit_full<Cfg>(s[mt][nt][r * 2 + c] * ksc, p, slope[mt][r], i, j, hr,
-                                                        hk, b, L_Q, L_KV);
-                        if (need_mask) {
+                        for (int c = 0; c < 2; c++) {
+                            const int j = j0 + nt * 8 + (lane % 4) * 2 + c;
+                            float &x = s[mt][nt][r * 2 + c];
+                            x = logit_full<Cfg>(x * ksc, p, slope[mt][r], row_i[mt][r], j, row_h[mt][r], hk, b,
+                                                L_Q, L_KV);
+                        }
+        }
+        if (need_mask) {
+#pragma unroll
+            for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+                for (int r = 0; r < 2; r++) {
+                    const int i = row_i[mt][r], hr = row_h[mt][r];
+#pragma unroll
+                    for (int nt = 0; nt < NT; nt++)
+#pragma unroll
+                        for (int c = 0; c < 2; c++) {
+                            const int j = j0 + nt * 8 + (lane % 4) * 2 + c;
                             bool vis = j < key_hi;
                             if (Cfg::CAUSAL) vis = vis && j <= i + off;
                             if (Cfg::WINDOW) vis = vis && j >= i + off - p.window_left;
                             if (ELEM && elem)
-                                vis = vis && mask_data<Cfg>(p, mb, L_KV, i, j) && mask_user<Cfg>(p, i, j, hr, hk, b, L_Q, L_KV);
-                            x = vis ? x : neg_inf();
+                                vis = vis && mask_data<Cfg>(p, mb, L_KV, i, j) &&
+                                      mask_user<Cfg>(p, i, j, hr, hk, b, L_Q, L_KV);
+                            if (!vis) s[mt][nt][r * 2 + c] = neg_inf();
                         }
-                        s[mt][nt][r * 2 + c] = x;
-                        rmax = max_f(rmax, x);
-                    }
+                }
+        }
+#pragma unroll
+        for (int mt = 0; mt < MT; mt++) {
+#pragma unroll
+            for (int r = 0; r < 2; r++) {
+                float rmax = neg_inf();
+#pragma unroll
+                for (int nt = 0; nt < NT; nt++)
+#pragma unroll
+                    for (int c = 0; c < 2; c++) rmax = max_f(rmax, s[mt][nt][r * 2 + c]);
                 rmax = max_f(rmax, __shfl_xor_sync(0xffffffffu, rmax, 1));
                 rmax = max_f(rmax, __shfl_xor_sync(0xffffffffu, rmax, 2));
                 const float m_new = max_f(m[mt][r], rmax);

@@ -98,7 +98,9 @@ __device__ __forceinline__ float tanh_fast(float x)
     return y;
 }
 
-__device__ __forceinline__ float max_f(float a, float b) { return a > b ? a : b; }
+/* One FMNMX (a > b ? a : b took a compare and a select). A NaN operand is dropped from the max,
+ * but a NaN score still reaches the output through its exp2 term, so a NaN row stays NaN. */
+__device__ __forceinline__ float max_f(float a, float b) { return fmaxf(a, b); }
 
 /* ---- memory ---- */
 
@@ -112,6 +114,11 @@ __device__ __forceinline__ void cp_async16(u32 dst, const void *src, int src_byt
 {
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src),
                  "r"(src_bytes));
+}
+/* The same copy of a full 16 bytes: no source-size operand, so no zero-fill form. */
+__device__ __forceinline__ void cp_async16_full(u32 dst, const void *src)
+{
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(dst), "l"(src));
 }
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
 template <int N> __device__ __forceinline__ void cp_async_wait()
