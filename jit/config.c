@@ -89,6 +89,14 @@ static int decode_packs(const kiln_variant *v)
     return v->kv != KILN_KV_CONTIGUOUS && v->group >= 4 && 16 % v->group == 0 && !is_fp8(v->kv_dtype);
 }
 
+/* Plain attention: no logits transform, window, element mask, RoPE or fp8 conversion, so the
+ * softmax adds no live registers to the MMA loop. */
+static int prefill_plain(const kiln_variant *v)
+{
+    return v->logits == KILN_LOGITS_NONE && !v->window && v->mask_data == KILN_MASK_DATA_NONE &&
+           !v->logits_expr[0] && !v->mask_expr[0] && !v->rope && !is_fp8(v->kv_dtype);
+}
+
 /* The prefill-shaped kernel: prefill, and decode on tensor cores (pack). */
 static kiln_status pick_mma(const kiln_variant *v, kiln__config *c, kiln__err *e)
 {
@@ -111,6 +119,19 @@ static kiln_status pick_mma(const kiln_variant *v, kiln__config *c, kiln__err *e
     }
     c->mt = 1;
     c->q_in_regs = d <= 128;
+    if (!decode && !c->pack && prefill_plain(v) && d <= 128) {
+        /* Two m16 tiles per warp (128-row CTAs) halve the K/V fragment loads per MMA, which
+         * bound the 64-row kernel on shared-memory bandwidth; Q then leaves the registers at
+         * d128 (ptxas: 255 registers, 24 B spilled). H200, TFLOP/s, same lease, 64-row /
+         * 128-row: d128 causal single request H32, L 1024 158.0 / 141.6, 4096 285.1 / 277.5,
+         * 16384 321.6 / 348.3; ragged batches 16x1024 259.8 / 264.9, 4x4096 312.3 / 330.6,
+         * 1x16384 313.6 / 346.1; paged 16x1024 231.0 / 242.7, 4x4096 279.4 / 304.7, 1x16384
+         * 293.5 / 325.8 (1x1024: 139.6 / 126.9); d64 causal 4096 241.8 / 256.2 (Q stays in
+         * registers, no spill). Packed prefill (KILN_TUNE pack=1) keeps 64 rows. The variants lose with it (logit transforms, masks and windows add live
+         * registers: 80-460 B of spills; soft-cap 250.6 / 227.1) and keep 64 rows. */
+        c->mt = 2;
+        c->q_in_regs = d < 128;
+    }
     kiln_status st = apply_tune(c, e);
     if (st) return st;
     if (c->gb)

@@ -417,7 +417,9 @@ KT_TEST(plan_degenerate_and_refused)
     kiln_ctx_destroy(ctx);
 }
 
-/* NVRTC compiles the batch kernels for sm_80 and sm_90a without spills. */
+/* NVRTC compiles the batch kernels for sm_80 and sm_90a without spills, except the 128-row
+ * plain prefill kernels (jit/config.c: faster than the 64-row ones with up to ~170 B of spills
+ * at 255 registers), held to 256 B. */
 KT_TEST(plan_batch_kernels_compile)
 {
     kiln_ctx *ctx = make_ctx();
@@ -443,8 +445,13 @@ KT_TEST(plan_batch_kernels_compile)
             }
             kiln_kernel_info info;
             kiln_kernel_describe(k, &info);
-            if (info.spill_bytes)
-                kt_fail(__FILE__, __LINE__, "%s (%s): %d bytes spilled", specs[i], info.arch, info.spill_bytes);
+            kiln__config cfg;
+            kiln__err e = {0};
+            KT_OK(kiln__config_pick(&v, a ? 80 : 90, &cfg, &e), e.msg);
+            const int allowed = cfg.mt == 2 && v.op == KILN_OP_PREFILL ? 256 : 0;
+            if (info.spill_bytes > allowed)
+                kt_fail(__FILE__, __LINE__, "%s (%s, mt=%d): %d bytes spilled (at most %d)", specs[i], info.arch,
+                        cfg.mt, info.spill_bytes, allowed);
         }
     kiln_ctx_destroy(ctx);
 }
