@@ -228,9 +228,48 @@ def pack_mask_bits(torch, mask, count, device):
     return (m.view(-1, 8).to(torch.int32) * weights).sum(dim=1).to(torch.uint8)
 
 
+def mask_bits_from_packed(torch, packed, sizes, device):
+    """FlashInfer's packed_custom_mask as kiln's bitmask bytes. FlashInfer packs each request's
+    qo_len * kv_len mask on its own (packbits / segment_packbits, bitorder="little"), so request
+    b's bits start at a byte boundary: (n_b + 7) // 8 bytes each. kiln's requests follow each
+    other bit by bit. Where every request but the last fills whole bytes the two layouts are
+    the same bytes; otherwise each request's pad bits are dropped on the GPU and the rest
+    repacked. Raises ValueError on a dtype or size mismatch."""
+    if not isinstance(packed, torch.Tensor) or packed.dtype != torch.uint8:
+        raise ValueError("packed_custom_mask must be a uint8 tensor (FlashInfer's packbits / "
+                         "segment_packbits output, bitorder='little'), got "
+                         f"{getattr(packed, 'dtype', type(packed).__name__)}")
+    nbytes = [(n + 7) // 8 for n in sizes]
+    if packed.numel() != sum(nbytes):
+        raise ValueError(f"packed_custom_mask has {packed.numel()} bytes; the requests' qo_len * "
+                         f"kv_len bits take {sum(nbytes)} ((n + 7) // 8 per request)")
+    p = packed.reshape(-1).to(device=device).contiguous()
+    if all(n % 8 == 0 for n in sizes[:-1]):
+        return torch.cat([p, p.new_zeros(1)])  # one spare byte, as pack_mask_bits leaves
+    shifts = torch.arange(8, dtype=torch.uint8, device=device)
+    bits = ((p.unsqueeze(1) >> shifts) & 1).reshape(-1).bool()
+    seg = torch.repeat_interleave(torch.arange(len(sizes), device=device),
+                                  torch.tensor(nbytes, device=device) * 8)
+    starts = torch.tensor([0] + nbytes[:-1], device=device).cumsum(0) * 8
+    within = torch.arange(bits.numel(), device=device) - starts[seg]
+    keep = within < torch.tensor(sizes, device=device)[seg]
+    return pack_mask_bits(torch, bits[keep], sum(sizes), device)
+
+
+def request_mask_bits(torch, custom_mask, packed_custom_mask, sizes, device):
+    """kiln's bitmask bytes from FlashInfer's custom_mask (bool, the requests' masks flattened
+    back to back) or packed_custom_mask (which wins when both are given, as in FlashInfer);
+    None when neither is."""
+    if packed_custom_mask is not None:
+        return mask_bits_from_packed(torch, packed_custom_mask, sizes, device)
+    if custom_mask is not None:
+        return pack_mask_bits(torch, custom_mask, sum(sizes), device)
+    return None
+
+
 def _attention(op, q, k, v, *, causal, kv_layout, sm_scale, logits_soft_cap, window_left,
                return_lse, pos_encoding_mode, alibi_slopes_arg, lse_base, o_dtype, qk_scale=1.0,
-               v_scale=None, custom_mask=None):
+               v_scale=None, custom_mask=None, packed_custom_mask=None):
     torch = _torch()
     q = _as_tensor(torch, q, "q")
     k = _as_tensor(torch, k, "k")
@@ -282,8 +321,8 @@ def _attention(op, q, k, v, *, causal, kv_layout, sm_scale, logits_soft_cap, win
     fields = dict(op=op, q_dtype=_dtype_name(torch, q.dtype, "q"), kv_dtype=_dtype_name(
         torch, q.dtype, "q"), out_dtype=out_name, head_dim=D, group=H // H_KV, layout=layout,
         mask="causal" if causal else "none", window=window, logits=logits, lse=bool(return_lse),
-        mask_data="none" if custom_mask is None else "bitmask")
-    bits = None if custom_mask is None else pack_mask_bits(torch, custom_mask, L_Q * L_KV, device)
+        mask_data="none" if custom_mask is None and packed_custom_mask is None else "bitmask")
+    bits = request_mask_bits(torch, custom_mask, packed_custom_mask, [L_Q * L_KV], device)
     o = torch.empty(o_shape, dtype=out_dtype, device=device)
     lse = torch.empty(lse_shape, dtype=torch.float32, device=device) if return_lse else None
 
@@ -418,13 +457,12 @@ def single_prefill_with_kv_cache(
     lse_base="e"). ALiBi adds slope[h] * (j - (i + L_KV - L_Q)).
 
     custom_mask: bool [L_Q, L_KV] (or flattened), True where the key is visible, AND-ed with
-    causal and the window (a row that sees no key gets o = 0, lse = -inf).
-    Not supported yet (raise NotImplementedError): packed_custom_mask (pass custom_mask), fp8
-    scale_q / scale_k / scale_v, RoPE. use_fp16_qk_reduction and backend are accepted and
+    causal and the window (a row that sees no key gets o = 0, lse = -inf). packed_custom_mask:
+    the same mask as FlashInfer's packbits(custom_mask.flatten(), bitorder="little"), uint8
+    [ceil(L_Q * L_KV / 8)]; it wins when both are given.
+    Not supported yet (raise NotImplementedError): fp8 scale_q / scale_k / scale_v, RoPE. use_fp16_qk_reduction and backend are accepted and
     ignored (kiln accumulates q.k in fp32 and picks its own kernel).
     """
-    if packed_custom_mask is not None:
-        raise NotImplementedError("packed_custom_mask: pass the boolean custom_mask instead")
     if scale_q is not None or scale_k is not None or scale_v is not None:
         raise NotImplementedError("kiln has no fp8 inputs yet (scale_q / scale_k / scale_v)")
     if rope_scale is not None or rope_theta is not None:
@@ -433,7 +471,7 @@ def single_prefill_with_kv_cache(
         "prefill", q, k, v, causal=bool(causal), kv_layout=kv_layout, sm_scale=sm_scale,
         logits_soft_cap=logits_soft_cap, window_left=window_left, return_lse=return_lse,
         pos_encoding_mode=pos_encoding_mode, alibi_slopes_arg=alibi_slopes, lse_base=lse_base,
-        o_dtype=o_dtype, custom_mask=custom_mask,
+        o_dtype=o_dtype, custom_mask=custom_mask, packed_custom_mask=packed_custom_mask,
     )
 
 

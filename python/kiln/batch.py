@@ -13,7 +13,8 @@ so a run can be captured in a CUDA graph and replayed after a new plan().
 
 Differences from FlashInfer are listed in docs/python.md: the LSE is base 2 by default like
 FlashInfer's (lse_base="e" gives kiln's natural log), fp8 KV scales go to the kernel, the
-packed custom masks / MLA / sinks / other backends are refused (custom_mask works).
+custom masks in CUDA-graph mode / MLA / sinks / other backends are refused (custom_mask and
+packed_custom_mask work in plan()).
 
 torch is imported only inside the functions; batch_variant and the argument checks of plan()
 work without it.
@@ -24,7 +25,7 @@ import functools
 import math
 
 from . import _lib
-from .attention import LOG2E, _stride, alibi_slopes, default_context, pack_mask_bits
+from .attention import LOG2E, _stride, alibi_slopes, default_context, request_mask_bits
 from .core import Variant
 from .errors import KilnWorkspaceError
 from .plan import Plan, host_ints
@@ -362,12 +363,13 @@ class _BatchWrapper:
     def _plan_common(self, *, variant, H, H_KV, D, page_size, kv_indptr, qo_indptr,
                      last_page_len, indices, fixed_split_size, disable_split_kv, sm_scale,
                      logits_soft_cap, window_left, rope_scale, rope_theta, pos_encoding_mode,
-                     total_kv, custom_mask=None):
+                     total_kv, custom_mask=None, packed_custom_mask=None):
         """Everything after the host checks: kernel, plan object, workspace, the custom mask
         packed into kiln's bitmask, kiln_batch_plan."""
         self._state = None  # a failed plan leaves nothing to run
-        if custom_mask is not None and self._use_cuda_graph:
-            raise NotImplementedError("custom_mask in CUDA-graph mode: the mask buffer's address "
+        masked = custom_mask is not None or packed_custom_mask is not None
+        if masked and self._use_cuda_graph:
+            raise NotImplementedError("custom masks in CUDA-graph mode: the mask buffer's address "
                                       "would change with every plan")
         scale = (1.0 / math.sqrt(D)) if sm_scale is None else float(sm_scale)
         if not scale > 0 or math.isinf(scale):
@@ -425,12 +427,13 @@ class _BatchWrapper:
                 if slopes is None:
                     slopes = self._slopes[H] = alibi_slopes(H, device)
             mask_bits = None
-            if custom_mask is not None:
+            if masked:
                 # FlashInfer's custom_mask: the requests' bool [qo_len, kv_len] masks flattened
-                # back to back, which is kiln's per-request bitmask layout once packed
+                # back to back, which is kiln's per-request bitmask layout once packed; its
+                # packed_custom_mask: each request packed on its own from a byte boundary
                 kv_lens = _request_kv_lens(kv_indptr, last_page_len, page_size)
-                need = sum((qo_indptr[b + 1] - qo_indptr[b]) * kv_lens[b] for b in range(batch))
-                mask_bits = pack_mask_bits(torch, custom_mask, need, device)
+                sizes = [(qo_indptr[b + 1] - qo_indptr[b]) * kv_lens[b] for b in range(batch)]
+                mask_bits = request_mask_bits(torch, custom_mask, packed_custom_mask, sizes, device)
             stream = torch.cuda.current_stream(device).cuda_stream
             plan.plan(kv_indptr, self._float_workspace_buffer.data_ptr(), self._workspace_bytes,
                       stream, qo_indptr=qo_indptr, kv_last_page_len=last_page_len)
@@ -715,17 +718,20 @@ class BatchPrefillWithPagedKVCacheWrapper(_BatchWrapper):
              disable_split_kv=False, lse=True, **unsupported):
         """Plan the batch (FlashInfer's arguments; see BatchDecodeWithPagedKVCacheWrapper.plan
         for the shared ones). qo_indptr [B + 1] rows; causal is bottom-right aligned per
-        request. head_dim_vo must equal head_dim_qk; custom masks and FlashInfer's other
-        keywords (prefix_len_ptr, seq_lens, block_tables, ...) raise NotImplementedError;
+        request. custom_mask (bool, the requests' [qo_len, kv_len] masks flattened back to back)
+        or packed_custom_mask (FlashInfer's segment_packbits of it, bitorder "little": each
+        request from a byte boundary) AND with causal and the window; not in CUDA-graph mode.
+        head_dim_vo must equal head_dim_qk; FlashInfer's other keywords (prefix_len_ptr,
+        seq_lens, block_tables, ...) raise NotImplementedError;
         use_fp16_qk_reduction is ignored (kiln accumulates in fp32)."""
-        _refuse_prefill_extras(head_dim_qk, head_dim_vo, packed_custom_mask, unsupported)
+        _refuse_prefill_extras(head_dim_qk, head_dim_vo, unsupported)
         page_size = _positive_int(page_size, "page_size")
         variant = batch_variant("prefill", "paged", num_qo_heads, num_kv_heads, head_dim_qk,
                                 kv_layout=self._kv_layout, causal=causal,
                                 pos_encoding_mode=pos_encoding_mode, window_left=window_left,
                                 logits_soft_cap=logits_soft_cap, q_data_type=q_data_type,
                                 kv_data_type=kv_data_type, o_data_type=o_data_type, lse=lse,
-                                mask_data="none" if custom_mask is None else "bitmask")
+                                mask_data=_mask_data(custom_mask, packed_custom_mask))
         qo = host_ints(qo_indptr, "qo_indptr")
         check_indptr("qo_indptr", qo)
         kv_indptr = host_ints(paged_kv_indptr, "paged_kv_indptr")
@@ -739,7 +745,7 @@ class BatchPrefillWithPagedKVCacheWrapper(_BatchWrapper):
             disable_split_kv=disable_split_kv, sm_scale=sm_scale,
             logits_soft_cap=logits_soft_cap, window_left=window_left, rope_scale=rope_scale,
             rope_theta=rope_theta, pos_encoding_mode=pos_encoding_mode, total_kv=None,
-            custom_mask=custom_mask)
+            custom_mask=custom_mask, packed_custom_mask=packed_custom_mask)
 
     begin_forward = plan
 
@@ -799,13 +805,13 @@ class BatchPrefillWithRaggedKVCacheWrapper(_BatchWrapper):
              fixed_split_size=None, disable_split_kv=False, lse=True, **unsupported):
         """Plan the batch (FlashInfer's arguments). qo_indptr, kv_indptr [B + 1] row offsets,
         copied to the host once. fixed_split_size is in tokens here (no pages)."""
-        _refuse_prefill_extras(head_dim_qk, head_dim_vo, packed_custom_mask, unsupported)
+        _refuse_prefill_extras(head_dim_qk, head_dim_vo, unsupported)
         variant = batch_variant("prefill", "ragged", num_qo_heads, num_kv_heads, head_dim_qk,
                                 kv_layout=self._kv_layout, causal=causal,
                                 pos_encoding_mode=pos_encoding_mode, window_left=window_left,
                                 logits_soft_cap=logits_soft_cap, q_data_type=q_data_type,
                                 kv_data_type=kv_data_type, o_data_type=o_data_type, lse=lse,
-                                mask_data="none" if custom_mask is None else "bitmask")
+                                mask_data=_mask_data(custom_mask, packed_custom_mask))
         qo = host_ints(qo_indptr, "qo_indptr")
         check_indptr("qo_indptr", qo)
         kv = host_ints(kv_indptr, "kv_indptr")
@@ -816,7 +822,8 @@ class BatchPrefillWithRaggedKVCacheWrapper(_BatchWrapper):
             fixed_split_size=fixed_split_size, disable_split_kv=disable_split_kv,
             sm_scale=sm_scale, logits_soft_cap=logits_soft_cap, window_left=window_left,
             rope_scale=rope_scale, rope_theta=rope_theta,
-            pos_encoding_mode=pos_encoding_mode, total_kv=kv[-1], custom_mask=custom_mask)
+            pos_encoding_mode=pos_encoding_mode, total_kv=kv[-1], custom_mask=custom_mask,
+            packed_custom_mask=packed_custom_mask)
 
     begin_forward = plan
 
@@ -853,13 +860,14 @@ _FLASHINFER_PREFILL_EXTRAS = frozenset((
 ))
 
 
-def _refuse_prefill_extras(head_dim_qk, head_dim_vo, packed_custom_mask, extra):
+def _mask_data(custom_mask, packed_custom_mask):
+    return "none" if custom_mask is None and packed_custom_mask is None else "bitmask"
+
+
+def _refuse_prefill_extras(head_dim_qk, head_dim_vo, extra):
     if head_dim_vo is not None and head_dim_vo != head_dim_qk:
         raise NotImplementedError(f"head_dim_vo={head_dim_vo} != head_dim_qk={head_dim_qk}: "
                                   "kiln's kernels have one head dim")
-    if packed_custom_mask is not None:
-        raise NotImplementedError("packed_custom_mask (FlashInfer's per-request byte-padded "
-                                  "bits): pass the boolean custom_mask instead")
     unknown = sorted(set(extra) - _FLASHINFER_PREFILL_EXTRAS)
     if unknown:
         raise TypeError(f"plan() got unexpected keyword arguments: {', '.join(unknown)}")

@@ -293,7 +293,6 @@ class TestWrapperChecks(unittest.TestCase):
              dict(paged_kv_indptr=[0, 1, 2, 3])),
             ("qo_indptr[1] = 5", dict(qo_indptr=[0, 5, 4])),
             ("head_dim_vo", dict(head_dim_vo=128)),
-            ("packed_custom_mask", dict(packed_custom_mask=[1])),
             ("seq_lens", dict(seq_lens=[5, 4])),
         ]
         for fragment, kw in cases:

@@ -131,6 +131,15 @@ def gather(pool, page_ids, last_len, layout):
     return flat[: (len(page_ids) - 1) * P + last_len]
 
 
+
+def packbits_little(bits):
+    """numpy.packbits(bits, bitorder="little") on bits' device: FlashInfer's packbits."""
+    n = bits.numel()
+    b = torch.cat([bits.reshape(-1).bool(), bits.new_zeros((-n) % 8, dtype=torch.bool)])
+    w = torch.tensor([1, 2, 4, 8, 16, 32, 64, 128], dtype=torch.int32, device=b.device)
+    return (b.view(-1, 8).to(torch.int32) * w).sum(dim=1).to(torch.uint8)
+
+
 class PagedBatch:
     """A random paged batch: kv lengths, qo lengths, a shuffled page pool."""
 
@@ -552,6 +561,22 @@ class TestBatchPrefillRagged(Base):
             self.assertClose(op[a:z], ref_o, *tolerance("bf16"), f"custom mask paged o[req {r}]")
         with self.assertRaises(ValueError):
             w.plan(qo_indptr, kv_indptr, H, H_KV, D, custom_mask=flat[:-1], q_data_type="bfloat16")
+        # FlashInfer's packed_custom_mask: segment_packbits (each request from a byte boundary;
+        # 37 x 90 and 5 x 300 bits leave pad bits inside the buffer): the same outputs
+        packed = torch.cat([packbits_little(m.reshape(-1)) for m in masks])
+        w.plan(qo_indptr, kv_indptr, H, H_KV, D, causal=True, packed_custom_mask=packed,
+               q_data_type="bfloat16")
+        o2, lse2 = w.run(q, k, v, return_lse=True)
+        wp.plan(qo_indptr, page_indptr, list(range(at)), last, H, H_KV, D, P, causal=True,
+                packed_custom_mask=packed, q_data_type="bfloat16")
+        op2 = wp.run(q, (pool_k, pool_v))
+        torch.cuda.synchronize()
+        self.assertTrue(torch.equal(o, o2) and torch.equal(lse, lse2), "packed_custom_mask ragged")
+        self.assertTrue(torch.equal(op, op2), "packed_custom_mask paged")
+        with self.assertRaises(ValueError) as cm:
+            w.plan(qo_indptr, kv_indptr, H, H_KV, D, packed_custom_mask=packed[1:],
+                   q_data_type="bfloat16")
+        self.assertIn("packed_custom_mask has", str(cm.exception))
 
     def test_fused_qkv_views(self):
         # q, k, v as head slices of one projection output (strided, no copies).

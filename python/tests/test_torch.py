@@ -104,6 +104,15 @@ def tolerance(dtype):
 # ---- helpers -------------------------------------------------------------------------------
 
 
+
+def packbits_little(bits):
+    """numpy.packbits(bits, bitorder="little") on bits' device: FlashInfer's packbits."""
+    n = bits.numel()
+    b = torch.cat([bits.reshape(-1).bool(), bits.new_zeros((-n) % 8, dtype=torch.bool)])
+    w = torch.tensor([1, 2, 4, 8, 16, 32, 64, 128], dtype=torch.int32, device=b.device)
+    return (b.view(-1, 8).to(torch.int32) * w).sum(dim=1).to(torch.uint8)
+
+
 class Base(unittest.TestCase):
     def setUp(self):
         self.seed = random.SystemRandom().randrange(1 << 31)
@@ -144,6 +153,34 @@ def _decode_ref(q, k, v, layout, **kw):
 
 
 # ---- no GPU needed -------------------------------------------------------------------------
+
+
+@unittest.skipUnless(HAVE_TORCH, "needs torch")
+class TestMaskPacking(unittest.TestCase):
+    """FlashInfer's packed_custom_mask (segment_packbits: each request from a byte boundary)
+    turned into kiln's bitmask (requests back to back) equals packing the bool mask directly;
+    CPU tensors, odd and empty request sizes."""
+
+    def test_segments(self):
+        from kiln.attention import mask_bits_from_packed, pack_mask_bits
+        rng = random.Random(3)
+        torch.manual_seed(3)
+        cpu = torch.device("cpu")
+        for trial in range(200):
+            sizes = [rng.choice([0, 1, 7, 8, 9, 16, 3330, 1500, rng.randint(0, 500)])
+                     for _ in range(rng.randint(1, 6))]
+            masks = [torch.rand(n) < 0.5 for n in sizes]
+            packed = torch.cat([packbits_little(m) for m in masks])
+            want = pack_mask_bits(torch, torch.cat(masks), sum(sizes), cpu)
+            got = mask_bits_from_packed(torch, packed, sizes, cpu)
+            nb = (sum(sizes) + 7) // 8
+            self.assertTrue(torch.equal(got[:nb], want[:nb]), f"sizes {sizes}")
+        with self.assertRaises(ValueError) as cm:
+            mask_bits_from_packed(torch, torch.zeros(2, dtype=torch.uint8), [9, 1], cpu)
+        self.assertIn("packed_custom_mask has 2 bytes", str(cm.exception))
+        with self.assertRaises(ValueError) as cm:
+            mask_bits_from_packed(torch, torch.zeros(2, dtype=torch.int32), [9], cpu)
+        self.assertIn("uint8", str(cm.exception))
 
 
 @unittest.skipUnless(HAVE_TORCH, "needs torch")
@@ -198,8 +235,6 @@ class TestReference(unittest.TestCase):
 
     def test_not_yet(self):
         q, k = torch.randn(8, 64).half(), torch.randn(16, 8, 64).half()
-        with self.assertRaises(NotImplementedError):
-            kiln.single_prefill_with_kv_cache(q.unsqueeze(0), k, k, packed_custom_mask=torch.ones(1))
         with self.assertRaises(NotImplementedError):
             kiln.single_decode_with_kv_cache(q, k, k, rope_theta=1e4)
 
@@ -496,6 +531,17 @@ class TestPrefill(Base):
         self.assertClose(lse, ref_lse, 1e-2, 1e-3, "custom mask lse")
         with self.assertRaises(ValueError):
             kiln.single_prefill_with_kv_cache(q, k, v, custom_mask=mask[:, :-1])
+        # FlashInfer's packed form (packbits, little bit order) gives the same bits: the same o
+        packed = packbits_little(mask.reshape(-1))
+        o2, lse2 = kiln.single_prefill_with_kv_cache(q, k, v, packed_custom_mask=packed, causal=True,
+                                                     return_lse=True, lse_base="e")
+        self.assertTrue(torch.equal(o, o2) and torch.equal(lse, lse2), "packed_custom_mask o")
+        with self.assertRaises(ValueError) as cm:
+            kiln.single_prefill_with_kv_cache(q, k, v, packed_custom_mask=packed[:-1])
+        self.assertIn("packed_custom_mask has", str(cm.exception))
+        with self.assertRaises(ValueError) as cm:
+            kiln.single_prefill_with_kv_cache(q, k, v, packed_custom_mask=packed.to(torch.int32))
+        self.assertIn("uint8", str(cm.exception))
 
     def test_causal_needs_short_q(self):
         q, k, v = self.qkv(20, 10, 8, 8, 64, "NHD", "f16")
