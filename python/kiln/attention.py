@@ -244,8 +244,8 @@ def mask_bits_from_packed(torch, packed, sizes, device):
         raise ValueError(f"packed_custom_mask has {packed.numel()} bytes; the requests' qo_len * "
                          f"kv_len bits take {sum(nbytes)} ((n + 7) // 8 per request)")
     p = packed.reshape(-1).to(device=device).contiguous()
-    if all(n % 8 == 0 for n in sizes[:-1]):
-        return torch.cat([p, p.new_zeros(1)])  # one spare byte, as pack_mask_bits leaves
+    if all(n % 8 == 0 for n in sizes[:-1]):  # the same bytes (kiln reads bytes, no spare needed)
+        return p if p.numel() else p.new_zeros(1)  # never an empty tensor (a null pointer)
     shifts = torch.arange(8, dtype=torch.uint8, device=device)
     bits = ((p.unsqueeze(1) >> shifts) & 1).reshape(-1).bool()
     seg = torch.repeat_interleave(torch.arange(len(sizes), device=device),
@@ -254,6 +254,11 @@ def mask_bits_from_packed(torch, packed, sizes, device):
     within = torch.arange(bits.numel(), device=device) - starts[seg]
     keep = within < torch.tensor(sizes, device=device)[seg]
     return pack_mask_bits(torch, bits[keep], sum(sizes), device)
+
+
+def mask_data_name(custom_mask, packed_custom_mask):
+    """The variant's mask_data for FlashInfer's custom mask arguments."""
+    return "none" if custom_mask is None and packed_custom_mask is None else "bitmask"
 
 
 def request_mask_bits(torch, custom_mask, packed_custom_mask, sizes, device):
@@ -321,7 +326,7 @@ def _attention(op, q, k, v, *, causal, kv_layout, sm_scale, logits_soft_cap, win
     fields = dict(op=op, q_dtype=_dtype_name(torch, q.dtype, "q"), kv_dtype=_dtype_name(
         torch, q.dtype, "q"), out_dtype=out_name, head_dim=D, group=H // H_KV, layout=layout,
         mask="causal" if causal else "none", window=window, logits=logits, lse=bool(return_lse),
-        mask_data="none" if custom_mask is None and packed_custom_mask is None else "bitmask")
+        mask_data=mask_data_name(custom_mask, packed_custom_mask))
     bits = request_mask_bits(torch, custom_mask, packed_custom_mask, [L_Q * L_KV], device)
     o = torch.empty(o_shape, dtype=out_dtype, device=device)
     lse = torch.empty(lse_shape, dtype=torch.float32, device=device) if return_lse else None

@@ -25,7 +25,8 @@ import functools
 import math
 
 from . import _lib
-from .attention import LOG2E, _stride, alibi_slopes, default_context, request_mask_bits
+from .attention import (LOG2E, _stride, alibi_slopes, default_context, mask_data_name,
+                        request_mask_bits)
 from .core import Variant
 from .errors import KilnWorkspaceError
 from .plan import Plan, host_ints
@@ -731,7 +732,7 @@ class BatchPrefillWithPagedKVCacheWrapper(_BatchWrapper):
                                 pos_encoding_mode=pos_encoding_mode, window_left=window_left,
                                 logits_soft_cap=logits_soft_cap, q_data_type=q_data_type,
                                 kv_data_type=kv_data_type, o_data_type=o_data_type, lse=lse,
-                                mask_data=_mask_data(custom_mask, packed_custom_mask))
+                                mask_data=mask_data_name(custom_mask, packed_custom_mask))
         qo = host_ints(qo_indptr, "qo_indptr")
         check_indptr("qo_indptr", qo)
         kv_indptr = host_ints(paged_kv_indptr, "paged_kv_indptr")
@@ -811,7 +812,7 @@ class BatchPrefillWithRaggedKVCacheWrapper(_BatchWrapper):
                                 pos_encoding_mode=pos_encoding_mode, window_left=window_left,
                                 logits_soft_cap=logits_soft_cap, q_data_type=q_data_type,
                                 kv_data_type=kv_data_type, o_data_type=o_data_type, lse=lse,
-                                mask_data=_mask_data(custom_mask, packed_custom_mask))
+                                mask_data=mask_data_name(custom_mask, packed_custom_mask))
         qo = host_ints(qo_indptr, "qo_indptr")
         check_indptr("qo_indptr", qo)
         kv = host_ints(kv_indptr, "kv_indptr")
@@ -858,10 +859,6 @@ _FLASHINFER_PREFILL_EXTRAS = frozenset((
     "seq_lens", "seq_lens_q", "block_tables", "max_token_per_sequence", "max_sequence_kv",
     "v_indptr", "o_indptr",
 ))
-
-
-def _mask_data(custom_mask, packed_custom_mask):
-    return "none" if custom_mask is None and packed_custom_mask is None else "bitmask"
 
 
 def _refuse_prefill_extras(head_dim_qk, head_dim_vo, extra):

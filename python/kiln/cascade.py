@@ -77,6 +77,21 @@ def _launch(torch, kernel, name, a, device):
         getattr(kernel, name)(a, stream)
 
 
+def _check_pair(torch, names, v_a, s_a, v_b, s_b, device):
+    """Two states of the same rows: v [n, H, D] of one shape and dtype, s [n, H] float32 LSE.
+    names: what the caller calls v_a, s_a, v_b, s_b. Returns (n, H, D)."""
+    va, sa, vb, sb = names
+    _check_v(torch, va, v_a, 3, device)
+    _check_v(torch, vb, v_b, 3, device)
+    if v_a.shape != v_b.shape or v_a.dtype != v_b.dtype:
+        raise ValueError(f"{va} and {vb} must share shape and dtype, got {tuple(v_a.shape)} "
+                         f"{v_a.dtype} and {tuple(v_b.shape)} {v_b.dtype}")
+    n, H, D = v_a.shape
+    _check_s(torch, sa, s_a, (n, H), device)
+    _check_s(torch, sb, s_b, (n, H), device)
+    return n, H, D
+
+
 def merge_state(v_a, s_a, v_b, s_b, *, lse_base="2", context=None):
     """Merge two states of the same rows: FlashInfer's merge_state. v_a, v_b [n, H, D]
     (float16 / bfloat16), s_a, s_b [n, H] float32 LSE (base 2 unless lse_base="e"). Returns
@@ -85,14 +100,7 @@ def merge_state(v_a, s_a, v_b, s_b, *, lse_base="2", context=None):
     torch = _torch()
     _base(lse_base)
     device = v_a.device if isinstance(v_a, torch.Tensor) else None
-    _check_v(torch, "v_a", v_a, 3, device)
-    _check_v(torch, "v_b", v_b, 3, device)
-    if v_a.shape != v_b.shape or v_a.dtype != v_b.dtype:
-        raise ValueError(f"v_a and v_b must share shape and dtype, got {tuple(v_a.shape)} "
-                         f"{v_a.dtype} and {tuple(v_b.shape)} {v_b.dtype}")
-    n, H, D = v_a.shape
-    _check_s(torch, "s_a", s_a, (n, H), device)
-    _check_s(torch, "s_b", s_b, (n, H), device)
+    n, H, D = _check_pair(torch, ("v_a", "s_a", "v_b", "s_b"), v_a, s_a, v_b, s_b, device)
     kernel = _merge_kernel(torch, device, v_a.dtype, D, context)
     v_out = torch.empty((n, H, D), dtype=v_a.dtype, device=device)
     s_out = torch.empty((n, H), dtype=torch.float32, device=device)
@@ -117,14 +125,7 @@ def merge_state_in_place(v, s, v_other, s_other, mask=None, *, lse_base="2", con
     torch = _torch()
     _base(lse_base)
     device = v.device if isinstance(v, torch.Tensor) else None
-    _check_v(torch, "v", v, 3, device)
-    _check_v(torch, "v_other", v_other, 3, device)
-    if v.shape != v_other.shape or v.dtype != v_other.dtype:
-        raise ValueError(f"v and v_other must share shape and dtype, got {tuple(v.shape)} "
-                         f"{v.dtype} and {tuple(v_other.shape)} {v_other.dtype}")
-    n, H, D = v.shape
-    _check_s(torch, "s", s, (n, H), device)
-    _check_s(torch, "s_other", s_other, (n, H), device)
+    n, H, D = _check_pair(torch, ("v", "s", "v_other", "s_other"), v, s, v_other, s_other, device)
     if n and (v.stride(2) != 1 or v.data_ptr() % 16 or any(
             v.size(d) > 1 and (v.stride(d) * v.element_size()) % 16 for d in (0, 1))):
         raise ValueError(f"v: the last dim must be contiguous, data 16-byte aligned and strides "
