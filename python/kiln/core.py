@@ -575,6 +575,21 @@ class Kernel:
         check(_lib.lib().kiln_single_prefill(self._p(), ctypes.byref(args), _stream_handle(stream)),
               self._ctx._handle)
 
+    def prefill_mask_plan_size(self, qo_len, kv_len):
+        """kiln_prefill_mask_plan_size: bytes of the tile map a single prefill of this shape
+        needs (a prefill with a mask snippet or mask data; 0 otherwise)."""
+        n = ctypes.c_size_t()
+        check(_lib.lib().kiln_prefill_mask_plan_size(self._p(), int(qo_len), int(kv_len),
+                                                     ctypes.byref(n)), self._ctx._handle)
+        return n.value
+
+    def prefill_mask_plan(self, args, stream=None):
+        """kiln_prefill_mask_plan: fill args.tile_map (args.tile_map_bytes from
+        prefill_mask_plan_size) for the mask in `args`, on `stream`; a later single_prefill with
+        the same args skips the tiles it marks hidden."""
+        check(_lib.lib().kiln_prefill_mask_plan(self._p(), ctypes.byref(args),
+                                                _stream_handle(stream)), self._ctx._handle)
+
     # ---- batches (kv=ragged / kv=paged kernels) and merges (op=merge kernels) ----
     def plan(self, num_qo_heads, page_size=0, max_batch=0, max_qo_tokens=0, fixed_split=0,
              no_split=False):

@@ -9,6 +9,8 @@
  *                                the batch suites (batch.c): paged decode sweep, batch prefill,
  *                                cascade, host overhead of plan/run
  *        kiln-bench --list [--batch]   the point names --only accepts
+ *        kiln-bench --ceilings   only the copy and streaming-read ceilings, as one line
+ *                                "ceilings copy_GBps=N read_GBps=N" (tools/bench/referee.py reads it)
  *        kiln-bench --jit        JIT figures, no GPU needed: cold compile, in-process memo hit,
  *                                new-process cache hit (`kiln compile` of a cached spec)
  * Prints markdown tables on stdout. CSV files start with one metadata line
@@ -189,8 +191,9 @@ static void usage(const char *argv0)
     fprintf(stderr,
             "usage: %s [--batch] [--quick] [--only NAME] [--csv FILE] [--max-gib N]\n"
             "       %s --list [--batch]\n"
+            "       %s --ceilings\n"
             "       %s --jit\n",
-            argv0, argv0, argv0);
+            argv0, argv0, argv0, argv0);
 }
 
 static int single_known(const char *name)
@@ -213,13 +216,14 @@ static void list_points(int batch)
 int main(int argc, char **argv)
 {
     if (argc == 2 && !strcmp(argv[1], "--jit")) return jit_figures(argv[0]);
-    int quick = 0, batch = 0, list = 0;
+    int quick = 0, batch = 0, list = 0, ceilings = 0;
     double max_gib = 120;
     const char *csv_path = NULL, *only = NULL;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--quick")) quick = 1;
         else if (!strcmp(argv[i], "--batch")) batch = 1;
         else if (!strcmp(argv[i], "--list")) list = 1;
+        else if (!strcmp(argv[i], "--ceilings")) ceilings = 1;
         else if (!strcmp(argv[i], "--csv") && i + 1 < argc) csv_path = argv[++i];
         else if (!strcmp(argv[i], "--only") && i + 1 < argc) only = argv[++i];
         else if (!strcmp(argv[i], "--max-gib") && i + 1 < argc && atof(argv[i + 1]) > 0) max_gib = atof(argv[++i]);
@@ -272,6 +276,12 @@ int main(int argc, char **argv)
         }
     }
     env.copy_gbs = copy;
+    if (ceilings) {
+        printf("ceilings copy_GBps=%.0f read_GBps=%.0f gpu=\"%s\" arch=%s sms=%d\n", copy, env.read_gbs, di.name,
+               di.arch, di.sm_count);
+        kiln_ctx_destroy(ctx);
+        return env.read_gbs > 0 ? 0 : 1;
+    }
     FILE *csv = csv_path ? fopen(csv_path, "w") : NULL;
     if (csv_path && !csv) {
         fprintf(stderr, "kiln-bench: cannot write %s\n", csv_path);
