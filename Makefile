@@ -37,7 +37,7 @@ TESTS  := $(BUILD)/bin/kiln-tests
 BENCH  := $(BUILD)/bin/kiln-bench
 EMBED  := $(BUILD)/bin/kiln-embed
 
-.PHONY: all deps test test-gpu test-full demo help check asan ubsan format tidy compdb clean
+.PHONY: all deps test test-gpu test-full demo bench-gpu help check asan ubsan format tidy compdb clean
 all: $(LIB_A) $(LIB_SO) $(KILN) $(TESTS) $(BENCH)
 
 help:
@@ -48,6 +48,8 @@ help:
 	@echo "make test-full  CPU tests plus the full NVRTC grid (slow)"
 	@echo "make demo       build, warm docs/demo.manifest into the default cache, list it,"
 	@echo "                and run 'kiln check' on each variant when a GPU is present"
+	@echo "make bench-gpu  on a GPU machine: the referee (tools/bench/referee.sh all; FlashInfer from .whl/),"
+	@echo "                logs under \$$OUT; docs/perf.md says how to make the tables from it"
 	@echo "make check      test + asan + ubsan"
 	@echo "make asan|ubsan CPU tests under AddressSanitizer / UndefinedBehaviorSanitizer"
 	@echo "make format     clang-format every C file;  make tidy: clang-tidy"
@@ -114,6 +116,9 @@ test-gpu: all
 
 test-full: all
 	KILN_TEST_FULL=1 $(TESTS) --kiln $(KILN)
+
+bench-gpu: all
+	tools/bench/referee.sh all
 
 demo: deps
 	$(MAKE) all

@@ -15,7 +15,7 @@
  *                                new-process cache hit (`kiln compile` of a cached spec)
  * Prints markdown tables on stdout. CSV files start with one metadata line
  * "# kiln-bench gpu=... arch=... sms=... driver=... nvrtc=... kiln=... date=... copy_GBps=...
- * read_GBps=..." (tools/bench/plot.py reads it), then a header line.
+ * read_GBps=..." (its ceilings; tools/bench/referee.py takes them from --ceilings), then a header line.
  */
 #include <stdio.h>
 #include <stdlib.h>

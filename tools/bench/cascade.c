@@ -252,7 +252,7 @@ static double now_us(void)
     return ts.tv_sec * 1e6 + ts.tv_nsec / 1e3;
 }
 
-/* The lengths of the host-overhead batch (peers.py uses the same formula): 512 .. 8192. */
+/* The lengths of the host-overhead batch (referee.py's host suite uses the same formula): 512 .. 8192. */
 static int host_len(int b) { return 512 + (b * 7919) % 7681; }
 
 /* Wall clock of kiln_batch_plan and kiln_batch_run around each call, no sync inside the timed

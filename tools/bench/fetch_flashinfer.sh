@@ -2,8 +2,8 @@
 # fetch_flashinfer.sh — run on a development machine (it has PyPI; the GPU machine has none):
 # downloads FlashInfer and the pure-Python packages it imports that torch 2.11 does not bring,
 # for CPython 3.12 on manylinux x86_64 (Ubuntu 24.04 on the GPU machine), into .whl/ (ignored
-# by git), and prints the total size. device_run.sh installs them there with
-#   tools/bench/device_run.sh fi-install     (pip --no-index --find-links .whl --target ...)
+# by git), and prints the total size. tools/bench/referee.sh installs them there with
+#   pip --no-index --no-deps --target .fi-site .whl/*.whl     (its `fi` stage)
 #
 # Size: the device tool carries ignored paths of at most 64 MiB in all. flashinfer-python
 # 0.7.x is a 100 MB wheel (and imports cuda-python, cuda-tile, nccl4py, cutlass-dsl at import

@@ -612,7 +612,7 @@ def suite_bsr(a, suite):
         fw.plan(ip_d, ix_d, S, S, R, R, H, H_KV, D, q_data_type=BF16, kv_data_type=BF16, o_data_type=BF16)
         cont.append(("FlashInfer", lambda c: fw.run(qs[c], ks[c], vs[c]), ident))
     else:
-        RES.add(dict(suite=suite, point="1 x 4096 bsr", lib="FlashInfer", unit="TFLOP/s", check="not run",
+        RES.add(dict(suite=suite, point=f"1 x 4096 bsr {kept:.0%}", lib="FlashInfer", unit="TFLOP/s", check="not run",
                      error=FI.missing("bsr:d128")))
     if not a.no_flex:
         try:
@@ -624,7 +624,7 @@ def suite_bsr(a, suite):
             tv = [x.view(1, S, H_KV, D).transpose(1, 2).contiguous() for x in vs]
             cont.append(("Flex", lambda c: fl(tq[c], tk[c], tv[c]), canon))
         except Exception as e:  # noqa: BLE001
-            RES.add(dict(suite=suite, point="1 x 4096 bsr", lib="Flex", unit="TFLOP/s", check="failed",
+            RES.add(dict(suite=suite, point=f"1 x 4096 bsr {kept:.0%}", lib="Flex", unit="TFLOP/s", check="failed",
                          error=short(e)))
     RES.meta["bsr_kept"] = kept
     measure(suite, f"1 x 4096 bsr {kept:.0%}", "TFLOP/s", flops, cont, copies)
