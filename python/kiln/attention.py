@@ -157,8 +157,8 @@ def alibi_slopes(num_heads, device=None):
     """The ALiBi paper's slopes for num_heads heads (what FlashInfer's pos_encoding_mode="ALIBI"
     uses): 2^(-8i/n) for i = 1..n with n the largest power of two <= num_heads, then the odd
     powers of 2^(-4/n) for the remaining heads. A float32 tensor [num_heads] on `device`."""
-    torch = _torch()
     num_heads = _check.integer(num_heads, "alibi_slopes: num_heads", 1, _check.INT_MAX)
+    torch = _torch()
     n = 2 ** int(math.floor(math.log2(num_heads)))
     m = torch.pow(2.0 ** (-8.0 / n), torch.arange(1, n + 1, device=device, dtype=torch.float32))
     if n < num_heads:

@@ -585,6 +585,7 @@ class BatchDecodeWithPagedKVCacheWrapper(_BatchWrapper):
                  use_tensor_cores=False, paged_kv_indptr_buffer=None,
                  paged_kv_indices_buffer=None, paged_kv_last_page_len_buffer=None,
                  backend="auto", jit_args=None, *, context=None, lse_base="2"):
+        use_cuda_graph = _check.flag(use_cuda_graph, "use_cuda_graph")
         max_batch = 0
         if use_cuda_graph:
             if paged_kv_indices_buffer is None:
@@ -696,6 +697,7 @@ class BatchPrefillWithPagedKVCacheWrapper(_BatchWrapper):
             raise NotImplementedError("custom_mask_buf / mask_indptr_buf: custom masks are not "
                                       "supported in CUDA-graph mode (pass custom_mask to plan() "
                                       "without use_cuda_graph)")
+        use_cuda_graph = _check.flag(use_cuda_graph, "use_cuda_graph")
         max_batch = 0
         if use_cuda_graph:
             if paged_kv_indices_buf is None:
@@ -789,6 +791,7 @@ class BatchPrefillWithRaggedKVCacheWrapper(_BatchWrapper):
             raise NotImplementedError("custom_mask_buf / mask_indptr_buf: custom masks are not "
                                       "supported in CUDA-graph mode (pass custom_mask to plan() "
                                       "without use_cuda_graph)")
+        use_cuda_graph = _check.flag(use_cuda_graph, "use_cuda_graph")
         max_batch = 0
         if use_cuda_graph:
             buf = qo_indptr_buf if qo_indptr_buf is not None else kv_indptr_buf
