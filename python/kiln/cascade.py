@@ -248,9 +248,13 @@ class MultiLevelCascadeAttentionWrapper:
                   paged_kv_last_page_len)
         for name, arr in zip(("qo_indptr_arr", "paged_kv_indptr_arr", "paged_kv_indices_arr",
                               "paged_kv_last_page_len"), arrays):
+            if isinstance(arr, (str, bytes)) or not hasattr(arr, "__len__"):
+                raise TypeError(f"{name} must hold one array per level, not "
+                                f"{type(arr).__name__}")
             if len(arr) != self._num_levels:
                 raise ValueError(f"{name} has {len(arr)} entries; there are "
                                  f"{self._num_levels} levels")
+        causal = _check.flag(causal, "causal")  # only the last level sees it: check it now
         last = self._num_levels - 1
         for i, wrapper in enumerate(self._batch_prefill_wrappers):
             wrapper.plan(qo_indptr_arr[i], paged_kv_indptr_arr[i], paged_kv_indices_arr[i],

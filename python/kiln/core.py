@@ -6,7 +6,6 @@ launches). Everything here calls libkiln.so through _lib; failures raise errors.
 subclasses carrying kiln's message.
 """
 
-import contextlib
 import ctypes
 import dataclasses
 import threading
@@ -330,6 +329,42 @@ def _device_ordinal(device, what="device"):
 _CLOSED = "kiln: the context is closed"
 
 
+class _Hold:
+    """One call's hold on a context (Context._use): entering counts the call in, or raises
+    KilnInvalidArgumentError once close() has begun; leaving counts it out and wakes close().
+    __enter__ returns the context's handle, or make(handle) when make is given (a kernel's or
+    plan's pointer with it). A class, not a generator: it sits on every launch."""
+
+    __slots__ = ("_ctx", "_make")
+
+    def __init__(self, ctx, make=None):
+        self._ctx = ctx
+        self._make = make
+
+    def __enter__(self):
+        ctx = self._ctx
+        with ctx._cv:
+            if ctx._handle is None or ctx._closing:
+                raise error_for(_lib.STATUS["INVALID_ARGUMENT"], _CLOSED)
+            ctx._busy += 1
+            handle = ctx._handle
+        if self._make is None:
+            return handle
+        try:
+            return self._make(handle)
+        except BaseException:
+            self.__exit__(None, None, None)
+            raise
+
+    def __exit__(self, *exc):
+        ctx = self._ctx
+        with ctx._cv:
+            ctx._busy -= 1
+            if not ctx._busy:
+                ctx._cv.notify_all()
+        return False
+
+
 class Context:
     """A kiln context (kiln_ctx): one device, one target arch, one cache, the kernel memo.
 
@@ -388,23 +423,12 @@ class Context:
         self._handle = handle.value
 
     # ---- lifetime ----
-    @contextlib.contextmanager
-    def _use(self):
-        """The C handle for the duration of one call into it: close() waits until every _use
-        has ended, and a _use that starts once close() has begun raises KilnInvalidArgumentError.
-        Everything that reads the handle, a kernel or a plan of this context runs inside one
-        (borrowed strings are copied before it ends)."""
-        with self._cv:
-            if self._handle is None or self._closing:
-                raise error_for(_lib.STATUS["INVALID_ARGUMENT"], _CLOSED)
-            self._busy += 1
-        try:
-            yield self._handle
-        finally:
-            with self._cv:
-                self._busy -= 1
-                if not self._busy:
-                    self._cv.notify_all()
+    def _use(self, make=None):
+        """`with ctx._use() as handle:` for the duration of one call into the C context:
+        close() waits until every _use has ended, and a _use that starts once close() has begun
+        raises KilnInvalidArgumentError. Everything that reads the handle, or a kernel or plan
+        of this context, runs inside one (borrowed strings are copied before it ends)."""
+        return _Hold(self, make)
 
     def close(self):
         """kiln_ctx_destroy: unload and free every kernel, once the calls other threads are
@@ -541,11 +565,10 @@ class Kernel:
         self.variant = variant
         self._info = None
 
-    @contextlib.contextmanager
     def _use(self):
-        """(kernel pointer, context handle) for one call; see Context._use."""
-        with self._ctx._use() as h:
-            yield self._ptr, h
+        """`with kernel._use() as (kernel pointer, context handle):` for one call; see
+        Context._use."""
+        return self._ctx._use(lambda h: (self._ptr, h))
 
     def _p(self):
         self._ctx._h()

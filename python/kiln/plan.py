@@ -11,7 +11,6 @@ The batch functions are bound lazily (_lib.fn): with a libkiln.so older than the
 creating a Plan raises KilnLibraryError saying so; the rest of the package still works.
 """
 
-import contextlib
 import ctypes
 import dataclasses
 
@@ -88,13 +87,15 @@ class Plan:
             check(create(p, ctypes.byref(self.opts), ctypes.byref(out)), h)
         self._handle = out.value
 
-    @contextlib.contextmanager
     def _use(self):
-        """(plan handle, context handle) for one call, holding the context (Context._use)."""
-        with self.kernel._use() as (_, h):
-            if self._handle is None:
-                raise error_for(_lib.STATUS["INVALID_ARGUMENT"], "kiln: the plan is destroyed")
-            yield self._handle, h
+        """`with plan._use() as (plan handle, context handle):` for one call, holding the
+        kernel's context (Context._use)."""
+        return self.kernel.context._use(self._handles)
+
+    def _handles(self, h):
+        if self._handle is None:
+            raise error_for(_lib.STATUS["INVALID_ARGUMENT"], "kiln: the plan is destroyed")
+        return self._handle, h
 
     def close(self):
         """kiln_plan_destroy. Idempotent. Only when no run of this plan is still in flight
