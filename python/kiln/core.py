@@ -464,12 +464,6 @@ class Context:
         except Exception:  # interpreter shutdown: the library may be gone
             pass
 
-    def _h(self):
-        """The handle, or KilnInvalidArgumentError when closed (no wait: for checks only)."""
-        if self.closed:
-            raise error_for(_lib.STATUS["INVALID_ARGUMENT"], _CLOSED)
-        return self._handle
-
     # ---- description ----
     @property
     def device(self):
@@ -569,10 +563,6 @@ class Kernel:
         """`with kernel._use() as (kernel pointer, context handle):` for one call; see
         Context._use."""
         return self._ctx._use(lambda h: (self._ptr, h))
-
-    def _p(self):
-        self._ctx._h()
-        return self._ptr
 
     @property
     def context(self):
