@@ -9,6 +9,7 @@ subclasses carrying kiln's message.
 import ctypes
 import dataclasses
 import threading
+import weakref
 
 from . import _check, _lib
 from .errors import KilnParseError, check, error_for
@@ -398,6 +399,7 @@ class Context:
         self._busy = 0  # calls into the C context in progress (see _use)
         self._closing = False
         self._kernels = {}  # kiln_kernel * -> Kernel, so one C kernel is one Python object
+        self._plans = weakref.WeakSet()  # live kiln.Plan objects: close() destroys them first
         mode = _check.choice(mode, "Context: mode", _lib.CACHE_MODES)
         # The strings stay referenced by the context object for its whole life.
         self._keep = [
@@ -431,9 +433,9 @@ class Context:
         return _Hold(self, make)
 
     def close(self):
-        """kiln_ctx_destroy: unload and free every kernel, once the calls other threads are
-        making into this context (a compile, say) have returned; new calls fail from the
-        moment close() starts. Idempotent; safe to call from several threads. Never call it
+        """kiln_ctx_destroy: destroy the context's plans, unload and free every kernel, once the
+        calls other threads are making into this context (a compile, say) have returned; new
+        calls fail from the moment close() starts. Idempotent; safe to call from several threads. Never call it
         from inside a call on this context (it would wait for itself)."""
         with self._cv:
             self._closing = True
@@ -441,6 +443,8 @@ class Context:
                 self._cv.wait()
             handle, self._handle = self._handle, None
             if handle:
+                for plan in list(self._plans):  # a plan reaches its context to free itself
+                    plan._destroy()
                 self._kernels.clear()
                 _lib.lib().kiln_ctx_destroy(handle)
 

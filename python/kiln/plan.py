@@ -85,7 +85,8 @@ class Plan:
         out = ctypes.c_void_p()
         with kernel._use() as (p, h):
             check(create(p, ctypes.byref(self.opts), ctypes.byref(out)), h)
-        self._handle = out.value
+            self._handle = out.value
+            kernel.context._plans.add(self)
 
     def _use(self):
         """`with plan._use() as (plan handle, context handle):` for one call, holding the
@@ -99,15 +100,18 @@ class Plan:
 
     def close(self):
         """kiln_plan_destroy. Idempotent. Only when no run of this plan is still in flight
-        (or captured in a graph that may replay)."""
-        handle, self._handle = self._handle, None
-        if not handle:
-            return
+        (or captured in a graph that may replay). Closing the context destroys its plans."""
         try:
             with self.kernel._use():
-                _lib.fn("kiln_plan_destroy")(handle)
-        except KilnError:  # the context is closed: nothing left to free through it
-            pass
+                self._destroy()
+        except KilnError:  # the context is closed, and its close() destroyed this plan
+            self._handle = None
+
+    def _destroy(self):
+        """kiln_plan_destroy, with the context held (by close() here or Context.close)."""
+        handle, self._handle = self._handle, None
+        if handle:
+            _lib.fn("kiln_plan_destroy")(handle)
 
     def __del__(self):
         try:

@@ -445,6 +445,36 @@ class TestClose(unittest.TestCase):
         with self.assertRaises(kiln.KilnInvalidArgumentError):
             ctx.compile(SPECS[0], arch="sm_80")
 
+    def test_close_destroys_live_plans_first(self):
+        # Plans need a loaded kernel (a GPU), so a stand-in plan with a fake handle and a
+        # recording kiln_plan_destroy: close() destroys each live plan once, through the
+        # library, before the context; the plan's own close() afterwards does nothing.
+        from kiln import _lib, plan as plan_mod
+
+        ctx = context()
+        k = ctx.compile(SPEC, arch="sm_80")
+        p = plan_mod.Plan.__new__(plan_mod.Plan)
+        p.kernel, p._handle = k, 0xDEAD0
+        ctx._plans.add(p)
+        destroyed = []
+        real_fn = _lib.fn
+
+        def fn(name):
+            if name == "kiln_plan_destroy":
+                return lambda h: destroyed.append((h, ctx._handle is None, ctx._closing))
+            return real_fn(name)
+
+        _lib.fn = fn
+        try:
+            ctx.close()
+            p.close()
+        finally:
+            _lib.fn = real_fn
+        self.assertEqual(destroyed, [(0xDEAD0, True, True)])
+        self.assertIsNone(p._handle)
+        with self.assertRaises(kiln.KilnInvalidArgumentError):
+            p.workspace_size(1)
+
     def test_close_from_several_threads(self):
         ctx = context()
         ctx.compile(SPEC, arch="sm_80")
