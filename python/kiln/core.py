@@ -29,7 +29,7 @@ def nvrtc_version():
 
 def status_str(status):
     """kiln_status_str: the short text of a status value."""
-    return _lib.text(_lib.lib().kiln_status_str(status))
+    return _lib.text(_lib.lib().kiln_status_str(_check.integer(status, "status_str: status")))
 
 
 # ---- variants --------------------------------------------------------------------------------

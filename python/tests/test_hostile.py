@@ -187,6 +187,7 @@ INTS = [
     ("single_decode_window_2p40",
      lambda: kiln.single_decode_with_kv_cache(None, None, None, window_left=2**40), ValueError,
      "window_left"),
+    ("status_str_2p32", lambda: kiln.status_str(2**32 + 1), ValueError, "status"),
     ("cascade_levels_str", lambda: kiln.MultiLevelCascadeAttentionWrapper("2", Workspace()),
      TypeError, "num_levels"),
 ]
