@@ -435,8 +435,8 @@ class Context:
     def close(self):
         """kiln_ctx_destroy: destroy the context's plans, unload and free every kernel, once the
         calls other threads are making into this context (a compile, say) have returned; new
-        calls fail from the moment close() starts. Idempotent; safe to call from several threads. Never call it
-        from inside a call on this context (it would wait for itself)."""
+        calls fail from the moment close() starts. Idempotent; safe to call from several
+        threads. Never call it from inside a call on this context (it would wait for itself)."""
         with self._cv:
             self._closing = True
             while self._busy:
