@@ -344,10 +344,12 @@ class _Hold:
 
     def __enter__(self):
         ctx = self._ctx
+        tid = threading.get_ident()
         with ctx._cv:
             if ctx._handle is None or ctx._closing:
                 raise error_for(_lib.STATUS["INVALID_ARGUMENT"], _CLOSED)
             ctx._busy += 1
+            ctx._holders[tid] = ctx._holders.get(tid, 0) + 1
             handle = ctx._handle
         if self._make is None:
             return handle
@@ -359,8 +361,12 @@ class _Hold:
 
     def __exit__(self, *exc):
         ctx = self._ctx
+        tid = threading.get_ident()
         with ctx._cv:
             ctx._busy -= 1
+            n = ctx._holders.pop(tid) - 1
+            if n:
+                ctx._holders[tid] = n
             if not ctx._busy:
                 ctx._cv.notify_all()
         return False
@@ -397,6 +403,7 @@ class Context:
         # this thread (and finds the context closing) instead of deadlocking.
         self._cv = threading.Condition(threading.RLock())
         self._busy = 0  # calls into the C context in progress (see _use)
+        self._holders = {}  # thread ident -> its calls in progress (close() refuses to self-wait)
         self._closing = False
         self._kernels = {}  # kiln_kernel * -> Kernel, so one C kernel is one Python object
         self._plans = weakref.WeakSet()  # live kiln.Plan objects: close() destroys them first
@@ -436,8 +443,12 @@ class Context:
         """kiln_ctx_destroy: destroy the context's plans, unload and free every kernel, once the
         calls other threads are making into this context (a compile, say) have returned; new
         calls fail from the moment close() starts. Idempotent; safe to call from several
-        threads. Never call it from inside a call on this context (it would wait for itself)."""
+        threads. Called from inside a call on this same context on the same thread (a callback,
+        a __del__), where it would wait for itself, it raises RuntimeError instead."""
         with self._cv:
+            if self._holders.get(threading.get_ident()):
+                raise RuntimeError("kiln: Context.close() called from inside a call on the same "
+                                   "context on the same thread; it would wait for itself")
             self._closing = True
             while self._busy:
                 self._cv.wait()

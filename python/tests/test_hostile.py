@@ -476,6 +476,17 @@ class TestClose(unittest.TestCase):
         with self.assertRaises(kiln.KilnInvalidArgumentError):
             p.workspace_size(1)
 
+    def test_close_inside_a_call_on_the_same_thread_raises(self):
+        ctx = context()
+        with ctx._use():
+            with self.assertRaises(RuntimeError) as cm:
+                ctx.close()
+            self.assertIn("wait for itself", str(cm.exception))
+        self.assertFalse(ctx.closed)
+        self.assertEqual(ctx.compile(SPEC, arch="sm_80").arch, "sm_80")  # still usable
+        ctx.close()
+        self.assertEqual((ctx._busy, ctx._holders), (0, {}))
+
     def test_close_from_several_threads(self):
         ctx = context()
         ctx.compile(SPEC, arch="sm_80")
