@@ -17,8 +17,12 @@ docs/python.md ("Argument rules"):
   real    an int, a float or anything with __float__ (a one-element tensor), never a bool or a
           str; NaN refused unless nan=True
   choice  a str among the options (case-folded first when fold is given)
+
+CheckedStruct applies integer / real to the fields of the public struct mirrors (kiln.AttnArgs,
+kiln.Params, kiln.BatchArgs, kiln.MergeArgs) as they are set from Python.
 """
 
+import ctypes
 import operator
 import os
 
@@ -144,3 +148,45 @@ def stream(value, name="stream"):
     handle = getattr(value, "cuda_stream", value)
     h = integer(handle, name, 0, UINT64_MAX)
     return h or None
+
+
+# ---- struct fields ---------------------------------------------------------------------------
+
+_INT_RANGES = {}
+for _t in (ctypes.c_int8, ctypes.c_int16, ctypes.c_int32, ctypes.c_int64):
+    _bits = 8 * ctypes.sizeof(_t)
+    _INT_RANGES[_t] = (-(2 ** (_bits - 1)), 2 ** (_bits - 1) - 1)
+for _t in (ctypes.c_uint8, ctypes.c_uint16, ctypes.c_uint32, ctypes.c_uint64, ctypes.c_size_t):
+    _INT_RANGES[_t] = (0, 2 ** (8 * ctypes.sizeof(_t)) - 1)
+_REALS = (ctypes.c_float, ctypes.c_double)
+_FIELDS = {}  # struct class -> {field name: ctypes type}
+
+
+def _field_types(cls):
+    types = _FIELDS.get(cls)
+    if types is None:
+        types = {}
+        for klass in reversed(cls.__mro__):
+            for field in klass.__dict__.get("_fields_", ()):
+                types[field[0]] = field[1]
+        _FIELDS[cls] = types
+    return types
+
+
+class CheckedStruct:
+    """Mixin for a ctypes.Structure subclass: a scalar field set from Python (by attribute or
+    by constructor keyword) is checked against its C type first (integer within the type's
+    range, real for float / double), so 2**32 + 1 in an int field raises instead of becoming 1.
+    Nested structs and arrays are ctypes' own (a field of args.params is not checked)."""
+
+    __slots__ = ()
+
+    def __setattr__(self, name, value):
+        ctype = _field_types(type(self)).get(name)
+        if ctype is not None:
+            what = f"{type(self).__name__}.{name}"
+            if ctype in _REALS:
+                value = real(value, what)
+            elif ctype in _INT_RANGES:
+                value = integer(value, what, *_INT_RANGES[ctype])
+        super().__setattr__(name, value)

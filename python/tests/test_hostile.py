@@ -187,6 +187,13 @@ INTS = [
     ("single_decode_window_2p40",
      lambda: kiln.single_decode_with_kv_cache(None, None, None, window_left=2**40), ValueError,
      "window_left"),
+    ("attn_args_heads_2p32", lambda: kiln.AttnArgs(num_qo_heads=2**32 + 8), ValueError,
+     "AttnArgs.num_qo_heads"),
+    ("attn_args_pointer_negative", lambda: setattr(kiln.AttnArgs(), "q", -16), ValueError,
+     "AttnArgs.q"),
+    ("batch_args_workspace_bytes_2p64", lambda: kiln.BatchArgs(workspace_bytes=2**64),
+     ValueError, "BatchArgs.workspace_bytes"),
+    ("merge_args_rows_bool", lambda: kiln.MergeArgs(rows=True), TypeError, "MergeArgs.rows"),
     ("status_str_2p32", lambda: kiln.status_str(2**32 + 1), ValueError, "status"),
     ("cascade_levels_str", lambda: kiln.MultiLevelCascadeAttentionWrapper("2", Workspace()),
      TypeError, "num_levels"),
@@ -263,6 +270,7 @@ TYPES = [
     ("raw_launch_args_dict", lambda: kernel().single_decode({}), TypeError, "args"),
     ("set_default_context_str", lambda: kiln.set_default_context("ctx"), TypeError, "ctx"),
     ("default_context_bool", lambda: kiln.default_context(True), TypeError, "device"),
+    ("params_sm_scale_str", lambda: kiln.Params(sm_scale="0.5"), TypeError, "Params.sm_scale"),
     ("single_decode_q_scale_str",
      lambda: kiln.single_decode_with_kv_cache(None, None, None, q_scale="2"), TypeError,
      "q_scale"),
@@ -331,6 +339,22 @@ class TestAccepted(unittest.TestCase):
             finally:
                 os.chdir(cwd)
             self.assertEqual(set(os.listdir(tmp)), before)
+
+    def test_public_structs_keep_the_c_layout(self):
+        import ctypes
+
+        from kiln import _lib
+
+        for public, plain in ((kiln.AttnArgs, _lib.kiln_attn_args),
+                              (kiln.Params, _lib.kiln_params),
+                              (kiln.BatchArgs, _lib.kiln_batch_args),
+                              (kiln.MergeArgs, _lib.kiln_merge_args)):
+            self.assertTrue(issubclass(public, plain))
+            self.assertEqual(ctypes.sizeof(public), ctypes.sizeof(plain))
+        a = kiln.AttnArgs(q=2**63, num_qo_heads=Index(8), workspace_bytes=2**64 - 1)
+        a.params.sm_scale = 0.25
+        self.assertEqual((a.q, a.num_qo_heads, a.workspace_bytes), (2**63, 8, 2**64 - 1))
+        self.assertEqual(a.params.sm_scale, 0.25)
 
     def test_case_folding_of_flashinfer_words(self):
         self.assertEqual(spec(kv_layout="hnd", pos_encoding_mode="alibi").logits, "alibi")
