@@ -364,6 +364,7 @@ class _BatchWrapper:
         rope_scale = _check.real(rope_scale, "rope_scale", none=True)
         rope_theta = _check.real(rope_theta, "rope_theta", none=True)
         fixed_split_size = _check.integer(fixed_split_size, "fixed_split_size", none=True)
+        window_left = _check.integer(window_left, "window_left", none=True)  # an int from here
         disable_split_kv = _check.flag(disable_split_kv, "disable_split_kv")
         scale = (1.0 / math.sqrt(D)) if sm_scale is None else sm_scale
         if not scale > 0 or math.isinf(scale):
