@@ -1,7 +1,8 @@
 # kiln — plain Makefile. `make help` lists the targets.
 #
 # Needs: gcc or clang (C11), the CUDA toolkit (NVRTC + headers) at $(CUDA_HOME),
-# libsqlite3-dev, libxxhash-dev, libclang-14-dev (`make deps` installs what is missing).
+# libsqlite3-dev, libxxhash-dev, libclang-14-dev (`make deps` installs what is missing, and
+# python3-venv where python3 has no ensurepip: python/tests/test_install.py makes a venv).
 # libcuda and libnvrtc are dlopen'ed at run time: nothing links against the driver or NVRTC
 # (NVRTC's start-up cost stays off cache hits).
 
@@ -42,7 +43,8 @@ all: $(LIB_A) $(LIB_SO) $(KILN) $(TESTS) $(BENCH)
 
 help:
 	@echo "make            build $(LIB_A), $(LIB_SO), $(KILN) and the test runner"
-	@echo "make deps       install missing Debian packages (sqlite3, xxhash, clang-14 dev); test and demo run it"
+	@echo "make deps       install missing Debian packages (sqlite3, xxhash, clang-14 dev; python3-venv"
+	@echo "                where python3 lacks it, for the pip install test); test and demo run it"
 	@echo "make test       CPU tests (GPU tests skip without a GPU); last line 'N passed, N failed'"
 	@echo "make test-gpu   GPU tests only (fails without a GPU)"
 	@echo "make test-full  CPU tests plus the full NVRTC grid (slow)"
@@ -59,6 +61,8 @@ help:
 deps:
 	@missing=""; for p in libsqlite3-dev libxxhash-dev libclang-14-dev; do \
 	    dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
+	if command -v python3 >/dev/null 2>&1 && ! python3 -c 'import ensurepip' >/dev/null 2>&1; then \
+	    missing="$$missing python3-venv"; fi; \
 	if [ -n "$$missing" ]; then \
 	    echo "installing:$$missing"; \
 	    SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \

@@ -8,7 +8,9 @@
  *   KILN_ABI  the C sizes and a few offsets of every public struct, as
  *             "kiln_variant=1360,kiln_variant.params=48,...", which test_basic.py compares
  *             with its ctypes mirrors (a drift between kiln.h and python/kiln/_lib.py fails).
- * It echoes Python's output and fails when unittest exits non-zero. Without python3 it skips.
+ * It echoes Python's output and fails when unittest exits non-zero, or when a module that must
+ * run (test_basic, test_batch, test_hostile, test_install) has no test in the output. Without
+ * python3 it skips.
  * Under AddressSanitizer the library needs the ASan runtime loaded first: the runner preloads
  * the libasan it was itself linked with and turns leak detection off (Python's own
  * allocations are not ours to judge).
@@ -210,8 +212,20 @@ KT_TEST(python_unittest)
     setenv("KILN_PY_TESTS", tests, 1);
     FILE *p = popen("python3 -m unittest discover -s \"$KILN_PY_TESTS\" -v 2>&1", "r");
     KT_REQUIRE(p != NULL);
+    /* Modules that must have run: a rename or a discovery change must not drop them quietly. */
+    static const char *const required[] = {"test_basic.", "test_batch.", "test_hostile.",
+                                           "test_install."};
+    enum { N_REQUIRED = sizeof required / sizeof required[0] };
+    int seen[N_REQUIRED] = {0};
     char line[4096];
-    while (fgets(line, sizeof line, p)) printf("    | %s", line);
+    while (fgets(line, sizeof line, p)) {
+        printf("    | %s", line);
+        for (int i = 0; i < N_REQUIRED; i++) {
+            char tag[64];
+            snprintf(tag, sizeof tag, "(%s", required[i]); /* unittest -v: "name (module.Class..." */
+            if (strstr(line, tag)) seen[i] = 1;
+        }
+    }
     int status = pclose(p);
 #ifdef KT_ASAN
     unsetenv("LD_PRELOAD");
@@ -223,4 +237,8 @@ KT_TEST(python_unittest)
     unsetenv("PYTHONDONTWRITEBYTECODE");
     int code = status == -1 ? -1 : WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
     if (code != 0) kt_fail(__FILE__, __LINE__, "python3 -m unittest exited with %d (output above)", code);
+    for (int i = 0; i < N_REQUIRED; i++)
+        if (!seen[i])
+            kt_fail(__FILE__, __LINE__, "python/tests/%spy did not run (no test of it in the output)",
+                    required[i]);
 }

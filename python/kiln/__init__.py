@@ -18,10 +18,7 @@ cascade on torch tensors. See docs/python.md.
 """
 
 from ._version import __version__
-from ._lib import kiln_attn_args as AttnArgs
-from ._lib import kiln_params as Params
-from ._lib import kiln_batch_args as BatchArgs
-from ._lib import kiln_merge_args as MergeArgs
+from ._lib import AttnArgs, BatchArgs, MergeArgs, Params
 from .core import (
     Context,
     DeviceInfo,

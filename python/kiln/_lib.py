@@ -14,6 +14,8 @@ import ctypes.util
 import os
 import threading
 
+from . import _check
+
 # ---- constants from kiln.h -------------------------------------------------------------------
 
 KILN_MAX_SNIPPET = 512  # bytes of one snippet, with its NUL
@@ -267,6 +269,28 @@ class kiln_merge_args(ctypes.Structure):
         ("v_stride_n", ctypes.c_int64),
         ("v_stride_h", ctypes.c_int64),
     ]
+
+
+# The public names of the argument structs (kiln.AttnArgs, ...): the same layouts, with every
+# scalar field checked as it is set from Python (_check.CheckedStruct). The package's own code
+# fills the plain mirrors above, with values it has already checked.
+
+
+class AttnArgs(_check.CheckedStruct, kiln_attn_args):
+    """kiln_attn_args (kiln.h) with checked fields: device pointers as ints, strides in
+    elements."""
+
+
+class Params(_check.CheckedStruct, kiln_params):
+    """kiln_params (kiln.h) with checked fields."""
+
+
+class BatchArgs(_check.CheckedStruct, kiln_batch_args):
+    """kiln_batch_args (kiln.h) with checked fields."""
+
+
+class MergeArgs(_check.CheckedStruct, kiln_merge_args):
+    """kiln_merge_args (kiln.h) with checked fields."""
 
 
 # The structs test_basic.py checks against $KILN_ABI, by their C names.

@@ -13,6 +13,7 @@ The batch wrappers are in batch.py, merge_state(s) and cascade in cascade.py.
 import math
 import threading
 
+from . import _check
 from .core import Context, Variant
 
 LOG2E = 1.4426950408889634  # log2(e): natural-log LSE * LOG2E = base-2 LSE
@@ -35,15 +36,17 @@ def _torch():
     return torch
 
 
-def _ordinal(device):
+def _ordinal(device, what="device"):
+    """A CUDA ordinal from None (0), an int, or a torch.device (its index; the current device
+    when it has none)."""
     if device is None:
         return 0
-    if isinstance(device, int):
-        return device
-    index = getattr(device, "index", None)
+    if isinstance(device, (int, str, bytes)) or not hasattr(device, "index"):
+        return _check.integer(device, what, 0, _check.INT_MAX)
+    index = device.index
     if index is None:
         return _torch().cuda.current_device()
-    return index
+    return _check.integer(index, what, 0, _check.INT_MAX)
 
 
 # ---- the default contexts ----------------------------------------------------------------------
@@ -69,6 +72,7 @@ def default_context(device=None):
 def set_default_context(ctx, device=None):
     """Make `ctx` the wrappers' context for its device (or for `device` when given); for a
     strict serving cache, say. The previous default is not closed (kernels may still run)."""
+    _check.instance(ctx, "set_default_context: ctx", Context)
     ordinal = ctx.device.ordinal if device is None else _ordinal(device)
     with _lock:
         _contexts[ordinal] = ctx
@@ -132,23 +136,28 @@ def _stride(t, d):
 
 
 def _layout(kv_layout):
-    layout = str(kv_layout).upper()
-    if layout not in ("NHD", "HND"):
-        raise ValueError(f"kv_layout={kv_layout!r}: must be 'NHD' or 'HND'")
-    return layout.lower()
+    return _check.choice(kv_layout, "kv_layout", ("NHD", "HND"), fold="upper").lower()
 
 
-def _scale(value):
+def _scale(value, name):
     """A FlashInfer scale argument as a float (a one-element tensor is read, which syncs)."""
-    if value is None:
-        return 1.0
-    return float(value)
+    f = _check.real(value, name, none=True)
+    return 1.0 if f is None else f
+
+
+POS_ENCODING_MODES = ("NONE", "ROPE_LLAMA", "ALIBI")
+
+
+def pos_encoding(mode):
+    """FlashInfer's pos_encoding_mode, upper-cased: "NONE" | "ROPE_LLAMA" | "ALIBI"."""
+    return _check.choice(mode, "pos_encoding_mode", POS_ENCODING_MODES, fold="upper")
 
 
 def alibi_slopes(num_heads, device=None):
     """The ALiBi paper's slopes for num_heads heads (what FlashInfer's pos_encoding_mode="ALIBI"
     uses): 2^(-8i/n) for i = 1..n with n the largest power of two <= num_heads, then the odd
     powers of 2^(-4/n) for the remaining heads. A float32 tensor [num_heads] on `device`."""
+    num_heads = _check.integer(num_heads, "alibi_slopes: num_heads", 1, _check.INT_MAX)
     torch = _torch()
     n = 2 ** int(math.floor(math.log2(num_heads)))
     m = torch.pow(2.0 ** (-8.0 / n), torch.arange(1, n + 1, device=device, dtype=torch.float32))
@@ -158,17 +167,16 @@ def alibi_slopes(num_heads, device=None):
     return m
 
 
-def _logits(torch, device, H, pos_encoding_mode, logits_soft_cap, slopes):
-    """The variant's logits transform and the ALiBi slopes tensor (or None)."""
-    mode = str(pos_encoding_mode).upper()
-    if mode in ("ROPE_LLAMA", "ROPE"):
+def _logits(torch, device, H, mode, logits_soft_cap, slopes):
+    """The variant's logits transform and the ALiBi slopes tensor (or None). mode: checked by
+    pos_encoding(); logits_soft_cap: a float or None."""
+    if mode == "ROPE_LLAMA":
         raise NotImplementedError(
-            "kiln has no fused RoPE yet: apply rotary embeddings to q and k before the call"
+            "single-request kernels have no fused RoPE: apply rotary embeddings to q and k "
+            "before the call (the batch wrappers have it)"
         )
-    if mode not in ("NONE", "ALIBI"):
-        raise ValueError(f"pos_encoding_mode={pos_encoding_mode!r}: must be 'NONE' or 'ALIBI'")
-    cap = 0.0 if logits_soft_cap is None else float(logits_soft_cap)
-    if cap < 0 or math.isnan(cap):
+    cap = 0.0 if logits_soft_cap is None else logits_soft_cap
+    if cap < 0:
         raise ValueError(f"logits_soft_cap={logits_soft_cap}: must be > 0 (or None / 0 for none)")
     alibi = mode == "ALIBI" or slopes is not None
     if alibi and cap > 0:
@@ -275,19 +283,25 @@ def request_mask_bits(torch, custom_mask, packed_custom_mask, sizes, device):
 def _attention(op, q, k, v, *, causal, kv_layout, sm_scale, logits_soft_cap, window_left,
                return_lse, pos_encoding_mode, alibi_slopes_arg, lse_base, o_dtype, qk_scale=1.0,
                v_scale=None, custom_mask=None, packed_custom_mask=None):
+    # The scalar arguments first: their checks need neither torch nor a GPU.
+    lse_base = _check.choice(lse_base, "lse_base", ("2", "e"))
+    layout = _layout(kv_layout)
+    causal = _check.flag(causal, "causal")
+    return_lse = _check.flag(return_lse, "return_lse")
+    window_left = _check.integer(window_left, "window_left", none=True)
+    sm_scale = _check.real(sm_scale, "sm_scale", none=True)
+    logits_soft_cap = _check.real(logits_soft_cap, "logits_soft_cap", none=True)
+    pos_encoding_mode = pos_encoding(pos_encoding_mode)
     torch = _torch()
     q = _as_tensor(torch, q, "q")
     k = _as_tensor(torch, k, "k")
     v = _as_tensor(torch, v, "v")
-    if lse_base not in ("2", "e"):
-        raise ValueError(f"lse_base={lse_base!r}: must be '2' (FlashInfer's) or 'e'")
     device = q.device
     if device.type != "cuda":
         raise ValueError(f"q must be a CUDA tensor, got one on {device}")
     decode = op == "decode"
     q_doc = "[H, D]" if decode else "[L_Q, H, D]"
     _check_input(torch, "q", q, q_doc, 2 if decode else 3, device)
-    layout = _layout(kv_layout)
     kv_doc = "[L_KV, H_KV, D] (NHD)" if layout == "nhd" else "[H_KV, L_KV, D] (HND)"
     _check_input(torch, "k", k, kv_doc, 3, device)
     _check_input(torch, "v", v, kv_doc, 3, device)
@@ -306,7 +320,7 @@ def _attention(op, q, k, v, *, causal, kv_layout, sm_scale, logits_soft_cap, win
     out_dtype = q.dtype if o_dtype is None else o_dtype
     out_name = _dtype_name(torch, out_dtype, "o_dtype")
     window = window_left is not None and window_left >= 0
-    scale = (1.0 / math.sqrt(D)) if sm_scale is None else float(sm_scale)
+    scale = (1.0 / math.sqrt(D)) if sm_scale is None else sm_scale
     if not scale > 0:
         raise ValueError(f"sm_scale={sm_scale}: must be > 0")
     scale *= qk_scale
@@ -420,10 +434,10 @@ def single_decode_with_kv_cache(
         raise NotImplementedError("kiln has no fused RoPE yet (rope_scale / rope_theta)")
     return _attention(
         "decode", q, k, v, causal=False, kv_layout=kv_layout, sm_scale=sm_scale,
-        qk_scale=_scale(q_scale) * _scale(k_scale),
+        qk_scale=_scale(q_scale, "q_scale") * _scale(k_scale, "k_scale"),
         logits_soft_cap=logits_soft_cap, window_left=window_left, return_lse=return_lse,
         pos_encoding_mode=pos_encoding_mode, alibi_slopes_arg=alibi_slopes, lse_base=lse_base,
-        o_dtype=None, v_scale=None if v_scale is None else _scale(v_scale),
+        o_dtype=None, v_scale=None if v_scale is None else _scale(v_scale, "v_scale"),
     )
 
 
@@ -473,7 +487,7 @@ def single_prefill_with_kv_cache(
     if rope_scale is not None or rope_theta is not None:
         raise NotImplementedError("kiln has no fused RoPE yet (rope_scale / rope_theta)")
     return _attention(
-        "prefill", q, k, v, causal=bool(causal), kv_layout=kv_layout, sm_scale=sm_scale,
+        "prefill", q, k, v, causal=causal, kv_layout=kv_layout, sm_scale=sm_scale,
         logits_soft_cap=logits_soft_cap, window_left=window_left, return_lse=return_lse,
         pos_encoding_mode=pos_encoding_mode, alibi_slopes_arg=alibi_slopes, lse_base=lse_base,
         o_dtype=o_dtype, custom_mask=custom_mask, packed_custom_mask=packed_custom_mask,

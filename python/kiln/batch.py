@@ -24,10 +24,10 @@ import contextlib
 import functools
 import math
 
-from . import _lib
+from . import _check, _lib
 from .attention import (LOG2E, _stride, alibi_slopes, default_context, mask_data_name,
-                        request_mask_bits)
-from .core import Variant
+                        pos_encoding, request_mask_bits)
+from .core import Context, Variant
 from .errors import KilnWorkspaceError
 from .plan import Plan, host_ints
 
@@ -46,6 +46,9 @@ FP8 = ("e4m3", "e5m2")
 def dtype_word(dtype, what):
     """kiln's spelling ("f16", "bf16", "e4m3", "e5m2") of a torch dtype or a FlashInfer dtype
     string ("float16", "torch.bfloat16", "float8_e4m3fn", ...)."""
+    if not isinstance(dtype, str) and type(dtype).__module__ != "torch":
+        raise TypeError(f"{what} must be a torch dtype or its name (a str), not "
+                        f"{type(dtype).__name__}")
     word = str(dtype)
     if word.startswith("torch."):
         word = word[len("torch."):]
@@ -69,25 +72,15 @@ def _torch():
 
 
 def _layout(kv_layout):
-    layout = str(kv_layout).upper()
-    if layout not in ("NHD", "HND"):
-        raise ValueError(f"kv_layout={kv_layout!r}: must be 'NHD' or 'HND'")
-    return layout
+    return _check.choice(kv_layout, "kv_layout", ("NHD", "HND"), fold="upper")
 
 
 def _lse_base(base):
-    if base not in ("2", "e"):
-        raise ValueError(f"lse_base={base!r}: must be '2' (FlashInfer's) or 'e' (kiln's)")
-    return base
+    return _check.choice(base, "lse_base", ("2", "e"))
 
 
 def _positive_int(value, name):
-    if isinstance(value, bool) or not isinstance(value, int) and not hasattr(value, "__index__"):
-        raise TypeError(f"{name} must be an int, not {type(value).__name__}")
-    value = int(value)
-    if value < 1:
-        raise ValueError(f"{name}={value}: must be >= 1")
-    return value
+    return _check.integer(value, name, 1, _check.INT_MAX)
 
 
 # ---- the variant a plan calls for --------------------------------------------------------------
@@ -104,23 +97,19 @@ def batch_variant(op, kv, num_qo_heads, num_kv_heads, head_dim, *, kv_layout="NH
     logits=softcap iff logits_soft_cap > 0, alibi for pos_encoding_mode="ALIBI"; rope=1 for
     "ROPE_LLAMA"; lse=1 unless lse=False; mask_data "none" | "bitmask" (a prefill plan's
     custom_mask) | "bsr". Raises ValueError naming the argument."""
-    if op not in ("decode", "prefill"):
-        raise ValueError(f"op={op!r}: must be 'decode' or 'prefill'")
-    if kv not in ("paged", "ragged"):
-        raise ValueError(f"kv={kv!r}: must be 'paged' or 'ragged'")
+    op = _check.choice(op, "op", ("decode", "prefill"))
+    kv = _check.choice(kv, "kv", ("paged", "ragged"))
+    causal = _check.flag(causal, "causal")
+    lse = _check.flag(lse, "lse")
     H = _positive_int(num_qo_heads, "num_qo_heads")
     H_KV = _positive_int(num_kv_heads, "num_kv_heads")
     D = _positive_int(head_dim, "head_dim")
     if H % H_KV:
         raise ValueError(f"num_qo_heads={H} must be a multiple of num_kv_heads={H_KV}")
     layout = _layout(kv_layout).lower()
-    mode = str(pos_encoding_mode).upper()
-    if mode not in ("NONE", "ROPE_LLAMA", "ALIBI"):
-        raise ValueError(
-            f"pos_encoding_mode={pos_encoding_mode!r}: must be 'NONE', 'ROPE_LLAMA' or 'ALIBI'"
-        )
-    cap = 0.0 if logits_soft_cap is None else float(logits_soft_cap)
-    if cap < 0 or math.isnan(cap):
+    mode = pos_encoding(pos_encoding_mode)
+    cap = _check.real(logits_soft_cap, "logits_soft_cap", none=True) or 0.0
+    if cap < 0:
         raise ValueError(f"logits_soft_cap={logits_soft_cap}: must be > 0 (or None / 0 for none)")
     if mode == "ALIBI" and cap > 0:
         raise NotImplementedError(
@@ -141,16 +130,14 @@ def batch_variant(op, kv, num_qo_heads, num_kv_heads, head_dim, *, kv_layout="NH
     o = q if o_data_type is None else dtype_word(o_data_type, "o_data_type")
     if o in FP8:
         raise ValueError(f"o_data_type={o_data_type}: must be float16 or bfloat16")
+    window_left = _check.integer(window_left, "window_left", none=True)
     if window_left is None:
         window_left = -1
-    if int(window_left) != window_left:
-        raise TypeError(f"window_left must be an int, got {window_left!r}")
     logits = "alibi" if mode == "ALIBI" else ("softcap" if cap > 0 else "none")
-    if mask_data not in ("none", "bitmask", "bsr"):
-        raise ValueError(f"mask_data={mask_data!r}: must be 'none', 'bitmask' or 'bsr'")
+    mask_data = _check.choice(mask_data, "mask_data", ("none", "bitmask", "bsr"))
     return Variant(op=op, q_dtype=q, kv_dtype=k, out_dtype=o, head_dim=D, group=H // H_KV,
                    layout=layout, mask="causal" if causal and op == "prefill" else "none",
-                   window=int(window_left) >= 0, logits=logits, lse=bool(lse), kv=kv,
+                   window=window_left >= 0, logits=logits, lse=lse, kv=kv,
                    rope=mode == "ROPE_LLAMA", mask_data=mask_data)
 
 
@@ -266,9 +253,9 @@ def _on_device(torch, device):
 
 
 def _float_scale(value, name):
-    if value is None:
+    f = _check.real(value, name, none=True)  # a one-element tensor is read (a synchronisation)
+    if f is None:
         return 1.0
-    f = float(value)  # a one-element tensor is read here (a synchronisation)
     if not f > 0 or math.isinf(f):
         raise ValueError(f"{name}={value}: must be a finite value > 0")
     return f
@@ -295,11 +282,12 @@ class _BatchWrapper:
                  max_batch, max_qo_tokens, context, lse_base):
         self._kv_layout = _layout(kv_layout)
         self._lse_base = _lse_base(lse_base)
-        self._use_cuda_graph = bool(use_cuda_graph)
-        self._context_arg = context
+        self._use_cuda_graph = _check.flag(use_cuda_graph, "use_cuda_graph")
+        self._context_arg = _check.instance(context, "context", Context, none=True)
         self._indices_buf = indices_buf
-        self._max_batch = int(max_batch or 0)
-        self._max_qo_tokens = int(max_qo_tokens or 0)
+        self._max_batch = max(int(max_batch or 0), 0)  # a buffer's length, not an argument
+        self._max_qo_tokens = _check.integer(max_qo_tokens, "max_qo_tokens", 0, _check.INT_MAX,
+                                             none=True) or 0
         self._kernels = {}  # Variant -> kiln.Kernel (compiled once per spec)
         self._plans = {}  # (Variant, kiln_plan_opts fields) -> kiln.Plan
         self._slopes = {}  # H -> ALiBi slopes, float32 [H]
@@ -372,7 +360,13 @@ class _BatchWrapper:
         if masked and self._use_cuda_graph:
             raise NotImplementedError("custom masks in CUDA-graph mode: the mask buffer's address "
                                       "would change with every plan")
-        scale = (1.0 / math.sqrt(D)) if sm_scale is None else float(sm_scale)
+        sm_scale = _check.real(sm_scale, "sm_scale", none=True)
+        rope_scale = _check.real(rope_scale, "rope_scale", none=True)
+        rope_theta = _check.real(rope_theta, "rope_theta", none=True)
+        fixed_split_size = _check.integer(fixed_split_size, "fixed_split_size", none=True)
+        window_left = _check.integer(window_left, "window_left", none=True)  # an int from here
+        disable_split_kv = _check.flag(disable_split_kv, "disable_split_kv")
+        scale = (1.0 / math.sqrt(D)) if sm_scale is None else sm_scale
         if not scale > 0 or math.isinf(scale):
             raise ValueError(f"sm_scale={sm_scale}: must be a finite value > 0")
         if self._kv == "paged" and indices is None:
@@ -390,11 +384,14 @@ class _BatchWrapper:
                                  "of CUDA-graph mode (the first plan's, or max_qo_tokens=)")
         split = 0
         if fixed_split_size is not None and fixed_split_size > 0:
-            split = int(fixed_split_size) * (page_size if self._kv == "paged" else 1)
+            split = fixed_split_size * (page_size if self._kv == "paged" else 1)
+            if split > _check.INT_MAX:
+                raise ValueError(f"fixed_split_size={fixed_split_size} pages of {page_size} "
+                                 f"tokens is past kiln's bound ({_check.INT_MAX} tokens)")
         opts = dict(num_qo_heads=H, page_size=page_size if self._kv == "paged" else 0,
                     max_batch=self._max_batch if self._use_cuda_graph else 0,
                     max_qo_tokens=self._max_qo_tokens if self._use_cuda_graph else 0,
-                    fixed_split=split, no_split=bool(disable_split_kv))
+                    fixed_split=split, no_split=disable_split_kv)
         torch = _torch()
         device = self.device
         if not isinstance(self._float_workspace_buffer, torch.Tensor) or device.type != "cuda":
@@ -443,11 +440,11 @@ class _BatchWrapper:
         st.H, st.H_KV, st.D, st.page_size = H, H_KV, D, page_size
         st.batch, st.total_qo, st.total_kv = batch, total_qo, total_kv
         st.sm_scale = scale
-        st.softcap = float(logits_soft_cap or 0.0)
-        st.window_left = int(window_left) if window_left is not None and window_left >= 0 else -1
-        rope = str(pos_encoding_mode).upper() == "ROPE_LLAMA"
-        st.rope_scale = float(rope_scale) if rope and rope_scale is not None else 0.0
-        st.rope_theta = float(rope_theta) if rope and rope_theta is not None else 0.0
+        st.softcap = float(logits_soft_cap or 0.0)  # checked by batch_variant
+        st.window_left = window_left if window_left is not None and window_left >= 0 else -1
+        rope = variant.rope
+        st.rope_scale = rope_scale if rope and rope_scale is not None else 0.0
+        st.rope_theta = rope_theta if rope and rope_theta is not None else 0.0
         st.q_dtype = _torch_dtype(torch, variant.q_dtype)
         st.kv_dtype = _torch_dtype(torch, variant.kv_dtype)
         st.o_dtype = _torch_dtype(torch, variant.out_dtype)
@@ -478,9 +475,11 @@ class _BatchWrapper:
     def _run(self, q, k, v, *, rows_dim_doc, k_strides, out, lse, return_lse, q_scale, k_scale,
              v_scale, window_left):
         st = self._require_plan()
+        window_left = _check.integer(window_left, "run: window_left", none=True)
+        return_lse = _check.flag(return_lse, "run: return_lse")
         torch = _torch()
         device = self.device
-        if window_left is not None and int(window_left) != st.window_left and not (
+        if window_left is not None and window_left != st.window_left and not (
                 window_left < 0 and st.window_left < 0):
             raise ValueError(f"run(window_left={window_left}) differs from plan(window_left="
                              f"{st.window_left}): the window is part of the planned kernel")
@@ -587,6 +586,7 @@ class BatchDecodeWithPagedKVCacheWrapper(_BatchWrapper):
                  use_tensor_cores=False, paged_kv_indptr_buffer=None,
                  paged_kv_indices_buffer=None, paged_kv_last_page_len_buffer=None,
                  backend="auto", jit_args=None, *, context=None, lse_base="2"):
+        use_cuda_graph = _check.flag(use_cuda_graph, "use_cuda_graph")
         max_batch = 0
         if use_cuda_graph:
             if paged_kv_indices_buffer is None:
@@ -619,9 +619,9 @@ class BatchDecodeWithPagedKVCacheWrapper(_BatchWrapper):
         if block_tables is not None or seq_lens is not None:
             raise NotImplementedError("block_tables / seq_lens (trtllm-gen's form) are not "
                                       "supported: pass indptr, indices and last_page_len")
-        if q_len_per_req != 1:
+        if _check.integer(q_len_per_req, "q_len_per_req") != 1:
             raise NotImplementedError("q_len_per_req > 1: use BatchPrefillWithPagedKVCacheWrapper")
-        if window_right:
+        if _check.integer(window_right, "window_right"):
             raise NotImplementedError("window_right != 0 is not supported")
         if data_type is not None:
             q_data_type = data_type
@@ -698,6 +698,7 @@ class BatchPrefillWithPagedKVCacheWrapper(_BatchWrapper):
             raise NotImplementedError("custom_mask_buf / mask_indptr_buf: custom masks are not "
                                       "supported in CUDA-graph mode (pass custom_mask to plan() "
                                       "without use_cuda_graph)")
+        use_cuda_graph = _check.flag(use_cuda_graph, "use_cuda_graph")
         max_batch = 0
         if use_cuda_graph:
             if paged_kv_indices_buf is None:
@@ -791,6 +792,7 @@ class BatchPrefillWithRaggedKVCacheWrapper(_BatchWrapper):
             raise NotImplementedError("custom_mask_buf / mask_indptr_buf: custom masks are not "
                                       "supported in CUDA-graph mode (pass custom_mask to plan() "
                                       "without use_cuda_graph)")
+        use_cuda_graph = _check.flag(use_cuda_graph, "use_cuda_graph")
         max_batch = 0
         if use_cuda_graph:
             buf = qo_indptr_buf if qo_indptr_buf is not None else kv_indptr_buf
@@ -862,6 +864,7 @@ _FLASHINFER_PREFILL_EXTRAS = frozenset((
 
 
 def _refuse_prefill_extras(head_dim_qk, head_dim_vo, extra):
+    head_dim_vo = _check.integer(head_dim_vo, "head_dim_vo", none=True)
     if head_dim_vo is not None and head_dim_vo != head_dim_qk:
         raise NotImplementedError(f"head_dim_vo={head_dim_vo} != head_dim_qk={head_dim_qk}: "
                                   "kiln's kernels have one head dim")

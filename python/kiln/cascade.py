@@ -13,9 +13,9 @@ MultiLevelCascadeAttentionWrapper runs each level as a BatchPrefillWithPagedKVCa
 LSE (the workspace split between the levels) and merges them in place.
 """
 
-from . import _lib
+from . import _check, _lib
 from .attention import LOG2E, _ordinal, _stride, default_context
-from .core import Variant
+from .core import Context, Variant
 
 LN2 = 0.6931471805599453  # ln(2): base-2 LSE * LN2 = natural-log LSE
 
@@ -62,10 +62,10 @@ def _natural(s, base):
     return s * LN2 if base == "2" else s.contiguous()
 
 
-def _base(base):
-    if base not in ("2", "e"):
-        raise ValueError(f"lse_base={base!r}: must be '2' (FlashInfer's) or 'e' (kiln's)")
-    return base
+def _scalars(lse_base, context):
+    """The non-tensor arguments of the merges, checked before torch is needed."""
+    _check.choice(lse_base, "lse_base", ("2", "e"))
+    _check.instance(context, "context", Context, none=True)
 
 
 def _launch(torch, kernel, name, a, device):
@@ -97,8 +97,8 @@ def merge_state(v_a, s_a, v_b, s_b, *, lse_base="2", context=None):
     (float16 / bfloat16), s_a, s_b [n, H] float32 LSE (base 2 unless lse_base="e"). Returns
     (v [n, H, D], s [n, H]), new dense tensors; a row whose LSE is -inf in one state takes the
     other's (both -inf: v = 0, s = -inf)."""
+    _scalars(lse_base, context)
     torch = _torch()
-    _base(lse_base)
     device = v_a.device if isinstance(v_a, torch.Tensor) else None
     n, H, D = _check_pair(torch, ("v_a", "s_a", "v_b", "s_b"), v_a, s_a, v_b, s_b, device)
     kernel = _merge_kernel(torch, device, v_a.dtype, D, context)
@@ -122,8 +122,8 @@ def merge_state_in_place(v, s, v_other, s_other, mask=None, *, lse_base="2", con
     v, v_other [n, H, D]; s, s_other [n, H] float32 (base 2 unless lse_base="e"); mask
     (bool / uint8 [n], optional): rows where it is 0 stay exactly as they were. v may be any
     view whose last dim is contiguous; v_other is copied to v's strides when they differ."""
+    _scalars(lse_base, context)
     torch = _torch()
-    _base(lse_base)
     device = v.device if isinstance(v, torch.Tensor) else None
     n, H, D = _check_pair(torch, ("v", "s", "v_other", "s_other"), v, s, v_other, s_other, device)
     if n and (v.stride(2) != 1 or v.data_ptr() % 16 or any(
@@ -163,8 +163,8 @@ def merge_state_in_place(v, s, v_other, s_other, mask=None, *, lse_base="2", con
 def merge_states(v, s, *, lse_base="2", context=None):
     """Merge S states of each row: FlashInfer's merge_states. v [n, S, H, D], s [n, S, H]
     float32 (base 2 unless lse_base="e"). Returns (v [n, H, D], s [n, H])."""
+    _scalars(lse_base, context)
     torch = _torch()
-    _base(lse_base)
     device = v.device if isinstance(v, torch.Tensor) else None
     _check_v(torch, "v", v, 4, device)
     n, S, H, D = v.shape
@@ -212,11 +212,11 @@ class MultiLevelCascadeAttentionWrapper:
                  context=None):
         from .batch import BatchPrefillWithPagedKVCacheWrapper
 
-        if use_cuda_graph:
+        if _check.flag(use_cuda_graph, "use_cuda_graph"):
             raise NotImplementedError("MultiLevelCascadeAttentionWrapper: use_cuda_graph=True is "
                                       "not supported yet")
-        if isinstance(num_levels, bool) or not isinstance(num_levels, int) or num_levels < 1:
-            raise ValueError(f"num_levels={num_levels!r}: must be an int >= 1")
+        num_levels = _check.integer(num_levels, "num_levels", 1, _check.INT_MAX)
+        _check.instance(context, "context", Context, none=True)
         buf = float_workspace_buffer
         nbytes = int(buf.numel()) * int(buf.element_size())
         flat = buf.view(-1).view(_torch().uint8) if buf.element_size() != 1 else buf.view(-1)
@@ -248,9 +248,13 @@ class MultiLevelCascadeAttentionWrapper:
                   paged_kv_last_page_len)
         for name, arr in zip(("qo_indptr_arr", "paged_kv_indptr_arr", "paged_kv_indices_arr",
                               "paged_kv_last_page_len"), arrays):
+            if isinstance(arr, (str, bytes)) or not hasattr(arr, "__len__"):
+                raise TypeError(f"{name} must hold one array per level, not "
+                                f"{type(arr).__name__}")
             if len(arr) != self._num_levels:
                 raise ValueError(f"{name} has {len(arr)} entries; there are "
                                  f"{self._num_levels} levels")
+        causal = _check.flag(causal, "causal")  # only the last level sees it: check it now
         last = self._num_levels - 1
         for i, wrapper in enumerate(self._batch_prefill_wrappers):
             wrapper.plan(qo_indptr_arr[i], paged_kv_indptr_arr[i], paged_kv_indices_arr[i],

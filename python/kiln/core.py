@@ -8,9 +8,11 @@ subclasses carrying kiln's message.
 
 import ctypes
 import dataclasses
+import threading
+import weakref
 
-from . import _lib
-from .errors import KilnError, KilnParseError, check
+from . import _check, _lib
+from .errors import KilnParseError, check, error_for
 
 # ---- versions --------------------------------------------------------------------------------
 
@@ -27,7 +29,7 @@ def nvrtc_version():
 
 def status_str(status):
     """kiln_status_str: the short text of a status value."""
-    return _lib.text(_lib.lib().kiln_status_str(status))
+    return _lib.text(_lib.lib().kiln_status_str(_check.integer(status, "status_str: status")))
 
 
 # ---- variants --------------------------------------------------------------------------------
@@ -71,7 +73,15 @@ def _parse_params(params):
                 )
             out.append((name, typ))
         return out
-    return [tuple(p) for p in params]
+    if isinstance(params, (bytes, bytearray)) or not hasattr(params, "__iter__"):
+        raise TypeError(f"Variant: params must be a str or a list of (name, type) pairs, not "
+                        f"{type(params).__name__}")
+    out = []
+    for i, p in enumerate(params):
+        if isinstance(p, (str, bytes)) or not hasattr(p, "__len__") or len(p) != 2:
+            raise TypeError(f"Variant: params[{i}] must be a (name, type) pair, not {p!r}")
+        out.append(tuple(p))
+    return out
 
 
 class Variant:
@@ -98,7 +108,8 @@ class Variant:
         else:
             if not isinstance(spec, str):
                 raise TypeError(f"Variant: spec must be a str or Variant, not {type(spec).__name__}")
-            check(_lib.lib().kiln_variant_parse(spec.encode("utf-8"), ctypes.byref(c)))
+            raw = _check.text(spec, "Variant: spec")
+            check(_lib.lib().kiln_variant_parse(raw, ctypes.byref(c)))
         if fields:
             self._apply(c, fields)
             check(_lib.lib().kiln_variant_check(ctypes.byref(c)))
@@ -122,27 +133,22 @@ class Variant:
     @staticmethod
     def _apply(c, fields):
         for key, value in fields.items():
+            what = f"Variant: {key}"
             if key == "dtype":
                 for f in ("q_dtype", "kv_dtype", "out_dtype"):
                     setattr(c, f, Variant._enum("dtype", _lib.DTYPES, value))
             elif key in _ENUM_FIELDS:
                 setattr(c, key, Variant._enum(key, _ENUM_FIELDS[key], value))
             elif key in _INT_FIELDS:
-                if isinstance(value, bool) or not isinstance(value, int):
-                    raise TypeError(f"Variant: {key} must be an int, not {type(value).__name__}")
-                setattr(c, key, value)
+                setattr(c, key, _check.integer(value, what))
             elif key in _BOOL_FIELDS:
-                setattr(c, key, 1 if value else 0)
+                setattr(c, key, int(_check.flag(value, what)))
             elif key in _TEXT_FIELDS:
-                raw = (value or "").encode("utf-8")
-                if len(raw) >= _lib.KILN_MAX_SNIPPET:
-                    raise KilnParseError(
-                        _lib.STATUS["PARSE"],
-                        f"variant: {key} is {len(raw)} bytes; at most {_lib.KILN_MAX_SNIPPET - 1}",
-                    )
+                raw = _check.text("" if value is None else value, what,
+                                  max_bytes=_lib.KILN_MAX_SNIPPET - 1)
                 setattr(c, key, raw)
             elif key == "params":
-                params = _parse_params(value or [])
+                params = _parse_params([] if value is None else value)
                 if len(params) > _lib.KILN_MAX_USER_PARAMS:
                     raise KilnParseError(
                         _lib.STATUS["PARSE"],
@@ -150,24 +156,22 @@ class Variant:
                     )
                 ctypes.memset(ctypes.byref(c.params), 0, ctypes.sizeof(c.params))
                 for i, (name, typ) in enumerate(params):
-                    raw = name.encode("utf-8")
-                    if len(raw) >= _lib.KILN_MAX_PARAM_NAME:
-                        raise KilnParseError(
-                            _lib.STATUS["PARSE"],
-                            f"variant: param name '{name}' is longer than "
-                            f"{_lib.KILN_MAX_PARAM_NAME - 1} bytes",
-                        )
-                    c.params[i].name = raw
-                    c.params[i].type = Variant._enum("param type", _lib.PARAM_TYPES, typ)
+                    c.params[i].name = _check.text(name, f"Variant: params[{i}] name",
+                                                   max_bytes=_lib.KILN_MAX_PARAM_NAME - 1)
+                    c.params[i].type = Variant._enum(f"params[{i}] type", _lib.PARAM_TYPES, typ)
                 c.num_params = len(params)
             else:
                 raise TypeError(f"Variant: unknown field '{key}' (fields: {', '.join(FIELDS)})")
 
     @staticmethod
     def _enum(what, table, value):
+        """An enum field: its spec spelling (a str), or the enum's int value."""
         if isinstance(value, int) and not isinstance(value, bool) and value in table.values():
             return value
-        if isinstance(value, str) and value in table:
+        if not isinstance(value, str):
+            raise TypeError(f"Variant: {what} must be a str (one of {', '.join(table)}), not "
+                            f"{type(value).__name__}")
+        if value in table:
             return table[value]
         raise KilnParseError(
             _lib.STATUS["PARSE"],
@@ -273,13 +277,13 @@ class Variant:
         return hash(self._key())
 
 
-def _as_variant(spec_or_variant):
+def _as_variant(spec_or_variant, what="spec_or_variant"):
     if isinstance(spec_or_variant, Variant):
         return spec_or_variant
     if isinstance(spec_or_variant, str):
         return Variant(spec_or_variant)
     raise TypeError(
-        f"expected a spec string or kiln.Variant, not {type(spec_or_variant).__name__}"
+        f"{what} must be a spec str or a kiln.Variant, not {type(spec_or_variant).__name__}"
     )
 
 
@@ -316,8 +320,56 @@ class KernelInfo:
     threads: int
 
 
-def _opt_bytes(s):
-    return None if s is None else str(s).encode("utf-8")
+def _device_ordinal(device, what="device"):
+    """A CUDA ordinal from an int or a torch.device-like object (.index; None means 0)."""
+    if device is not None and not isinstance(device, int) and hasattr(device, "index"):
+        device = device.index if device.index is not None else 0
+    return _check.integer(device, what, 0, _check.INT_MAX)
+
+
+_CLOSED = "kiln: the context is closed"
+
+
+class _Hold:
+    """One call's hold on a context (Context._use): entering counts the call in, or raises
+    KilnInvalidArgumentError once close() has begun; leaving counts it out and wakes close().
+    __enter__ returns the context's handle, or make(handle) when make is given (a kernel's or
+    plan's pointer with it). A class, not a generator: it sits on every launch."""
+
+    __slots__ = ("_ctx", "_make")
+
+    def __init__(self, ctx, make=None):
+        self._ctx = ctx
+        self._make = make
+
+    def __enter__(self):
+        ctx = self._ctx
+        tid = threading.get_ident()
+        with ctx._cv:
+            if ctx._handle is None or ctx._closing:
+                raise error_for(_lib.STATUS["INVALID_ARGUMENT"], _CLOSED)
+            ctx._busy += 1
+            ctx._holders[tid] = ctx._holders.get(tid, 0) + 1
+            handle = ctx._handle
+        if self._make is None:
+            return handle
+        try:
+            return self._make(handle)
+        except BaseException:
+            self.__exit__(None, None, None)
+            raise
+
+    def __exit__(self, *exc):
+        ctx = self._ctx
+        tid = threading.get_ident()
+        with ctx._cv:
+            ctx._busy -= 1
+            n = ctx._holders.pop(tid) - 1
+            if n:
+                ctx._holders[tid] = n
+            if not ctx._busy:
+                ctx._cv.notify_all()
+        return False
 
 
 class Context:
@@ -325,11 +377,13 @@ class Context:
 
     Context(cache_dir=None, device=0, arch=None, no_device=False, no_cache=False,
     base_cache_dir=None, mode="default", record_path=None, max_cache_bytes=0) takes the fields of
-    kiln_ctx_opts (docs/api.md); mode is "default" | "compile" | "strict" | "record". Without a
+    kiln_ctx_opts (docs/api.md); mode is "default" | "compile" | "strict" | "record". Paths are
+    str or os.PathLike, arch a str, flags bool (docs/python.md, "Argument rules"). Without a
     GPU or driver the context is compile-only: compile() and inspection work, kernel() raises
     KilnNoDeviceError. Use it as a context manager or call close(); kernels belong to the
     context and die with it, so close it only when none of its launches is still running.
-    Thread-safe, like kiln_ctx.
+    Thread-safe, like kiln_ctx: close() waits for the calls other threads are making into it,
+    and every call that starts after close() raises KilnInvalidArgumentError.
     """
 
     def __init__(
@@ -345,42 +399,69 @@ class Context:
         max_cache_bytes=0,
     ):
         self._handle = None
-        if mode not in _lib.CACHE_MODES:
-            raise ValueError(f"Context: mode={mode!r}: must be one of {', '.join(_lib.CACHE_MODES)}")
+        # An RLock: a Plan collected by the garbage collector inside close() re-enters _use on
+        # this thread (and finds the context closing) instead of deadlocking.
+        self._cv = threading.Condition(threading.RLock())
+        self._busy = 0  # calls into the C context in progress (see _use)
+        self._holders = {}  # thread ident -> its calls in progress (close() refuses to self-wait)
+        self._closing = False
+        self._kernels = {}  # kiln_kernel * -> Kernel, so one C kernel is one Python object
+        self._plans = weakref.WeakSet()  # live kiln.Plan objects: close() destroys them first
+        mode = _check.choice(mode, "Context: mode", _lib.CACHE_MODES)
         # The strings stay referenced by the context object for its whole life.
         self._keep = [
-            _opt_bytes(cache_dir),
-            _opt_bytes(arch),
-            _opt_bytes(base_cache_dir),
-            _opt_bytes(record_path),
+            _check.path(cache_dir, "Context: cache_dir"),
+            _check.text(arch, "Context: arch", none=True),
+            _check.path(base_cache_dir, "Context: base_cache_dir"),
+            _check.path(record_path, "Context: record_path"),
         ]
         opts = _lib.kiln_ctx_opts(
             cache_dir=self._keep[0],
-            no_cache=1 if no_cache else 0,
-            device=int(getattr(device, "index", device) or 0),
-            no_device=1 if no_device else 0,
+            no_cache=int(_check.flag(no_cache, "Context: no_cache")),
+            device=_device_ordinal(device, "Context: device"),
+            no_device=int(_check.flag(no_device, "Context: no_device")),
             arch=self._keep[1],
             base_cache_dir=self._keep[2],
             mode=_lib.CACHE_MODES[mode],
             record_path=self._keep[3],
-            max_cache_bytes=int(max_cache_bytes),
+            max_cache_bytes=_check.integer(max_cache_bytes, "Context: max_cache_bytes", 0,
+                                           _check.INT64_MAX),
         )
         handle = ctypes.c_void_p()
         check(_lib.lib().kiln_ctx_create(ctypes.byref(opts), ctypes.byref(handle)))
         self._handle = handle.value
-        self._kernels = {}  # kiln_kernel * -> Kernel, so one C kernel is one Python object
 
     # ---- lifetime ----
+    def _use(self, make=None):
+        """`with ctx._use() as handle:` for the duration of one call into the C context:
+        close() waits until every _use has ended, and a _use that starts once close() has begun
+        raises KilnInvalidArgumentError. Everything that reads the handle, or a kernel or plan
+        of this context, runs inside one (borrowed strings are copied before it ends)."""
+        return _Hold(self, make)
+
     def close(self):
-        """kiln_ctx_destroy: unload and free every kernel. Idempotent."""
-        handle, self._handle = self._handle, None
-        if handle:
-            self._kernels.clear()
-            _lib.lib().kiln_ctx_destroy(handle)
+        """kiln_ctx_destroy: destroy the context's plans, unload and free every kernel, once the
+        calls other threads are making into this context (a compile, say) have returned; new
+        calls fail from the moment close() starts. Idempotent; safe to call from several
+        threads. Called from inside a call on this same context on the same thread (a callback,
+        a __del__), where it would wait for itself, it raises RuntimeError instead."""
+        with self._cv:
+            if self._holders.get(threading.get_ident()):
+                raise RuntimeError("kiln: Context.close() called from inside a call on the same "
+                                   "context on the same thread; it would wait for itself")
+            self._closing = True
+            while self._busy:
+                self._cv.wait()
+            handle, self._handle = self._handle, None
+            if handle:
+                for plan in list(self._plans):  # a plan reaches its context to free itself
+                    plan._destroy()
+                self._kernels.clear()
+                _lib.lib().kiln_ctx_destroy(handle)
 
     @property
     def closed(self):
-        return self._handle is None
+        return self._handle is None or self._closing
 
     def __enter__(self):
         return self
@@ -391,24 +472,20 @@ class Context:
     def __del__(self):
         # The wrappers' default contexts set _keep_alive: launches they enqueued may still run
         # when the interpreter exits, and unloading modules under them is not worth the risk.
-        if getattr(self, "_keep_alive", False):
+        if getattr(self, "_keep_alive", False) or getattr(self, "_cv", None) is None:
             return
         try:
             self.close()
         except Exception:  # interpreter shutdown: the library may be gone
             pass
 
-    def _h(self):
-        if self._handle is None:
-            raise KilnError(_lib.STATUS["INVALID_ARGUMENT"], "kiln: the context is closed")
-        return self._handle
-
     # ---- description ----
     @property
     def device(self):
         """DeviceInfo of the context (present=False on a compile-only context)."""
         info = _lib.kiln_device_info()
-        check(_lib.lib().kiln_ctx_device(self._h(), ctypes.byref(info)))
+        with self._use() as h:
+            check(_lib.lib().kiln_ctx_device(h, ctypes.byref(info)), h)
         return DeviceInfo(
             present=bool(info.present),
             ordinal=info.ordinal,
@@ -431,19 +508,20 @@ class Context:
     @property
     def cache_path(self):
         """Path of the cache database ("" with no_cache)."""
-        return _lib.text(_lib.lib().kiln_ctx_cache_path(self._h()))
+        with self._use() as h:
+            return _lib.text(_lib.lib().kiln_ctx_cache_path(h))
 
     @property
     def errmsg(self):
         """kiln_ctx_errmsg: the context's last error (on a compile-only context: why)."""
-        return _lib.text(_lib.lib().kiln_ctx_errmsg(self._h()))
+        with self._use() as h:
+            return _lib.text(_lib.lib().kiln_ctx_errmsg(h))
 
     # ---- kernels ----
     def _wrap(self, ptr, variant):
         k = self._kernels.get(ptr)
-        if k is None:
-            k = Kernel(self, ptr, variant)
-            self._kernels[ptr] = k
+        if k is None:  # setdefault: two threads getting one kernel share one object
+            k = self._kernels.setdefault(ptr, Kernel(self, ptr, variant))
         return k
 
     def kernel(self, spec_or_variant):
@@ -452,22 +530,23 @@ class Context:
         context."""
         v = _as_variant(spec_or_variant)
         out = ctypes.c_void_p()
-        h = self._h()
-        check(_lib.lib().kiln_kernel_get(h, v.as_parameter, ctypes.byref(out)), h)
-        return self._wrap(out.value, v)
+        with self._use() as h:
+            check(_lib.lib().kiln_kernel_get(h, v.as_parameter, ctypes.byref(out)), h)
+            return self._wrap(out.value, v)
 
     def compile(self, spec_or_variant, arch=None):
-        """kiln_kernel_compile: compile (or find in the cache) for a named arch (None: the
-        context's) without loading; needs no GPU. The kernel can be inspected, not launched."""
+        """kiln_kernel_compile: compile (or find in the cache) for a named arch (a str; None:
+        the context's) without loading; needs no GPU. The kernel can be inspected, not
+        launched."""
         v = _as_variant(spec_or_variant)
+        a = _check.text(arch, "compile: arch", none=True)
         out = ctypes.c_void_p()
-        h = self._h()
-        a = _opt_bytes(arch)
-        check(_lib.lib().kiln_kernel_compile(h, v.as_parameter, a, ctypes.byref(out)), h)
-        return self._wrap(out.value, v)
+        with self._use() as h:
+            check(_lib.lib().kiln_kernel_compile(h, v.as_parameter, a, ctypes.byref(out)), h)
+            return self._wrap(out.value, v)
 
     def __repr__(self):
-        if self._handle is None:
+        if self.closed:
             return "<kiln.Context closed>"
         d = self.device
         where = f"{d.name} ({d.arch})" if d.present else f"compile-only ({d.arch or 'no arch'})"
@@ -478,18 +557,15 @@ class Context:
 
 
 def _stream_handle(stream):
-    """A CUstream as an int: None/0 is the legacy default stream; objects with .cuda_stream
-    (torch.cuda.Stream) give theirs."""
-    if stream is None:
-        return None
-    handle = getattr(stream, "cuda_stream", stream)
-    return int(handle) or None
+    """A CUstream as an int (or None for the legacy default stream): see _check.stream."""
+    return _check.stream(stream)
 
 
 class Kernel:
     """A kernel of a context (kiln_kernel): inspect it, size its workspace, launch it.
 
-    Alive as long as its context: every accessor raises once the context is closed.
+    Alive as long as its context: every accessor raises KilnInvalidArgumentError once the
+    context is closed, and close() waits for the accessors in progress.
     """
 
     def __init__(self, ctx, ptr, variant):
@@ -498,10 +574,10 @@ class Kernel:
         self.variant = variant
         self._info = None
 
-    def _p(self):
-        if self._ctx.closed:
-            raise KilnError(_lib.STATUS["INVALID_ARGUMENT"], "kiln: the kernel's context is closed")
-        return self._ptr
+    def _use(self):
+        """`with kernel._use() as (kernel pointer, context handle):` for one call; see
+        Context._use."""
+        return self._ctx._use(lambda h: (self._ptr, h))
 
     @property
     def context(self):
@@ -512,7 +588,8 @@ class Kernel:
         """KernelInfo (kiln_kernel_describe)."""
         if self._info is None:
             i = _lib.kiln_kernel_info()
-            check(_lib.lib().kiln_kernel_describe(self._p(), ctypes.byref(i)))
+            with self._use() as (p, h):
+                check(_lib.lib().kiln_kernel_describe(p, ctypes.byref(i)), h)
             self._info = KernelInfo(
                 key=_lib.text(i.key),
                 arch=_lib.text(i.arch),
@@ -528,52 +605,63 @@ class Kernel:
             )
         return self._info
 
+    def _text(self, name):
+        """A borrowed string accessor of the kernel, copied while the context is held."""
+        with self._use() as (p, _):
+            return _lib.text(getattr(_lib.lib(), name)(p))
+
     key = property(lambda self: self.info.key)
     arch = property(lambda self: self.info.arch)
     # the whole canonical spec (info.spec is cut to 255 bytes; snippet specs run longer)
-    spec = property(lambda self: _lib.text(_lib.lib().kiln_kernel_spec(self._p())))
+    spec = property(lambda self: self._text("kiln_kernel_spec"))
 
     @property
     def source(self):
         """The exact CUDA source NVRTC compiled."""
-        return _lib.text(_lib.lib().kiln_kernel_source(self._p()))
+        return self._text("kiln_kernel_source")
 
     @property
     def log(self):
         """The NVRTC log, with ptxas' resource report."""
-        return _lib.text(_lib.lib().kiln_kernel_log(self._p()))
+        return self._text("kiln_kernel_log")
 
     @property
     def key_material(self):
         """The exact text hashed into the cache key."""
-        return _lib.text(_lib.lib().kiln_kernel_key_material(self._p()))
+        return self._text("kiln_kernel_key_material")
 
     @property
     def cubin(self):
         """The cubin (an ELF image), as bytes."""
         size = ctypes.c_size_t()
-        ptr = _lib.lib().kiln_kernel_cubin(self._p(), ctypes.byref(size))
-        return ctypes.string_at(ptr, size.value) if ptr and size.value else b""
+        with self._use() as (p, _):
+            ptr = _lib.lib().kiln_kernel_cubin(p, ctypes.byref(size))
+            return ctypes.string_at(ptr, size.value) if ptr and size.value else b""
 
     def workspace_size(self, num_qo_heads, kv_len):
         """kiln_decode_workspace_size: bytes of workspace a single decode of this shape needs
         (0: none). Never decreases as kv_len grows."""
+        H = _check.integer(num_qo_heads, "workspace_size: num_qo_heads")
+        L = _check.integer(kv_len, "workspace_size: kv_len")
         n = ctypes.c_size_t()
-        p = self._p()
-        check(_lib.lib().kiln_decode_workspace_size(p, num_qo_heads, kv_len, ctypes.byref(n)),
-              self._ctx._handle)
+        with self._use() as (p, h):
+            check(_lib.lib().kiln_decode_workspace_size(p, H, L, ctypes.byref(n)), h)
         return n.value
+
+    def _launch(self, fn, args, struct, stream):
+        _check.instance(args, f"{fn}: args", struct)
+        s = _check.stream(stream, f"{fn}: stream")
+        with self._use() as (p, h):
+            check(_lib.fn(fn)(p, ctypes.byref(args), s), h)
 
     def single_decode(self, args, stream=None):
         """kiln_single_decode with a filled kiln.AttnArgs (device pointers, strides in
         elements) on `stream` (a CUstream int, an object with .cuda_stream, or None)."""
-        check(_lib.lib().kiln_single_decode(self._p(), ctypes.byref(args), _stream_handle(stream)),
-              self._ctx._handle)
+        self._launch("kiln_single_decode", args, _lib.kiln_attn_args, stream)
 
     def single_prefill(self, args, stream=None):
         """kiln_single_prefill with a filled kiln.AttnArgs on `stream`."""
-        check(_lib.lib().kiln_single_prefill(self._p(), ctypes.byref(args), _stream_handle(stream)),
-              self._ctx._handle)
+        self._launch("kiln_single_prefill", args, _lib.kiln_attn_args, stream)
 
     def prefill_mask_plan_size(self, qo_len, kv_len):
         """kiln_prefill_mask_plan_size: bytes of the tile map a single prefill of this shape
@@ -600,22 +688,18 @@ class Kernel:
         return Plan(self, num_qo_heads=num_qo_heads, page_size=page_size, max_batch=max_batch,
                     max_qo_tokens=max_qo_tokens, fixed_split=fixed_split, no_split=no_split)
 
-    def _merge(self, name, args, stream):
-        check(_lib.fn(name)(self._p(), ctypes.byref(args), _stream_handle(stream)),
-              self._ctx._handle)
-
     def merge_state(self, args, stream=None):
         """kiln_merge_state with a filled kiln.MergeArgs (v_a, lse_a, v_b, lse_b -> v_out,
         lse_out; natural-log LSE) on `stream`. The kernel is an op=merge variant."""
-        self._merge("kiln_merge_state", args, stream)
+        self._launch("kiln_merge_state", args, _lib.kiln_merge_args, stream)
 
     def merge_state_in_place(self, args, stream=None):
         """kiln_merge_state_in_place: (v_a, lse_a) absorbs (v_b, lse_b), rows where mask != 0."""
-        self._merge("kiln_merge_state_in_place", args, stream)
+        self._launch("kiln_merge_state_in_place", args, _lib.kiln_merge_args, stream)
 
     def merge_states(self, args, stream=None):
         """kiln_merge_states: v_all [n, S, H, D], lse_all [n, S, H] -> v_out, lse_out."""
-        self._merge("kiln_merge_states", args, stream)
+        self._launch("kiln_merge_states", args, _lib.kiln_merge_args, stream)
 
     def __repr__(self):
         if self._ctx.closed:

@@ -14,8 +14,8 @@ creating a Plan raises KilnLibraryError saying so; the rest of the package still
 import ctypes
 import dataclasses
 
-from . import _lib
-from .errors import KilnError, check
+from . import _check, _lib
+from .errors import KilnError, check, error_for
 
 
 @dataclasses.dataclass(frozen=True)
@@ -32,9 +32,10 @@ class PlanInfo:
     total_keys: int  # keys over all items
 
 
-def host_ints(x, name):
-    """A 1-D sequence of ints from a list, tuple, range, numpy array or torch tensor (a CUDA
-    tensor is copied to the host, which synchronises). None stays None."""
+def host_ints(x, name, lo=_check.INT_MIN, hi=_check.INT_MAX):
+    """A 1-D sequence of C ints from a list, tuple, range, numpy array or torch tensor (a CUDA
+    tensor is copied to the host, which synchronises); each entry an integer within [lo, hi]
+    (_check.integer: no floats, bools or strings). None stays None."""
     if x is None:
         return None
     if hasattr(x, "tolist") and not isinstance(x, (list, tuple)):
@@ -43,17 +44,9 @@ def host_ints(x, name):
             if getattr(x, "is_cuda", False):
                 x = x.cpu()
         x = x.tolist()
-    if isinstance(x, (str, bytes)) or not hasattr(x, "__iter__"):
+    if isinstance(x, (str, bytes, bytearray)) or not hasattr(x, "__iter__"):
         raise TypeError(f"{name} must be a 1-D sequence of integers, not {type(x).__name__}")
-    x = list(x)
-    try:
-        out = [int(v) for v in x]
-    except (TypeError, ValueError) as exc:
-        raise TypeError(f"{name} must be a 1-D sequence of integers ({exc})") from None
-    for v, raw in zip(out, x):
-        if isinstance(raw, float) and raw != v:
-            raise TypeError(f"{name} must hold integers, got {raw}")
-    return out
+    return [_check.integer(v, f"{name}[{i}]", lo, hi) for i, v in enumerate(x)]
 
 
 def _c_ints(values):
@@ -74,37 +67,50 @@ class Plan:
 
     def __init__(self, kernel, num_qo_heads, page_size=0, max_batch=0, max_qo_tokens=0,
                  fixed_split=0, no_split=False):
+        from .core import Kernel
+
         self._handle = None
-        self.kernel = kernel  # keeps the context alive
+        self.kernel = _check.instance(kernel, "Plan: kernel", Kernel)  # keeps the context alive
+        nonneg = dict(lo=0, hi=_check.INT_MAX)
         self.opts = _lib.kiln_plan_opts(
-            num_qo_heads=int(num_qo_heads),
-            page_size=int(page_size),
-            max_batch=int(max_batch),
-            max_qo_tokens=int(max_qo_tokens),
-            fixed_split=int(fixed_split),
-            no_split=1 if no_split else 0,
+            num_qo_heads=_check.integer(num_qo_heads, "Plan: num_qo_heads", **nonneg),
+            page_size=_check.integer(page_size, "Plan: page_size", **nonneg),
+            max_batch=_check.integer(max_batch, "Plan: max_batch", **nonneg),
+            max_qo_tokens=_check.integer(max_qo_tokens, "Plan: max_qo_tokens", **nonneg),
+            fixed_split=_check.integer(fixed_split, "Plan: fixed_split", **nonneg),
+            no_split=int(_check.flag(no_split, "Plan: no_split")),
         )
         create = _lib.fn("kiln_plan_create")
         _lib.fn("kiln_plan_destroy")  # both or neither
         out = ctypes.c_void_p()
-        check(create(kernel._p(), ctypes.byref(self.opts), ctypes.byref(out)),
-              kernel.context._handle)
-        self._handle = out.value
+        with kernel._use() as (p, h):
+            check(create(p, ctypes.byref(self.opts), ctypes.byref(out)), h)
+            self._handle = out.value
+            kernel.context._plans.add(self)
 
-    def _h(self):
+    def _use(self):
+        """`with plan._use() as (plan handle, context handle):` for one call, holding the
+        kernel's context (Context._use)."""
+        return self.kernel.context._use(self._handles)
+
+    def _handles(self, h):
         if self._handle is None:
-            raise KilnError(_lib.STATUS["INVALID_ARGUMENT"], "kiln: the plan is destroyed")
-        self.kernel._p()  # raises once the context is closed
-        return self._handle
-
-    def _ctx(self):
-        return self.kernel.context._handle
+            raise error_for(_lib.STATUS["INVALID_ARGUMENT"], "kiln: the plan is destroyed")
+        return self._handle, h
 
     def close(self):
         """kiln_plan_destroy. Idempotent. Only when no run of this plan is still in flight
-        (or captured in a graph that may replay)."""
+        (or captured in a graph that may replay). Closing the context destroys its plans."""
+        try:
+            with self.kernel._use():
+                self._destroy()
+        except KilnError:  # the context is closed, and its close() destroyed this plan
+            self._handle = None
+
+    def _destroy(self):
+        """kiln_plan_destroy, with the context held (by close() here or Context.close)."""
         handle, self._handle = self._handle, None
-        if handle and not self.kernel.context.closed:
+        if handle:
             _lib.fn("kiln_plan_destroy")(handle)
 
     def __del__(self):
@@ -116,10 +122,12 @@ class Plan:
     def workspace_size(self, batch, total_qo=None):
         """kiln_plan_workspace_size: bytes of workspace a plan of `batch` requests and
         `total_qo` query rows (decode: batch) may need."""
+        b = _check.integer(batch, "workspace_size: batch", 0, _check.INT_MAX)
+        total = b if total_qo is None else _check.integer(total_qo, "workspace_size: total_qo",
+                                                          0, _check.INT_MAX)
         n = ctypes.c_size_t()
-        total = batch if total_qo is None else total_qo
-        check(_lib.fn("kiln_plan_workspace_size")(self._h(), int(batch), int(total),
-                                                   ctypes.byref(n)), self._ctx())
+        with self._use() as (p, h):
+            check(_lib.fn("kiln_plan_workspace_size")(p, b, total, ctypes.byref(n)), h)
         return n.value
 
     def plan(self, kv_indptr, workspace, workspace_bytes, stream=None, qo_indptr=None,
@@ -128,8 +136,6 @@ class Plan:
         page ids), qo_indptr [B + 1] (prefill; None for decode), kv_last_page_len [B] (paged);
         host sequences. workspace is a device pointer (int) of workspace_bytes bytes; the
         schedule is copied there asynchronously on `stream`."""
-        from .core import _stream_handle
-
         kv = host_ints(kv_indptr, "kv_indptr")
         qo = host_ints(qo_indptr, "qo_indptr")
         last = host_ints(kv_last_page_len, "kv_last_page_len")
@@ -148,15 +154,18 @@ class Plan:
         shape.kv_indptr = ctypes.cast(arrays[1], ctypes.POINTER(ctypes.c_int))
         if arrays[2] is not None:
             shape.kv_last_page_len = ctypes.cast(arrays[2], ctypes.POINTER(ctypes.c_int))
-        check(_lib.fn("kiln_batch_plan")(self._h(), ctypes.byref(shape), int(workspace),
-                                         int(workspace_bytes), _stream_handle(stream)),
-              self._ctx())
+        ws = _check.integer(workspace, "plan: workspace", 0, _check.UINT64_MAX)
+        ws_bytes = _check.integer(workspace_bytes, "plan: workspace_bytes", 0, _check.UINT64_MAX)
+        s = _check.stream(stream, "plan: stream")
+        with self._use() as (p, h):
+            check(_lib.fn("kiln_batch_plan")(p, ctypes.byref(shape), ws, ws_bytes, s), h)
 
     @property
     def info(self):
         """PlanInfo of the last plan() (kiln_plan_describe)."""
         i = _lib.kiln_plan_info()
-        check(_lib.fn("kiln_plan_describe")(self._h(), ctypes.byref(i)), self._ctx())
+        with self._use() as (p, h):
+            check(_lib.fn("kiln_plan_describe")(p, ctypes.byref(i)), h)
         return PlanInfo(batch=i.batch, items=i.items, grid=i.grid, kv_chunk=i.kv_chunk,
                         split_items=i.split_items, merge_tasks=i.merge_tasks,
                         max_item_keys=i.max_item_keys, total_keys=i.total_keys)
@@ -164,10 +173,10 @@ class Plan:
     def run(self, args, stream=None):
         """kiln_batch_run with a filled kiln.BatchArgs on `stream` (no allocation, no
         synchronisation: safe inside a CUDA graph capture)."""
-        from .core import _stream_handle
-
-        check(_lib.fn("kiln_batch_run")(self._h(), ctypes.byref(args), _stream_handle(stream)),
-              self._ctx())
+        _check.instance(args, "run: args", _lib.kiln_batch_args)
+        s = _check.stream(stream, "run: stream")
+        with self._use() as (p, h):
+            check(_lib.fn("kiln_batch_run")(p, ctypes.byref(args), s), h)
 
     def __repr__(self):
         o = self.opts

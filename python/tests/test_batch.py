@@ -93,8 +93,9 @@ class TestPrototypes(unittest.TestCase):
         for name in ("kiln_plan_opts", "kiln_batch_shape", "kiln_plan_info", "kiln_batch_args",
                      "kiln_merge_args"):
             self.assertIn(name, _lib.ABI_STRUCTS)
-        self.assertIs(kiln.BatchArgs, _lib.kiln_batch_args)
-        self.assertIs(kiln.MergeArgs, _lib.kiln_merge_args)
+        # The public names are the mirrors with checked fields (test_hostile.py), same layout.
+        self.assertTrue(issubclass(kiln.BatchArgs, _lib.kiln_batch_args))
+        self.assertTrue(issubclass(kiln.MergeArgs, _lib.kiln_merge_args))
 
 
 class TestVariantFields(unittest.TestCase):
