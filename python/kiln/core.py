@@ -666,17 +666,18 @@ class Kernel:
     def prefill_mask_plan_size(self, qo_len, kv_len):
         """kiln_prefill_mask_plan_size: bytes of the tile map a single prefill of this shape
         needs (a prefill with a mask snippet or mask data; 0 otherwise)."""
+        L_Q = _check.integer(qo_len, "prefill_mask_plan_size: qo_len")
+        L_KV = _check.integer(kv_len, "prefill_mask_plan_size: kv_len")
         n = ctypes.c_size_t()
-        check(_lib.lib().kiln_prefill_mask_plan_size(self._p(), int(qo_len), int(kv_len),
-                                                     ctypes.byref(n)), self._ctx._handle)
+        with self._use() as (p, h):
+            check(_lib.lib().kiln_prefill_mask_plan_size(p, L_Q, L_KV, ctypes.byref(n)), h)
         return n.value
 
     def prefill_mask_plan(self, args, stream=None):
         """kiln_prefill_mask_plan: fill args.tile_map (args.tile_map_bytes from
         prefill_mask_plan_size) for the mask in `args`, on `stream`; a later single_prefill with
         the same args skips the tiles it marks hidden."""
-        check(_lib.lib().kiln_prefill_mask_plan(self._p(), ctypes.byref(args),
-                                                _stream_handle(stream)), self._ctx._handle)
+        self._launch("kiln_prefill_mask_plan", args, _lib.kiln_attn_args, stream)
 
     # ---- batches (kv=ragged / kv=paged kernels) and merges (op=merge kernels) ----
     def plan(self, num_qo_heads, page_size=0, max_batch=0, max_qo_tokens=0, fixed_split=0,
