@@ -429,6 +429,7 @@ static const char *punct_hint(const char *s)
 static kiln_status check_tokens(chk *w)
 {
     int parens = 0, brackets = 0;
+    kiln_status st;
     for (int i = 0; i < w->ntok; i++) {
         const tok *t = &w->toks[i];
         const char *next = i + 1 < w->ntok ? w->toks[i + 1].s : "";
@@ -474,6 +475,7 @@ static kiln_status check_tokens(chk *w)
             if (strchr(t->s, '"')) return REFUSE(w, t->off, "string literals are not allowed");
             if (!(t->s[0] >= '0' && t->s[0] <= '9') && t->s[0] != '.')
                 return REFUSE(w, t->off, "character literals are not allowed");
+            if ((st = kiln__snippet_check_literal(w, t))) return st;
             break;
         case CXToken_Punctuation:
             if (!in_list(allowed_punct, COUNT(allowed_punct), t->s))
