@@ -583,7 +583,11 @@ kiln_status kiln__snippet_check_n(kiln__snippet_kind kind, const char *text, siz
     }
     static const char *const args[] = {"-x", "c++", "-std=c++17", "-fsyntax-only", "-nostdinc",
                                        "-nostdinc++", "-nobuiltininc", "-fno-spell-checking",
-                                       "-ferror-limit=4", "-w"};
+                                       "-ferror-limit=4", "-Wno-everything",
+                                       "-Werror=division-by-zero", "-Werror=shift-count-overflow",
+                                       "-Werror=shift-count-negative", "-Werror=shift-negative-value",
+                                       "-Werror=shift-overflow", "-Werror=integer-overflow",
+                                       "-Werror=literal-range"};
     struct CXUnsavedFile file = {WRAPPER_NAME, wrapper, (unsigned long)n};
     const kiln__clang *c = w->c;
     pthread_mutex_lock(&parse_lock);
