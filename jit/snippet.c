@@ -116,6 +116,19 @@ static const char *const reserved_names[] = {
     "gridDim",     "warpSize",
     "p" /* the generated hook's launch-parameter block (jit/expand.c) */};
 
+/* Names NVRTC defines as macros, which a parameter would collide with in the generated source
+ * (`const float NULL = ...` does not compile): every identifier that CUDA 13's NVRTC built-in
+ * headers #define (libnvrtc-builtins), whether or not -minimal leaves them in, that is not a
+ * reserved identifier (those are refused by rule) and not in CUDA's own name spaces below. */
+static const char *const nvrtc_macros[] = {"NULL",   "NOMINMAX", "STD",    "THROWBADALLOC",
+                                           "alloca", "assert",   "va_arg", "va_copy",
+                                           "va_end", "va_start"};
+
+/* CUDA's name spaces (any case): the CUDA runtime (cuda*, CUDART_*), the driver (CU_*) and
+ * NVIDIA's target macros (NV_IF_TARGET, NV_TARGET_MINIMUM_SM_INTEGER, ...). New macros of a
+ * later toolkit land here. */
+static const char *const nvrtc_prefixes[] = {"cuda", "cu_", "nv_"};
+
 static const char *const param_type_names[] = {"f32", "i32", "f32[]", "i32[]"};
 
 #define COUNT(a) ((int)(sizeof(a) / sizeof((a)[0])))
@@ -652,8 +665,15 @@ kiln_status kiln__params_check(const kiln_param_decl *params, int num_params, ki
             if (!((name[j] >= 'a' && name[j] <= 'z') || (name[j] >= 'A' && name[j] <= 'Z') ||
                   (name[j] >= '0' && name[j] <= '9') || name[j] == '_'))
                 why = "not an identifier ([A-Za-z_][A-Za-z0-9_]*)";
-        if (!why && (name[0] == '_' && (name[1] == '_' || (name[1] >= 'A' && name[1] <= 'Z'))))
-            why = "a reserved identifier (__x and _X belong to the implementation)";
+        if (!why && ((name[0] == '_' && name[1] >= 'A' && name[1] <= 'Z') || strstr(name, "__")))
+            why = "a reserved identifier (names with '__' anywhere and _X belong to the "
+                  "implementation)";
+        if (!why && in_list(nvrtc_macros, COUNT(nvrtc_macros), name))
+            why = "a macro that NVRTC's built-in headers define";
+        for (int j = 0; !why && j < COUNT(nvrtc_prefixes); j++)
+            if (!strncasecmp(name, nvrtc_prefixes[j], strlen(nvrtc_prefixes[j])))
+                why = "names starting with cuda, cu_ or nv_ (any case) belong to CUDA, whose "
+                      "headers define macros there (CUDART_VERSION, NV_IF_TARGET, ...)";
         if (!why && !strncasecmp(name, "kiln", 4)) why = "names starting with 'kiln' are reserved";
         for (int j = 0; !why && j < COUNT(builtins); j++)
             if (!strcmp(name, builtins[j].name)) why = "a built-in name";
