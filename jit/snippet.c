@@ -11,13 +11,18 @@
  *      and one function whose parameters are exactly the known names, returning the snippet;
  *   3. the snippet's tokens (clang_tokenize): allowed keywords and punctuation only, no string or
  *      character literals, every identifier known and used the right way (functions called,
- *      array parameters indexed, scalars not), brackets balanced;
- *   4. clang's first error, if any (type errors, ambiguous calls, malformed expressions);
+ *      array parameters indexed, scalars not), brackets balanced, and every number literal one
+ *      of the whitelisted spellings with a representable value (jit/snippet_lit.c);
+ *   4. clang's first error, if any (type errors, ambiguous calls, malformed expressions), with
+ *      clang's warnings about undefined operations on constants (division by zero, shift
+ *      counts, signed overflow) turned into errors, so that NVRTC never meets them;
  *   5. a walk of the AST under the return statement (jit/snippet_ast.c) that accepts only the
  *      allow-list: literals, known names, + - ! ~, arithmetic / comparison / logical / bitwise
  *      operators, ?:, parens, arithmetic casts, calls to allowed functions, NAME[integer] on
  *      array parameters, and the implicit conversions clang inserts (except float → integer,
- *      which needs a cast).
+ *      which needs a cast); and no operation on constants whose result is undefined.
+ * Parameter names are checked apart (kiln__params_check): identifiers that are not keywords,
+ * reserved, builtin names or macros NVRTC defines (nvrtc_macros, nvrtc_prefixes).
  * The canonical text is the snippet's non-comment tokens joined by single spaces.
  *
  * libclang is loaded on first use (jit/libclang.c). One index serves the process; parses are
