@@ -68,6 +68,17 @@ static const hostile corpus[] = {
     {"name", L, "STD_cap", "logits * STD_cap", ACCEPT, ""},
     {"name", L, "typeof", "logits * typeof", ACCEPT, ""},
     {"name", M, "_lo", "(float)kv_idx >= _lo", ACCEPT, ""},
+    /* names of the generated source's own types, constants and helpers: the parameter is a
+     * local of the hook, and everything the hook itself uses is a keyword or qualified */
+    {"name", L, "D", "logits * D", ACCEPT, ""},
+    {"name", L, "LOGITS", "logits * LOGITS", ACCEPT, ""},
+    {"name", L, "float4", "logits * float4", ACCEPT, ""},
+    {"name", L, "dim3", "logits * dim3", ACCEPT, ""},
+    {"name", L, "half", "logits * half", ACCEPT, ""},
+    {"name", L, "size_t", "logits * size_t", ACCEPT, ""},
+    {"name", L, "tanh_fast", "tanhf(logits) * tanh_fast", ACCEPT, ""},
+    {"name", L, "LOG2E", "expf(logits) * LOG2E", ACCEPT, ""},
+    {"name", L, "user", "logits * user", ACCEPT, ""},
 
     /* ---- float literals out of range for their type ---- */
     {"range", L, NULL, "logits * 1e39f", "1e39f", "out of range for float (it rounds to infinity"},
