@@ -235,8 +235,9 @@ static int is_zero(folded f)
 /* Operations on constants whose result is undefined, which clang's warnings (turned into
  * errors by the parse, jit/snippet.c) do not all catch: a division or remainder by a constant
  * zero of any type (logits / 0, x / (1 - 1): undefined in C++, and NVRTC only warns), the
- * smallest signed value divided by -1, and an operation whose operands are constants and whose
- * result clang cannot fold. A snippet is refused for them even where a ?: or && would skip
+ * smallest signed value divided by -1, an operation on finite floating constants whose result
+ * is not finite (1e308 * 10.0), and an operation whose operands are constants and whose result
+ * clang cannot fold. A snippet is refused for them even where a ?: or && would skip
  * them: no snippet needs one. */
 static kiln_status check_constant_op(chk *w, CXCursor cur, const kids *k, const char *op,
                                      size_t where)
@@ -260,7 +261,10 @@ static kiln_status check_constant_op(chk *w, CXCursor cur, const kids *k, const 
         lhs.i == smallest)
         return REFUSE(w, where, "'%s' is undefined: the smallest value of its type divided by -1 "
                                 "overflows", what);
-    if (fold(w, cur).kind == FOLD_NONE)
+    const folded res = fold(w, cur);
+    const int finite_in = (lhs.kind != FOLD_FLOAT || isfinite(lhs.d)) &&
+                          (rhs.kind != FOLD_FLOAT || isfinite(rhs.d));
+    if (res.kind == FOLD_NONE || (res.kind == FOLD_FLOAT && finite_in && !isfinite(res.d)))
         return REFUSE(w, where, "'%s' is undefined: an operation on constants that overflows or "
                                 "is out of range", what);
     return KILN_STATUS_OK;
@@ -342,6 +346,13 @@ static kiln_status walk_call(chk *w, CXCursor cur, const kids *k, int depth)
     for (int i = 1; i < k->n; i++) {
         kiln_status st = walk(w, k->c[i], depth + 1, 0);
         if (st) return st;
+    }
+    /* abs of the smallest int has no value */
+    if (!strcmp(name, "abs") && k->n == 2) {
+        const folded a = fold(w, k->c[1]);
+        if (a.kind == FOLD_INT && a.i == INT_MIN)
+            return REFUSE(w, start_of(w, k->c[1]), "abs(%d) is undefined: its value does not fit "
+                                                   "in int", INT_MIN);
     }
     return KILN_STATUS_OK;
 }

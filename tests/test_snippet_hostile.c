@@ -146,6 +146,8 @@ static const hostile corpus[] = {
     {"undefined", L, NULL, "logits * (float)1e39", "1e39", "does not fit"},
     {"undefined", L, NULL, "(float)(int)1e20f", "1e20f", "does not fit"},
     {"undefined", L, NULL, "tanhf(1e39) + logits", "1e39", "does not fit"},
+    {"undefined", L, NULL, "logits + (float)(1e308 * 10.0)", "*", "overflows"},
+    {"undefined", L, NULL, "(float)abs(-2147483647 - 1) + logits", "-2147483647", "abs("},
     /* defined, right next to those */
     {"undefined", L, NULL, "(float)(1 << 31) + logits", ACCEPT, ""},
     {"undefined", L, NULL, "(float)(1LL << 62) + logits", ACCEPT, ""},
@@ -153,6 +155,7 @@ static const hostile corpus[] = {
     {"undefined", L, NULL, "logits / 2 + (float)(n / -1) + (float)(n % 7)", ACCEPT, ""},
     {"undefined", M, NULL, "kv_idx >> 31 == 0 && kv_idx / (qo_len + 1) >= 0", ACCEPT, ""},
     {"undefined", L, NULL, "logits * (float)3e38 + (float)(int)2e9f", ACCEPT, ""},
+    {"undefined", L, NULL, "logits * 1e38f * 1e38f + (float)abs(-2147483647)", ACCEPT, ""},
 };
 
 static const char *kind_name(kiln__snippet_kind k) { return k == M ? "mask" : "logits"; }
