@@ -113,7 +113,8 @@ kiln_status kiln__arch_normalize(const char *in, char out[16], kiln__err *e)
     case ARCH_TOO_OLD:
         /* a target NVRTC offers is one kiln does not support; any other is no target at all */
         if (!suffix && nvrtc_lists(sm) != 0)
-            return kiln__fail(e, KILN_STATUS_UNSUPPORTED, "arch %s: kiln needs sm_%d or newer (mma.sync bf16); %s", show,
+            return kiln__fail(e, KILN_STATUS_UNSUPPORTED,
+                              "arch %s: kiln needs sm_%d or newer (mma.sync bf16); %s", show,
                               ARCH_MIN_SM, list);
         return kiln__fail(e, KILN_STATUS_INVALID_ARGUMENT,
                           "arch %s: kiln needs sm_%d or newer (mma.sync bf16), and it is not an "
@@ -200,7 +201,8 @@ static void list_archs(char *out, size_t cap)
         return;
     }
     size_t at = (size_t)snprintf(out, cap, "the archs here are");
-    for (int i = 0; i < n && at < cap; i++) at += (size_t)snprintf(out + at, cap - at, " %s", all[i]);
+    for (int i = 0; i < n && at < cap; i++)
+        at += (size_t)snprintf(out + at, cap - at, " %s", all[i]);
     if (at < cap)
         snprintf(out + at, cap - at, " (NVRTC %s, as kiln info lists them; 'a' targets from sm_%d, "
                  "'f' from sm_%d)", kiln_nvrtc_version(), ARCH_A_MIN_SM, ARCH_F_MIN_SM);

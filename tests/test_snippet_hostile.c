@@ -308,8 +308,8 @@ KT_TEST(snippet_hostile_nvrtc_macro_names)
     text[got] = 0;
     int names = 0, checked = 0;
     for (size_t i = 0; i + 8 < got; i++) {
-        if (text[i] != '#' || (i && text[i - 1] != '\n' && text[i - 1] != ' ' && text[i - 1] != '\t'))
-            continue;
+        const char before = i ? text[i - 1] : '\n';
+        if (text[i] != '#' || (before != '\n' && before != ' ' && before != '\t')) continue;
         size_t j = i + 1;
         while (text[j] == ' ' || text[j] == '\t') j++;
         if (strncmp(text + j, "define", 6) || (text[j + 6] != ' ' && text[j + 6] != '\t')) continue;
@@ -317,10 +317,10 @@ KT_TEST(snippet_hostile_nvrtc_macro_names)
         while (text[j] == ' ' || text[j] == '\t') j++;
         kiln_param_decl d = {{0}, KILN_PARAM_F32};
         size_t n = 0;
-        while (n < sizeof d.name - 1 &&
-               ((text[j + n] >= 'a' && text[j + n] <= 'z') || (text[j + n] >= 'A' && text[j + n] <= 'Z') ||
-                text[j + n] == '_' || (n && text[j + n] >= '0' && text[j + n] <= '9')))
-            n++;
+        for (char c = text[j]; n < sizeof d.name - 1; c = text[j + ++n])
+            if (!((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || c == '_' ||
+                  (n && c >= '0' && c <= '9')))
+                break;
         if (!n || n == sizeof d.name - 1) continue; /* over 31 bytes: refused as too long */
         memcpy(d.name, text + j, n);
         names++;
