@@ -321,6 +321,9 @@ static kiln_status build(kiln_ctx *ctx, kiln_kernel *k, kiln__err *e)
         if (r == LOOKUP_BAD && !bad[0]) memcpy(bad, bad_base, sizeof bad);
     }
     if (ctx->strict) return strict_miss(ctx, k, bad, e);
+    /* An arch the installed NVRTC does not offer (sm_999) is bad input, refused before a lease
+     * is taken or NVRTC is run. Checked only here: a cache hit never loads NVRTC. */
+    if ((st = kiln__arch_offered(k->arch, e))) return st;
     /* A cache that cannot be written (read-only, full, failing) never fails a kernel that can be
      * compiled: compile_store says on stderr that it was not stored. */
     if (!ctx->cache || kiln__cache_readonly(ctx->cache, NULL)) return compile_store(ctx, k, e);

@@ -416,7 +416,8 @@ int cli_archs_add(const char *list, cli_archs *out, int *idx, int *nidx, char *m
             if (count > CLI_ARCH_MAX) count = CLI_ARCH_MAX;
         } else {
             kiln__err e = {{0}};
-            if (kiln__arch_normalize(word, norm, &e)) {
+            /* a name NVRTC cannot compile for is bad input too, found before any work */
+            if (kiln__arch_normalize(word, norm, &e) || kiln__arch_offered(norm, &e)) {
                 snprintf(msg, cap, "%s", e.msg);
                 return CLI_USAGE;
             }
