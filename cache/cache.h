@@ -52,6 +52,10 @@ enum {
                                file must exist; a version-1 file is read as it is */
     KILN__CACHE_FILE = 2,   /* `where` names the database file itself, not its directory; the
                                directory must exist (it is not created) */
+    KILN__CACHE_EXISTING = 4, /* the cache must exist: neither the directory nor the file is
+                                 created and an empty file is not initialised (commands that
+                                 only read, check or tidy a cache); a missing one is
+                                 KILN_STATUS_NOT_FOUND */
 };
 
 /* Open a cache: kiln__cache_open's rules, changed by flags. A cache on NFS is refused unless

@@ -59,6 +59,9 @@ static const char migrate_v1_sql[] =
     "UPDATE meta SET v = '2' WHERE k = 'schema_version';";
 /* clang-format on */
 
+/* The smallest non-empty SQLite database: one page of the smallest page size. */
+#define SQLITE_MIN_FILE 512
+
 /* statfs f_type of NFS (linux/magic.h's NFS_SUPER_MAGIC). */
 #define NFS_MAGIC 0x6969
 
@@ -337,6 +340,11 @@ static kiln_status prepare_file(kiln__cache *c, const char *dir, int flags, kiln
 {
     struct stat sb;
     if (stat(c->path, &sb) != 0) {
+        if (errno == ENOENT && (flags & KILN__CACHE_EXISTING) && !(flags & KILN__CACHE_RDONLY))
+            return kiln__fail(e, KILN_STATUS_NOT_FOUND,
+                              "cache %s: no such cache (this command reads an existing cache and "
+                              "creates none)",
+                              c->path);
         if (errno != ENOENT || (flags & KILN__CACHE_RDONLY))
             return kiln__fail(e, KILN_STATUS_IO, "cache %s: %s: %s", c->path,
                               errno == ENOENT ? "no such cache (a read-only cache must exist)"
@@ -355,6 +363,13 @@ static kiln_status prepare_file(kiln__cache *c, const char *dir, int flags, kiln
         }
     } else if (!S_ISREG(sb.st_mode)) {
         return kiln__fail(e, KILN_STATUS_IO, "cache %s: not a regular file", c->path);
+    } else if (sb.st_size > 0 && sb.st_size < SQLITE_MIN_FILE) {
+        /* SQLite writes whole pages: a short file is nobody's database, and SQLite would take
+         * one of a single byte for an empty database and let it be initialised */
+        return kiln__fail(e, KILN_STATUS_CACHE,
+                          "cache %s: not a kiln cache (file is not a database); left untouched "
+                          "(%lld bytes, shorter than any SQLite database)",
+                          c->path, (long long)sb.st_size);
     }
     if (faccessat(AT_FDCWD, c->path, R_OK, AT_EACCESS) != 0)
         return kiln__fail(e, KILN_STATUS_IO, "cache %s: cannot read the file: %s", c->path,
@@ -394,13 +409,50 @@ static void immutable_uri(const kiln__cache *c, kiln__str *uri)
     kiln__str_puts(uri, "?immutable=1");
 }
 
+/* The size of path in bytes; 0 when it does not exist. */
+static long long file_size(const char *path)
+{
+    struct stat sb;
+    return stat(path, &sb) == 0 ? (long long)sb.st_size : 0;
+}
+
+/* A file with no schema objects is initialised only when it holds nothing: 0 bytes, and no
+ * WAL content beside it. That is the state kiln's own create leaves until the schema
+ * transaction commits (and what a rolled-back first transaction returns to), so concurrent
+ * openers of a fresh file still all succeed; a non-empty SQLite database with no tables is
+ * someone's file. Checked after SQLite has read the file (and replayed any hot journal).
+ * KILN__CACHE_EXISTING initialises nothing. */
+static kiln_status may_initialise(kiln__cache *c, int oflags, kiln__err *e)
+{
+    char wal[KILN__CACHE_PATH_MAX + 8];
+    snprintf(wal, sizeof wal, "%s-wal", c->path);
+    long long size = file_size(c->path), wal_size = file_size(wal);
+    if (size > 0 || wal_size > 0)
+        return kiln__fail(e, KILN_STATUS_CACHE,
+                          "cache %s: not a kiln cache (a SQLite database of %lld bytes%s with no "
+                          "tables, not made by kiln); left untouched",
+                          c->path, size, wal_size > 0 ? " and a WAL" : "");
+    if (oflags & KILN__CACHE_EXISTING)
+        return kiln__fail(e, KILN_STATUS_NOT_FOUND,
+                          "cache %s: an empty file, not a cache yet (this command reads an "
+                          "existing cache and initialises none)",
+                          c->path);
+    return KILN_STATUS_OK;
+}
+
 /* Everything of kiln__cache_open_ex that runs under open_lock. */
 static kiln_status open_locked(kiln__cache *c, const char *dir, int oflags, kiln__err *e)
 {
     kiln_status s = KILN_STATUS_OK;
     struct stat sb;
-    if (!(oflags & (KILN__CACHE_RDONLY | KILN__CACHE_FILE)))
+    if (!(oflags & (KILN__CACHE_RDONLY | KILN__CACHE_FILE | KILN__CACHE_EXISTING)))
         s = make_dir(dir, e);
+    else if ((oflags & KILN__CACHE_EXISTING) && !(oflags & KILN__CACHE_RDONLY) &&
+             stat(dir, &sb) != 0 && errno == ENOENT)
+        s = kiln__fail(e, KILN_STATUS_NOT_FOUND,
+                       "cache %s: no such cache: its directory %s does not exist (this command "
+                       "reads an existing cache and creates none)",
+                       c->path, dir);
     else if (stat(dir, &sb) != 0 || !S_ISDIR(sb.st_mode))
         s = kiln__fail(e, KILN_STATUS_IO, "cache %s: its directory %s is missing", c->path, dir);
     if (!s) s = prepare_file(c, dir, oflags, e);
@@ -439,6 +491,8 @@ static kiln_status open_locked(kiln__cache *c, const char *dir, int oflags, kiln
     s = inspect(c, &kind, e);
     if (s) return s;
     if (kind == DB_EMPTY) {
+        s = may_initialise(c, oflags, e);
+        if (s) return s;
         if (c->readonly)
             return kiln__fail(e, KILN_STATUS_IO, "cache %s: cannot initialise an empty cache: %s",
                               c->path, c->ro_why);
