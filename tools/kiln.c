@@ -474,7 +474,8 @@ int cli_ctx_open(const cli_global *g, const char *cmd, int no_device, kiln_ctx *
     return 0;
 }
 
-int cli_cache_open(const cli_global *g, const char *cmd, kiln__cache **out)
+int cli_cache_open_opt(const cli_global *g, const char *cmd, char *missing, size_t cap,
+                       kiln__cache **out)
 {
     char dir[1024];
     kiln__err e = {{0}};
@@ -484,8 +485,18 @@ int cli_cache_open(const cli_global *g, const char *cmd, kiln__cache **out)
     /* a database file names itself (merge and export outputs, shipped files) */
     struct stat sb;
     int flags = stat(dir, &sb) == 0 && S_ISREG(sb.st_mode) ? KILN__CACHE_FILE : 0;
-    if (kiln__cache_open_ex(dir, flags, out, &e)) return cli_fail(cmd, CLI_FAIL, "%s", e.msg);
+    kiln_status st = kiln__cache_open_ex(dir, flags | KILN__CACHE_EXISTING, out, &e);
+    if (st == KILN_STATUS_NOT_FOUND && missing) {
+        snprintf(missing, cap, "%s", e.msg);
+        return 0;
+    }
+    if (st) return cli_fail(cmd, CLI_FAIL, "%s", e.msg);
     return 0;
+}
+
+int cli_cache_open(const cli_global *g, const char *cmd, kiln__cache **out)
+{
+    return cli_cache_open_opt(g, cmd, NULL, 0, out);
 }
 
 int cli_key(const kiln_variant *v, const char *arch, char key[33])
