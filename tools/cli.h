@@ -121,6 +121,7 @@ typedef struct cli_manifest {
     cli_archs archs; /* every arch named: the default list (--arch) first */
     int ndefault;    /* archs.a[0..ndefault) is the default list */
     int duplicates;  /* repeated pairs that were dropped */
+    int expanded;    /* specs the lines expanded to so far, repeats included */
     int *spec_slots, spec_cap_slots, *pair_slots, pair_cap_slots; /* hash sets */
 } cli_manifest;
 
