@@ -346,9 +346,17 @@ int cli_cmd_export(cli_global *g, const cli_cmd *cmd, int argc, char **argv)
     if (spec_file && ((rc = cli_manifest_read(cmd->name, spec_file, &a, &m)) ||
                       (rc = manifest_keys(cmd->name, &m, &ks))))
         goto done;
-    if ((rc = cli_cache_open(g, cmd->name, &in)) ||
-        (rc = open_target(cmd->name, argv[0], 0, &out)))
+    if ((rc = cli_cache_open(g, cmd->name, &in))) goto done;
+    /* OUT is never the input itself, nor its -wal, -shm or -journal (by inode) */
+    char out_db[4200], what[4200];
+    struct stat osb;
+    snprintf(out_db, sizeof out_db, "%s%s", argv[0],
+             stat(argv[0], &osb) == 0 && S_ISDIR(osb.st_mode) ? "/kernels.db" : "");
+    if (cli_path_is_cache(out_db, in, what, sizeof what)) {
+        rc = cli_fail(cmd->name, CLI_USAGE, "%s is the cache being exported (%s)", argv[0], what);
         goto done;
+    }
+    if ((rc = open_target(cmd->name, argv[0], 0, &out))) goto done;
     copy_state s = {cmd->name, out, spec_file || !arch ? NULL : &a, spec_file ? &ks : NULL,
                     0, 0, 0, 0, 0, 0, 0, 0};
     if ((rc = copy_from(&s, in))) goto done;
