@@ -63,6 +63,9 @@ static const char migrate_done_sql[] =
     "UPDATE meta SET v = '" STR(KILN__CACHE_SCHEMA_VERSION) "' WHERE k = 'schema_version';";
 /* clang-format on */
 
+/* How long set_wal waits between attempts when the switch to WAL is busy, in ms. */
+#define WAL_RETRY_MS 10
+
 /* The smallest non-empty SQLite database: one page of the smallest page size. */
 #define SQLITE_MIN_FILE 512
 
@@ -301,6 +304,32 @@ static kiln_status inspect(kiln__cache *c, db_kind *kind, kiln__err *e)
     return KILN_STATUS_OK;
 }
 
+/* The size of path in bytes; 0 when it does not exist. */
+static long long file_size(const char *path)
+{
+    struct stat sb;
+    return stat(path, &sb) == 0 ? (long long)sb.st_size : 0;
+}
+
+/* A file with no schema objects is initialised only when it holds nothing: 0 bytes, and no
+ * WAL content beside it. That is the state kiln's own create leaves until the schema
+ * transaction commits (and what a rolled-back first transaction returns to), so concurrent
+ * openers of a fresh file still all succeed; a non-empty SQLite database with no tables is
+ * someone's file. Checked under the write lock, after SQLite has read the file (and replayed
+ * any hot journal), so that no other opener can be writing it. */
+static kiln_status refuse_nonempty(kiln__cache *c, kiln__err *e)
+{
+    char wal[KILN__CACHE_PATH_MAX + 8];
+    snprintf(wal, sizeof wal, "%s-wal", c->path);
+    long long size = file_size(c->path), wal_size = file_size(wal);
+    if (size > 0 || wal_size > 0)
+        return kiln__fail(e, KILN_STATUS_CACHE,
+                          "cache %s: not a kiln cache (a SQLite database of %lld bytes%s with no "
+                          "tables, not made by kiln); left untouched",
+                          c->path, size, wal_size > 0 ? " and a WAL" : "");
+    return KILN_STATUS_OK;
+}
+
 /* Create the schema in one BEGIN IMMEDIATE transaction, unless another process did it while
  * we waited for the write lock: then check what it wrote. */
 static kiln_status create_schema(kiln__cache *c, kiln__err *e)
@@ -310,6 +339,10 @@ static kiln_status create_schema(kiln__cache *c, kiln__err *e)
     db_kind kind = DB_EMPTY;
     kiln_status s = inspect(c, &kind, e);
     if (s) {
+        kiln__cache_rollback(c);
+        return s;
+    }
+    if (kind == DB_EMPTY && (s = refuse_nonempty(c, e))) {
         kiln__cache_rollback(c);
         return s;
     }
@@ -372,6 +405,16 @@ static kiln_status set_wal(kiln__cache *c, kiln__err *e)
     if (kiln__cache_prepare(c, "PRAGMA journal_mode=WAL", &st) != SQLITE_OK)
         return kiln__cache_fail(c, e, "switching to WAL");
     int rc = kiln__cache_step(c, st);
+    /* The switch needs the exclusive lock. When another opener holds a lock this connection
+     * would deadlock against (it is storing its first row, or switching too), SQLite answers
+     * SQLITE_BUSY at once instead of calling the busy handler: reset (dropping our read lock)
+     * and try again, within the busy timeout. */
+    for (int waited = 0; rc == SQLITE_BUSY && !c->injected && waited < KILN__CACHE_BUSY_MS;
+         waited += WAL_RETRY_MS) {
+        sqlite3_reset(st);
+        usleep(WAL_RETRY_MS * 1000);
+        rc = kiln__cache_step(c, st);
+    }
     if (rc != SQLITE_ROW) {
         kiln_status s = kiln__cache_fail(c, e, "switching to WAL");
         sqlite3_finalize(st);
@@ -491,29 +534,9 @@ static void immutable_uri(const kiln__cache *c, kiln__str *uri)
     kiln__str_puts(uri, "?immutable=1");
 }
 
-/* The size of path in bytes; 0 when it does not exist. */
-static long long file_size(const char *path)
-{
-    struct stat sb;
-    return stat(path, &sb) == 0 ? (long long)sb.st_size : 0;
-}
-
-/* A file with no schema objects is initialised only when it holds nothing: 0 bytes, and no
- * WAL content beside it. That is the state kiln's own create leaves until the schema
- * transaction commits (and what a rolled-back first transaction returns to), so concurrent
- * openers of a fresh file still all succeed; a non-empty SQLite database with no tables is
- * someone's file. Checked after SQLite has read the file (and replayed any hot journal).
- * KILN__CACHE_EXISTING initialises nothing. */
+/* KILN__CACHE_EXISTING initialises nothing: an empty file is not a cache yet. */
 static kiln_status may_initialise(kiln__cache *c, int oflags, kiln__err *e)
 {
-    char wal[KILN__CACHE_PATH_MAX + 8];
-    snprintf(wal, sizeof wal, "%s-wal", c->path);
-    long long size = file_size(c->path), wal_size = file_size(wal);
-    if (size > 0 || wal_size > 0)
-        return kiln__fail(e, KILN_STATUS_CACHE,
-                          "cache %s: not a kiln cache (a SQLite database of %lld bytes%s with no "
-                          "tables, not made by kiln); left untouched",
-                          c->path, size, wal_size > 0 ? " and a WAL" : "");
     if (oflags & KILN__CACHE_EXISTING)
         return kiln__fail(e, KILN_STATUS_NOT_FOUND,
                           "cache %s: an empty file, not a cache yet (this command reads an "
