@@ -357,7 +357,7 @@ static kiln_status get(kiln_ctx *ctx, const kiln_variant *v, const char *arch_in
         memcpy(arch, ctx->info.arch, sizeof arch);
     } else {
         return kiln__ctx_error(ctx, kiln__fail(&e, KILN_STATUS_NO_DEVICE,
-                                               "no GPU (%s): %s", ctx->err.msg,
+                                               "no GPU (%s): %s", ctx->nodev_why,
                                                load ? "kernels can be compiled (kiln_kernel_compile with "
                                                       "an arch) but not loaded"
                                                     : "name an arch (e.g. sm_90a)"), &e);
@@ -366,7 +366,7 @@ static kiln_status get(kiln_ctx *ctx, const kiln_variant *v, const char *arch_in
         if (!ctx->cu)
             return kiln__ctx_error(ctx, kiln__fail(&e, KILN_STATUS_NO_DEVICE,
                                                    "cannot load a kernel: compile-only context (%s)",
-                                                   ctx->err.msg), &e);
+                                                   ctx->nodev_why), &e);
         if (strcmp(arch, ctx->info.arch) != 0)
             return kiln__ctx_error(ctx, kiln__fail(&e, KILN_STATUS_UNSUPPORTED,
                                                    "cannot load an %s kernel on the context's %s device",
