@@ -14,7 +14,7 @@ SAN       ?=
 WARN    := -Wall -Wextra -Wpedantic -Werror -Wshadow -Wstrict-prototypes -Wmissing-prototypes \
            -Wformat=2 -Wvla -Wno-format-nonliteral -Wno-format-truncation
 CFLAGS  ?= -O2 -g
-ALLCFLAGS := -std=c11 -D_GNU_SOURCE -fPIC $(WARN) $(CFLAGS) $(SAN) \
+ALLCFLAGS := -std=c11 -D_GNU_SOURCE -fPIC -fvisibility=hidden $(WARN) $(CFLAGS) $(SAN) \
              -Iinclude -Ijit -Icache -Iruntime -Itools -Itemplates/common -I$(BUILD)/gen -isystem $(CUDA_HOME)/include \
              -isystem /usr/lib/llvm-14/include \
              -DKILN_NVRTC_DEFAULT='"$(CUDA_HOME)/lib64/libnvrtc.so.13"'

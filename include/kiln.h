@@ -25,6 +25,14 @@
 #include <stddef.h>
 #include <stdint.h>
 
+/* KILN_API marks the public API: the only symbols libkiln.so exports (the library is built
+ * with -fvisibility=hidden; everything internal is kiln__ and stays inside it). */
+#if defined(__GNUC__) || defined(__clang__)
+#define KILN_API __attribute__((visibility("default")))
+#else
+#define KILN_API
+#endif
+
 #ifdef __cplusplus
 extern "C" {
 #endif
@@ -63,11 +71,11 @@ typedef enum kiln_status {
 } kiln_status;
 
 /* A static string naming the status ("ok", "NVRTC compile failed", ...). Never NULL. */
-const char *kiln_status_str(kiln_status s);
+KILN_API const char *kiln_status_str(kiln_status s);
 
 /* The calling thread's last error message from a call that had no context (spec parsing,
  * kiln_ctx_create). Valid until the next kiln call on this thread. Never NULL ("" if none). */
-const char *kiln_errmsg(void);
+KILN_API const char *kiln_errmsg(void);
 
 /* ---------------------------------------------------------------------------------------------
  * Variants: what changes the generated code (run-time values live in kiln_params)
@@ -192,21 +200,21 @@ typedef struct kiln_variant {
 
 /* Fill *v with the documented defaults: op=prefill dtype=f16 head_dim=128 group=1 layout=nhd
  * mask=none window=0 logits=none lse=0. */
-void kiln_variant_default(kiln_variant *v);
+KILN_API void kiln_variant_default(kiln_variant *v);
 
 /* Parse a spec line ("key=value" tokens separated by spaces, any order; omitted keys take the
  * defaults above). Unknown keys, bad values, duplicates and garbage fail with KILN_STATUS_PARSE
  * and a message in kiln_errmsg() naming the token and the allowed values. */
-kiln_status kiln_variant_parse(const char *spec, kiln_variant *out);
+KILN_API kiln_status kiln_variant_parse(const char *spec, kiln_variant *out);
 
 /* Write the canonical spec of *v into buf (always NUL-terminated when cap > 0). Returns the
  * length the full text needs, excluding the NUL (like snprintf); 0 if *v is invalid, with the
  * reason in kiln_errmsg(). Format(parse(s)) == s for every canonical s. */
-size_t kiln_variant_format(const kiln_variant *v, char *buf, size_t cap);
+KILN_API size_t kiln_variant_format(const kiln_variant *v, char *buf, size_t cap);
 
 /* Check that *v names a variant kiln can generate; KILN_STATUS_UNSUPPORTED with a message
  * otherwise. */
-kiln_status kiln_variant_check(const kiln_variant *v);
+KILN_API kiln_status kiln_variant_check(const kiln_variant *v);
 
 /* ---------------------------------------------------------------------------------------------
  * Run-time values: one kernel serves every model with the same variant
@@ -292,11 +300,11 @@ typedef struct kiln_ctx_opts {
 /* Create a context. With no GPU or driver the context is compile-only (kiln_ctx_device
  * reports it) and kiln_kernel_get fails with KILN_STATUS_NO_DEVICE; compile, cache and inspect
  * still work. opts may be NULL for all defaults. */
-kiln_status kiln_ctx_create(const kiln_ctx_opts *opts, kiln_ctx **out);
-void kiln_ctx_destroy(kiln_ctx *ctx);
+KILN_API kiln_status kiln_ctx_create(const kiln_ctx_opts *opts, kiln_ctx **out);
+KILN_API void kiln_ctx_destroy(kiln_ctx *ctx);
 
 /* Last error message of a call on ctx. Valid until the next failing call on ctx. Never NULL. */
-const char *kiln_ctx_errmsg(const kiln_ctx *ctx);
+KILN_API const char *kiln_ctx_errmsg(const kiln_ctx *ctx);
 
 typedef struct kiln_device_info {
     int present;     /* 0: compile-only context */
@@ -309,10 +317,10 @@ typedef struct kiln_device_info {
 } kiln_device_info;
 
 /* Describe the context's device and target arch. */
-kiln_status kiln_ctx_device(const kiln_ctx *ctx, kiln_device_info *out);
+KILN_API kiln_status kiln_ctx_device(const kiln_ctx *ctx, kiln_device_info *out);
 
 /* Path of the cache database, or "" with no_cache. Lives as long as ctx. */
-const char *kiln_ctx_cache_path(const kiln_ctx *ctx);
+KILN_API const char *kiln_ctx_cache_path(const kiln_ctx *ctx);
 
 /* ---------------------------------------------------------------------------------------------
  * Kernels
@@ -321,15 +329,15 @@ const char *kiln_ctx_cache_path(const kiln_ctx *ctx);
 /* Get the kernel for *v on the context's device, loaded and ready to launch: in-process memo,
  * then the cache, then an NVRTC compile (stored in the cache). The kernel lives as long as ctx.
  * Thread-safe; a memo hit takes no lock held across I/O. */
-kiln_status kiln_kernel_get(kiln_ctx *ctx, const kiln_variant *v, kiln_kernel **out);
+KILN_API kiln_status kiln_kernel_get(kiln_ctx *ctx, const kiln_variant *v, kiln_kernel **out);
 
 /* Same, from a spec line. */
-kiln_status kiln_kernel_get_spec(kiln_ctx *ctx, const char *spec, kiln_kernel **out);
+KILN_API kiln_status kiln_kernel_get_spec(kiln_ctx *ctx, const char *spec, kiln_kernel **out);
 
 /* Compile (or find in the cache) *v for a named arch ("sm_80", "sm_90a", ...; NULL: the
  * context's arch) without loading it; needs no GPU. The kernel lives as long as ctx and can be
  * inspected but not launched unless arch is the context's own. */
-kiln_status kiln_kernel_compile(kiln_ctx *ctx, const kiln_variant *v, const char *arch,
+KILN_API kiln_status kiln_kernel_compile(kiln_ctx *ctx, const kiln_variant *v, const char *arch,
                                 kiln_kernel **out);
 
 typedef struct kiln_kernel_info {
@@ -347,17 +355,17 @@ typedef struct kiln_kernel_info {
     int threads;         /* threads per block of the main kernel */
 } kiln_kernel_info;
 
-kiln_status kiln_kernel_describe(const kiln_kernel *k, kiln_kernel_info *out);
+KILN_API kiln_status kiln_kernel_describe(const kiln_kernel *k, kiln_kernel_info *out);
 
 /* Borrowed texts, alive as long as the kernel's context: the exact source compiled, the whole
  * canonical spec, the NVRTC log (with ptxas' resource report), the exact text hashed into the
  * key. */
-const char *kiln_kernel_source(const kiln_kernel *k);
-const char *kiln_kernel_spec(const kiln_kernel *k);
-const char *kiln_kernel_log(const kiln_kernel *k);
-const char *kiln_kernel_key_material(const kiln_kernel *k);
+KILN_API const char *kiln_kernel_source(const kiln_kernel *k);
+KILN_API const char *kiln_kernel_spec(const kiln_kernel *k);
+KILN_API const char *kiln_kernel_log(const kiln_kernel *k);
+KILN_API const char *kiln_kernel_key_material(const kiln_kernel *k);
 /* The cubin, alive as long as the context. */
-const void *kiln_kernel_cubin(const kiln_kernel *k, size_t *size);
+KILN_API const void *kiln_kernel_cubin(const kiln_kernel *k, size_t *size);
 
 /* ---------------------------------------------------------------------------------------------
  * Launches: on the caller's stream, never synchronize, never allocate
@@ -366,20 +374,20 @@ const void *kiln_kernel_cubin(const kiln_kernel *k, size_t *size);
 /* Bytes of workspace a single decode of this shape needs (0 when one CTA per head group
  * suffices). Never decreases as kv_len grows, so sizing for the longest request covers every
  * shorter one. Pure host arithmetic. */
-kiln_status kiln_decode_workspace_size(const kiln_kernel *k, int num_qo_heads, int kv_len,
+KILN_API kiln_status kiln_decode_workspace_size(const kiln_kernel *k, int num_qo_heads, int kv_len,
                                        size_t *bytes);
 
 /* Single-request decode: o[h] = softmax(s(q[h], k)) v for each query head h. The kernel must
  * be a decode variant; long L_KV is split across CTAs and merged (needs the workspace). */
-kiln_status kiln_single_decode(kiln_kernel *k, const kiln_attn_args *a, void *stream);
+KILN_API kiln_status kiln_single_decode(kiln_kernel *k, const kiln_attn_args *a, void *stream);
 
 /* Single-request prefill: every query row i in [0, L_Q) attends to k, v under the variant's
  * mask; causal needs L_Q <= L_KV. */
-kiln_status kiln_single_prefill(kiln_kernel *k, const kiln_attn_args *a, void *stream);
+KILN_API kiln_status kiln_single_prefill(kiln_kernel *k, const kiln_attn_args *a, void *stream);
 
 /* Prefill variants with a mask snippet or mask data: bytes of the tile map for this shape
  * (one byte per query tile x key tile). */
-kiln_status kiln_prefill_mask_plan_size(const kiln_kernel *k, int qo_len, int kv_len, size_t *bytes);
+KILN_API kiln_status kiln_prefill_mask_plan_size(const kiln_kernel *k, int qo_len, int kv_len, size_t *bytes);
 
 /* Evaluate the mask once per tile on the GPU (a kernel generated with the variant) and write
  * a->tile_map: 0 = every key of the tile hidden (the tile is skipped), 2 = every key visible
@@ -388,7 +396,7 @@ kiln_status kiln_prefill_mask_plan_size(const kiln_kernel *k, int qo_len, int kv
  * window_left (hidden tiles are skipped, so a stale map can hide visible keys) and, for a
  * snippet that reads a head index, num_qo_heads. Asynchronous on stream;
  * allocates nothing. */
-kiln_status kiln_prefill_mask_plan(kiln_kernel *k, const kiln_attn_args *a, void *stream);
+KILN_API kiln_status kiln_prefill_mask_plan(kiln_kernel *k, const kiln_attn_args *a, void *stream);
 
 /* ---------------------------------------------------------------------------------------------
  * Batches: plan on the host, run on the stream (kv=ragged or kv=paged variants)
@@ -436,12 +444,12 @@ typedef struct kiln_plan_opts {
 
 /* Create a plan object for a loaded batch kernel (kv=ragged or kv=paged). Allocates a small
  * pinned host buffer for the schedule; nothing on the device. */
-kiln_status kiln_plan_create(kiln_kernel *k, const kiln_plan_opts *opts, kiln_plan **out);
-void kiln_plan_destroy(kiln_plan *plan);
+KILN_API kiln_status kiln_plan_create(kiln_kernel *k, const kiln_plan_opts *opts, kiln_plan **out);
+KILN_API void kiln_plan_destroy(kiln_plan *plan);
 
 /* Bytes of device workspace a plan of `batch` requests and `total_qo` query rows may need
  * (decode: total_qo = batch). Never decreases with either argument. Pure host arithmetic. */
-kiln_status kiln_plan_workspace_size(const kiln_plan *plan, int batch, int total_qo, size_t *bytes);
+KILN_API kiln_status kiln_plan_workspace_size(const kiln_plan *plan, int batch, int total_qo, size_t *bytes);
 
 /* The batch as CPU arrays (host memory; only read during the call). */
 typedef struct kiln_batch_shape {
@@ -457,7 +465,7 @@ typedef struct kiln_batch_shape {
 /* Plan a batch: validates the arrays (every problem names the request and the value), picks
  * the split, writes the schedule to the workspace with one async copy on stream, and returns.
  * A request with no keys gets o = 0 and lse = -inf; with no rows, nothing. */
-kiln_status kiln_batch_plan(kiln_plan *plan, const kiln_batch_shape *shape, kiln_devptr workspace,
+KILN_API kiln_status kiln_batch_plan(kiln_plan *plan, const kiln_batch_shape *shape, kiln_devptr workspace,
                       size_t workspace_bytes, void *stream);
 
 /* What the last kiln_batch_plan decided (for tests, benchmarks and `kiln check`). */
@@ -472,7 +480,7 @@ typedef struct kiln_plan_info {
     int64_t total_keys;    /* keys over all items (x heads of one item) */
 } kiln_plan_info;
 
-kiln_status kiln_plan_describe(const kiln_plan *plan, kiln_plan_info *out);
+KILN_API kiln_status kiln_plan_describe(const kiln_plan *plan, kiln_plan_info *out);
 
 /* Tensors of a batch run. Strides are in elements; 0 means the dense default of the layout. */
 typedef struct kiln_batch_args {
@@ -506,7 +514,7 @@ typedef struct kiln_batch_args {
 
 /* Run the planned batch on stream: no allocation, no synchronisation, no host reads of device
  * memory. Safe to capture in a CUDA graph. */
-kiln_status kiln_batch_run(kiln_plan *plan, const kiln_batch_args *a, void *stream);
+KILN_API kiln_status kiln_batch_run(kiln_plan *plan, const kiln_batch_args *a, void *stream);
 
 /* ---- softmax states ----
  * A state is (v [n, H, D] in the kernel's dtype, lse [n, H] float, natural log) from any
@@ -527,18 +535,18 @@ typedef struct kiln_merge_args {
                                        always dense */
 } kiln_merge_args;
 
-kiln_status kiln_merge_state(kiln_kernel *k, const kiln_merge_args *a, void *stream);
-kiln_status kiln_merge_state_in_place(kiln_kernel *k, const kiln_merge_args *a, void *stream);
-kiln_status kiln_merge_states(kiln_kernel *k, const kiln_merge_args *a, void *stream);
+KILN_API kiln_status kiln_merge_state(kiln_kernel *k, const kiln_merge_args *a, void *stream);
+KILN_API kiln_status kiln_merge_state_in_place(kiln_kernel *k, const kiln_merge_args *a, void *stream);
+KILN_API kiln_status kiln_merge_states(kiln_kernel *k, const kiln_merge_args *a, void *stream);
 
 /* ---------------------------------------------------------------------------------------------
  * Versions
  * ------------------------------------------------------------------------------------------- */
 
 /* kiln's version string ("0.1.0"). */
-const char *kiln_version(void);
+KILN_API const char *kiln_version(void);
 /* NVRTC's version as "major.minor", e.g. "13.0". Static storage. */
-const char *kiln_nvrtc_version(void);
+KILN_API const char *kiln_nvrtc_version(void);
 
 #ifdef __cplusplus
 }
