@@ -23,6 +23,8 @@ work without it.
 import contextlib
 import functools
 import math
+import threading
+import weakref
 
 from . import _check, _lib
 from .attention import (LOG2E, _stride, alibi_slopes, default_context, mask_data_name,
@@ -264,6 +266,42 @@ def _float_scale(value, name):
 # ---- the shared machinery ----------------------------------------------------------------------
 
 
+class _WorkspaceClaims:
+    """Which wrapper planned last over each byte range of the float workspaces. A kiln plan
+    keeps its schedule in its workspace, so once another wrapper has planned over a wrapper's
+    range, that wrapper's run() would launch on the other's schedule: it raises instead
+    (FlashInfer's wrappers may share one float workspace; kiln's may not). Owners are held
+    weakly: a wrapper that is gone claims nothing. Captured CUDA graphs replay without run():
+    a graph whose workspace another wrapper plans over is not caught here."""
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._gen = 0
+        self._claims = weakref.WeakKeyDictionary()  # owner -> (device, start, end, generation)
+
+    def claim(self, owner, device, start, nbytes):
+        """owner planned into [start, start + nbytes) of device's memory, after every claim
+        made so far."""
+        with self._lock:
+            self._gen += 1
+            self._claims[owner] = (device, start, start + nbytes, self._gen)
+
+    def overtaken_by(self, owner):
+        """The wrapper that planned over owner's range after owner did, or None."""
+        with self._lock:
+            mine = self._claims.get(owner)
+            if mine is None:
+                return None
+            dev, a, b, g = mine
+            for other, (d2, a2, b2, g2) in self._claims.items():
+                if other is not owner and d2 == dev and g2 > g and a2 < b and a < b2:
+                    return other
+        return None
+
+
+_CLAIMS = _WorkspaceClaims()
+
+
 class _State:
     """What plan() decided and run() needs."""
 
@@ -450,6 +488,8 @@ class _BatchWrapper:
         st.o_dtype = _torch_dtype(torch, variant.out_dtype)
         st.indices, st.slopes, st.mask_bits = dev_indices, slopes, mask_bits
         self._state = st
+        _CLAIMS.claim(self, str(device), self._float_workspace_buffer.data_ptr(),
+                      self._workspace_bytes)
 
     def _device_indices(self, torch, indices, used):
         """The page ids as an int32 device tensor at a fixed address in CUDA-graph mode (copied
@@ -475,6 +515,12 @@ class _BatchWrapper:
     def _run(self, q, k, v, *, rows_dim_doc, k_strides, out, lse, return_lse, q_scale, k_scale,
              v_scale, window_left):
         st = self._require_plan()
+        other = _CLAIMS.overtaken_by(self)
+        if other is not None:
+            raise RuntimeError(
+                f"{type(self).__name__}.run(): {type(other).__name__} planned into this wrapper's "
+                "float_workspace_buffer after its plan(); kiln keeps a plan's schedule in its "
+                "workspace, so wrappers cannot share one: give each its own buffer, or plan again")
         window_left = _check.integer(window_left, "run: window_left", none=True)
         return_lse = _check.flag(return_lse, "run: return_lse")
         torch = _torch()

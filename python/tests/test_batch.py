@@ -346,3 +346,44 @@ class _SliceableBuffer(FakeBuffer):
 
 if __name__ == "__main__":
     unittest.main()
+
+
+class TestWorkspaceClaims(unittest.TestCase):
+    """A wrapper whose float workspace another wrapper planned over cannot run (no GPU)."""
+
+    class Owner:
+        pass
+
+    def test_overlap_after_plan_is_caught(self):
+        c = batch._WorkspaceClaims()
+        a, b = self.Owner(), self.Owner()
+        c.claim(a, "cuda:0", 1000, 100)
+        self.assertIsNone(c.overtaken_by(a))
+        c.claim(b, "cuda:0", 1050, 10)  # inside a's range, later
+        self.assertIs(c.overtaken_by(a), b)
+        self.assertIsNone(c.overtaken_by(b))
+        c.claim(a, "cuda:0", 1000, 100)  # a plans again: it owns the range again
+        self.assertIsNone(c.overtaken_by(a))
+        self.assertIs(c.overtaken_by(b), a)
+
+    def test_disjoint_ranges_and_devices_do_not_conflict(self):
+        c = batch._WorkspaceClaims()
+        a, b, d = self.Owner(), self.Owner(), self.Owner()
+        c.claim(a, "cuda:0", 0, 100)
+        c.claim(b, "cuda:0", 100, 100)  # adjacent, not overlapping (the cascade's slices)
+        c.claim(d, "cuda:1", 0, 100)  # same addresses, another device
+        for o in (a, b, d):
+            self.assertIsNone(c.overtaken_by(o))
+
+    def test_unknown_and_dead_owners(self):
+        c = batch._WorkspaceClaims()
+        a = self.Owner()
+        self.assertIsNone(c.overtaken_by(a))  # never planned: run() says "plan first" instead
+        b = self.Owner()
+        c.claim(a, "cuda:0", 0, 100)
+        c.claim(b, "cuda:0", 0, 100)
+        self.assertIs(c.overtaken_by(a), b)
+        del b  # a wrapper that is gone claims nothing
+        import gc
+        gc.collect()
+        self.assertIsNone(c.overtaken_by(a))
