@@ -1,6 +1,7 @@
 /*
  * cli_cmds.c — the `kiln` commands that work on one kernel or on the cache: info, compile,
- * ls, show, rm and check. (warm is in cli_warm.c; dispatch, usage and shared helpers in
+ * ls, show, rm and check. (warm is in cli_warm.c; stats, clear, completion, the JSON writer and
+ * the ls filters in cli_report.c; dispatch, usage and shared helpers in
  * kiln.c.) ls, show-by-key and rm open the cache directly and never touch the driver; compile
  * and show-by-spec go through a context, compile-only when every arch is named.
  */
