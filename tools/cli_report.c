@@ -170,7 +170,10 @@ int cli_cmd_stats(cli_global *g, const cli_cmd *cmd, int argc, char **argv)
     kiln__cache_close(c);
     if (!rc && zero && !json)
         printf("zeroed the counters of %s (hits, misses, each entry's hits)\n", v->path);
-    else if (!rc) rc = json ? stats_json(v) : (stats_text(v), CLI_OK);
+    else if (!rc && json)
+        rc = stats_json(v);
+    else if (!rc)
+        stats_text(v);
     free(v);
     return rc;
 }
