@@ -376,6 +376,8 @@ KT_TEST(report_completion)
     KT_CHECK(ncmds >= 15);
     KT_CONTAINS(out, "ls) opts='--arch --op --spec --limit --json'");
     KT_CONTAINS(out, "stats) opts='--zero --json'");
+    KT_CONTAINS(out, "clear) opts='--yes' ;;"); /* not the --vacuum its prose mentions */
+    KT_CONTAINS(out, "gc) opts='--max-size --vacuum' ;;");
     free(out);
     free(help);
     if (system("command -v bash >/dev/null 2>&1") != 0) {

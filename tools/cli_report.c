@@ -368,24 +368,32 @@ int cli_ls_filter_keep(cli_ls_filter *f, const kiln__entry *en)
 
 /* ---- completion ------------------------------------------------------------------------------ */
 
-/* The options a command's usage text names ("--arch", ...), each once, space-separated, into s. */
+/* The options a command's usage text names, each once, space-separated, into s: those of its
+ * synopsis (the lines before the first blank one) and those that begin an indented line of
+ * the option list ("  --json   ..."); options merely mentioned in the prose are not its own. */
 static void usage_options(kiln__str *s, const char *usage)
 {
     char words[64][32];
-    int n = 0;
-    for (const char *p = strstr(usage, "--"); p && n < 64; p = strstr(p + 2, "--")) {
-        if (p > usage && p[-1] != ' ' && p[-1] != '[' && p[-1] != '|' && p[-1] != '(') continue;
-        size_t len = 2;
-        while ((p[len] >= 'a' && p[len] <= 'z') || (p[len] >= '0' && p[len] <= '9') ||
-               p[len] == '-')
-            len++;
-        if (len < 3 || len >= sizeof words[0]) continue;
-        snprintf(words[n], sizeof words[0], "%.*s", (int)len, p);
-        int dup = 0;
-        for (int i = 0; i < n && !dup; i++) dup = !strcmp(words[i], words[n]);
-        if (dup) continue;
-        kiln__str_printf(s, "%s%s", n ? " " : "", words[n]);
-        n++;
+    int n = 0, synopsis = 1;
+    for (const char *line = usage; *line && n < 64;) {
+        const char *eol = strchr(line, '\n');
+        size_t len = eol ? (size_t)(eol - line) : strlen(line);
+        if (len == 0) synopsis = 0;
+        const char *lead = line + strspn(line, " ");
+        for (const char *p = line; p < line + len && n < 64; p++) {
+            if (p[0] != '-' || p[1] != '-' || (p > line && strchr(" [|(", p[-1]) == NULL)) continue;
+            if (!synopsis && p != lead) continue;
+            size_t w = 2;
+            while ((p[w] >= 'a' && p[w] <= 'z') || (p[w] >= '0' && p[w] <= '9') || p[w] == '-') w++;
+            if (w < 3 || w >= sizeof words[0]) continue;
+            snprintf(words[n], sizeof words[0], "%.*s", (int)w, p);
+            int dup = 0;
+            for (int i = 0; i < n && !dup; i++) dup = !strcmp(words[i], words[n]);
+            if (dup) continue;
+            kiln__str_printf(s, "%s%s", n ? " " : "", words[n]);
+            n++;
+        }
+        line += len + (eol != NULL);
     }
 }
 
