@@ -16,8 +16,9 @@
 #include "kiln.h"
 #include "util.h"
 
-/* 2 added the leases table; version 1 files are migrated in place when opened writable. */
-#define KILN__CACHE_SCHEMA_VERSION 2
+/* 2 added the leases table, 3 the row checksum (kernels.row_sum); older files are migrated in
+ * place when opened writable. */
+#define KILN__CACHE_SCHEMA_VERSION 3
 
 typedef struct kiln__cache kiln__cache;
 
@@ -37,7 +38,16 @@ typedef struct kiln__entry {
     int64_t created, last_used; /* unix seconds */
     int64_t hits;
     char checksum[33]; /* filled by kiln__cache_scan: the stored checksum ("" elsewhere) */
+    char row_sum[33];  /* filled by kiln__cache_scan: the stored row checksum ("" elsewhere) */
+    int unsealed;      /* filled by kiln__cache_scan: 1 when the file predates row checksums
+                          (schema < 3, read as it is): row_sum is "" and nothing to check */
 } kiln__entry;
+
+/* The row checksum of en: XXH3-128 (32 lowercase hex digits into out[33]) over every stored
+ * field but the stamps (created, last_used, hits): key, spec, arch, nvrtc, key material,
+ * source, log, the cubin's digest cubin_sum, registers, shared memory, spill, stack and
+ * compile time, each length-prefixed. 0 when out of memory (out is then ""). */
+int kiln__entry_seal(const kiln__entry *en, const char cubin_sum[33], char out[33]);
 
 void kiln__entry_free(kiln__entry *en);
 
@@ -52,6 +62,10 @@ enum {
                                file must exist; a version-1 file is read as it is */
     KILN__CACHE_FILE = 2,   /* `where` names the database file itself, not its directory; the
                                directory must exist (it is not created) */
+    KILN__CACHE_EXISTING = 4, /* the cache must exist: neither the directory nor the file is
+                                 created and an empty file is not initialised (commands that
+                                 only read, check or tidy a cache); a missing one is
+                                 KILN_STATUS_NOT_FOUND */
 };
 
 /* Open a cache: kiln__cache_open's rules, changed by flags. A cache on NFS is refused unless
@@ -181,8 +195,8 @@ typedef struct kiln__row_rules {
     int format_version; /* > 0: the material must begin "kiln-key-format: <this>" */
 } kiln__row_rules;
 
-/* Check a row read by kiln__cache_scan: stored checksum, key recomputed from the material,
- * key format version, and kiln__cubin_check. 0 when sound; else non-zero with the reason in
+/* Check a row read by kiln__cache_scan: stored checksum, row checksum (unless en->unsealed),
+ * key recomputed from the material, key format version, and kiln__cubin_check. 0 when sound; else non-zero with the reason in
  * why[cap] ("checksum mismatch: stored x, computed y"). */
 int kiln__cache_row_check(const kiln__entry *en, const kiln__row_rules *r, char *why, size_t cap);
 

@@ -16,6 +16,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/statvfs.h>
 #include <sys/vfs.h>
 #include <unistd.h>
 
@@ -44,7 +45,8 @@ static const char schema_sql[] =
     " compile_ms REAL,"
     " created INTEGER NOT NULL,"
     " last_used INTEGER NOT NULL,"
-    " hits INTEGER NOT NULL DEFAULT 0);"
+    " hits INTEGER NOT NULL DEFAULT 0,"
+    " row_sum TEXT NOT NULL DEFAULT '');"
     "CREATE INDEX kernels_last_used ON kernels(last_used);"
     "CREATE TABLE stats(k TEXT PRIMARY KEY, v INTEGER NOT NULL);"
     KILN__LEASES_SQL
@@ -54,10 +56,18 @@ static const char schema_sql[] =
     "INSERT INTO stats(k, v) VALUES ('hits', 0), ('misses', 0);";
 
 /* Version 1 → 2: the leases table. */
-static const char migrate_v1_sql[] =
-    KILN__LEASES_SQL
-    "UPDATE meta SET v = '2' WHERE k = 'schema_version';";
+static const char migrate_v1_sql[] = KILN__LEASES_SQL;
+/* Version 2 → 3: the row checksum (then kiln__cache_seal_rows fills it). */
+static const char migrate_v2_sql[] = "ALTER TABLE kernels ADD COLUMN row_sum TEXT NOT NULL DEFAULT '';";
+static const char migrate_done_sql[] =
+    "UPDATE meta SET v = '" STR(KILN__CACHE_SCHEMA_VERSION) "' WHERE k = 'schema_version';";
 /* clang-format on */
+
+/* How long set_wal waits between attempts when the switch to WAL is busy, in ms. */
+#define WAL_RETRY_MS 10
+
+/* The smallest non-empty SQLite database: one page of the smallest page size. */
+#define SQLITE_MIN_FILE 512
 
 /* statfs f_type of NFS (linux/magic.h's NFS_SUPER_MAGIC). */
 #define NFS_MAGIC 0x6969
@@ -118,17 +128,73 @@ void kiln__cache_rollback(kiln__cache *c)
     if (c->db && !sqlite3_get_autocommit(c->db)) sqlite3_exec(c->db, "ROLLBACK", NULL, NULL, NULL);
 }
 
+/* PRAGMA quick_check's first complaint into out[cap]; 0 when the file checks out (or the
+ * check cannot run), 1 when it is damaged. */
+static int quick_check(kiln__cache *c, char *out, size_t cap)
+{
+    sqlite3_stmt *st = NULL;
+    int bad = 0;
+    if (sqlite3_prepare_v2(c->db, "PRAGMA quick_check(1)", -1, &st, NULL) == SQLITE_OK) {
+        int rc = sqlite3_step(st);
+        const unsigned char *t = rc == SQLITE_ROW ? sqlite3_column_text(st, 0) : NULL;
+        if (rc == SQLITE_ROW && t && strcmp((const char *)t, "ok") != 0) {
+            snprintf(out, cap, "%s", (const char *)t);
+            bad = 1;
+        } else if (rc != SQLITE_ROW && ((rc & 0xff) == SQLITE_CORRUPT || (rc & 0xff) == SQLITE_NOTADB)) {
+            snprintf(out, cap, "%s", sqlite3_errmsg(c->db));
+            bad = 1;
+        }
+    }
+    sqlite3_finalize(st);
+    return bad;
+}
+
+/* Free bytes of the file system that holds the cache file; -1 when unknown. */
+static long long free_bytes(const kiln__cache *c)
+{
+    char dir[KILN__CACHE_PATH_MAX];
+    snprintf(dir, sizeof dir, "%s", c->path);
+    char *slash = strrchr(dir, '/');
+    if (slash) *(slash == dir ? slash + 1 : slash) = 0;
+    else snprintf(dir, sizeof dir, ".");
+    struct statvfs vs;
+    if (statvfs(dir, &vs) != 0) return -1;
+    return (long long)vs.f_bavail * (long long)vs.f_frsize;
+}
+
 kiln_status kiln__cache_fail(kiln__cache *c, kiln__err *e, const char *fmt, ...)
 {
-    char what[600];
+    char what[600], why[400];
     va_list ap;
     va_start(ap, fmt);
     vsnprintf(what, sizeof what, fmt, ap);
     va_end(ap);
-    kiln_status st = kiln__fail(e, KILN_STATUS_CACHE, "cache %s: %s failed: %s", c->path, what,
-                                kiln__cache_why(c));
+    /* SQLite's own word, honestly mapped: a corrupt file says so with its path, and "database
+     * or disk is full" (which SQLite also says when a damaged page makes a record look huge)
+     * is checked against the file and the disk before it is believed */
+    int code = c->injected ? SQLITE_IOERR : (sqlite3_errcode(c->db) & 0xff);
+    snprintf(why, sizeof why, "%s", kiln__cache_why(c));
     kiln__cache_rollback(c);
-    return st;
+    char damage[300];
+    if (code == SQLITE_CORRUPT || code == SQLITE_NOTADB ||
+        (code == SQLITE_FULL && quick_check(c, damage, sizeof damage))) {
+        if (code != SQLITE_FULL) snprintf(damage, sizeof damage, "%s", why);
+        return kiln__fail(e, KILN_STATUS_CACHE,
+                          "cache %s: %s failed: the cache file is corrupt (%s%s%s); `kiln verify "
+                          "%s` shows the damage; removing the file loses only compiled kernels",
+                          c->path, what, damage, code == SQLITE_FULL ? "; SQLite reported: " : "",
+                          code == SQLITE_FULL ? why : "", c->path);
+    }
+    if (code == SQLITE_FULL) {
+        long long avail = free_bytes(c);
+        if (avail >= 0)
+            return kiln__fail(e, KILN_STATUS_CACHE,
+                              "cache %s: %s failed: %s (%lld bytes free on the cache's file "
+                              "system; SQLite's temporary files go to $TMPDIR, else /var/tmp or "
+                              "/tmp)",
+                              c->path, what, why, avail);
+    }
+    return kiln__fail(e, KILN_STATUS_CACHE, "cache %s: %s failed: %s", c->path, what, why);
 }
 
 /* ---- recognising the file ------------------------------------------------------------------ */
@@ -238,6 +304,32 @@ static kiln_status inspect(kiln__cache *c, db_kind *kind, kiln__err *e)
     return KILN_STATUS_OK;
 }
 
+/* The size of path in bytes; 0 when it does not exist. */
+static long long file_size(const char *path)
+{
+    struct stat sb;
+    return stat(path, &sb) == 0 ? (long long)sb.st_size : 0;
+}
+
+/* A file with no schema objects is initialised only when it holds nothing: 0 bytes, and no
+ * WAL content beside it. That is the state kiln's own create leaves until the schema
+ * transaction commits (and what a rolled-back first transaction returns to), so concurrent
+ * openers of a fresh file still all succeed; a non-empty SQLite database with no tables is
+ * someone's file. Checked under the write lock, after SQLite has read the file (and replayed
+ * any hot journal), so that no other opener can be writing it. */
+static kiln_status refuse_nonempty(kiln__cache *c, kiln__err *e)
+{
+    char wal[KILN__CACHE_PATH_MAX + 8];
+    snprintf(wal, sizeof wal, "%s-wal", c->path);
+    long long size = file_size(c->path), wal_size = file_size(wal);
+    if (size > 0 || wal_size > 0)
+        return kiln__fail(e, KILN_STATUS_CACHE,
+                          "cache %s: not a kiln cache (a SQLite database of %lld bytes%s with no "
+                          "tables, not made by kiln); left untouched",
+                          c->path, size, wal_size > 0 ? " and a WAL" : "");
+    return KILN_STATUS_OK;
+}
+
 /* Create the schema in one BEGIN IMMEDIATE transaction, unless another process did it while
  * we waited for the write lock: then check what it wrote. */
 static kiln_status create_schema(kiln__cache *c, kiln__err *e)
@@ -250,6 +342,10 @@ static kiln_status create_schema(kiln__cache *c, kiln__err *e)
         kiln__cache_rollback(c);
         return s;
     }
+    if (kind == DB_EMPTY && (s = refuse_nonempty(c, e))) {
+        kiln__cache_rollback(c);
+        return s;
+    }
     if (kind == DB_EMPTY && kiln__cache_exec(c, schema_sql) != SQLITE_OK)
         return kiln__cache_fail(c, e, "creating the schema");
     if (kiln__cache_exec(c, "COMMIT") != SQLITE_OK)
@@ -258,13 +354,26 @@ static kiln_status create_schema(kiln__cache *c, kiln__err *e)
     return KILN_STATUS_OK;
 }
 
-/* Migrate a version-1 file to version 2 (add the leases table) in one BEGIN IMMEDIATE
- * transaction, unless another process did it while we waited for the write lock. A failure
- * rolls back and leaves the file a version-1 cache. */
+/* 1 when the kernels table has the row_sum column. */
+static int has_row_sum(kiln__cache *c)
+{
+    sqlite3_stmt *st = NULL;
+    int ok = sqlite3_prepare_v2(c->db, "SELECT row_sum FROM kernels LIMIT 0", -1, &st, NULL) ==
+             SQLITE_OK;
+    sqlite3_finalize(st);
+    return ok;
+}
+
+/* Migrate a version-1 or -2 file to version 3 (1 → 2 adds the leases table, 2 → 3 the row
+ * checksum column, filled for every row whose cubin passes its checksum) in one BEGIN
+ * IMMEDIATE transaction, unless another process did it while we waited for the write lock. A
+ * failure rolls back and leaves the file as it was. */
 static kiln_status migrate(kiln__cache *c, kiln__err *e)
 {
+    int from = c->schema;
     if (kiln__cache_exec(c, "BEGIN IMMEDIATE") != SQLITE_OK)
-        return kiln__cache_fail(c, e, "migrating schema version 1 to 2: begin");
+        return kiln__cache_fail(c, e, "migrating schema version %d to %d: begin", from,
+                                KILN__CACHE_SCHEMA_VERSION);
     db_kind kind = DB_EMPTY;
     kiln_status s = inspect(c, &kind, e);
     if (s || kind != DB_KILN) {
@@ -272,10 +381,19 @@ static kiln_status migrate(kiln__cache *c, kiln__err *e)
         return s ? s
                  : kiln__fail(e, KILN_STATUS_CACHE, "cache %s: emptied while migrating", c->path);
     }
-    if (c->schema == 1 && kiln__cache_exec(c, migrate_v1_sql) != SQLITE_OK)
-        return kiln__cache_fail(c, e, "migrating schema version 1 to 2");
+    int rc = SQLITE_OK;
+    if (c->schema < KILN__CACHE_SCHEMA_VERSION) {
+        if (c->schema == 1) rc = kiln__cache_exec(c, migrate_v1_sql);
+        if (rc == SQLITE_OK && !has_row_sum(c)) rc = kiln__cache_exec(c, migrate_v2_sql);
+        if (rc == SQLITE_OK) rc = kiln__cache_seal_rows(c);
+        if (rc == SQLITE_OK) rc = kiln__cache_exec(c, migrate_done_sql);
+    }
+    if (rc != SQLITE_OK)
+        return kiln__cache_fail(c, e, "migrating schema version %d to %d", from,
+                                KILN__CACHE_SCHEMA_VERSION);
     if (kiln__cache_exec(c, "COMMIT") != SQLITE_OK)
-        return kiln__cache_fail(c, e, "migrating schema version 1 to 2: commit");
+        return kiln__cache_fail(c, e, "migrating schema version %d to %d: commit", from,
+                                KILN__CACHE_SCHEMA_VERSION);
     c->schema = KILN__CACHE_SCHEMA_VERSION;
     return KILN_STATUS_OK;
 }
@@ -287,6 +405,16 @@ static kiln_status set_wal(kiln__cache *c, kiln__err *e)
     if (kiln__cache_prepare(c, "PRAGMA journal_mode=WAL", &st) != SQLITE_OK)
         return kiln__cache_fail(c, e, "switching to WAL");
     int rc = kiln__cache_step(c, st);
+    /* The switch needs the exclusive lock. When another opener holds a lock this connection
+     * would deadlock against (it is storing its first row, or switching too), SQLite answers
+     * SQLITE_BUSY at once instead of calling the busy handler: reset (dropping our read lock)
+     * and try again, within the busy timeout. */
+    for (int waited = 0; rc == SQLITE_BUSY && !c->injected && waited < KILN__CACHE_BUSY_MS;
+         waited += WAL_RETRY_MS) {
+        sqlite3_reset(st);
+        usleep(WAL_RETRY_MS * 1000);
+        rc = kiln__cache_step(c, st);
+    }
     if (rc != SQLITE_ROW) {
         kiln_status s = kiln__cache_fail(c, e, "switching to WAL");
         sqlite3_finalize(st);
@@ -337,6 +465,11 @@ static kiln_status prepare_file(kiln__cache *c, const char *dir, int flags, kiln
 {
     struct stat sb;
     if (stat(c->path, &sb) != 0) {
+        if (errno == ENOENT && (flags & KILN__CACHE_EXISTING) && !(flags & KILN__CACHE_RDONLY))
+            return kiln__fail(e, KILN_STATUS_NOT_FOUND,
+                              "cache %s: no such cache (this command reads an existing cache and "
+                              "creates none)",
+                              c->path);
         if (errno != ENOENT || (flags & KILN__CACHE_RDONLY))
             return kiln__fail(e, KILN_STATUS_IO, "cache %s: %s: %s", c->path,
                               errno == ENOENT ? "no such cache (a read-only cache must exist)"
@@ -355,6 +488,13 @@ static kiln_status prepare_file(kiln__cache *c, const char *dir, int flags, kiln
         }
     } else if (!S_ISREG(sb.st_mode)) {
         return kiln__fail(e, KILN_STATUS_IO, "cache %s: not a regular file", c->path);
+    } else if (sb.st_size > 0 && sb.st_size < SQLITE_MIN_FILE) {
+        /* SQLite writes whole pages: a short file is nobody's database, and SQLite would take
+         * one of a single byte for an empty database and let it be initialised */
+        return kiln__fail(e, KILN_STATUS_CACHE,
+                          "cache %s: not a kiln cache (file is not a database); left untouched "
+                          "(%lld bytes, shorter than any SQLite database)",
+                          c->path, (long long)sb.st_size);
     }
     if (faccessat(AT_FDCWD, c->path, R_OK, AT_EACCESS) != 0)
         return kiln__fail(e, KILN_STATUS_IO, "cache %s: cannot read the file: %s", c->path,
@@ -394,13 +534,30 @@ static void immutable_uri(const kiln__cache *c, kiln__str *uri)
     kiln__str_puts(uri, "?immutable=1");
 }
 
+/* KILN__CACHE_EXISTING initialises nothing: an empty file is not a cache yet. */
+static kiln_status may_initialise(kiln__cache *c, int oflags, kiln__err *e)
+{
+    if (oflags & KILN__CACHE_EXISTING)
+        return kiln__fail(e, KILN_STATUS_NOT_FOUND,
+                          "cache %s: an empty file, not a cache yet (this command reads an "
+                          "existing cache and initialises none)",
+                          c->path);
+    return KILN_STATUS_OK;
+}
+
 /* Everything of kiln__cache_open_ex that runs under open_lock. */
 static kiln_status open_locked(kiln__cache *c, const char *dir, int oflags, kiln__err *e)
 {
     kiln_status s = KILN_STATUS_OK;
     struct stat sb;
-    if (!(oflags & (KILN__CACHE_RDONLY | KILN__CACHE_FILE)))
+    if (!(oflags & (KILN__CACHE_RDONLY | KILN__CACHE_FILE | KILN__CACHE_EXISTING)))
         s = make_dir(dir, e);
+    else if ((oflags & KILN__CACHE_EXISTING) && !(oflags & KILN__CACHE_RDONLY) &&
+             stat(dir, &sb) != 0 && errno == ENOENT)
+        s = kiln__fail(e, KILN_STATUS_NOT_FOUND,
+                       "cache %s: no such cache: its directory %s does not exist (this command "
+                       "reads an existing cache and creates none)",
+                       c->path, dir);
     else if (stat(dir, &sb) != 0 || !S_ISDIR(sb.st_mode))
         s = kiln__fail(e, KILN_STATUS_IO, "cache %s: its directory %s is missing", c->path, dir);
     if (!s) s = prepare_file(c, dir, oflags, e);
@@ -439,6 +596,8 @@ static kiln_status open_locked(kiln__cache *c, const char *dir, int oflags, kiln
     s = inspect(c, &kind, e);
     if (s) return s;
     if (kind == DB_EMPTY) {
+        s = may_initialise(c, oflags, e);
+        if (s) return s;
         if (c->readonly)
             return kiln__fail(e, KILN_STATUS_IO, "cache %s: cannot initialise an empty cache: %s",
                               c->path, c->ro_why);
@@ -450,6 +609,12 @@ static kiln_status open_locked(kiln__cache *c, const char *dir, int oflags, kiln
         if (!s && c->schema < KILN__CACHE_SCHEMA_VERSION) s = migrate(c, e);
         if (s) return s;
     }
+    c->sealed = has_row_sum(c);
+    if (!c->sealed && c->schema >= 3)
+        return kiln__fail(e, KILN_STATUS_CACHE,
+                          "cache %s: damaged kiln cache (schema version %d but no column "
+                          "kernels.row_sum); left untouched",
+                          c->path, c->schema);
     sqlite3_db_config(c->db, SQLITE_DBCONFIG_NO_CKPT_ON_CLOSE, 0, (int *)NULL);
     return KILN_STATUS_OK;
 }

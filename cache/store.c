@@ -136,9 +136,12 @@ static kiln_status put_locked(kiln__cache *c, const kiln__entry *en, const char 
         c,
         "INSERT OR REPLACE INTO kernels(key, spec, arch, nvrtc, key_material, source, log, "
         "cubin, checksum, registers, smem_bytes, spill_bytes, stack_bytes, compile_ms, created, "
-        "last_used, hits) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, "
-        "?15, ?16, ?17)",
+        "last_used, hits, row_sum) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, "
+        "?13, ?14, ?15, ?16, ?17, ?18)",
         &st);
+    char seal[33];
+    if (rc == SQLITE_OK && !kiln__entry_seal(en, sum, seal)) rc = SQLITE_NOMEM;
+    if (rc == SQLITE_OK) rc = bind_text(st, 18, seal);
     if (rc == SQLITE_OK) rc = bind_text(st, 1, en->key);
     if (rc == SQLITE_OK) rc = bind_text(st, 2, en->spec);
     if (rc == SQLITE_OK) rc = bind_text(st, 3, en->arch);
@@ -201,10 +204,11 @@ static kiln_status get_locked(kiln__cache *c, const char *key, int with_text, ki
                               kiln__err *e)
 {
     sqlite3_stmt *st = NULL;
-    const char *sql = with_text ? "SELECT " META_COLS ", cubin, checksum, key_material, source, "
-                                  "log FROM kernels WHERE key = ?1"
-                                : "SELECT " META_COLS
-                                  ", cubin, checksum FROM kernels WHERE key = ?1";
+    /* the texts are read even without with_text: the row checksum covers them */
+    const char *sql = c->sealed ? "SELECT " META_COLS ", cubin, checksum, key_material, source, "
+                                  "log, row_sum FROM kernels WHERE key = ?1"
+                                : "SELECT " META_COLS ", cubin, checksum, key_material, source, "
+                                  "log, '' FROM kernels WHERE key = ?1";
     int rc = kiln__cache_prepare(c, sql, &st);
     if (rc == SQLITE_OK) rc = bind_text(st, 1, key);
     if (rc == SQLITE_OK) rc = kiln__cache_step(c, st);
@@ -233,7 +237,10 @@ static kiln_status get_locked(kiln__cache *c, const char *key, int with_text, ki
     char stored[33], computed[33] = "(empty cubin)";
     const unsigned char *sum = sqlite3_column_text(st, META_NCOLS + 1);
     snprintf(stored, sizeof stored, "%s", sum ? (const char *)sum : "");
-    if (ok && with_text) {
+    char row_sum[33];
+    const unsigned char *rs = sqlite3_column_text(st, META_NCOLS + 5);
+    snprintf(row_sum, sizeof row_sum, "%s", rs ? (const char *)rs : "");
+    if (ok) {
         out->key_material = dup_col(st, META_NCOLS + 2);
         out->source = dup_col(st, META_NCOLS + 3);
         out->log = dup_col(st, META_NCOLS + 4);
@@ -254,6 +261,26 @@ static kiln_status get_locked(kiln__cache *c, const char *key, int with_text, ki
         kiln__entry_free(out);
         bump(c, NULL, 0); /* the caller recompiles: it counts as a miss */
         return s;
+    }
+    /* the row checksum: every field the cubin's checksum does not cover (a file that predates
+     * it, read as it is, has none) */
+    char seal[33] = "";
+    if (c->sealed && (!kiln__entry_seal(out, computed, seal) || strcmp(seal, row_sum) != 0)) {
+        kiln_status s = kiln__fail(e, KILN_STATUS_CACHE,
+                                   "cache %s: entry %s (%s, %s) failed its row checksum: stored "
+                                   "'%s', computed %s (the row was changed after it was "
+                                   "stored); not loaded",
+                                   c->path, key, out->spec, out->arch, row_sum,
+                                   seal[0] ? seal : "(out of memory)");
+        kiln__entry_free(out);
+        bump(c, NULL, 0);
+        return s;
+    }
+    if (!with_text) {
+        free(out->key_material);
+        free(out->source);
+        free(out->log);
+        out->key_material = out->source = out->log = NULL;
     }
     int64_t now = (int64_t)time(NULL);
     if (bump(c, key, now)) {

@@ -35,6 +35,7 @@ struct kiln__cache {
     int readonly;                    /* 1: opened read-only; puts and removes are refused */
     int immutable;                   /* 1: opened with SQLite's immutable=1 (no locks) */
     int schema;                      /* schema version of the file (after any migration) */
+    int sealed;                      /* 1: kernels has the row_sum column (schema >= 3) */
     int injected;                    /* 1: the last step failed by fault injection */
     int64_t bump_changes;            /* rows changed by counter bumps (bump in store.c): when
                                         they are all the connection changed, close skips the
@@ -58,6 +59,11 @@ void kiln__lease_fini(kiln__cache *c);
 #define KILN__LEASES_SQL                                                                           \
     "CREATE TABLE leases(key TEXT PRIMARY KEY, holder TEXT NOT NULL, pid INTEGER NOT NULL,"       \
     " host TEXT NOT NULL, expires INTEGER NOT NULL);"
+
+/* Give every row of a file being migrated to schema 3 its row checksum, inside the caller's
+ * transaction; a row whose cubin fails its checksum keeps "" (kiln verify reports it).
+ * Returns a SQLite result code. verify.c. */
+int kiln__cache_seal_rows(kiln__cache *c);
 
 /* sqlite3_step(st), unless the "sqlite" fault site fires: then SQLITE_IOERR without running
  * it, and c->injected is set so that kiln__cache_why says so. */

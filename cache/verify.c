@@ -82,6 +82,99 @@ int kiln__cubin_check(const void *cubin, size_t size, char *why, size_t cap)
     return 0;
 }
 
+/* ---- the row checksum ----------------------------------------------------------------------- */
+
+/* Append "<name> <length>:<bytes>\n" to s: length-prefixed, so no two rows serialise alike. */
+static void seal_text(kiln__str *s, const char *name, const char *text)
+{
+    const char *t = text ? text : "";
+    kiln__str_printf(s, "%s %zu:", name, strlen(t));
+    kiln__str_puts(s, t);
+    kiln__str_puts(s, "\n");
+}
+
+int kiln__entry_seal(const kiln__entry *en, const char cubin_sum[33], char out[33])
+{
+    kiln__str s = {0};
+    kiln__str_puts(&s, "kiln-row-seal 1\n");
+    seal_text(&s, "key", en->key);
+    seal_text(&s, "spec", en->spec);
+    seal_text(&s, "arch", en->arch);
+    seal_text(&s, "nvrtc", en->nvrtc);
+    seal_text(&s, "key_material", en->key_material);
+    seal_text(&s, "source", en->source);
+    seal_text(&s, "log", en->log);
+    seal_text(&s, "cubin", cubin_sum);
+    /* %a: the exact bits of the double, as SQLite's REAL returns them */
+    kiln__str_printf(&s, "numbers %d %d %d %d %a\n", en->registers, en->smem_bytes,
+                     en->spill_bytes, en->stack_bytes, en->compile_ms);
+    out[0] = 0;
+    if (s.oom) {
+        kiln__str_free(&s);
+        return 0;
+    }
+    kiln__hash128(s.p, s.len, out);
+    kiln__str_free(&s);
+    return 1;
+}
+
+#define SEAL_COLS                                                                                  \
+    "key, spec, arch, nvrtc, key_material, source, log, cubin, checksum, registers, smem_bytes, " \
+    "spill_bytes, stack_bytes, compile_ms"
+
+int kiln__cache_seal_rows(kiln__cache *c)
+{
+    sqlite3_stmt *rd = NULL, *wr = NULL;
+    int write_failed = 0;
+    int rc = kiln__cache_prepare(c, "SELECT rowid, " SEAL_COLS " FROM kernels WHERE row_sum = ''",
+                                 &rd);
+    if (rc == SQLITE_OK)
+        rc = sqlite3_prepare_v2(c->db, "UPDATE kernels SET row_sum = ?1 WHERE rowid = ?2", -1, &wr,
+                                NULL);
+    /* the update changes no column the read orders or filters by but row_sum, which takes
+     * the row out of the read's WHERE: each row is visited once */
+    while (rc == SQLITE_OK && (rc = kiln__cache_step(c, rd)) == SQLITE_ROW) {
+        kiln__entry en;
+        memset(&en, 0, sizeof en);
+        const unsigned char *k = sqlite3_column_text(rd, 1);
+        snprintf(en.key, sizeof en.key, "%s", k ? (const char *)k : "");
+        en.spec = (char *)sqlite3_column_text(rd, 2);
+        en.arch = (char *)sqlite3_column_text(rd, 3);
+        en.nvrtc = (char *)sqlite3_column_text(rd, 4);
+        en.key_material = (char *)sqlite3_column_text(rd, 5);
+        en.source = (char *)sqlite3_column_text(rd, 6);
+        en.log = (char *)sqlite3_column_text(rd, 7);
+        const void *blob = sqlite3_column_blob(rd, 8);
+        size_t n = (size_t)sqlite3_column_bytes(rd, 8);
+        const unsigned char *stored = sqlite3_column_text(rd, 9);
+        en.registers = sqlite3_column_int(rd, 10);
+        en.smem_bytes = sqlite3_column_int(rd, 11);
+        en.spill_bytes = sqlite3_column_int(rd, 12);
+        en.stack_bytes = sqlite3_column_int(rd, 13);
+        en.compile_ms = sqlite3_column_double(rd, 14);
+        char sum[33], seal[33];
+        kiln__hash128(blob, n, sum);
+        rc = SQLITE_OK;
+        /* a cubin that fails its checksum is not vouched for: it stays unsealed */
+        if (!n || !stored || strcmp(sum, (const char *)stored) != 0) continue;
+        if (!kiln__entry_seal(&en, sum, seal)) {
+            rc = SQLITE_NOMEM;
+            break;
+        }
+        sqlite3_reset(wr);
+        rc = sqlite3_bind_text(wr, 1, seal, -1, SQLITE_TRANSIENT);
+        if (rc == SQLITE_OK) rc = sqlite3_bind_int64(wr, 2, sqlite3_column_int64(rd, 0));
+        if (rc == SQLITE_OK) rc = kiln__cache_step(c, wr);
+        if (rc == SQLITE_DONE) rc = SQLITE_OK;
+        else write_failed = 1;
+    }
+    if (rc == SQLITE_DONE) rc = SQLITE_OK;
+    /* the statement that failed is finalised last: it leaves its message in the connection */
+    sqlite3_finalize(write_failed ? rd : wr);
+    sqlite3_finalize(write_failed ? wr : rd);
+    return rc;
+}
+
 /* ---- the whole row -------------------------------------------------------------------------- */
 
 /* The value of the material's line "<name>: <value>" into out[cap]; "" when absent. */
@@ -136,15 +229,37 @@ int kiln__cache_row_check(const kiln__entry *en, const kiln__row_rules *r, char 
         snprintf(why, cap, "its spec disagrees with its key material ('%.100s')", text);
         return 1;
     }
-    return kiln__cubin_check(en->cubin, en->cubin_size, why, cap);
+    if (kiln__cubin_check(en->cubin, en->cubin_size, why, cap)) return 1;
+    /* last: every check above names what is wrong; this one catches what they cannot see
+     * (an edited source, log, nvrtc or number, a key and material changed together) */
+    if (!en->unsealed) {
+        char seal[33];
+        if (!kiln__entry_seal(en, sum, seal)) {
+            snprintf(why, cap, "out of memory computing the row checksum");
+            return 1;
+        }
+        if (!en->row_sum[0]) {
+            snprintf(why, cap, "the row has no row checksum (its cubin failed its checksum when "
+                               "the file was migrated, or the column was cleared)");
+            return 1;
+        }
+        if (strcmp(seal, en->row_sum) != 0) {
+            snprintf(why, cap, "row checksum mismatch: a stored field (spec, arch, source, log, "
+                               "key material, key, numbers) was changed: stored %.32s, computed %s",
+                     en->row_sum, seal);
+            return 1;
+        }
+    }
+    return 0;
 }
 
 /* ---- scan ----------------------------------------------------------------------------------- */
 
-#define SCAN_SQL                                                                                   \
+/* The scan's columns; the row checksum is '' in a file that predates it (read as it is). */
+#define SCAN_SQL(row_sum)                                                                          \
     "SELECT key, spec, arch, nvrtc, key_material, source, log, cubin, checksum, registers, "      \
-    "smem_bytes, spill_bytes, stack_bytes, compile_ms, created, last_used, hits FROM kernels "    \
-    "ORDER BY key"
+    "smem_bytes, spill_bytes, stack_bytes, compile_ms, created, last_used, hits, " row_sum        \
+    " FROM kernels ORDER BY key"
 
 /* A malloc'd copy of text column i ("" for NULL). */
 static char *col(sqlite3_stmt *st, int i)
@@ -183,6 +298,8 @@ static int read_row(sqlite3_stmt *st, kiln__entry *en)
     en->created = sqlite3_column_int64(st, 14);
     en->last_used = sqlite3_column_int64(st, 15);
     en->hits = sqlite3_column_int64(st, 16);
+    const unsigned char *seal = sqlite3_column_text(st, 17);
+    snprintf(en->row_sum, sizeof en->row_sum, "%s", seal ? (const char *)seal : "");
     return en->spec && en->arch && en->nvrtc && en->key_material && en->source && en->log;
 }
 
@@ -193,10 +310,11 @@ kiln_status kiln__cache_scan(kiln__cache *c, kiln__cache_visit fn, void *user, k
     kiln_status s = KILN_STATUS_OK;
     pthread_mutex_lock(&c->lock);
     sqlite3_stmt *st = NULL;
-    int rc = kiln__cache_prepare(c, SCAN_SQL, &st);
+    int rc = kiln__cache_prepare(c, c->sealed ? SCAN_SQL("row_sum") : SCAN_SQL("''"), &st);
     while (rc == SQLITE_OK && (rc = kiln__cache_step(c, st)) == SQLITE_ROW) {
         kiln__entry en;
         int ok = read_row(st, &en);
+        en.unsealed = !c->sealed;
         int stop = ok ? fn(&en, user) : 0;
         kiln__entry_free(&en);
         if (!ok) {

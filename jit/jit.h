@@ -43,7 +43,9 @@ const char *kiln__logits_name(kiln_logits l);
 /* ---- arch (jit/arch.c) ---------------------------------------------------------------------- */
 
 /* Normalise an arch name: "sm_90" → "sm_90a" (Hopper's arch-specific target), "90" → "sm_90a",
- * "sm_80" stays. Unknown or below sm_80 → KILN_STATUS_UNSUPPORTED. out has 16 bytes. */
+ * "sm_80" stays. A target NVRTC offers below sm_80 (sm_75) → KILN_STATUS_UNSUPPORTED; any other
+ * refused name (not of the form, no such target) → KILN_STATUS_INVALID_ARGUMENT, with the archs
+ * NVRTC offers in the message. Checks the form only: see kiln__arch_offered. out has 16 bytes. */
 kiln_status kiln__arch_normalize(const char *in, char out[16], kiln__err *e);
 /* Compute capability * 10 of a normalised arch ("sm_90a" → 90). */
 int kiln__arch_sm(const char *arch);
@@ -52,6 +54,11 @@ void kiln__arch_from_sm(int sm, char out[16]);
 /* Normalised archs >= sm_80 the installed NVRTC supports, ascending, NULL-terminated, static
  * storage (computed once, thread-safe); *count gets their number when count is non-NULL. */
 const char *const *kiln__arch_all(int *count);
+/* KILN_STATUS_OK when the installed NVRTC compiles for a normalised arch (or cannot list its
+ * archs); KILN_STATUS_INVALID_ARGUMENT naming the archs it offers otherwise (sm_101 and sm_999
+ * pass kiln__arch_normalize and fail here). Loads NVRTC: called before a compile, never on a
+ * cache hit. */
+kiln_status kiln__arch_offered(const char *arch, kiln__err *e);
 
 /* ---- tile configuration (jit/config.c) ------------------------------------------------------ */
 

@@ -49,6 +49,11 @@
     X(clang_getCanonicalType)                                                                  \
     X(clang_getTypeSpelling)                                                                   \
     X(clang_Cursor_isNull)                                                                     \
+    X(clang_Cursor_Evaluate)                                                                   \
+    X(clang_EvalResult_getKind)                                                                \
+    X(clang_EvalResult_getAsDouble)                                                            \
+    X(clang_EvalResult_getAsLongLong)                                                          \
+    X(clang_EvalResult_dispose)                                                                \
     X(clang_getClangVersion)
 
 /* The resolved functions and the process's one index (created once; never disposed). */

@@ -79,13 +79,18 @@ static kiln_status nvrtc_api(kiln__err *e)
     return api_status;
 }
 
-/* ---- version ------------------------------------------------------------------------------
- * The version is part of every key, so a cache hit needs it; asking NVRTC means loading it.
- * A small memo file maps the library's identity (path, device, inode, size, mtime) to the
- * version NVRTC reported for it; any change to the file (a toolkit upgrade) changes the
- * identity and NVRTC is asked again. Without a usable memo NVRTC is simply loaded. */
+/* ---- version and archs ----------------------------------------------------------------------
+ * The version is part of every key, so a cache hit needs it, and the list of archs NVRTC
+ * compiles for decides whether an --arch is valid input; asking NVRTC means loading it. A small
+ * memo file maps the library's identity (path, device, inode, size, mtime) to the version and
+ * the arch list NVRTC reported for it ("ID\tVERSION\tSM,SM,...\n"; lines without the list,
+ * from before it was kept, still give the version); any change to the file (a toolkit upgrade)
+ * changes the identity and NVRTC is asked again. Without a usable memo NVRTC is simply loaded. */
+
+#define MEMO_SMS_MAX 128
 
 static char nvrtc_version[32];
+static int memo_sms[MEMO_SMS_MAX], memo_nsms = -1; /* -1: the memo had no arch list */
 static pthread_once_t version_once = PTHREAD_ONCE_INIT;
 
 /* The memo sits in the default cache directory ($KILN_CACHE_DIR, else $XDG_CACHE_HOME/kiln,
@@ -111,6 +116,49 @@ static void memo_path(char *out, size_t cap)
     snprintf(out, cap, "%s/nvrtc-version", dir);
 }
 
+/* "80,86,90" into memo_sms; 0 when the text is such a list. */
+static int parse_sms(const char *t)
+{
+    int n = 0;
+    while (*t && n < MEMO_SMS_MAX) {
+        char *end;
+        long v = strtol(t, &end, 10);
+        if (end == t || v < 10 || v > 9999) return -1;
+        memo_sms[n++] = (int)v;
+        t = *end == ',' ? end + 1 : end;
+        if (*end && *end != ',') return -1;
+    }
+    if (n == 0 || *t) return -1;
+    memo_nsms = n;
+    return 0;
+}
+
+/* The version (and the arch list) of the memo line for `id`; 1 when both were found. */
+static int memo_read(const char *memo, const char *id)
+{
+    FILE *f = fopen(memo, "r");
+    if (!f) return 0;
+    char line[2048];
+    int done = 0;
+    while (!done && fgets(line, sizeof line, f)) {
+        char *tab = strchr(line, '\t');
+        if (!tab) continue;
+        *tab = 0;
+        if (strcmp(line, id)) continue;
+        char *v = tab + 1, *list = strchr(v, '\t');
+        v[strcspn(v, "\t\n")] = 0;
+        if (!*v || strlen(v) >= sizeof nvrtc_version) continue;
+        snprintf(nvrtc_version, sizeof nvrtc_version, "%s", v);
+        if (list) {
+            list++;
+            list[strcspn(list, "\n")] = 0;
+            done = parse_sms(list) == 0;
+        }
+    }
+    fclose(f);
+    return done;
+}
+
 static void read_version(void)
 {
     char id[1200] = "", memo[1024];
@@ -121,41 +169,30 @@ static void read_version(void)
                  (unsigned long long)st.st_ino, (long long)st.st_size, (long long)st.st_mtim.tv_sec,
                  st.st_mtim.tv_nsec);
     memo_path(memo, sizeof memo);
-    if (id[0] && memo[0]) {
-        FILE *f = fopen(memo, "r");
-        char line[1300];
-        if (f) {
-            while (fgets(line, sizeof line, f)) {
-                char *tab = strchr(line, '\t');
-                if (!tab) continue;
-                *tab = 0;
-                if (strcmp(line, id)) continue;
-                char *v = tab + 1;
-                v[strcspn(v, "\n")] = 0;
-                if (*v && strlen(v) < sizeof nvrtc_version) {
-                    snprintf(nvrtc_version, sizeof nvrtc_version, "%s", v);
-                    fclose(f);
-                    return;
-                }
-            }
-            fclose(f);
-        }
-    }
-    int major = 0, minor = 0;
+    if (id[0] && memo[0] && memo_read(memo, id)) return;
+    nvrtc_version[0] = 0;
+    memo_nsms = -1;
+    int major = 0, minor = 0, n = 0;
     if (nvrtc_api(NULL) || api.nvrtcVersion(&major, &minor) != NVRTC_SUCCESS) {
         snprintf(nvrtc_version, sizeof nvrtc_version, "unavailable");
         return;
     }
     snprintf(nvrtc_version, sizeof nvrtc_version, "%d.%d", major, minor);
-    if (id[0] && memo[0]) {
+    if (api.nvrtcGetNumSupportedArchs(&n) == NVRTC_SUCCESS && n > 0 && n <= MEMO_SMS_MAX &&
+        api.nvrtcGetSupportedArchs(memo_sms) == NVRTC_SUCCESS)
+        memo_nsms = n;
+    if (id[0] && memo[0] && memo_nsms > 0) {
         /* Best effort, appended atomically (O_APPEND, one write). */
-        char line[1300];
-        int n = snprintf(line, sizeof line, "%s\t%s\n", id, nvrtc_version);
+        char line[2048];
+        int at = snprintf(line, sizeof line, "%s\t%s\t", id, nvrtc_version);
+        for (int i = 0; i < memo_nsms && at < (int)sizeof line - 8; i++)
+            at += snprintf(line + at, sizeof line - (size_t)at, "%s%d", i ? "," : "", memo_sms[i]);
+        at += snprintf(line + at, sizeof line - (size_t)at, "\n");
         int fd = open(memo, O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0600);
-        if (fd >= 0) {
-            if (write(fd, line, (size_t)n) != n) (void)0;
-            close(fd);
+        if (fd >= 0 && at < (int)sizeof line) {
+            if (write(fd, line, (size_t)at) != at) (void)0;
         }
+        if (fd >= 0) close(fd);
     }
 }
 
@@ -168,6 +205,13 @@ const char *kiln_nvrtc_version(void)
 kiln_status kiln__nvrtc_archs(int *sms, int cap, int *count, kiln__err *e)
 {
     *count = 0;
+    pthread_once(&version_once, read_version); /* the memo's list, when it has one */
+    if (memo_nsms > 0) {
+        if (memo_nsms > cap) return kiln__fail(e, KILN_STATUS_NVRTC, "nvrtc: cannot list supported archs");
+        memcpy(sms, memo_sms, sizeof(int) * (size_t)memo_nsms);
+        *count = memo_nsms;
+        return KILN_STATUS_OK;
+    }
     kiln_status st = nvrtc_api(e);
     if (st) return st;
     int n = 0;

@@ -11,13 +11,18 @@
  *      and one function whose parameters are exactly the known names, returning the snippet;
  *   3. the snippet's tokens (clang_tokenize): allowed keywords and punctuation only, no string or
  *      character literals, every identifier known and used the right way (functions called,
- *      array parameters indexed, scalars not), brackets balanced;
- *   4. clang's first error, if any (type errors, ambiguous calls, malformed expressions);
+ *      array parameters indexed, scalars not), brackets balanced, and every number literal one
+ *      of the whitelisted spellings with a representable value (jit/snippet_lit.c);
+ *   4. clang's first error, if any (type errors, ambiguous calls, malformed expressions), with
+ *      clang's warnings about undefined operations on constants (division by zero, shift
+ *      counts, signed overflow) turned into errors, so that NVRTC never meets them;
  *   5. a walk of the AST under the return statement (jit/snippet_ast.c) that accepts only the
  *      allow-list: literals, known names, + - ! ~, arithmetic / comparison / logical / bitwise
  *      operators, ?:, parens, arithmetic casts, calls to allowed functions, NAME[integer] on
  *      array parameters, and the implicit conversions clang inserts (except float → integer,
- *      which needs a cast).
+ *      which needs a cast); and no operation on constants whose result is undefined.
+ * Parameter names are checked apart (kiln__params_check): identifiers that are not keywords,
+ * reserved, builtin names or macros NVRTC defines (nvrtc_macros, nvrtc_prefixes).
  * The canonical text is the snippet's non-comment tokens joined by single spaces.
  *
  * libclang is loaded on first use (jit/libclang.c). One index serves the process; parses are
@@ -115,6 +120,19 @@ static const char *const reserved_names[] = {
     "while",       "xor",          "xor_eq",     "threadIdx",   "blockIdx",     "blockDim",
     "gridDim",     "warpSize",
     "p" /* the generated hook's launch-parameter block (jit/expand.c) */};
+
+/* Names NVRTC defines as macros, which a parameter would collide with in the generated source
+ * (`const float NULL = ...` does not compile): every identifier that CUDA 13's NVRTC built-in
+ * headers #define (libnvrtc-builtins), whether or not -minimal leaves them in, that is not a
+ * reserved identifier (those are refused by rule) and not in CUDA's own name spaces below. */
+static const char *const nvrtc_macros[] = {"NULL",   "NOMINMAX", "STD",    "THROWBADALLOC",
+                                           "alloca", "assert",   "va_arg", "va_copy",
+                                           "va_end", "va_start"};
+
+/* CUDA's name spaces (any case): the CUDA runtime (cuda*, CUDART_*), the driver (CU_*) and
+ * NVIDIA's target macros (NV_IF_TARGET, NV_TARGET_MINIMUM_SM_INTEGER, ...). New macros of a
+ * later toolkit land here. */
+static const char *const nvrtc_prefixes[] = {"cuda", "cu_", "nv_"};
 
 static const char *const param_type_names[] = {"f32", "i32", "f32[]", "i32[]"};
 
@@ -429,6 +447,7 @@ static const char *punct_hint(const char *s)
 static kiln_status check_tokens(chk *w)
 {
     int parens = 0, brackets = 0;
+    kiln_status st;
     for (int i = 0; i < w->ntok; i++) {
         const tok *t = &w->toks[i];
         const char *next = i + 1 < w->ntok ? w->toks[i + 1].s : "";
@@ -474,6 +493,7 @@ static kiln_status check_tokens(chk *w)
             if (strchr(t->s, '"')) return REFUSE(w, t->off, "string literals are not allowed");
             if (!(t->s[0] >= '0' && t->s[0] <= '9') && t->s[0] != '.')
                 return REFUSE(w, t->off, "character literals are not allowed");
+            if ((st = kiln__snippet_check_literal(w, t))) return st;
             break;
         case CXToken_Punctuation:
             if (!in_list(allowed_punct, COUNT(allowed_punct), t->s))
@@ -581,7 +601,11 @@ kiln_status kiln__snippet_check_n(kiln__snippet_kind kind, const char *text, siz
     }
     static const char *const args[] = {"-x", "c++", "-std=c++17", "-fsyntax-only", "-nostdinc",
                                        "-nostdinc++", "-nobuiltininc", "-fno-spell-checking",
-                                       "-ferror-limit=4", "-w"};
+                                       "-ferror-limit=4", "-Wno-everything",
+                                       "-Werror=division-by-zero", "-Werror=shift-count-overflow",
+                                       "-Werror=shift-count-negative", "-Werror=shift-negative-value",
+                                       "-Werror=shift-overflow", "-Werror=integer-overflow",
+                                       "-Werror=literal-range"};
     struct CXUnsavedFile file = {WRAPPER_NAME, wrapper, (unsigned long)n};
     const kiln__clang *c = w->c;
     pthread_mutex_lock(&parse_lock);
@@ -646,8 +670,15 @@ kiln_status kiln__params_check(const kiln_param_decl *params, int num_params, ki
             if (!((name[j] >= 'a' && name[j] <= 'z') || (name[j] >= 'A' && name[j] <= 'Z') ||
                   (name[j] >= '0' && name[j] <= '9') || name[j] == '_'))
                 why = "not an identifier ([A-Za-z_][A-Za-z0-9_]*)";
-        if (!why && (name[0] == '_' && (name[1] == '_' || (name[1] >= 'A' && name[1] <= 'Z'))))
-            why = "a reserved identifier (__x and _X belong to the implementation)";
+        if (!why && ((name[0] == '_' && name[1] >= 'A' && name[1] <= 'Z') || strstr(name, "__")))
+            why = "a reserved identifier (names with '__' anywhere and _X belong to the "
+                  "implementation)";
+        if (!why && in_list(nvrtc_macros, COUNT(nvrtc_macros), name))
+            why = "a macro that NVRTC's built-in headers define";
+        for (int j = 0; !why && j < COUNT(nvrtc_prefixes); j++)
+            if (!strncasecmp(name, nvrtc_prefixes[j], strlen(nvrtc_prefixes[j])))
+                why = "names starting with cuda, cu_ or nv_ (any case) belong to CUDA, whose "
+                      "headers define macros there (CUDART_VERSION, NV_IF_TARGET, ...)";
         if (!why && !strncasecmp(name, "kiln", 4)) why = "names starting with 'kiln' are reserved";
         for (int j = 0; !why && j < COUNT(builtins); j++)
             if (!strcmp(name, builtins[j].name)) why = "a built-in name";

@@ -7,6 +7,8 @@
  * outside an explicit cast). Every node's type must be arithmetic. Anything else is refused,
  * named, with its column.
  */
+#include <limits.h>
+#include <math.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -197,6 +199,109 @@ static kiln_status check_unary_op(chk *w, CXCursor cur, const kids *k)
     return REFUSE(w, where, "unary operator '%s' is not allowed", s);
 }
 
+/* What clang's constant folder makes of an expression. */
+typedef struct folded {
+    enum { FOLD_NONE, FOLD_INT, FOLD_FLOAT } kind; /* NONE: not a constant (it reads a name) */
+    long long i;                                   /* FOLD_INT (unsigned values wrap) */
+    double d;                                      /* FOLD_FLOAT */
+} folded;
+
+static folded fold(const chk *w, CXCursor cur)
+{
+    const kiln__clang *c = w->c;
+    folded f = {.kind = FOLD_NONE};
+    CXEvalResult r = c->clang_Cursor_Evaluate(cur);
+    if (!r) return f;
+    switch (c->clang_EvalResult_getKind(r)) {
+    case CXEval_Int:
+        f.kind = FOLD_INT;
+        f.i = c->clang_EvalResult_getAsLongLong(r);
+        break;
+    case CXEval_Float:
+        f.kind = FOLD_FLOAT;
+        f.d = c->clang_EvalResult_getAsDouble(r);
+        break;
+    default: break;
+    }
+    c->clang_EvalResult_dispose(r);
+    return f;
+}
+
+static int is_zero(folded f)
+{
+    return (f.kind == FOLD_INT && f.i == 0) || (f.kind == FOLD_FLOAT && f.d == 0);
+}
+
+/* Operations on constants whose result is undefined, which clang's warnings (turned into
+ * errors by the parse, jit/snippet.c) do not all catch: a division or remainder by a constant
+ * zero of any type (logits / 0, x / (1 - 1): undefined in C++, and NVRTC only warns), the
+ * smallest signed value divided by -1, an operation on finite floating constants whose result
+ * is not finite (1e308 * 10.0), and an operation whose operands are constants and whose result
+ * clang cannot fold. A snippet is refused for them even where a ?: or && would skip
+ * them: no snippet needs one. */
+static kiln_status check_constant_op(chk *w, CXCursor cur, const kids *k, const char *op,
+                                     size_t where)
+{
+    static const char *const arith[] = {"+", "-", "*", "/", "%", "<<", ">>", "&", "|", "^"};
+    const int div = !strcmp(op, "/") || !strcmp(op, "%");
+    const folded rhs = fold(w, k->c[1]);
+    if (div && is_zero(rhs))
+        return REFUSE(w, where, "%s by zero is undefined (the right operand of '%s' is a "
+                                "constant zero)", op[0] == '/' ? "division" : "remainder", op);
+    if (rhs.kind == FOLD_NONE || !in_list(arith, COUNT(arith), op)) return KILN_STATUS_OK;
+    const folded lhs = fold(w, k->c[0]);
+    if (lhs.kind == FOLD_NONE) return KILN_STATUS_OK;
+    char what[48];
+    node_text(w, cur, what);
+    const enum CXTypeKind t = type_of(w, cur);
+    const long long smallest = t == CXType_Int     ? INT_MIN
+                               : t == CXType_Long || t == CXType_LongLong ? LLONG_MIN
+                                                                          : 0;
+    if (div && rhs.kind == FOLD_INT && rhs.i == -1 && smallest && lhs.kind == FOLD_INT &&
+        lhs.i == smallest)
+        return REFUSE(w, where, "'%s' is undefined: the smallest value of its type divided by -1 "
+                                "overflows", what);
+    const folded res = fold(w, cur);
+    const int finite_in = (lhs.kind != FOLD_FLOAT || isfinite(lhs.d)) &&
+                          (rhs.kind != FOLD_FLOAT || isfinite(rhs.d));
+    if (res.kind == FOLD_NONE || (res.kind == FOLD_FLOAT && finite_in && !isfinite(res.d)))
+        return REFUSE(w, where, "'%s' is undefined: an operation on constants that overflows or "
+                                "is out of range", what);
+    return KILN_STATUS_OK;
+}
+
+/* A conversion of a floating constant that is undefined (C++ [conv.fpint], [conv.double]): to
+ * an integer type that cannot hold its truncated value ((int)1e20f, (unsigned)-1.0f), or to
+ * float when it is finite and beyond float's range ((float)1e39, tanhf(1e39)). */
+static kiln_status check_conversion(chk *w, CXCursor cur, CXCursor operand)
+{
+    const enum CXTypeKind to = type_of(w, cur);
+    if (!is_float(type_of(w, operand)) || to == CXType_Bool || !is_arith(to)) return KILN_STATUS_OK;
+    const folded f = fold(w, operand);
+    if (f.kind != FOLD_FLOAT || isnan(f.d) || isinf(f.d)) return KILN_STATUS_OK;
+    const double v = f.d;
+    int ok = 1;
+    switch (to) {
+    case CXType_Float: ok = !isinf((float)v); break;
+    case CXType_Double: break;
+    case CXType_Char_S: case CXType_SChar: ok = v > -129.0 && v < 128.0; break;
+    case CXType_Char_U: case CXType_UChar: ok = v > -1.0 && v < 256.0; break;
+    case CXType_Short: ok = v > -32769.0 && v < 32768.0; break;
+    case CXType_UShort: ok = v > -1.0 && v < 65536.0; break;
+    case CXType_Int: ok = v > -2147483649.0 && v < 2147483648.0; break;
+    case CXType_UInt: ok = v > -1.0 && v < 4294967296.0; break;
+    case CXType_Long: case CXType_LongLong: ok = v >= -0x1p63 && v < 0x1p63; break;
+    case CXType_ULong: case CXType_ULongLong: ok = v > -1.0 && v < 0x1p64; break;
+    default: break;
+    }
+    if (ok) return KILN_STATUS_OK;
+    char what[48], tn[64];
+    node_text(w, cur, what);
+    type_name(w, cur, tn, sizeof tn);
+    return REFUSE(w, start_of(w, cur), "converting '%s' to '%s' is undefined: the constant %g "
+                                       "does not fit", what, tn, v);
+}
+
 static kiln_status walk_binary(chk *w, CXCursor cur, const kids *k, int depth)
 {
     static const char *const ok[] = {"+",  "-",  "*",  "/",  "%",  "<", ">", "<=", ">=",
@@ -211,7 +316,8 @@ static kiln_status walk_binary(chk *w, CXCursor cur, const kids *k, int depth)
                                 "arguments)");
     if (!in_list(ok, COUNT(ok), s)) return REFUSE(w, where, "binary operator '%s' is not allowed", s);
     kiln_status st = walk(w, k->c[0], depth + 1, 0);
-    return st ? st : walk(w, k->c[1], depth + 1, 0);
+    if (!st) st = walk(w, k->c[1], depth + 1, 0);
+    return st ? st : check_constant_op(w, cur, k, s, where);
 }
 
 static kiln_status walk_call(chk *w, CXCursor cur, const kids *k, int depth)
@@ -240,6 +346,13 @@ static kiln_status walk_call(chk *w, CXCursor cur, const kids *k, int depth)
     for (int i = 1; i < k->n; i++) {
         kiln_status st = walk(w, k->c[i], depth + 1, 0);
         if (st) return st;
+    }
+    /* abs of the smallest int has no value */
+    if (!strcmp(name, "abs") && k->n == 2) {
+        const folded a = fold(w, k->c[1]);
+        if (a.kind == FOLD_INT && a.i == INT_MIN)
+            return REFUSE(w, start_of(w, k->c[1]), "abs(%d) is undefined: its value does not fit "
+                                                   "in int", INT_MIN);
     }
     return KILN_STATUS_OK;
 }
@@ -314,7 +427,8 @@ static kiln_status walk_kids(chk *w, CXCursor cur, enum CXCursorKind kind, kids 
                           "write the cast, e.g. (int)(...)",
                           what);
         }
-        return walk(w, k->c[0], depth + 1, in_cast);
+        kiln_status st = walk(w, k->c[0], depth + 1, in_cast);
+        return st ? st : check_conversion(w, cur, k->c[0]);
     }
     case CXCursor_UnaryOperator: {
         kiln_status st = check_unary_op(w, cur, k);
@@ -343,7 +457,9 @@ static kiln_status walk_kids(chk *w, CXCursor cur, enum CXCursorKind kind, kids 
             operand = k->c[i];
             n++;
         }
-        return n == 1 ? walk(w, operand, depth + 1, 1) : refuse_node(w, cur);
+        if (n != 1) return refuse_node(w, cur);
+        kiln_status st = walk(w, operand, depth + 1, 1);
+        return st ? st : check_conversion(w, cur, operand);
     }
     default:
         return refuse_node(w, cur);

@@ -58,6 +58,9 @@ int kiln__snippet_is_function(const char *name);
 void kiln__snippet_list_functions(char *out, size_t cap);
 /* Offset of a location relative to the snippet, clamped to [0, len]. */
 size_t kiln__snippet_offset(const kiln__snippet_run *w, CXSourceLocation loc);
+/* Gate 3, a number literal: the whitelisted spellings and a representable value
+ * (jit/snippet_lit.c). */
+kiln_status kiln__snippet_check_literal(const kiln__snippet_run *w, const kiln__snippet_tok *t);
 /* Gate 5: walk the expression of the wrapper's return statement (jit/snippet_ast.c). */
 kiln_status kiln__snippet_check_ast(kiln__snippet_run *w);
 

@@ -117,6 +117,7 @@ kiln_status kiln_ctx_create(const kiln_ctx_opts *opts, kiln_ctx **out)
         if (st == KILN_STATUS_NO_DEVICE) {
             /* Compile-only context: not an error here; kiln_kernel_get reports it. */
             ctx->err = derr;
+            snprintf(ctx->nodev_why, sizeof ctx->nodev_why, "%s", derr.msg);
             st = KILN_STATUS_OK;
         } else if (st) {
             *e = derr;
@@ -125,6 +126,7 @@ kiln_status kiln_ctx_create(const kiln_ctx_opts *opts, kiln_ctx **out)
         }
     } else {
         kiln__fail(&ctx->err, KILN_STATUS_NO_DEVICE, "context created with no_device");
+        snprintf(ctx->nodev_why, sizeof ctx->nodev_why, "%s", ctx->err.msg);
     }
 
     if (o.arch) {

@@ -321,6 +321,9 @@ static kiln_status build(kiln_ctx *ctx, kiln_kernel *k, kiln__err *e)
         if (r == LOOKUP_BAD && !bad[0]) memcpy(bad, bad_base, sizeof bad);
     }
     if (ctx->strict) return strict_miss(ctx, k, bad, e);
+    /* An arch the installed NVRTC does not offer (sm_999) is bad input, refused before a lease
+     * is taken or NVRTC is run. Checked only here: a cache hit never loads NVRTC. */
+    if ((st = kiln__arch_offered(k->arch, e))) return st;
     /* A cache that cannot be written (read-only, full, failing) never fails a kernel that can be
      * compiled: compile_store says on stderr that it was not stored. */
     if (!ctx->cache || kiln__cache_readonly(ctx->cache, NULL)) return compile_store(ctx, k, e);
@@ -354,7 +357,7 @@ static kiln_status get(kiln_ctx *ctx, const kiln_variant *v, const char *arch_in
         memcpy(arch, ctx->info.arch, sizeof arch);
     } else {
         return kiln__ctx_error(ctx, kiln__fail(&e, KILN_STATUS_NO_DEVICE,
-                                               "no GPU (%s): %s", ctx->err.msg,
+                                               "no GPU (%s): %s", ctx->nodev_why,
                                                load ? "kernels can be compiled (kiln_kernel_compile with "
                                                       "an arch) but not loaded"
                                                     : "name an arch (e.g. sm_90a)"), &e);
@@ -363,7 +366,7 @@ static kiln_status get(kiln_ctx *ctx, const kiln_variant *v, const char *arch_in
         if (!ctx->cu)
             return kiln__ctx_error(ctx, kiln__fail(&e, KILN_STATUS_NO_DEVICE,
                                                    "cannot load a kernel: compile-only context (%s)",
-                                                   ctx->err.msg), &e);
+                                                   ctx->nodev_why), &e);
         if (strcmp(arch, ctx->info.arch) != 0)
             return kiln__ctx_error(ctx, kiln__fail(&e, KILN_STATUS_UNSUPPORTED,
                                                    "cannot load an %s kernel on the context's %s device",

@@ -44,6 +44,9 @@ struct kiln_ctx {
     pthread_cond_t memo_cond;  /* signalled when a kernel stops building */
     pthread_mutex_t err_lock;
     kiln__err err;
+    char nodev_why[512]; /* why the context has no device ("" with one): written once by
+                            kiln_ctx_create, then only read, so messages about the missing GPU
+                            never read err (which other threads write) */
     kiln__cache *cache; /* NULL with no_cache: the local, writable cache */
     char cache_path[1024];
     kiln__cache *base;  /* NULL, or the read-only base cache consulted after cache */

@@ -117,6 +117,7 @@ KT_TEST(report_version)
     char *v = NULL, *V = NULL, *info = NULL;
     KT_EQ_INT(sh(&v, "'%s' --version", kt_kiln_bin()), 0);
     KT_EQ_INT(sh(&V, "'%s' -V", kt_kiln_bin()), 0);
+    put_row("d0000000000000000000000000000001", "sm_80", "op=decode dtype=f16 head_dim=64", 40);
     KT_EQ_INT(sh(&info, KILN_AT " info 2>&1", AT), 0);
     KT_REQUIRE(v && V && info);
     KT_EQ_STR(v, V);
@@ -124,7 +125,11 @@ KT_TEST(report_version)
     KT_REQUIRE(eol);
     KT_CHECK(!strncmp(v, info, (size_t)(eol - info) + 1)); /* the same first line */
     KT_CONTAINS(v, "\nnvrtc ");
-    KT_CONTAINS(v, "key format 1, cache schema 2\n");
+    KT_CONTAINS(v, "key format 1, cache schema ");
+    int vs = -1, is = -2; /* the schema -V names is the one info reports for a new cache */
+    const char *a = strstr(v, "cache schema "), *b = strstr(info, "(schema ");
+    KT_CHECK(a && sscanf(a, "cache schema %d", &vs) == 1 && b && sscanf(b, "(schema %d", &is) == 1);
+    KT_EQ_INT(vs, is);
     free(v);
     free(V);
     free(info);

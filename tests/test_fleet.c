@@ -695,7 +695,7 @@ KT_TEST(fleet_corrupt_rows)
     snprintf(sql, sizeof sql,
              "INSERT INTO kernels SELECT '%s', spec, arch, nvrtc, key_material, source, log, cubin,"
              " checksum, registers, smem_bytes, spill_bytes, stack_bytes, compile_ms, created,"
-             " last_used, hits FROM kernels WHERE key = '%s'",
+             " last_used, hits, row_sum FROM kernels WHERE key = '%s'",
              k[3], k[2]);
     KT_CHECK(db_exec(db, sql));
     snprintf(sql, sizeof sql,
@@ -723,14 +723,14 @@ KT_TEST(fleet_corrupt_rows)
     KT_EQ_INT(compile(ctx, SPEC_0, "sm_80"), -1);
     KT_CONTAINS(kiln_ctx_errmsg(ctx), "failed its checksum");
     KT_EQ_INT(compile(ctx, SPEC_3, "sm_80"), -1);
-    KT_CONTAINS(kiln_ctx_errmsg(ctx), "for another kernel");
+    KT_CONTAINS(kiln_ctx_errmsg(ctx), "failed its row checksum"); /* the seal covers the key */
     kiln_ctx_destroy(ctx);
 
     /* a compiling context reports each on stderr, never loads it, and recompiles */
     ctx = ctx_open(dir, KILN_CACHE_MODE_COMPILE, NULL, NULL, 0);
     KT_REQUIRE(ctx);
-    static const char *const reasons[4] = {"failed its checksum", "the cubin is truncated",
-                                           "for another kernel", "for another kernel"};
+    static const char *const reasons[4] = {"failed its checksum", "failed its row checksum",
+                                           "failed its row checksum", "failed its row checksum"};
     for (int i = 0; i < 4; i++) {
         int from_cache = -2;
         char *err = capture_stderr(compile, ctx, specs4[i], "sm_80", &from_cache);

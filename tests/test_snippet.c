@@ -177,9 +177,9 @@ static const refused_row refused[] = {
     {L, "u8\"s\"", P, "string literals"},
     {L, "'c'", P, "character literals are not allowed"},
     {L, "L'c'", P, "character literals"},
-    {L, "1.0L", P, "type 'long double'"},
+    {L, "1.0L", P, "long double literals are not allowed"},
     {L, "1i", P, "an imaginary literal"},
-    {L, "1_km", P, "no matching literal operator"},
+    {L, "1_km", P, "user-defined literals are not allowed"},
     {L, "1e", P, "exponent has no digits"},
     /* calls */
     {L, "printf(1)", P, "unknown function 'printf'; allowed: expf, exp2f"},

@@ -11,6 +11,7 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
 
 #include "cache.h"
 #include "jit.h"
@@ -120,6 +121,7 @@ typedef struct cli_manifest {
     cli_archs archs; /* every arch named: the default list (--arch) first */
     int ndefault;    /* archs.a[0..ndefault) is the default list */
     int duplicates;  /* repeated pairs that were dropped */
+    int expanded;    /* specs the lines expanded to so far, repeats included */
     int *spec_slots, spec_cap_slots, *pair_slots, pair_cap_slots; /* hash sets */
 } cli_manifest;
 
@@ -138,8 +140,32 @@ void cli_manifest_free(cli_manifest *m);
 int cli_ctx_open(const cli_global *g, const char *cmd, int no_device, kiln_ctx **out);
 
 /* Open the cache of g directly (for ls, show, rm, info, gc, verify, export): --cache may also
- * name a database file. Returns 0 or CLI_FAIL. */
+ * name a database file. The cache must exist: nothing is created or initialised
+ * (KILN__CACHE_EXISTING). Returns 0 or CLI_FAIL. */
 int cli_cache_open(const cli_global *g, const char *cmd, kiln__cache **out);
+/* cli_cache_open, except that with missing non-NULL a cache that does not exist is no error:
+ * 0 with *out NULL and the reason in missing[cap]. */
+int cli_cache_open_opt(const cli_global *g, const char *cmd, char *missing, size_t cap,
+                       kiln__cache **out);
+
+/* ---- output safety (tools/cli_safe.c) ------------------------------------------------------- */
+
+/* 1 when path is, or would become, the database of c or one of its -wal, -shm, -journal files
+ * (existing files compared by device and inode, missing ones by directory inode and name);
+ * what[cap] gets the cache file it is. */
+int cli_path_is_cache(const char *path, const kiln__cache *c, char *what, size_t cap);
+/* Create the new file path for writing into *fd: CLI_USAGE when it is the cache c (may be
+ * NULL) or already exists (nothing is overwritten; there is no --force), CLI_FAIL when it
+ * cannot be created; the reason is printed. */
+int cli_output_open(const char *cmd, const char *path, const kiln__cache *c, int *fd);
+/* Write s to f with what a terminal would act on escaped: C0 controls and DEL as \xNN (but
+ * \n and \t when keep_lines), UTF-8 C1 controls as \u00NN. */
+void cli_put_safe(FILE *f, const char *s, int keep_lines);
+/* s escaped as by cli_put_safe (keep_lines 0) into buf[cap] (cap >= 4; cut with "..."). */
+const char *cli_safe(const char *s, char *buf, size_t cap);
+/* A stored text (source, log, key material) as it is when f is not a terminal; escaped as by
+ * cli_put_safe (lines kept) when it is. */
+void cli_put_text(FILE *f, const char *s);
 
 /* The key v has for arch (computed; nothing compiled) into key[33]: 0, or -1 ("" in key) when
  * its configuration or key material cannot be made. */
@@ -190,6 +216,9 @@ int cli_info_json(const cli_global *g);
 /* 1 when the cache of g has no database file yet (nothing is created); path[cap] gets the file
  * it would be. 0 when it exists, or when the location is unknown (opening then says why). */
 int cli_cache_absent(const cli_global *g, char *path, size_t cap);
+/* cli_cache_absent for the default cache only (no --cache given): a fresh $HOME, where ls and
+ * stats report an empty cache (exit 0); a --cache that names nothing stays an error. */
+int cli_default_cache_absent(const cli_global *g, char *path, size_t cap);
 
 /* The filters of `kiln ls`. */
 typedef struct cli_ls_filter {

@@ -94,8 +94,11 @@ static int print_one_cache(kiln__cache *c, const char *label)
 static int print_cache_stats(const cli_global *g)
 {
     kiln__cache *c = NULL;
-    if (cli_cache_open(g, "info", &c)) return CLI_FAIL;
-    int rc = print_one_cache(c, "cache");
+    char missing[1100];
+    if (cli_cache_open_opt(g, "info", missing, sizeof missing, &c)) return CLI_FAIL;
+    int rc = CLI_OK;
+    if (c) rc = print_one_cache(c, "cache");
+    else printf("cache: none (%s)\n", missing); /* info creates nothing */
     kiln__cache_close(c);
     const char *bound = getenv("KILN_CACHE_MAX_BYTES");
     if (g->max_size_set) printf("cache bound: %lld bytes (--max-size)\n", (long long)g->max_size);
@@ -210,9 +213,11 @@ static int ls_row(const kiln__entry *en, void *user)
     cli_iso_time(en->created, created);
     int smem = en->smem_bytes;
     if (!s->json) {
-        printf("%-32s %-8s %4s %7d %5d %8zu %10.1f %6lld  %-20s  %s\n", en->key, en->arch,
+        char b[3][KILN__SPEC_MAX]; /* texts from the row, escaped (tools/cli_safe.c) */
+        printf("%-32s %-8s %4s %7d %5d %8zu %10.1f %6lld  %-20s  %s\n",
+               cli_safe(en->key, b[0], sizeof b[0]), cli_safe(en->arch, b[1], sizeof b[1]),
                regs, smem, en->spill_bytes, en->cubin_size, en->compile_ms,
-               (long long)en->hits, last, en->spec);
+               (long long)en->hits, last, cli_safe(en->spec, b[2], sizeof b[2]));
     } else {
         printf("%s\n  {\"key\": ", s->rows ? "," : "");
         json_str(stdout, en->key);
@@ -245,9 +250,9 @@ int cli_cmd_ls(cli_global *g, const cli_cmd *cmd, int argc, char **argv)
     if (npos) return cli_fail(cmd->name, CLI_USAGE, "unexpected argument '%s'", argv[0]);
     if ((rc = cli_ls_filter_init(&s.filter, arch, op, spec, limit))) return rc;
     kiln__cache *c = NULL;
-    char path[1100];
-    int absent = cli_cache_absent(g, path, sizeof path); /* a fresh HOME: an empty listing */
-    if (!absent && (rc = cli_cache_open(g, cmd->name, &c))) return rc;
+    char path[1100]; /* the default cache not made yet (a fresh HOME): an empty listing */
+    if (!cli_default_cache_absent(g, path, sizeof path) && (rc = cli_cache_open(g, cmd->name, &c)))
+        return rc;
     if (s.json) printf("[");
     else
         printf("%-32s %-8s %4s %7s %5s %8s %10s %6s  %-20s  %s\n", "KEY", "ARCH", "REGS", "SMEM",
@@ -338,10 +343,16 @@ static int print_sass(const view *w)
     return CLI_OK;
 }
 
-static int write_cubin(const char *file, const view *w, int quiet)
+/* Write the cubin to the new file `file`: never the cache c itself, never over a file. */
+static int write_cubin(const char *file, const view *w, int quiet, const kiln__cache *c)
 {
-    FILE *f = fopen(file, "wb");
-    if (!f) return cli_fail("show", CLI_FAIL, "cannot open %s: %s", file, strerror(errno));
+    int fd = -1, rc = cli_output_open("show", file, c, &fd);
+    if (rc) return rc;
+    FILE *f = fdopen(fd, "wb");
+    if (!f) {
+        close(fd);
+        return cli_fail("show", CLI_FAIL, "cannot open %s: %s", file, strerror(errno));
+    }
     size_t n = fwrite(w->cubin, 1, w->cubin_size, f);
     int bad = n != w->cubin_size;
     if (fclose(f) != 0) bad = 1;
@@ -350,29 +361,30 @@ static int write_cubin(const char *file, const view *w, int quiet)
     return CLI_OK;
 }
 
-static int view_print(const view *w, const show_opts *o)
+static int view_print(const view *w, const show_opts *o, const kiln__cache *c)
 {
-    if (o->source) fputs(w->source, stdout);
-    if (o->log) fputs(w->log, stdout);
-    if (o->material) fputs(w->material, stdout);
+    if (o->source) cli_put_text(stdout, w->source);
+    if (o->log) cli_put_text(stdout, w->log);
+    if (o->material) cli_put_text(stdout, w->material);
     if (o->sass) {
         int rc = print_sass(w);
         if (rc) return rc;
     }
     int texts = o->source || o->log || o->material || o->sass;
-    if (o->cubin_file) return write_cubin(o->cubin_file, w, texts);
+    if (o->cubin_file) return write_cubin(o->cubin_file, w, texts, c);
     if (texts) return CLI_OK;
     char created[32] = "-", last[32] = "-";
     if (w->have_row) {
         cli_iso_time(w->created, created);
         cli_iso_time(w->last_used, last);
     }
-    printf("key:         %s\n", w->key);
-    printf("arch:        %s\n", w->arch);
-    printf("spec:        %s\n", w->spec);
-    printf("nvrtc:       %s\n", w->nvrtc);
+    char b[4][KILN__SPEC_MAX]; /* labels from a row: escaped (tools/cli_safe.c) */
+    printf("key:         %s\n", cli_safe(w->key, b[0], sizeof b[0]));
+    printf("arch:        %s\n", cli_safe(w->arch, b[1], sizeof b[1]));
+    printf("spec:        %s\n", cli_safe(w->spec, b[2], sizeof b[2]));
+    printf("nvrtc:       %s\n", cli_safe(w->nvrtc, b[3], sizeof b[3]));
     if (w->regs >= 0) printf("registers:   %d\n", w->regs);
-    else printf("registers:   -\n"); /* ptxas reported none (a row from before kiln read merge kernels' reports) */
+    else printf("registers:   -\n"); /* ptxas reported none (rows from before merge kernels' were read) */
     printf("smem:        %d bytes\n", w->smem);
     printf("spill:       %d bytes\n", w->spill);
     printf("stack:       %d bytes\n", w->stack);
@@ -409,7 +421,7 @@ static int show_row(kiln__cache *c, const char *key, const show_opts *o)
     w.created = en.created;
     w.last_used = en.last_used;
     w.hits = en.hits;
-    int rc = view_print(&w, o);
+    int rc = view_print(&w, o, c);
     kiln__entry_free(&en);
     return rc;
 }
@@ -426,7 +438,7 @@ static int find_stamps(const kiln__entry *en, void *user)
     return 1;
 }
 
-static int show_spec(cli_global *g, kiln__cache *c, int n, char **words, const show_opts *o)
+static int show_spec(cli_global *g, int n, char **words, const show_opts *o)
 {
     kiln_variant v;
     char canon[KILN__SPEC_MAX];
@@ -459,8 +471,11 @@ static int show_spec(cli_global *g, kiln__cache *c, int n, char **words, const s
     w.stack = ki.stack_bytes;
     w.compile_ms = ki.compile_ms;
     kiln__err e = {{0}};
+    kiln__cache *c = NULL; /* opened after the context, which creates it */
+    if ((rc = cli_cache_open(g, "show", &c))) goto out;
     kiln__cache_each(c, find_stamps, &w, &e);
-    rc = view_print(&w, o);
+    rc = view_print(&w, o, c);
+    kiln__cache_close(c);
 out:
     kiln_ctx_destroy(ctx);
     return rc;
@@ -490,8 +505,8 @@ int cli_cmd_show(cli_global *g, const cli_cmd *cmd, int argc, char **argv)
     if (rc) return rc < 0 ? CLI_OK : rc;
     if (npos == 0) return cli_fail(cmd->name, CLI_USAGE, "missing KEY-PREFIX or SPEC");
     kiln__cache *c = NULL;
-    if ((rc = cli_cache_open(g, cmd->name, &c))) return rc;
     if (npos == 1 && is_key_prefix(argv[0])) {
+        if ((rc = cli_cache_open(g, cmd->name, &c))) return rc;
         char key[33];
         kiln__err e = {{0}};
         kiln_status st = kiln__cache_resolve(c, argv[0], key, &e);
@@ -500,7 +515,7 @@ int cli_cmd_show(cli_global *g, const cli_cmd *cmd, int argc, char **argv)
             rc = cli_fail(cmd->name, CLI_USAGE, "%s", e.msg);
         else rc = cli_fail(cmd->name, CLI_FAIL, "%s", e.msg);
     } else {
-        rc = show_spec(g, c, npos, argv, &o);
+        rc = show_spec(g, npos, argv, &o);
     }
     kiln__cache_close(c);
     return rc;

@@ -65,7 +65,10 @@ static int verify_row(const kiln__entry *en, void *user)
         cli_json_str(s->json, why);
         kiln__str_puts(s->json, "}");
     } else {
-        printf("bad %s %s %s: %s\n", en->key, en->arch, en->spec, why);
+        char b[4][KILN__SPEC_MAX];
+        printf("bad %s %s %s: %s\n", cli_safe(en->key, b[0], sizeof b[0]),
+               cli_safe(en->arch, b[1], sizeof b[1]), cli_safe(en->spec, b[2], sizeof b[2]),
+               cli_safe(why, b[3], sizeof b[3]));
     }
     if (s->bad == s->cap) {
         int cap = s->cap ? 2 * s->cap : 16;
@@ -149,7 +152,8 @@ int cli_cmd_verify(cli_global *g, const cli_cmd *cmd, int argc, char **argv)
         kiln__cache_close(c);
     }
     for (int i = 0; i < npos; i++) {
-        int r = open_target(cmd->name, argv[i], fix ? 0 : KILN__CACHE_RDONLY, &c);
+        int r = open_target(cmd->name, argv[i],
+                            KILN__CACHE_EXISTING | (fix ? 0 : KILN__CACHE_RDONLY), &c);
         if (!r) r = verify_one(cmd->name, c, fix, json, &nobj);
         kiln__cache_close(c);
         c = NULL;
@@ -242,7 +246,10 @@ static int copy_row(const kiln__entry *en, void *user)
     }
     if (kiln__cache_row_check(en, &rules, why, sizeof why)) {
         s->refused++;
-        fprintf(stderr, "kiln %s: refused %s %s %s: %s\n", s->cmd, en->key, en->arch, en->spec, why);
+        char b[4][KILN__SPEC_MAX];
+        fprintf(stderr, "kiln %s: refused %s %s %s: %s\n", s->cmd, cli_safe(en->key, b[0], sizeof b[0]),
+                cli_safe(en->arch, b[1], sizeof b[1]), cli_safe(en->spec, b[2], sizeof b[2]),
+                cli_safe(why, b[3], sizeof b[3]));
         return 0;
     }
     kiln_status st = kiln__cache_checksum(s->out, en->key, sum, &e);
@@ -372,9 +379,17 @@ int cli_cmd_export(cli_global *g, const cli_cmd *cmd, int argc, char **argv)
     if (spec_file && ((rc = cli_manifest_read(cmd->name, spec_file, &a, &m)) ||
                       (rc = manifest_keys(cmd->name, &m, &ks))))
         goto done;
-    if ((rc = cli_cache_open(g, cmd->name, &in)) ||
-        (rc = open_target(cmd->name, argv[0], 0, &out)))
+    if ((rc = cli_cache_open(g, cmd->name, &in))) goto done;
+    /* OUT is never the input itself, nor its -wal, -shm or -journal (by inode) */
+    char out_db[4200], what[4200];
+    struct stat osb;
+    snprintf(out_db, sizeof out_db, "%s%s", argv[0],
+             stat(argv[0], &osb) == 0 && S_ISDIR(osb.st_mode) ? "/kernels.db" : "");
+    if (cli_path_is_cache(out_db, in, what, sizeof what)) {
+        rc = cli_fail(cmd->name, CLI_USAGE, "%s is the cache being exported (%s)", argv[0], what);
         goto done;
+    }
+    if ((rc = open_target(cmd->name, argv[0], 0, &out))) goto done;
     copy_state s = {cmd->name, out, spec_file || !arch ? NULL : &a, spec_file ? &ks : NULL,
                     0, 0, 0, 0, 0, 0, 0, 0};
     if ((rc = copy_from(&s, in))) goto done;

@@ -10,7 +10,9 @@
  *
  * Quoted values ("..." with \" and \\ escapes, as in logits_expr=) are opaque: '#', braces and
  * blanks inside them are theirs. Every line is checked before anything is compiled; a malformed line is CLI_USAGE naming
- * file:line. The order of the pairs is the order of the lines, then of each line's archs, so
+ * file:line, and so is input that is not a manifest: a NUL or other control byte (binary
+ * input), a line over RAW_LINE_MAX bytes (reading stops there), or more than
+ * MANIFEST_SPECS_MAX specs in all. The order of the pairs is the order of the lines, then of each line's archs, so
  * that `--shard I/N` cuts the same list on every host. Repeated (spec, arch) pairs are kept
  * once. docs/fleet.md is the user's description.
  */
@@ -29,6 +31,19 @@ _Static_assert(sizeof(((cli_mspec *)0)->spec) >= KILN__SPEC_MAX, "cli_mspec.spec
 #define EXPAND_MAX 4096
 /* Longest line after expansion. */
 #define LINE_MAX_BYTES (KILN__SPEC_INPUT_MAX + 256)
+/* Longest raw line, comment included (docs/fleet.md): a line is one spec, and the reader stops
+ * at this many bytes instead of reading an endless line (/dev/zero, a missing newline) into
+ * memory. */
+#define RAW_LINE_MAX 16384
+/* Most brace groups on one line (each is a level of expand's recursion). */
+#define BRACES_MAX 32
+/* Most specs a whole manifest may expand to, repeats included (docs/fleet.md): bounds the
+ * time and memory of reading it before anything compiles. */
+#define MANIFEST_SPECS_MAX 65536
+/* Most (spec, arch) work items before repeats are dropped. */
+#define MANIFEST_PAIRS_MAX (1 << 20)
+/* Reading prints a progress line at every this many expanded specs. */
+#define PROGRESS_SPECS 8192
 
 /* ---- a small hash set of strings and of pairs ------------------------------------------------ */
 
@@ -294,16 +309,61 @@ static int manifest_line(const char *cmd, const char *name, int ln, char *text, 
     if (n >= LINE_MAX_BYTES)
         return cli_fail(cmd, CLI_USAGE, "%s:%d: line longer than %d bytes", name, ln,
                         LINE_MAX_BYTES - 1);
+    int braces = 0;
+    for (char *p = text; (p = find_unquoted(p, "{")); p++) braces++;
+    if (braces > BRACES_MAX)
+        return cli_fail(cmd, CLI_USAGE, "%s:%d: %d brace groups on one line; at most %d", name,
+                        ln, braces, BRACES_MAX);
     lines l = {0};
     char why[256];
     if (expand(text, &l, why, sizeof why)) {
         lines_free(&l);
         return cli_fail(cmd, CLI_USAGE, "%s:%d: %s", name, ln, why);
     }
-    int rc = 0;
+    if (m->expanded + l.n > MANIFEST_SPECS_MAX) {
+        int here = l.n;
+        lines_free(&l);
+        return cli_fail(cmd, CLI_USAGE,
+                        "%s:%d: the manifest expands to more than %d specs (%d before this line, "
+                        "%d on it); split it",
+                        name, ln, MANIFEST_SPECS_MAX, m->expanded, here);
+    }
+    int rc = 0, before = m->expanded;
     for (int i = 0; i < l.n && !rc; i++) rc = add_line(cmd, name, ln, l.v[i], m);
+    m->expanded += l.n;
     lines_free(&l);
+    if (!rc && m->npairs > MANIFEST_PAIRS_MAX)
+        return cli_fail(cmd, CLI_USAGE, "%s:%d: the manifest has more than %d (spec, arch) pairs",
+                        name, ln, MANIFEST_PAIRS_MAX);
+    if (!rc && m->expanded / PROGRESS_SPECS != before / PROGRESS_SPECS)
+        fprintf(stderr, "kiln %s: reading %s: line %d, %d specs so far\n", cmd, name, ln,
+                m->expanded);
     return rc;
+}
+
+/* Read one line of f (without its newline) into line[RAW_LINE_MAX + 1]. Returns 1 for a line,
+ * 0 at the end of the input, or the exit status after printing why: a NUL byte or another
+ * control character (binary input), a line longer than RAW_LINE_MAX, a read error. */
+static int read_line(const char *cmd, const char *name, int ln, FILE *f, char *line)
+{
+    size_t n = 0;
+    int ch;
+    while ((ch = getc(f)) != EOF && ch != '\n') {
+        if (ch == 0 || (ch < 0x20 && !strchr("\t\r\v\f", ch)) || ch == 0x7f)
+            return cli_fail(cmd, CLI_USAGE,
+                            "%s:%d: byte 0x%02x at column %zu: a manifest is text (is this a "
+                            "binary file?)",
+                            name, ln, ch, n + 1);
+        if (n == RAW_LINE_MAX)
+            return cli_fail(cmd, CLI_USAGE,
+                            "%s:%d: line longer than %d bytes (a manifest line is one spec); "
+                            "stopped reading",
+                            name, ln, RAW_LINE_MAX);
+        line[n++] = (char)ch;
+    }
+    line[n] = 0;
+    if (ferror(f)) return cli_fail(cmd, CLI_FAIL, "cannot read %s: %s", name, strerror(errno));
+    return ch == EOF && n == 0 ? 0 : 1;
 }
 
 int cli_manifest_read(const char *cmd, const char *path, const cli_archs *deflt, cli_manifest *m)
@@ -315,11 +375,19 @@ int cli_manifest_read(const char *cmd, const char *path, const cli_archs *deflt,
     const char *name = use_stdin ? "<stdin>" : path;
     FILE *f = use_stdin ? stdin : fopen(path, "r");
     if (!f) return cli_fail(cmd, CLI_USAGE, "cannot open manifest %s: %s", path, strerror(errno));
-    char *line = NULL;
-    size_t cap = 0;
-    int ln = 0, rc = 0;
-    while (!rc && getline(&line, &cap, f) >= 0) rc = manifest_line(cmd, name, ++ln, line, m);
-    if (!rc && ferror(f)) rc = cli_fail(cmd, CLI_FAIL, "cannot read %s: %s", name, strerror(errno));
+    char *line = malloc(RAW_LINE_MAX + 1);
+    int ln = 0, rc = line ? 0 : cli_fail(cmd, CLI_FAIL, "out of memory reading %s", name);
+    while (!rc) {
+        int got = read_line(cmd, name, ++ln, f, line);
+        if (got != 1) {
+            rc = got;
+            break;
+        }
+        rc = manifest_line(cmd, name, ln, line, m);
+    }
+    if (!rc && m->expanded >= PROGRESS_SPECS)
+        fprintf(stderr, "kiln %s: read %s: %d lines, %d specs (%d distinct)\n", cmd, name, ln - 1,
+                m->expanded, m->nspecs);
     free(line);
     if (!use_stdin) fclose(f);
     if (!rc && !pairs_dedupe(m)) rc = cli_fail(cmd, CLI_FAIL, "out of memory reading %s", name);

@@ -68,6 +68,11 @@ void cli_print_version(void)
 
 /* ---- opening without creating ---------------------------------------------------------------- */
 
+int cli_default_cache_absent(const cli_global *g, char *path, size_t cap)
+{
+    return !g->cache_dir && cli_cache_absent(g, path, cap);
+}
+
 int cli_cache_absent(const cli_global *g, char *path, size_t cap)
 {
     char dir[1024];
@@ -159,8 +164,9 @@ int cli_cmd_stats(cli_global *g, const cli_cmd *cmd, int argc, char **argv)
     if (!v) return cli_fail(cmd->name, CLI_FAIL, "out of memory");
     kiln__cache *c = NULL;
     kiln__err e = {{0}};
-    v->exists = !cli_cache_absent(g, v->path, sizeof v->path);
-    if (v->exists && !(rc = cli_cache_open(g, cmd->name, &c))) {
+    v->exists = !cli_default_cache_absent(g, v->path, sizeof v->path);
+    if (v->exists) rc = cli_cache_open(g, cmd->name, &c);
+    if (c) {
         snprintf(v->path, sizeof v->path, "%s", kiln__cache_path(c));
         if (zero && kiln__cache_stats_zero(c, &e)) rc = cli_fail(cmd->name, CLI_FAIL, "%s", e.msg);
         else if (kiln__cache_stats_get(c, &v->s, &e) ||
@@ -168,7 +174,9 @@ int cli_cmd_stats(cli_global *g, const cli_cmd *cmd, int argc, char **argv)
             rc = cli_fail(cmd->name, CLI_FAIL, "%s", e.msg);
     }
     kiln__cache_close(c);
-    if (!rc && zero && !json)
+    if (!rc && zero && !json && !c && !v->exists)
+        printf("nothing to zero: %s has no file yet\n", v->path);
+    else if (!rc && zero && !json)
         printf("zeroed the counters of %s (hits, misses, each entry's hits)\n", v->path);
     else if (!rc && json)
         rc = stats_json(v);
@@ -188,7 +196,7 @@ int cli_cmd_clear(cli_global *g, const cli_cmd *cmd, int argc, char **argv)
     if (rc) return rc < 0 ? CLI_OK : rc;
     if (npos) return cli_fail(cmd->name, CLI_USAGE, "unexpected argument '%s'", argv[0]);
     char path[1100];
-    if (cli_cache_absent(g, path, sizeof path)) {
+    if (cli_default_cache_absent(g, path, sizeof path)) {
         if (!yes)
             return cli_fail(cmd->name, CLI_USAGE,
                             "this removes every entry of %s; run it again with --yes", path);
@@ -287,13 +295,17 @@ int cli_info_json(const cli_global *g)
     kiln__cache *c = NULL;
     kiln__cache_stats st;
     char path[1100];
-    if (cli_cache_absent(g, path, sizeof path)) {
+    char missing[1100];
+    cli_cache_absent(g, path, sizeof path);
+    if (cli_cache_open_opt(g, "info", missing, sizeof missing, &c)) {
+        rc = CLI_FAIL;
+    } else if (!c) {
         kiln__str_puts(&s, "{\"path\": ");
         cli_json_str(&s, path);
-        kiln__str_puts(&s, ", \"exists\": false, \"entries\": 0, \"cubin_bytes\": 0, "
-                           "\"file_bytes\": 0, \"hits\": 0, \"misses\": 0}");
-    } else if (cli_cache_open(g, "info", &c)) {
-        rc = CLI_FAIL;
+        kiln__str_puts(&s, ", \"exists\": false, \"missing\": ");
+        cli_json_str(&s, missing);
+        kiln__str_puts(&s, ", \"entries\": 0, \"cubin_bytes\": 0, \"file_bytes\": 0, "
+                           "\"hits\": 0, \"misses\": 0}");
     } else if (kiln__cache_stats_get(c, &st, &e)) {
         rc = cli_fail("info", CLI_FAIL, "%s", e.msg);
     } else {

@@ -32,6 +32,7 @@ typedef struct item {
     int spec, arch;   /* indexes into the manifest's specs and archs */
     item_state state; /* written by the worker that ran it */
     char key[33];     /* "" when unknown */
+    size_t cubin_bytes; /* compiled or cached: the cubin's size */
     char *msg;        /* failure: the first lines of the message (malloc'd) */
 } item;
 
@@ -77,6 +78,7 @@ static void run_item(warm *w, item *it)
     if (kiln_kernel_compile(w->ctx, &s->v, arch, &k) == KILN_STATUS_OK &&
         kiln_kernel_describe(k, &ki) == KILN_STATUS_OK) {
         memcpy(it->key, ki.key, sizeof it->key);
+        kiln_kernel_cubin(k, &it->cubin_bytes);
         it->state = ki.from_cache ? ITEM_CACHED : ITEM_COMPILED;
         return;
     }
@@ -236,12 +238,30 @@ static long pick_jobs(const char *jobs_s, long *jobs)
     return 0;
 }
 
+/* The size bound the context enforced (--max-size, else $KILN_CACHE_MAX_BYTES), in bytes; 0
+ * when there is none. */
+static int64_t size_bound(const cli_global *g)
+{
+    if (g->max_size_set) return g->max_size > 0 ? g->max_size : 1; /* as cli_ctx_open */
+    const char *env = getenv("KILN_CACHE_MAX_BYTES");
+    int64_t v = 0;
+    kiln__err e = {{0}};
+    if (env && *env && kiln__cache_parse_size(env, &v, &e) == KILN_STATUS_OK && v > 0) return v;
+    return 0;
+}
+
 /* A compile whose store failed (a full or read-only cache) still returns its kernel; for warm
- * it is a failure: the point is the cache. Mark compiled items missing from the cache. */
+ * it is a failure: the point is the cache. Mark compiled items missing from the cache, saying
+ * why: a store failure was reported on stderr by the library, while a row evicted by the size
+ * bound (the context evicts after each store) leaves no message, so it is named here. */
 static void check_stored(const cli_global *g, warm *w)
 {
     kiln__cache *c = NULL;
     if (!w->compiled || cli_cache_open(g, "warm", &c)) return;
+    int64_t bound = size_bound(g);
+    kiln__cache_stats st = {0};
+    kiln__err se = {{0}};
+    if (bound) kiln__cache_stats_get(c, &st, &se);
     for (int i = 0; i < w->nitems; i++) {
         item *it = &w->items[i];
         char sum[33];
@@ -249,7 +269,17 @@ static void check_stored(const cli_global *g, warm *w)
         if (it->state != ITEM_COMPILED || kiln__cache_checksum(c, it->key, sum, &e) == KILN_STATUS_OK)
             continue;
         it->state = ITEM_FAILED;
-        it->msg = first_lines("compiled but not stored (see the message above)", 1);
+        char why[512];
+        if (bound && st.bytes + (int64_t)it->cubin_bytes > bound)
+            snprintf(why, sizeof why,
+                     "compiled and stored, then evicted by the size bound: the cache keeps at "
+                     "most %lld bytes of cubins (%s) and holds %lld; this entry is %zu bytes "
+                     "(raise the bound, or warm fewer kernels into this cache)",
+                     (long long)bound, g->max_size_set ? "--max-size" : "KILN_CACHE_MAX_BYTES",
+                     (long long)st.bytes, it->cubin_bytes);
+        else
+            snprintf(why, sizeof why, "compiled but not stored (see the message above)");
+        it->msg = first_lines(why, 1);
         w->compiled--;
         w->failed++;
     }

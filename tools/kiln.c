@@ -69,10 +69,11 @@ static const char usage_verify[] =
     "\n"
     "Check the cache (or each CACHE: a directory or a database file): SQLite's integrity check,\n"
     "then every row: the stored checksum, the key recomputed from the key material, the key\n"
-    "format version, the arch and spec against the key material, and the cubin (a whole CUDA\n"
-    "ELF). Each bad row is printed as 'bad KEY ARCH SPEC: REASON'; the last line is\n"
+    "format version, the arch and spec against the key material, the cubin (a whole CUDA\n"
+    "ELF), and the row checksum over every other stored field. Each bad row is printed as\n"
+    "'bad KEY ARCH SPEC: REASON'; the last line is\n"
     "  verified N rows in PATH: B bad\n"
-    "Exit 1 while bad rows remain.\n"
+    "Exit 1 while bad rows remain. Creates nothing: a path with no cache is an error.\n"
     "\n"
     "  --fix    delete the bad rows (they are compiled again when next needed)\n"
     "  --json   a JSON array, one object per cache (rows, bad rows with their reasons)\n";
@@ -109,7 +110,8 @@ static const char usage_ls[] =
     "\n"
     "List the cache, most recently used first: key, arch, registers, shared memory, spill,\n"
     "cubin bytes, compile ms, hits, last use (UTC) and spec ('-' where ptxas reported\n"
-    "nothing). A cache with no file yet lists nothing (exit 0) and is not created.\n"
+    "nothing). The default cache before anything created it lists nothing (exit 0) and is\n"
+    "not created; a --cache that names no cache is an error.\n"
     "\n"
     "  --arch ARCHS  only these archs (a comma list; sm_90 means sm_90a; 'all')\n"
     "  --op OP       only this op (decode, prefill, merge)\n"
@@ -154,7 +156,8 @@ static const char usage_show[] =
     "  --log           print the NVRTC log (with ptxas' resource report)\n"
     "  --key-material  print exactly the text hashed into the key\n"
     "  --sass          disassemble the cubin with cuobjdump (CUDA toolkit; KILN_CUOBJDUMP)\n"
-    "  --cubin FILE    write the cubin to FILE\n"
+    "  --cubin FILE    write the cubin to FILE, a new file (never over an existing file or\n"
+    "                  the cache and its -wal/-shm)\n"
     "\n" SPEC_HELP;
 
 static const char usage_rm[] =
@@ -462,7 +465,8 @@ int cli_archs_add(const char *list, cli_archs *out, int *idx, int *nidx, char *m
             if (count > CLI_ARCH_MAX) count = CLI_ARCH_MAX;
         } else {
             kiln__err e = {{0}};
-            if (kiln__arch_normalize(word, norm, &e)) {
+            /* a name NVRTC cannot compile for is bad input too, found before any work */
+            if (kiln__arch_normalize(word, norm, &e) || kiln__arch_offered(norm, &e)) {
                 snprintf(msg, cap, "%s", e.msg);
                 return CLI_USAGE;
             }
@@ -520,7 +524,8 @@ int cli_ctx_open(const cli_global *g, const char *cmd, int no_device, kiln_ctx *
     return 0;
 }
 
-int cli_cache_open(const cli_global *g, const char *cmd, kiln__cache **out)
+int cli_cache_open_opt(const cli_global *g, const char *cmd, char *missing, size_t cap,
+                       kiln__cache **out)
 {
     char dir[1024];
     kiln__err e = {{0}};
@@ -530,8 +535,18 @@ int cli_cache_open(const cli_global *g, const char *cmd, kiln__cache **out)
     /* a database file names itself (merge and export outputs, shipped files) */
     struct stat sb;
     int flags = stat(dir, &sb) == 0 && S_ISREG(sb.st_mode) ? KILN__CACHE_FILE : 0;
-    if (kiln__cache_open_ex(dir, flags, out, &e)) return cli_fail(cmd, CLI_FAIL, "%s", e.msg);
+    kiln_status st = kiln__cache_open_ex(dir, flags | KILN__CACHE_EXISTING, out, &e);
+    if (st == KILN_STATUS_NOT_FOUND && missing) {
+        snprintf(missing, cap, "%s", e.msg);
+        return 0;
+    }
+    if (st) return cli_fail(cmd, CLI_FAIL, "%s", e.msg);
     return 0;
+}
+
+int cli_cache_open(const cli_global *g, const char *cmd, kiln__cache **out)
+{
+    return cli_cache_open_opt(g, cmd, NULL, 0, out);
 }
 
 int cli_key(const kiln_variant *v, const char *arch, char key[33])
