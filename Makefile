@@ -23,7 +23,8 @@ LDFLAGS ?=
 
 LIB_SRC  := $(wildcard jit/*.c) $(wildcard cache/*.c) $(wildcard runtime/*.c)
 LIB_OBJ  := $(LIB_SRC:%.c=$(BUILD)/obj/%.o) $(BUILD)/obj/gen/templates.o
-TOOL_SRC := tools/kiln.c tools/cli_cmds.c tools/cli_warm.c tools/cli_manifest.c tools/cli_fleet.c tools/cli_safe.c
+TOOL_SRC := tools/kiln.c tools/cli_cmds.c tools/cli_warm.c tools/cli_manifest.c tools/cli_fleet.c \
+            tools/cli_safe.c tools/cli_report.c
 TOOL_OBJ := $(TOOL_SRC:%.c=$(BUILD)/obj/%.o)
 CHECK_OBJ := $(BUILD)/obj/tools/check.o $(BUILD)/obj/tools/check_batch.o \
              $(BUILD)/obj/tools/check_run.o $(BUILD)/obj/tools/check_merge.o

@@ -85,7 +85,8 @@ kiln_status kiln__cache_default_dir(char *out, size_t cap, kiln__err *e);
 /* Look a key up. KILN_STATUS_NOT_FOUND when absent. A row whose cubin fails its checksum is
  * reported as KILN_STATUS_CACHE with a message naming the key, and *out is left empty.
  * On a hit, hits and last_used are bumped (best effort) and the global hit counter too;
- * on a miss the miss counter. with_text=0 skips source/log/key_material. */
+ * on a miss the miss counter. A handle whose only writes were these bumps closes without
+ * checkpointing its WAL (no fsync for a hit; docs/cache.md, "stats"). with_text=0 skips source/log/key_material. */
 kiln_status kiln__cache_get(kiln__cache *c, const char *key, int with_text, kiln__entry *out,
                             kiln__err *e);
 
@@ -111,6 +112,28 @@ typedef struct kiln__cache_stats {
 } kiln__cache_stats;
 
 kiln_status kiln__cache_stats_get(kiln__cache *c, kiln__cache_stats *out, kiln__err *e);
+
+/* ---- counters and whole-cache operations (stats.c) ----------------------------------------- */
+
+/* Totals of one arch's rows. */
+typedef struct kiln__arch_stats {
+    char arch[16];
+    int64_t entries;
+    int64_t bytes; /* sum of cubin sizes */
+    int64_t hits;  /* sum of the rows' hit counters */
+} kiln__arch_stats;
+
+/* Per-arch totals, by arch name, into out[0..cap) (*n of them; archs past cap are dropped), and
+ * *zeroed: when the counters were last reset (Unix seconds; 0: never). Reads only. */
+kiln_status kiln__cache_arch_stats(kiln__cache *c, kiln__arch_stats *out, int cap, int *n,
+                                   int64_t *zeroed, kiln__err *e);
+
+/* Reset the hit and miss counters and every row's hits to 0, and stamp the reset (one
+ * transaction). KILN_STATUS_IO on a read-only cache. */
+kiln_status kiln__cache_stats_zero(kiln__cache *c, kiln__err *e);
+
+/* Delete every row (one transaction; leases and counters stay). *removed counts them. */
+kiln_status kiln__cache_clear(kiln__cache *c, int *removed, kiln__err *e);
 
 /* ---- compile leases (lease.c): single flight across processes ------------------------------ */
 

@@ -84,6 +84,7 @@ static int read_meta(sqlite3_stmt *st, kiln__entry *en)
 static int bump(kiln__cache *c, const char *key, int64_t now)
 {
     if (c->readonly) return 0;
+    int64_t before = sqlite3_total_changes64(c->db);
     sqlite3_busy_timeout(c->db, KILN__CACHE_BUMP_BUSY_MS);
     int ok = kiln__cache_exec(c, "BEGIN IMMEDIATE") == SQLITE_OK;
     if (ok && key) {
@@ -103,6 +104,7 @@ static int bump(kiln__cache *c, const char *key, int64_t now)
                                        "ON CONFLICT(k) DO UPDATE SET v = v + 1") == SQLITE_OK;
     if (ok) ok = kiln__cache_exec(c, "COMMIT") == SQLITE_OK;
     if (!ok) kiln__cache_rollback(c);
+    c->bump_changes += sqlite3_total_changes64(c->db) - before; /* also a rolled-back bump's */
     sqlite3_busy_timeout(c->db, KILN__CACHE_BUSY_MS);
     return ok;
 }

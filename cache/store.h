@@ -37,6 +37,9 @@ struct kiln__cache {
     int schema;                      /* schema version of the file (after any migration) */
     int sealed;                      /* 1: kernels has the row_sum column (schema >= 3) */
     int injected;                    /* 1: the last step failed by fault injection */
+    int64_t bump_changes;            /* rows changed by counter bumps (bump in store.c): when
+                                        they are all the connection changed, close skips the
+                                        checkpoint (schema.c) */
     char ro_why[256];                /* why the cache is read-only ("" when it is not) */
     char path[KILN__CACHE_PATH_MAX]; /* <dir>/kernels.db */
     /* leases (lease.c) */

@@ -139,7 +139,7 @@ typedef struct kiln__compiled {
     size_t cubin_size;
     char *log;        /* NVRTC + ptxas log (may be "") */
     double compile_ms;
-    int registers;    /* parsed from ptxas -v for the main entry; -1 if absent */
+    int registers;    /* parsed from ptxas -v for the main entry (else the most of any entry); -1 if absent */
     int smem_static;
     int spill_bytes;
     int stack_bytes;
@@ -150,7 +150,8 @@ kiln_status kiln__nvrtc_compile(const char *source, const char *arch, const char
 void kiln__compiled_free(kiln__compiled *c);
 /* The compute capabilities (e.g. 90) NVRTC can target, into sms[cap]. Loads NVRTC. */
 kiln_status kiln__nvrtc_archs(int *sms, int cap, int *count, kiln__err *e);
-/* Parse ptxas' "-v" report for the entry `func` out of log. */
+/* Parse ptxas' "-v" report for the entry `func` out of log; without that entry, the largest
+ * figures of any entry (registers -1 when the log has no report at all). */
 void kiln__ptxas_parse(const char *log, const char *func, int *registers, int *smem,
                        int *spill_bytes, int *stack_bytes);
 

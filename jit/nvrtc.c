@@ -225,19 +225,15 @@ kiln_status kiln__nvrtc_archs(int *sms, int cap, int *count, kiln__err *e)
 
 const char *kiln_version(void) { return KILN_VERSION_STRING; }
 
-void kiln__ptxas_parse(const char *log, const char *func, int *registers, int *smem,
-                       int *spill_bytes, int *stack_bytes)
+/* The report of the entry whose "Function properties for" block starts at p (just after the
+ * name's line): registers (-1 when absent), shared memory, spill and stack bytes. */
+static void ptxas_block(const char *p, int *registers, int *smem, int *spill_bytes,
+                        int *stack_bytes)
 {
     *registers = -1;
     *smem = 0;
     *spill_bytes = 0;
     *stack_bytes = 0;
-    if (!log) return;
-    char needle[128];
-    snprintf(needle, sizeof needle, "Function properties for %s\n", func);
-    const char *p = strstr(log, needle);
-    if (!p) return;
-    p += strlen(needle);
     int stack = 0, st = 0, ld = 0;
     const char *frame = strstr(p, "bytes stack frame");
     while (frame && frame > p && frame[-1] != '\n' && frame[-1] != '.') frame--;
@@ -258,6 +254,34 @@ void kiln__ptxas_parse(const char *log, const char *func, int *registers, int *s
             while (b > u && b[-1] >= '0' && b[-1] <= '9') b--;
             *smem = atoi(b);
         }
+    }
+}
+
+void kiln__ptxas_parse(const char *log, const char *func, int *registers, int *smem,
+                       int *spill_bytes, int *stack_bytes)
+{
+    static const char props[] = "Function properties for ";
+    *registers = -1;
+    *smem = *spill_bytes = *stack_bytes = 0;
+    if (!log) return;
+    char needle[128];
+    snprintf(needle, sizeof needle, "%s%s\n", props, func);
+    const char *p = strstr(log, needle);
+    if (p) {
+        ptxas_block(p + strlen(needle), registers, smem, spill_bytes, stack_bytes);
+        return;
+    }
+    /* A family without that entry (the merge kernels: kiln_merge_state, _in_place, _states)
+     * reports the most any of its entries uses. */
+    for (p = strstr(log, props); p; p = strstr(p + 1, props)) {
+        const char *eol = strchr(p, '\n');
+        if (!eol) break;
+        int r, m, sp, st;
+        ptxas_block(eol + 1, &r, &m, &sp, &st);
+        if (r > *registers) *registers = r;
+        if (m > *smem) *smem = m;
+        if (sp > *spill_bytes) *spill_bytes = sp;
+        if (st > *stack_bytes) *stack_bytes = st;
     }
 }
 

@@ -191,4 +191,49 @@ int cli_cmd_verify(cli_global *g, const cli_cmd *cmd, int argc, char **argv);
 int cli_cmd_merge(cli_global *g, const cli_cmd *cmd, int argc, char **argv);
 int cli_cmd_export(cli_global *g, const cli_cmd *cmd, int argc, char **argv);
 
+/* ---- reporting (tools/cli_report.c) ---------------------------------------------------------- */
+
+int cli_cmd_stats(cli_global *g, const cli_cmd *cmd, int argc, char **argv);
+int cli_cmd_clear(cli_global *g, const cli_cmd *cmd, int argc, char **argv);
+int cli_cmd_completion(cli_global *g, const cli_cmd *cmd, int argc, char **argv);
+
+/* The command table (kiln.c): *n rows. */
+const cli_cmd *cli_commands(int *n);
+
+/* Append t as a JSON string literal to s: quotes, backslashes and control characters escaped,
+ * a byte that is not part of well-formed UTF-8 written as U+FFFD. */
+void cli_json_str(kiln__str *s, const char *t);
+/* Write s to stdout and free it; CLI_FAIL naming cmd when s ran out of memory. */
+int cli_json_print(const char *cmd, kiln__str *s);
+
+/* `kiln --version`: kiln's version line (the first line of `kiln info`), NVRTC's, and the key
+ * format and cache schema versions. */
+void cli_print_version(void);
+
+/* `kiln info --json` (the fields of `kiln info`, one object). */
+int cli_info_json(const cli_global *g);
+
+/* 1 when the cache of g has no database file yet (nothing is created); path[cap] gets the file
+ * it would be. 0 when it exists, or when the location is unknown (opening then says why). */
+int cli_cache_absent(const cli_global *g, char *path, size_t cap);
+/* cli_cache_absent for the default cache only (no --cache given): a fresh $HOME, where ls and
+ * stats report an empty cache (exit 0); a --cache that names nothing stays an error. */
+int cli_default_cache_absent(const cli_global *g, char *path, size_t cap);
+
+/* The filters of `kiln ls`. */
+typedef struct cli_ls_filter {
+    int by_arch;
+    cli_archs archs; /* --arch: keep these archs */
+    char op[32];     /* --op: "op=<name> ", the spec's first word */
+    const char *spec; /* --spec: a substring of the spec */
+    long limit;       /* --limit: most rows shown; -1 for all */
+    long shown;
+} cli_ls_filter;
+
+/* Fill f from the option values (each may be NULL). 0, or CLI_USAGE after printing why. */
+int cli_ls_filter_init(cli_ls_filter *f, const char *arch, const char *op, const char *spec,
+                       const char *limit);
+/* 1 when en passes f (and counts it against --limit). */
+int cli_ls_filter_keep(cli_ls_filter *f, const kiln__entry *en);
+
 #endif /* KILN_CLI_H */

@@ -1,6 +1,7 @@
 /*
  * cli_cmds.c — the `kiln` commands that work on one kernel or on the cache: info, compile,
- * ls, show, rm and check. (warm is in cli_warm.c; dispatch, usage and shared helpers in
+ * ls, show, rm and check. (warm is in cli_warm.c; stats, clear, completion, the JSON writer and
+ * the ls filters in cli_report.c; dispatch, usage and shared helpers in
  * kiln.c.) ls, show-by-key and rm open the cache directly and never touch the driver; compile
  * and show-by-spec go through a context, compile-only when every arch is named.
  */
@@ -121,8 +122,8 @@ static int print_cache_stats(const cli_global *g)
 
 int cli_cmd_info(cli_global *g, const cli_cmd *cmd, int argc, char **argv)
 {
-    int gpu_count = 0, npos = 0;
-    const cli_opt opts[] = {{"--gpu-count", NULL, &gpu_count}, {NULL, NULL, NULL}};
+    int gpu_count = 0, json = 0, npos = 0;
+    const cli_opt opts[] = {{"--gpu-count", NULL, &gpu_count}, {"--json", NULL, &json}, {NULL, NULL, NULL}};
     int rc = cli_parse(g, cmd, argc, argv, opts, &npos);
     if (rc) return rc < 0 ? CLI_OK : rc;
     if (npos) return cli_fail(cmd->name, CLI_USAGE, "unexpected argument '%s'", argv[0]);
@@ -130,6 +131,7 @@ int cli_cmd_info(cli_global *g, const cli_cmd *cmd, int argc, char **argv)
         printf("%d\n", list_devices(NULL));
         return CLI_OK;
     }
+    if (json) return cli_info_json(g);
     printf("kiln %s\n", kiln_version());
     printf("nvrtc %s\n", kiln_nvrtc_version());
     list_devices(stdout);
@@ -153,8 +155,10 @@ static int compile_one(kiln_ctx *ctx, const kiln_variant *v, const char *arch)
     double ms = cli_now_ms() - t0;
     if (st) return cli_fail("compile", CLI_FAIL, "%s", kiln_ctx_errmsg(ctx));
     if (kiln_kernel_describe(k, &ki)) return cli_fail("compile", CLI_FAIL, "%s", kiln_errmsg());
-    printf("%s %s %s %.1f ms regs=%d smem=%d spill=%d %s\n", ki.key, ki.arch,
-           ki.from_cache ? "cached" : "compiled", ms, ki.registers, ki.smem_bytes, ki.spill_bytes,
+    char regs[16] = "-";
+    if (ki.registers >= 0) snprintf(regs, sizeof regs, "%d", ki.registers);
+    printf("%s %s %s %.1f ms regs=%s smem=%d spill=%d %s\n", ki.key, ki.arch,
+           ki.from_cache ? "cached" : "compiled", ms, regs, ki.smem_bytes, ki.spill_bytes,
            ki.spec);
     fflush(stdout);
     return CLI_OK;
@@ -184,47 +188,45 @@ int cli_cmd_compile(cli_global *g, const cli_cmd *cmd, int argc, char **argv)
 
 /* ---- ls ------------------------------------------------------------------------------------- */
 
-/* Write s as a JSON string literal. */
+/* Write s as a JSON string literal (cli_json_str: also bytes that are not UTF-8). */
 static void json_str(FILE *f, const char *s)
 {
-    fputc('"', f);
-    for (const unsigned char *p = (const unsigned char *)(s ? s : ""); *p; p++) {
-        if (*p == '"' || *p == '\\') fprintf(f, "\\%c", *p);
-        else if (*p == '\n') fputs("\\n", f);
-        else if (*p == '\t') fputs("\\t", f);
-        else if (*p < 0x20 || *p == 0x7f) fprintf(f, "\\u%04x", *p);
-        else fputc(*p, f);
-    }
-    fputc('"', f);
+    kiln__str t = {0};
+    cli_json_str(&t, s);
+    fputs(t.p && !t.oom ? t.p : "\"\"", f);
+    kiln__str_free(&t);
 }
 
 typedef struct ls_state {
     int json;
     int rows;
+    cli_ls_filter filter; /* --arch, --op, --spec, --limit (cli_report.c) */
 } ls_state;
 
 static int ls_row(const kiln__entry *en, void *user)
 {
     ls_state *s = user;
-    char last[32], created[32];
+    if (!cli_ls_filter_keep(&s->filter, en)) return 0;
+    char last[32], created[32], regs[16] = "-";
+    if (en->registers >= 0) snprintf(regs, sizeof regs, "%d", en->registers); /* ptxas said */
     cli_iso_time(en->last_used, last);
     cli_iso_time(en->created, created);
     int smem = en->smem_bytes;
     if (!s->json) {
         char b[3][KILN__SPEC_MAX]; /* texts from the row, escaped (tools/cli_safe.c) */
-        printf("%-32s %-8s %4d %7d %5d %8zu %10.1f %6lld  %-20s  %s\n",
+        printf("%-32s %-8s %4s %7d %5d %8zu %10.1f %6lld  %-20s  %s\n",
                cli_safe(en->key, b[0], sizeof b[0]), cli_safe(en->arch, b[1], sizeof b[1]),
-               en->registers, smem, en->spill_bytes, en->cubin_size, en->compile_ms,
+               regs, smem, en->spill_bytes, en->cubin_size, en->compile_ms,
                (long long)en->hits, last, cli_safe(en->spec, b[2], sizeof b[2]));
     } else {
         printf("%s\n  {\"key\": ", s->rows ? "," : "");
         json_str(stdout, en->key);
         printf(", \"arch\": ");
         json_str(stdout, en->arch);
-        printf(", \"regs\": %d, \"smem\": %d, \"spill\": %d, \"stack\": %d, \"cubin_bytes\": %zu, "
+        printf(", \"regs\": %s, \"smem\": %d, \"spill\": %d, \"stack\": %d, \"cubin_bytes\": %zu, "
                "\"compile_ms\": %.3f, \"hits\": %lld, \"created\": \"%s\", \"last_used\": \"%s\", "
                "\"nvrtc\": ",
-               en->registers, smem, en->spill_bytes, en->stack_bytes, en->cubin_size,
+               en->registers >= 0 ? regs : "null", smem, en->spill_bytes, en->stack_bytes, en->cubin_size,
                en->compile_ms, (long long)en->hits, created, last);
         json_str(stdout, en->nvrtc);
         printf(", \"spec\": ");
@@ -237,20 +239,26 @@ static int ls_row(const kiln__entry *en, void *user)
 
 int cli_cmd_ls(cli_global *g, const cli_cmd *cmd, int argc, char **argv)
 {
-    ls_state s = {0, 0};
+    ls_state s = {0};
     int npos = 0;
-    const cli_opt opts[] = {{"--json", NULL, &s.json}, {NULL, NULL, NULL}};
+    const char *arch = NULL, *op = NULL, *spec = NULL, *limit = NULL;
+    const cli_opt opts[] = {{"--json", NULL, &s.json}, {"--arch", &arch, NULL},
+                            {"--op", &op, NULL},       {"--spec", &spec, NULL},
+                            {"--limit", &limit, NULL}, {NULL, NULL, NULL}};
     int rc = cli_parse(g, cmd, argc, argv, opts, &npos);
     if (rc) return rc < 0 ? CLI_OK : rc;
     if (npos) return cli_fail(cmd->name, CLI_USAGE, "unexpected argument '%s'", argv[0]);
+    if ((rc = cli_ls_filter_init(&s.filter, arch, op, spec, limit))) return rc;
     kiln__cache *c = NULL;
-    if ((rc = cli_cache_open(g, cmd->name, &c))) return rc;
+    char path[1100]; /* the default cache not made yet (a fresh HOME): an empty listing */
+    if (!cli_default_cache_absent(g, path, sizeof path) && (rc = cli_cache_open(g, cmd->name, &c)))
+        return rc;
     if (s.json) printf("[");
     else
         printf("%-32s %-8s %4s %7s %5s %8s %10s %6s  %-20s  %s\n", "KEY", "ARCH", "REGS", "SMEM",
                "SPILL", "CUBIN", "COMPILE_MS", "HITS", "LAST_USED", "SPEC");
     kiln__err e = {{0}};
-    if (kiln__cache_each(c, ls_row, &s, &e)) rc = cli_fail(cmd->name, CLI_FAIL, "%s", e.msg);
+    if (c && kiln__cache_each(c, ls_row, &s, &e)) rc = cli_fail(cmd->name, CLI_FAIL, "%s", e.msg);
     if (s.json) printf("%s]\n", s.rows ? "\n" : "");
     kiln__cache_close(c);
     return rc;
@@ -375,7 +383,8 @@ static int view_print(const view *w, const show_opts *o, const kiln__cache *c)
     printf("arch:        %s\n", cli_safe(w->arch, b[1], sizeof b[1]));
     printf("spec:        %s\n", cli_safe(w->spec, b[2], sizeof b[2]));
     printf("nvrtc:       %s\n", cli_safe(w->nvrtc, b[3], sizeof b[3]));
-    printf("registers:   %d\n", w->regs);
+    if (w->regs >= 0) printf("registers:   %d\n", w->regs);
+    else printf("registers:   -\n"); /* ptxas reported none (rows from before merge kernels' were read) */
     printf("smem:        %d bytes\n", w->smem);
     printf("spill:       %d bytes\n", w->spill);
     printf("stack:       %d bytes\n", w->stack);

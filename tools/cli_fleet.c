@@ -41,6 +41,7 @@ static int same_file(const kiln__cache *a, const kiln__cache *b)
 /* ---- verify ---------------------------------------------------------------------------------- */
 
 typedef struct verify_state {
+    kiln__str *json; /* --json: the bad rows' objects go here instead of stdout */
     int rows, bad;
     char (*keys)[33]; /* the bad rows' keys, for --fix */
     int cap;
@@ -53,10 +54,22 @@ static int verify_row(const kiln__entry *en, void *user)
     char why[512];
     s->rows++;
     if (!kiln__cache_row_check(en, &rules, why, sizeof why)) return 0;
-    char b[4][KILN__SPEC_MAX];
-    printf("bad %s %s %s: %s\n", cli_safe(en->key, b[0], sizeof b[0]),
-           cli_safe(en->arch, b[1], sizeof b[1]), cli_safe(en->spec, b[2], sizeof b[2]),
-           cli_safe(why, b[3], sizeof b[3]));
+    if (s->json) {
+        kiln__str_puts(s->json, s->bad ? ", {\"key\": " : "{\"key\": ");
+        cli_json_str(s->json, en->key);
+        kiln__str_puts(s->json, ", \"arch\": ");
+        cli_json_str(s->json, en->arch);
+        kiln__str_puts(s->json, ", \"spec\": ");
+        cli_json_str(s->json, en->spec);
+        kiln__str_puts(s->json, ", \"reason\": ");
+        cli_json_str(s->json, why);
+        kiln__str_puts(s->json, "}");
+    } else {
+        char b[4][KILN__SPEC_MAX];
+        printf("bad %s %s %s: %s\n", cli_safe(en->key, b[0], sizeof b[0]),
+               cli_safe(en->arch, b[1], sizeof b[1]), cli_safe(en->spec, b[2], sizeof b[2]),
+               cli_safe(why, b[3], sizeof b[3]));
+    }
     if (s->bad == s->cap) {
         int cap = s->cap ? 2 * s->cap : 16;
         char(*k)[33] = realloc(s->keys, (size_t)cap * sizeof *k);
@@ -71,22 +84,29 @@ static int verify_row(const kiln__entry *en, void *user)
     return 0;
 }
 
-/* Verify one cache; returns the exit status. */
-static int verify_one(const char *cmd, kiln__cache *c, int fix)
+/* Verify one cache; returns the exit status. With json (the array's object count in *nobj),
+ * one JSON object for the cache instead of the lines. */
+static int verify_one(const char *cmd, kiln__cache *c, int fix, int json, int *nobj)
 {
     verify_state s = {0};
+    kiln__str rows = {0};
     kiln__err e = {{0}};
     int rc = CLI_OK;
+    char integrity[1024] = "";
+    if (json) s.json = &rows;
     if (kiln__cache_integrity(c, &e)) {
-        printf("bad file %s: %s\n", kiln__cache_path(c), e.msg);
+        if (!json) printf("bad file %s: %s\n", kiln__cache_path(c), e.msg);
+        snprintf(integrity, sizeof integrity, "%s", e.msg);
         rc = CLI_FAIL;
     }
     if (kiln__cache_scan(c, verify_row, &s, &e)) {
         free(s.keys);
+        kiln__str_free(&rows);
         return cli_fail(cmd, CLI_FAIL, "%s", e.msg);
     }
-    if (s.oom) {
+    if (s.oom || rows.oom) {
         free(s.keys);
+        kiln__str_free(&rows);
         return cli_fail(cmd, CLI_FAIL, "out of memory");
     }
     int removed = 0;
@@ -99,34 +119,47 @@ static int verify_one(const char *cmd, kiln__cache *c, int fix)
         removed += n;
     }
     free(s.keys);
-    printf("verified %d rows in %s: %d bad", s.rows, kiln__cache_path(c), s.bad);
-    if (fix) printf(", %d removed", removed);
-    printf("\n");
+    if (json) {
+        kiln__str o = {0};
+        kiln__str_puts(&o, (*nobj)++ ? ",\n  {\"path\": " : "\n  {\"path\": ");
+        cli_json_str(&o, kiln__cache_path(c));
+        kiln__str_puts(&o, ", \"integrity\": ");
+        if (integrity[0]) cli_json_str(&o, integrity);
+        else kiln__str_puts(&o, "\"ok\"");
+        kiln__str_printf(&o, ", \"rows\": %d, \"bad\": %d, \"removed\": %d, \"bad_rows\": [%s]}",
+                         s.rows, s.bad, removed, rows.p ? rows.p : "");
+        kiln__str_free(&rows);
+        if (cli_json_print(cmd, &o)) return CLI_FAIL;
+    } else {
+        printf("verified %d rows in %s: %d bad", s.rows, kiln__cache_path(c), s.bad);
+        if (fix) printf(", %d removed", removed);
+        printf("\n");
+    }
     if (s.bad > removed) rc = CLI_FAIL;
     return rc;
 }
 
 int cli_cmd_verify(cli_global *g, const cli_cmd *cmd, int argc, char **argv)
 {
-    int fix = 0, npos = 0;
-    const cli_opt opts[] = {{"--fix", NULL, &fix}, {NULL, NULL, NULL}};
+    int fix = 0, json = 0, npos = 0, nobj = 0;
+    const cli_opt opts[] = {{"--fix", NULL, &fix}, {"--json", NULL, &json}, {NULL, NULL, NULL}};
     int rc = cli_parse(g, cmd, argc, argv, opts, &npos);
     if (rc) return rc < 0 ? CLI_OK : rc;
     kiln__cache *c = NULL;
+    if (json) printf("[");
     if (npos == 0) {
-        if ((rc = cli_cache_open(g, cmd->name, &c))) return rc;
-        rc = verify_one(cmd->name, c, fix);
+        if (!(rc = cli_cache_open(g, cmd->name, &c))) rc = verify_one(cmd->name, c, fix, json, &nobj);
         kiln__cache_close(c);
-        return rc;
     }
     for (int i = 0; i < npos; i++) {
         int r = open_target(cmd->name, argv[i],
                             KILN__CACHE_EXISTING | (fix ? 0 : KILN__CACHE_RDONLY), &c);
-        if (!r) r = verify_one(cmd->name, c, fix);
+        if (!r) r = verify_one(cmd->name, c, fix, json, &nobj);
         kiln__cache_close(c);
         c = NULL;
         if (r > rc) rc = r;
     }
+    if (json) printf("%s]\n", nobj ? "\n" : "");
     return rc;
 }
 

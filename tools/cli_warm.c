@@ -47,6 +47,8 @@ typedef struct warm {
     double t0_ms;
     int tty;         /* stderr is a terminal: one live progress line */
     int last_decile; /* otherwise: the last 10 % step printed */
+    int json;        /* --json: the summary as a JSON object */
+    long shard_idx, shard_count; /* --shard I/N (0/1 without it) */
 } warm;
 
 /* ---- workers -------------------------------------------------------------------------------- */
@@ -284,6 +286,36 @@ static void check_stored(const cli_global *g, warm *w)
     kiln__cache_close(c);
 }
 
+/* The summary and the failures as one JSON object (--json); returns the exit status. */
+static int warm_json(const warm *w, double secs)
+{
+    kiln__str s = {0};
+    kiln__str_printf(&s, "{\"kernels\": %d, \"compiled\": %d, \"cached\": %d, \"failed\": %d, "
+                         "\"seconds\": %.3f, \"kernels_per_min\": %.1f, \"shard\": [%ld, %ld], "
+                         "\"cache\": ",
+                     w->nitems, w->compiled, w->cached, w->failed, secs,
+                     secs > 0 ? w->nitems * 60 / secs : 0, w->shard_idx, w->shard_count);
+    cli_json_str(&s, kiln_ctx_cache_path(w->ctx));
+    kiln__str_puts(&s, ", \"failures\": [");
+    for (int i = 0, n = 0; i < w->nitems; i++) {
+        const item *it = &w->items[i];
+        if (it->state != ITEM_FAILED) continue;
+        kiln__str_puts(&s, n++ ? ", {\"key\": " : "{\"key\": ");
+        if (it->key[0]) cli_json_str(&s, it->key);
+        else kiln__str_puts(&s, "null");
+        kiln__str_puts(&s, ", \"arch\": ");
+        cli_json_str(&s, w->m->archs.a[it->arch]);
+        kiln__str_puts(&s, ", \"spec\": ");
+        cli_json_str(&s, w->m->specs[it->spec].spec);
+        kiln__str_puts(&s, ", \"message\": ");
+        cli_json_str(&s, it->msg ? it->msg : "");
+        kiln__str_puts(&s, "}");
+    }
+    kiln__str_puts(&s, "]}\n");
+    int rc = cli_json_print("warm", &s);
+    return rc ? rc : w->failed ? CLI_FAIL : CLI_OK;
+}
+
 /* Compile everything and print the summary; returns the exit status. */
 static int warm_run(const cli_global *g, warm *w, long jobs)
 {
@@ -298,6 +330,7 @@ static int warm_run(const cli_global *g, warm *w, long jobs)
     check_stored(g, w);
     report_failures(w);
     double secs = (cli_now_ms() - w->t0_ms) / 1e3;
+    if (w->json) return warm_json(w, secs);
     printf("%d kernels: %d compiled, %d cached, %d failed in %.1f s (%.1f kernels/min)\n",
            w->nitems, w->compiled, w->cached, w->failed, secs, secs > 0 ? w->nitems * 60 / secs : 0);
     return w->failed ? CLI_FAIL : CLI_OK;
@@ -306,10 +339,11 @@ static int warm_run(const cli_global *g, warm *w, long jobs)
 int cli_cmd_warm(cli_global *g, const cli_cmd *cmd, int argc, char **argv)
 {
     const char *arch = NULL, *jobs_s = NULL, *shard = NULL;
-    int npos = 0;
+    int npos = 0, json = 0;
     const cli_opt opts[] = {{"--arch", &arch, NULL},
                             {"--jobs", &jobs_s, NULL},
                             {"--shard", &shard, NULL},
+                            {"--json", NULL, &json},
                             {NULL, NULL, NULL}};
     int rc = cli_parse(g, cmd, argc, argv, opts, &npos);
     if (rc) return rc < 0 ? CLI_OK : rc;
@@ -323,6 +357,9 @@ int cli_cmd_warm(cli_global *g, const cli_cmd *cmd, int argc, char **argv)
     cli_manifest m;
     warm w = {0};
     w.m = &m;
+    w.json = json;
+    w.shard_idx = idx;
+    w.shard_count = count;
     if ((rc = cli_manifest_read(cmd->name, argv[0], &a, &m))) goto out;
     if (m.duplicates)
         fprintf(stderr, "kiln warm: %d repeated (spec, arch) pairs skipped\n", m.duplicates);

@@ -3,7 +3,8 @@
  * dispatch and help, the usage texts, and the helpers every command shares (option parser,
  * error lines, specs from words, arch lists, contexts and the cache). The commands themselves
  * are in cli_cmds.c (info, compile, ls, show, rm, check), cli_warm.c and cli_manifest.c
- * (warm and manifests) and cli_fleet.c (gc, verify, merge, export).
+ * (warm and manifests), cli_fleet.c (gc, verify, merge, export) and cli_report.c (stats,
+ * clear, completion, --version, the JSON writer).
  *
  *   kiln [--cache DIR] COMMAND [ARGS...]      kiln --help | --version | help COMMAND
  */
@@ -27,12 +28,13 @@
     "'native' is the GPU's own arch (the default; needs a GPU), 'all' every arch NVRTC offers.\n"
 
 static const char usage_info[] =
-    "usage: kiln info [--gpu-count]\n"
+    "usage: kiln info [--gpu-count] [--json]\n"
     "\n"
     "Print kiln's and NVRTC's versions, the CUDA driver and each GPU (name, arch), the archs\n"
     "NVRTC can target, and the cache: path, entries, bytes, hits and misses.\n"
     "\n"
-    "  --gpu-count   print only the number of usable GPUs (0 without a GPU or driver)\n";
+    "  --gpu-count   print only the number of usable GPUs (0 without a GPU or driver)\n"
+    "  --json        one JSON object instead of the lines\n";
 
 static const char usage_compile[] =
     "usage: kiln compile [--arch ARCHS] SPEC\n"
@@ -44,7 +46,7 @@ static const char usage_compile[] =
     "example: kiln compile --arch sm_80,sm_90a op=decode dtype=bf16 head_dim=128 group=8\n";
 
 static const char usage_warm[] =
-    "usage: kiln warm [--arch ARCHS] [--jobs N] [--shard I/N] MANIFEST\n"
+    "usage: kiln warm [--arch ARCHS] [--jobs N] [--shard I/N] [--json] MANIFEST\n"
     "\n"
     "Compile every (spec, arch) of MANIFEST into the cache, N at a time. MANIFEST has one spec\n"
     "per line; '#' starts a comment; blank lines are skipped; '-' reads stdin. A value may list\n"
@@ -59,10 +61,11 @@ static const char usage_warm[] =
     "                ~400 MB per NVRTC compile)\n"
     "  --shard I/N   take only the work items i with i % N == I (0 <= I < N), for spreading one\n"
     "                manifest over N build hosts; then kiln merge the shards\n"
+    "  --json        the summary (and the failures) as one JSON object on stdout\n"
     "\n" ARCH_HELP "See docs/fleet.md.\n";
 
 static const char usage_verify[] =
-    "usage: kiln verify [--fix] [CACHE...]\n"
+    "usage: kiln verify [--fix] [--json] [CACHE...]\n"
     "\n"
     "Check the cache (or each CACHE: a directory or a database file): SQLite's integrity check,\n"
     "then every row: the stored checksum, the key recomputed from the key material, the key\n"
@@ -72,7 +75,8 @@ static const char usage_verify[] =
     "  verified N rows in PATH: B bad\n"
     "Exit 1 while bad rows remain. Creates nothing: a path with no cache is an error.\n"
     "\n"
-    "  --fix   delete the bad rows (they are compiled again when next needed)\n";
+    "  --fix    delete the bad rows (they are compiled again when next needed)\n"
+    "  --json   a JSON array, one object per cache (rows, bad rows with their reasons)\n";
 
 static const char usage_gc[] =
     "usage: kiln gc [--max-size N] [--vacuum]\n"
@@ -102,12 +106,45 @@ static const char usage_export[] =
     "kiln merge. Kernels of the manifest that the cache lacks are listed; exit 1 if any.\n";
 
 static const char usage_ls[] =
-    "usage: kiln ls [--json]\n"
+    "usage: kiln ls [--arch ARCHS] [--op OP] [--spec TEXT] [--limit N] [--json]\n"
     "\n"
     "List the cache, most recently used first: key, arch, registers, shared memory, spill,\n"
-    "cubin bytes, compile ms, hits, last use (UTC) and spec.\n"
+    "cubin bytes, compile ms, hits, last use (UTC) and spec ('-' where ptxas reported\n"
+    "nothing). The default cache before anything created it lists nothing (exit 0) and is\n"
+    "not created; a --cache that names no cache is an error.\n"
     "\n"
-    "  --json   a JSON array of objects instead of the table\n";
+    "  --arch ARCHS  only these archs (a comma list; sm_90 means sm_90a; 'all')\n"
+    "  --op OP       only this op (decode, prefill, merge)\n"
+    "  --spec TEXT   only specs containing TEXT (e.g. 'head_dim=128')\n"
+    "  --limit N     at most N rows (after the filters)\n"
+    "  --json        a JSON array of objects instead of the table\n";
+
+static const char usage_stats[] =
+    "usage: kiln stats [--zero] [--json]\n"
+    "\n"
+    "Print the cache's counters: entries, cubin and file bytes, lookups that hit and missed,\n"
+    "the hit rate, when the counters were last zeroed, and per arch the entries, bytes and\n"
+    "hits. Lookups are counted by every process using the cache (kiln and the library).\n"
+    "\n"
+    "  --zero   reset the hit and miss counters (and each entry's hits) to 0\n"
+    "  --json   one JSON object instead of the lines\n";
+
+static const char usage_clear[] =
+    "usage: kiln clear --yes\n"
+    "\n"
+    "Remove every entry of the cache (one transaction; compile leases and counters stay).\n"
+    "Without --yes nothing is removed and the exit status is 2. kiln gc --vacuum then gives\n"
+    "the space back to the file system.\n"
+    "\n"
+    "  --yes   really remove them\n";
+
+static const char usage_completion[] =
+    "usage: kiln completion bash|zsh\n"
+    "\n"
+    "Print a shell completion script for kiln's commands and options, generated from the\n"
+    "command table:\n"
+    "  source <(kiln completion bash)      # in ~/.bashrc\n"
+    "  kiln completion zsh > ~/.zfunc/_kiln   # a directory of $fpath\n";
 
 static const char usage_show[] =
     "usage: kiln show KEY-PREFIX|SPEC [--arch ARCH] [--source|--log|--key-material|--sass|--cubin FILE]\n"
@@ -182,6 +219,9 @@ static const cli_cmd commands[] = {
     {"show", cli_cmd_show, "show a kernel: resources, source, log, key material, cubin",
      usage_show},
     {"rm", cli_cmd_rm, "remove cache entries by key prefix", usage_rm},
+    {"stats", cli_cmd_stats, "hits, misses, hit rate, bytes, per-arch counts; --zero resets",
+     usage_stats},
+    {"clear", cli_cmd_clear, "remove every cache entry (needs --yes)", usage_clear},
     {"check", cli_cmd_check, "run a kernel on the GPU against a CPU reference", usage_check},
     {"verify", cli_cmd_verify, "check every row of a cache; --fix deletes bad rows", usage_verify},
     {"gc", cli_cmd_gc, "evict to a size bound, drop dead leases, compact", usage_gc},
@@ -189,22 +229,29 @@ static const cli_cmd commands[] = {
     {"export", cli_cmd_export, "copy the rows of some archs or of a manifest into a new file",
      usage_export},
     /* bench: benchmarks against the bandwidth and FLOP ceilings (tools/, to come) */
+    {"completion", cli_cmd_completion, "print a bash or zsh completion script", usage_completion},
     {"help", cmd_help, "print this text, or a command's help", usage_help},
 };
 
 #define NCOMMANDS ((int)(sizeof commands / sizeof commands[0]))
 
+const cli_cmd *cli_commands(int *n)
+{
+    *n = NCOMMANDS;
+    return commands;
+}
+
 static void print_main_usage(FILE *f)
 {
     fprintf(f, "usage: kiln [--cache DIR] COMMAND [ARGS...]\n"
-               "       kiln --help | --version | help COMMAND\n"
+               "       kiln --help | --version | help COMMAND | completion bash|zsh\n"
                "\n"
                "kiln %s: JIT-compiled GPU attention kernels and their cache.\n"
                "\n"
                "commands:\n",
             kiln_version());
     for (int i = 0; i < NCOMMANDS; i++)
-        fprintf(f, "  %-9s %s\n", commands[i].name, commands[i].summary);
+        fprintf(f, "  %-10s %s\n", commands[i].name, commands[i].summary);
     fprintf(f, "\n"
                "global options (also accepted after the command):\n"
                "  --cache DIR   cache directory (default: $KILN_CACHE_DIR, else\n"
@@ -216,7 +263,7 @@ static void print_main_usage(FILE *f)
                "                $KILN_CACHE_MAX_BYTES), evicting the least recently used\n"
 
                "  -h, --help    this text; after a command, that command's help\n"
-               "  --version     kiln's version\n"
+               "  -V, --version kiln's version (and NVRTC's, the key format's, the schema's)\n"
                "\n"
                "environment: KILN_STRICT=1 (a miss is an error; nothing is compiled),\n"
                "  KILN_RECORD=FILE (append every kernel requested to FILE; kiln warm FILE\n"
@@ -537,8 +584,8 @@ int main(int argc, char **argv)
         if (!strcmp(w, "-h") || !strcmp(w, "--help")) {
             print_main_usage(stdout);
             return CLI_OK;
-        } else if (!strcmp(w, "--version")) {
-            printf("kiln %s\n", kiln_version());
+        } else if (!strcmp(w, "--version") || !strcmp(w, "-V")) {
+            cli_print_version();
             return CLI_OK;
         } else {
             static const char *const globals[] = {"--cache", "--base-cache", "--max-size"};
