@@ -39,7 +39,7 @@ TESTS  := $(BUILD)/bin/kiln-tests
 BENCH  := $(BUILD)/bin/kiln-bench
 EMBED  := $(BUILD)/bin/kiln-embed
 
-.PHONY: all deps test test-gpu test-full demo bench-gpu help check asan ubsan format tidy compdb clean
+.PHONY: all deps test test-gpu test-full demo bench-gpu help check asan ubsan format format-check tidy compdb clean
 all: $(LIB_A) $(LIB_SO) $(KILN) $(TESTS) $(BENCH)
 
 help:
@@ -55,7 +55,8 @@ help:
 	@echo "                logs under \$$OUT; docs/perf.md says how to make the tables from it"
 	@echo "make check      test + asan + ubsan"
 	@echo "make asan|ubsan CPU tests under AddressSanitizer / UndefinedBehaviorSanitizer"
-	@echo "make format     clang-format every C file;  make tidy: clang-tidy"
+	@echo "make format     clang-format every C file (.clang-format); make format-check: fail if any"
+	@echo "                file would change (CI runs it);  make tidy: clang-tidy"
 	@echo "make compdb     compile_commands.json (needs bear)"
 	@echo "make clean      remove $(BUILD)/"
 
@@ -137,8 +138,14 @@ asan:
 ubsan:
 	$(MAKE) BUILD=build-ubsan SAN="-fsanitize=undefined -fno-sanitize-recover=undefined" test
 
+FORMAT_FILES = $$(git ls-files '*.c' '*.h')
+
 format:
-	clang-format -i $$(git ls-files '*.c' '*.h')
+	clang-format -i $(FORMAT_FILES)
+
+format-check:
+	@command -v clang-format >/dev/null || { echo "format-check: no clang-format"; exit 1; }
+	clang-format --dry-run -Werror $(FORMAT_FILES)
 
 tidy: $(BUILD)/gen/templates.c
 	clang-tidy $$(git ls-files 'jit/*.c' 'cache/*.c' 'runtime/*.c' 'tools/*.c') -- $(ALLCFLAGS)
