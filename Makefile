@@ -138,7 +138,7 @@ asan:
 ubsan:
 	$(MAKE) BUILD=build-ubsan SAN="-fsanitize=undefined -fno-sanitize-recover=undefined" test
 
-FORMAT_FILES = $$(git ls-files '*.c' '*.h')
+FORMAT_FILES = $$(git ls-files '*.c' '*.h' ':!templates/')
 
 format:
 	clang-format -i $(FORMAT_FILES)

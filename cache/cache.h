@@ -58,9 +58,9 @@ kiln_status kiln__cache_open(const char *dir, kiln__cache **out, kiln__err *e);
 
 /* Flags of kiln__cache_open_ex. */
 enum {
-    KILN__CACHE_RDONLY = 1, /* never write a byte, never create anything (a base cache): the
+    KILN__CACHE_RDONLY = 1,   /* never write a byte, never create anything (a base cache): the
                                file must exist; a version-1 file is read as it is */
-    KILN__CACHE_FILE = 2,   /* `where` names the database file itself, not its directory; the
+    KILN__CACHE_FILE = 2,     /* `where` names the database file itself, not its directory; the
                                directory must exist (it is not created) */
     KILN__CACHE_EXISTING = 4, /* the cache must exist: neither the directory nor the file is
                                  created and an empty file is not initialised (commands that

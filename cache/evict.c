@@ -119,8 +119,9 @@ kiln_status kiln__cache_compact(kiln__cache *c, int vacuum, kiln__err *e)
 {
     if (!c) return kiln__fail(e, KILN_STATUS_INVALID_ARGUMENT, "cache: compact needs a cache");
     if (c->readonly)
-        return kiln__fail(e, KILN_STATUS_IO, "cache %s: cannot compact: the cache is read-only (%s)",
-                          c->path, c->ro_why);
+        return kiln__fail(e, KILN_STATUS_IO,
+                          "cache %s: cannot compact: the cache is read-only (%s)", c->path,
+                          c->ro_why);
     kiln_status s = KILN_STATUS_OK;
     pthread_mutex_lock(&c->lock);
     if (vacuum && kiln__cache_exec(c, "VACUUM") != SQLITE_OK) s = kiln__cache_fail(c, e, "vacuum");
@@ -144,11 +145,20 @@ kiln_status kiln__cache_parse_size(const char *s, int64_t *out, kiln__err *e)
     unsigned long long v = strtoull(p, &end, 10);
     int shift = 0;
     switch (toupper((unsigned char)*end)) {
-    case 'K': shift = 10; break;
-    case 'M': shift = 20; break;
-    case 'G': shift = 30; break;
-    case 'T': shift = 40; break;
-    default: break;
+        case 'K':
+            shift = 10;
+            break;
+        case 'M':
+            shift = 20;
+            break;
+        case 'G':
+            shift = 30;
+            break;
+        case 'T':
+            shift = 40;
+            break;
+        default:
+            break;
     }
     if (shift) end++;
     if (!strcasecmp(end, "ib") && shift) end += 2;

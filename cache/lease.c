@@ -22,7 +22,7 @@
 /* Shortest lease lifetime $KILN_LEASE_SECONDS may set (the keeper wakes every quarter). */
 #define LEASE_MIN_SECONDS 4
 /* A failed release is tried again this many times, this far apart. */
-#define RELEASE_TRIES 3
+#define RELEASE_TRIES    3
 #define RELEASE_RETRY_MS 50
 
 /* The open handles of this process, to tell a live lease of ours from one left behind. */
@@ -322,8 +322,8 @@ static int collect_dead(kiln__cache *c, char (**dead)[33], int *ndead, int *live
 {
     sqlite3_stmt *st = NULL;
     int64_t now = (int64_t)time(NULL);
-    int cap = 0, rc = kiln__cache_prepare(c, "SELECT key, holder, pid, host, expires FROM leases",
-                                          &st);
+    int cap = 0,
+        rc = kiln__cache_prepare(c, "SELECT key, holder, pid, host, expires FROM leases", &st);
     while (rc == SQLITE_OK && (rc = kiln__cache_step(c, st)) == SQLITE_ROW) {
         rc = SQLITE_OK;
         kiln__lease l = {0};

@@ -140,7 +140,8 @@ static int quick_check(kiln__cache *c, char *out, size_t cap)
         if (rc == SQLITE_ROW && t && strcmp((const char *)t, "ok") != 0) {
             snprintf(out, cap, "%s", (const char *)t);
             bad = 1;
-        } else if (rc != SQLITE_ROW && ((rc & 0xff) == SQLITE_CORRUPT || (rc & 0xff) == SQLITE_NOTADB)) {
+        } else if (rc != SQLITE_ROW &&
+                   ((rc & 0xff) == SQLITE_CORRUPT || (rc & 0xff) == SQLITE_NOTADB)) {
             snprintf(out, cap, "%s", sqlite3_errmsg(c->db));
             bad = 1;
         }
@@ -293,7 +294,10 @@ static kiln_status inspect(kiln__cache *c, db_kind *kind, kiln__err *e)
                           "left untouched (use a newer kiln or another cache directory)",
                           c->path, version, KILN__CACHE_SCHEMA_VERSION);
     /* Version 1 lacks only the leases table: open_locked migrates it (or reads it as it is). */
-    const char *missing = !kernels ? "kernels" : !stats ? "stats" : !leases && version >= 2 ? "leases" : NULL;
+    const char *missing = !kernels                  ? "kernels"
+                          : !stats                  ? "stats"
+                          : !leases && version >= 2 ? "leases"
+                                                    : NULL;
     if (missing)
         return kiln__fail(e, KILN_STATUS_CACHE,
                           "cache %s: damaged kiln cache (schema version %ld but no table '%s'); "
@@ -526,10 +530,8 @@ static void immutable_uri(const kiln__cache *c, kiln__str *uri)
 {
     kiln__str_puts(uri, "file:");
     for (const char *p = c->path; *p; p++) {
-        if (isalnum((unsigned char)*p) || strchr("/-_.~", *p))
-            kiln__str_add(uri, p, 1);
-        else
-            kiln__str_printf(uri, "%%%02X", (unsigned char)*p);
+        if (isalnum((unsigned char)*p) || strchr("/-_.~", *p)) kiln__str_add(uri, p, 1);
+        else kiln__str_printf(uri, "%%%02X", (unsigned char)*p);
     }
     kiln__str_puts(uri, "?immutable=1");
 }
@@ -709,12 +711,10 @@ kiln_status kiln__cache_default_dir(char *out, size_t cap, kiln__err *e)
     out[0] = 0;
     const char *v = getenv("KILN_CACHE_DIR");
     int n;
-    if (v && *v)
-        n = snprintf(out, cap, "%s", v);
+    if (v && *v) n = snprintf(out, cap, "%s", v);
     else if ((v = getenv("XDG_CACHE_HOME")) && v[0] == '/') /* relative values are ignored */
         n = snprintf(out, cap, "%s/kiln", v);
-    else if ((v = getenv("HOME")) && *v)
-        n = snprintf(out, cap, "%s/.cache/kiln", v);
+    else if ((v = getenv("HOME")) && *v) n = snprintf(out, cap, "%s/.cache/kiln", v);
     else
         return kiln__fail(e, KILN_STATUS_INVALID_ARGUMENT,
                           "cache: no cache directory: KILN_CACHE_DIR, XDG_CACHE_HOME and HOME "

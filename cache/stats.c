@@ -25,11 +25,11 @@ static kiln_status write_txn(kiln__cache *c, const char *what, const char *sql, 
     int64_t before = sqlite3_total_changes64(c->db);
     if (kiln__cache_exec(c, "BEGIN IMMEDIATE") != SQLITE_OK)
         s = kiln__cache_fail(c, e, "%s: begin", what);
-    else if (kiln__cache_exec(c, sql) != SQLITE_OK)
-        s = kiln__cache_fail(c, e, "%s", what);
+    else if (kiln__cache_exec(c, sql) != SQLITE_OK) s = kiln__cache_fail(c, e, "%s", what);
     else if (changes && (*changes = (int)(sqlite3_total_changes64(c->db) - before)) < 0)
         *changes = 0;
-    if (!s && kiln__cache_exec(c, "COMMIT") != SQLITE_OK) s = kiln__cache_fail(c, e, "%s: commit", what);
+    if (!s && kiln__cache_exec(c, "COMMIT") != SQLITE_OK)
+        s = kiln__cache_fail(c, e, "%s: commit", what);
     if (s && changes) *changes = 0;
     pthread_mutex_unlock(&c->lock);
     return s;
@@ -78,7 +78,8 @@ kiln_status kiln__cache_arch_stats(kiln__cache *c, kiln__arch_stats *out, int ca
     }
     sqlite3_finalize(st);
     if (rc == SQLITE_DONE) {
-        rc = kiln__cache_prepare(c, "SELECT coalesce(max(v), 0) FROM stats WHERE k = 'zeroed'", &st);
+        rc =
+            kiln__cache_prepare(c, "SELECT coalesce(max(v), 0) FROM stats WHERE k = 'zeroed'", &st);
         if (rc == SQLITE_OK && (rc = kiln__cache_step(c, st)) == SQLITE_ROW) {
             *zeroed = sqlite3_column_int64(st, 0);
             rc = SQLITE_DONE;

@@ -346,8 +346,10 @@ kiln_status kiln__cache_resolve(kiln__cache *c, const char *prefix, char key[33]
     if (s) return s;
     pthread_mutex_lock(&c->lock);
     sqlite3_stmt *st = NULL;
-    int rc = kiln__cache_prepare(
-        c, "SELECT count(*), min(key) FROM kernels WHERE substr(key, 1, ?2) = ?1", &st);
+    int rc =
+        kiln__cache_prepare(c,
+                            "SELECT count(*), min(key) FROM kernels WHERE substr(key, 1, ?2) = ?1",
+                            &st);
     if (rc == SQLITE_OK) rc = bind_text(st, 1, p);
     if (rc == SQLITE_OK) rc = sqlite3_bind_int(st, 2, (int)strlen(p));
     if (rc == SQLITE_OK) rc = kiln__cache_step(c, st);
@@ -363,8 +365,7 @@ kiln_status kiln__cache_resolve(kiln__cache *c, const char *prefix, char key[33]
             s = kiln__fail(e, KILN_STATUS_INVALID_ARGUMENT,
                            "cache %s: prefix '%s' is ambiguous: %lld entries match", c->path, p,
                            (long long)n);
-        else
-            snprintf(key, 33, "%s", k ? (const char *)k : "");
+        else snprintf(key, 33, "%s", k ? (const char *)k : "");
     }
     sqlite3_finalize(st);
     pthread_mutex_unlock(&c->lock);
@@ -419,8 +420,7 @@ static kiln_status collect(kiln__cache *c, entry_list *l, kiln__err *e)
     kiln_status s = KILN_STATUS_OK;
     if (rc == SQLITE_ROW)
         s = kiln__fail(e, KILN_STATUS_NO_MEMORY, "cache %s: listing: out of memory", c->path);
-    else if (rc != SQLITE_DONE)
-        s = kiln__cache_fail(c, e, "listing");
+    else if (rc != SQLITE_DONE) s = kiln__cache_fail(c, e, "listing");
     sqlite3_finalize(st);
     return s;
 }

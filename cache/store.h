@@ -57,7 +57,7 @@ void kiln__lease_fini(kiln__cache *c);
 
 /* The CREATE TABLE of the leases table (schema.c uses it when creating or migrating). */
 #define KILN__LEASES_SQL                                                                           \
-    "CREATE TABLE leases(key TEXT PRIMARY KEY, holder TEXT NOT NULL, pid INTEGER NOT NULL,"       \
+    "CREATE TABLE leases(key TEXT PRIMARY KEY, holder TEXT NOT NULL, pid INTEGER NOT NULL,"        \
     " host TEXT NOT NULL, expires INTEGER NOT NULL);"
 
 /* Give every row of a file being migrated to schema 3 its row checksum, inside the caller's

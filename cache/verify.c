@@ -11,13 +11,13 @@
 #include <string.h>
 
 /* ELF64 constants (from the ELF specification; no <elf.h> needed). */
-#define ELF_EHDR_SIZE 64
-#define ELF_CLASS64 2
-#define ELF_DATA_LSB 1
+#define ELF_EHDR_SIZE    64
+#define ELF_CLASS64      2
+#define ELF_DATA_LSB     1
 #define ELF_MACHINE_CUDA 190
-#define ELF_SHT_NOBITS 8
-#define ELF_SHDR_MIN 64
-#define ELF_PHDR_MIN 56
+#define ELF_SHT_NOBITS   8
+#define ELF_SHDR_MIN     64
+#define ELF_PHDR_MIN     56
 
 /* The line the key material starts with (jit/key.c writes it). */
 #define FORMAT_PREFIX "kiln-key-format: "
@@ -52,8 +52,10 @@ int kiln__cubin_check(const void *cubin, size_t size, char *why, size_t cap)
         return 1;
     }
     if (b[4] != ELF_CLASS64 || b[5] != ELF_DATA_LSB || le(b + 18, 2) != ELF_MACHINE_CUDA) {
-        snprintf(why, cap, "the cubin is not a 64-bit little-endian CUDA ELF (class %d, data %d, "
-                 "machine %d)", b[4], b[5], (int)le(b + 18, 2));
+        snprintf(why, cap,
+                 "the cubin is not a 64-bit little-endian CUDA ELF (class %d, data %d, "
+                 "machine %d)",
+                 b[4], b[5], (int)le(b + 18, 2));
         return 1;
     }
     uint64_t phoff = le(b + 32, 8), shoff = le(b + 40, 8);
@@ -64,19 +66,23 @@ int kiln__cubin_check(const void *cubin, size_t size, char *why, size_t cap)
              extent(phoff, phnum * phent, size, &end) && extent(shoff, shnum * shent, size, &end);
     for (uint64_t i = 0; ok && i < shnum; i++) {
         const unsigned char *sh = b + shoff + i * shent;
-        if (le(sh + 4, 4) != ELF_SHT_NOBITS) ok = extent(le(sh + 24, 8), le(sh + 32, 8), size, &end);
+        if (le(sh + 4, 4) != ELF_SHT_NOBITS)
+            ok = extent(le(sh + 24, 8), le(sh + 32, 8), size, &end);
     }
     for (uint64_t i = 0; ok && i < phnum; i++) {
         const unsigned char *ph = b + phoff + i * phent;
         ok = extent(le(ph + 8, 8), le(ph + 32, 8), size, &end);
     }
     if (!ok) {
-        snprintf(why, cap, "the cubin is truncated: its ELF headers point past its %zu bytes", size);
+        snprintf(why, cap, "the cubin is truncated: its ELF headers point past its %zu bytes",
+                 size);
         return 1;
     }
     if (end != size) {
-        snprintf(why, cap, "the cubin's size does not match its ELF layout (%zu bytes stored, "
-                 "%llu described)", size, (unsigned long long)end);
+        snprintf(why, cap,
+                 "the cubin's size does not match its ELF layout (%zu bytes stored, "
+                 "%llu described)",
+                 size, (unsigned long long)end);
         return 1;
     }
     return 0;
@@ -106,8 +112,8 @@ int kiln__entry_seal(const kiln__entry *en, const char cubin_sum[33], char out[3
     seal_text(&s, "log", en->log);
     seal_text(&s, "cubin", cubin_sum);
     /* %a: the exact bits of the double, as SQLite's REAL returns them */
-    kiln__str_printf(&s, "numbers %d %d %d %d %a\n", en->registers, en->smem_bytes,
-                     en->spill_bytes, en->stack_bytes, en->compile_ms);
+    kiln__str_printf(&s, "numbers %d %d %d %d %a\n", en->registers, en->smem_bytes, en->spill_bytes,
+                     en->stack_bytes, en->compile_ms);
     out[0] = 0;
     if (s.oom) {
         kiln__str_free(&s);
@@ -119,15 +125,15 @@ int kiln__entry_seal(const kiln__entry *en, const char cubin_sum[33], char out[3
 }
 
 #define SEAL_COLS                                                                                  \
-    "key, spec, arch, nvrtc, key_material, source, log, cubin, checksum, registers, smem_bytes, " \
+    "key, spec, arch, nvrtc, key_material, source, log, cubin, checksum, registers, smem_bytes, "  \
     "spill_bytes, stack_bytes, compile_ms"
 
 int kiln__cache_seal_rows(kiln__cache *c)
 {
     sqlite3_stmt *rd = NULL, *wr = NULL;
     int write_failed = 0;
-    int rc = kiln__cache_prepare(c, "SELECT rowid, " SEAL_COLS " FROM kernels WHERE row_sum = ''",
-                                 &rd);
+    int rc =
+        kiln__cache_prepare(c, "SELECT rowid, " SEAL_COLS " FROM kernels WHERE row_sum = ''", &rd);
     if (rc == SQLITE_OK)
         rc = sqlite3_prepare_v2(c->db, "UPDATE kernels SET row_sum = ?1 WHERE rowid = ?2", -1, &wr,
                                 NULL);
@@ -204,8 +210,9 @@ int kiln__cache_row_check(const kiln__entry *en, const kiln__row_rules *r, char 
     }
     const char *m = en->key_material ? en->key_material : "";
     if (r && r->format_version > 0) {
-        long v = strncmp(m, FORMAT_PREFIX, strlen(FORMAT_PREFIX)) ? -1
-                                                                  : strtol(m + strlen(FORMAT_PREFIX), NULL, 10);
+        long v = strncmp(m, FORMAT_PREFIX, strlen(FORMAT_PREFIX))
+                     ? -1
+                     : strtol(m + strlen(FORMAT_PREFIX), NULL, 10);
         if (v != r->format_version) {
             snprintf(why, cap, "unknown key format version %ld (this kiln knows %d)", v,
                      r->format_version);
@@ -239,13 +246,15 @@ int kiln__cache_row_check(const kiln__entry *en, const kiln__row_rules *r, char 
             return 1;
         }
         if (!en->row_sum[0]) {
-            snprintf(why, cap, "the row has no row checksum (its cubin failed its checksum when "
-                               "the file was migrated, or the column was cleared)");
+            snprintf(why, cap,
+                     "the row has no row checksum (its cubin failed its checksum when "
+                     "the file was migrated, or the column was cleared)");
             return 1;
         }
         if (strcmp(seal, en->row_sum) != 0) {
-            snprintf(why, cap, "row checksum mismatch: a stored field (spec, arch, source, log, "
-                               "key material, key, numbers) was changed: stored %.32s, computed %s",
+            snprintf(why, cap,
+                     "row checksum mismatch: a stored field (spec, arch, source, log, "
+                     "key material, key, numbers) was changed: stored %.32s, computed %s",
                      en->row_sum, seal);
             return 1;
         }
@@ -257,8 +266,8 @@ int kiln__cache_row_check(const kiln__entry *en, const kiln__row_rules *r, char 
 
 /* The scan's columns; the row checksum is '' in a file that predates it (read as it is). */
 #define SCAN_SQL(row_sum)                                                                          \
-    "SELECT key, spec, arch, nvrtc, key_material, source, log, cubin, checksum, registers, "      \
-    "smem_bytes, spill_bytes, stack_bytes, compile_ms, created, last_used, hits, " row_sum        \
+    "SELECT key, spec, arch, nvrtc, key_material, source, log, cubin, checksum, registers, "       \
+    "smem_bytes, spill_bytes, stack_bytes, compile_ms, created, last_used, hits, " row_sum         \
     " FROM kernels ORDER BY key"
 
 /* A malloc'd copy of text column i ("" for NULL). */
@@ -306,7 +315,8 @@ static int read_row(sqlite3_stmt *st, kiln__entry *en)
 kiln_status kiln__cache_scan(kiln__cache *c, kiln__cache_visit fn, void *user, kiln__err *e)
 {
     if (!c || !fn)
-        return kiln__fail(e, KILN_STATUS_INVALID_ARGUMENT, "cache: scan needs a cache and a function");
+        return kiln__fail(e, KILN_STATUS_INVALID_ARGUMENT,
+                          "cache: scan needs a cache and a function");
     kiln_status s = KILN_STATUS_OK;
     pthread_mutex_lock(&c->lock);
     sqlite3_stmt *st = NULL;
@@ -334,7 +344,8 @@ kiln_status kiln__cache_checksum(kiln__cache *c, const char *key, char sum[33], 
 {
     if (sum) sum[0] = 0;
     if (!c || !key || !sum)
-        return kiln__fail(e, KILN_STATUS_INVALID_ARGUMENT, "cache: checksum needs a cache and a key");
+        return kiln__fail(e, KILN_STATUS_INVALID_ARGUMENT,
+                          "cache: checksum needs a cache and a key");
     pthread_mutex_lock(&c->lock);
     sqlite3_stmt *st = NULL;
     kiln_status s = KILN_STATUS_OK;
@@ -365,8 +376,8 @@ kiln_status kiln__cache_integrity(kiln__cache *c, kiln__err *e)
     if (rc == SQLITE_ROW) {
         const unsigned char *t = sqlite3_column_text(st, 0);
         if (!t || strcmp((const char *)t, "ok") != 0)
-            s = kiln__fail(e, KILN_STATUS_CACHE, "cache %s: integrity check failed: %.300s", c->path,
-                           t ? (const char *)t : "(no answer)");
+            s = kiln__fail(e, KILN_STATUS_CACHE, "cache %s: integrity check failed: %.300s",
+                           c->path, t ? (const char *)t : "(no answer)");
     } else {
         s = kiln__cache_fail(c, e, "integrity check");
     }

@@ -37,9 +37,9 @@
 extern "C" {
 #endif
 
-#define KILN_VERSION_MAJOR 0
-#define KILN_VERSION_MINOR 1
-#define KILN_VERSION_PATCH 0
+#define KILN_VERSION_MAJOR  0
+#define KILN_VERSION_MINOR  1
+#define KILN_VERSION_PATCH  0
 #define KILN_VERSION_STRING "0.1.0"
 
 /* ---------------------------------------------------------------------------------------------
@@ -47,20 +47,20 @@ extern "C" {
  * ------------------------------------------------------------------------------------------- */
 
 /* X-macro table: name, short description. */
-#define KILN_STATUS_MAP(X)                                                    \
-    X(OK, "ok")                                                               \
-    X(INVALID_ARGUMENT, "invalid argument")                                   \
-    X(PARSE, "spec does not parse")                                           \
-    X(UNSUPPORTED, "unsupported variant, shape or arch")                      \
-    X(NO_DEVICE, "no usable GPU or CUDA driver")                              \
-    X(CUDA, "CUDA driver call failed")                                        \
-    X(NVRTC, "NVRTC compile failed")                                          \
-    X(CACHE, "kernel cache failed")                                           \
-    X(CACHE_MISS, "kernel not in cache (strict mode)")                        \
-    X(NOT_FOUND, "not found")                                                 \
-    X(NO_MEMORY, "out of host memory")                                        \
-    X(WORKSPACE, "workspace missing or too small")                            \
-    X(IO, "file I/O failed")                                                  \
+#define KILN_STATUS_MAP(X)                                                                         \
+    X(OK, "ok")                                                                                    \
+    X(INVALID_ARGUMENT, "invalid argument")                                                        \
+    X(PARSE, "spec does not parse")                                                                \
+    X(UNSUPPORTED, "unsupported variant, shape or arch")                                           \
+    X(NO_DEVICE, "no usable GPU or CUDA driver")                                                   \
+    X(CUDA, "CUDA driver call failed")                                                             \
+    X(NVRTC, "NVRTC compile failed")                                                               \
+    X(CACHE, "kernel cache failed")                                                                \
+    X(CACHE_MISS, "kernel not in cache (strict mode)")                                             \
+    X(NOT_FOUND, "not found")                                                                      \
+    X(NO_MEMORY, "out of host memory")                                                             \
+    X(WORKSPACE, "workspace missing or too small")                                                 \
+    X(IO, "file I/O failed")                                                                       \
     X(MISMATCH, "result does not match the reference")
 
 typedef enum kiln_status {
@@ -98,10 +98,12 @@ typedef enum kiln_dtype {
 
 /* Where k and v live. */
 typedef enum kiln_kv_storage {
-    KILN_KV_CONTIGUOUS = 0, /* one request (kiln_single_*): k, v [L_KV, H_KV, D] or [H_KV, L_KV, D] */
-    KILN_KV_RAGGED = 1,     /* a batch (kiln_batch_plan / kiln_batch_run): k, v [total_kv, H_KV, D] (or HND
+    KILN_KV_CONTIGUOUS =
+        0, /* one request (kiln_single_*): k, v [L_KV, H_KV, D] or [H_KV, L_KV, D] */
+    KILN_KV_RAGGED =
+        1, /* a batch (kiln_batch_plan / kiln_batch_run): k, v [total_kv, H_KV, D] (or HND
                                via strides); request b owns rows kv_indptr[b] .. kv_indptr[b+1] */
-    KILN_KV_PAGED = 2,      /* a batch: a pool of pages, nhd [pages, page_size, H_KV, D] or hnd
+    KILN_KV_PAGED = 2, /* a batch: a pool of pages, nhd [pages, page_size, H_KV, D] or hnd
                                [pages, H_KV, page_size, D]; request b owns pages
                                kv_indices[kv_indptr[b] .. kv_indptr[b+1]), the last holding
                                kv_last_page_len[b] tokens (1..page_size) */
@@ -145,9 +147,9 @@ typedef uint64_t kiln_devptr; /* a CUdeviceptr */
  *   the declared user parameters, and the functions listed in docs/variants.md.
  * logits_expr gives the new logit (natural units); mask_expr is true where the key stays
  * visible and is AND-ed with the built-in mask and window. */
-#define KILN_MAX_SNIPPET 512    /* bytes of one snippet, with its NUL */
+#define KILN_MAX_SNIPPET     512 /* bytes of one snippet, with its NUL */
 #define KILN_MAX_USER_PARAMS 8
-#define KILN_MAX_PARAM_NAME 32  /* bytes of a parameter name, with its NUL */
+#define KILN_MAX_PARAM_NAME  32 /* bytes of a parameter name, with its NUL */
 
 typedef enum kiln_param_type {
     KILN_PARAM_F32 = 0,       /* float scalar, passed by value at run time */
@@ -178,24 +180,24 @@ typedef union kiln_param_value {
  * otherwise q_dtype must equal kv_dtype. fp8 KV and rope=1 need kv=ragged or kv=paged (a
  * single request is a batch of one). */
 typedef struct kiln_variant {
-    kiln_op op;           /* decode or prefill */
-    kiln_dtype q_dtype;   /* dtype of q; must equal kv_dtype */
-    kiln_dtype kv_dtype;  /* dtype of k and v */
-    kiln_dtype out_dtype; /* dtype of o (may differ from q_dtype) */
-    int head_dim;         /* D: 64, 128 or 256 */
-    int group;            /* G: query heads per KV head, 1..64 */
-    kiln_layout layout;   /* default strides of k and v when the call passes 0 */
-    kiln_mask mask;       /* none or causal */
-    int window;           /* 1: sliding window, keys j >= i + L_KV - L_Q - window_left */
-    kiln_logits logits;   /* logits transform */
-    int lse;              /* 1: also write the log-sum-exp of each query row (natural log) */
+    kiln_op op;               /* decode or prefill */
+    kiln_dtype q_dtype;       /* dtype of q; must equal kv_dtype */
+    kiln_dtype kv_dtype;      /* dtype of k and v */
+    kiln_dtype out_dtype;     /* dtype of o (may differ from q_dtype) */
+    int head_dim;             /* D: 64, 128 or 256 */
+    int group;                /* G: query heads per KV head, 1..64 */
+    kiln_layout layout;       /* default strides of k and v when the call passes 0 */
+    kiln_mask mask;           /* none or causal */
+    int window;               /* 1: sliding window, keys j >= i + L_KV - L_Q - window_left */
+    kiln_logits logits;       /* logits transform */
+    int lse;                  /* 1: also write the log-sum-exp of each query row (natural log) */
     kiln_mask_data mask_data; /* none, bitmask or bsr (arrays in kiln_attn_args) */
-    int num_params;       /* user parameters declared in params[] (0..KILN_MAX_USER_PARAMS) */
+    int num_params;           /* user parameters declared in params[] (0..KILN_MAX_USER_PARAMS) */
     kiln_param_decl params[KILN_MAX_USER_PARAMS];
     char logits_expr[KILN_MAX_SNIPPET]; /* "" or a C expression: the new logit */
     char mask_expr[KILN_MAX_SNIPPET];   /* "" or a C expression: key visible */
-    kiln_kv_storage kv;   /* contiguous (single request), ragged or paged (batch) */
-    int rope;             /* 1: llama-style RoPE applied to q and k inside the kernel */
+    kiln_kv_storage kv;                 /* contiguous (single request), ragged or paged (batch) */
+    int rope; /* 1: llama-style RoPE applied to q and k inside the kernel */
 } kiln_variant;
 
 /* Fill *v with the documented defaults: op=prefill dtype=f16 head_dim=128 group=1 layout=nhd
@@ -221,15 +223,15 @@ KILN_API kiln_status kiln_variant_check(const kiln_variant *v);
  * ------------------------------------------------------------------------------------------- */
 
 typedef struct kiln_params {
-    float sm_scale;          /* scale of q.k; 0 means 1/sqrt(D) */
-    float softcap;           /* logits=softcap: the cap (> 0) */
-    int window_left;         /* window=1: how many keys left of the diagonal stay visible (>= 0) */
+    float sm_scale;           /* scale of q.k; 0 means 1/sqrt(D) */
+    float softcap;            /* logits=softcap: the cap (> 0) */
+    int window_left;          /* window=1: how many keys left of the diagonal stay visible (>= 0) */
     kiln_devptr alibi_slopes; /* logits=alibi: float [H], one slope per query head */
     kiln_param_value user[KILN_MAX_USER_PARAMS]; /* the variant's user parameters, in order */
-    float k_scale;           /* fp8 KV: k = k_scale * stored value (0 means 1) */
-    float v_scale;           /* fp8 KV: v = v_scale * stored value (0 means 1) */
-    float rope_scale;        /* rope=1: positions are divided by it (0 means 1) */
-    float rope_theta;        /* rope=1: base of the frequencies (0 means 1e4) */
+    float k_scale;    /* fp8 KV: k = k_scale * stored value (0 means 1) */
+    float v_scale;    /* fp8 KV: v = v_scale * stored value (0 means 1) */
+    float rope_scale; /* rope=1: positions are divided by it (0 means 1) */
+    float rope_theta; /* rope=1: base of the frequencies (0 means 1e4) */
 } kiln_params;
 
 /* Tensors of one single-request launch. Strides are in elements; the last (D) dimension is
@@ -237,11 +239,11 @@ typedef struct kiln_params {
  * elements; o 4-byte aligned with even strides; lse and alibi_slopes 4-byte aligned. A stride
  * of 0 means the dense default. */
 typedef struct kiln_attn_args {
-    kiln_devptr q;   /* decode [H, D]; prefill [L_Q, H, D] */
-    kiln_devptr k;   /* nhd [L_KV, H_KV, D]; hnd [H_KV, L_KV, D] */
-    kiln_devptr v;   /* like k */
-    kiln_devptr o;   /* like q, in out_dtype */
-    kiln_devptr lse; /* variant.lse: float, decode [H], prefill [L_Q, H]; else ignored */
+    kiln_devptr q;    /* decode [H, D]; prefill [L_Q, H, D] */
+    kiln_devptr k;    /* nhd [L_KV, H_KV, D]; hnd [H_KV, L_KV, D] */
+    kiln_devptr v;    /* like k */
+    kiln_devptr o;    /* like q, in out_dtype */
+    kiln_devptr lse;  /* variant.lse: float, decode [H], prefill [L_Q, H]; else ignored */
     int num_qo_heads; /* H; must be a multiple of variant.group */
     int qo_len;       /* L_Q (prefill; decode ignores it: 1) */
     int kv_len;       /* L_KV >= 1 */
@@ -249,17 +251,17 @@ typedef struct kiln_attn_args {
     int64_t o_stride_n, o_stride_h; /* defaults H*D and D */
     int64_t k_stride_n, k_stride_h; /* defaults nhd: H_KV*D, D; hnd: D, L_KV*D */
     int64_t v_stride_n, v_stride_h; /* like k */
-    kiln_devptr mask_bits;   /* mask_data=bitmask: uint8 [ceil(L_Q * L_KV / 8)] */
-    kiln_devptr bsr_indptr;  /* mask_data=bsr: int32 [ceil(L_Q / bsr_r) + 1] */
-    kiln_devptr bsr_indices; /* mask_data=bsr: int32 column-block indices */
-    int bsr_r, bsr_c;        /* mask_data=bsr: block rows and columns (>= 1) */
-    kiln_devptr tile_map;    /* prefill with a mask snippet or mask data: uint8 tile classes
+    kiln_devptr mask_bits;          /* mask_data=bitmask: uint8 [ceil(L_Q * L_KV / 8)] */
+    kiln_devptr bsr_indptr;         /* mask_data=bsr: int32 [ceil(L_Q / bsr_r) + 1] */
+    kiln_devptr bsr_indices;        /* mask_data=bsr: int32 column-block indices */
+    int bsr_r, bsr_c;               /* mask_data=bsr: block rows and columns (>= 1) */
+    kiln_devptr tile_map;           /* prefill with a mask snippet or mask data: uint8 tile classes
                                 written by kiln_prefill_mask_plan (0: none; every tile then
                                 evaluates the mask per element) */
-    size_t tile_map_bytes;   /* size of tile_map */
-    kiln_devptr workspace;   /* decode split-KV partials; see kiln_decode_workspace_size */
-    size_t workspace_bytes;  /* size of workspace */
-    kiln_params params;      /* run-time values */
+    size_t tile_map_bytes;          /* size of tile_map */
+    kiln_devptr workspace;          /* decode split-KV partials; see kiln_decode_workspace_size */
+    size_t workspace_bytes;         /* size of workspace */
+    kiln_params params;             /* run-time values */
 } kiln_attn_args;
 
 /* ---------------------------------------------------------------------------------------------
@@ -280,20 +282,20 @@ typedef struct kiln_ctx kiln_ctx;       /* opaque; thread-safe */
 typedef struct kiln_kernel kiln_kernel; /* opaque; owned by its context */
 
 typedef struct kiln_ctx_opts {
-    const char *cache_dir; /* NULL: $KILN_CACHE_DIR, else $XDG_CACHE_HOME/kiln, else
+    const char *cache_dir;      /* NULL: $KILN_CACHE_DIR, else $XDG_CACHE_HOME/kiln, else
                               ~/.cache/kiln; the file is <dir>/kernels.db */
-    int no_cache;          /* 1: keep kernels in memory only, never open a database */
-    int device;            /* CUDA device ordinal (default 0) */
-    int no_device;         /* 1: compile-only, never touch the driver */
-    const char *arch;      /* NULL: the device's arch (sm_90 devices get sm_90a); else a
+    int no_cache;               /* 1: keep kernels in memory only, never open a database */
+    int device;                 /* CUDA device ordinal (default 0) */
+    int no_device;              /* 1: compile-only, never touch the driver */
+    const char *arch;           /* NULL: the device's arch (sm_90 devices get sm_90a); else a
                               named target such as "sm_80" or "sm_90a" */
     const char *base_cache_dir; /* NULL: $KILN_BASE_CACHE_DIR if set; a read-only cache
                                    (e.g. shipped in the image) consulted after cache_dir;
                                    never written */
-    kiln_cache_mode mode;  /* KILN_CACHE_MODE_DEFAULT: $KILN_STRICT / $KILN_RECORD decide */
-    const char *record_path; /* record mode: manifest file each requested spec is appended
+    kiln_cache_mode mode;       /* KILN_CACHE_MODE_DEFAULT: $KILN_STRICT / $KILN_RECORD decide */
+    const char *record_path;    /* record mode: manifest file each requested spec is appended
                                 to (NULL: $KILN_RECORD) */
-    int64_t max_cache_bytes; /* > 0: evict least recently used rows beyond this many cubin
+    int64_t max_cache_bytes;    /* > 0: evict least recently used rows beyond this many cubin
                                 bytes after each insert (0: $KILN_CACHE_MAX_BYTES or none) */
 } kiln_ctx_opts;
 
@@ -307,13 +309,13 @@ KILN_API void kiln_ctx_destroy(kiln_ctx *ctx);
 KILN_API const char *kiln_ctx_errmsg(const kiln_ctx *ctx);
 
 typedef struct kiln_device_info {
-    int present;     /* 0: compile-only context */
-    int ordinal;     /* CUDA ordinal */
-    char name[96];   /* e.g. "NVIDIA H200" */
-    int sm;          /* compute capability * 10, e.g. 90 */
-    int sm_count;    /* multiprocessors */
+    int present;        /* 0: compile-only context */
+    int ordinal;        /* CUDA ordinal */
+    char name[96];      /* e.g. "NVIDIA H200" */
+    int sm;             /* compute capability * 10, e.g. 90 */
+    int sm_count;       /* multiprocessors */
     int driver_version; /* e.g. 13000 */
-    char arch[16];   /* the context's target arch, e.g. "sm_90a" */
+    char arch[16];      /* the context's target arch, e.g. "sm_90a" */
 } kiln_device_info;
 
 /* Describe the context's device and target arch. */
@@ -338,21 +340,21 @@ KILN_API kiln_status kiln_kernel_get_spec(kiln_ctx *ctx, const char *spec, kiln_
  * context's arch) without loading it; needs no GPU. The kernel lives as long as ctx and can be
  * inspected but not launched unless arch is the context's own. */
 KILN_API kiln_status kiln_kernel_compile(kiln_ctx *ctx, const kiln_variant *v, const char *arch,
-                                kiln_kernel **out);
+                                         kiln_kernel **out);
 
 typedef struct kiln_kernel_info {
-    char key[33];        /* 32 hex characters of XXH3-128 */
-    char arch[16];       /* e.g. "sm_90a" */
-    char spec[256];      /* canonical spec, cut to 255 bytes (snippet specs run longer: use
+    char key[33];       /* 32 hex characters of XXH3-128 */
+    char arch[16];      /* e.g. "sm_90a" */
+    char spec[256];     /* canonical spec, cut to 255 bytes (snippet specs run longer: use
                             kiln_kernel_spec for the whole text) */
-    int from_cache;      /* 1: found in the cache; 0: compiled by this process */
-    double compile_ms;   /* NVRTC wall time when it was compiled (whoever compiled it) */
-    int registers;       /* per thread, from ptxas */
-    int smem_bytes;      /* static + dynamic shared memory per block */
-    int spill_bytes;     /* spill stores + loads reported by ptxas */
-    int stack_bytes;     /* stack frame */
-    size_t cubin_bytes;  /* size of the cubin */
-    int threads;         /* threads per block of the main kernel */
+    int from_cache;     /* 1: found in the cache; 0: compiled by this process */
+    double compile_ms;  /* NVRTC wall time when it was compiled (whoever compiled it) */
+    int registers;      /* per thread, from ptxas */
+    int smem_bytes;     /* static + dynamic shared memory per block */
+    int spill_bytes;    /* spill stores + loads reported by ptxas */
+    int stack_bytes;    /* stack frame */
+    size_t cubin_bytes; /* size of the cubin */
+    int threads;        /* threads per block of the main kernel */
 } kiln_kernel_info;
 
 KILN_API kiln_status kiln_kernel_describe(const kiln_kernel *k, kiln_kernel_info *out);
@@ -375,7 +377,7 @@ KILN_API const void *kiln_kernel_cubin(const kiln_kernel *k, size_t *size);
  * suffices). Never decreases as kv_len grows, so sizing for the longest request covers every
  * shorter one. Pure host arithmetic. */
 KILN_API kiln_status kiln_decode_workspace_size(const kiln_kernel *k, int num_qo_heads, int kv_len,
-                                       size_t *bytes);
+                                                size_t *bytes);
 
 /* Single-request decode: o[h] = softmax(s(q[h], k)) v for each query head h. The kernel must
  * be a decode variant; long L_KV is split across CTAs and merged (needs the workspace). */
@@ -387,7 +389,8 @@ KILN_API kiln_status kiln_single_prefill(kiln_kernel *k, const kiln_attn_args *a
 
 /* Prefill variants with a mask snippet or mask data: bytes of the tile map for this shape
  * (one byte per query tile x key tile). */
-KILN_API kiln_status kiln_prefill_mask_plan_size(const kiln_kernel *k, int qo_len, int kv_len, size_t *bytes);
+KILN_API kiln_status kiln_prefill_mask_plan_size(const kiln_kernel *k, int qo_len, int kv_len,
+                                                 size_t *bytes);
 
 /* Evaluate the mask once per tile on the GPU (a kernel generated with the variant) and write
  * a->tile_map: 0 = every key of the tile hidden (the tile is skipped), 2 = every key visible
@@ -424,18 +427,18 @@ KILN_API kiln_status kiln_prefill_mask_plan(kiln_kernel *k, const kiln_attn_args
 typedef struct kiln_plan kiln_plan; /* opaque; one per (kernel, workspace); not thread-safe */
 
 typedef struct kiln_plan_opts {
-    int num_qo_heads;  /* H: a multiple of the variant's group */
-    int page_size;     /* kv=paged: tokens per page (>= 1) */
-    int max_batch;     /* > 0: CUDA-graph mode: the grid is sized for any batch of at most
+    int num_qo_heads;     /* H: a multiple of the variant's group */
+    int page_size;        /* kv=paged: tokens per page (>= 1) */
+    int max_batch;        /* > 0: CUDA-graph mode: the grid is sized for any batch of at most
                           max_batch requests (and max_qo_tokens rows), so one captured run
                           serves every later plan; 0: the grid fits each plan exactly */
-    int max_qo_tokens; /* prefill in graph mode: bound on total query rows */
-    int fixed_split;   /* > 0: batch-invariant mode: every request's keys are cut into chunks of
+    int max_qo_tokens;    /* prefill in graph mode: bound on total query rows */
+    int fixed_split;      /* > 0: batch-invariant mode: every request's keys are cut into chunks of
                           this many tokens (rounded up to the kernel's key tile) whatever else is
                           in the batch, so its output is bitwise the same in any batch; prefill
                           then never splits (an unsplit query tile is already invariant);
                           0: the planner balances the batch */
-    int no_split;      /* 1: never split a request's keys (one CTA per request and head group) */
+    int no_split;         /* 1: never split a request's keys (one CTA per request and head group) */
     int64_t max_total_kv; /* with fixed_split: bound on the sum of the requests' keys, which
                              sizes the workspace for the splits (0: the planner's own bound on
                              split items applies, and a plan past it fails) */
@@ -449,33 +452,34 @@ KILN_API void kiln_plan_destroy(kiln_plan *plan);
 
 /* Bytes of device workspace a plan of `batch` requests and `total_qo` query rows may need
  * (decode: total_qo = batch). Never decreases with either argument. Pure host arithmetic. */
-KILN_API kiln_status kiln_plan_workspace_size(const kiln_plan *plan, int batch, int total_qo, size_t *bytes);
+KILN_API kiln_status kiln_plan_workspace_size(const kiln_plan *plan, int batch, int total_qo,
+                                              size_t *bytes);
 
 /* The batch as CPU arrays (host memory; only read during the call). */
 typedef struct kiln_batch_shape {
-    int batch;                    /* B >= 0 requests */
-    const int *qo_indptr;         /* prefill: [B + 1], qo_indptr[0] = 0, non-decreasing
+    int batch;                   /* B >= 0 requests */
+    const int *qo_indptr;        /* prefill: [B + 1], qo_indptr[0] = 0, non-decreasing
                                      (decode: NULL, one row per request) */
-    const int *kv_indptr;         /* ragged: [B + 1] token offsets; paged: [B + 1] offsets into
+    const int *kv_indptr;        /* ragged: [B + 1] token offsets; paged: [B + 1] offsets into
                                      kv_indices; both start at 0 and never decrease */
-    const int *kv_last_page_len;  /* paged: [B], 1..page_size for a request with pages (ignored
+    const int *kv_last_page_len; /* paged: [B], 1..page_size for a request with pages (ignored
                                      for a request with none) */
 } kiln_batch_shape;
 
 /* Plan a batch: validates the arrays (every problem names the request and the value), picks
  * the split, writes the schedule to the workspace with one async copy on stream, and returns.
  * A request with no keys gets o = 0 and lse = -inf; with no rows, nothing. */
-KILN_API kiln_status kiln_batch_plan(kiln_plan *plan, const kiln_batch_shape *shape, kiln_devptr workspace,
-                      size_t workspace_bytes, void *stream);
+KILN_API kiln_status kiln_batch_plan(kiln_plan *plan, const kiln_batch_shape *shape,
+                                     kiln_devptr workspace, size_t workspace_bytes, void *stream);
 
 /* What the last kiln_batch_plan decided (for tests, benchmarks and `kiln check`). */
 typedef struct kiln_plan_info {
-    int batch;        /* requests */
-    int items;        /* work items (request x query tile x key chunk) */
-    int grid;         /* CTAs along x of the main launch (>= items in graph mode) */
-    int kv_chunk;     /* keys per split (0: no request was split) */
-    int split_items;  /* items that write partial states merged afterwards */
-    int merge_tasks;  /* (request, query tile) groups the merge kernel combines */
+    int batch;             /* requests */
+    int items;             /* work items (request x query tile x key chunk) */
+    int grid;              /* CTAs along x of the main launch (>= items in graph mode) */
+    int kv_chunk;          /* keys per split (0: no request was split) */
+    int split_items;       /* items that write partial states merged afterwards */
+    int merge_tasks;       /* (request, query tile) groups the merge kernel combines */
     int64_t max_item_keys; /* keys of the longest item */
     int64_t total_keys;    /* keys over all items (x heads of one item) */
 } kiln_plan_info;
@@ -497,7 +501,7 @@ typedef struct kiln_batch_args {
                                                       H_KV*D, D; hnd: H_KV*page_size*D, D,
                                                       page_size*D; ragged: -, H_KV*D, D */
     int64_t v_stride_page, v_stride_n, v_stride_h;
-    kiln_devptr workspace;   /* the one given to kiln_batch_plan */
+    kiln_devptr workspace; /* the one given to kiln_batch_plan */
     size_t workspace_bytes;
     kiln_params params;
     /* Mask data, per request, in request order (decode: L_Q = 1 per request):
@@ -522,21 +526,22 @@ KILN_API kiln_status kiln_batch_run(kiln_plan *plan, const kiln_batch_args *a, v
  * their keys; a state with lse = -inf (no keys) contributes nothing (NaN-safe). The kernel is
  * an op=merge variant of the states' dtype and head_dim. */
 typedef struct kiln_merge_args {
-    kiln_devptr v_a, lse_a;   /* first state (in place: also the output) */
-    kiln_devptr v_b, lse_b;   /* second state */
-    kiln_devptr v_out, lse_out; /* merge_state: output (lse_out may be 0) */
-    kiln_devptr mask;         /* merge_state_in_place: uint8 [n], row merged only where != 0
+    kiln_devptr v_a, lse_a;         /* first state (in place: also the output) */
+    kiln_devptr v_b, lse_b;         /* second state */
+    kiln_devptr v_out, lse_out;     /* merge_state: output (lse_out may be 0) */
+    kiln_devptr mask;               /* merge_state_in_place: uint8 [n], row merged only where != 0
                                  (0: every row) */
-    kiln_devptr v_all, lse_all; /* merge_states: [n, S, H, D] and [n, S, H] */
-    int num_states;           /* merge_states: S >= 1 */
-    int rows;                 /* n >= 0 */
-    int num_heads;            /* H >= 1 */
+    kiln_devptr v_all, lse_all;     /* merge_states: [n, S, H, D] and [n, S, H] */
+    int num_states;                 /* merge_states: S >= 1 */
+    int rows;                       /* n >= 0 */
+    int num_heads;                  /* H >= 1 */
     int64_t v_stride_n, v_stride_h; /* strides of every v tensor (0: dense [n, H, D]); lse is
                                        always dense */
 } kiln_merge_args;
 
 KILN_API kiln_status kiln_merge_state(kiln_kernel *k, const kiln_merge_args *a, void *stream);
-KILN_API kiln_status kiln_merge_state_in_place(kiln_kernel *k, const kiln_merge_args *a, void *stream);
+KILN_API kiln_status kiln_merge_state_in_place(kiln_kernel *k, const kiln_merge_args *a,
+                                               void *stream);
 KILN_API kiln_status kiln_merge_states(kiln_kernel *k, const kiln_merge_args *a, void *stream);
 
 /* ---------------------------------------------------------------------------------------------

@@ -107,27 +107,30 @@ kiln_status kiln__arch_normalize(const char *in, char out[16], kiln__err *e)
     const arch_kind kind = classify(in, &sm, &suffix);
     if (kind != ARCH_OK) list_archs(list, sizeof list);
     switch (kind) {
-    case ARCH_GARBAGE:
-        return kiln__fail(e, KILN_STATUS_INVALID_ARGUMENT,
-                          "arch %s: not an arch name; " ARCH_FORM "; %s", show, list);
-    case ARCH_TOO_OLD:
-        /* a target NVRTC offers is one kiln does not support; any other is no target at all */
-        if (!suffix && nvrtc_lists(sm) != 0)
-            return kiln__fail(e, KILN_STATUS_UNSUPPORTED,
-                              "arch %s: kiln needs sm_%d or newer (mma.sync bf16); %s", show,
-                              ARCH_MIN_SM, list);
-        return kiln__fail(e, KILN_STATUS_INVALID_ARGUMENT,
-                          "arch %s: kiln needs sm_%d or newer (mma.sync bf16), and it is not an "
-                          "arch the installed NVRTC offers; %s", show, ARCH_MIN_SM, list);
-    case ARCH_NO_A:
-        return kiln__fail(e, KILN_STATUS_INVALID_ARGUMENT,
-                          "arch %s: there is no arch-specific 'a' target before sm_%d; %s", show,
-                          ARCH_A_MIN_SM, list);
-    case ARCH_NO_F:
-        return kiln__fail(e, KILN_STATUS_INVALID_ARGUMENT,
-                          "arch %s: there is no family 'f' target before sm_%d; %s", show,
-                          ARCH_F_MIN_SM, list);
-    case ARCH_OK: break;
+        case ARCH_GARBAGE:
+            return kiln__fail(e, KILN_STATUS_INVALID_ARGUMENT,
+                              "arch %s: not an arch name; " ARCH_FORM "; %s", show, list);
+        case ARCH_TOO_OLD:
+            /* a target NVRTC offers is one kiln does not support; any other is no target at all */
+            if (!suffix && nvrtc_lists(sm) != 0)
+                return kiln__fail(e, KILN_STATUS_UNSUPPORTED,
+                                  "arch %s: kiln needs sm_%d or newer (mma.sync bf16); %s", show,
+                                  ARCH_MIN_SM, list);
+            return kiln__fail(
+                e, KILN_STATUS_INVALID_ARGUMENT,
+                "arch %s: kiln needs sm_%d or newer (mma.sync bf16), and it is not an "
+                "arch the installed NVRTC offers; %s",
+                show, ARCH_MIN_SM, list);
+        case ARCH_NO_A:
+            return kiln__fail(e, KILN_STATUS_INVALID_ARGUMENT,
+                              "arch %s: there is no arch-specific 'a' target before sm_%d; %s",
+                              show, ARCH_A_MIN_SM, list);
+        case ARCH_NO_F:
+            return kiln__fail(e, KILN_STATUS_INVALID_ARGUMENT,
+                              "arch %s: there is no family 'f' target before sm_%d; %s", show,
+                              ARCH_F_MIN_SM, list);
+        case ARCH_OK:
+            break;
     }
     if (sm == ARCH_HOPPER_SM && !suffix) suffix = 'a';
     snprintf(out, ARCH_BUF, "sm_%d%s", sm, suffix == 'a' ? "a" : suffix == 'f' ? "f" : "");
@@ -148,10 +151,8 @@ int kiln__arch_sm(const char *arch)
 void kiln__arch_from_sm(int sm, char out[16])
 {
     if (!out) return;
-    if (sm < 10 || sm > 999)
-        out[0] = 0;
-    else
-        snprintf(out, ARCH_BUF, "sm_%d%s", sm, sm == ARCH_HOPPER_SM ? "a" : "");
+    if (sm < 10 || sm > 999) out[0] = 0;
+    else snprintf(out, ARCH_BUF, "sm_%d%s", sm, sm == ARCH_HOPPER_SM ? "a" : "");
 }
 
 /* ---- the archs of the installed NVRTC ------------------------------------------------------- */
@@ -204,8 +205,10 @@ static void list_archs(char *out, size_t cap)
     for (int i = 0; i < n && at < cap; i++)
         at += (size_t)snprintf(out + at, cap - at, " %s", all[i]);
     if (at < cap)
-        snprintf(out + at, cap - at, " (NVRTC %s, as kiln info lists them; 'a' targets from sm_%d, "
-                 "'f' from sm_%d)", kiln_nvrtc_version(), ARCH_A_MIN_SM, ARCH_F_MIN_SM);
+        snprintf(out + at, cap - at,
+                 " (NVRTC %s, as kiln info lists them; 'a' targets from sm_%d, "
+                 "'f' from sm_%d)",
+                 kiln_nvrtc_version(), ARCH_A_MIN_SM, ARCH_F_MIN_SM);
 }
 
 /* The normalised archs at or above sm_80 that the installed NVRTC compiles for, ascending,

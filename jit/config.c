@@ -10,20 +10,23 @@
 #include "jit.h"
 
 enum {
-    DECODE_TILE = 32,     /* keys per warp tile: one per lane */
-    DECODE_MAX_GB = 8,    /* query heads per decode CTA (register bound) */
+    DECODE_TILE = 32,  /* keys per warp tile: one per lane */
+    DECODE_MAX_GB = 8, /* query heads per decode CTA (register bound) */
     MAX_WARPS = 16,
 };
 
 int kiln__smem_limit(int sm)
 {
     switch (sm) {
-    case 80:
-    case 87: return 166912;           /* 163 KiB */
-    case 90:
-    case 100:
-    case 103: return 232448;          /* 227 KiB */
-    default: return 101376;           /* 99 KiB: sm_86, sm_89, sm_120, ... */
+        case 80:
+        case 87:
+            return 166912; /* 163 KiB */
+        case 90:
+        case 100:
+        case 103:
+            return 232448; /* 227 KiB */
+        default:
+            return 101376; /* 99 KiB: sm_86, sm_89, sm_120, ... */
     }
 }
 
@@ -72,8 +75,10 @@ static kiln_status apply_tune(kiln__config *c, kiln__err *e)
         else if (!strcmp(tok, "minb")) c->min_blocks = val;
         else if (!strcmp(tok, "pack")) c->pack = val;
         else
-            return kiln__fail(e, KILN_STATUS_INVALID_ARGUMENT,
-                              "KILN_TUNE: unknown field '%s' (warps, mt, bn, stages, qregs, gb, minb, pack)", tok);
+            return kiln__fail(
+                e, KILN_STATUS_INVALID_ARGUMENT,
+                "KILN_TUNE: unknown field '%s' (warps, mt, bn, stages, qregs, gb, minb, pack)",
+                tok);
     }
     return KILN_STATUS_OK;
 }
@@ -86,7 +91,8 @@ static kiln_status apply_tune(kiln__config *c, kiln__err *e)
  * one-warp CTA pays in full). */
 static int decode_packs(const kiln_variant *v)
 {
-    return v->kv != KILN_KV_CONTIGUOUS && v->group >= 4 && 16 % v->group == 0 && !is_fp8(v->kv_dtype);
+    return v->kv != KILN_KV_CONTIGUOUS && v->group >= 4 && 16 % v->group == 0 &&
+           !is_fp8(v->kv_dtype);
 }
 
 /* Plain attention: no logits transform, window, element mask, RoPE or fp8 conversion, so the
@@ -150,12 +156,16 @@ static kiln_status pick_mma(const kiln_variant *v, int smem_limit, kiln__config 
     c->smem_bytes = prefill_smem(v, c->warps, c->mt, c->block_n, c->stages);
     if (c->warps < 1 || c->warps > MAX_WARPS || c->mt < 1 || c->mt > 4 || c->block_n < 16 ||
         c->block_n % 16 || c->stages < 1 || c->stages > 4)
-        return kiln__fail(e, KILN_STATUS_UNSUPPORTED, "config: %s warps=%d mt=%d bn=%d stages=%d is not valid",
-                          decode ? "tensor-core decode" : "prefill", c->warps, c->mt, c->block_n, c->stages);
-    if (c->pack && (v->kv == KILN_KV_CONTIGUOUS || c->block_m % v->group))
         return kiln__fail(e, KILN_STATUS_UNSUPPORTED,
-                          "config: pack=1 needs a batch (kv=ragged|paged) and a group dividing the %d rows "
-                          "of a CTA tile (group=%d)", c->block_m, v->group);
+                          "config: %s warps=%d mt=%d bn=%d stages=%d is not valid",
+                          decode ? "tensor-core decode" : "prefill", c->warps, c->mt, c->block_n,
+                          c->stages);
+    if (c->pack && (v->kv == KILN_KV_CONTIGUOUS || c->block_m % v->group))
+        return kiln__fail(
+            e, KILN_STATUS_UNSUPPORTED,
+            "config: pack=1 needs a batch (kv=ragged|paged) and a group dividing the %d rows "
+            "of a CTA tile (group=%d)",
+            c->block_m, v->group);
     return KILN_STATUS_OK;
 }
 
@@ -200,7 +210,8 @@ kiln_status kiln__config_pick(const kiln_variant *v, int sm, kiln__config *c, ki
         if ((st = apply_tune(c, e))) return st;
         if (c->block_n != DECODE_TILE || c->mt || c->q_in_regs)
             return kiln__fail(e, KILN_STATUS_UNSUPPORTED,
-                              "config: decode takes bn=%d only and no mt/qregs (KILN_TUNE)", DECODE_TILE);
+                              "config: decode takes bn=%d only and no mt/qregs (KILN_TUNE)",
+                              DECODE_TILE);
         c->block_m = c->gb;
         c->smem_bytes = decode_smem(v, c->gb, c->warps, c->stages);
         c->merge_threads = d;

@@ -27,7 +27,8 @@ static kiln_status inline_template(kiln__str *out, const kiln__template *t, unsi
     if (seen[idx]) return KILN_STATUS_OK;
     seen[idx] = 1;
     if (depth > 16)
-        return kiln__fail(e, KILN_STATUS_UNSUPPORTED, "expand: include depth over 16 at %s", t->name);
+        return kiln__fail(e, KILN_STATUS_UNSUPPORTED, "expand: include depth over 16 at %s",
+                          t->name);
     kiln__str_printf(out, "/* ---- templates/%s ---- */\n", t->name);
     const char *p = t->text;
     while (*p) {
@@ -39,9 +40,10 @@ static kiln_status inline_template(kiln__str *out, const kiln__template *t, unsi
             const char *name = q + 10, *end = memchr(name, '"', n - (size_t)(name - p));
             const kiln__template *inc = end ? find_template(name, (size_t)(end - name)) : NULL;
             if (!inc)
-                return kiln__fail(e, KILN_STATUS_UNSUPPORTED,
-                                  "expand: %s includes a file that is not an embedded template: %.*s",
-                                  t->name, (int)n - 1, p);
+                return kiln__fail(
+                    e, KILN_STATUS_UNSUPPORTED,
+                    "expand: %s includes a file that is not an embedded template: %.*s", t->name,
+                    (int)n - 1, p);
             kiln_status st = inline_template(out, inc, seen, depth + 1, e);
             if (st) return st;
         } else {
@@ -59,26 +61,31 @@ static void emit_params(kiln__str *s, const kiln_variant *v)
     for (int i = 0; i < v->num_params; i++) {
         const kiln_param_decl *d = &v->params[i];
         switch (d->type) {
-        case KILN_PARAM_F32:
-            kiln__str_printf(s, "        const float %s = __int_as_float((int)(unsigned)p.user[%d]);\n",
-                             d->name, i);
-            break;
-        case KILN_PARAM_I32:
-            kiln__str_printf(s, "        const int %s = (int)(unsigned)p.user[%d];\n", d->name, i);
-            break;
-        case KILN_PARAM_F32_ARRAY:
-            kiln__str_printf(s, "        const float *%s = reinterpret_cast<const float *>(p.user[%d]);\n",
-                             d->name, i);
-            break;
-        case KILN_PARAM_I32_ARRAY:
-            kiln__str_printf(s, "        const int *%s = reinterpret_cast<const int *>(p.user[%d]);\n",
-                             d->name, i);
-            break;
+            case KILN_PARAM_F32:
+                kiln__str_printf(
+                    s, "        const float %s = __int_as_float((int)(unsigned)p.user[%d]);\n",
+                    d->name, i);
+                break;
+            case KILN_PARAM_I32:
+                kiln__str_printf(s, "        const int %s = (int)(unsigned)p.user[%d];\n", d->name,
+                                 i);
+                break;
+            case KILN_PARAM_F32_ARRAY:
+                kiln__str_printf(
+                    s, "        const float *%s = reinterpret_cast<const float *>(p.user[%d]);\n",
+                    d->name, i);
+                break;
+            case KILN_PARAM_I32_ARRAY:
+                kiln__str_printf(
+                    s, "        const int *%s = reinterpret_cast<const int *>(p.user[%d]);\n",
+                    d->name, i);
+                break;
         }
         kiln__str_printf(s, "        (void)%s;\n", d->name);
     }
-    kiln__str_puts(s, "        (void)batch; (void)qo_idx; (void)kv_idx; (void)qo_head; (void)kv_head;\n"
-                      "        (void)qo_len; (void)kv_len;\n");
+    kiln__str_puts(
+        s, "        (void)batch; (void)qo_idx; (void)kv_idx; (void)qo_head; (void)kv_head;\n"
+           "        (void)qo_len; (void)kv_len;\n");
 }
 
 /* 1 when `word` appears in text as a whole identifier. */
@@ -103,35 +110,50 @@ static void emit_hooks(kiln__str *s, const kiln_variant *v)
          * functions a snippet may call run on the same fast approximations the builtin
          * transforms use (ex2/lg2/tanh.approx), so a snippet soft-cap costs what the builtin
          * one does. */
-        kiln__str_puts(s, "    static __device__ __forceinline__ float tanhf(float x) { return kiln::tanh_fast(x); }\n"
-                          "    static __device__ __forceinline__ float exp2f(float x) { return kiln::exp2_fast(x); }\n"
-                          "    static __device__ __forceinline__ float expf(float x) { return kiln::exp2_fast(x * kiln::LOG2E); }\n"
-                          "    static __device__ __forceinline__ float log2f(float x) { return kiln::log2_fast(x); }\n"
-                          "    static __device__ __forceinline__ float logf(float x) { return kiln::log2_fast(x) * kiln::LN2; }\n");
-    const int uses_head = has_mask && (has_word(v->mask_expr, "qo_head") || has_word(v->mask_expr, "kv_head"));
+        kiln__str_puts(s, "    static __device__ __forceinline__ float tanhf(float x) { return "
+                          "kiln::tanh_fast(x); }\n"
+                          "    static __device__ __forceinline__ float exp2f(float x) { return "
+                          "kiln::exp2_fast(x); }\n"
+                          "    static __device__ __forceinline__ float expf(float x) { return "
+                          "kiln::exp2_fast(x * kiln::LOG2E); }\n"
+                          "    static __device__ __forceinline__ float log2f(float x) { return "
+                          "kiln::log2_fast(x); }\n"
+                          "    static __device__ __forceinline__ float logf(float x) { return "
+                          "kiln::log2_fast(x) * kiln::LN2; }\n");
+    const int uses_head =
+        has_mask && (has_word(v->mask_expr, "qo_head") || has_word(v->mask_expr, "kv_head"));
     kiln__str_printf(s, "    static constexpr bool HAS_LOGITS_EXPR = %s, HAS_MASK_EXPR = %s;\n",
                      has_logits ? "true" : "false", has_mask ? "true" : "false");
-    kiln__str_printf(s, "    static constexpr int MASK_DATA = %d;\n    static constexpr bool MASK_USES_HEAD = %s;\n",
+    kiln__str_printf(s,
+                     "    static constexpr int MASK_DATA = %d;\n    static constexpr bool "
+                     "MASK_USES_HEAD = %s;\n",
                      (int)v->mask_data, uses_head ? "true" : "false");
     if (has_logits) {
-        kiln__str_puts(s, "    static __device__ __forceinline__ float logits_expr(float logits, int batch,\n"
-                          "        int qo_idx, int kv_idx, int qo_head, int kv_head, int qo_len, int kv_len,\n"
-                          "        const kiln_launch_params &p)\n    {\n");
+        kiln__str_puts(
+            s, "    static __device__ __forceinline__ float logits_expr(float logits, int batch,\n"
+               "        int qo_idx, int kv_idx, int qo_head, int kv_head, int qo_len, int kv_len,\n"
+               "        const kiln_launch_params &p)\n    {\n");
         emit_params(s, v);
-        kiln__str_printf(s, "        return (float)(\n/* user snippet: logits_expr */ %s\n        );\n    }\n",
-                         v->logits_expr);
+        kiln__str_printf(
+            s, "        return (float)(\n/* user snippet: logits_expr */ %s\n        );\n    }\n",
+            v->logits_expr);
     }
     if (has_mask) {
-        kiln__str_puts(s, "    static __device__ __forceinline__ bool mask_expr(int batch, int qo_idx,\n"
-                          "        int kv_idx, int qo_head, int kv_head, int qo_len, int kv_len,\n"
-                          "        const kiln_launch_params &p)\n    {\n");
+        kiln__str_puts(
+            s, "    static __device__ __forceinline__ bool mask_expr(int batch, int qo_idx,\n"
+               "        int kv_idx, int qo_head, int kv_head, int qo_len, int kv_len,\n"
+               "        const kiln_launch_params &p)\n    {\n");
         emit_params(s, v);
-        kiln__str_printf(s, "        return (bool)(\n/* user snippet: mask_expr */ %s\n        );\n    }\n",
-                         v->mask_expr);
+        kiln__str_printf(
+            s, "        return (bool)(\n/* user snippet: mask_expr */ %s\n        );\n    }\n",
+            v->mask_expr);
     }
 }
 
-static const char *dt_const(kiln_dtype t) { return t == KILN_DTYPE_BF16 ? "kiln::BF16" : "kiln::F16"; }
+static const char *dt_const(kiln_dtype t)
+{
+    return t == KILN_DTYPE_BF16 ? "kiln::BF16" : "kiln::F16";
+}
 
 kiln_status kiln__expand(const kiln_variant *v, const kiln__config *cfg, const char *arch,
                          char **source, kiln__err *e)
@@ -147,7 +169,9 @@ kiln_status kiln__expand(const kiln_variant *v, const kiln__config *cfg, const c
     const int cuda_core_decode = decode && !cfg->pack;
     const char *family = merge ? "merge.cuh" : cuda_core_decode ? "decode.cuh" : "prefill.cuh";
     const kiln__template *t = find_template(family, strlen(family));
-    if (!t) return kiln__fail(e, KILN_STATUS_UNSUPPORTED, "expand: template %s is not embedded", family);
+    if (!t)
+        return kiln__fail(e, KILN_STATUS_UNSUPPORTED, "expand: template %s is not embedded",
+                          family);
 
     kiln__str s = {0};
     kiln__str_printf(&s,
@@ -179,7 +203,8 @@ kiln_status kiln__expand(const kiln_variant *v, const kiln__config *cfg, const c
     if (merge) {
         kiln__str_puts(&s, "};\n");
         for (int i = 0; i < 3; i++) {
-            static const char *const entry[3] = {KILN__ENTRY_MERGE_STATE, KILN__ENTRY_MERGE_IN_PLACE,
+            static const char *const entry[3] = {KILN__ENTRY_MERGE_STATE,
+                                                 KILN__ENTRY_MERGE_IN_PLACE,
                                                  KILN__ENTRY_MERGE_STATES};
             static const char *const body[3] = {"kiln::merge_state_kernel<kiln_cfg>(p, false)",
                                                 "kiln::merge_state_kernel<kiln_cfg>(p, true)",
@@ -194,17 +219,20 @@ kiln_status kiln__expand(const kiln_variant *v, const kiln__config *cfg, const c
         return KILN_STATUS_OK;
     }
     if (cuda_core_decode)
-        kiln__str_printf(&s, "    static constexpr int GB = %d, TILE = %d;\n", cfg->gb, cfg->block_n);
+        kiln__str_printf(&s, "    static constexpr int GB = %d, TILE = %d;\n", cfg->gb,
+                         cfg->block_n);
     else
-        kiln__str_printf(&s, "    static constexpr int MT = %d, BN = %d, Q_IN_REGS = %d, PACK = %d;\n", cfg->mt,
-                         cfg->block_n, cfg->q_in_regs, cfg->pack);
+        kiln__str_printf(&s,
+                         "    static constexpr int MT = %d, BN = %d, Q_IN_REGS = %d, PACK = %d;\n",
+                         cfg->mt, cfg->block_n, cfg->q_in_regs, cfg->pack);
     kiln__str_printf(&s,
                      "};\nstatic_assert(sizeof(kiln_launch_params) == KILN_LAUNCH_PARAMS_SIZE, "
                      "\"params layout\");\n\n"
                      "extern \"C\" __global__ void __launch_bounds__(%d, %d)\n"
                      "%s(const __grid_constant__ kiln_launch_params p)\n{\n"
                      "    kiln::%s_kernel<kiln_cfg>(p);\n}\n",
-                     cfg->threads, cfg->min_blocks, KILN__ENTRY_MAIN, cuda_core_decode ? "decode" : "prefill");
+                     cfg->threads, cfg->min_blocks, KILN__ENTRY_MAIN,
+                     cuda_core_decode ? "decode" : "prefill");
     if (batch)
         kiln__str_printf(&s,
                          "\nextern \"C\" __global__ void __launch_bounds__(%d)\n"

@@ -19,7 +19,7 @@
 /* Longest canonical spec (bytes, with NUL): the fixed keys (under 160 bytes), mask_data=,
  * params= with every parameter at its longest name, and both snippets with every byte escaped
  * (canonical snippets have nothing to escape; hand-made ones may). */
-#define KILN__SPEC_MAX                                                                         \
+#define KILN__SPEC_MAX                                                                             \
     (192 + 8 + KILN_MAX_USER_PARAMS * (KILN_MAX_PARAM_NAME + 7) + 2 * (16 + 2 * KILN_MAX_SNIPPET))
 /* Longest spec line the parser reads (bytes, without the NUL). */
 #define KILN__SPEC_INPUT_MAX 4096
@@ -107,13 +107,13 @@ kiln_status kiln__expand(const kiln_variant *v, const kiln__config *cfg, const c
 
 /* Entry point names in the generated modules: main (all), merge (decode), tile map (prefill
  * with a mask snippet or mask data). */
-#define KILN__ENTRY_MAIN "kiln_main"
-#define KILN__ENTRY_MERGE "kiln_merge"
-#define KILN__ENTRY_TILE_MAP "kiln_tile_map"
-#define KILN__ENTRY_MERGE_STATE "kiln_merge_state"
+#define KILN__ENTRY_MAIN           "kiln_main"
+#define KILN__ENTRY_MERGE          "kiln_merge"
+#define KILN__ENTRY_TILE_MAP       "kiln_tile_map"
+#define KILN__ENTRY_MERGE_STATE    "kiln_merge_state"
 #define KILN__ENTRY_MERGE_IN_PLACE "kiln_merge_state_in_place"
-#define KILN__ENTRY_MERGE_STATES "kiln_merge_states"
-#define KILN__TILE_MAP_THREADS 256
+#define KILN__ENTRY_MERGE_STATES   "kiln_merge_states"
+#define KILN__TILE_MAP_THREADS     256
 
 /* 1 when the variant masks per element beyond the builtin masks (snippet or mask data). */
 static inline int kiln__variant_has_element_mask(const kiln_variant *v)
@@ -137,9 +137,9 @@ void kiln__key_hash(const char *material, char key[33]);
 typedef struct kiln__compiled {
     void *cubin;
     size_t cubin_size;
-    char *log;        /* NVRTC + ptxas log (may be "") */
+    char *log; /* NVRTC + ptxas log (may be "") */
     double compile_ms;
-    int registers;    /* parsed from ptxas -v for the main entry (else the most of any entry); -1 if absent */
+    int registers; /* parsed from ptxas -v for the main entry (else the most of any entry); -1 if absent */
     int smem_static;
     int spill_bytes;
     int stack_bytes;

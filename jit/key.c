@@ -12,7 +12,7 @@
 /* Options passed to NVRTC; the arch option is built per call. --prec-div=false: a float
  * division (a snippet's `logits / cap`) compiles to a reciprocal and a multiply, not the IEEE
  * sequence; attention's own divisions (1 / l) need no more. */
-static const char *const base_options[] = {"-std=c++17", "-minimal", "--ptxas-options=-v",
+static const char *const base_options[] = {"-std=c++17",  "-minimal",         "--ptxas-options=-v",
                                            "--fmad=true", "--prec-div=false", NULL};
 
 const char *const *kiln__nvrtc_options(const char *arch, int *count)
@@ -32,9 +32,9 @@ kiln_status kiln__key_material(const kiln_variant *v, const kiln__config *cfg, c
     if (!kiln__spec_format(v, spec, sizeof spec, e)) return KILN_STATUS_UNSUPPORTED;
     kiln__config_format(cfg, conf, sizeof conf);
     kiln__str s = {0};
-    kiln__str_printf(&s, "kiln-key-format: %d\nspec: %s\nconfig: %s\ntemplates: %s\nnvrtc: %s\narch: %s\n",
-                     KILN__FORMAT_VERSION, spec, conf, kiln__templates_digest, kiln_nvrtc_version(),
-                     arch);
+    kiln__str_printf(
+        &s, "kiln-key-format: %d\nspec: %s\nconfig: %s\ntemplates: %s\nnvrtc: %s\narch: %s\n",
+        KILN__FORMAT_VERSION, spec, conf, kiln__templates_digest, kiln_nvrtc_version(), arch);
     kiln__str_printf(&s, "options: --gpu-architecture=%s", arch);
     int n = 0;
     const char *const *opts = kiln__nvrtc_options(arch, &n);

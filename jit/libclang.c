@@ -55,15 +55,17 @@ static void api_load(void)
 {
     void *lib = open_library();
     if (!lib) return;
-#define KILN__CLANG_RESOLVE(name)                                                              \
-    {                                                                                          \
-        void *fn = dlsym(lib, #name);                                                          \
-        if (!fn) {                                                                             \
-            kiln__fail(&api_err, KILN_STATUS_UNSUPPORTED, "snippet: %s lacks %s (need libclang " \
-                       ">= 14)", api.path, #name);                                             \
-            return;                                                                            \
-        }                                                                                      \
-        memcpy(&api.name, &fn, sizeof fn);                                                     \
+#define KILN__CLANG_RESOLVE(name)                                                                  \
+    {                                                                                              \
+        void *fn = dlsym(lib, #name);                                                              \
+        if (!fn) {                                                                                 \
+            kiln__fail(&api_err, KILN_STATUS_UNSUPPORTED,                                          \
+                       "snippet: %s lacks %s (need libclang "                                      \
+                       ">= 14)",                                                                   \
+                       api.path, #name);                                                           \
+            return;                                                                                \
+        }                                                                                          \
+        memcpy(&api.name, &fn, sizeof fn);                                                         \
     }
     KILN__CLANG_FUNCS(KILN__CLANG_RESOLVE)
 #undef KILN__CLANG_RESOLVE

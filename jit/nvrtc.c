@@ -25,10 +25,21 @@
 #endif
 #define NVRTC_SONAME "libnvrtc.so.13"
 
-#define NVRTC_FUNCS(X)                                                                         \
-    X(nvrtcVersion) X(nvrtcCreateProgram) X(nvrtcCompileProgram) X(nvrtcGetProgramLogSize)     \
-    X(nvrtcGetProgramLog) X(nvrtcGetCUBINSize) X(nvrtcGetCUBIN) X(nvrtcDestroyProgram)         \
-    X(nvrtcGetErrorString) X(nvrtcGetNumSupportedArchs) X(nvrtcGetSupportedArchs)
+/* one entry a line */
+/* clang-format off */
+#define NVRTC_FUNCS(X)           \
+    X(nvrtcVersion)              \
+    X(nvrtcCreateProgram)        \
+    X(nvrtcCompileProgram)       \
+    X(nvrtcGetProgramLogSize)    \
+    X(nvrtcGetProgramLog)        \
+    X(nvrtcGetCUBINSize)         \
+    X(nvrtcGetCUBIN)             \
+    X(nvrtcDestroyProgram)       \
+    X(nvrtcGetErrorString)       \
+    X(nvrtcGetNumSupportedArchs) \
+    X(nvrtcGetSupportedArchs)
+/* clang-format on */
 
 static struct {
 #define NVRTC_MEMBER(name) __typeof__(&name) name;
@@ -58,14 +69,14 @@ static void api_load(void)
                    dlerror());
         return;
     }
-#define NVRTC_RESOLVE(name)                                                                    \
-    {                                                                                          \
-        void *fn = dlsym(lib, #name);                                                          \
-        if (!fn) {                                                                             \
-            kiln__fail(&api_err, KILN_STATUS_NVRTC, "nvrtc: %s lacks %s", path, #name);        \
-            return;                                                                            \
-        }                                                                                      \
-        memcpy(&api.name, &fn, sizeof fn);                                                     \
+#define NVRTC_RESOLVE(name)                                                                        \
+    {                                                                                              \
+        void *fn = dlsym(lib, #name);                                                              \
+        if (!fn) {                                                                                 \
+            kiln__fail(&api_err, KILN_STATUS_NVRTC, "nvrtc: %s lacks %s", path, #name);            \
+            return;                                                                                \
+        }                                                                                          \
+        memcpy(&api.name, &fn, sizeof fn);                                                         \
     }
     NVRTC_FUNCS(NVRTC_RESOLVE)
 #undef NVRTC_RESOLVE
@@ -207,7 +218,8 @@ kiln_status kiln__nvrtc_archs(int *sms, int cap, int *count, kiln__err *e)
     *count = 0;
     pthread_once(&version_once, read_version); /* the memo's list, when it has one */
     if (memo_nsms > 0) {
-        if (memo_nsms > cap) return kiln__fail(e, KILN_STATUS_NVRTC, "nvrtc: cannot list supported archs");
+        if (memo_nsms > cap)
+            return kiln__fail(e, KILN_STATUS_NVRTC, "nvrtc: cannot list supported archs");
         memcpy(sms, memo_sms, sizeof(int) * (size_t)memo_nsms);
         *count = memo_nsms;
         return KILN_STATUS_OK;
@@ -290,7 +302,8 @@ kiln_status kiln__nvrtc_compile(const char *source, const char *arch, const char
 {
     memset(out, 0, sizeof *out);
     if (kiln__fault("nvrtc"))
-        return kiln__fail(e, KILN_STATUS_NVRTC, "nvrtc: %s for %s failed: injected fault", name, arch);
+        return kiln__fail(e, KILN_STATUS_NVRTC, "nvrtc: %s for %s failed: injected fault", name,
+                          arch);
     kiln_status lst = nvrtc_api(e);
     if (lst) return lst;
     int nopt = 0;
@@ -335,8 +348,8 @@ kiln_status kiln__nvrtc_compile(const char *source, const char *arch, const char
     r = api.nvrtcGetCUBINSize(prog, &n);
     if (r != NVRTC_SUCCESS || n == 0) {
         api.nvrtcDestroyProgram(&prog);
-        return kiln__fail(e, KILN_STATUS_NVRTC, "nvrtc: %s for %s produced no cubin: %s", name, arch,
-                          api.nvrtcGetErrorString(r));
+        return kiln__fail(e, KILN_STATUS_NVRTC, "nvrtc: %s for %s produced no cubin: %s", name,
+                          arch, api.nvrtcGetErrorString(r));
     }
     out->cubin = malloc(n);
     if (!out->cubin) {

@@ -88,37 +88,117 @@ static const fn_def functions[] = {
 };
 
 /* Keywords a snippet may contain (literals, arithmetic type names for casts, static_cast). */
-static const char *const allowed_keywords[] = {"true",  "false", "bool",   "int",
-                                               "unsigned", "signed", "short", "long",
-                                               "float", "double", "static_cast"};
+static const char *const allowed_keywords[] = {"true",     "false",  "bool",       "int",
+                                               "unsigned", "signed", "short",      "long",
+                                               "float",    "double", "static_cast"};
 
 /* Punctuation a snippet may contain; the AST walk then decides unary against binary uses. */
-static const char *const allowed_punct[] = {"(",  ")",  "[",  "]", "+", "-", "*", "/",
-                                            "%",  "<",  ">",  "<=", ">=", "==", "!=", "&&",
-                                            "||", "!",  "~",  "&", "|", "^", "<<", ">>",
-                                            "?",  ":",  ","};
+static const char *const allowed_punct[] = {"(", ")", "[",  "]",  "+",  "-",  "*",  "/",  "%",
+                                            "<", ">", "<=", ">=", "==", "!=", "&&", "||", "!",
+                                            "~", "&", "|",  "^",  "<<", ">>", "?",  ":",  ","};
 
 /* Identifiers a parameter may not take besides builtins and functions: C++17 keywords and
  * alternative tokens, C keywords, CUDA's built-in variables, the generated hook's own names. Names starting with "kiln" (any
  * case) and reserved identifiers (__x, _X) are refused by rule. */
 static const char *const reserved_names[] = {
-    "alignas",     "alignof",      "and",        "and_eq",      "asm",          "auto",
-    "bitand",      "bitor",        "bool",       "break",       "case",         "catch",
-    "char",        "char8_t",      "char16_t",   "char32_t",    "class",        "compl",
-    "concept",     "const",        "consteval",  "constexpr",   "constinit",    "const_cast",
-    "continue",    "co_await",     "co_return",  "co_yield",    "decltype",     "default",
-    "delete",      "do",           "double",     "dynamic_cast", "else",        "enum",
-    "explicit",    "export",       "extern",     "false",       "float",        "for",
-    "friend",      "goto",         "if",         "inline",      "int",          "long",
-    "mutable",     "namespace",    "new",        "noexcept",    "not",          "not_eq",
-    "nullptr",     "operator",     "or",         "or_eq",       "private",      "protected",
-    "public",      "register",     "reinterpret_cast", "requires", "restrict",   "return",
-    "short",       "signed",       "sizeof",     "static",      "static_assert", "static_cast",
-    "struct",      "switch",       "template",   "this",        "thread_local", "throw",
-    "true",        "try",          "typedef",    "typeid",      "typename",     "union",
-    "unsigned",    "using",        "virtual",    "void",        "volatile",     "wchar_t",
-    "while",       "xor",          "xor_eq",     "threadIdx",   "blockIdx",     "blockDim",
-    "gridDim",     "warpSize",
+    "alignas",
+    "alignof",
+    "and",
+    "and_eq",
+    "asm",
+    "auto",
+    "bitand",
+    "bitor",
+    "bool",
+    "break",
+    "case",
+    "catch",
+    "char",
+    "char8_t",
+    "char16_t",
+    "char32_t",
+    "class",
+    "compl",
+    "concept",
+    "const",
+    "consteval",
+    "constexpr",
+    "constinit",
+    "const_cast",
+    "continue",
+    "co_await",
+    "co_return",
+    "co_yield",
+    "decltype",
+    "default",
+    "delete",
+    "do",
+    "double",
+    "dynamic_cast",
+    "else",
+    "enum",
+    "explicit",
+    "export",
+    "extern",
+    "false",
+    "float",
+    "for",
+    "friend",
+    "goto",
+    "if",
+    "inline",
+    "int",
+    "long",
+    "mutable",
+    "namespace",
+    "new",
+    "noexcept",
+    "not",
+    "not_eq",
+    "nullptr",
+    "operator",
+    "or",
+    "or_eq",
+    "private",
+    "protected",
+    "public",
+    "register",
+    "reinterpret_cast",
+    "requires",
+    "restrict",
+    "return",
+    "short",
+    "signed",
+    "sizeof",
+    "static",
+    "static_assert",
+    "static_cast",
+    "struct",
+    "switch",
+    "template",
+    "this",
+    "thread_local",
+    "throw",
+    "true",
+    "try",
+    "typedef",
+    "typeid",
+    "typename",
+    "union",
+    "unsigned",
+    "using",
+    "virtual",
+    "void",
+    "volatile",
+    "wchar_t",
+    "while",
+    "xor",
+    "xor_eq",
+    "threadIdx",
+    "blockIdx",
+    "blockDim",
+    "gridDim",
+    "warpSize",
     "p" /* the generated hook's launch-parameter block (jit/expand.c) */};
 
 /* Names NVRTC defines as macros, which a parameter would collide with in the generated source
@@ -154,7 +234,10 @@ static int find_function(const char *s)
 
 int kiln__snippet_is_function(const char *s) { return find_function(s) >= 0; }
 
-static const char *kind_name(kiln__snippet_kind k) { return k == KILN__SNIPPET_MASK ? "mask" : "logits"; }
+static const char *kind_name(kiln__snippet_kind k)
+{
+    return k == KILN__SNIPPET_MASK ? "mask" : "logits";
+}
 
 /* ---- messages ------------------------------------------------------------------------------ */
 
@@ -250,22 +333,25 @@ static kiln_status check_bytes(chk *w)
     for (size_t i = 0; i < n; i++) {
         unsigned char c = (unsigned char)t[i];
         if (c != '\t' && (c < 0x20 || c > 0x7e))
-            return REFUSE(w, i, "byte 0x%02x is not allowed: a snippet is printable ASCII on one line",
+            return REFUSE(w, i,
+                          "byte 0x%02x is not allowed: a snippet is printable ASCII on one line",
                           c);
         switch (c) {
-        case ';':
-            return REFUSE(w, i, "';' is not allowed: a snippet is one expression, not statements");
-        case '{':
-        case '}':
-            return REFUSE(w, i, "'%c' is not allowed: no blocks, lambdas or braced initializers",
-                          c);
-        case '#':
-            return REFUSE(w, i, "'#' is not allowed: no preprocessor directives");
-        case '\\':
-            return REFUSE(w, i, "'\\' is not allowed: no escapes, line splices or universal "
-                                "character names");
-        default:
-            break;
+            case ';':
+                return REFUSE(w, i,
+                              "';' is not allowed: a snippet is one expression, not statements");
+            case '{':
+            case '}':
+                return REFUSE(w, i,
+                              "'%c' is not allowed: no blocks, lambdas or braced initializers", c);
+            case '#':
+                return REFUSE(w, i, "'#' is not allowed: no preprocessor directives");
+            case '\\':
+                return REFUSE(w, i,
+                              "'\\' is not allowed: no escapes, line splices or universal "
+                              "character names");
+            default:
+                break;
         }
     }
     /* comments, digraphs, trigraphs, brackets */
@@ -287,14 +373,19 @@ static kiln_status check_bytes(chk *w)
             if (c == digraphs[k][0] && d == digraphs[k][1])
                 return REFUSE(w, i, "digraph '%s' is not allowed: write the plain token",
                               digraphs[k]);
-        if (c == '?' && d == '?') return REFUSE(w, i, "'?" "?' is not allowed (a trigraph)");
+        if (c == '?' && d == '?')
+            return REFUSE(w, i,
+                          "'?"
+                          "?' is not allowed (a trigraph)");
         if (c == '(' || c == '[') {
             open[depth++] = i;
         } else if (c == ')' || c == ']') {
             char want = c == ')' ? '(' : '[';
             if (!depth)
-                return REFUSE(w, i, "'%c' closes nothing: a snippet cannot close the expression "
-                                    "around it", c);
+                return REFUSE(w, i,
+                              "'%c' closes nothing: a snippet cannot close the expression "
+                              "around it",
+                              c);
             if (t[open[depth - 1]] != want)
                 return REFUSE(w, i, "'%c' does not match '%c' at 1:%zu", c, t[open[depth - 1]],
                               open[depth - 1] + 1);
@@ -314,7 +405,10 @@ static void put(char *buf, size_t cap, size_t *at, const char *s, size_t n)
     *at += n;
 }
 
-static void puts_(char *buf, size_t cap, size_t *at, const char *s) { put(buf, cap, at, s, strlen(s)); }
+static void puts_(char *buf, size_t cap, size_t *at, const char *s)
+{
+    put(buf, cap, at, s, strlen(s));
+}
 
 /* Write the wrapper into buf[cap]; return its length (>= cap: did not fit) and set w->base. */
 static size_t build_wrapper(chk *w, char *buf, size_t cap)
@@ -363,8 +457,9 @@ static kiln_status load_tokens(chk *w)
     const kiln__clang *c = w->c;
     CXFile f = c->clang_getFile(w->tu, WRAPPER_NAME);
     if (!f) return REFUSE(w, 0, "libclang lost the snippet's file (internal error)");
-    CXSourceRange r = c->clang_getRange(c->clang_getLocationForOffset(w->tu, f, w->base),
-                                        c->clang_getLocationForOffset(w->tu, f, w->base + (unsigned)w->len));
+    CXSourceRange r =
+        c->clang_getRange(c->clang_getLocationForOffset(w->tu, f, w->base),
+                          c->clang_getLocationForOffset(w->tu, f, w->base + (unsigned)w->len));
     CXToken *ts = NULL;
     unsigned n = 0;
     c->clang_tokenize(w->tu, r, &ts, &n);
@@ -397,7 +492,8 @@ kiln__snippet_name kiln__snippet_classify(const chk *w, const char *s)
 {
     for (int i = 0; i < COUNT(builtins); i++)
         if (!strcmp(builtins[i].name, s))
-            return i == 0 && w->kind == KILN__SNIPPET_MASK ? KILN__NAME_LOGITS_IN_MASK : KILN__NAME_SCALAR;
+            return i == 0 && w->kind == KILN__SNIPPET_MASK ? KILN__NAME_LOGITS_IN_MASK
+                                                           : KILN__NAME_SCALAR;
     for (int i = 0; i < w->num_params; i++)
         if (!strcmp(w->params[i].name, s))
             return w->params[i].type >= KILN_PARAM_F32_ARRAY ? KILN__NAME_ARRAY : KILN__NAME_SCALAR;
@@ -453,59 +549,67 @@ static kiln_status check_tokens(chk *w)
         const char *next = i + 1 < w->ntok ? w->toks[i + 1].s : "";
         char known[640];
         switch (t->kind) {
-        case CXToken_Keyword:
-            if (!in_list(allowed_keywords, COUNT(allowed_keywords), t->s))
-                return REFUSE(w, t->off, "keyword '%s' is not allowed: %s", t->s, keyword_hint(t->s));
-            break;
-        case CXToken_Identifier:
-            switch (kiln__snippet_classify(w, t->s)) {
-            case KILN__NAME_UNKNOWN:
-                if (!strcmp(next, "(")) {
-                    kiln__snippet_list_functions(known, sizeof known);
-                    return REFUSE(w, t->off, "unknown function '%s'; allowed: %s", t->s, known);
+            case CXToken_Keyword:
+                if (!in_list(allowed_keywords, COUNT(allowed_keywords), t->s))
+                    return REFUSE(w, t->off, "keyword '%s' is not allowed: %s", t->s,
+                                  keyword_hint(t->s));
+                break;
+            case CXToken_Identifier:
+                switch (kiln__snippet_classify(w, t->s)) {
+                    case KILN__NAME_UNKNOWN:
+                        if (!strcmp(next, "(")) {
+                            kiln__snippet_list_functions(known, sizeof known);
+                            return REFUSE(w, t->off, "unknown function '%s'; allowed: %s", t->s,
+                                          known);
+                        }
+                        list_names(w, known, sizeof known);
+                        return REFUSE(w, t->off, "unknown name '%s'; known: %s", t->s, known);
+                    case KILN__NAME_LOGITS_IN_MASK:
+                        list_names(w, known, sizeof known);
+                        return REFUSE(
+                            w, t->off,
+                            "unknown name 'logits' (it exists only in the logits snippet); "
+                            "known: %s",
+                            known);
+                    case KILN__NAME_FUNCTION:
+                        if (strcmp(next, "("))
+                            return REFUSE(w, t->off, "function '%s' must be called: %s(...)", t->s,
+                                          t->s);
+                        break;
+                    case KILN__NAME_ARRAY:
+                        if (strcmp(next, "["))
+                            return REFUSE(w, t->off, "array parameter '%s' must be indexed: %s[i]",
+                                          t->s, t->s);
+                        break;
+                    case KILN__NAME_SCALAR:
+                        if (!strcmp(next, "["))
+                            return REFUSE(w, t->off,
+                                          "'%s' is a scalar, not an array: it cannot be indexed",
+                                          t->s);
+                        if (!strcmp(next, "("))
+                            return REFUSE(w, t->off, "'%s' is not a function", t->s);
+                        break;
                 }
-                list_names(w, known, sizeof known);
-                return REFUSE(w, t->off, "unknown name '%s'; known: %s", t->s, known);
-            case KILN__NAME_LOGITS_IN_MASK:
-                list_names(w, known, sizeof known);
-                return REFUSE(w, t->off,
-                              "unknown name 'logits' (it exists only in the logits snippet); "
-                              "known: %s", known);
-            case KILN__NAME_FUNCTION:
-                if (strcmp(next, "("))
-                    return REFUSE(w, t->off, "function '%s' must be called: %s(...)", t->s, t->s);
                 break;
-            case KILN__NAME_ARRAY:
-                if (strcmp(next, "["))
-                    return REFUSE(w, t->off, "array parameter '%s' must be indexed: %s[i]", t->s,
+            case CXToken_Literal:
+                if (strchr(t->s, '"')) return REFUSE(w, t->off, "string literals are not allowed");
+                if (!(t->s[0] >= '0' && t->s[0] <= '9') && t->s[0] != '.')
+                    return REFUSE(w, t->off, "character literals are not allowed");
+                if ((st = kiln__snippet_check_literal(w, t))) return st;
+                break;
+            case CXToken_Punctuation:
+                if (!in_list(allowed_punct, COUNT(allowed_punct), t->s))
+                    return REFUSE(w, t->off, "'%s': %s", t->s, punct_hint(t->s));
+                if (!strcmp(t->s, "(")) parens++;
+                if (!strcmp(t->s, "[")) brackets++;
+                if ((!strcmp(t->s, ")") && --parens < 0) || (!strcmp(t->s, "]") && --brackets < 0))
+                    return REFUSE(w, t->off,
+                                  "'%s' closes nothing: a snippet cannot close the "
+                                  "expression around it",
                                   t->s);
                 break;
-            case KILN__NAME_SCALAR:
-                if (!strcmp(next, "["))
-                    return REFUSE(w, t->off, "'%s' is a scalar, not an array: it cannot be indexed",
-                                  t->s);
-                if (!strcmp(next, "("))
-                    return REFUSE(w, t->off, "'%s' is not a function", t->s);
-                break;
-            }
-            break;
-        case CXToken_Literal:
-            if (strchr(t->s, '"')) return REFUSE(w, t->off, "string literals are not allowed");
-            if (!(t->s[0] >= '0' && t->s[0] <= '9') && t->s[0] != '.')
-                return REFUSE(w, t->off, "character literals are not allowed");
-            if ((st = kiln__snippet_check_literal(w, t))) return st;
-            break;
-        case CXToken_Punctuation:
-            if (!in_list(allowed_punct, COUNT(allowed_punct), t->s))
-                return REFUSE(w, t->off, "'%s': %s", t->s, punct_hint(t->s));
-            if (!strcmp(t->s, "(")) parens++;
-            if (!strcmp(t->s, "[")) brackets++;
-            if ((!strcmp(t->s, ")") && --parens < 0) || (!strcmp(t->s, "]") && --brackets < 0))
-                return REFUSE(w, t->off, "'%s' closes nothing: a snippet cannot close the "
-                                         "expression around it", t->s);
-            break;
-        default:
-            return REFUSE(w, t->off, "'%s' is not allowed", t->s);
+            default:
+                return REFUSE(w, t->off, "'%s' is not allowed", t->s);
         }
     }
     if (parens || brackets) return REFUSE(w, w->len, "unbalanced brackets");
@@ -542,8 +646,10 @@ static kiln_status write_canon(chk *w, char *canon, size_t cap)
     size_t need = 0;
     for (int i = 0; i < w->ntok; i++) need += w->toks[i].len + (i ? 1 : 0);
     if (need >= KILN_MAX_SNIPPET)
-        return REFUSE(w, 0, "the canonical form (tokens joined by single spaces) is %zu bytes, "
-                            "over the %d-byte limit", need, KILN_MAX_SNIPPET - 1);
+        return REFUSE(w, 0,
+                      "the canonical form (tokens joined by single spaces) is %zu bytes, "
+                      "over the %d-byte limit",
+                      need, KILN_MAX_SNIPPET - 1);
     if (!canon || !cap) return KILN_STATUS_OK;
     if (need >= cap)
         return kiln__fail(w->e, KILN_STATUS_INVALID_ARGUMENT,
@@ -578,15 +684,15 @@ kiln_status kiln__snippet_check_n(kiln__snippet_kind kind, const char *text, siz
     if (!text) return kiln__fail(e, KILN_STATUS_PARSE, "snippet '%s': NULL text", kind_name(kind));
     if (len >= KILN_MAX_SNIPPET)
         return refuse_at(e, kind, text, len, KILN_MAX_SNIPPET - 1,
-                         "%s%zu bytes, over the %d-byte limit", len == KILN_MAX_SNIPPET ? "at least " : "",
-                         len, KILN_MAX_SNIPPET - 1);
+                         "%s%zu bytes, over the %d-byte limit",
+                         len == KILN_MAX_SNIPPET ? "at least " : "", len, KILN_MAX_SNIPPET - 1);
     kiln_status st = kiln__params_check(params, num_params, e);
     if (st) return st;
 
     chk *w = calloc(1, sizeof *w);
     if (!w) return kiln__fail(e, KILN_STATUS_NO_MEMORY, "snippet: out of memory");
-    *w = (chk){.kind = kind, .text = text, .len = len, .params = params,
-               .num_params = num_params, .e = e};
+    *w = (chk){
+        .kind = kind, .text = text, .len = len, .params = params, .num_params = num_params, .e = e};
     char wrapper[4096];
     if ((st = check_bytes(w))) goto out;
     if (!(w->c = kiln__clang_get(e))) {
@@ -599,12 +705,22 @@ kiln_status kiln__snippet_check_n(kiln__snippet_kind kind, const char *text, siz
                         kind_name(kind));
         goto out;
     }
-    static const char *const args[] = {"-x", "c++", "-std=c++17", "-fsyntax-only", "-nostdinc",
-                                       "-nostdinc++", "-nobuiltininc", "-fno-spell-checking",
-                                       "-ferror-limit=4", "-Wno-everything",
-                                       "-Werror=division-by-zero", "-Werror=shift-count-overflow",
-                                       "-Werror=shift-count-negative", "-Werror=shift-negative-value",
-                                       "-Werror=shift-overflow", "-Werror=integer-overflow",
+    static const char *const args[] = {"-x",
+                                       "c++",
+                                       "-std=c++17",
+                                       "-fsyntax-only",
+                                       "-nostdinc",
+                                       "-nostdinc++",
+                                       "-nobuiltininc",
+                                       "-fno-spell-checking",
+                                       "-ferror-limit=4",
+                                       "-Wno-everything",
+                                       "-Werror=division-by-zero",
+                                       "-Werror=shift-count-overflow",
+                                       "-Werror=shift-count-negative",
+                                       "-Werror=shift-negative-value",
+                                       "-Werror=shift-overflow",
+                                       "-Werror=integer-overflow",
                                        "-Werror=literal-range"};
     struct CXUnsavedFile file = {WRAPPER_NAME, wrapper, (unsigned long)n};
     const kiln__clang *c = w->c;
@@ -612,8 +728,9 @@ kiln_status kiln__snippet_check_n(kiln__snippet_kind kind, const char *text, siz
     enum CXErrorCode rc = c->clang_parseTranslationUnit2(c->index, WRAPPER_NAME, args, COUNT(args),
                                                          &file, 1, CXTranslationUnit_None, &w->tu);
     if (rc != CXError_Success || !w->tu)
-        st = kiln__fail(e, KILN_STATUS_PARSE, "snippet '%s': libclang could not parse it (error %d)",
-                        kind_name(kind), (int)rc);
+        st =
+            kiln__fail(e, KILN_STATUS_PARSE, "snippet '%s': libclang could not parse it (error %d)",
+                       kind_name(kind), (int)rc);
     else if (!(st = load_tokens(w)) && !(st = check_tokens(w)) && !(st = check_diagnostics(w)) &&
              !(st = kiln__snippet_check_ast(w)))
         st = write_canon(w, canon, cap);
@@ -652,8 +769,8 @@ kiln_status kiln__params_check(const kiln_param_decl *params, int num_params, ki
         return kiln__fail(e, KILN_STATUS_UNSUPPORTED, "variant: num_params=%d: must be in 0..%d",
                           num_params, KILN_MAX_USER_PARAMS);
     if (num_params && !params)
-        return kiln__fail(e, KILN_STATUS_INVALID_ARGUMENT, "variant: NULL params with num_params=%d",
-                          num_params);
+        return kiln__fail(e, KILN_STATUS_INVALID_ARGUMENT,
+                          "variant: NULL params with num_params=%d", num_params);
     for (int i = 0; i < num_params; i++) {
         const char *name = params[i].name;
         char show[KILN_MAX_PARAM_NAME + 4];
@@ -661,8 +778,7 @@ kiln_status kiln__params_check(const kiln_param_decl *params, int num_params, ki
         const char *why = NULL;
         if (!memchr(name, 0, KILN_MAX_PARAM_NAME))
             why = "the name is longer than 31 bytes (or not NUL-terminated)";
-        else if (!name[0])
-            why = "empty name";
+        else if (!name[0]) why = "empty name";
         else if (!((name[0] >= 'a' && name[0] <= 'z') || (name[0] >= 'A' && name[0] <= 'Z') ||
                    name[0] == '_'))
             why = "not an identifier ([A-Za-z_][A-Za-z0-9_]*)";

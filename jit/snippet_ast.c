@@ -33,7 +33,6 @@ static int in_list(const char *const *list, int n, const char *s)
 
 #define COUNT(a) ((int)(sizeof(a) / sizeof((a)[0])))
 
-
 typedef struct kids {
     CXCursor c[KIDS_MAX];
     int n;
@@ -68,13 +67,24 @@ static size_t end_of(const chk *w, CXCursor cur)
 static int is_arith(enum CXTypeKind k)
 {
     switch (k) {
-    case CXType_Bool: case CXType_Char_U: case CXType_UChar: case CXType_UShort: case CXType_UInt:
-    case CXType_ULong: case CXType_ULongLong: case CXType_Char_S: case CXType_SChar:
-    case CXType_Short: case CXType_Int: case CXType_Long: case CXType_LongLong: case CXType_Float:
-    case CXType_Double:
-        return 1;
-    default:
-        return 0;
+        case CXType_Bool:
+        case CXType_Char_U:
+        case CXType_UChar:
+        case CXType_UShort:
+        case CXType_UInt:
+        case CXType_ULong:
+        case CXType_ULongLong:
+        case CXType_Char_S:
+        case CXType_SChar:
+        case CXType_Short:
+        case CXType_Int:
+        case CXType_Long:
+        case CXType_LongLong:
+        case CXType_Float:
+        case CXType_Double:
+            return 1;
+        default:
+            return 0;
     }
 }
 
@@ -142,27 +152,48 @@ static const tok *token_before(const chk *w, size_t off)
 static const char *kind_words(enum CXCursorKind k)
 {
     switch (k) {
-    case CXCursor_StringLiteral: return "a string literal";
-    case CXCursor_CharacterLiteral: return "a character literal";
-    case CXCursor_ImaginaryLiteral: return "an imaginary literal";
-    case CXCursor_MemberRefExpr: return "member access";
-    case CXCursor_LambdaExpr: return "a lambda";
-    case CXCursor_StmtExpr: return "a statement expression";
-    case CXCursor_CXXNewExpr: return "new";
-    case CXCursor_CXXDeleteExpr: return "delete";
-    case CXCursor_CXXThrowExpr: return "throw";
-    case CXCursor_CXXThisExpr: return "this";
-    case CXCursor_CXXNullPtrLiteralExpr: return "nullptr";
-    case CXCursor_UnaryExpr: return "sizeof/alignof";
-    case CXCursor_CXXTypeidExpr: return "typeid";
-    case CXCursor_CompoundAssignOperator: return "a compound assignment";
-    case CXCursor_InitListExpr: return "an initializer list";
-    case CXCursor_CompoundLiteralExpr: return "a compound literal";
-    case CXCursor_CXXReinterpretCastExpr: return "reinterpret_cast";
-    case CXCursor_CXXConstCastExpr: return "const_cast";
-    case CXCursor_CXXDynamicCastExpr: return "dynamic_cast";
-    case CXCursor_UnexposedExpr: return "an expression form outside the snippet grammar";
-    default: return NULL;
+        case CXCursor_StringLiteral:
+            return "a string literal";
+        case CXCursor_CharacterLiteral:
+            return "a character literal";
+        case CXCursor_ImaginaryLiteral:
+            return "an imaginary literal";
+        case CXCursor_MemberRefExpr:
+            return "member access";
+        case CXCursor_LambdaExpr:
+            return "a lambda";
+        case CXCursor_StmtExpr:
+            return "a statement expression";
+        case CXCursor_CXXNewExpr:
+            return "new";
+        case CXCursor_CXXDeleteExpr:
+            return "delete";
+        case CXCursor_CXXThrowExpr:
+            return "throw";
+        case CXCursor_CXXThisExpr:
+            return "this";
+        case CXCursor_CXXNullPtrLiteralExpr:
+            return "nullptr";
+        case CXCursor_UnaryExpr:
+            return "sizeof/alignof";
+        case CXCursor_CXXTypeidExpr:
+            return "typeid";
+        case CXCursor_CompoundAssignOperator:
+            return "a compound assignment";
+        case CXCursor_InitListExpr:
+            return "an initializer list";
+        case CXCursor_CompoundLiteralExpr:
+            return "a compound literal";
+        case CXCursor_CXXReinterpretCastExpr:
+            return "reinterpret_cast";
+        case CXCursor_CXXConstCastExpr:
+            return "const_cast";
+        case CXCursor_CXXDynamicCastExpr:
+            return "dynamic_cast";
+        case CXCursor_UnexposedExpr:
+            return "an expression form outside the snippet grammar";
+        default:
+            return NULL;
     }
 }
 
@@ -213,15 +244,16 @@ static folded fold(const chk *w, CXCursor cur)
     CXEvalResult r = c->clang_Cursor_Evaluate(cur);
     if (!r) return f;
     switch (c->clang_EvalResult_getKind(r)) {
-    case CXEval_Int:
-        f.kind = FOLD_INT;
-        f.i = c->clang_EvalResult_getAsLongLong(r);
-        break;
-    case CXEval_Float:
-        f.kind = FOLD_FLOAT;
-        f.d = c->clang_EvalResult_getAsDouble(r);
-        break;
-    default: break;
+        case CXEval_Int:
+            f.kind = FOLD_INT;
+            f.i = c->clang_EvalResult_getAsLongLong(r);
+            break;
+        case CXEval_Float:
+            f.kind = FOLD_FLOAT;
+            f.d = c->clang_EvalResult_getAsDouble(r);
+            break;
+        default:
+            break;
     }
     c->clang_EvalResult_dispose(r);
     return f;
@@ -246,27 +278,33 @@ static kiln_status check_constant_op(chk *w, CXCursor cur, const kids *k, const 
     const int div = !strcmp(op, "/") || !strcmp(op, "%");
     const folded rhs = fold(w, k->c[1]);
     if (div && is_zero(rhs))
-        return REFUSE(w, where, "%s by zero is undefined (the right operand of '%s' is a "
-                                "constant zero)", op[0] == '/' ? "division" : "remainder", op);
+        return REFUSE(w, where,
+                      "%s by zero is undefined (the right operand of '%s' is a "
+                      "constant zero)",
+                      op[0] == '/' ? "division" : "remainder", op);
     if (rhs.kind == FOLD_NONE || !in_list(arith, COUNT(arith), op)) return KILN_STATUS_OK;
     const folded lhs = fold(w, k->c[0]);
     if (lhs.kind == FOLD_NONE) return KILN_STATUS_OK;
     char what[48];
     node_text(w, cur, what);
     const enum CXTypeKind t = type_of(w, cur);
-    const long long smallest = t == CXType_Int     ? INT_MIN
+    const long long smallest = t == CXType_Int                            ? INT_MIN
                                : t == CXType_Long || t == CXType_LongLong ? LLONG_MIN
                                                                           : 0;
     if (div && rhs.kind == FOLD_INT && rhs.i == -1 && smallest && lhs.kind == FOLD_INT &&
         lhs.i == smallest)
-        return REFUSE(w, where, "'%s' is undefined: the smallest value of its type divided by -1 "
-                                "overflows", what);
+        return REFUSE(w, where,
+                      "'%s' is undefined: the smallest value of its type divided by -1 "
+                      "overflows",
+                      what);
     const folded res = fold(w, cur);
-    const int finite_in = (lhs.kind != FOLD_FLOAT || isfinite(lhs.d)) &&
-                          (rhs.kind != FOLD_FLOAT || isfinite(rhs.d));
+    const int finite_in =
+        (lhs.kind != FOLD_FLOAT || isfinite(lhs.d)) && (rhs.kind != FOLD_FLOAT || isfinite(rhs.d));
     if (res.kind == FOLD_NONE || (res.kind == FOLD_FLOAT && finite_in && !isfinite(res.d)))
-        return REFUSE(w, where, "'%s' is undefined: an operation on constants that overflows or "
-                                "is out of range", what);
+        return REFUSE(w, where,
+                      "'%s' is undefined: an operation on constants that overflows or "
+                      "is out of range",
+                      what);
     return KILN_STATUS_OK;
 }
 
@@ -282,39 +320,67 @@ static kiln_status check_conversion(chk *w, CXCursor cur, CXCursor operand)
     const double v = f.d;
     int ok = 1;
     switch (to) {
-    case CXType_Float: ok = !isinf((float)v); break;
-    case CXType_Double: break;
-    case CXType_Char_S: case CXType_SChar: ok = v > -129.0 && v < 128.0; break;
-    case CXType_Char_U: case CXType_UChar: ok = v > -1.0 && v < 256.0; break;
-    case CXType_Short: ok = v > -32769.0 && v < 32768.0; break;
-    case CXType_UShort: ok = v > -1.0 && v < 65536.0; break;
-    case CXType_Int: ok = v > -2147483649.0 && v < 2147483648.0; break;
-    case CXType_UInt: ok = v > -1.0 && v < 4294967296.0; break;
-    case CXType_Long: case CXType_LongLong: ok = v >= -0x1p63 && v < 0x1p63; break;
-    case CXType_ULong: case CXType_ULongLong: ok = v > -1.0 && v < 0x1p64; break;
-    default: break;
+        case CXType_Float:
+            ok = !isinf((float)v);
+            break;
+        case CXType_Double:
+            break;
+        case CXType_Char_S:
+        case CXType_SChar:
+            ok = v > -129.0 && v < 128.0;
+            break;
+        case CXType_Char_U:
+        case CXType_UChar:
+            ok = v > -1.0 && v < 256.0;
+            break;
+        case CXType_Short:
+            ok = v > -32769.0 && v < 32768.0;
+            break;
+        case CXType_UShort:
+            ok = v > -1.0 && v < 65536.0;
+            break;
+        case CXType_Int:
+            ok = v > -2147483649.0 && v < 2147483648.0;
+            break;
+        case CXType_UInt:
+            ok = v > -1.0 && v < 4294967296.0;
+            break;
+        case CXType_Long:
+        case CXType_LongLong:
+            ok = v >= -0x1p63 && v < 0x1p63;
+            break;
+        case CXType_ULong:
+        case CXType_ULongLong:
+            ok = v > -1.0 && v < 0x1p64;
+            break;
+        default:
+            break;
     }
     if (ok) return KILN_STATUS_OK;
     char what[48], tn[64];
     node_text(w, cur, what);
     type_name(w, cur, tn, sizeof tn);
-    return REFUSE(w, start_of(w, cur), "converting '%s' to '%s' is undefined: the constant %g "
-                                       "does not fit", what, tn, v);
+    return REFUSE(w, start_of(w, cur),
+                  "converting '%s' to '%s' is undefined: the constant %g "
+                  "does not fit",
+                  what, tn, v);
 }
 
 static kiln_status walk_binary(chk *w, CXCursor cur, const kids *k, int depth)
 {
-    static const char *const ok[] = {"+",  "-",  "*",  "/",  "%",  "<", ">", "<=", ">=",
-                                     "==", "!=", "&&", "||", "&",  "|", "^", "<<", ">>"};
+    static const char *const ok[] = {"+",  "-",  "*",  "/",  "%", "<", ">", "<=", ">=",
+                                     "==", "!=", "&&", "||", "&", "|", "^", "<<", ">>"};
     if (k->n != 2) return refuse_node(w, cur);
     const tok *op = token_at(w, end_of(w, k->c[0]));
     const char *s = op ? op->s : "?";
     size_t where = op ? op->off : start_of(w, cur);
     if (!strcmp(s, "=")) return REFUSE(w, where, "assignment '=' is not allowed (compare with ==)");
     if (!strcmp(s, ","))
-        return REFUSE(w, where, "the comma operator is not allowed (',' only separates a call's "
-                                "arguments)");
-    if (!in_list(ok, COUNT(ok), s)) return REFUSE(w, where, "binary operator '%s' is not allowed", s);
+        return REFUSE(w, where,
+                      "the comma operator is not allowed (',' only separates a call's "
+                      "arguments)");
+    if (!in_list(ok, COUNT(ok), s))
+        return REFUSE(w, where, "binary operator '%s' is not allowed", s);
     kiln_status st = walk(w, k->c[0], depth + 1, 0);
     if (!st) st = walk(w, k->c[1], depth + 1, 0);
     return st ? st : check_constant_op(w, cur, k, s, where);
@@ -351,8 +417,10 @@ static kiln_status walk_call(chk *w, CXCursor cur, const kids *k, int depth)
     if (!strcmp(name, "abs") && k->n == 2) {
         const folded a = fold(w, k->c[1]);
         if (a.kind == FOLD_INT && a.i == INT_MIN)
-            return REFUSE(w, start_of(w, k->c[1]), "abs(%d) is undefined: its value does not fit "
-                                                   "in int", INT_MIN);
+            return REFUSE(w, start_of(w, k->c[1]),
+                          "abs(%d) is undefined: its value does not fit "
+                          "in int",
+                          INT_MIN);
     }
     return KILN_STATUS_OK;
 }
@@ -408,61 +476,62 @@ static kiln_status walk_kids(chk *w, CXCursor cur, enum CXCursorKind kind, kids 
                              int in_cast)
 {
     switch (kind) {
-    case CXCursor_IntegerLiteral:
-    case CXCursor_FloatingLiteral:
-    case CXCursor_CXXBoolLiteralExpr:
-        return k->n ? refuse_node(w, cur) : KILN_STATUS_OK;
-    case CXCursor_DeclRefExpr:
-        return walk_declref(w, cur);
-    case CXCursor_ParenExpr:
-        return k->n == 1 ? walk(w, k->c[0], depth + 1, 0) : refuse_node(w, cur);
-    case CXCursor_UnexposedExpr: {
-        if (!is_wrapper(w, cur, k)) return refuse_node(w, cur);
-        enum CXTypeKind from = type_of(w, k->c[0]), to = type_of(w, cur);
-        if (!in_cast && is_float(from) && is_integer(to) && to != CXType_Bool) {
-            char what[48];
-            node_text(w, cur, what);
-            return REFUSE(w, start_of(w, cur),
-                          "'%s' would be converted implicitly from floating point to an integer: "
-                          "write the cast, e.g. (int)(...)",
-                          what);
+        case CXCursor_IntegerLiteral:
+        case CXCursor_FloatingLiteral:
+        case CXCursor_CXXBoolLiteralExpr:
+            return k->n ? refuse_node(w, cur) : KILN_STATUS_OK;
+        case CXCursor_DeclRefExpr:
+            return walk_declref(w, cur);
+        case CXCursor_ParenExpr:
+            return k->n == 1 ? walk(w, k->c[0], depth + 1, 0) : refuse_node(w, cur);
+        case CXCursor_UnexposedExpr: {
+            if (!is_wrapper(w, cur, k)) return refuse_node(w, cur);
+            enum CXTypeKind from = type_of(w, k->c[0]), to = type_of(w, cur);
+            if (!in_cast && is_float(from) && is_integer(to) && to != CXType_Bool) {
+                char what[48];
+                node_text(w, cur, what);
+                return REFUSE(
+                    w, start_of(w, cur),
+                    "'%s' would be converted implicitly from floating point to an integer: "
+                    "write the cast, e.g. (int)(...)",
+                    what);
+            }
+            kiln_status st = walk(w, k->c[0], depth + 1, in_cast);
+            return st ? st : check_conversion(w, cur, k->c[0]);
         }
-        kiln_status st = walk(w, k->c[0], depth + 1, in_cast);
-        return st ? st : check_conversion(w, cur, k->c[0]);
-    }
-    case CXCursor_UnaryOperator: {
-        kiln_status st = check_unary_op(w, cur, k);
-        return st ? st : walk(w, k->c[0], depth + 1, 0);
-    }
-    case CXCursor_BinaryOperator:
-        return walk_binary(w, cur, k, depth);
-    case CXCursor_ConditionalOperator:
-        if (k->n != 3) return refuse_node(w, cur);
-        for (int i = 0; i < 3; i++) {
-            kiln_status st = walk(w, k->c[i], depth + 1, 0);
-            if (st) return st;
+        case CXCursor_UnaryOperator: {
+            kiln_status st = check_unary_op(w, cur, k);
+            return st ? st : walk(w, k->c[0], depth + 1, 0);
         }
-        return KILN_STATUS_OK;
-    case CXCursor_CallExpr:
-        return walk_call(w, cur, k, depth);
-    case CXCursor_ArraySubscriptExpr:
-        return walk_subscript(w, cur, k, depth);
-    case CXCursor_CStyleCastExpr:
-    case CXCursor_CXXFunctionalCastExpr:
-    case CXCursor_CXXStaticCastExpr: { /* one operand, besides type references */
-        int n = 0;
-        CXCursor operand = cur;
-        for (int i = 0; i < k->n; i++) {
-            if (w->c->clang_getCursorKind(k->c[i]) == CXCursor_TypeRef) continue;
-            operand = k->c[i];
-            n++;
+        case CXCursor_BinaryOperator:
+            return walk_binary(w, cur, k, depth);
+        case CXCursor_ConditionalOperator:
+            if (k->n != 3) return refuse_node(w, cur);
+            for (int i = 0; i < 3; i++) {
+                kiln_status st = walk(w, k->c[i], depth + 1, 0);
+                if (st) return st;
+            }
+            return KILN_STATUS_OK;
+        case CXCursor_CallExpr:
+            return walk_call(w, cur, k, depth);
+        case CXCursor_ArraySubscriptExpr:
+            return walk_subscript(w, cur, k, depth);
+        case CXCursor_CStyleCastExpr:
+        case CXCursor_CXXFunctionalCastExpr:
+        case CXCursor_CXXStaticCastExpr: { /* one operand, besides type references */
+            int n = 0;
+            CXCursor operand = cur;
+            for (int i = 0; i < k->n; i++) {
+                if (w->c->clang_getCursorKind(k->c[i]) == CXCursor_TypeRef) continue;
+                operand = k->c[i];
+                n++;
+            }
+            if (n != 1) return refuse_node(w, cur);
+            kiln_status st = walk(w, operand, depth + 1, 1);
+            return st ? st : check_conversion(w, cur, operand);
         }
-        if (n != 1) return refuse_node(w, cur);
-        kiln_status st = walk(w, operand, depth + 1, 1);
-        return st ? st : check_conversion(w, cur, operand);
-    }
-    default:
-        return refuse_node(w, cur);
+        default:
+            return refuse_node(w, cur);
     }
 }
 
@@ -488,8 +557,10 @@ static kiln_status walk(chk *w, CXCursor cur, int depth, int in_cast)
     if (!is_arith(tk)) {
         node_text(w, cur, what);
         type_name(w, cur, tn, sizeof tn);
-        return REFUSE(w, at, "'%s' has type '%s': only arithmetic values (bool, integers, float, "
-                             "double) are allowed", what, tn);
+        return REFUSE(w, at,
+                      "'%s' has type '%s': only arithmetic values (bool, integers, float, "
+                      "double) are allowed",
+                      what, tn);
     }
     return KILN_STATUS_OK;
 }
@@ -547,4 +618,3 @@ kiln_status kiln__snippet_check_ast(chk *w)
     if (in.n != 1) return REFUSE(w, 0, "libclang found no single expression (internal error)");
     return walk(w, in.c[0], 0, 0);
 }
-

@@ -48,10 +48,9 @@ static size_t digits(const char *s, int hex)
 /* 1 when s is an integer suffix of the whitelist (possibly empty); *unsigned_ gets the u. */
 static int int_suffix(const char *s, int *unsigned_)
 {
-    static const char *const ok[] = {"",    "u",   "U",   "l",   "L",   "ll",  "LL",
-                                     "ul",  "uL",  "Ul",  "UL",  "lu",  "lU",  "Lu",
-                                     "LU",  "ull", "uLL", "Ull", "ULL", "llu", "llU",
-                                     "LLu", "LLU"};
+    static const char *const ok[] = {"",    "u",   "U",   "l",   "L",   "ll",  "LL", "ul",
+                                     "uL",  "Ul",  "UL",  "lu",  "lU",  "Lu",  "LU", "ull",
+                                     "uLL", "Ull", "ULL", "llu", "llU", "LLu", "LLU"};
     for (size_t i = 0; i < sizeof ok / sizeof ok[0]; i++)
         if (!strcmp(s, ok[i])) {
             *unsigned_ = strchr(s, 'u') || strchr(s, 'U');
@@ -90,8 +89,10 @@ static kiln_status check_integer(const kiln__snippet_run *w, const kiln__snippet
     if (errno == ERANGE || !end || *end)
         return REFUSE(w, t->off, "literal '%s' does not fit in unsigned long long", s);
     if (base == 10 && !uns && v > (unsigned long long)LLONG_MAX)
-        return REFUSE(w, t->off, "literal '%s' does not fit in long long: write it with a u "
-                                 "suffix if it is meant to be unsigned", s);
+        return REFUSE(w, t->off,
+                      "literal '%s' does not fit in long long: write it with a u "
+                      "suffix if it is meant to be unsigned",
+                      s);
     return KILN_STATUS_OK;
 }
 
@@ -109,26 +110,27 @@ static kiln_status check_float(const kiln__snippet_run *w, const kiln__snippet_t
     /* a literal whose digits are all zero is zero; any other must not round to zero */
     int nonzero = 0;
     const int hex = num[0] == '0' && (num[1] == 'x' || num[1] == 'X');
-    for (const char *p = num + (hex ? 2 : 0); *p && !(hex ? (*p == 'p' || *p == 'P')
-                                                          : (*p == 'e' || *p == 'E'));
-         p++)
+    for (const char *p = num + (hex ? 2 : 0);
+         *p && !(hex ? (*p == 'p' || *p == 'P') : (*p == 'e' || *p == 'E')); p++)
         nonzero |= *p != '0' && *p != '.';
     char *end = NULL;
     double d = 0;
     float f = 0;
-    if (is_f)
-        f = strtof(num, &end);
-    else
-        d = strtod(num, &end);
+    if (is_f) f = strtof(num, &end);
+    else d = strtod(num, &end);
     if (!end || *end) return REFUSE(w, t->off, "literal '%s' is not a number", s);
     const double got = is_f ? (double)f : d;
     if (isinf(got))
-        return REFUSE(w, t->off, "literal '%s' is out of range for %s (it rounds to infinity; "
-                                 "the largest is %s)", s, is_f ? "float" : "double",
+        return REFUSE(w, t->off,
+                      "literal '%s' is out of range for %s (it rounds to infinity; "
+                      "the largest is %s)",
+                      s, is_f ? "float" : "double",
                       is_f ? "3.40282347e38f" : "1.7976931348623157e308");
     if (nonzero && got == 0)
-        return REFUSE(w, t->off, "literal '%s' is out of range for %s (it rounds to zero; the "
-                                 "smallest is %s)", s, is_f ? "float" : "double",
+        return REFUSE(w, t->off,
+                      "literal '%s' is out of range for %s (it rounds to zero; the "
+                      "smallest is %s)",
+                      s, is_f ? "float" : "double",
                       is_f ? "1.40129846e-45f" : "4.9406564584124654e-324");
     return KILN_STATUS_OK;
 }

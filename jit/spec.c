@@ -41,23 +41,27 @@ typedef struct choice {
     int value;
 } choice;
 
-static const choice op_choices[] = {
-    {"decode", KILN_OP_DECODE}, {"prefill", KILN_OP_PREFILL}, {"merge", KILN_OP_MERGE}};
+static const choice op_choices[] = {{"decode", KILN_OP_DECODE},
+                                    {"prefill", KILN_OP_PREFILL},
+                                    {"merge", KILN_OP_MERGE}};
 static const choice dtype_choices[] = {{"f16", KILN_DTYPE_F16}, {"bf16", KILN_DTYPE_BF16}};
 static const choice kv_dtype_choices[] = {{"f16", KILN_DTYPE_F16},
                                           {"bf16", KILN_DTYPE_BF16},
                                           {"e4m3", KILN_DTYPE_E4M3},
                                           {"e5m2", KILN_DTYPE_E5M2}};
-static const choice kv_choices[] = {
-    {"contiguous", KILN_KV_CONTIGUOUS}, {"ragged", KILN_KV_RAGGED}, {"paged", KILN_KV_PAGED}};
+static const choice kv_choices[] = {{"contiguous", KILN_KV_CONTIGUOUS},
+                                    {"ragged", KILN_KV_RAGGED},
+                                    {"paged", KILN_KV_PAGED}};
 static const choice head_dim_choices[] = {{"64", 64}, {"128", 128}, {"256", 256}};
 static const choice layout_choices[] = {{"nhd", KILN_LAYOUT_NHD}, {"hnd", KILN_LAYOUT_HND}};
 static const choice mask_choices[] = {{"none", KILN_MASK_NONE}, {"causal", KILN_MASK_CAUSAL}};
 static const choice flag_choices[] = {{"0", 0}, {"1", 1}};
-static const choice logits_choices[] = {
-    {"none", KILN_LOGITS_NONE}, {"softcap", KILN_LOGITS_SOFTCAP}, {"alibi", KILN_LOGITS_ALIBI}};
-static const choice mask_data_choices[] = {
-    {"none", KILN_MASK_DATA_NONE}, {"bitmask", KILN_MASK_DATA_BITMASK}, {"bsr", KILN_MASK_DATA_BSR}};
+static const choice logits_choices[] = {{"none", KILN_LOGITS_NONE},
+                                        {"softcap", KILN_LOGITS_SOFTCAP},
+                                        {"alibi", KILN_LOGITS_ALIBI}};
+static const choice mask_data_choices[] = {{"none", KILN_MASK_DATA_NONE},
+                                           {"bitmask", KILN_MASK_DATA_BITMASK},
+                                           {"bsr", KILN_MASK_DATA_BSR}};
 
 typedef enum key_id {
     KEY_OP,
@@ -246,9 +250,8 @@ static kiln_status parse_snippet(const char *show, const key_def *def, span val,
                                   show, def->name);
         }
         if (n + 1 >= KILN_MAX_SNIPPET)
-            return kiln__fail(e, KILN_STATUS_PARSE,
-                              "spec: token '%s': %s is longer than %d bytes", show, def->name,
-                              KILN_MAX_SNIPPET - 1);
+            return kiln__fail(e, KILN_STATUS_PARSE, "spec: token '%s': %s is longer than %d bytes",
+                              show, def->name, KILN_MAX_SNIPPET - 1);
         out[n++] = c;
     }
     return kiln__fail(e, KILN_STATUS_PARSE, "spec: token '%s': unterminated quote in %s", show,
@@ -465,10 +468,9 @@ kiln_status kiln__variant_check(const kiln_variant *v, kiln__err *e)
                           "kv_dtype may be e4m3 or e5m2)",
                           kiln__dtype_name(v->q_dtype), kiln__dtype_name(v->kv_dtype));
     if (v->op == KILN_OP_MERGE) {
-        if ((v->kv_dtype != v->q_dtype || v->out_dtype != v->q_dtype ||
-                                             v->group != 1 || v->layout || v->mask || v->window ||
-                                             v->logits || v->lse || v->mask_data || v->num_params ||
-                                             v->logits_expr[0] || v->mask_expr[0] || v->kv || v->rope))
+        if ((v->kv_dtype != v->q_dtype || v->out_dtype != v->q_dtype || v->group != 1 ||
+             v->layout || v->mask || v->window || v->logits || v->lse || v->mask_data ||
+             v->num_params || v->logits_expr[0] || v->mask_expr[0] || v->kv || v->rope))
             return kiln__fail(e, KILN_STATUS_UNSUPPORTED,
                               "variant: op=merge takes only dtype and head_dim; every other key "
                               "must keep its default (group=1 layout=nhd mask=none window=0 "
@@ -595,10 +597,11 @@ size_t kiln__spec_format(const kiln_variant *v, char *buf, size_t cap, kiln__err
         snprintf(dtypes, sizeof dtypes, "q_dtype=%s kv_dtype=%s out_dtype=%s",
                  kiln__dtype_name(v->q_dtype), kiln__dtype_name(v->kv_dtype),
                  kiln__dtype_name(v->out_dtype));
-    int n = snprintf(
-        buf, cap, "op=%s %s head_dim=%d group=%d layout=%s mask=%s window=%d logits=%s lse=%d",
-        kiln__op_name(v->op), dtypes, v->head_dim, v->group, kiln__layout_name(v->layout),
-        kiln__mask_name(v->mask), v->window, kiln__logits_name(v->logits), v->lse);
+    int n =
+        snprintf(buf, cap,
+                 "op=%s %s head_dim=%d group=%d layout=%s mask=%s window=%d logits=%s lse=%d",
+                 kiln__op_name(v->op), dtypes, v->head_dim, v->group, kiln__layout_name(v->layout),
+                 kiln__mask_name(v->mask), v->window, kiln__logits_name(v->logits), v->lse);
     if (n < 0) {
         if (cap) buf[0] = 0;
         kiln__fail(e, KILN_STATUS_INVALID_ARGUMENT, "spec: formatting failed");

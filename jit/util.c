@@ -189,8 +189,8 @@ typedef struct fault_site {
     int countdown; /* 0: disarmed */
 } fault_site;
 
-static _Thread_local fault_site faults[] = {{"malloc", 0}, {"sqlite", 0}, {"nvrtc", 0}, {"cuda", 0},
-                                                {"nfs", 0}, {"libclang", 0}};
+static _Thread_local fault_site faults[] = {{"malloc", 0}, {"sqlite", 0}, {"nvrtc", 0},
+                                            {"cuda", 0},   {"nfs", 0},    {"libclang", 0}};
 
 int kiln__fault(const char *site)
 {

@@ -48,13 +48,13 @@ struct kiln_plan {
     kiln_devptr ws;
     size_t ws_bytes;
     int planned;
-    int host_only;      /* tests: schedule into plain host memory, no device (kiln__plan_host) */
+    int host_only; /* tests: schedule into plain host memory, no device (kiln__plan_host) */
     /* host staging */
-    int *host;          /* pinned: HOST_RING buffers of host_ints each */
+    int *host; /* pinned: HOST_RING buffers of host_ints each */
     size_t host_ints;
     CUevent copied[HOST_RING]; /* recorded after the copy out of each buffer */
     int copy_pending[HOST_RING];
-    int ring;           /* the buffer the last plan used */
+    int ring; /* the buffer the last plan used */
     /* scratch (plain heap) */
     int *tile_keys, *order;
     size_t scratch_cap;
@@ -98,7 +98,8 @@ static int layout_for(const kiln_plan *pl, int batch, int64_t total_qo, layout *
     L->slots = slots;
     L->items = tile_bound(pl, batch, total_qo) + slots;
     L->tasks = slots;
-    const int64_t ints = HEADER_INTS + L->items * ITEM_INTS + round4((int64_t)batch * REQ_INTS) + L->tasks * TASK_INTS;
+    const int64_t ints = HEADER_INTS + L->items * ITEM_INTS + round4((int64_t)batch * REQ_INTS) +
+                         L->tasks * TASK_INTS;
     if (ints > (int64_t)1 << 30) return -1;
     L->items_off = HEADER_INTS;
     L->reqs_off = (int)(L->items_off + L->items * ITEM_INTS);
@@ -143,18 +144,21 @@ static kiln_status opts_check(const kiln_kernel *k, const kiln_plan_opts *opts, 
     const int H = opts->num_qo_heads, G = v->group;
     if (H < 1 || H % G || (v->kv == KILN_KV_PAGED && opts->page_size < 1) || opts->max_batch < 0 ||
         opts->max_qo_tokens < 0 || opts->fixed_split < 0 || opts->max_total_kv < 0) {
-        kiln__fail(e, KILN_STATUS_INVALID_ARGUMENT,
-                   "plan %s: num_qo_heads=%d must be a positive multiple of group=%d; page_size=%d must "
-                   "be >= 1 for kv=paged; max_batch=%d, max_qo_tokens=%d, fixed_split=%d, "
-                   "max_total_kv=%lld must be >= 0",
-                   k->spec, H, G, opts->page_size, opts->max_batch, opts->max_qo_tokens, opts->fixed_split,
-                   (long long)opts->max_total_kv);
+        kiln__fail(
+            e, KILN_STATUS_INVALID_ARGUMENT,
+            "plan %s: num_qo_heads=%d must be a positive multiple of group=%d; page_size=%d must "
+            "be >= 1 for kv=paged; max_batch=%d, max_qo_tokens=%d, fixed_split=%d, "
+            "max_total_kv=%lld must be >= 0",
+            k->spec, H, G, opts->page_size, opts->max_batch, opts->max_qo_tokens, opts->fixed_split,
+            (long long)opts->max_total_kv);
         return KILN_STATUS_INVALID_ARGUMENT;
     }
     if (v->mask_data == KILN_MASK_DATA_BSR && (opts->bsr_r < 1 || opts->bsr_c < 1)) {
-        kiln__fail(e, KILN_STATUS_INVALID_ARGUMENT,
-                   "plan %s: mask_data=bsr needs the block shape in the options: bsr_r=%d and bsr_c=%d "
-                   "must be >= 1", k->spec, opts->bsr_r, opts->bsr_c);
+        kiln__fail(
+            e, KILN_STATUS_INVALID_ARGUMENT,
+            "plan %s: mask_data=bsr needs the block shape in the options: bsr_r=%d and bsr_c=%d "
+            "must be >= 1",
+            k->spec, opts->bsr_r, opts->bsr_c);
         return KILN_STATUS_INVALID_ARGUMENT;
     }
     return KILN_STATUS_OK;
@@ -166,18 +170,22 @@ kiln_status kiln_plan_create(kiln_kernel *k, const kiln_plan_opts *opts, kiln_pl
     if (!out) return kiln__fail(kiln__tls_err(), KILN_STATUS_INVALID_ARGUMENT, "plan: out is NULL");
     *out = NULL;
     if (!k || !opts)
-        return kiln__fail(kiln__tls_err(), KILN_STATUS_INVALID_ARGUMENT, "plan: NULL kernel or options");
+        return kiln__fail(kiln__tls_err(), KILN_STATUS_INVALID_ARGUMENT,
+                          "plan: NULL kernel or options");
     const kiln_variant *v = &k->v;
     if (v->kv == KILN_KV_CONTIGUOUS || v->op == KILN_OP_MERGE) {
-        kiln__fail(&e, KILN_STATUS_INVALID_ARGUMENT,
-                   "plan: kernel %s is not a batch kernel (plans need kv=ragged or kv=paged; single "
-                   "requests use kiln_single_decode / kiln_single_prefill)", k->spec);
+        kiln__fail(
+            &e, KILN_STATUS_INVALID_ARGUMENT,
+            "plan: kernel %s is not a batch kernel (plans need kv=ragged or kv=paged; single "
+            "requests use kiln_single_decode / kiln_single_prefill)",
+            k->spec);
         return kiln__ctx_error(k->ctx, KILN_STATUS_INVALID_ARGUMENT, &e);
     }
     if (!k->loaded) {
-        kiln__fail(&e, KILN_STATUS_INVALID_ARGUMENT,
-                   "plan: kernel %s (%s) was compiled for inspection, not loaded; use kiln_kernel_get",
-                   k->key, k->arch);
+        kiln__fail(
+            &e, KILN_STATUS_INVALID_ARGUMENT,
+            "plan: kernel %s (%s) was compiled for inspection, not loaded; use kiln_kernel_get",
+            k->key, k->arch);
         return kiln__ctx_error(k->ctx, KILN_STATUS_INVALID_ARGUMENT, &e);
     }
     kiln_status st = opts_check(k, opts, &e);
@@ -200,7 +208,8 @@ kiln_status kiln_plan_create(kiln_kernel *k, const kiln_plan_opts *opts, kiln_pl
     return KILN_STATUS_OK;
 }
 
-kiln_status kiln__plan_host(kiln_kernel *k, const kiln_plan_opts *opts, int sms, int ctas_per_sm, kiln_plan **out)
+kiln_status kiln__plan_host(kiln_kernel *k, const kiln_plan_opts *opts, int sms, int ctas_per_sm,
+                            kiln_plan **out)
 {
     *out = NULL;
     kiln_status st = opts_check(k, opts, kiln__tls_err());
@@ -242,12 +251,15 @@ void kiln_plan_destroy(kiln_plan *pl)
 
 kiln_status kiln_plan_workspace_size(const kiln_plan *pl, int batch, int total_qo, size_t *bytes)
 {
-    if (!bytes || !pl) return kiln__fail(kiln__tls_err(), KILN_STATUS_INVALID_ARGUMENT, "workspace size: NULL argument");
+    if (!bytes || !pl)
+        return kiln__fail(kiln__tls_err(), KILN_STATUS_INVALID_ARGUMENT,
+                          "workspace size: NULL argument");
     *bytes = 0;
     kiln__err e = {{0}};
     if (batch < 0 || total_qo < 0) {
-        kiln__fail(&e, KILN_STATUS_INVALID_ARGUMENT, "workspace size %s: batch=%d and total_qo=%d must be >= 0",
-                   pl->k->spec, batch, total_qo);
+        kiln__fail(&e, KILN_STATUS_INVALID_ARGUMENT,
+                   "workspace size %s: batch=%d and total_qo=%d must be >= 0", pl->k->spec, batch,
+                   total_qo);
         return kiln__ctx_error(pl->k->ctx, KILN_STATUS_INVALID_ARGUMENT, &e);
     }
     if (pl->o.max_batch > 0) { /* graph mode: the layout of the bounds */
@@ -256,8 +268,9 @@ kiln_status kiln_plan_workspace_size(const kiln_plan *pl, int batch, int total_q
     }
     layout L;
     if (layout_for(pl, batch, pl->decode ? batch : total_qo, &L)) {
-        kiln__fail(&e, KILN_STATUS_INVALID_ARGUMENT, "workspace size %s: batch=%d total_qo=%d is too large",
-                   pl->k->spec, batch, total_qo);
+        kiln__fail(&e, KILN_STATUS_INVALID_ARGUMENT,
+                   "workspace size %s: batch=%d total_qo=%d is too large", pl->k->spec, batch,
+                   total_qo);
         return kiln__ctx_error(pl->k->ctx, KILN_STATUS_INVALID_ARGUMENT, &e);
     }
     *bytes = L.bytes;
@@ -266,9 +279,12 @@ kiln_status kiln_plan_workspace_size(const kiln_plan *pl, int batch, int total_q
 
 kiln_status kiln_plan_describe(const kiln_plan *pl, kiln_plan_info *out)
 {
-    if (!pl || !out) return kiln__fail(kiln__tls_err(), KILN_STATUS_INVALID_ARGUMENT, "plan describe: NULL argument");
+    if (!pl || !out)
+        return kiln__fail(kiln__tls_err(), KILN_STATUS_INVALID_ARGUMENT,
+                          "plan describe: NULL argument");
     if (!pl->planned)
-        return kiln__fail(kiln__tls_err(), KILN_STATUS_INVALID_ARGUMENT, "plan describe: nothing planned yet");
+        return kiln__fail(kiln__tls_err(), KILN_STATUS_INVALID_ARGUMENT,
+                          "plan describe: nothing planned yet");
     *out = pl->info;
     return KILN_STATUS_OK;
 }
@@ -287,7 +303,8 @@ static int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 /* Estimated makespan (in keys) of cutting every tile into chunks of c keys (c = 0: no cut):
  * the longer of the longest item and the work per slot rounded to whole waves, plus a fixed
  * cost per CTA wave and per split tile. Sets *splits to the split items it needs. */
-static double estimate(const kiln_plan *pl, int ntiles, int64_t c, int64_t *items_out, int64_t *splits)
+static double estimate(const kiln_plan *pl, int ntiles, int64_t c, int64_t *items_out,
+                       int64_t *splits)
 {
     int64_t items = 0, split = 0, total = 0, longest = 0;
     for (int t = 0; t < ntiles; t++) {
@@ -321,12 +338,11 @@ static kiln_status check_shape(const kiln_plan *pl, const kiln_batch_shape *s, k
                           pl->o.max_batch);
     if (B == 0) return KILN_STATUS_OK;
     if (!s->kv_indptr || (!pl->decode && !s->qo_indptr) || (paged && !s->kv_last_page_len))
-        return kiln__fail(e, KILN_STATUS_INVALID_ARGUMENT,
-                          "plan %s: kv_indptr%s%s must be given", spec, pl->decode ? "" : ", qo_indptr",
-                          paged ? ", kv_last_page_len" : "");
+        return kiln__fail(e, KILN_STATUS_INVALID_ARGUMENT, "plan %s: kv_indptr%s%s must be given",
+                          spec, pl->decode ? "" : ", qo_indptr", paged ? ", kv_last_page_len" : "");
     if (s->kv_indptr[0] != 0 || (!pl->decode && s->qo_indptr[0] != 0))
-        return kiln__fail(e, KILN_STATUS_INVALID_ARGUMENT, "plan %s: kv_indptr[0]=%d%s must be 0", spec,
-                          s->kv_indptr[0], pl->decode ? "" : " and qo_indptr[0]");
+        return kiln__fail(e, KILN_STATUS_INVALID_ARGUMENT, "plan %s: kv_indptr[0]=%d%s must be 0",
+                          spec, s->kv_indptr[0], pl->decode ? "" : " and qo_indptr[0]");
     for (int b = 0; b < B; b++) {
         if (s->kv_indptr[b + 1] < s->kv_indptr[b])
             return kiln__fail(e, KILN_STATUS_INVALID_ARGUMENT,
@@ -339,15 +355,16 @@ static kiln_status check_shape(const kiln_plan *pl, const kiln_batch_shape *s, k
         if (paged && s->kv_indptr[b + 1] > s->kv_indptr[b] &&
             (s->kv_last_page_len[b] < 1 || s->kv_last_page_len[b] > pl->o.page_size))
             return kiln__fail(e, KILN_STATUS_INVALID_ARGUMENT,
-                              "plan %s: request %d: kv_last_page_len=%d must be in 1..page_size=%d", spec, b,
-                              s->kv_last_page_len[b], pl->o.page_size);
+                              "plan %s: request %d: kv_last_page_len=%d must be in 1..page_size=%d",
+                              spec, b, s->kv_last_page_len[b], pl->o.page_size);
         if (paged && (int64_t)(s->kv_indptr[b + 1] - s->kv_indptr[b]) * pl->o.page_size > INT32_MAX)
-            return kiln__fail(e, KILN_STATUS_INVALID_ARGUMENT, "plan %s: request %d: more than 2^31 keys", spec, b);
+            return kiln__fail(e, KILN_STATUS_INVALID_ARGUMENT,
+                              "plan %s: request %d: more than 2^31 keys", spec, b);
     }
     if (!pl->decode && pl->o.max_batch > 0 && s->qo_indptr[B] > pl->o.max_qo_tokens)
         return kiln__fail(e, KILN_STATUS_INVALID_ARGUMENT,
-                          "plan %s: %d query rows exceed the plan's max_qo_tokens=%d (graph mode)", spec,
-                          s->qo_indptr[B], pl->o.max_qo_tokens);
+                          "plan %s: %d query rows exceed the plan's max_qo_tokens=%d (graph mode)",
+                          spec, s->qo_indptr[B], pl->o.max_qo_tokens);
     return KILN_STATUS_OK;
 }
 
@@ -375,29 +392,38 @@ kiln_status kiln_batch_plan(kiln_plan *pl, const kiln_batch_shape *s, kiln_devpt
     }
     layout L;
     if (layout_for(pl, lb, pl->decode ? lb : lq, &L))
-        return plan_fail(pl, kiln__fail(&e, KILN_STATUS_INVALID_ARGUMENT, "plan %s: batch too large", pl->k->spec), &e);
+        return plan_fail(pl,
+                         kiln__fail(&e, KILN_STATUS_INVALID_ARGUMENT, "plan %s: batch too large",
+                                    pl->k->spec),
+                         &e);
     if (!pl->host_only && (!workspace || workspace_bytes < L.bytes || workspace % 256))
-        return plan_fail(pl, kiln__fail(&e, KILN_STATUS_WORKSPACE,
-                                        "plan %s: the workspace holds %zu bytes at 0x%llx; this batch needs %zu, "
-                                        "256-byte aligned (kiln_plan_workspace_size)",
-                                        pl->k->spec, workspace ? workspace_bytes : 0, (unsigned long long)workspace,
-                                        L.bytes), &e);
+        return plan_fail(
+            pl,
+            kiln__fail(&e, KILN_STATUS_WORKSPACE,
+                       "plan %s: the workspace holds %zu bytes at 0x%llx; this batch needs %zu, "
+                       "256-byte aligned (kiln_plan_workspace_size)",
+                       pl->k->spec, workspace ? workspace_bytes : 0, (unsigned long long)workspace,
+                       L.bytes),
+            &e);
 
     /* query tiles and the keys each sees */
     const int64_t ntiles64 = tile_bound(pl, B, total_qo);
     if ((size_t)ntiles64 > pl->scratch_cap) {
         size_t cap = (size_t)ntiles64 + 64;
-        int *a = realloc(pl->tile_keys, cap * sizeof *a), *o = a ? realloc(pl->order, cap * 4 * sizeof *o) : NULL;
+        int *a = realloc(pl->tile_keys, cap * sizeof *a),
+            *o = a ? realloc(pl->order, cap * 4 * sizeof *o) : NULL;
         if (a) pl->tile_keys = a;
         if (o) pl->order = o;
-        if (!a || !o) return plan_fail(pl, kiln__fail(&e, KILN_STATUS_NO_MEMORY, "plan: out of memory"), &e);
+        if (!a || !o)
+            return plan_fail(pl, kiln__fail(&e, KILN_STATUS_NO_MEMORY, "plan: out of memory"), &e);
         pl->scratch_cap = cap;
     }
     int ntiles = 0;
     int *tile_b = pl->order, *tile_m = pl->order + pl->scratch_cap;
     int max_keys = 0;
     for (int b = 0; b < B; b++) {
-        const int qo = pl->decode ? 1 : s->qo_indptr[b + 1] - s->qo_indptr[b], kv = req_kv_len(pl, s, b);
+        const int qo = pl->decode ? 1 : s->qo_indptr[b + 1] - s->qo_indptr[b],
+                  kv = req_kv_len(pl, s, b);
         const int nt = pl->decode ? 1 : (int)ceil_div(qo, pl->rows);
         for (int m = 0; m < nt; m++) {
             tile_b[ntiles] = b;
@@ -417,10 +443,13 @@ kiln_status kiln_batch_plan(kiln_plan *pl, const kiln_batch_shape *s, kiln_devpt
         chunk = pl->o.fixed_split;
         estimate(pl, ntiles, chunk, &items, &splits);
         if (splits > L.slots)
-            return plan_fail(pl, kiln__fail(&e, KILN_STATUS_WORKSPACE,
-                                            "plan %s: fixed_split=%lld cuts this batch into %lld split items, more "
-                                            "than the %lld the workspace was sized for; set max_total_kv",
-                                            pl->k->spec, (long long)chunk, (long long)splits, (long long)L.slots), &e);
+            return plan_fail(
+                pl,
+                kiln__fail(&e, KILN_STATUS_WORKSPACE,
+                           "plan %s: fixed_split=%lld cuts this batch into %lld split items, more "
+                           "than the %lld the workspace was sized for; set max_total_kv",
+                           pl->k->spec, (long long)chunk, (long long)splits, (long long)L.slots),
+                &e);
     } else if (pl->o.fixed_split <= 0 && !pl->o.no_split) {
         int64_t it, sp;
         double best = estimate(pl, ntiles, 0, &it, &sp);
@@ -440,7 +469,8 @@ kiln_status kiln_batch_plan(kiln_plan *pl, const kiln_batch_shape *s, kiln_devpt
         free(pl->host);
         pl->host = calloc(ints, sizeof(int));
         pl->host_ints = pl->host ? ints : 0;
-        if (!pl->host) return plan_fail(pl, kiln__fail(&e, KILN_STATUS_NO_MEMORY, "plan: out of memory"), &e);
+        if (!pl->host)
+            return plan_fail(pl, kiln__fail(&e, KILN_STATUS_NO_MEMORY, "plan: out of memory"), &e);
     }
     if (!pl->host_only) {
         if ((st = kiln__ctx_bind(pl->k->ctx, &e))) return plan_fail(pl, st, &e);
@@ -450,7 +480,9 @@ kiln_status kiln_batch_plan(kiln_plan *pl, const kiln_batch_shape *s, kiln_devpt
             if (!pl->copy_pending[i] || (i != slot && ints <= pl->host_ints)) continue;
             const CUresult r = cu->cuEventSynchronize(pl->copied[i]);
             pl->copy_pending[i] = 0;
-            if (r != CUDA_SUCCESS) return plan_fail(pl, kiln__cu_fail(&e, r, "plan %s: earlier copy", pl->k->spec), &e);
+            if (r != CUDA_SUCCESS)
+                return plan_fail(pl, kiln__cu_fail(&e, r, "plan %s: earlier copy", pl->k->spec),
+                                 &e);
         }
         if (ints > pl->host_ints) {
             if (pl->host) cu->cuMemFreeHost(pl->host);
@@ -458,7 +490,9 @@ kiln_status kiln_batch_plan(kiln_plan *pl, const kiln_batch_shape *s, kiln_devpt
             pl->host_ints = 0;
             void *h = NULL;
             const CUresult r = cu->cuMemHostAlloc(&h, ints * sizeof(int) * HOST_RING, 0);
-            if (r != CUDA_SUCCESS) return plan_fail(pl, kiln__cu_fail(&e, r, "plan %s: pinned buffer", pl->k->spec), &e);
+            if (r != CUDA_SUCCESS)
+                return plan_fail(pl, kiln__cu_fail(&e, r, "plan %s: pinned buffer", pl->k->spec),
+                                 &e);
             pl->host = h;
             pl->host_ints = ints;
         }
@@ -471,7 +505,8 @@ kiln_status kiln_batch_plan(kiln_plan *pl, const kiln_batch_shape *s, kiln_devpt
     const int R = pl->o.bsr_r > 0 ? pl->o.bsr_r : 1;
     for (int b = 0; b < B; b++) {
         int *q = req + (size_t)b * REQ_INTS;
-        const int qo = pl->decode ? 1 : s->qo_indptr[b + 1] - s->qo_indptr[b], kv = req_kv_len(pl, s, b);
+        const int qo = pl->decode ? 1 : s->qo_indptr[b + 1] - s->qo_indptr[b],
+                  kv = req_kv_len(pl, s, b);
         q[0] = pl->decode ? b : s->qo_indptr[b];
         q[1] = qo;
         q[2] = s->kv_indptr[b];
@@ -484,8 +519,11 @@ kiln_status kiln_batch_plan(kiln_plan *pl, const kiln_batch_shape *s, kiln_devpt
         row0 += R == 1 ? qo : ceil_div(qo, R); /* no division on the plan's path without bsr */
     }
     if (row0 > INT32_MAX)
-        return plan_fail(pl, kiln__fail(&e, KILN_STATUS_INVALID_ARGUMENT,
-                                        "plan %s: %lld bsr block rows exceed 2^31", pl->k->spec, (long long)row0), &e);
+        return plan_fail(pl,
+                         kiln__fail(&e, KILN_STATUS_INVALID_ARGUMENT,
+                                    "plan %s: %lld bsr block rows exceed 2^31", pl->k->spec,
+                                    (long long)row0),
+                         &e);
     int nitems = 0, ntasks = 0, nslot = 0;
     int64_t total_keys = 0, longest = 0;
     /* counting sort of the tiles by the bit length of their items' keys, longest first */
@@ -541,7 +579,9 @@ kiln_status kiln_batch_plan(kiln_plan *pl, const kiln_batch_shape *s, kiln_devpt
         const kiln__cu *cu = pl->k->ctx->cu;
         CUresult r = cu->cuMemcpyHtoDAsync(workspace, w, used, (CUstream)stream);
         if (r == CUDA_SUCCESS) r = cu->cuEventRecord(pl->copied[slot], (CUstream)stream);
-        if (r != CUDA_SUCCESS) return plan_fail(pl, kiln__cu_fail(&e, r, "plan %s: copy the schedule", pl->k->spec), &e);
+        if (r != CUDA_SUCCESS)
+            return plan_fail(pl, kiln__cu_fail(&e, r, "plan %s: copy the schedule", pl->k->spec),
+                             &e);
         pl->copy_pending[slot] = 1;
         pl->ring = slot;
     }
@@ -573,20 +613,26 @@ kiln_status kiln_batch_plan(kiln_plan *pl, const kiln_batch_shape *s, kiln_devpt
     return KILN_STATUS_OK;
 }
 
-
 kiln_status kiln_batch_run(kiln_plan *pl, const kiln_batch_args *a, void *stream)
 {
     kiln__err e = {{0}};
-    if (!pl || !a) return kiln__fail(kiln__tls_err(), KILN_STATUS_INVALID_ARGUMENT, "run: NULL plan or args");
+    if (!pl || !a)
+        return kiln__fail(kiln__tls_err(), KILN_STATUS_INVALID_ARGUMENT, "run: NULL plan or args");
     kiln_kernel *k = pl->k;
     if (!pl->planned)
-        return plan_fail(pl, kiln__fail(&e, KILN_STATUS_INVALID_ARGUMENT, "run %s: no kiln_batch_plan yet", k->spec), &e);
+        return plan_fail(pl,
+                         kiln__fail(&e, KILN_STATUS_INVALID_ARGUMENT,
+                                    "run %s: no kiln_batch_plan yet", k->spec),
+                         &e);
     if (a->workspace != pl->ws || a->workspace_bytes < pl->need_bytes)
-        return plan_fail(pl, kiln__fail(&e, KILN_STATUS_WORKSPACE,
-                                        "run %s: the workspace (0x%llx, %zu bytes) is not the one planned into "
-                                        "(0x%llx, %zu bytes needed)",
-                                        k->spec, (unsigned long long)a->workspace, a->workspace_bytes,
-                                        (unsigned long long)pl->ws, pl->need_bytes), &e);
+        return plan_fail(
+            pl,
+            kiln__fail(&e, KILN_STATUS_WORKSPACE,
+                       "run %s: the workspace (0x%llx, %zu bytes) is not the one planned into "
+                       "(0x%llx, %zu bytes needed)",
+                       k->spec, (unsigned long long)a->workspace, a->workspace_bytes,
+                       (unsigned long long)pl->ws, pl->need_bytes),
+            &e);
     kiln_launch_params p;
     kiln_status st = kiln__batch_prepare(k, a, pl->H, pl->o.bsr_r, pl->o.bsr_c, &p, &e);
     if (st) return plan_fail(pl, st, &e);
@@ -601,7 +647,8 @@ kiln_status kiln_batch_run(kiln_plan *pl, const kiln_batch_args *a, void *stream
     p.partial_lse = pl->ws + pl->plse_off;
     p.partial_o = pl->ws + pl->po_off;
     if (k->v.kv == KILN_KV_PAGED) {
-        const int nhd = k->v.layout == KILN_LAYOUT_NHD, ps = pl->o.page_size, D = pl->D, HK = pl->H / k->v.group;
+        const int nhd = k->v.layout == KILN_LAYOUT_NHD, ps = pl->o.page_size, D = pl->D,
+                  HK = pl->H / k->v.group;
         p.k_stride_n = a->k_stride_n ? a->k_stride_n : nhd ? (int64_t)HK * D : D;
         p.k_stride_h = a->k_stride_h ? a->k_stride_h : nhd ? D : (int64_t)ps * D;
         p.k_stride_page = a->k_stride_page ? a->k_stride_page : (int64_t)ps * HK * D;
@@ -609,8 +656,11 @@ kiln_status kiln_batch_run(kiln_plan *pl, const kiln_batch_args *a, void *stream
         p.v_stride_h = a->v_stride_h ? a->v_stride_h : nhd ? D : (int64_t)ps * D;
         p.v_stride_page = a->v_stride_page ? a->v_stride_page : (int64_t)ps * HK * D;
         if (!a->kv_indices || a->kv_indices % 4)
-            return plan_fail(pl, kiln__fail(&e, KILN_STATUS_INVALID_ARGUMENT,
-                                            "run %s: kv=paged needs kv_indices (int32, 4-byte aligned)", k->spec), &e);
+            return plan_fail(pl,
+                             kiln__fail(&e, KILN_STATUS_INVALID_ARGUMENT,
+                                        "run %s: kv=paged needs kv_indices (int32, 4-byte aligned)",
+                                        k->spec),
+                             &e);
         p.kv_indices = a->kv_indices;
     } else {
         const int D = pl->D, HK = pl->H / k->v.group;
@@ -621,13 +671,20 @@ kiln_status kiln_batch_run(kiln_plan *pl, const kiln_batch_args *a, void *stream
     }
     const int es = k->v.kv_dtype == KILN_DTYPE_E4M3 || k->v.kv_dtype == KILN_DTYPE_E5M2 ? 1 : 2;
     const int64_t align = 16 / es;
-    if ((p.k_stride_n | p.k_stride_h | p.k_stride_page | p.v_stride_n | p.v_stride_h | p.v_stride_page) % align)
-        return plan_fail(pl, kiln__fail(&e, KILN_STATUS_INVALID_ARGUMENT,
-                                        "run %s: k/v strides must be multiples of %lld elements (16 bytes)", k->spec,
-                                        (long long)align), &e);
+    if ((p.k_stride_n | p.k_stride_h | p.k_stride_page | p.v_stride_n | p.v_stride_h |
+         p.v_stride_page) %
+        align)
+        return plan_fail(
+            pl,
+            kiln__fail(&e, KILN_STATUS_INVALID_ARGUMENT,
+                       "run %s: k/v strides must be multiples of %lld elements (16 bytes)", k->spec,
+                       (long long)align),
+            &e);
     if (k->v.rope && a->rope_offsets % 4)
-        return plan_fail(pl, kiln__fail(&e, KILN_STATUS_INVALID_ARGUMENT, "run %s: rope_offsets must be 4-byte aligned",
-                                        k->spec), &e);
+        return plan_fail(pl,
+                         kiln__fail(&e, KILN_STATUS_INVALID_ARGUMENT,
+                                    "run %s: rope_offsets must be 4-byte aligned", k->spec),
+                         &e);
     p.rope_offsets = k->v.rope ? a->rope_offsets : 0;
     if (pl->grid == 0) return KILN_STATUS_OK; /* an empty batch (eager mode) */
 
@@ -636,16 +693,19 @@ kiln_status kiln_batch_run(kiln_plan *pl, const kiln_batch_args *a, void *stream
     CUresult r;
     if (pl->decode && !k->cfg.pack) {
         const unsigned hk = (unsigned)(pl->H / k->v.group), gz = (unsigned)(k->v.group / k->cfg.gb);
-        r = cu->cuLaunchKernel(k->fn_main, (unsigned)pl->grid, hk, gz, (unsigned)k->cfg.threads, 1, 1,
-                               (unsigned)k->cfg.smem_bytes, (CUstream)stream, args, NULL);
+        r = cu->cuLaunchKernel(k->fn_main, (unsigned)pl->grid, hk, gz, (unsigned)k->cfg.threads, 1,
+                               1, (unsigned)k->cfg.smem_bytes, (CUstream)stream, args, NULL);
     } else {
-        r = cu->cuLaunchKernel(k->fn_main, (unsigned)pl->grid, (unsigned)pl->hpi, 1, (unsigned)k->cfg.threads, 1, 1,
-                               (unsigned)k->cfg.smem_bytes, (CUstream)stream, args, NULL);
+        r = cu->cuLaunchKernel(k->fn_main, (unsigned)pl->grid, (unsigned)pl->hpi, 1,
+                               (unsigned)k->cfg.threads, 1, 1, (unsigned)k->cfg.smem_bytes,
+                               (CUstream)stream, args, NULL);
     }
     if (r == CUDA_SUCCESS && pl->tasks_grid > 0)
         r = cu->cuLaunchKernel(k->fn_merge, (unsigned)pl->tasks_grid, (unsigned)pl->H, 1,
-                               (unsigned)k->cfg.merge_threads, 1, 1, 0, (CUstream)stream, args, NULL);
-    if (r != CUDA_SUCCESS) return plan_fail(pl, kiln__cu_fail(&e, r, "run %s: launch", k->spec), &e);
+                               (unsigned)k->cfg.merge_threads, 1, 1, 0, (CUstream)stream, args,
+                               NULL);
+    if (r != CUDA_SUCCESS)
+        return plan_fail(pl, kiln__cu_fail(&e, r, "run %s: launch", k->spec), &e);
     return KILN_STATUS_OK;
 }
 
@@ -663,30 +723,42 @@ static kiln_status merge_launch(kiln_kernel *k, const kiln_merge_args *a, int wh
     static const char *const names[3] = {"merge_state", "merge_state_in_place", "merge_states"};
     const char *what = names[which];
     kiln__err e = {{0}};
-    if (!k || !a) return kiln__fail(kiln__tls_err(), KILN_STATUS_INVALID_ARGUMENT, "%s: NULL kernel or args", what);
+    if (!k || !a)
+        return kiln__fail(kiln__tls_err(), KILN_STATUS_INVALID_ARGUMENT, "%s: NULL kernel or args",
+                          what);
     if (k->v.op != KILN_OP_MERGE || !k->loaded)
-        return kiln__ctx_error(k->ctx, kiln__fail(&e, KILN_STATUS_INVALID_ARGUMENT,
-                                                  "%s: kernel %s must be a loaded op=merge kernel", what, k->spec), &e);
+        return kiln__ctx_error(k->ctx,
+                               kiln__fail(&e, KILN_STATUS_INVALID_ARGUMENT,
+                                          "%s: kernel %s must be a loaded op=merge kernel", what,
+                                          k->spec),
+                               &e);
     const int D = k->v.head_dim;
     if (a->rows < 0 || a->num_heads < 1 || (which == 2 && a->num_states < 1))
-        return kiln__ctx_error(k->ctx, kiln__fail(&e, KILN_STATUS_INVALID_ARGUMENT,
-                                                  "%s %s: rows=%d must be >= 0, num_heads=%d >= 1%s", what, k->spec,
-                                                  a->rows, a->num_heads,
-                                                  which == 2 ? ", num_states >= 1" : ""), &e);
+        return kiln__ctx_error(k->ctx,
+                               kiln__fail(&e, KILN_STATUS_INVALID_ARGUMENT,
+                                          "%s %s: rows=%d must be >= 0, num_heads=%d >= 1%s", what,
+                                          k->spec, a->rows, a->num_heads,
+                                          which == 2 ? ", num_states >= 1" : ""),
+                               &e);
     int missing;
     if (which == 0) missing = !a->v_a || !a->lse_a || !a->v_b || !a->lse_b || !a->v_out;
     else if (which == 1) missing = !a->v_a || !a->lse_a || !a->v_b || !a->lse_b;
     else missing = !a->v_all || !a->lse_all || !a->v_out;
     if (missing)
-        return kiln__ctx_error(k->ctx, kiln__fail(&e, KILN_STATUS_INVALID_ARGUMENT,
-                                                  "%s %s: %s must be non-zero", what, k->spec,
-                                                  which == 0   ? "v_a, lse_a, v_b, lse_b, v_out"
-                                                  : which == 1 ? "v_a, lse_a, v_b, lse_b"
-                                                               : "v_all, lse_all, v_out"), &e);
-    if ((a->v_a | a->v_b | a->v_out | a->v_all) % 2 || (a->lse_a | a->lse_b | a->lse_out | a->lse_all) % 4)
-        return kiln__ctx_error(k->ctx, kiln__fail(&e, KILN_STATUS_INVALID_ARGUMENT,
-                                                  "%s %s: v tensors must be 2-byte and lse 4-byte aligned", what,
-                                                  k->spec), &e);
+        return kiln__ctx_error(k->ctx,
+                               kiln__fail(&e, KILN_STATUS_INVALID_ARGUMENT,
+                                          "%s %s: %s must be non-zero", what, k->spec,
+                                          which == 0   ? "v_a, lse_a, v_b, lse_b, v_out"
+                                          : which == 1 ? "v_a, lse_a, v_b, lse_b"
+                                                       : "v_all, lse_all, v_out"),
+                               &e);
+    if ((a->v_a | a->v_b | a->v_out | a->v_all) % 2 ||
+        (a->lse_a | a->lse_b | a->lse_out | a->lse_all) % 4)
+        return kiln__ctx_error(k->ctx,
+                               kiln__fail(&e, KILN_STATUS_INVALID_ARGUMENT,
+                                          "%s %s: v tensors must be 2-byte and lse 4-byte aligned",
+                                          what, k->spec),
+                               &e);
     if (a->rows == 0) return KILN_STATUS_OK;
     merge_params p;
     memset(&p, 0, sizeof p);
@@ -708,8 +780,8 @@ static kiln_status merge_launch(kiln_kernel *k, const kiln_merge_args *a, int wh
     void *args[] = {&p};
     kiln_status st = kiln__ctx_bind(k->ctx, &e);
     if (st) return kiln__ctx_error(k->ctx, st, &e);
-    CUresult r = k->ctx->cu->cuLaunchKernel(fn, (unsigned)a->rows, (unsigned)a->num_heads, 1, (unsigned)D, 1, 1, 0,
-                                            (CUstream)stream, args, NULL);
+    CUresult r = k->ctx->cu->cuLaunchKernel(fn, (unsigned)a->rows, (unsigned)a->num_heads, 1,
+                                            (unsigned)D, 1, 1, 0, (CUstream)stream, args, NULL);
     if (r != CUDA_SUCCESS)
         return kiln__ctx_error(k->ctx, kiln__cu_fail(&e, r, "%s %s: launch", what, k->spec), &e);
     return KILN_STATUS_OK;

@@ -29,7 +29,8 @@ kiln_status kiln__ctx_bind(kiln_ctx *ctx, kiln__err *e)
     /* Always set: a handle equal to ours may be a stale one left current by a destroyed
      * primary context. Not on the launch path. */
     CUresult r = ctx->cu->cuCtxSetCurrent(ctx->cuctx);
-    if (r != CUDA_SUCCESS) return kiln__cu_fail(e, r, "cuCtxSetCurrent on device %d", ctx->info.ordinal);
+    if (r != CUDA_SUCCESS)
+        return kiln__cu_fail(e, r, "cuCtxSetCurrent on device %d", ctx->info.ordinal);
     return KILN_STATUS_OK;
 }
 
@@ -50,7 +51,8 @@ static kiln_status open_device(kiln_ctx *ctx, int ordinal, kiln__err *e)
     int major = 0, minor = 0;
     cu->cuDeviceGetAttribute(&major, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, ctx->dev);
     cu->cuDeviceGetAttribute(&minor, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, ctx->dev);
-    cu->cuDeviceGetAttribute(&ctx->info.sm_count, CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, ctx->dev);
+    cu->cuDeviceGetAttribute(&ctx->info.sm_count, CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT,
+                             ctx->dev);
     cu->cuDeviceGetName(ctx->info.name, (int)sizeof ctx->info.name, ctx->dev);
     cu->cuDriverGetVersion(&ctx->info.driver_version);
     ctx->info.sm = major * 10 + minor;
@@ -144,8 +146,8 @@ kiln_status kiln_ctx_create(const kiln_ctx_opts *opts, kiln_ctx **out)
         if (ctx->info.present && (want / 10 != ctx->info.sm / 10 || want > ctx->info.sm ||
                                   (specific && want != ctx->info.sm))) {
             kiln__fail(e, KILN_STATUS_UNSUPPORTED,
-                       "kiln_ctx_create: arch %s cannot run on device %d (%s, sm_%d)", ctx->info.arch,
-                       ctx->info.ordinal, ctx->info.name, ctx->info.sm);
+                       "kiln_ctx_create: arch %s cannot run on device %d (%s, sm_%d)",
+                       ctx->info.arch, ctx->info.ordinal, ctx->info.name, ctx->info.sm);
             kiln_ctx_destroy(ctx);
             return KILN_STATUS_UNSUPPORTED;
         }
@@ -225,7 +227,8 @@ void kiln_ctx_destroy(kiln_ctx *ctx)
 kiln_status kiln_ctx_device(const kiln_ctx *ctx, kiln_device_info *out)
 {
     if (!ctx || !out)
-        return kiln__fail(kiln__tls_err(), KILN_STATUS_INVALID_ARGUMENT, "kiln_ctx_device: NULL argument");
+        return kiln__fail(kiln__tls_err(), KILN_STATUS_INVALID_ARGUMENT,
+                          "kiln_ctx_device: NULL argument");
     *out = ctx->info;
     return KILN_STATUS_OK;
 }

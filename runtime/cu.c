@@ -27,16 +27,16 @@ static void load(void)
      * cuGetProcAddress would hand out the newest ABI instead (cuCtxSynchronize grew an
      * argument in 13.0). */
 #define KILN__CU_STR2(x) #x
-#define KILN__CU_STR(x) KILN__CU_STR2(x)
-#define KILN__CU_RESOLVE(name)                                                                 \
-    {                                                                                          \
-        void *fn = dlsym(lib, KILN__CU_STR(name));                                             \
-        if (!fn) {                                                                             \
-            kiln__fail(&load_err, KILN_STATUS_NO_DEVICE, "CUDA driver lacks %s (too old?)",    \
-                       KILN__CU_STR(name));                                                    \
-            return;                                                                            \
-        }                                                                                      \
-        memcpy(&table.name, &fn, sizeof fn);                                                   \
+#define KILN__CU_STR(x)  KILN__CU_STR2(x)
+#define KILN__CU_RESOLVE(name)                                                                     \
+    {                                                                                              \
+        void *fn = dlsym(lib, KILN__CU_STR(name));                                                 \
+        if (!fn) {                                                                                 \
+            kiln__fail(&load_err, KILN_STATUS_NO_DEVICE, "CUDA driver lacks %s (too old?)",        \
+                       KILN__CU_STR(name));                                                        \
+            return;                                                                                \
+        }                                                                                          \
+        memcpy(&table.name, &fn, sizeof fn);                                                       \
     }
     KILN__CU_FUNCS(KILN__CU_RESOLVE)
 #undef KILN__CU_RESOLVE

@@ -11,17 +11,50 @@
 #include "kiln.h"
 #include "util.h"
 
-#define KILN__CU_FUNCS(X)                                                                      \
-    X(cuInit) X(cuDriverGetVersion) X(cuDeviceGetCount) X(cuDeviceGet) X(cuDeviceGetName)      \
-    X(cuDeviceGetAttribute) X(cuDevicePrimaryCtxRetain) X(cuDevicePrimaryCtxRelease)           \
-    X(cuCtxGetCurrent) X(cuCtxSetCurrent) X(cuCtxPushCurrent) X(cuCtxPopCurrent)               \
-    X(cuCtxSynchronize) X(cuModuleLoadData) X(cuModuleUnload) X(cuModuleGetFunction)           \
-    X(cuFuncSetAttribute) X(cuFuncGetAttribute) X(cuLaunchKernel) X(cuGetErrorString)          \
-    X(cuGetErrorName) X(cuMemAlloc) X(cuMemFree) X(cuMemcpyHtoD) X(cuMemcpyDtoH)               \
-    X(cuMemcpyDtoD) X(cuMemsetD8) X(cuMemsetD32) X(cuStreamCreate) X(cuStreamDestroy)          \
-    X(cuStreamSynchronize) X(cuEventCreate) X(cuEventRecord) X(cuEventSynchronize)             \
-    X(cuEventElapsedTime) X(cuEventDestroy) X(cuOccupancyMaxActiveBlocksPerMultiprocessor)           \
-    X(cuMemHostAlloc) X(cuMemFreeHost) X(cuMemcpyHtoDAsync)
+/* one entry a line */
+/* clang-format off */
+#define KILN__CU_FUNCS(X)                          \
+    X(cuInit)                                      \
+    X(cuDriverGetVersion)                          \
+    X(cuDeviceGetCount)                            \
+    X(cuDeviceGet)                                 \
+    X(cuDeviceGetName)                             \
+    X(cuDeviceGetAttribute)                        \
+    X(cuDevicePrimaryCtxRetain)                    \
+    X(cuDevicePrimaryCtxRelease)                   \
+    X(cuCtxGetCurrent)                             \
+    X(cuCtxSetCurrent)                             \
+    X(cuCtxPushCurrent)                            \
+    X(cuCtxPopCurrent)                             \
+    X(cuCtxSynchronize)                            \
+    X(cuModuleLoadData)                            \
+    X(cuModuleUnload)                              \
+    X(cuModuleGetFunction)                         \
+    X(cuFuncSetAttribute)                          \
+    X(cuFuncGetAttribute)                          \
+    X(cuLaunchKernel)                              \
+    X(cuGetErrorString)                            \
+    X(cuGetErrorName)                              \
+    X(cuMemAlloc)                                  \
+    X(cuMemFree)                                   \
+    X(cuMemcpyHtoD)                                \
+    X(cuMemcpyDtoH)                                \
+    X(cuMemcpyDtoD)                                \
+    X(cuMemsetD8)                                  \
+    X(cuMemsetD32)                                 \
+    X(cuStreamCreate)                              \
+    X(cuStreamDestroy)                             \
+    X(cuStreamSynchronize)                         \
+    X(cuEventCreate)                               \
+    X(cuEventRecord)                               \
+    X(cuEventSynchronize)                          \
+    X(cuEventElapsedTime)                          \
+    X(cuEventDestroy)                              \
+    X(cuOccupancyMaxActiveBlocksPerMultiprocessor) \
+    X(cuMemHostAlloc)                              \
+    X(cuMemFreeHost)                               \
+    X(cuMemcpyHtoDAsync)
+/* clang-format on */
 
 typedef struct kiln__cu {
 #define KILN__CU_MEMBER(name) __typeof__(&name) name;

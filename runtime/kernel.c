@@ -79,11 +79,14 @@ static kiln_status load_module(kiln_ctx *ctx, kiln_kernel *k, kiln__err *e)
     kiln_status st = kiln__ctx_bind(ctx, e);
     if (st) return st;
     CUresult r = cu->cuModuleLoadData(&k->module, k->cubin);
-    if (r != CUDA_SUCCESS) return kiln__cu_fail(e, r, "load %s (%s) for %s", k->key, k->spec, k->arch);
+    if (r != CUDA_SUCCESS)
+        return kiln__cu_fail(e, r, "load %s (%s) for %s", k->key, k->spec, k->arch);
     if (k->v.op == KILN_OP_MERGE) {
         r = cu->cuModuleGetFunction(&k->fn_main, k->module, KILN__ENTRY_MERGE_STATE);
-        if (r == CUDA_SUCCESS) r = cu->cuModuleGetFunction(&k->fn_merge, k->module, KILN__ENTRY_MERGE_IN_PLACE);
-        if (r == CUDA_SUCCESS) r = cu->cuModuleGetFunction(&k->fn_aux, k->module, KILN__ENTRY_MERGE_STATES);
+        if (r == CUDA_SUCCESS)
+            r = cu->cuModuleGetFunction(&k->fn_merge, k->module, KILN__ENTRY_MERGE_IN_PLACE);
+        if (r == CUDA_SUCCESS)
+            r = cu->cuModuleGetFunction(&k->fn_aux, k->module, KILN__ENTRY_MERGE_STATES);
     } else {
         r = cu->cuModuleGetFunction(&k->fn_main, k->module, KILN__ENTRY_MAIN);
         if (r == CUDA_SUCCESS && (k->v.op == KILN_OP_DECODE || k->v.kv != KILN_KV_CONTIGUOUS))
@@ -94,18 +97,21 @@ static kiln_status load_module(kiln_ctx *ctx, kiln_kernel *k, kiln__err *e)
                                    k->cfg.smem_bytes);
     if (r == CUDA_SUCCESS)
         r = cu->cuOccupancyMaxActiveBlocksPerMultiprocessor(&k->ctas_per_sm, k->fn_main,
-                                                            k->cfg.threads, (size_t)k->cfg.smem_bytes);
+                                                            k->cfg.threads,
+                                                            (size_t)k->cfg.smem_bytes);
     if (r != CUDA_SUCCESS) {
         cu->cuModuleUnload(k->module);
         k->module = NULL;
-        return kiln__cu_fail(e, r, "prepare %s (%s) on device %d", k->key, k->spec, ctx->info.ordinal);
+        return kiln__cu_fail(e, r, "prepare %s (%s) on device %d", k->key, k->spec,
+                             ctx->info.ordinal);
     }
     if (k->ctas_per_sm < 1) {
         cu->cuModuleUnload(k->module);
         k->module = NULL;
-        return kiln__fail(e, KILN_STATUS_UNSUPPORTED,
-                          "kernel %s (%s) cannot run on device %d: %d threads, %d bytes of shared memory",
-                          k->key, k->spec, ctx->info.ordinal, k->cfg.threads, k->cfg.smem_bytes);
+        return kiln__fail(
+            e, KILN_STATUS_UNSUPPORTED,
+            "kernel %s (%s) cannot run on device %d: %d threads, %d bytes of shared memory", k->key,
+            k->spec, ctx->info.ordinal, k->cfg.threads, k->cfg.smem_bytes);
     }
     k->loaded = 1;
     return KILN_STATUS_OK;
@@ -174,16 +180,14 @@ static lookup_result lookup(kiln__cache *c, kiln_kernel *k, char *bad, size_t ca
 }
 
 /* Strict mode's refusal: names the key, the spec, the arch and where it looked. */
-static kiln_status strict_miss(kiln_ctx *ctx, const kiln_kernel *k, const char *bad,
-                               kiln__err *e)
+static kiln_status strict_miss(kiln_ctx *ctx, const kiln_kernel *k, const char *bad, kiln__err *e)
 {
     char where[2200];
     if (ctx->cache && ctx->base)
         snprintf(where, sizeof where, "%s or the base cache %s", ctx->cache_path, ctx->base_path);
     else if (ctx->cache || ctx->base)
         snprintf(where, sizeof where, "%s", ctx->cache ? ctx->cache_path : ctx->base_path);
-    else
-        snprintf(where, sizeof where, "any cache (the context has none)");
+    else snprintf(where, sizeof where, "any cache (the context has none)");
     return kiln__fail(e, KILN_STATUS_CACHE_MISS,
                       "strict mode: kernel %s (%s, %s) is not in %s; nothing compiled%s%s", k->key,
                       k->spec, k->arch, where, bad[0] ? "; a row was found but refused: " : "",
@@ -343,10 +347,13 @@ static kiln_status get(kiln_ctx *ctx, const kiln_variant *v, const char *arch_in
                        kiln_kernel **out)
 {
     kiln__err e = {{0}};
-    if (!out) return kiln__ctx_error(ctx, kiln__fail(&e, KILN_STATUS_INVALID_ARGUMENT, "out is NULL"), &e);
+    if (!out)
+        return kiln__ctx_error(ctx, kiln__fail(&e, KILN_STATUS_INVALID_ARGUMENT, "out is NULL"),
+                               &e);
     *out = NULL;
     if (!ctx || !v)
-        return kiln__ctx_error(ctx, kiln__fail(&e, KILN_STATUS_INVALID_ARGUMENT, "NULL context or variant"), &e);
+        return kiln__ctx_error(
+            ctx, kiln__fail(&e, KILN_STATUS_INVALID_ARGUMENT, "NULL context or variant"), &e);
     kiln_status st = kiln__variant_check(v, &e);
     if (st) return kiln__ctx_error(ctx, st, &e);
 
@@ -356,21 +363,28 @@ static kiln_status get(kiln_ctx *ctx, const kiln_variant *v, const char *arch_in
     } else if (ctx->info.arch[0]) {
         memcpy(arch, ctx->info.arch, sizeof arch);
     } else {
-        return kiln__ctx_error(ctx, kiln__fail(&e, KILN_STATUS_NO_DEVICE,
-                                               "no GPU (%s): %s", ctx->nodev_why,
-                                               load ? "kernels can be compiled (kiln_kernel_compile with "
-                                                      "an arch) but not loaded"
-                                                    : "name an arch (e.g. sm_90a)"), &e);
+        return kiln__ctx_error(ctx,
+                               kiln__fail(&e, KILN_STATUS_NO_DEVICE, "no GPU (%s): %s",
+                                          ctx->nodev_why,
+                                          load
+                                              ? "kernels can be compiled (kiln_kernel_compile with "
+                                                "an arch) but not loaded"
+                                              : "name an arch (e.g. sm_90a)"),
+                               &e);
     }
     if (load) {
         if (!ctx->cu)
-            return kiln__ctx_error(ctx, kiln__fail(&e, KILN_STATUS_NO_DEVICE,
-                                                   "cannot load a kernel: compile-only context (%s)",
-                                                   ctx->nodev_why), &e);
+            return kiln__ctx_error(ctx,
+                                   kiln__fail(&e, KILN_STATUS_NO_DEVICE,
+                                              "cannot load a kernel: compile-only context (%s)",
+                                              ctx->nodev_why),
+                                   &e);
         if (strcmp(arch, ctx->info.arch) != 0)
-            return kiln__ctx_error(ctx, kiln__fail(&e, KILN_STATUS_UNSUPPORTED,
-                                                   "cannot load an %s kernel on the context's %s device",
-                                                   arch, ctx->info.arch), &e);
+            return kiln__ctx_error(ctx,
+                                   kiln__fail(&e, KILN_STATUS_UNSUPPORTED,
+                                              "cannot load an %s kernel on the context's %s device",
+                                              arch, ctx->info.arch),
+                                   &e);
     }
 
     memo_key mk;
@@ -456,7 +470,8 @@ kiln_status kiln_kernel_get_spec(kiln_ctx *ctx, const char *spec, kiln_kernel **
 kiln_status kiln_kernel_describe(const kiln_kernel *k, kiln_kernel_info *out)
 {
     if (!k || !out)
-        return kiln__fail(kiln__tls_err(), KILN_STATUS_INVALID_ARGUMENT, "kiln_kernel_describe: NULL argument");
+        return kiln__fail(kiln__tls_err(), KILN_STATUS_INVALID_ARGUMENT,
+                          "kiln_kernel_describe: NULL argument");
     memset(out, 0, sizeof *out);
     memcpy(out->key, k->key, sizeof out->key);
     memcpy(out->arch, k->arch, sizeof out->arch);

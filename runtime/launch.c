@@ -23,21 +23,25 @@ static kiln_status prepare_as(kiln_kernel *k, const kiln_attn_args *a, kiln_op o
                               kiln_launch_params *p, kiln__err *e)
 {
     const char *what = batch ? (op == KILN_OP_DECODE ? "batch decode" : "batch prefill")
-                             : op == KILN_OP_DECODE ? "single decode" : "single prefill";
-    if (!k || !a) return kiln__fail(e, KILN_STATUS_INVALID_ARGUMENT, "%s: NULL kernel or args", what);
+                       : op == KILN_OP_DECODE ? "single decode"
+                                              : "single prefill";
+    if (!k || !a)
+        return kiln__fail(e, KILN_STATUS_INVALID_ARGUMENT, "%s: NULL kernel or args", what);
     const kiln_variant *v = &k->v;
     if (v->op != op)
         return kiln__fail(e, KILN_STATUS_INVALID_ARGUMENT, "%s: kernel %s is a %s kernel", what,
                           k->spec, kiln__op_name(v->op));
     if (!batch && v->kv != KILN_KV_CONTIGUOUS)
-        return kiln__fail(e, KILN_STATUS_INVALID_ARGUMENT,
-                          "%s: kernel %s is a batch kernel (kv=%s): use kiln_plan_create, kiln_batch_plan "
-                          "and kiln_batch_run",
-                          what, k->spec, kiln__kv_name(v->kv));
+        return kiln__fail(
+            e, KILN_STATUS_INVALID_ARGUMENT,
+            "%s: kernel %s is a batch kernel (kv=%s): use kiln_plan_create, kiln_batch_plan "
+            "and kiln_batch_run",
+            what, k->spec, kiln__kv_name(v->kv));
     if (!k->loaded)
-        return kiln__fail(e, KILN_STATUS_INVALID_ARGUMENT,
-                          "%s: kernel %s (%s) was compiled for inspection, not loaded; use kiln_kernel_get",
-                          what, k->key, k->arch);
+        return kiln__fail(
+            e, KILN_STATUS_INVALID_ARGUMENT,
+            "%s: kernel %s (%s) was compiled for inspection, not loaded; use kiln_kernel_get", what,
+            k->key, k->arch);
     const int D = v->head_dim, H = a->num_qo_heads, G = v->group;
     if (H < 1 || H % G)
         return kiln__fail(e, KILN_STATUS_INVALID_ARGUMENT,
@@ -50,31 +54,36 @@ static kiln_status prepare_as(kiln_kernel *k, const kiln_attn_args *a, kiln_op o
         return kiln__fail(e, KILN_STATUS_INVALID_ARGUMENT, "%s %s: q, k, v and o must be non-zero",
                           what, k->spec);
     if (v->lse && !a->lse)
-        return kiln__fail(e, KILN_STATUS_INVALID_ARGUMENT, "%s %s: the variant writes lse but lse is 0",
-                          what, k->spec);
+        return kiln__fail(e, KILN_STATUS_INVALID_ARGUMENT,
+                          "%s %s: the variant writes lse but lse is 0", what, k->spec);
     if ((a->q | a->k | a->v) % 16 || a->o % 4 || (v->lse && a->lse % 4) ||
         (v->logits == KILN_LOGITS_ALIBI && a->params.alibi_slopes % 4))
-        return kiln__fail(e, KILN_STATUS_INVALID_ARGUMENT,
-                          "%s %s: q, k, v must be 16-byte aligned; o, lse, alibi_slopes 4-byte aligned",
-                          what, k->spec);
+        return kiln__fail(
+            e, KILN_STATUS_INVALID_ARGUMENT,
+            "%s %s: q, k, v must be 16-byte aligned; o, lse, alibi_slopes 4-byte aligned", what,
+            k->spec);
     const kiln_params *rp = &a->params;
     if (v->logits == KILN_LOGITS_SOFTCAP && !(rp->softcap > 0.f))
-        return kiln__fail(e, KILN_STATUS_INVALID_ARGUMENT, "%s %s: softcap must be > 0 (got %g)", what,
-                          k->spec, (double)rp->softcap);
+        return kiln__fail(e, KILN_STATUS_INVALID_ARGUMENT, "%s %s: softcap must be > 0 (got %g)",
+                          what, k->spec, (double)rp->softcap);
     if (v->logits == KILN_LOGITS_ALIBI && !rp->alibi_slopes)
         return kiln__fail(e, KILN_STATUS_INVALID_ARGUMENT, "%s %s: logits=alibi needs alibi_slopes",
                           what, k->spec);
     if (v->window && rp->window_left < 0)
-        return kiln__fail(e, KILN_STATUS_INVALID_ARGUMENT, "%s %s: window_left must be >= 0 (got %d)",
-                          what, k->spec, rp->window_left);
+        return kiln__fail(e, KILN_STATUS_INVALID_ARGUMENT,
+                          "%s %s: window_left must be >= 0 (got %d)", what, k->spec,
+                          rp->window_left);
     if (!(rp->sm_scale >= 0.f))
-        return kiln__fail(e, KILN_STATUS_INVALID_ARGUMENT, "%s %s: sm_scale must be >= 0", what, k->spec);
+        return kiln__fail(e, KILN_STATUS_INVALID_ARGUMENT, "%s %s: sm_scale must be >= 0", what,
+                          k->spec);
 
     if (op == KILN_OP_PREFILL && a->qo_len < 0)
-        return kiln__fail(e, KILN_STATUS_INVALID_ARGUMENT, "%s %s: qo_len=%d < 0", what, k->spec, a->qo_len);
+        return kiln__fail(e, KILN_STATUS_INVALID_ARGUMENT, "%s %s: qo_len=%d < 0", what, k->spec,
+                          a->qo_len);
     if (op == KILN_OP_PREFILL && v->mask == KILN_MASK_CAUSAL && a->qo_len > a->kv_len)
-        return kiln__fail(e, KILN_STATUS_INVALID_ARGUMENT, "%s %s: causal needs qo_len <= kv_len (got %d > %d)",
-                          what, k->spec, a->qo_len, a->kv_len);
+        return kiln__fail(e, KILN_STATUS_INVALID_ARGUMENT,
+                          "%s %s: causal needs qo_len <= kv_len (got %d > %d)", what, k->spec,
+                          a->qo_len, a->kv_len);
     const int L_Q = op == KILN_OP_DECODE ? 1 : a->qo_len, L_KV = a->kv_len, H_KV = H / G;
     const int nhd = v->layout == KILN_LAYOUT_NHD;
     memset(p, 0, sizeof *p);
@@ -93,24 +102,29 @@ static kiln_status prepare_as(kiln_kernel *k, const kiln_attn_args *a, kiln_op o
     p->v_stride_n = a->v_stride_n ? a->v_stride_n : nhd ? (int64_t)H_KV * D : D;
     p->v_stride_h = a->v_stride_h ? a->v_stride_h : nhd ? D : (int64_t)L_KV * D;
     const int fp8 = v->kv_dtype == KILN_DTYPE_E4M3 || v->kv_dtype == KILN_DTYPE_E5M2;
-    if ((p->q_stride_h | p->q_stride_n) % 8 || (p->k_stride_n | p->k_stride_h | p->v_stride_n | p->v_stride_h) % (fp8 ? 16 : 8) ||
+    if ((p->q_stride_h | p->q_stride_n) % 8 ||
+        (p->k_stride_n | p->k_stride_h | p->v_stride_n | p->v_stride_h) % (fp8 ? 16 : 8) ||
         (p->o_stride_h | p->o_stride_n) % 2)
         return kiln__fail(e, KILN_STATUS_INVALID_ARGUMENT,
-                          "%s %s: q strides must be multiples of 8 elements, k/v strides of 16 bytes, o strides even",
+                          "%s %s: q strides must be multiples of 8 elements, k/v strides of 16 "
+                          "bytes, o strides even",
                           what, k->spec);
     /* fp8: e4m3 is decoded through f16 bits at 2^-8 of its value (device.cuh) */
-    const float k_scale = rp->k_scale != 0.f ? rp->k_scale : 1.f, v_scale = rp->v_scale != 0.f ? rp->v_scale : 1.f;
+    const float k_scale = rp->k_scale != 0.f ? rp->k_scale : 1.f,
+                v_scale = rp->v_scale != 0.f ? rp->v_scale : 1.f;
     if (fp8 && (!(k_scale > 0.f) || !(v_scale > 0.f)))
-        return kiln__fail(e, KILN_STATUS_INVALID_ARGUMENT, "%s %s: k_scale and v_scale must be > 0 (got %g, %g)",
-                          what, k->spec, (double)rp->k_scale, (double)rp->v_scale);
+        return kiln__fail(e, KILN_STATUS_INVALID_ARGUMENT,
+                          "%s %s: k_scale and v_scale must be > 0 (got %g, %g)", what, k->spec,
+                          (double)rp->k_scale, (double)rp->v_scale);
     const float fp8_unit = v->kv_dtype == KILN_DTYPE_E4M3 ? 256.f : 1.f;
     p->k_scale = fp8 ? k_scale * fp8_unit : 1.f;
     p->v_scale = fp8 ? v_scale * fp8_unit : 1.f;
     if (v->rope) {
-        const float rs = rp->rope_scale != 0.f ? rp->rope_scale : 1.f, th = rp->rope_theta != 0.f ? rp->rope_theta : 1e4f;
+        const float rs = rp->rope_scale != 0.f ? rp->rope_scale : 1.f,
+                    th = rp->rope_theta != 0.f ? rp->rope_theta : 1e4f;
         if (!(rs > 0.f) || !(th > 0.f))
-            return kiln__fail(e, KILN_STATUS_INVALID_ARGUMENT, "%s %s: rope_scale and rope_theta must be > 0", what,
-                              k->spec);
+            return kiln__fail(e, KILN_STATUS_INVALID_ARGUMENT,
+                              "%s %s: rope_scale and rope_theta must be > 0", what, k->spec);
         p->rope_rcp_scale = 1.f / rs;
         p->rope_log2_theta = log2f(th);
     }
@@ -123,15 +137,17 @@ static kiln_status prepare_as(kiln_kernel *k, const kiln_attn_args *a, kiln_op o
     p->softcap = v->logits == KILN_LOGITS_SOFTCAP ? rp->softcap : 1.0f;
     if (v->mask_data == KILN_MASK_DATA_BITMASK) {
         if (!a->mask_bits)
-            return kiln__fail(e, KILN_STATUS_INVALID_ARGUMENT, "%s %s: mask_data=bitmask needs mask_bits",
-                              what, k->spec);
+            return kiln__fail(e, KILN_STATUS_INVALID_ARGUMENT,
+                              "%s %s: mask_data=bitmask needs mask_bits", what, k->spec);
         p->mask_bits = a->mask_bits;
     } else if (v->mask_data == KILN_MASK_DATA_BSR) {
-        if (!a->bsr_indptr || !a->bsr_indices || a->bsr_r < 1 || a->bsr_c < 1 || (a->bsr_indptr | a->bsr_indices) % 4)
-            return kiln__fail(e, KILN_STATUS_INVALID_ARGUMENT,
-                              "%s %s: mask_data=bsr needs 4-byte aligned bsr_indptr and bsr_indices and "
-                              "bsr_r, bsr_c >= 1 (got r=%d c=%d)",
-                              what, k->spec, a->bsr_r, a->bsr_c);
+        if (!a->bsr_indptr || !a->bsr_indices || a->bsr_r < 1 || a->bsr_c < 1 ||
+            (a->bsr_indptr | a->bsr_indices) % 4)
+            return kiln__fail(
+                e, KILN_STATUS_INVALID_ARGUMENT,
+                "%s %s: mask_data=bsr needs 4-byte aligned bsr_indptr and bsr_indices and "
+                "bsr_r, bsr_c >= 1 (got r=%d c=%d)",
+                what, k->spec, a->bsr_r, a->bsr_c);
         p->bsr_indptr = a->bsr_indptr;
         p->bsr_indices = a->bsr_indices;
         p->bsr_r = a->bsr_r;
@@ -140,7 +156,8 @@ static kiln_status prepare_as(kiln_kernel *k, const kiln_attn_args *a, kiln_op o
     if (op == KILN_OP_PREFILL) {
         p->kv_tiles = (L_KV + k->cfg.block_n - 1) / k->cfg.block_n;
         if (kiln__variant_has_element_mask(v) && a->tile_map) {
-            const size_t need = (size_t)((L_Q + k->cfg.block_m - 1) / k->cfg.block_m) * (size_t)p->kv_tiles;
+            const size_t need =
+                (size_t)((L_Q + k->cfg.block_m - 1) / k->cfg.block_m) * (size_t)p->kv_tiles;
             if (a->tile_map_bytes < need)
                 return kiln__fail(e, KILN_STATUS_WORKSPACE,
                                   "%s %s: tile_map holds %zu bytes, the shape needs %zu "
@@ -160,26 +177,27 @@ static kiln_status prepare_as(kiln_kernel *k, const kiln_attn_args *a, kiln_op o
             p->user[i] = (uint32_t)u->i32;
         } else {
             if (!u->ptr || u->ptr % 4)
-                return kiln__fail(e, KILN_STATUS_INVALID_ARGUMENT,
-                                  "%s %s: user parameter '%s' is an array and needs a 4-byte aligned "
-                                  "device pointer (got 0x%llx)",
-                                  what, k->spec, d->name, (unsigned long long)u->ptr);
+                return kiln__fail(
+                    e, KILN_STATUS_INVALID_ARGUMENT,
+                    "%s %s: user parameter '%s' is an array and needs a 4-byte aligned "
+                    "device pointer (got 0x%llx)",
+                    what, k->spec, d->name, (unsigned long long)u->ptr);
             p->user[i] = u->ptr;
         }
     }
     return KILN_STATUS_OK;
 }
 
-static kiln_status prepare(kiln_kernel *k, const kiln_attn_args *a, kiln_op op, kiln_launch_params *p,
-                           kiln__err *e)
+static kiln_status prepare(kiln_kernel *k, const kiln_attn_args *a, kiln_op op,
+                           kiln_launch_params *p, kiln__err *e)
 {
     return prepare_as(k, a, op, 0, p, e);
 }
 
 /* The parameter block of a batch run: the checks and run-time values shared with single
  * requests; batch.c fills in the schedule and the KV strides. */
-kiln_status kiln__batch_prepare(kiln_kernel *k, const kiln_batch_args *b, int H, int bsr_r, int bsr_c,
-                                kiln_launch_params *p, kiln__err *e)
+kiln_status kiln__batch_prepare(kiln_kernel *k, const kiln_batch_args *b, int H, int bsr_r,
+                                int bsr_c, kiln_launch_params *p, kiln__err *e)
 {
     kiln_attn_args a;
     memset(&a, 0, sizeof a);
@@ -245,7 +263,8 @@ kiln_status kiln_decode_workspace_size(const kiln_kernel *k, int num_qo_heads, i
 {
     kiln__err e = {{0}};
     if (!bytes || !k)
-        return kiln__fail(kiln__tls_err(), KILN_STATUS_INVALID_ARGUMENT, "workspace size: NULL argument");
+        return kiln__fail(kiln__tls_err(), KILN_STATUS_INVALID_ARGUMENT,
+                          "workspace size: NULL argument");
     *bytes = 0;
     if (k->v.op != KILN_OP_DECODE || num_qo_heads < 1 || num_qo_heads % k->v.group || kv_len < 1) {
         kiln__fail(&e, KILN_STATUS_INVALID_ARGUMENT,
@@ -267,30 +286,35 @@ kiln_status kiln_single_decode(kiln_kernel *k, const kiln_attn_args *a, void *st
     kiln_status st = prepare(k, a, KILN_OP_DECODE, &p, &e);
     if (st) return fail(k, st, &e);
     const int H = a->num_qo_heads, D = k->v.head_dim;
-    decode_plan(k, H, a->kv_len, k->v.window, p.window_left, &p.kv_begin, &p.kv_chunk, &p.num_splits);
+    decode_plan(k, H, a->kv_len, k->v.window, p.window_left, &p.kv_begin, &p.kv_chunk,
+                &p.num_splits);
     if (p.num_splits > 1) {
         const size_t need = decode_ws(p.num_splits, H, D);
         if (!a->workspace || a->workspace_bytes < need) {
-            kiln__fail(&e, KILN_STATUS_WORKSPACE,
-                       "single decode %s: kv_len=%d is split %d ways and needs %zu bytes of workspace "
-                       "(given %zu); see kiln_decode_workspace_size",
-                       k->spec, a->kv_len, p.num_splits, need, a->workspace ? a->workspace_bytes : 0);
+            kiln__fail(
+                &e, KILN_STATUS_WORKSPACE,
+                "single decode %s: kv_len=%d is split %d ways and needs %zu bytes of workspace "
+                "(given %zu); see kiln_decode_workspace_size",
+                k->spec, a->kv_len, p.num_splits, need, a->workspace ? a->workspace_bytes : 0);
             return fail(k, KILN_STATUS_WORKSPACE, &e);
         }
         if (a->workspace % 16)
-            return fail(k, kiln__fail(&e, KILN_STATUS_INVALID_ARGUMENT,
-                                      "single decode %s: workspace must be 16-byte aligned", k->spec), &e);
+            return fail(k,
+                        kiln__fail(&e, KILN_STATUS_INVALID_ARGUMENT,
+                                   "single decode %s: workspace must be 16-byte aligned", k->spec),
+                        &e);
         p.partial_o = a->workspace;
         p.partial_lse = a->workspace + (size_t)p.num_splits * H * D * sizeof(float);
     }
     const kiln__cu *cu = k->ctx->cu;
     void *args[] = {&p};
     const unsigned hk = (unsigned)(H / k->v.group), gz = (unsigned)(k->v.group / k->cfg.gb);
-    CUresult r = cu->cuLaunchKernel(k->fn_main, (unsigned)p.num_splits, hk, gz, (unsigned)k->cfg.threads,
-                                    1, 1, (unsigned)k->cfg.smem_bytes, (CUstream)stream, args, NULL);
+    CUresult r =
+        cu->cuLaunchKernel(k->fn_main, (unsigned)p.num_splits, hk, gz, (unsigned)k->cfg.threads, 1,
+                           1, (unsigned)k->cfg.smem_bytes, (CUstream)stream, args, NULL);
     if (r == CUDA_SUCCESS && p.num_splits > 1)
-        r = cu->cuLaunchKernel(k->fn_merge, (unsigned)H, 1, 1, (unsigned)k->cfg.merge_threads, 1, 1, 0,
-                               (CUstream)stream, args, NULL);
+        r = cu->cuLaunchKernel(k->fn_merge, (unsigned)H, 1, 1, (unsigned)k->cfg.merge_threads, 1, 1,
+                               0, (CUstream)stream, args, NULL);
     if (r != CUDA_SUCCESS)
         return fail(k, kiln__cu_fail(&e, r, "single decode %s: launch", k->spec), &e);
     return KILN_STATUS_OK;
@@ -305,9 +329,10 @@ kiln_status kiln_single_prefill(kiln_kernel *k, const kiln_attn_args *a, void *s
     if (a->qo_len == 0) return KILN_STATUS_OK; /* an empty request: nothing to write */
     const unsigned mblocks = (unsigned)((a->qo_len + k->cfg.block_m - 1) / k->cfg.block_m);
     void *args[] = {&p};
-    CUresult r = k->ctx->cu->cuLaunchKernel(k->fn_main, mblocks, (unsigned)a->num_qo_heads, 1,
-                                            (unsigned)k->cfg.threads, 1, 1, (unsigned)k->cfg.smem_bytes,
-                                            (CUstream)stream, args, NULL);
+    CUresult r =
+        k->ctx->cu->cuLaunchKernel(k->fn_main, mblocks, (unsigned)a->num_qo_heads, 1,
+                                   (unsigned)k->cfg.threads, 1, 1, (unsigned)k->cfg.smem_bytes,
+                                   (CUstream)stream, args, NULL);
     if (r != CUDA_SUCCESS)
         return fail(k, kiln__cu_fail(&e, r, "single prefill %s: launch", k->spec), &e);
     return KILN_STATUS_OK;
@@ -317,13 +342,16 @@ kiln_status kiln_prefill_mask_plan_size(const kiln_kernel *k, int qo_len, int kv
 {
     kiln__err e;
     if (!k || !bytes)
-        return kiln__fail(kiln__tls_err(), KILN_STATUS_INVALID_ARGUMENT, "mask plan size: NULL argument");
+        return kiln__fail(kiln__tls_err(), KILN_STATUS_INVALID_ARGUMENT,
+                          "mask plan size: NULL argument");
     *bytes = 0;
-    if (k->v.op != KILN_OP_PREFILL || !kiln__variant_has_element_mask(&k->v) || qo_len < 0 || kv_len < 1) {
-        kiln__fail(&e, KILN_STATUS_INVALID_ARGUMENT,
-                   "mask plan size: %s with qo_len=%d kv_len=%d: needs a prefill variant with a mask "
-                   "snippet or mask data, qo_len >= 0, kv_len >= 1",
-                   k->spec, qo_len, kv_len);
+    if (k->v.op != KILN_OP_PREFILL || !kiln__variant_has_element_mask(&k->v) || qo_len < 0 ||
+        kv_len < 1) {
+        kiln__fail(
+            &e, KILN_STATUS_INVALID_ARGUMENT,
+            "mask plan size: %s with qo_len=%d kv_len=%d: needs a prefill variant with a mask "
+            "snippet or mask data, qo_len >= 0, kv_len >= 1",
+            k->spec, qo_len, kv_len);
         return kiln__ctx_error(k->ctx, KILN_STATUS_INVALID_ARGUMENT, &e);
     }
     *bytes = (size_t)((qo_len + k->cfg.block_m - 1) / k->cfg.block_m) *
@@ -338,8 +366,11 @@ kiln_status kiln_prefill_mask_plan(kiln_kernel *k, const kiln_attn_args *a, void
     kiln_status st = prepare(k, a, KILN_OP_PREFILL, &p, &e);
     if (st) return fail(k, st, &e);
     if (!kiln__variant_has_element_mask(&k->v) || !p.tile_map)
-        return fail(k, kiln__fail(&e, KILN_STATUS_INVALID_ARGUMENT,
-                                  "mask plan %s: needs a mask snippet or mask data and a tile_map", k->spec), &e);
+        return fail(k,
+                    kiln__fail(&e, KILN_STATUS_INVALID_ARGUMENT,
+                               "mask plan %s: needs a mask snippet or mask data and a tile_map",
+                               k->spec),
+                    &e);
     if (a->qo_len == 0) return KILN_STATUS_OK;
     /* Resolved here rather than at load: planning is not on the per-step path. */
     CUfunction fn = NULL;
@@ -347,9 +378,10 @@ kiln_status kiln_prefill_mask_plan(kiln_kernel *k, const kiln_attn_args *a, void
     if (r == CUDA_SUCCESS) {
         void *args[] = {&p};
         const unsigned mblocks = (unsigned)((a->qo_len + k->cfg.block_m - 1) / k->cfg.block_m);
-        r = k->ctx->cu->cuLaunchKernel(fn, mblocks, (unsigned)p.kv_tiles, 1, KILN__TILE_MAP_THREADS, 1, 1, 0,
-                                       (CUstream)stream, args, NULL);
+        r = k->ctx->cu->cuLaunchKernel(fn, mblocks, (unsigned)p.kv_tiles, 1, KILN__TILE_MAP_THREADS,
+                                       1, 1, 0, (CUstream)stream, args, NULL);
     }
-    if (r != CUDA_SUCCESS) return fail(k, kiln__cu_fail(&e, r, "mask plan %s: launch", k->spec), &e);
+    if (r != CUDA_SUCCESS)
+        return fail(k, kiln__cu_fail(&e, r, "mask plan %s: launch", k->spec), &e);
     return KILN_STATUS_OK;
 }

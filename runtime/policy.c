@@ -38,8 +38,8 @@ static kiln_status record_open(kiln_ctx *ctx, const char *path, kiln__err *e)
 {
     int n = snprintf(ctx->record_path, sizeof ctx->record_path, "%s", path);
     if (n < 0 || (size_t)n >= sizeof ctx->record_path)
-        return kiln__fail(e, KILN_STATUS_INVALID_ARGUMENT, "record mode: path %.200s... is too long",
-                          path);
+        return kiln__fail(e, KILN_STATUS_INVALID_ARGUMENT,
+                          "record mode: path %.200s... is too long", path);
     int fd = open(path, O_WRONLY | O_APPEND | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
     if (fd >= 0) {
         ssize_t w = write(fd, record_header, sizeof record_header - 1);
@@ -64,8 +64,8 @@ kiln_status kiln__ctx_record(kiln_ctx *ctx, const char *spec, const char *arch, 
     /* One write of a short line with O_APPEND: lines of several processes never interleave. */
     ssize_t w = write(ctx->record_fd, line, (size_t)n);
     if (w != n)
-        return kiln__fail(e, KILN_STATUS_IO, "record mode: appending %s (%s) to %s failed: %s", spec,
-                          arch, ctx->record_path, w < 0 ? strerror(errno) : "short write");
+        return kiln__fail(e, KILN_STATUS_IO, "record mode: appending %s (%s) to %s failed: %s",
+                          spec, arch, ctx->record_path, w < 0 ? strerror(errno) : "short write");
     return KILN_STATUS_OK;
 }
 
@@ -74,21 +74,25 @@ static kiln_status resolve_mode(kiln_ctx *ctx, const kiln_ctx_opts *o, kiln__err
 {
     const char *strict_env = env("KILN_STRICT"), *record = NULL;
     switch (o->mode) {
-    case KILN_CACHE_MODE_DEFAULT:
-        ctx->strict = strict_env && strcmp(strict_env, "0") != 0;
-        if (env("KILN_RECORD")) record = o->record_path ? o->record_path : env("KILN_RECORD");
-        break;
-    case KILN_CACHE_MODE_COMPILE: break;
-    case KILN_CACHE_MODE_STRICT: ctx->strict = 1; break;
-    case KILN_CACHE_MODE_RECORD:
-        record = o->record_path ? o->record_path : env("KILN_RECORD");
-        if (!record)
-            return kiln__fail(e, KILN_STATUS_INVALID_ARGUMENT,
-                              "record mode needs a manifest path: set record_path or KILN_RECORD");
-        break;
-    default:
-        return kiln__fail(e, KILN_STATUS_INVALID_ARGUMENT, "mode %d is not a kiln_cache_mode",
-                          (int)o->mode);
+        case KILN_CACHE_MODE_DEFAULT:
+            ctx->strict = strict_env && strcmp(strict_env, "0") != 0;
+            if (env("KILN_RECORD")) record = o->record_path ? o->record_path : env("KILN_RECORD");
+            break;
+        case KILN_CACHE_MODE_COMPILE:
+            break;
+        case KILN_CACHE_MODE_STRICT:
+            ctx->strict = 1;
+            break;
+        case KILN_CACHE_MODE_RECORD:
+            record = o->record_path ? o->record_path : env("KILN_RECORD");
+            if (!record)
+                return kiln__fail(
+                    e, KILN_STATUS_INVALID_ARGUMENT,
+                    "record mode needs a manifest path: set record_path or KILN_RECORD");
+            break;
+        default:
+            return kiln__fail(e, KILN_STATUS_INVALID_ARGUMENT, "mode %d is not a kiln_cache_mode",
+                              (int)o->mode);
     }
     return record ? record_open(ctx, record, e) : KILN_STATUS_OK;
 }

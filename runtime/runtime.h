@@ -34,7 +34,7 @@ struct kiln_kernel {
     int building; /* 1 while one thread builds or loads it; others wait on memo_cond */
     CUmodule module;
     CUfunction fn_main, fn_merge, fn_aux; /* merge ops: state, in place, states */
-    int ctas_per_sm; /* occupancy of fn_main */
+    int ctas_per_sm;                      /* occupancy of fn_main */
     uint64_t memo_hash;
     struct kiln_kernel *next; /* memo chain */
 };
@@ -47,12 +47,12 @@ struct kiln_ctx {
     char nodev_why[512]; /* why the context has no device ("" with one): written once by
                             kiln_ctx_create, then only read, so messages about the missing GPU
                             never read err (which other threads write) */
-    kiln__cache *cache; /* NULL with no_cache: the local, writable cache */
+    kiln__cache *cache;  /* NULL with no_cache: the local, writable cache */
     char cache_path[1024];
-    kiln__cache *base;  /* NULL, or the read-only base cache consulted after cache */
+    kiln__cache *base; /* NULL, or the read-only base cache consulted after cache */
     char base_path[1024];
-    int strict;         /* 1: a miss is KILN_STATUS_CACHE_MISS; nothing is compiled */
-    int record_fd;      /* >= 0: the record manifest, opened O_APPEND (-1: not recording) */
+    int strict;    /* 1: a miss is KILN_STATUS_CACHE_MISS; nothing is compiled */
+    int record_fd; /* >= 0: the record manifest, opened O_APPEND (-1: not recording) */
     char record_path[1024];
     int64_t max_bytes;  /* > 0: LRU bound on the local cache's cubin bytes */
     const kiln__cu *cu; /* NULL: compile-only */
@@ -79,14 +79,15 @@ void kiln__ctx_policy_free(kiln_ctx *ctx);
 kiln_status kiln__ctx_record(kiln_ctx *ctx, const char *spec, const char *arch, kiln__err *e);
 
 /* The parameter block of a batch run (launch.c): argument checks and run-time values. */
-kiln_status kiln__batch_prepare(kiln_kernel *k, const kiln_batch_args *a, int H, int bsr_r, int bsr_c,
-                                kiln_launch_params *p, kiln__err *e);
+kiln_status kiln__batch_prepare(kiln_kernel *k, const kiln_batch_args *a, int H, int bsr_r,
+                                int bsr_c, kiln_launch_params *p, kiln__err *e);
 
 /* Tests: a plan that schedules into host memory only, for a kernel that need not be loaded,
  * on a device of `sms` SMs running `ctas_per_sm` CTAs each; and its last schedule (ints: header
  * [items, tasks, batch, 0], items of 8 ints at items_off, requests of 4 at reqs_off, tasks of 4
  * at tasks_off). batch.c. */
-kiln_status kiln__plan_host(kiln_kernel *k, const kiln_plan_opts *opts, int sms, int ctas_per_sm, kiln_plan **out);
+kiln_status kiln__plan_host(kiln_kernel *k, const kiln_plan_opts *opts, int sms, int ctas_per_sm,
+                            kiln_plan **out);
 const int *kiln__plan_schedule(const kiln_plan *pl, int *items_off, int *reqs_off, int *tasks_off);
 
 #endif /* KILN_RUNTIME_H */

@@ -19,7 +19,8 @@ int kt_builtin_grid(kiln_op op, kiln_variant *out)
                             v->op = op;
                             v->head_dim = dims[di];
                             v->group = groups[gi];
-                            v->q_dtype = v->kv_dtype = v->out_dtype = dt ? KILN_DTYPE_BF16 : KILN_DTYPE_F16;
+                            v->q_dtype = v->kv_dtype = v->out_dtype =
+                                dt ? KILN_DTYPE_BF16 : KILN_DTYPE_F16;
                             if (n % 5 == 3) v->out_dtype = dt ? KILN_DTYPE_F16 : KILN_DTYPE_BF16;
                             v->mask = mask ? KILN_MASK_CAUSAL : KILN_MASK_NONE;
                             v->window = win;

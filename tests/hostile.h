@@ -121,7 +121,7 @@ static inline int h_run_in(h_run *r, const char *in, const char *const *args)
     return r->code;
 }
 
-#define H_RUN(r, ...) h_run_in((r), NULL, (const char *const[]){__VA_ARGS__, NULL})
+#define H_RUN(r, ...)           h_run_in((r), NULL, (const char *const[]){__VA_ARGS__, NULL})
 #define H_RUN_STDIN(r, in, ...) h_run_in((r), (in), (const char *const[]){__VA_ARGS__, NULL})
 
 /* The smallest cubin kiln__cubin_check accepts: a 64-byte ELF64 little-endian

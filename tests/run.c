@@ -128,9 +128,11 @@ int main(int argc, char **argv)
         if (!strcmp(argv[i], "--list")) list = 1;
         else if (!strcmp(argv[i], "--gpu")) only_gpu = 1;
         else if (!strcmp(argv[i], "--cpu")) only_cpu = 1;
-        else if (!strcmp(argv[i], "--kiln") && i + 1 < argc) snprintf(kiln_bin, sizeof kiln_bin, "%s", argv[++i]);
+        else if (!strcmp(argv[i], "--kiln") && i + 1 < argc)
+            snprintf(kiln_bin, sizeof kiln_bin, "%s", argv[++i]);
         else if (argv[i][0] == '-') {
-            fprintf(stderr, "usage: %s [--list] [--gpu|--cpu] [--kiln PATH] [FILTER...]\n", argv[0]);
+            fprintf(stderr, "usage: %s [--list] [--gpu|--cpu] [--kiln PATH] [FILTER...]\n",
+                    argv[0]);
             return 2;
         } else if (nfilters < 64) filters[nfilters++] = argv[i];
     }
@@ -181,7 +183,8 @@ int main(int argc, char **argv)
         }
     }
     if (list) return 0;
-    printf("%d skipped%s\n", skipped, skipped && !kt_have_gpu() ? " (no GPU: GPU tests did not run)" : "");
+    printf("%d skipped%s\n", skipped,
+           skipped && !kt_have_gpu() ? " (no GPU: GPU tests did not run)" : "");
     printf("%d passed, %d failed\n", passed, failed);
     return failed ? 1 : 0;
 }

@@ -33,13 +33,13 @@ KT_TEST(batch_fp8_codec)
     KT_EQ_INT(kiln_check_fp8_encode(KILN_DTYPE_E4M3, 1.0), 0x38);
     KT_EQ_INT(kiln_check_fp8_encode(KILN_DTYPE_E4M3, -2.0), 0xc0);
     KT_EQ_INT(kiln_check_fp8_encode(KILN_DTYPE_E4M3, 448.0), 0x7e);
-    KT_EQ_INT(kiln_check_fp8_encode(KILN_DTYPE_E4M3, 1e6), 0x7e);  /* saturates */
+    KT_EQ_INT(kiln_check_fp8_encode(KILN_DTYPE_E4M3, 1e6), 0x7e); /* saturates */
     KT_EQ_INT(kiln_check_fp8_encode(KILN_DTYPE_E4M3, -1e6), 0xfe);
-    KT_EQ_INT(kiln_check_fp8_encode(KILN_DTYPE_E4M3, ldexp(1, -9)), 0x01); /* smallest subnormal */
+    KT_EQ_INT(kiln_check_fp8_encode(KILN_DTYPE_E4M3, ldexp(1, -9)), 0x01);  /* smallest subnormal */
     KT_EQ_INT(kiln_check_fp8_encode(KILN_DTYPE_E4M3, ldexp(1, -11)), 0x00); /* ties to even: 0 */
-    KT_EQ_INT(kiln_check_fp8_encode(KILN_DTYPE_E4M3, 1.0625), 0x38);      /* tie: to even (1.0) */
-    KT_EQ_INT(kiln_check_fp8_encode(KILN_DTYPE_E4M3, 1.1875), 0x3a);      /* tie: to even (1.25) */
-    KT_EQ_INT(kiln_check_fp8_encode(KILN_DTYPE_E4M3, 1.07), 0x39);        /* nearest: 1.125 */
+    KT_EQ_INT(kiln_check_fp8_encode(KILN_DTYPE_E4M3, 1.0625), 0x38);        /* tie: to even (1.0) */
+    KT_EQ_INT(kiln_check_fp8_encode(KILN_DTYPE_E4M3, 1.1875), 0x3a); /* tie: to even (1.25) */
+    KT_EQ_INT(kiln_check_fp8_encode(KILN_DTYPE_E4M3, 1.07), 0x39);   /* nearest: 1.125 */
     KT_EQ_INT(kiln_check_fp8_encode(KILN_DTYPE_E4M3, 0.0), 0x00);
     KT_CHECK(kiln_check_fp8_decode(KILN_DTYPE_E4M3, 0x7e) == 448.0);
     KT_CHECK(kiln_check_fp8_decode(KILN_DTYPE_E4M3, 0x01) == ldexp(1, -9));
@@ -61,8 +61,8 @@ KT_TEST(batch_fp8_codec)
             const double x = kiln_check_fp8_decode(dt, (uint8_t)b);
             if (!isfinite(x)) continue;
             if (kiln_check_fp8_encode(dt, x) != b)
-                kt_fail(__FILE__, __LINE__, "%s byte 0x%02x = %g encodes to 0x%02x", t ? "e5m2" : "e4m3", b, x,
-                        kiln_check_fp8_encode(dt, x));
+                kt_fail(__FILE__, __LINE__, "%s byte 0x%02x = %g encodes to 0x%02x",
+                        t ? "e5m2" : "e4m3", b, x, kiln_check_fp8_encode(dt, x));
         }
     }
     /* stored codes decode by dtype */
@@ -76,9 +76,11 @@ KT_TEST(batch_rope_reference)
     /* D = 4: pairs (0, 2) at angle pos and (1, 3) at angle pos * 1e4^(-1/2) */
     double x[4] = {1, 2, 3, 4};
     kiln_check_rope(x, 4, 1.0, 0, 0);
-    const double want[4] = {-1.9841106485555497, 1.959900667496664, 2.462377902412316, 4.019799668334995};
+    const double want[4] = {-1.9841106485555497, 1.959900667496664, 2.462377902412316,
+                            4.019799668334995};
     for (int d = 0; d < 4; d++)
-        if (fabs(x[d] - want[d]) > 1e-12) kt_fail(__FILE__, __LINE__, "x[%d] = %.17g, want %.17g", d, x[d], want[d]);
+        if (fabs(x[d] - want[d]) > 1e-12)
+            kt_fail(__FILE__, __LINE__, "x[%d] = %.17g, want %.17g", d, x[d], want[d]);
     /* position 0 is the identity; scale divides the position; theta sets the base */
     double y[4] = {1, 2, 3, 4}, z[4] = {1, 2, 3, 4}, w[4] = {1, 2, 3, 4};
     kiln_check_rope(y, 4, 0.0, 0, 0);
@@ -100,7 +102,8 @@ KT_TEST(batch_index_arrays)
     KT_EQ_INT(x.total_kv, 38);
     KT_EQ_INT(x.pages_used, 6);
     KT_EQ_INT(x.pool_pages, 9);
-    const int page_indptr[5] = {0, 0, 1, 3, 6}, last[4] = {0, 5, 8, 1}, qo_indptr[5] = {0, 3, 3, 5, 12};
+    const int page_indptr[5] = {0, 0, 1, 3, 6}, last[4] = {0, 5, 8, 1},
+              qo_indptr[5] = {0, 3, 3, 5, 12};
     for (int b = 0; b < 5; b++) {
         KT_EQ_INT(x.page_indptr[b], page_indptr[b]);
         KT_EQ_INT(x.qo_indptr[b], qo_indptr[b]);
@@ -118,7 +121,8 @@ KT_TEST(batch_index_arrays)
     KT_EQ_INT(kiln_check_index_verify(&x, msg, sizeof msg), 0);
     kiln_check_index_free(&x);
     const int bad[2] = {3, -1};
-    KT_STATUS(kiln_check_index_build(2, NULL, bad, 4, 0, 0, 1, &x), KILN_STATUS_INVALID_ARGUMENT, "negative");
+    KT_STATUS(kiln_check_index_build(2, NULL, bad, 4, 0, 0, 1, &x), KILN_STATUS_INVALID_ARGUMENT,
+              "negative");
     KT_STATUS(kiln_check_index_build(0, NULL, bad, 4, 1, 0, 1, &x), KILN_STATUS_OK, "empty batch");
     KT_EQ_INT(x.pool_pages, 1);
     kiln_check_index_free(&x);
@@ -172,9 +176,12 @@ KT_TEST(batch_reference_tiny)
         KT_CHECK(isinf(lse[0 * 2 + h]) && lse[h] < 0);
         for (int d = 0; d < 64; d++) {
             KT_CHECK(o[(0 * 2 + h) * 64 + d] == 0);
-            const double want = 1.25 * kiln_check_fp8_decode(KILN_DTYPE_E4M3, (uint8_t)L.vv[(size_t)(h / L.G) * 64 + d]);
+            const double want =
+                1.25 *
+                kiln_check_fp8_decode(KILN_DTYPE_E4M3, (uint8_t)L.vv[(size_t)(h / L.G) * 64 + d]);
             if (fabs(o[(1 * 2 + h) * 64 + d] - want) > 1e-12)
-                kt_fail(__FILE__, __LINE__, "h=%d d=%d: %g vs %g", h, d, o[(1 * 2 + h) * 64 + d], want);
+                kt_fail(__FILE__, __LINE__, "h=%d d=%d: %g vs %g", h, d, o[(1 * 2 + h) * 64 + d],
+                        want);
         }
         KT_CHECK(isfinite(lse[1 * 2 + h]));
     }
@@ -202,8 +209,9 @@ KT_TEST(batch_reference_tiny)
     s.kv_lens = kv2;
     KT_OK(kiln__cb_make(&v, &s, 5, &L), "make");
     KT_OK(kiln__cb_reference(&L, &o, &lse), "reference");
-    KT_CHECK(isinf(lse[0]) && isinf(lse[2]) && isfinite(lse[4]) && isfinite(lse[6])); /* rows 0,1 empty; 2,3 not */
-    KT_CHECK(isinf(lse[8]) && isinf(lse[10]));                                        /* request 1: no keys */
+    KT_CHECK(isinf(lse[0]) && isinf(lse[2]) && isfinite(lse[4]) &&
+             isfinite(lse[6]));                /* rows 0,1 empty; 2,3 not */
+    KT_CHECK(isinf(lse[8]) && isinf(lse[10])); /* request 1: no keys */
     free(o);
     free(lse);
     kiln__cb_free(&L);
@@ -217,35 +225,44 @@ static void naive_reference(const cb_logical *L, double *o, double *lse)
     const double ks = L->k_scale > 0 ? L->k_scale : 1, vs = L->v_scale > 0 ? L->v_scale : 1;
     double qd[256], kd[256], acc[256];
     for (int b = 0; b < L->ix.batch; b++) {
-        const int L_Q = L->ix.qo_indptr[b + 1] - L->ix.qo_indptr[b], L_KV = L->ix.kv_indptr[b + 1] - L->ix.kv_indptr[b];
+        const int L_Q = L->ix.qo_indptr[b + 1] - L->ix.qo_indptr[b],
+                  L_KV = L->ix.kv_indptr[b + 1] - L->ix.kv_indptr[b];
         double *x = malloc(sizeof(double) * ((size_t)L_KV + 1));
         for (int i = 0; i < L_Q; i++)
             for (int h = 0; h < H; h++) {
                 const int r = L->ix.qo_indptr[b] + i, hk = h / L->G, diag = i + L_KV - L_Q;
-                for (int d = 0; d < D; d++) qd[d] = kiln_check_from_bits(L->v.q_dtype, L->q[((size_t)r * H + h) * D + d]);
-                if (L->v.rope) kiln_check_rope(qd, D, diag + L->rope_off[b], L->rope_scale, L->rope_theta);
+                for (int d = 0; d < D; d++)
+                    qd[d] = kiln_check_from_bits(L->v.q_dtype, L->q[((size_t)r * H + h) * D + d]);
+                if (L->v.rope)
+                    kiln_check_rope(qd, D, diag + L->rope_off[b], L->rope_scale, L->rope_theta);
                 double m = -INFINITY;
                 for (int j = 0; j < L_KV; j++) {
-                    int vis = !(L->v.mask == KILN_MASK_CAUSAL && j > diag) && !(L->v.window && j < diag - L->window_left);
+                    int vis = !(L->v.mask == KILN_MASK_CAUSAL && j > diag) &&
+                              !(L->v.window && j < diag - L->window_left);
                     if (L->v.mask_data == KILN_MASK_DATA_BITMASK) {
                         const int64_t bit = L->bit0[b] + (int64_t)i * L_KV + j;
                         vis = vis && ((L->mask_bits[bit >> 3] >> (bit & 7)) & 1);
                     } else if (L->v.mask_data == KILN_MASK_DATA_BSR) {
                         const int br = L->row0[b] + i / L->bsr_r;
                         int found = 0;
-                        for (int at = L->bsr_indptr[br]; at < L->bsr_indptr[br + 1]; at++) found |= L->bsr_indices[at] == j / L->bsr_c;
+                        for (int at = L->bsr_indptr[br]; at < L->bsr_indptr[br + 1]; at++)
+                            found |= L->bsr_indices[at] == j / L->bsr_c;
                         vis = vis && found;
                     }
                     x[j] = -INFINITY;
                     if (!vis) continue;
-                    const uint16_t *kr = L->k + ((size_t)(L->ix.kv_indptr[b] + j) * L->H_KV + hk) * D;
-                    for (int d = 0; d < D; d++) kd[d] = ks * kiln_check_decode(L->v.kv_dtype, kr[d]);
-                    if (L->v.rope) kiln_check_rope(kd, D, j + L->rope_off[b], L->rope_scale, L->rope_theta);
+                    const uint16_t *kr =
+                        L->k + ((size_t)(L->ix.kv_indptr[b] + j) * L->H_KV + hk) * D;
+                    for (int d = 0; d < D; d++)
+                        kd[d] = ks * kiln_check_decode(L->v.kv_dtype, kr[d]);
+                    if (L->v.rope)
+                        kiln_check_rope(kd, D, j + L->rope_off[b], L->rope_scale, L->rope_theta);
                     double dot = 0;
                     for (int d = 0; d < D; d++) dot += qd[d] * kd[d];
                     double sc = dot * L->sm_scale;
                     if (L->v.logits == KILN_LOGITS_SOFTCAP) sc = L->softcap * tanh(sc / L->softcap);
-                    if (L->v.logits == KILN_LOGITS_ALIBI) sc += (double)L->slopes[h] * (double)(j - diag);
+                    if (L->v.logits == KILN_LOGITS_ALIBI)
+                        sc += (double)L->slopes[h] * (double)(j - diag);
                     x[j] = sc;
                     if (sc > m) m = sc;
                 }
@@ -254,9 +271,11 @@ static void naive_reference(const cb_logical *L, double *o, double *lse)
                 for (int j = 0; m > -INFINITY && j < L_KV; j++) {
                     if (x[j] == -INFINITY) continue;
                     const double w = exp(x[j] - m);
-                    const uint16_t *vr = L->vv + ((size_t)(L->ix.kv_indptr[b] + j) * L->H_KV + hk) * D;
+                    const uint16_t *vr =
+                        L->vv + ((size_t)(L->ix.kv_indptr[b] + j) * L->H_KV + hk) * D;
                     l += w;
-                    for (int d = 0; d < D; d++) acc[d] += w * (vs * kiln_check_decode(L->v.kv_dtype, vr[d]));
+                    for (int d = 0; d < D; d++)
+                        acc[d] += w * (vs * kiln_check_decode(L->v.kv_dtype, vr[d]));
                 }
                 for (int d = 0; d < D; d++) o[((size_t)r * H + h) * D + d] = l > 0 ? acc[d] / l : 0;
                 lse[(size_t)r * H + h] = l > 0 ? m + log(l) : -INFINITY;
@@ -271,9 +290,12 @@ KT_TEST(batch_reference_matches_naive)
 {
     static const char *const specs[] = {
         "op=decode dtype=bf16 head_dim=64 group=4 kv=paged rope=1 lse=1",
-        "op=decode q_dtype=f16 kv_dtype=e4m3 out_dtype=f16 head_dim=64 group=1 kv=ragged logits=softcap window=1",
-        "op=prefill dtype=f16 head_dim=64 group=2 layout=hnd kv=paged mask=causal logits=alibi mask_data=bitmask",
-        "op=prefill q_dtype=bf16 kv_dtype=e5m2 out_dtype=bf16 head_dim=128 group=4 layout=hnd kv=ragged rope=1 window=1 mask_data=bsr",
+        "op=decode q_dtype=f16 kv_dtype=e4m3 out_dtype=f16 head_dim=64 group=1 kv=ragged "
+        "logits=softcap window=1",
+        "op=prefill dtype=f16 head_dim=64 group=2 layout=hnd kv=paged mask=causal logits=alibi "
+        "mask_data=bitmask",
+        "op=prefill q_dtype=bf16 kv_dtype=e5m2 out_dtype=bf16 head_dim=128 group=4 layout=hnd "
+        "kv=ragged rope=1 window=1 mask_data=bsr",
         "op=prefill dtype=bf16 head_dim=64 group=1 kv=ragged mask=causal",
     };
     const int qo[6] = {37, 0, 17, 1, 40, 5}, kv[6] = {70, 12, 0, 33, 64, 9};
@@ -295,7 +317,8 @@ KT_TEST(batch_reference_matches_naive)
         double *o = NULL, *lse = NULL;
         KT_OK(kiln__cb_reference(&L, &o, &lse), "reference");
         const size_t rows = (size_t)L.ix.total_qo * L.H;
-        double *o2 = malloc(sizeof(double) * (rows * L.D + 1)), *lse2 = malloc(sizeof(double) * (rows + 1));
+        double *o2 = malloc(sizeof(double) * (rows * L.D + 1)),
+               *lse2 = malloc(sizeof(double) * (rows + 1));
         KT_REQUIRE(o && lse && o2 && lse2);
         naive_reference(&L, o2, lse2);
         size_t differ = 0, hidden = 0;
@@ -304,8 +327,11 @@ KT_TEST(batch_reference_matches_naive)
             hidden += isinf(lse2[r]) != 0;
             for (int d = 0; d < L.D; d++) differ += !(o[r * L.D + d] == o2[r * L.D + d]);
         }
-        if (differ) kt_fail(__FILE__, __LINE__, "%s: %zu values differ from the plain reference", specs[i], differ);
-        if (v.mask_data) KT_CHECK(hidden > 0 && hidden < rows); /* the drawn masks hide some rows, not all */
+        if (differ)
+            kt_fail(__FILE__, __LINE__, "%s: %zu values differ from the plain reference", specs[i],
+                    differ);
+        if (v.mask_data)
+            KT_CHECK(hidden > 0 && hidden < rows); /* the drawn masks hide some rows, not all */
         /* the stored layout (strided, pages shuffled) holds every key and value where the
          * index arrays say, and garbage elsewhere */
         cb_store S;
@@ -316,20 +342,26 @@ KT_TEST(batch_reference_matches_naive)
                 for (int hk = 0; hk < L.H_KV; hk++) {
                     size_t at;
                     if (v.kv == KILN_KV_PAGED) {
-                        const int P = L.ix.page_size, page = L.ix.page_ids[L.ix.page_indptr[b] + j / P];
-                        at = (size_t)page * S.ks_page + (size_t)(j % P) * S.ks_n + (size_t)hk * S.ks_h;
+                        const int P = L.ix.page_size,
+                                  page = L.ix.page_ids[L.ix.page_indptr[b] + j / P];
+                        at = (size_t)page * S.ks_page + (size_t)(j % P) * S.ks_n +
+                             (size_t)hk * S.ks_h;
                     } else {
                         at = (size_t)(L.ix.kv_indptr[b] + j) * S.ks_n + (size_t)hk * S.ks_h;
                     }
                     const size_t from = ((size_t)(L.ix.kv_indptr[b] + j) * L.H_KV + hk) * L.D;
                     for (int d = 0; d < L.D; d++) {
-                        const unsigned kk = S.esize == 1 ? ((const uint8_t *)S.k)[at + d] : ((const uint16_t *)S.k)[at + d];
-                        const unsigned vv = S.esize == 1 ? ((const uint8_t *)S.v)[at + d] : ((const uint16_t *)S.v)[at + d];
+                        const unsigned kk = S.esize == 1 ? ((const uint8_t *)S.k)[at + d]
+                                                         : ((const uint16_t *)S.k)[at + d];
+                        const unsigned vv = S.esize == 1 ? ((const uint8_t *)S.v)[at + d]
+                                                         : ((const uint16_t *)S.v)[at + d];
                         misplaced += kk != (S.esize == 1 ? (L.k[from + d] & 0xff) : L.k[from + d]);
-                        misplaced += vv != (S.esize == 1 ? (L.vv[from + d] & 0xff) : L.vv[from + d]);
+                        misplaced +=
+                            vv != (S.esize == 1 ? (L.vv[from + d] & 0xff) : L.vv[from + d]);
                     }
                 }
-        if (misplaced) kt_fail(__FILE__, __LINE__, "%s: %zu stored K/V elements differ", specs[i], misplaced);
+        if (misplaced)
+            kt_fail(__FILE__, __LINE__, "%s: %zu stored K/V elements differ", specs[i], misplaced);
         kiln__cb_store_free(&S);
         free(o);
         free(lse);
@@ -377,14 +409,15 @@ static kiln_kernel *get(kiln_ctx *ctx, const kiln_variant *v)
 static const int g_batch[] = {1, 12, 17, 128}, g_kv[] = {1, 54, 97, 512, 2048, 16384};
 static const int g_qo[] = {1, 17, 37, 127, 577}, g_page[] = {1, 5, 8, 16}, g_dim[] = {64, 128, 256};
 static const int g_group[] = {1, 4, 8};
-static const kiln_dtype g_kvdt[] = {KILN_DTYPE_F16, KILN_DTYPE_BF16, KILN_DTYPE_E4M3, KILN_DTYPE_E5M2};
+static const kiln_dtype g_kvdt[] = {KILN_DTYPE_F16, KILN_DTYPE_BF16, KILN_DTYPE_E4M3,
+                                    KILN_DTYPE_E5M2};
 
-#define N_OF(a) ((int)(sizeof(a) / sizeof((a)[0])))
+#define N_OF(a)    ((int)(sizeof(a) / sizeof((a)[0])))
 #define PICK(a, i) ((a)[((i) + (i) / N_OF(a)) % N_OF(a)])
 
 /* CPU reference work budget per case (multiply-adds); shapes above it shrink. */
 #define REF_BUDGET_QUICK 4e8
-#define REF_BUDGET_FULL 3e9
+#define REF_BUDGET_FULL  3e9
 
 /* One case of the covering walk: variant and shape. */
 typedef struct bcase {
@@ -408,24 +441,29 @@ static void make_case(kiln_op op, int i, bcase *c)
     v->lse = i % 3 == 1;
     v->rope = i % 5 == 2;
     /* mask data per request: none, none, bitmask, bsr */
-    v->mask_data = (i + i / 7) % 4 == 2 ? KILN_MASK_DATA_BITMASK
+    v->mask_data = (i + i / 7) % 4 == 2   ? KILN_MASK_DATA_BITMASK
                    : (i + i / 7) % 4 == 3 ? KILN_MASK_DATA_BSR
                                           : KILN_MASK_DATA_NONE;
     const kiln_dtype kd = PICK(g_kvdt, i / 4);
-    v->q_dtype = v->out_dtype = kd == KILN_DTYPE_BF16 || (kd == KILN_DTYPE_E5M2 && i % 2) ? KILN_DTYPE_BF16 : KILN_DTYPE_F16;
+    v->q_dtype = v->out_dtype = kd == KILN_DTYPE_BF16 || (kd == KILN_DTYPE_E5M2 && i % 2)
+                                    ? KILN_DTYPE_BF16
+                                    : KILN_DTYPE_F16;
     v->kv_dtype = kd == KILN_DTYPE_F16 || kd == KILN_DTYPE_BF16 ? v->q_dtype : kd;
     kiln_check_batch *s = &c->s;
     memset(s, 0, sizeof *s);
-    int B = PICK(g_batch, i / 3), kv = PICK(g_kv, i), qo = op == KILN_OP_PREFILL ? PICK(g_qo, i / 6) : 1;
+    int B = PICK(g_batch, i / 3), kv = PICK(g_kv, i),
+        qo = op == KILN_OP_PREFILL ? PICK(g_qo, i / 6) : 1;
     const int H = 2 * v->group;
     if (v->rope && kv > 2048) kv = 2048; /* fp32 angles of large positions drift */
     const double budget = quick() ? REF_BUDGET_QUICK : REF_BUDGET_FULL;
-    while ((double)B * qo * kv * H * v->head_dim * 2 > budget && B > 1) B = B > 12 ? 12 : B > 2 ? B / 2 : 1;
+    while ((double)B * qo * kv * H * v->head_dim * 2 > budget && B > 1)
+        B = B > 12 ? 12 : B > 2 ? B / 2 : 1;
     while ((double)B * qo * kv * H * v->head_dim * 2 > budget && kv > 97) kv /= 2;
     uint64_t seed = 0x5eed0000u + (uint64_t)i * 7919u + (uint64_t)op;
     for (int b = 0; b < B; b++) {
         c->kv[b] = kv / 2 + (int)(kiln_check_rng(&seed) % (uint64_t)(kv - kv / 2 + 1));
-        c->qo[b] = qo > 1 ? qo / 2 + (int)(kiln_check_rng(&seed) % (uint64_t)(qo - qo / 2 + 1)) : qo;
+        c->qo[b] =
+            qo > 1 ? qo / 2 + (int)(kiln_check_rng(&seed) % (uint64_t)(qo - qo / 2 + 1)) : qo;
         if (v->mask == KILN_MASK_CAUSAL && c->qo[b] > c->kv[b]) c->qo[b] = c->kv[b];
     }
     if (B > 1) c->kv[B / 2] = 0; /* an empty request: o = 0, lse = -inf */
@@ -465,18 +503,20 @@ static void run_grid(kiln_op op)
         if (r.r.rel_l2 > worst) worst = r.r.rel_l2;
         if (getenv("KILN_TEST_VERBOSE")) { /* progress of a long grid, one line per case */
             kiln_variant_format(&c.v, spec, sizeof spec);
-            printf("    case %d %s B=%d: %s rel_l2 %.3g\n", i, spec, c.s.batch, st ? "BAD" : "ok", r.r.rel_l2);
+            printf("    case %d %s B=%d: %s rel_l2 %.3g\n", i, spec, c.s.batch, st ? "BAD" : "ok",
+                   r.r.rel_l2);
             fflush(stdout);
         }
         if (st) {
             bad++;
             kiln_variant_format(&c.v, spec, sizeof spec);
-            kt_fail(__FILE__, __LINE__, "case %d: %s B=%d P=%d%s: %s (max_err %.3g, request %d)", i, spec, c.s.batch,
-                    c.s.page_size, c.s.strided ? " strided" : "", msg, r.r.max_err, r.bad_request);
+            kt_fail(__FILE__, __LINE__, "case %d: %s B=%d P=%d%s: %s (max_err %.3g, request %d)", i,
+                    spec, c.s.batch, c.s.page_size, c.s.strided ? " strided" : "", msg, r.r.max_err,
+                    r.bad_request);
         }
     }
-    printf("    %s batches: %d cases, %d bad, worst rel_l2 %.3g\n", op == KILN_OP_DECODE ? "decode" : "prefill", n, bad,
-           worst);
+    printf("    %s batches: %d cases, %d bad, worst rel_l2 %.3g\n",
+           op == KILN_OP_DECODE ? "decode" : "prefill", n, bad, worst);
     kiln_ctx_destroy(ctx);
 }
 
@@ -497,7 +537,8 @@ KT_TEST(batch_grid_cases_valid)
             kiln_variant back;
             kiln__config cfg;
             kiln__err e;
-            if (kiln_variant_parse(spec, &back) != KILN_STATUS_OK || kiln__config_pick(&back, 90, &cfg, &e)) {
+            if (kiln_variant_parse(spec, &back) != KILN_STATUS_OK ||
+                kiln__config_pick(&back, 90, &cfg, &e)) {
                 kt_fail(__FILE__, __LINE__, "case %d: %s: %s", i, spec, kiln_errmsg());
                 continue;
             }
@@ -595,14 +636,21 @@ KT_GPU_TEST(gpu_batch_paged_equals_ragged)
             memcpy(q6, qo, sizeof q6);
             if (vp.mask == KILN_MASK_CAUSAL)
                 for (int b = 0; b < 6; b++) q6[b] = q6[b] > kv[b] ? kv[b] : q6[b];
-            kiln_check_batch s = {.batch = 6, .qo_lens = q6, .kv_lens = kv, .num_qo_heads = 8, .page_size = 5,
-                                  .window_left = -1, .fixed_split = fixed ? 256 : 0, .seed = 11u + (uint64_t)t};
+            kiln_check_batch s = {.batch = 6,
+                                  .qo_lens = q6,
+                                  .kv_lens = kv,
+                                  .num_qo_heads = 8,
+                                  .page_size = 5,
+                                  .window_left = -1,
+                                  .fixed_split = fixed ? 256 : 0,
+                                  .seed = 11u + (uint64_t)t};
             kiln_check_pair p;
             char msg[1024];
             kiln_status st = kiln_check_batch_equiv(ctx, kp, kr, &s, &p, msg, sizeof msg);
             if (st) kt_fail(__FILE__, __LINE__, "case %d fixed=%d: %s", t, fixed, msg);
             printf("    case %d fixed_split=%d: %s split, %s (max diff %.3g)\n", t, fixed ? 256 : 0,
-                   p.same_split ? "same" : "different", p.bitwise ? "bitwise equal" : "within tolerance", p.max_diff);
+                   p.same_split ? "same" : "different",
+                   p.bitwise ? "bitwise equal" : "within tolerance", p.max_diff);
         }
     }
     kiln_ctx_destroy(ctx);
@@ -636,7 +684,11 @@ KT_GPU_TEST(gpu_batch_equals_single)
         memcpy(q7, qo, sizeof q7);
         for (int b = 0; b < 7; b++)
             if (vs.mask == KILN_MASK_CAUSAL && q7[b] > kv[b]) q7[b] = kv[b];
-        kiln_check_batch s = {.batch = 7, .qo_lens = q7, .kv_lens = kv, .num_qo_heads = 8, .window_left = -1,
+        kiln_check_batch s = {.batch = 7,
+                              .qo_lens = q7,
+                              .kv_lens = kv,
+                              .num_qo_heads = 8,
+                              .window_left = -1,
                               .seed = 21u + (uint64_t)t};
         kiln_check_pair p;
         char msg[1024];
@@ -658,12 +710,20 @@ KT_GPU_TEST(gpu_batch_graph_replay)
     static const int qo[12] = {1, 17, 37, 127, 64, 3, 5, 16, 0, 9, 40, 1};
     for (int t = 0; t < 4; t++) {
         kiln_variant v;
-        base_variant(&v, t % 2 ? KILN_OP_PREFILL : KILN_OP_DECODE, t < 2 ? KILN_KV_PAGED : KILN_KV_RAGGED);
+        base_variant(&v, t % 2 ? KILN_OP_PREFILL : KILN_OP_DECODE,
+                     t < 2 ? KILN_KV_PAGED : KILN_KV_RAGGED);
         v.layout = t == 3 ? KILN_LAYOUT_HND : KILN_LAYOUT_NHD;
         kiln_kernel *k = get(ctx, &v);
         if (!k) continue;
-        kiln_check_batch s = {.batch = 12, .qo_lens = qo, .kv_lens = kv, .num_qo_heads = 8, .page_size = 16,
-                              .window_left = -1, .graph = 1, .max_batch = 16, .seed = 21u + (uint64_t)t};
+        kiln_check_batch s = {.batch = 12,
+                              .qo_lens = qo,
+                              .kv_lens = kv,
+                              .num_qo_heads = 8,
+                              .page_size = 16,
+                              .window_left = -1,
+                              .graph = 1,
+                              .max_batch = 16,
+                              .seed = 21u + (uint64_t)t};
         kiln_check_batch_result r;
         char msg[1024];
         kiln_status st = kiln_check_batch_run(ctx, k, &s, 0, &r, msg, sizeof msg);
@@ -685,12 +745,19 @@ KT_GPU_TEST(gpu_batch_invariance)
     kv[4] = 4097;
     for (int t = 0; t < 4; t++) {
         kiln_variant v;
-        base_variant(&v, t % 2 ? KILN_OP_PREFILL : KILN_OP_DECODE, t < 2 ? KILN_KV_PAGED : KILN_KV_RAGGED);
+        base_variant(&v, t % 2 ? KILN_OP_PREFILL : KILN_OP_DECODE,
+                     t < 2 ? KILN_KV_PAGED : KILN_KV_RAGGED);
         v.logits = t == 2 ? KILN_LOGITS_SOFTCAP : KILN_LOGITS_NONE;
         kiln_kernel *k = get(ctx, &v);
         if (!k) continue;
-        kiln_check_batch s = {.batch = 17, .qo_lens = qo, .kv_lens = kv, .num_qo_heads = 8, .page_size = 8,
-                              .window_left = -1, .fixed_split = 512, .seed = 31u + (uint64_t)t};
+        kiln_check_batch s = {.batch = 17,
+                              .qo_lens = qo,
+                              .kv_lens = kv,
+                              .num_qo_heads = 8,
+                              .page_size = 8,
+                              .window_left = -1,
+                              .fixed_split = 512,
+                              .seed = 31u + (uint64_t)t};
         const int reqs[3] = {0, 4, 16};
         for (int j = 0; j < 3; j++) {
             kiln_check_pair p;
@@ -713,11 +780,19 @@ KT_GPU_TEST(gpu_batch_nan_pool)
         base_variant(&v, t ? KILN_OP_PREFILL : KILN_OP_DECODE, KILN_KV_PAGED);
         kiln_kernel *k = get(ctx, &v);
         if (!k) continue;
-        kiln_check_batch s = {.batch = 5, .qo_lens = qo, .kv_lens = kv, .num_qo_heads = 8, .page_size = 16,
-                              .window_left = -1, .strided = 1, .nan_pool = 1, .seed = 41};
+        kiln_check_batch s = {.batch = 5,
+                              .qo_lens = qo,
+                              .kv_lens = kv,
+                              .num_qo_heads = 8,
+                              .page_size = 16,
+                              .window_left = -1,
+                              .strided = 1,
+                              .nan_pool = 1,
+                              .seed = 41};
         kiln_check_batch_result r;
         char msg[1024];
-        if (kiln_check_batch_run(ctx, k, &s, 0, &r, msg, sizeof msg)) kt_fail(__FILE__, __LINE__, "case %d: %s", t, msg);
+        if (kiln_check_batch_run(ctx, k, &s, 0, &r, msg, sizeof msg))
+            kt_fail(__FILE__, __LINE__, "case %d: %s", t, msg);
     }
     kiln_ctx_destroy(ctx);
 }
@@ -735,8 +810,11 @@ KT_GPU_TEST(gpu_batch_merge)
         kiln_kernel *k = get(ctx, &v);
         if (!k) continue;
         for (int op = 0; op < 3; op++) {
-            kiln_check_merge_shape ms = {.rows = 1 + 37 * t, .num_heads = 8, .num_states = 2 + t,
-                                         .strided = t % 2, .seed = 51u + (uint64_t)t};
+            kiln_check_merge_shape ms = {.rows = 1 + 37 * t,
+                                         .num_heads = 8,
+                                         .num_states = 2 + t,
+                                         .strided = t % 2,
+                                         .seed = 51u + (uint64_t)t};
             kiln_check_result r;
             char msg[1024];
             if (kiln_check_merge(ctx, k, (kiln_check_merge_op)op, &ms, &r, msg, sizeof msg))
@@ -771,7 +849,11 @@ KT_GPU_TEST(gpu_batch_cascade)
         vm.head_dim = vd.head_dim;
         kiln_kernel *kp = get(ctx, &vp), *kd = get(ctx, &vd), *km = get(ctx, &vm);
         if (!kp || !kd || !km) continue;
-        kiln_check_batch s = {.batch = 17, .kv_lens = priv, .num_qo_heads = 8, .page_size = 16, .seed = 71u + (uint64_t)t};
+        kiln_check_batch s = {.batch = 17,
+                              .kv_lens = priv,
+                              .num_qo_heads = 8,
+                              .page_size = 16,
+                              .seed = 71u + (uint64_t)t};
         kiln_check_result r;
         char msg[1024];
         if (kiln_check_cascade(ctx, kp, kd, km, &s, 1000 + 537 * t, &r, msg, sizeof msg))

@@ -22,8 +22,8 @@
 
 #define NOBODY 65534 /* uid and gid used to test permissions when the tests run as root */
 
-#define STR_(x) #x
-#define STR(x) STR_(x)
+#define STR_(x)    #x
+#define STR(x)     STR_(x)
 #define SCHEMA_STR STR(KILN__CACHE_SCHEMA_VERSION)
 
 /* ---- helpers ------------------------------------------------------------------------------- */
@@ -421,8 +421,7 @@ KT_TEST(cache_bad_dirs)
     KT_CHECK(WIFEXITED(status));
     if (WIFEXITED(status) && WEXITSTATUS(status) == 99)
         kt_skip("running as root and cannot drop to uid %d: permission checks not run", NOBODY);
-    else
-        KT_EQ_INT(WEXITSTATUS(status), 0);
+    else KT_EQ_INT(WEXITSTATUS(status), 0);
 }
 
 /* ---- rows ------------------------------------------------------------------------------------ */
@@ -806,10 +805,8 @@ KT_TEST(cache_stats_bytes)
 /* Set or unset (v == NULL) an environment variable. */
 static void env_set(const char *k, const char *v)
 {
-    if (v)
-        setenv(k, v, 1);
-    else
-        unsetenv(k);
+    if (v) setenv(k, v, 1);
+    else unsetenv(k);
 }
 
 KT_TEST(cache_default_dir)
@@ -1099,7 +1096,8 @@ KT_TEST(cache_migrate_v1)
     KT_OK(kiln__cache_put(c, &en, &e), e.msg);
     kiln__cache_close(c);
     /* turn it into what kiln 0.1 wrote: version 1, no leases table */
-    KT_REQUIRE(raw_exec(db, "DROP TABLE leases; UPDATE meta SET v = '1' WHERE k = 'schema_version'"));
+    KT_REQUIRE(
+        raw_exec(db, "DROP TABLE leases; UPDATE meta SET v = '1' WHERE k = 'schema_version'"));
     size_t n0 = 0, n1 = 0;
     char *before = slurp(db, &n0);
     /* read-only (a base cache): read as it is, not a byte written */
@@ -1130,7 +1128,8 @@ KT_TEST(cache_migrate_v1)
     KT_EQ_STR(v, "0");
     free(v);
     /* a failed migration (injected) leaves a version-1 cache that the next open migrates */
-    KT_REQUIRE(raw_exec(db, "DROP TABLE leases; UPDATE meta SET v = '1' WHERE k = 'schema_version'"));
+    KT_REQUIRE(
+        raw_exec(db, "DROP TABLE leases; UPDATE meta SET v = '1' WHERE k = 'schema_version'"));
     int failures = 0;
     for (int n = 1; n < 40; n++) {
         c = NULL;
@@ -1316,9 +1315,10 @@ KT_TEST(cache_lease_states)
         kiln__fault_arm("sqlite", 0);
         if (s == KILN_STATUS_OK) break;
         KT_EQ_INT(s, KILN_STATUS_CACHE);
-        KT_CONTAINS(e.msg, "compile lease of " );
+        KT_CONTAINS(e.msg, "compile lease of ");
         KT_CONTAINS(e.msg, "injected");
-        v = raw_text(db, "SELECT count(*) FROM leases WHERE key = '00000000000000000000000000000005'");
+        v = raw_text(db,
+                     "SELECT count(*) FROM leases WHERE key = '00000000000000000000000000000005'");
         KT_EQ_STR(v, "0");
         free(v);
     }
@@ -1361,7 +1361,7 @@ KT_TEST(cache_evict_lru)
     KT_CHECK(st.bytes <= 5500);
     for (int i = 0; i < N; i++) {
         kiln__entry got;
-        int age = (i * 7) % N; /* 0 oldest */
+        int age = (i * 7) % N;         /* 0 oldest */
         int want = i == 0 || age >= 6; /* kept: `keep`, and the 4 most recent of the others */
         kiln_status s = kiln__cache_get(c, keys[i], 0, &got, &e);
         kiln__entry_free(&got);
@@ -1380,11 +1380,11 @@ KT_TEST(cache_parse_size)
     static const struct {
         const char *s;
         int64_t v;
-    } good[] = {{"0", 0},         {"1048576", 1048576}, {"512K", 512 << 10}, {"512k", 512 << 10},
-                {"3M", 3 << 20},  {"2G", 2LL << 30},    {"2GiB", 2LL << 30}, {"1T", 1LL << 40},
-                {"100B", 100},    {"7MB", 7 << 20}};
-    static const char *const bad[] = {"", "M", "-1", "1.5G", "12X", "1 G", "99999999999999999999",
-                                      "9000000000T", "GiB", "1iB"};
+    } good[] = {{"0", 0},        {"1048576", 1048576}, {"512K", 512 << 10}, {"512k", 512 << 10},
+                {"3M", 3 << 20}, {"2G", 2LL << 30},    {"2GiB", 2LL << 30}, {"1T", 1LL << 40},
+                {"100B", 100},   {"7MB", 7 << 20}};
+    static const char *const bad[] = {
+        "", "M", "-1", "1.5G", "12X", "1 G", "99999999999999999999", "9000000000T", "GiB", "1iB"};
     kiln__err e = {{0}};
     for (size_t i = 0; i < sizeof good / sizeof good[0]; i++) {
         int64_t v = -1;

@@ -108,7 +108,7 @@ static int run_in(cli_run *r, const char *in, const char *const *args)
     return r->code;
 }
 
-#define RUN(r, ...) run_in((r), NULL, (const char *const[]){__VA_ARGS__, NULL})
+#define RUN(r, ...)           run_in((r), NULL, (const char *const[]){__VA_ARGS__, NULL})
 #define RUN_STDIN(r, in, ...) run_in((r), (in), (const char *const[]){__VA_ARGS__, NULL})
 
 /* Fail the test unless the binary exists. */
@@ -152,7 +152,7 @@ KT_TEST(cli_help)
     KT_CONTAINS(r.out, "usage: kiln");
     KT_CONTAINS(r.out, "warm");
     run_free(&r);
-    static const char *const cmds[] = {"info", "compile", "warm", "ls",     "show",  "rm",
+    static const char *const cmds[] = {"info",  "compile", "warm",   "ls", "show",  "rm",
                                        "check", "help",    "verify", "gc", "merge", "export"};
     for (size_t i = 0; i < sizeof cmds / sizeof cmds[0]; i++) {
         char want[64];
@@ -239,7 +239,8 @@ KT_TEST(cli_compile_cached)
     run_free(&r);
     /* The same spec in another spelling and order, split over words: a cache hit. */
     KT_EQ_INT(RUN(&r, "compile", "group=1", "head_dim=64", "--arch", "sm_90", "op=decode",
-                  "dtype=bf16"), 0);
+                  "dtype=bf16"),
+              0);
     KT_CONTAINS(r.out, " sm_90a cached ");
     KT_CONTAINS(r.out, key);
     run_free(&r);
@@ -334,7 +335,9 @@ KT_TEST(cli_check_batch_options)
     KT_EQ_INT(RUN(&r, "check", ragged, "--qo-lens", "1,2"), 2);
     KT_CONTAINS(r.err, "a decode batch has one query row per request");
     run_free(&r);
-    KT_EQ_INT(RUN(&r, "check", "op=decode kv=ragged head_dim=64 group=4", "--heads", "6", "--batch", "2"), 2);
+    KT_EQ_INT(RUN(&r, "check", "op=decode kv=ragged head_dim=64 group=4", "--heads", "6", "--batch",
+                  "2"),
+              2);
     KT_CONTAINS(r.err, "not a multiple of group 4");
     run_free(&r);
     KT_EQ_INT(RUN(&r, "check", SPEC_A, "--graph"), 2);
@@ -345,8 +348,10 @@ KT_TEST(cli_check_batch_options)
     KT_CONTAINS(r.err, "mask_data outside a batch");
     run_free(&r);
     if (!kt_have_gpu()) {
-        KT_EQ_INT(RUN(&r, "check", "op=prefill kv=ragged dtype=f16 head_dim=64 group=1 mask_data=bitmask",
-                      "--batch", "3"), 1);
+        KT_EQ_INT(RUN(&r, "check",
+                      "op=prefill kv=ragged dtype=f16 head_dim=64 group=1 mask_data=bitmask",
+                      "--batch", "3"),
+                  1);
         KT_CONTAINS(r.err, "no GPU");
         run_free(&r);
     }
@@ -361,8 +366,9 @@ KT_TEST(cli_check_batch_options)
     KT_CONTAINS(r.out, "--fixed-split N");
     run_free(&r);
     if (kt_have_gpu()) return;
-    KT_EQ_INT(RUN(&r, "check", paged, "--kv-lens", "0,17,5", "--qo-dist", "uniform:0:9", "--page-size", "5",
-                  "--graph", "--fixed-split", "64", "--seed", "7"), 1);
+    KT_EQ_INT(RUN(&r, "check", paged, "--kv-lens", "0,17,5", "--qo-dist", "uniform:0:9",
+                  "--page-size", "5", "--graph", "--fixed-split", "64", "--seed", "7"),
+              1);
     KT_CONTAINS(r.err, "kiln check: no GPU: ");
     run_free(&r);
     KT_EQ_INT(RUN(&r, "check", "op=merge dtype=bf16 head_dim=128", "--batch", "33"), 1);

@@ -68,7 +68,7 @@ static const char *cache_dir(void)
 }
 
 #define KILN_AT "KILN_CACHE_DIR='%s' '%s'"
-#define AT cache_dir(), kt_kiln_bin()
+#define AT      cache_dir(), kt_kiln_bin()
 
 static int have_python(void)
 {
@@ -150,9 +150,11 @@ KT_TEST(report_stats_counts_lookups)
     KT_CONTAINS(out, "ARCH      ENTRIES        BYTES     HITS\nsm_80           1 ");
     free(out);
     if (have_python()) {
-        KT_EQ_INT(sh(&out, KILN_AT " stats --json | " PY_GET("d[\"hits\"], d[\"misses\"], "
-                                                          "round(d[\"hit_rate\"], 3), d[\"archs\"][0][\"arch\"], "
-                                                          "d[\"archs\"][0][\"hits\"]"),
+        KT_EQ_INT(sh(&out,
+                     KILN_AT " stats --json | " PY_GET(
+                         "d[\"hits\"], d[\"misses\"], "
+                         "round(d[\"hit_rate\"], 3), d[\"archs\"][0][\"arch\"], "
+                         "d[\"archs\"][0][\"hits\"]"),
                      AT),
                   0);
         KT_EQ_STR(out, "2 1 0.667 sm_80 2\n");
@@ -192,7 +194,7 @@ KT_TEST(report_hit_skips_checkpoint)
     KT_CHECK(stat(wal, &sb) == 0 && sb.st_size > 0); /* the hit's frames are still there */
     KT_EQ_INT(sh(NULL, KILN_AT " compile --arch sm_80 " MERGE_SPEC " >/dev/null 2>&1", AT), 0);
     KT_EQ_INT(sh(&out, KILN_AT " ls", AT), 0); /* a reader: checkpoints as before */
-    KT_CONTAINS(out, "      2  "); /* HITS column */
+    KT_CONTAINS(out, "      2  ");             /* HITS column */
     free(out);
     KT_CHECK(stat(wal, &sb) != 0);
     KT_EQ_INT(sh(&out, KILN_AT " verify", AT), 0);
@@ -225,10 +227,14 @@ KT_TEST(report_merge_registers)
 
 KT_TEST(report_ls_filters)
 {
-    put_row("a0000000000000000000000000000001", "sm_80", "op=decode dtype=f16 head_dim=64 group=1", 40);
-    put_row("a0000000000000000000000000000002", "sm_90a", "op=decode dtype=f16 head_dim=128 group=1", 40);
-    put_row("a0000000000000000000000000000003", "sm_90a", "op=prefill dtype=bf16 head_dim=128 group=4", 40);
-    put_row("a0000000000000000000000000000004", "sm_80", "op=merge dtype=f16 head_dim=128 group=1", 40);
+    put_row("a0000000000000000000000000000001", "sm_80", "op=decode dtype=f16 head_dim=64 group=1",
+            40);
+    put_row("a0000000000000000000000000000002", "sm_90a",
+            "op=decode dtype=f16 head_dim=128 group=1", 40);
+    put_row("a0000000000000000000000000000003", "sm_90a",
+            "op=prefill dtype=bf16 head_dim=128 group=4", 40);
+    put_row("a0000000000000000000000000000004", "sm_80", "op=merge dtype=f16 head_dim=128 group=1",
+            40);
     char *out = NULL;
     KT_EQ_INT(sh(&out, KILN_AT " ls", AT), 0);
     KT_EQ_INT(lines(out), 5);
@@ -293,8 +299,10 @@ KT_TEST(report_fresh_home)
 
 KT_TEST(report_clear)
 {
-    put_row("b0000000000000000000000000000001", "sm_80", "op=decode dtype=f16 head_dim=64 group=1", 40);
-    put_row("b0000000000000000000000000000002", "sm_90a", "op=decode dtype=f16 head_dim=64 group=1", 40);
+    put_row("b0000000000000000000000000000001", "sm_80", "op=decode dtype=f16 head_dim=64 group=1",
+            40);
+    put_row("b0000000000000000000000000000002", "sm_90a", "op=decode dtype=f16 head_dim=64 group=1",
+            40);
     char *out = NULL;
     KT_EQ_INT(sh(&out, KILN_AT " clear 2>&1", AT), 2);
     KT_CONTAINS(out, "kiln clear: this removes all 2 entries of ");
@@ -328,15 +336,17 @@ KT_TEST(report_json_parses)
     for (size_t i = 0; i < sizeof cmds / sizeof cmds[0]; i++) {
         int rc = sh(&out, KILN_AT " %s 2>/dev/null | " PY_GET("type(d).__name__"), AT, cmds[i]);
         if (rc != 0 || !out || (strcmp(out, "dict\n") && strcmp(out, "list\n")))
-            kt_fail(__FILE__, __LINE__, "kiln %s: not JSON (rc %d): %s", cmds[i], rc, out ? out : "");
+            kt_fail(__FILE__, __LINE__, "kiln %s: not JSON (rc %d): %s", cmds[i], rc,
+                    out ? out : "");
         free(out);
     }
     KT_EQ_INT(sh(&out, KILN_AT " ls --json | " PY_GET("sorted(r[\"spec\"] for r in d)[0]"), AT), 0);
     KT_CONTAINS(out, "\"quoted\" back\\slash");
     free(out);
     /* verify finds both rows bad (their keys are not their material's hash) and says why */
-    KT_EQ_INT(sh(&out, KILN_AT " verify --json | " PY_GET("d[0][\"rows\"], d[0][\"bad\"], "
-                                                       "d[0][\"bad_rows\"][0][\"reason\"][:8]"),
+    KT_EQ_INT(sh(&out,
+                 KILN_AT " verify --json | " PY_GET("d[0][\"rows\"], d[0][\"bad\"], "
+                                                    "d[0][\"bad_rows\"][0][\"reason\"][:8]"),
                  AT),
               0);
     KT_CONTAINS(out, "2 2 ");
@@ -348,14 +358,17 @@ KT_TEST(report_json_parses)
     KT_REQUIRE(f);
     fputs(MERGE_SPEC "\n", f);
     fclose(f);
-    KT_EQ_INT(sh(&out, KILN_AT " warm --arch sm_80 --jobs 1 --json '%s' 2>/dev/null | "
-                           PY_GET("d[\"kernels\"], d[\"compiled\"] + d[\"cached\"], d[\"failed\"], d[\"shard\"]"),
-                 AT, manifest),
-              0);
+    KT_EQ_INT(
+        sh(&out,
+           KILN_AT " warm --arch sm_80 --jobs 1 --json '%s' 2>/dev/null | " PY_GET(
+               "d[\"kernels\"], d[\"compiled\"] + d[\"cached\"], d[\"failed\"], d[\"shard\"]"),
+           AT, manifest),
+        0);
     KT_EQ_STR(out, "1 1 0 [0, 1]\n");
     free(out);
-    KT_EQ_INT(sh(&out, KILN_AT " warm --arch sm_80 --shard 1/2 --json '%s' 2>/dev/null | "
-                           PY_GET("d[\"kernels\"], d[\"shard\"]"),
+    KT_EQ_INT(sh(&out,
+                 KILN_AT " warm --arch sm_80 --shard 1/2 --json '%s' 2>/dev/null | " PY_GET(
+                     "d[\"kernels\"], d[\"shard\"]"),
                  AT, manifest),
               0);
     KT_EQ_STR(out, "0 [1, 2]\n");
@@ -375,7 +388,8 @@ KT_TEST(report_completion)
         char name[32], needle[40];
         if (sscanf(p, "%31s", name) != 1 || !strchr(p, '\n')) break;
         snprintf(needle, sizeof needle, "    %s) opts=", name);
-        if (!strstr(out, needle)) kt_fail(__FILE__, __LINE__, "bash completion lacks command %s", name);
+        if (!strstr(out, needle))
+            kt_fail(__FILE__, __LINE__, "bash completion lacks command %s", name);
         ncmds++;
     }
     KT_CHECK(ncmds >= 15);
@@ -392,13 +406,14 @@ KT_TEST(report_completion)
     KT_EQ_INT(sh(&out, "'%s' completion bash | bash -n 2>&1", kt_kiln_bin()), 0);
     free(out);
     /* run it: complete "kiln st" and "kiln ls --l" */
-    KT_EQ_INT(sh(&out,
-                 "bash -c 'source <(\"$0\" completion bash); COMP_WORDS=(kiln st); COMP_CWORD=1; "
-                 "_kiln; echo \"${COMPREPLY[*]}\"; COMP_WORDS=(kiln --cache d ls --l); COMP_CWORD=4; "
-                 "_kiln; echo \"${COMPREPLY[*]}\"; COMP_WORDS=(kiln warm --arch sm_9); COMP_CWORD=3; "
-                 "_kiln; echo \"${COMPREPLY[*]}\"' '%s' 2>&1",
-                 kt_kiln_bin()),
-              0);
+    KT_EQ_INT(
+        sh(&out,
+           "bash -c 'source <(\"$0\" completion bash); COMP_WORDS=(kiln st); COMP_CWORD=1; "
+           "_kiln; echo \"${COMPREPLY[*]}\"; COMP_WORDS=(kiln --cache d ls --l); COMP_CWORD=4; "
+           "_kiln; echo \"${COMPREPLY[*]}\"; COMP_WORDS=(kiln warm --arch sm_9); COMP_CWORD=3; "
+           "_kiln; echo \"${COMPREPLY[*]}\"' '%s' 2>&1",
+           kt_kiln_bin()),
+        0);
     KT_CONTAINS(out, "stats\n--limit\n");
     KT_CONTAINS(out, "sm_90a");
     free(out);

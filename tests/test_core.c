@@ -55,7 +55,8 @@ KT_TEST(core_expand_self_contained)
 /* Every field of the variant, the arch and the config change the key; token order does not. */
 KT_TEST(core_key_sensitivity)
 {
-    const char *base = "op=decode dtype=f16 head_dim=128 group=4 layout=nhd mask=none window=0 logits=none lse=0";
+    const char *base =
+        "op=decode dtype=f16 head_dim=128 group=4 layout=nhd mask=none window=0 logits=none lse=0";
     const char *variants[] = {
         "op=prefill dtype=f16 head_dim=128 group=4 layout=nhd mask=none window=0 logits=none lse=0",
         "op=decode dtype=bf16 head_dim=128 group=4 layout=nhd mask=none window=0 logits=none lse=0",
@@ -93,7 +94,8 @@ KT_TEST(core_key_sensitivity)
         kiln__key_hash(mat, keys[i + 1]);
         free(mat);
         for (size_t j = 0; j <= i; j++)
-            if (!strcmp(keys[i + 1], keys[j])) kt_fail(__FILE__, __LINE__, "key collision: %s and #%zu", variants[i], j);
+            if (!strcmp(keys[i + 1], keys[j]))
+                kt_fail(__FILE__, __LINE__, "key collision: %s and #%zu", variants[i], j);
     }
     /* arch changes the key */
     parse(base, &v);
@@ -104,7 +106,9 @@ KT_TEST(core_key_sensitivity)
     free(mat);
     KT_CHECK(strcmp(k80, keys[0]) != 0);
     /* token order does not */
-    parse("lse=0 logits=none window=0 mask=none layout=nhd group=4 head_dim=128 dtype=f16 op=decode", &v);
+    parse(
+        "lse=0 logits=none window=0 mask=none layout=nhd group=4 head_dim=128 dtype=f16 op=decode",
+        &v);
     KT_OK(kiln__config_pick(&v, 90, &cfg, &e), e.msg);
     KT_OK(kiln__key_material(&v, &cfg, "sm_90a", &mat, &e), e.msg);
     char again[33];
@@ -150,11 +154,13 @@ KT_TEST(core_decode_kernel_choice)
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         parse(cases[i].spec, &v);
         KT_OK(kiln__config_pick(&v, 90, &cfg, &e), e.msg);
-        if (cfg.pack != cases[i].pack) kt_fail(__FILE__, __LINE__, "%s: pack=%d", cases[i].spec, cfg.pack);
+        if (cfg.pack != cases[i].pack)
+            kt_fail(__FILE__, __LINE__, "%s: pack=%d", cases[i].spec, cfg.pack);
         KT_OK(kiln__expand(&v, &cfg, "sm_90a", &src, &e), e.msg);
         KT_REQUIRE(src);
         const int mma = cfg.pack || v.op == KILN_OP_PREFILL;
-        KT_CHECK(strstr(src, mma ? "kiln::prefill_kernel<kiln_cfg>" : "kiln::decode_kernel<kiln_cfg>") != NULL);
+        KT_CHECK(strstr(src, mma ? "kiln::prefill_kernel<kiln_cfg>"
+                                 : "kiln::decode_kernel<kiln_cfg>") != NULL);
         free(src);
         src = NULL;
     }
@@ -252,10 +258,12 @@ KT_TEST(core_no_device_errors)
     KT_CHECK(k == NULL);
     KT_STATUS(kiln_kernel_compile(ctx, &v, NULL, &k), KILN_STATUS_NO_DEVICE, kiln_ctx_errmsg(ctx));
     KT_CONTAINS(kiln_ctx_errmsg(ctx), "name an arch");
-    KT_STATUS(kiln_kernel_compile(ctx, &v, "sm_75", &k), KILN_STATUS_UNSUPPORTED, kiln_ctx_errmsg(ctx));
+    KT_STATUS(kiln_kernel_compile(ctx, &v, "sm_75", &k), KILN_STATUS_UNSUPPORTED,
+              kiln_ctx_errmsg(ctx));
     KT_CONTAINS(kiln_ctx_errmsg(ctx), "sm_75");
     v.head_dim = 96;
-    KT_STATUS(kiln_kernel_compile(ctx, &v, "sm_90a", &k), KILN_STATUS_UNSUPPORTED, kiln_ctx_errmsg(ctx));
+    KT_STATUS(kiln_kernel_compile(ctx, &v, "sm_90a", &k), KILN_STATUS_UNSUPPORTED,
+              kiln_ctx_errmsg(ctx));
     KT_CONTAINS(kiln_ctx_errmsg(ctx), "head_dim");
     kiln_ctx_destroy(ctx);
     kiln_ctx_destroy(NULL);
@@ -345,7 +353,8 @@ KT_TEST(core_compile_grid)
     kiln_ctx_destroy(ctx);
     KT_REQUIRE(n > 0);
     qsort(ms, (size_t)n, sizeof ms[0], cmp_dbl);
-    printf("    %d kernels (%s grid) for sm_80 and sm_90a: cold compile median %.0f ms, max %.0f ms; "
-           "%d with spills\n",
-           n, full ? "full" : "1/16 of the", ms[n / 2], ms[n - 1], spills);
+    printf(
+        "    %d kernels (%s grid) for sm_80 and sm_90a: cold compile median %.0f ms, max %.0f ms; "
+        "%d with spills\n",
+        n, full ? "full" : "1/16 of the", ms[n / 2], ms[n - 1], spills);
 }

@@ -73,17 +73,27 @@ static int r_prefix_lm(const void *u, int i, int j, int h, int hk, int lq, int l
 }
 
 static const cook cookbook[] = {
-    {"softcap", "params=cap:f32 logits_expr=\"cap * tanhf(logits / cap)\" mask=causal", r_softcap, NULL, 1},
-    {"alibi", "params=slopes:f32[] logits_expr=\"logits + slopes[qo_head] * (float)(kv_idx - qo_idx - kv_len + qo_len)\" mask=causal",
+    {"softcap", "params=cap:f32 logits_expr=\"cap * tanhf(logits / cap)\" mask=causal", r_softcap,
+     NULL, 1},
+    {"alibi",
+     "params=slopes:f32[] logits_expr=\"logits + slopes[qo_head] * (float)(kv_idx - qo_idx - "
+     "kv_len + qo_len)\" mask=causal",
      r_alibi, NULL, 1},
-    {"window", "params=window:i32 mask_expr=\"kv_idx >= qo_idx + kv_len - qo_len - window\" mask=causal", NULL, r_window, 1},
-    {"sink", "params=sink:i32,window:i32 mask_expr=\"kv_idx < sink || kv_idx >= qo_idx + kv_len - qo_len - window\" mask=causal",
+    {"window",
+     "params=window:i32 mask_expr=\"kv_idx >= qo_idx + kv_len - qo_len - window\" mask=causal",
+     NULL, r_window, 1},
+    {"sink",
+     "params=sink:i32,window:i32 mask_expr=\"kv_idx < sink || kv_idx >= qo_idx + kv_len - qo_len - "
+     "window\" mask=causal",
      NULL, r_sink, 1},
-    {"document", "params=seg_q:i32[],seg_kv:i32[] mask_expr=\"seg_q[qo_idx] == seg_kv[kv_idx]\" mask=causal", NULL,
-     r_document, 1},
-    {"prefix_lm", "params=prefix:i32 mask_expr=\"kv_idx < prefix || kv_idx <= qo_idx + kv_len - qo_len\"", NULL,
+    {"document",
+     "params=seg_q:i32[],seg_kv:i32[] mask_expr=\"seg_q[qo_idx] == seg_kv[kv_idx]\" mask=causal",
+     NULL, r_document, 1},
+    {"prefix_lm",
+     "params=prefix:i32 mask_expr=\"kv_idx < prefix || kv_idx <= qo_idx + kv_len - qo_len\"", NULL,
      r_prefix_lm, 0},
-    {"logsigmoid", "logits_expr=\"logits - logf(1.0f + expf(logits))\" mask=causal", r_logsigmoid, NULL, 1},
+    {"logsigmoid", "logits_expr=\"logits - logf(1.0f + expf(logits))\" mask=causal", r_logsigmoid,
+     NULL, 1},
 };
 #define NCOOK ((int)(sizeof cookbook / sizeof cookbook[0]))
 
@@ -110,7 +120,8 @@ KT_TEST(custom_cookbook_compiles)
     for (int c = 0; c < NCOOK; c++)
         for (int op = 0; op < 2; op++) {
             kiln_variant v;
-            if (!cook_spec(&cookbook[c], op ? "op=prefill dtype=bf16" : "op=decode dtype=f16", &v)) continue;
+            if (!cook_spec(&cookbook[c], op ? "op=prefill dtype=bf16" : "op=decode dtype=f16", &v))
+                continue;
             kiln_kernel *k = NULL;
             if (kiln_kernel_compile(ctx, &v, "sm_90a", &k) != KILN_STATUS_OK) {
                 kt_fail(__FILE__, __LINE__, "%s: %s", cookbook[c].name, kiln_ctx_errmsg(ctx));
@@ -119,13 +130,16 @@ KT_TEST(custom_cookbook_compiles)
             KT_CONTAINS(kiln_kernel_source(k), "user snippet");
             kiln_kernel_info info;
             kiln_kernel_describe(k, &info);
-            if (info.spill_bytes) kt_fail(__FILE__, __LINE__, "%s: %d bytes spilled", kiln_kernel_spec(k), info.spill_bytes);
+            if (info.spill_bytes)
+                kt_fail(__FILE__, __LINE__, "%s: %d bytes spilled", kiln_kernel_spec(k),
+                        info.spill_bytes);
         }
     kiln_ctx_destroy(ctx);
 }
 
 /* Fill run-time values and the check shape for cookbook entry c. */
-static void setup(const cook *c, values *val, kiln_check_shape *s, int L_Q, int L_KV, int H, uint64_t seed)
+static void setup(const cook *c, values *val, kiln_check_shape *s, int L_Q, int L_KV, int H,
+                  uint64_t seed)
 {
     memset(s, 0, sizeof *s);
     s->num_qo_heads = H;
@@ -182,18 +196,21 @@ KT_GPU_TEST(gpu_custom_cookbook)
     KT_OK(kiln_ctx_create(&o, &ctx), kiln_errmsg());
     KT_REQUIRE(ctx);
     static values val;
-    static const int shapes[][2] = {{1, 1}, {1, 577}, {1, 4093}, {37, 127}, {577, 577}, {200, 4093}};
+    static const int shapes[][2] = {{1, 1},    {1, 577},   {1, 4093},
+                                    {37, 127}, {577, 577}, {200, 4093}};
     int cases = 0, bad = 0;
     for (int c = 0; c < NCOOK; c++)
         for (int op = 0; op < 2; op++)
             for (int dt = 0; dt < 2; dt++) {
                 char od[64];
-                snprintf(od, sizeof od, "op=%s dtype=%s", op ? "prefill" : "decode", dt ? "bf16" : "f16");
+                snprintf(od, sizeof od, "op=%s dtype=%s", op ? "prefill" : "decode",
+                         dt ? "bf16" : "f16");
                 kiln_variant v;
                 if (!cook_spec(&cookbook[c], od, &v)) continue;
                 kiln_kernel *k = NULL;
                 if (kiln_kernel_get(ctx, &v, &k) != KILN_STATUS_OK) {
-                    kt_fail(__FILE__, __LINE__, "%s %s: %s", cookbook[c].name, od, kiln_ctx_errmsg(ctx));
+                    kt_fail(__FILE__, __LINE__, "%s %s: %s", cookbook[c].name, od,
+                            kiln_ctx_errmsg(ctx));
                     continue;
                 }
                 for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++) {
@@ -206,8 +223,8 @@ KT_GPU_TEST(gpu_custom_cookbook)
                     cases++;
                     if (kiln_check_run(ctx, k, &s, 0, &r, msg, sizeof msg) != KILN_STATUS_OK) {
                         bad++;
-                        kt_fail(__FILE__, __LINE__, "%s %s L_Q=%d L_KV=%d: %s", cookbook[c].name, od, L_Q,
-                                L_KV, msg);
+                        kt_fail(__FILE__, __LINE__, "%s %s L_Q=%d L_KV=%d: %s", cookbook[c].name,
+                                od, L_Q, L_KV, msg);
                     }
                 }
             }
@@ -226,12 +243,14 @@ KT_GPU_TEST(gpu_custom_softcap_equals_builtin)
     static values val;
     for (int op = 0; op < 2; op++) {
         char spec[256];
-        snprintf(spec, sizeof spec, "op=%s dtype=bf16 head_dim=128 group=4 mask=causal logits=softcap",
+        snprintf(spec, sizeof spec,
+                 "op=%s dtype=bf16 head_dim=128 group=4 mask=causal logits=softcap",
                  op ? "prefill" : "decode");
         kiln_kernel *kb = NULL, *ks = NULL;
         KT_OK(kiln_kernel_get_spec(ctx, spec, &kb), kiln_ctx_errmsg(ctx));
         kiln_variant v;
-        if (!cook_spec(&cookbook[0], op ? "op=prefill dtype=bf16" : "op=decode dtype=bf16", &v)) continue;
+        if (!cook_spec(&cookbook[0], op ? "op=prefill dtype=bf16" : "op=decode dtype=bf16", &v))
+            continue;
         KT_OK(kiln_kernel_get(ctx, &v, &ks), kiln_ctx_errmsg(ctx));
         if (!kb || !ks) continue;
         const int L_Q = op ? 300 : 1, L_KV = 2049;
@@ -250,7 +269,8 @@ KT_GPU_TEST(gpu_custom_softcap_equals_builtin)
                 double d = fabs(rs.o[i] - rb.o[i]);
                 if (!(d <= worst)) worst = isnan(d) ? INFINITY : d;
             }
-            printf("    %s: builtin vs snippet soft-cap max |diff| %.3g\n", op ? "prefill" : "decode", worst);
+            printf("    %s: builtin vs snippet soft-cap max |diff| %.3g\n",
+                   op ? "prefill" : "decode", worst);
             KT_CHECK(worst <= 1e-2);
         }
         free(rs.o);
@@ -293,13 +313,16 @@ KT_TEST(custom_refused_not_cached)
 
     KT_OK(kiln_ctx_create(&o, &ctx), kiln_errmsg());
     KT_REQUIRE(ctx);
-    KT_OK(kiln_variant_parse(
-              "op=prefill head_dim=64 params=x:f32,n:i32 logits_expr=\"expf(logits) * 0.0f + exp2f(x) * 0.0f + "
-              "expm1f(x) * 0.0f + logf(2.0f) + log2f(2.0f) + log1pf(x) + powf(x, 2.0f) + sqrtf(4.0f) + "
-              "rsqrtf(4.0f) + tanhf(logits) + sinf(x) + cosf(x) + fabsf(x) + fminf(x, 1.0f) + fmaxf(x, 1.0f) + "
-              "floorf(x) + ceilf(x) + truncf(x) + roundf(x) + min(x, 1.0f) + max(x, 1.0f) + (float)min(n, 1) + "
-              "(float)max(n, 1) + (float)abs(n) + logits\"",
-              &v),
+    KT_OK(kiln_variant_parse("op=prefill head_dim=64 params=x:f32,n:i32 logits_expr=\"expf(logits) "
+                             "* 0.0f + exp2f(x) * 0.0f + "
+                             "expm1f(x) * 0.0f + logf(2.0f) + log2f(2.0f) + log1pf(x) + powf(x, "
+                             "2.0f) + sqrtf(4.0f) + "
+                             "rsqrtf(4.0f) + tanhf(logits) + sinf(x) + cosf(x) + fabsf(x) + "
+                             "fminf(x, 1.0f) + fmaxf(x, 1.0f) + "
+                             "floorf(x) + ceilf(x) + truncf(x) + roundf(x) + min(x, 1.0f) + max(x, "
+                             "1.0f) + (float)min(n, 1) + "
+                             "(float)max(n, 1) + (float)abs(n) + logits\"",
+                             &v),
           kiln_errmsg());
     KT_OK(kiln_kernel_compile(ctx, &v, "sm_90a", &k), kiln_ctx_errmsg(ctx));
     if (k) KT_CONTAINS(kiln_kernel_spec(k), "rsqrtf");

@@ -12,16 +12,18 @@
 
 /* The public functions kiln.h declares, which the shared library must export. */
 static const char *const public_api[] = {
-    "kiln_status_str", "kiln_errmsg", "kiln_variant_default", "kiln_variant_parse",
-    "kiln_variant_format", "kiln_variant_check", "kiln_ctx_create", "kiln_ctx_destroy",
-    "kiln_ctx_errmsg", "kiln_ctx_device", "kiln_ctx_cache_path", "kiln_kernel_get",
-    "kiln_kernel_get_spec", "kiln_kernel_compile", "kiln_kernel_describe", "kiln_kernel_source",
-    "kiln_kernel_spec", "kiln_kernel_log", "kiln_kernel_key_material", "kiln_kernel_cubin",
-    "kiln_decode_workspace_size", "kiln_single_decode", "kiln_single_prefill",
-    "kiln_prefill_mask_plan_size", "kiln_prefill_mask_plan", "kiln_plan_create",
-    "kiln_plan_destroy", "kiln_plan_workspace_size", "kiln_batch_plan", "kiln_plan_describe",
-    "kiln_batch_run", "kiln_merge_state", "kiln_merge_state_in_place", "kiln_merge_states",
-    "kiln_version", "kiln_nvrtc_version",
+    "kiln_status_str",          "kiln_errmsg",         "kiln_variant_default",
+    "kiln_variant_parse",       "kiln_variant_format", "kiln_variant_check",
+    "kiln_ctx_create",          "kiln_ctx_destroy",    "kiln_ctx_errmsg",
+    "kiln_ctx_device",          "kiln_ctx_cache_path", "kiln_kernel_get",
+    "kiln_kernel_get_spec",     "kiln_kernel_compile", "kiln_kernel_describe",
+    "kiln_kernel_source",       "kiln_kernel_spec",    "kiln_kernel_log",
+    "kiln_kernel_key_material", "kiln_kernel_cubin",   "kiln_decode_workspace_size",
+    "kiln_single_decode",       "kiln_single_prefill", "kiln_prefill_mask_plan_size",
+    "kiln_prefill_mask_plan",   "kiln_plan_create",    "kiln_plan_destroy",
+    "kiln_plan_workspace_size", "kiln_batch_plan",     "kiln_plan_describe",
+    "kiln_batch_run",           "kiln_merge_state",    "kiln_merge_state_in_place",
+    "kiln_merge_states",        "kiln_version",        "kiln_nvrtc_version",
 };
 
 KT_TEST(exports_only_public_api)
@@ -53,7 +55,8 @@ KT_TEST(exports_only_public_api)
         int known = 0;
         for (size_t i = 0; i < sizeof public_api / sizeof public_api[0]; i++)
             if (!strcmp(name, public_api[i])) found[i] = known = 1;
-        if (!known && bad++ < 10) kt_fail(__FILE__, __LINE__, "libkiln.so exports %s (%s)", name, type);
+        if (!known && bad++ < 10)
+            kt_fail(__FILE__, __LINE__, "libkiln.so exports %s (%s)", name, type);
     }
     KT_EQ_INT(pclose(p), 0);
     KT_CHECK(total > 0);
@@ -82,7 +85,8 @@ KT_TEST(exports_table_matches_header)
         int known = 0;
         for (size_t i = 0; i < sizeof public_api / sizeof public_api[0]; i++)
             known |= !strcmp(name, public_api[i]);
-        if (!known) kt_fail(__FILE__, __LINE__, "kiln.h declares %s, the export table lacks it", name);
+        if (!known)
+            kt_fail(__FILE__, __LINE__, "kiln.h declares %s, the export table lacks it", name);
     }
     fclose(f);
     KT_EQ_INT(n, (int)(sizeof public_api / sizeof public_api[0]));

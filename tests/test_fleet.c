@@ -28,7 +28,7 @@
 #include "kt.h"
 
 #define ARGS_MAX 32
-#define ENV_MAX 8
+#define ENV_MAX  8
 
 /* Four cheap variants, and a manifest of them. */
 #define SPEC_0 "op=decode dtype=bf16 head_dim=64 group=1"
@@ -192,7 +192,7 @@ static int run_env(run *r, const char *const *env, const char *const *args)
     return reap(spawn("run", env, args), "run", r);
 }
 
-#define RUN(r, ...) run_env((r), NULL, (const char *const[]){__VA_ARGS__, NULL})
+#define RUN(r, ...)          run_env((r), NULL, (const char *const[]){__VA_ARGS__, NULL})
 #define RUN_ENV(r, env, ...) run_env((r), (env), (const char *const[]){__VA_ARGS__, NULL})
 
 /* A compile-only context on cache dir (NULL: none) with the given policy. */
@@ -354,7 +354,8 @@ KT_TEST(fleet_record_replays)
     for (const char *p = text; *p; p++) lines += *p == '\n';
     KT_EQ_INT(lines, 2 + 4);
     free(text);
-    char *keys = db_text(db, "SELECT group_concat(key) FROM (SELECT key FROM kernels ORDER BY key)");
+    char *keys =
+        db_text(db, "SELECT group_concat(key) FROM (SELECT key FROM kernels ORDER BY key)");
 
     /* replaying the record (no --arch: each line names its own) reaches exactly these keys */
     run r;
@@ -362,7 +363,8 @@ KT_TEST(fleet_record_replays)
     KT_CONTAINS(r.out, "3 kernels: 0 compiled, 3 cached, 0 failed");
     KT_CONTAINS(r.err, "1 repeated (spec, arch) pairs skipped");
     run_free(&r);
-    char *after = db_text(db, "SELECT group_concat(key) FROM (SELECT key FROM kernels ORDER BY key)");
+    char *after =
+        db_text(db, "SELECT group_concat(key) FROM (SELECT key FROM kernels ORDER BY key)");
     KT_EQ_STR(after, keys);
     free(after);
     free(keys);
@@ -507,7 +509,8 @@ KT_TEST(fleet_base_on_readonly_fs)
     const char *mnt = tmp_path("ro");
     KT_REQUIRE(mkdir(mnt, 0755) == 0);
     if (mount("tmpfs", mnt, "tmpfs", 0, "size=16m") != 0) {
-        kt_skip("cannot mount a tmpfs here (%s): read-only file system not tested", strerror(errno));
+        kt_skip("cannot mount a tmpfs here (%s): read-only file system not tested",
+                strerror(errno));
         return;
     }
     const char *base = tmp_path("ro/base");
@@ -553,7 +556,8 @@ KT_TEST(fleet_bound_evicts_lru)
     /* used long ago, in the order 0, 2, 1 */
     static const int stamp[3] = {100, 300, 200};
     for (int i = 0; i < 3; i++) {
-        snprintf(sql, sizeof sql, "UPDATE kernels SET last_used = %d WHERE key = '%s'", stamp[i], k[i]);
+        snprintf(sql, sizeof sql, "UPDATE kernels SET last_used = %d WHERE key = '%s'", stamp[i],
+                 k[i]);
         KT_CHECK(db_exec(db, sql));
     }
     long sizes[4];
@@ -581,7 +585,8 @@ KT_TEST(fleet_bound_evicts_lru)
     KT_EQ_INT(compile(ctx, SPEC_3, "sm_80"), 0);
     kiln_ctx_destroy(ctx);
     KT_CHECK(db_long(db, "SELECT sum(length(cubin)) FROM kernels") <= bound);
-    snprintf(sql, sizeof sql, "SELECT group_concat(key) FROM (SELECT key FROM kernels ORDER BY key)");
+    snprintf(sql, sizeof sql,
+             "SELECT group_concat(key) FROM (SELECT key FROM kernels ORDER BY key)");
     char *keys = db_text(db, sql);
     KT_CHECK(strstr(keys, k[0]) && strstr(keys, k[1]) && strstr(keys, k[3]));
     KT_CHECK(!strstr(keys, k[2]));
@@ -634,8 +639,7 @@ static void damage_row(const char *db, const char *key, damage how)
     if (blob) {
         if (how == FLIP)
             for (int i = n / 2; i < n / 2 + 4; i++) blob[i] ^= 0x5a;
-        else
-            n /= 2;
+        else n /= 2;
         char sum[33];
         kiln__hash128(blob, (size_t)n, sum);
         const char *sql = how == TRUNCATE_RESUMMED
@@ -852,7 +856,7 @@ KT_TEST(fleet_kill_builders)
             KT_CHECK(db_exec(db, "DELETE FROM kernels WHERE abs(random()) % 2 = 0"));
         }
         char *before = access(db, F_OK) == 0 ? db_text(db, "SELECT group_concat(key) FROM kernels")
-                                              : strdup("");
+                                             : strdup("");
         pid_t pid = spawn("k", NULL, args);
         int delay_ms = rand() % 1501;
         int code = 0;
@@ -969,8 +973,7 @@ KT_TEST(fleet_faults)
         KT_REQUIRE(waitpid(pid, &status, 0) == pid);
         if (WIFEXITED(status) && WEXITSTATUS(status) == 99)
             kt_skip("cannot drop to uid %d: read-only directory not tested", NOBODY);
-        else
-            KT_CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+        else KT_CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 0);
     }
 
     /* 2. every SQLite statement of a miss (lookups, lease, store, release) fails in turn: a
@@ -997,7 +1000,9 @@ KT_TEST(fleet_faults)
         reported += from_cache < 0 || strstr(err, "injected") != NULL;
         free(err);
         kiln_ctx_destroy(ctx);
-        char *sum = db_text(db, "SELECT checksum FROM kernels WHERE rowid = (SELECT min(rowid) FROM kernels)");
+        char *sum =
+            db_text(db,
+                    "SELECT checksum FROM kernels WHERE rowid = (SELECT min(rowid) FROM kernels)");
         KT_EQ_STR(sum, sum0); /* what was there before is intact */
         free(sum);
         KT_EQ_INT(db_long(db, "SELECT count(*) FROM leases"), 0);

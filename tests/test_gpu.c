@@ -65,7 +65,8 @@ static int warm(kiln_ctx *ctx, const grid *g)
     for (int t = 0; t < nt; t++) pthread_create(&th[t], NULL, compile_worker, &p);
     for (int t = 0; t < nt; t++) pthread_join(th[t], NULL);
     pthread_mutex_destroy(&p.lock);
-    if (p.failed) kt_fail(__FILE__, __LINE__, "%d variants failed to build; first: %s", p.failed, p.msg);
+    if (p.failed)
+        kt_fail(__FILE__, __LINE__, "%d variants failed to build; first: %s", p.failed, p.msg);
     return p.failed;
 }
 
@@ -100,8 +101,8 @@ static void run_case(kiln_ctx *ctx, const kiln_variant *v, int H, int L_Q, int L
         t->bad++;
         return;
     }
-    kiln_check_shape s = {.num_qo_heads = H, .qo_len = L_Q, .kv_len = L_KV, .window_left = -1,
-                          .strided = strided};
+    kiln_check_shape s = {
+        .num_qo_heads = H, .qo_len = L_Q, .kv_len = L_KV, .window_left = -1, .strided = strided};
     kiln_check_result r;
     char msg[512];
     kiln_status st = kiln_check_run(ctx, k, &s, 0, &r, msg, sizeof msg);
@@ -166,7 +167,8 @@ KT_GPU_TEST(gpu_prefill_grid)
                 for (size_t qi = 0; qi < sizeof qo_lens / sizeof qo_lens[0]; qi++) {
                     const int L_KV = kv_lens[li], L_Q = qo_lens[qi];
                     if (v->mask == KILN_MASK_CAUSAL && L_Q > L_KV) continue;
-                    if (L_KV == 32768 && L_Q == 577 && v->head_dim != 128) continue; /* CPU reference cost */
+                    if (L_KV == 32768 && L_Q == 577 && v->head_dim != 128)
+                        continue; /* CPU reference cost */
                     run_case(ctx, v, H, L_Q, L_KV, (int)(li + qi) % 2, &t);
                 }
         } else {
@@ -186,7 +188,8 @@ KT_GPU_TEST(gpu_launch_errors)
     kiln_ctx *ctx = gpu_ctx();
     KT_REQUIRE(ctx);
     kiln_kernel *k = NULL;
-    KT_OK(kiln_kernel_get_spec(ctx, "op=decode dtype=bf16 head_dim=128 group=4", &k), kiln_ctx_errmsg(ctx));
+    KT_OK(kiln_kernel_get_spec(ctx, "op=decode dtype=bf16 head_dim=128 group=4", &k),
+          kiln_ctx_errmsg(ctx));
     KT_REQUIRE(k);
     kiln_attn_args a = {0};
     a.num_qo_heads = 32;

@@ -22,9 +22,9 @@
 static void refused(const char *manifest, const char *in, const char *n1, const char *n2)
 {
     h_run r;
-    h_run_in(
-        &r, in,
-        (const char *const[]){"--cache", h_path("c"), "warm", "--arch", "sm_90a", manifest, NULL});
+    h_run_in(&r, in,
+             (const char *const[]){"--cache", h_path("c"), "warm", "--arch", "sm_90a", manifest,
+                                   NULL});
     KT_EQ_INT(r.code, 2);
     KT_CONTAINS(r.err, n1);
     if (n2) KT_CONTAINS(r.err, n2);

@@ -59,7 +59,8 @@ static unsigned char *make_bits(int L_Q, int L_KV, uint64_t seed)
 }
 
 /* Random BSR with about `pct` % of blocks present, sorted per row. */
-static void make_bsr(int rows, int cols, int pct, uint64_t seed, int **indptr, int **indices, int *nnz)
+static void make_bsr(int rows, int cols, int pct, uint64_t seed, int **indptr, int **indices,
+                     int *nnz)
 {
     *indptr = calloc((size_t)rows + 1, sizeof(int));
     *indices = calloc((size_t)rows * cols + 1, sizeof(int));
@@ -78,12 +79,13 @@ static kiln_ctx *ctx_gpu(void)
     kiln_ctx_opts o = {0};
     o.no_cache = 1;
     kiln_ctx *ctx = NULL;
-    if (kiln_ctx_create(&o, &ctx) != KILN_STATUS_OK) kt_fail(__FILE__, __LINE__, "%s", kiln_errmsg());
+    if (kiln_ctx_create(&o, &ctx) != KILN_STATUS_OK)
+        kt_fail(__FILE__, __LINE__, "%s", kiln_errmsg());
     return ctx;
 }
 
-static void run_one(kiln_ctx *ctx, const char *spec, kiln_mask_data md, int L_Q, int L_KV, int use_map,
-                    int r, int c, uint64_t seed, int *cases, int *bad)
+static void run_one(kiln_ctx *ctx, const char *spec, kiln_mask_data md, int L_Q, int L_KV,
+                    int use_map, int r, int c, uint64_t seed, int *cases, int *bad)
 {
     kiln_variant v;
     if (kiln_variant_parse(spec, &v) != KILN_STATUS_OK) {
@@ -98,7 +100,8 @@ static void run_one(kiln_ctx *ctx, const char *spec, kiln_mask_data md, int L_Q,
     }
     const int lq = v.op == KILN_OP_DECODE ? 1 : L_Q;
     dense d = {lq, L_KV, NULL, NULL, NULL, r, c};
-    kiln_check_shape s = {.num_qo_heads = 8, .qo_len = lq, .kv_len = L_KV, .window_left = -1, .seed = seed};
+    kiln_check_shape s = {
+        .num_qo_heads = 8, .qo_len = lq, .kv_len = L_KV, .window_left = -1, .seed = seed};
     unsigned char *bits = NULL;
     int *indptr = NULL, *indices = NULL, nnz = 0;
     if (md == KILN_MASK_DATA_BITMASK) {
@@ -143,7 +146,8 @@ KT_TEST(maskdata_compiles)
     kiln_ctx *ctx = NULL;
     KT_OK(kiln_ctx_create(&o, &ctx), kiln_errmsg());
     KT_REQUIRE(ctx);
-    const char *specs[] = {"op=decode dtype=f16 head_dim=64 group=4", "op=prefill dtype=bf16 head_dim=64 group=4 mask=causal"};
+    const char *specs[] = {"op=decode dtype=f16 head_dim=64 group=4",
+                           "op=prefill dtype=bf16 head_dim=64 group=4 mask=causal"};
     for (int i = 0; i < 2; i++)
         for (int md = 1; md <= 2; md++) {
             kiln_variant v;
@@ -172,9 +176,10 @@ KT_GPU_TEST(gpu_maskdata)
             for (size_t sh = 0; sh < sizeof shapes / sizeof shapes[0]; sh++)
                 for (int map = 0; map <= 1; map++) {
                     if (strstr(specs[si], "decode") && map) continue;
-                    const int r = md == 2 ? (sh % 2 ? 64 : 16) : 0, c = md == 2 ? (sh % 2 ? 64 : 48) : 0;
-                    run_one(ctx, specs[si], (kiln_mask_data)md, shapes[sh][0], shapes[sh][1], map, r, c,
-                            7000 + sh * 13 + si, &cases, &bad);
+                    const int r = md == 2 ? (sh % 2 ? 64 : 16) : 0,
+                              c = md == 2 ? (sh % 2 ? 64 : 48) : 0;
+                    run_one(ctx, specs[si], (kiln_mask_data)md, shapes[sh][0], shapes[sh][1], map,
+                            r, c, 7000 + sh * 13 + si, &cases, &bad);
                 }
     printf("    mask data: %d cases, %d bad\n", cases, bad);
     kiln_ctx_destroy(ctx);

@@ -34,7 +34,8 @@ static kiln_ctx *make_ctx(void)
     o.no_device = 1;
     o.cache_dir = kt_tmpdir();
     kiln_ctx *ctx = NULL;
-    if (kiln_ctx_create(&o, &ctx) != KILN_STATUS_OK) kt_fail(__FILE__, __LINE__, "%s", kiln_errmsg());
+    if (kiln_ctx_create(&o, &ctx) != KILN_STATUS_OK)
+        kt_fail(__FILE__, __LINE__, "%s", kiln_errmsg());
     return ctx;
 }
 
@@ -69,7 +70,8 @@ static kiln_batch_shape shape_of(const batch *b, int decode)
 }
 
 /* Check one schedule against the batch: coverage, slots, tasks, item length bound. */
-static void check_schedule(kiln_plan *pl, const batch *b, int decode, int rows, int causal, const char *what)
+static void check_schedule(kiln_plan *pl, const batch *b, int decode, int rows, int causal,
+                           const char *what)
 {
     kiln_plan_info info;
     KT_OK(kiln_plan_describe(pl, &info), kiln_errmsg());
@@ -86,9 +88,11 @@ static void check_schedule(kiln_plan *pl, const batch *b, int decode, int rows, 
         const int qo = decode ? 1 : b->qo[r];
         const int64_t got_bit0 = (int64_t)(((uint64_t)(uint32_t)q[5] << 32) | (uint32_t)q[4]);
         if (q[1] != qo || q[3] != b->kv[r] || got_bit0 != bit0 || q[6] != row0) {
-            kt_fail(__FILE__, __LINE__, "%s: request %d recorded as qo=%d kv=%d bit0=%lld row0=%d, is qo=%d kv=%d "
-                    "bit0=%lld row0=%lld", what, r, q[1], q[3], (long long)got_bit0, q[6], qo, b->kv[r],
-                    (long long)bit0, (long long)row0);
+            kt_fail(__FILE__, __LINE__,
+                    "%s: request %d recorded as qo=%d kv=%d bit0=%lld row0=%d, is qo=%d kv=%d "
+                    "bit0=%lld row0=%lld",
+                    what, r, q[1], q[3], (long long)got_bit0, q[6], qo, b->kv[r], (long long)bit0,
+                    (long long)row0);
             return;
         }
         bit0 += (int64_t)qo * b->kv[r];
@@ -115,7 +119,8 @@ static void check_schedule(kiln_plan *pl, const batch *b, int decode, int rows, 
                 if (it[4] >= 0) split = 1;
                 if (it[2] != covered) {
                     /* items of one tile are emitted in key order */
-                    kt_fail(__FILE__, __LINE__, "%s: request %d tile %d: item starts at %d, expected %d", what, r, m,
+                    kt_fail(__FILE__, __LINE__,
+                            "%s: request %d tile %d: item starts at %d, expected %d", what, r, m,
                             it[2], covered);
                     free(slot_seen);
                     return;
@@ -124,14 +129,16 @@ static void check_schedule(kiln_plan *pl, const batch *b, int decode, int rows, 
                 if (it[3] - it[2] > longest) longest = it[3] - it[2];
                 if (it[4] >= 0) {
                     if (it[4] >= nitems || slot_seen[it[4]]++) {
-                        kt_fail(__FILE__, __LINE__, "%s: slot %d reused or out of range", what, it[4]);
+                        kt_fail(__FILE__, __LINE__, "%s: slot %d reused or out of range", what,
+                                it[4]);
                         free(slot_seen);
                         return;
                     }
                 }
             }
             if (n == 0 || covered != vis || (n > 1) != split) {
-                kt_fail(__FILE__, __LINE__, "%s: request %d tile %d: %d items cover %d of %lld keys (split=%d)", what,
+                kt_fail(__FILE__, __LINE__,
+                        "%s: request %d tile %d: %d items cover %d of %lld keys (split=%d)", what,
                         r, m, n, covered, (long long)vis, split);
                 free(slot_seen);
                 return;
@@ -145,7 +152,8 @@ static void check_schedule(kiln_plan *pl, const batch *b, int decode, int rows, 
         const int *it = w + io + i * 8;
         const int tiles = it[0] < b->B ? (decode ? 1 : (b->qo[it[0]] + rows - 1) / rows) : 0;
         if (it[0] >= b->B || it[1] >= tiles) {
-            kt_fail(__FILE__, __LINE__, "%s: item %d names request %d tile %d", what, i, it[0], it[1]);
+            kt_fail(__FILE__, __LINE__, "%s: item %d names request %d tile %d", what, i, it[0],
+                    it[1]);
             break;
         }
     }
@@ -161,7 +169,8 @@ static void check_schedule(kiln_plan *pl, const batch *b, int decode, int rows, 
             }
         }
         if (n != tk[3] || lo != tk[2] || n < 2) {
-            kt_fail(__FILE__, __LINE__, "%s: task %d (request %d tile %d) says slots %d+%d, items say %d+%d", what, t,
+            kt_fail(__FILE__, __LINE__,
+                    "%s: task %d (request %d tile %d) says slots %d+%d, items say %d+%d", what, t,
                     tk[0], tk[1], tk[2], tk[3], lo, n);
             break;
         }
@@ -181,7 +190,8 @@ static void check_balance(kiln_plan *pl, int hpi, int slots, int gran, const cha
     const double avg = (double)info.total_keys * hpi / slots;
     const double bound = 2 * avg > 4 * gran ? 2 * avg : 4 * gran;
     if ((double)info.max_item_keys > bound && info.max_item_keys > info.kv_chunk)
-        kt_fail(__FILE__, __LINE__, "%s: longest item %lld keys > bound %.0f (avg per slot %.0f, chunk %d)", what,
+        kt_fail(__FILE__, __LINE__,
+                "%s: longest item %lld keys > bound %.0f (avg per slot %.0f, chunk %d)", what,
                 (long long)info.max_item_keys, bound, avg, info.kv_chunk);
 }
 
@@ -227,11 +237,16 @@ KT_TEST(plan_schedules_cover_and_balance)
             } else {
                 check_schedule(pl, b, decode, decode ? 1 : k->cfg.block_m, causal, what);
                 const int G = k->v.group, pack = k->cfg.pack;
-                check_balance(pl, pack ? H / G : decode ? (H / G) * (G / k->cfg.gb) : H, SMS * (decode ? 1 : 2),
+                check_balance(pl,
+                              pack     ? H / G
+                              : decode ? (H / G) * (G / k->cfg.gb)
+                                       : H,
+                              SMS * (decode ? 1 : 2),
                               decode && !pack ? 32 * k->cfg.warps : k->cfg.block_n, what);
                 /* the workspace size bounds the plan */
                 size_t need = 0;
-                KT_OK(kiln_plan_workspace_size(pl, b->B, decode ? b->B : b->qo_indptr[b->B], &need), "size");
+                KT_OK(kiln_plan_workspace_size(pl, b->B, decode ? b->B : b->qo_indptr[b->B], &need),
+                      "size");
                 int io, ro, to;
                 const int *w = kiln__plan_schedule(pl, &io, &ro, &to);
                 KT_CHECK((size_t)(to + w[1] * 4) * sizeof(int) <= need);
@@ -334,7 +349,8 @@ KT_TEST(plan_degenerate_and_refused)
     kiln_ctx *ctx = make_ctx();
     KT_REQUIRE(ctx);
     kiln_kernel *kd = compile(ctx, "op=decode dtype=bf16 head_dim=128 group=4 kv=paged");
-    kiln_kernel *kp = compile(ctx, "op=prefill dtype=bf16 head_dim=128 group=4 mask=causal kv=paged");
+    kiln_kernel *kp =
+        compile(ctx, "op=prefill dtype=bf16 head_dim=128 group=4 mask=causal kv=paged");
     KT_REQUIRE(kd && kp);
     kiln_plan_opts o = {0};
     o.num_qo_heads = 32;
@@ -430,7 +446,8 @@ KT_TEST(plan_batch_kernels_compile)
         "op=decode q_dtype=bf16 kv_dtype=e4m3 out_dtype=bf16 head_dim=256 group=1 kv=paged",
         "op=decode dtype=bf16 head_dim=128 group=4 kv=paged rope=1",
         "op=prefill dtype=bf16 head_dim=128 group=4 mask=causal kv=paged lse=1",
-        "op=prefill q_dtype=f16 kv_dtype=e5m2 out_dtype=f16 head_dim=64 group=1 kv=ragged logits=alibi",
+        "op=prefill q_dtype=f16 kv_dtype=e5m2 out_dtype=f16 head_dim=64 group=1 kv=ragged "
+        "logits=alibi",
         "op=prefill dtype=bf16 head_dim=256 group=8 mask=causal kv=paged rope=1 window=1",
         "op=merge dtype=bf16 head_dim=128",
     };
@@ -450,8 +467,8 @@ KT_TEST(plan_batch_kernels_compile)
             KT_OK(kiln__config_pick(&v, a ? 80 : 90, &cfg, &e), e.msg);
             const int allowed = cfg.mt == 2 && v.op == KILN_OP_PREFILL ? 256 : 0;
             if (info.spill_bytes > allowed)
-                kt_fail(__FILE__, __LINE__, "%s (%s, mt=%d): %d bytes spilled (at most %d)", specs[i], info.arch,
-                        cfg.mt, info.spill_bytes, allowed);
+                kt_fail(__FILE__, __LINE__, "%s (%s, mt=%d): %d bytes spilled (at most %d)",
+                        specs[i], info.arch, cfg.mt, info.spill_bytes, allowed);
         }
     kiln_ctx_destroy(ctx);
 }
@@ -463,12 +480,14 @@ KT_TEST(plan_mask_data_offsets)
 {
     kiln_ctx *ctx = make_ctx();
     KT_REQUIRE(ctx);
-    kiln_kernel *k = compile(ctx, "op=prefill dtype=bf16 head_dim=64 group=4 kv=ragged mask_data=bsr");
+    kiln_kernel *k =
+        compile(ctx, "op=prefill dtype=bf16 head_dim=64 group=4 kv=ragged mask_data=bsr");
     KT_REQUIRE(k);
     kiln_plan_opts o = {0};
     o.num_qo_heads = 8;
     kiln_plan *pl = NULL;
-    KT_STATUS(kiln__plan_host(k, &o, SMS, 2, &pl), KILN_STATUS_INVALID_ARGUMENT, "bsr without a block shape");
+    KT_STATUS(kiln__plan_host(k, &o, SMS, 2, &pl), KILN_STATUS_INVALID_ARGUMENT,
+              "bsr without a block shape");
     KT_CONTAINS(kiln_errmsg(), "mask_data=bsr needs the block shape");
     KT_CHECK(pl == NULL);
     o.bsr_r = 3;
@@ -493,8 +512,8 @@ KT_TEST(plan_mask_data_offsets)
         const int *q = w + ro + r * 8;
         const long long got = (long long)(((uint64_t)(uint32_t)q[5] << 32) | (uint32_t)q[4]);
         if (got != bit0[r] || q[6] != row0[r])
-            kt_fail(__FILE__, __LINE__, "request %d: bit0=%lld row0=%d, expected %lld and %d", r, got, q[6],
-                    bit0[r], row0[r]);
+            kt_fail(__FILE__, __LINE__, "request %d: bit0=%lld row0=%d, expected %lld and %d", r,
+                    got, q[6], bit0[r], row0[r]);
     }
     kiln_plan_destroy(pl);
     free(b);

@@ -45,7 +45,7 @@ static void abi_put(char *buf, size_t cap, const char *name, size_t value)
     if (n < cap) snprintf(buf + n, cap - n, "%s%s=%zu", n ? "," : "", name, value);
 }
 
-#define ABI_SIZE(buf, type) abi_put(buf, sizeof buf, #type, sizeof(type))
+#define ABI_SIZE(buf, type)       abi_put(buf, sizeof buf, #type, sizeof(type))
 #define ABI_OFF(buf, type, field) abi_put(buf, sizeof buf, #type "." #field, offsetof(type, field))
 
 static void abi_text(char *buf, size_t cap)
@@ -222,7 +222,8 @@ KT_TEST(python_unittest)
         printf("    | %s", line);
         for (int i = 0; i < N_REQUIRED; i++) {
             char tag[64];
-            snprintf(tag, sizeof tag, "(%s", required[i]); /* unittest -v: "name (module.Class..." */
+            snprintf(tag, sizeof tag, "(%s",
+                     required[i]); /* unittest -v: "name (module.Class..." */
             if (strstr(line, tag)) seen[i] = 1;
         }
     }
@@ -236,9 +237,10 @@ KT_TEST(python_unittest)
     unsetenv("KILN_LIB");
     unsetenv("PYTHONDONTWRITEBYTECODE");
     int code = status == -1 ? -1 : WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-    if (code != 0) kt_fail(__FILE__, __LINE__, "python3 -m unittest exited with %d (output above)", code);
+    if (code != 0)
+        kt_fail(__FILE__, __LINE__, "python3 -m unittest exited with %d (output above)", code);
     for (int i = 0; i < N_REQUIRED; i++)
         if (!seen[i])
-            kt_fail(__FILE__, __LINE__, "python/tests/%spy did not run (no test of it in the output)",
-                    required[i]);
+            kt_fail(__FILE__, __LINE__,
+                    "python/tests/%spy did not run (no test of it in the output)", required[i]);
 }

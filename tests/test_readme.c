@@ -36,7 +36,8 @@ KT_TEST(readme_console_examples)
         return;
     }
     if (access(README_SCRIPT, R_OK) != 0 || access("README.md", R_OK) != 0) {
-        kt_skip("%s or README.md not found (run the tests from the repository root)", README_SCRIPT);
+        kt_skip("%s or README.md not found (run the tests from the repository root)",
+                README_SCRIPT);
         return;
     }
     char cmd[2048];

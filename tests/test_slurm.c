@@ -46,7 +46,6 @@ KT_TEST(slurm_array_shards_merge_byte_identical)
         kt_skip("Slurm test not run: %s", out);
         return;
     }
-    for (char *line = strtok(out, "\n"); line; line = strtok(NULL, "\n"))
-        printf("    %s\n", line);
+    for (char *line = strtok(out, "\n"); line; line = strtok(NULL, "\n")) printf("    %s\n", line);
     KT_EQ_INT(rc, 0);
 }

@@ -19,13 +19,14 @@
 #include "snippet.h"
 
 #define COUNT(a) ((int)(sizeof(a) / sizeof((a)[0])))
-#define L KILN__SNIPPET_LOGITS
-#define M KILN__SNIPPET_MASK
+#define L        KILN__SNIPPET_LOGITS
+#define M        KILN__SNIPPET_MASK
 
 /* The parameters every table row may read. */
 static const kiln_param_decl test_params[] = {
-    {"slopes", KILN_PARAM_F32_ARRAY}, {"scale", KILN_PARAM_F32},   {"window", KILN_PARAM_I32},
-    {"prefix", KILN_PARAM_I32},       {"seg_q", KILN_PARAM_I32_ARRAY}, {"seg_kv", KILN_PARAM_I32_ARRAY},
+    {"slopes", KILN_PARAM_F32_ARRAY}, {"scale", KILN_PARAM_F32},
+    {"window", KILN_PARAM_I32},       {"prefix", KILN_PARAM_I32},
+    {"seg_q", KILN_PARAM_I32_ARRAY},  {"seg_kv", KILN_PARAM_I32_ARRAY},
 };
 
 /* 1 when libclang loads; otherwise marks the test skipped (the caller returns). */
@@ -39,8 +40,8 @@ static int need_clang(void)
 
 static kiln_status check(kiln__snippet_kind kind, const char *text, char *canon, kiln__err *e)
 {
-    return kiln__snippet_check(kind, text, test_params, COUNT(test_params), canon,
-                               KILN_MAX_SNIPPET, e);
+    return kiln__snippet_check(kind, text, test_params, COUNT(test_params), canon, KILN_MAX_SNIPPET,
+                               e);
 }
 
 /* ---- accepted forms ------------------------------------------------------------------------ */
@@ -68,7 +69,8 @@ static const struct {
     {L, "int(logits) + (int)logits", "int ( logits ) + ( int ) logits"},
     {L, "static_cast<float>(kv_idx) / float(kv_len)",
      "static_cast < float > ( kv_idx ) / float ( kv_len )"},
-    {L, "(unsigned)kv_idx % 2u == 0u ? logits : logits * 0.5", "( unsigned ) kv_idx % 2u == 0u ? logits : logits * 0.5"},
+    {L, "(unsigned)kv_idx % 2u == 0u ? logits : logits * 0.5",
+     "( unsigned ) kv_idx % 2u == 0u ? logits : logits * 0.5"},
     {L, "logits", "logits"},
     {L, "1", "1"},
     {L, "0x1p3f + 1e-3f + .5f + 2.", "0x1p3f + 1e-3f + .5f + 2."},
@@ -77,15 +79,22 @@ static const struct {
     {L, "expf(logits) + exp2f(logits) + expm1f(logits) + logf(logits) + log2f(logits)",
      "expf ( logits ) + exp2f ( logits ) + expm1f ( logits ) + logf ( logits ) + log2f ( logits )"},
     {L, "log1pf(logits) + powf(logits, 2.0f) + sqrtf(logits) + rsqrtf(logits) + sinf(logits)",
-     "log1pf ( logits ) + powf ( logits , 2.0f ) + sqrtf ( logits ) + rsqrtf ( logits ) + sinf ( logits )"},
-    {L, "cosf(logits) + fabsf(logits) + fminf(logits, 1.0f) + fmaxf(logits, -1.0f) + floorf(logits)",
-     "cosf ( logits ) + fabsf ( logits ) + fminf ( logits , 1.0f ) + fmaxf ( logits , - 1.0f ) + floorf ( logits )"},
-    {L, "ceilf(logits) + truncf(logits) + roundf(logits) + min(logits, 1.0f) + max(kv_idx, 3) + abs(qo_idx)",
-     "ceilf ( logits ) + truncf ( logits ) + roundf ( logits ) + min ( logits , 1.0f ) + max ( kv_idx , 3 ) + abs ( qo_idx )"},
+     "log1pf ( logits ) + powf ( logits , 2.0f ) + sqrtf ( logits ) + rsqrtf ( logits ) + sinf ( "
+     "logits )"},
+    {L,
+     "cosf(logits) + fabsf(logits) + fminf(logits, 1.0f) + fmaxf(logits, -1.0f) + floorf(logits)",
+     "cosf ( logits ) + fabsf ( logits ) + fminf ( logits , 1.0f ) + fmaxf ( logits , - 1.0f ) + "
+     "floorf ( logits )"},
+    {L,
+     "ceilf(logits) + truncf(logits) + roundf(logits) + min(logits, 1.0f) + max(kv_idx, 3) + "
+     "abs(qo_idx)",
+     "ceilf ( logits ) + truncf ( logits ) + roundf ( logits ) + min ( logits , 1.0f ) + max ( "
+     "kv_idx , 3 ) + abs ( qo_idx )"},
     /* operators */
     {M, "(kv_idx << 2 >> 1 ^ 3 | 4 & ~5) % 7 != 0 && !(batch == 1)",
      "( kv_idx << 2 >> 1 ^ 3 | 4 & ~ 5 ) % 7 != 0 && ! ( batch == 1 )"},
-    {M, "kv_head == qo_head / 4 && +kv_idx >= -qo_idx", "kv_head == qo_head / 4 && + kv_idx >= - qo_idx"},
+    {M, "kv_head == qo_head / 4 && +kv_idx >= -qo_idx",
+     "kv_head == qo_head / 4 && + kv_idx >= - qo_idx"},
     {M, "slopes[kv_head] > 0.0f", "slopes [ kv_head ] > 0.0f"},
     {M, "kv_idx", "kv_idx"},
     {M, "true", "true"},
@@ -322,7 +331,8 @@ KT_TEST(snippet_message_exact)
                      "  kv_idx <= kv_pos\n"
                      "            ^");
     /* tabs stay tabs in the caret line, so the caret lines up */
-    KT_EQ_INT(kiln__snippet_check(M, "\tkv_idx\t<= kv_pos", NULL, 0, NULL, 0, &e), KILN_STATUS_PARSE);
+    KT_EQ_INT(kiln__snippet_check(M, "\tkv_idx\t<= kv_pos", NULL, 0, NULL, 0, &e),
+              KILN_STATUS_PARSE);
     KT_CONTAINS(e.msg, "\n  \tkv_idx\t<= kv_pos\n  \t      \t   ^");
     /* a long snippet shows a window around the column */
     char text[KILN_MAX_SNIPPET];
@@ -355,7 +365,8 @@ KT_TEST(snippet_refuses_bytes)
     KT_EQ_INT(kiln__snippet_check(M, text, NULL, 0, canon, sizeof canon, &e), KILN_STATUS_PARSE);
     KT_CONTAINS(e.msg, "1:512: at least 512 bytes, over the 511-byte limit");
     memset(text, ' ', 600);
-    KT_EQ_INT(kiln__snippet_check_n(M, text, 600, NULL, 0, canon, sizeof canon, &e), KILN_STATUS_PARSE);
+    KT_EQ_INT(kiln__snippet_check_n(M, text, 600, NULL, 0, canon, sizeof canon, &e),
+              KILN_STATUS_PARSE);
     KT_CONTAINS(e.msg, "600 bytes, over the 511-byte limit");
     /* a NUL inside, through the explicit length */
     KT_EQ_INT(kiln__snippet_check_n(M, "kv_idx\0 + 1", 11, NULL, 0, canon, sizeof canon, &e),
@@ -492,11 +503,14 @@ KT_TEST(snippet_canonical_key)
          "logits_expr=\"30.0f * tanhf ( logits / 30.0f )\""},
     };
     static const char *const differ[][2] = {
-        {"logits_expr=\"logits+1.0f\"", "logits_expr=\"logits+1.f\""},   /* any token */
-        {"logits_expr=\"logits+1.0f\"", "logits_expr=\"1.0f+logits\""},  /* order */
-        {"logits_expr=\"logits+a\" params=a:f32,b:f32", "logits_expr=\"logits+b\" params=a:f32,b:f32"},
-        {"params=a:f32 logits_expr=\"logits*a\"", "params=a:i32 logits_expr=\"logits*a\""}, /* type */
-        {"params=a:f32,b:f32 logits_expr=\"logits*a\"", "params=b:f32,a:f32 logits_expr=\"logits*a\""},
+        {"logits_expr=\"logits+1.0f\"", "logits_expr=\"logits+1.f\""},  /* any token */
+        {"logits_expr=\"logits+1.0f\"", "logits_expr=\"1.0f+logits\""}, /* order */
+        {"logits_expr=\"logits+a\" params=a:f32,b:f32",
+         "logits_expr=\"logits+b\" params=a:f32,b:f32"},
+        {"params=a:f32 logits_expr=\"logits*a\"",
+         "params=a:i32 logits_expr=\"logits*a\""}, /* type */
+        {"params=a:f32,b:f32 logits_expr=\"logits*a\"",
+         "params=b:f32,a:f32 logits_expr=\"logits*a\""},
         {"mask_expr=\"kv_idx<=qo_idx\"", "mask_expr=\"kv_idx<=qo_idx\" mask_data=bitmask"},
         {"mask_expr=\"kv_idx<=qo_idx\"", "mask_expr=\"kv_idx<qo_idx\""},
         {"logits_expr=\"kv_idx\"", "mask_expr=\"kv_idx\""}, /* which hook */
@@ -505,11 +519,14 @@ KT_TEST(snippet_canonical_key)
     char a[33], b[33];
     for (int i = 0; i < COUNT(same); i++) {
         if (!key_of(same[i][0], a) || !key_of(same[i][1], b)) continue;
-        if (strcmp(a, b)) kt_fail(__FILE__, __LINE__, "'%s' and '%s' have different keys", same[i][0], same[i][1]);
+        if (strcmp(a, b))
+            kt_fail(__FILE__, __LINE__, "'%s' and '%s' have different keys", same[i][0],
+                    same[i][1]);
     }
     for (int i = 0; i < COUNT(differ); i++) {
         if (!key_of(differ[i][0], a) || !key_of(differ[i][1], b)) continue;
-        if (!strcmp(a, b)) kt_fail(__FILE__, __LINE__, "'%s' and '%s' share a key", differ[i][0], differ[i][1]);
+        if (!strcmp(a, b))
+            kt_fail(__FILE__, __LINE__, "'%s' and '%s' share a key", differ[i][0], differ[i][1]);
     }
 }
 
@@ -550,13 +567,15 @@ KT_TEST(snippet_variant_canonicalize)
 
 /* ---- the spec ------------------------------------------------------------------------------ */
 
-#define BASE "op=prefill dtype=bf16 head_dim=128 group=4 layout=nhd mask=causal window=0 logits=none"
+#define BASE                                                                                       \
+    "op=prefill dtype=bf16 head_dim=128 group=4 layout=nhd mask=causal window=0 logits=none"
 
 static const char *const canonical_specs[] = {
     BASE " lse=0 logits_expr=\"30.0f * tanhf ( logits / 30.0f )\"",
     BASE " lse=0 params=slopes:f32[] logits_expr=\"logits + slopes [ qo_head ] * ( kv_idx - qo_idx "
          "- kv_len + qo_len )\"",
-    BASE " lse=0 params=seg_q:i32[],seg_kv:i32[] mask_expr=\"seg_kv [ kv_idx ] == seg_q [ qo_idx ]\"",
+    BASE
+    " lse=0 params=seg_q:i32[],seg_kv:i32[] mask_expr=\"seg_kv [ kv_idx ] == seg_q [ qo_idx ]\"",
     BASE " lse=1 mask_data=bsr params=a:f32,b:i32,c:f32[],d:i32[] logits_expr=\"logits * a + c [ "
          "qo_head ]\" mask_expr=\"kv_idx < b || d [ batch ] > 0\"",
     BASE " lse=0 mask_data=bitmask",
@@ -604,9 +623,9 @@ KT_TEST(snippet_spec_canonical_forms)
         {"logits_expr=\"logits /* a \\\"quoted\\\" word */ * 2\" dtype=bf16 mask=causal group=4",
          BASE " lse=0 logits_expr=\"logits * 2\""},
         /* empty snippets, mask_data=none and params order */
-        {"logits_expr=\"\" mask_expr=\"\" mask_data=none dtype=bf16 mask=causal group=4", BASE " lse=0"},
-        {"params=b:i32,a:f32 dtype=bf16 mask=causal group=4",
-         BASE " lse=0 params=b:i32,a:f32"},
+        {"logits_expr=\"\" mask_expr=\"\" mask_data=none dtype=bf16 mask=causal group=4",
+         BASE " lse=0"},
+        {"params=b:i32,a:f32 dtype=bf16 mask=causal group=4", BASE " lse=0 params=b:i32,a:f32"},
         /* '=' and blanks inside quotes belong to the value */
         {"mask_expr=\"kv_idx == qo_idx\" dtype=bf16 mask=causal group=4",
          BASE " lse=0 mask_expr=\"kv_idx == qo_idx\""},
@@ -641,7 +660,8 @@ KT_TEST(snippet_spec_refuses)
         {"logits_expr=\"logits \\\\ 2\"", KILN_STATUS_PARSE, "'\\' is not allowed"},
         {"logits_expr=\"logits = 1\"", KILN_STATUS_PARSE,
          "spec: snippet 'logits' 1:8: '=': assignment is not allowed"},
-        {"mask_expr=\"logits > 0\"", KILN_STATUS_PARSE, "snippet 'mask' 1:1: unknown name 'logits'"},
+        {"mask_expr=\"logits > 0\"", KILN_STATUS_PARSE,
+         "snippet 'mask' 1:1: unknown name 'logits'"},
         {"logits_expr=\"slopes[0]\"", KILN_STATUS_PARSE, "unknown name 'slopes'"},
         {"logits_expr=\"1\" logits_expr=\"2\"", KILN_STATUS_PARSE, "duplicate key 'logits_expr'"},
         {"mask_expr=\"1\" mask_expr=\"1\"", KILN_STATUS_PARSE, "duplicate key 'mask_expr'"},
@@ -653,7 +673,8 @@ KT_TEST(snippet_spec_refuses)
         {"params=,a:f32", KILN_STATUS_PARSE, "empty entry 1"},
         {"params=a:f32,,b:f32", KILN_STATUS_PARSE, "empty entry 2"},
         {"params=a:f32,a:i32", KILN_STATUS_PARSE, "params[1] 'a': a duplicate name"},
-        {"params=1a:f32", KILN_STATUS_PARSE, "token 'params=1a:f32': params[0] '1a': not an identifier"},
+        {"params=1a:f32", KILN_STATUS_PARSE,
+         "token 'params=1a:f32': params[0] '1a': not an identifier"},
         {"params=logits:f32", KILN_STATUS_PARSE, "a built-in name"},
         {"params=:f32", KILN_STATUS_PARSE, "empty name"},
         {"params=a:f32 params=b:f32", KILN_STATUS_PARSE, "duplicate key 'params'"},
@@ -763,12 +784,25 @@ KT_TEST(snippet_variant_check_cheap)
     for (int i = 0; i < COUNT(rows); i++) {
         kiln_variant_default(&v);
         switch (rows[i].field) {
-        case 0: v.num_params = 9; break;
-        case 1: v.num_params = 1, strcpy(v.params[0].name, "1x"); break;
-        case 2: memset(v.logits_expr, 'a', sizeof v.logits_expr); break;
-        case 3: strcpy(v.mask_expr, "kv_idx\n"); break;
-        case 4: v.mask_data = (kiln_mask_data)3; break;
-        default: v.num_params = 1, strcpy(v.params[0].name, "x"), v.params[0].type = (kiln_param_type)9; break;
+            case 0:
+                v.num_params = 9;
+                break;
+            case 1:
+                v.num_params = 1, strcpy(v.params[0].name, "1x");
+                break;
+            case 2:
+                memset(v.logits_expr, 'a', sizeof v.logits_expr);
+                break;
+            case 3:
+                strcpy(v.mask_expr, "kv_idx\n");
+                break;
+            case 4:
+                v.mask_data = (kiln_mask_data)3;
+                break;
+            default:
+                v.num_params = 1, strcpy(v.params[0].name, "x"),
+                v.params[0].type = (kiln_param_type)9;
+                break;
         }
         KT_STATUS(kiln_variant_check(&v), KILN_STATUS_UNSUPPORTED, kiln_errmsg());
         KT_CONTAINS(kiln_errmsg(), rows[i].fragment);
@@ -853,8 +887,8 @@ static uint32_t rnd(uint32_t n)
 static size_t mutate(const char *seed, size_t n, char *out, size_t cap)
 {
     static const char *const pieces[] = {
-        "(", ")", "[", "]", "{", "}", ";", "#", "\\", "\"", "'", "/*", "*/", "//", "<%", "%:",
-        "?\?", ",", ".", "->", "::", "=", "+=", "++", "&", "*", "?", ":", "~", "!", " ", "\t",
+        "(", ")", "[", "]", "{", "}", ";", "#", "\\", "\"", "'", "/*", "*/", "//", "<%",
+        "%:", "?\?", ",", ".", "->", "::", "=", "+=", "++", "&", "*", "?", ":", "~", "!", " ", "\t",
         "logits", "kv_idx", "slopes", "scale", "expf(", "min(", "sizeof", "1.5f", "0x", "1e",
         "static_cast<", ">", "(int*)", "__LINE__", "\\\"", "\"\"", "=\"", "params=", "a:f32",
         "logits_expr=\"", "mask_expr=\"", "\x80", "\xff", "\n",
@@ -866,47 +900,47 @@ static size_t mutate(const char *seed, size_t n, char *out, size_t cap)
     int edits = rnd(4) ? 1 : 2 + (int)rnd(2);
     for (int k = 0; k < edits; k++) {
         switch (rnd(6)) {
-        case 0: /* flip a byte */
-            if (n) out[rnd((uint32_t)n)] = (char)rnd(256);
-            break;
-        case 1: { /* insert a piece */
-            const char *p = pieces[rnd(COUNT(pieces))];
-            size_t m = strlen(p), at = rnd((uint32_t)n + 1);
-            if (n + m < cap) {
-                memmove(out + at + m, out + at, n - at);
-                memcpy(out + at, p, m);
-                n += m;
+            case 0: /* flip a byte */
+                if (n) out[rnd((uint32_t)n)] = (char)rnd(256);
+                break;
+            case 1: { /* insert a piece */
+                const char *p = pieces[rnd(COUNT(pieces))];
+                size_t m = strlen(p), at = rnd((uint32_t)n + 1);
+                if (n + m < cap) {
+                    memmove(out + at + m, out + at, n - at);
+                    memcpy(out + at, p, m);
+                    n += m;
+                }
+                break;
             }
-            break;
-        }
-        case 2: { /* delete a range */
-            if (!n) break;
-            size_t at = rnd((uint32_t)n), m = 1 + rnd(8);
-            if (at + m > n) m = n - at;
-            memmove(out + at, out + at + m, n - at - m);
-            n -= m;
-            break;
-        }
-        case 3: /* truncate */
-            n = rnd((uint32_t)n + 1);
-            break;
-        case 4: { /* duplicate a range */
-            if (!n) break;
-            size_t at = rnd((uint32_t)n), m = 1 + rnd(12);
-            if (at + m > n) m = n - at;
-            if (n + m < cap) {
-                memmove(out + at + m, out + at, n - at);
-                n += m;
+            case 2: { /* delete a range */
+                if (!n) break;
+                size_t at = rnd((uint32_t)n), m = 1 + rnd(8);
+                if (at + m > n) m = n - at;
+                memmove(out + at, out + at + m, n - at - m);
+                n -= m;
+                break;
             }
-            break;
-        }
-        default: /* swap two bytes */
-            if (n > 1) {
-                size_t a = rnd((uint32_t)n), b = rnd((uint32_t)n);
-                char t = out[a];
-                out[a] = out[b], out[b] = t;
+            case 3: /* truncate */
+                n = rnd((uint32_t)n + 1);
+                break;
+            case 4: { /* duplicate a range */
+                if (!n) break;
+                size_t at = rnd((uint32_t)n), m = 1 + rnd(12);
+                if (at + m > n) m = n - at;
+                if (n + m < cap) {
+                    memmove(out + at + m, out + at, n - at);
+                    n += m;
+                }
+                break;
             }
-            break;
+            default: /* swap two bytes */
+                if (n > 1) {
+                    size_t a = rnd((uint32_t)n), b = rnd((uint32_t)n);
+                    char t = out[a];
+                    out[a] = out[b], out[b] = t;
+                }
+                break;
         }
     }
     out[n] = 0;
@@ -928,8 +962,8 @@ KT_TEST(snippet_fuzz)
     char buf[KILN_MAX_SNIPPET + 64], canon[KILN_MAX_SNIPPET], again[KILN_MAX_SNIPPET];
     for (int i = 0; i < n_snippet && !kt_failed(); i++) {
         int from_refused = rnd(3) == 0;
-        const char *seed = from_refused ? refused[rnd(COUNT(refused))].text
-                                        : accepted[rnd(COUNT(accepted))].text;
+        const char *seed =
+            from_refused ? refused[rnd(COUNT(refused))].text : accepted[rnd(COUNT(accepted))].text;
         kiln__snippet_kind kind = rnd(2) ? L : M;
         size_t n = mutate(seed, strlen(seed), buf, sizeof buf);
         kiln__err e;
@@ -938,14 +972,17 @@ KT_TEST(snippet_fuzz)
         /* explicit lengths keep NUL bytes the mutation wrote */
         kiln_status st = kiln__snippet_check_n(kind, buf, n, test_params, COUNT(test_params), canon,
                                                sizeof canon, &e);
-        if (!fuzz_status_ok(st)) kt_fail(__FILE__, __LINE__, "'%s' -> %s", buf, kiln_status_str(st));
-        if (!memchr(canon, 0, sizeof canon)) kt_fail(__FILE__, __LINE__, "'%s': canon unterminated", buf);
+        if (!fuzz_status_ok(st))
+            kt_fail(__FILE__, __LINE__, "'%s' -> %s", buf, kiln_status_str(st));
+        if (!memchr(canon, 0, sizeof canon))
+            kt_fail(__FILE__, __LINE__, "'%s': canon unterminated", buf);
         if (st == KILN_STATUS_OK) {
             counts[0][0]++;
             KT_CHECK(strlen(canon) < KILN_MAX_SNIPPET);
             /* the canonical text is accepted again, unchanged */
             if (check(kind, canon, again, &e) || strcmp(again, canon))
-                kt_fail(__FILE__, __LINE__, "'%s' -> '%s' is not a fixed point: %s", buf, canon, e.msg);
+                kt_fail(__FILE__, __LINE__, "'%s' -> '%s' is not a fixed point: %s", buf, canon,
+                        e.msg);
         } else {
             counts[0][st == KILN_STATUS_PARSE ? 1 : 2]++;
             if (!memchr(e.msg, 0, sizeof e.msg) || strncmp(e.msg, "snippet '", 9))
@@ -957,7 +994,8 @@ KT_TEST(snippet_fuzz)
         mutate(seed, strlen(seed), buf, sizeof buf);
         kiln_variant v;
         kiln_status st = kiln_variant_parse(buf, &v);
-        if (!fuzz_status_ok(st)) kt_fail(__FILE__, __LINE__, "'%s' -> %s", buf, kiln_status_str(st));
+        if (!fuzz_status_ok(st))
+            kt_fail(__FILE__, __LINE__, "'%s' -> %s", buf, kiln_status_str(st));
         if (!memchr(kiln_errmsg(), 0, 1024)) kt_fail(__FILE__, __LINE__, "message unterminated");
         counts[1][st == KILN_STATUS_OK ? 0 : st == KILN_STATUS_PARSE ? 1 : 2]++;
         if (st) continue;
@@ -968,12 +1006,13 @@ KT_TEST(snippet_fuzz)
         if (!n1 || n1 >= sizeof f1 || kiln_variant_parse(f1, &w) ||
             kiln_variant_format(&w, f2, sizeof f2) != n1 || strcmp(f1, f2) ||
             memcmp(&v, &w, sizeof v))
-            kt_fail(__FILE__, __LINE__, "'%s': round trip broke: '%s' (%s)", buf, f1, kiln_errmsg());
+            kt_fail(__FILE__, __LINE__, "'%s': round trip broke: '%s' (%s)", buf, f1,
+                    kiln_errmsg());
     }
     printf("    fuzz: %d snippet mutations (ok %d, parse %d, unsupported %d), %d spec mutations "
            "(ok %d, parse %d, unsupported %d)\n",
-           n_snippet, counts[0][0], counts[0][1], counts[0][2], n_spec, counts[1][0],
-           counts[1][1], counts[1][2]);
+           n_snippet, counts[0][0], counts[0][1], counts[0][2], n_spec, counts[1][0], counts[1][1],
+           counts[1][2]);
 }
 
 /* ---- timing -------------------------------------------------------------------------------- */
@@ -1026,7 +1065,8 @@ KT_TEST(snippet_timing)
     ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
     if (n <= 0) return;
     self[n] = 0;
-    snprintf(cmd, sizeof cmd, "KILN_SNIPPET_PROBE=1 '%s' --cpu snippet_probe_first_call 2>&1", self);
+    snprintf(cmd, sizeof cmd, "KILN_SNIPPET_PROBE=1 '%s' --cpu snippet_probe_first_call 2>&1",
+             self);
     FILE *f = popen(cmd, "r");
     if (!f) return;
     double load = -1, first = -1;

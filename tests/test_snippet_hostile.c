@@ -26,10 +26,10 @@
 /* The column a refusal names is where `at` first occurs in the snippet; ACCEPT: it must pass;
  * PARAM: the extra parameter's declaration is refused (no column: it is not in a snippet). */
 #define ACCEPT NULL
-#define PARAM ""
+#define PARAM  ""
 
 typedef struct hostile {
-    const char *class_;   /* sub-class, for the counts and the messages */
+    const char *class_; /* sub-class, for the counts and the messages */
     kiln__snippet_kind kind;
     const char *param;    /* an extra f32 parameter's name (the snippet reads it), or NULL */
     const char *text;     /* the snippet */
@@ -229,9 +229,10 @@ KT_TEST(snippet_hostile_corpus)
             kiln_kernel *k = NULL;
             kiln_status cs = kiln_kernel_compile(ctx, &v, "sm_80", &k);
             if (cs != KILN_STATUS_OK)
-                kt_fail(__FILE__, __LINE__, "row %d (%s) '%s': validation accepts it, NVRTC "
-                        "refuses it: %s: %s", i, h->class_, h->text, kiln_status_str(cs),
-                        kiln_ctx_errmsg(ctx));
+                kt_fail(__FILE__, __LINE__,
+                        "row %d (%s) '%s': validation accepts it, NVRTC "
+                        "refuses it: %s: %s",
+                        i, h->class_, h->text, kiln_status_str(cs), kiln_ctx_errmsg(ctx));
             if (h->at != ACCEPT)
                 kt_fail(__FILE__, __LINE__, "row %d (%s) '%s': accepted, want refused (%s)", i,
                         h->class_, h->text, h->fragment);
@@ -326,8 +327,10 @@ KT_TEST(snippet_hostile_nvrtc_macro_names)
         names++;
         kiln__err e = {{0}};
         if (kiln__params_check(&d, 1, &e) == KILN_STATUS_OK)
-            kt_fail(__FILE__, __LINE__, "'%s' is a macro of %s, and kiln takes it as a parameter "
-                    "name", d.name, path);
+            kt_fail(__FILE__, __LINE__,
+                    "'%s' is a macro of %s, and kiln takes it as a parameter "
+                    "name",
+                    d.name, path);
         checked++;
     }
     free(text);

@@ -510,17 +510,39 @@ KT_TEST(spec_check_bad_structs)
         kiln_variant v;
         kiln_variant_default(&v);
         switch (rows[i].field) {
-        case 0: v.op = (kiln_op)rows[i].value; break;
-        case 1: v.q_dtype = v.kv_dtype = (kiln_dtype)rows[i].value; break;
-        case 2: v.kv_dtype = (kiln_dtype)rows[i].value; break;
-        case 3: v.out_dtype = (kiln_dtype)rows[i].value; break;
-        case 4: v.head_dim = rows[i].value; break;
-        case 5: v.group = rows[i].value; break;
-        case 6: v.layout = (kiln_layout)rows[i].value; break;
-        case 7: v.mask = (kiln_mask)rows[i].value; break;
-        case 8: v.window = rows[i].value; break;
-        case 9: v.logits = (kiln_logits)rows[i].value; break;
-        default: v.lse = rows[i].value; break;
+            case 0:
+                v.op = (kiln_op)rows[i].value;
+                break;
+            case 1:
+                v.q_dtype = v.kv_dtype = (kiln_dtype)rows[i].value;
+                break;
+            case 2:
+                v.kv_dtype = (kiln_dtype)rows[i].value;
+                break;
+            case 3:
+                v.out_dtype = (kiln_dtype)rows[i].value;
+                break;
+            case 4:
+                v.head_dim = rows[i].value;
+                break;
+            case 5:
+                v.group = rows[i].value;
+                break;
+            case 6:
+                v.layout = (kiln_layout)rows[i].value;
+                break;
+            case 7:
+                v.mask = (kiln_mask)rows[i].value;
+                break;
+            case 8:
+                v.window = rows[i].value;
+                break;
+            case 9:
+                v.logits = (kiln_logits)rows[i].value;
+                break;
+            default:
+                v.lse = rows[i].value;
+                break;
         }
         KT_STATUS(kiln_variant_check(&v), KILN_STATUS_UNSUPPORTED, kiln_errmsg());
         KT_CONTAINS(kiln_errmsg(), rows[i].fragment);
@@ -655,7 +677,8 @@ KT_TEST(arch_normalize_refuses)
         {"sm_90f", "arch 'sm_90f': there is no family 'f' target before sm_100", I},
         {"", "arch '': not an arch name; expected sm_<NN>[a|f]", I},
         {NULL, "arch NULL: not an arch name; expected sm_<NN>[a|f]", I},
-        {"compute_90", "arch 'compute_90': not an arch name; expected sm_<NN>[a|f] with NN >= 80", I},
+        {"compute_90", "arch 'compute_90': not an arch name; expected sm_<NN>[a|f] with NN >= 80",
+         I},
         {"sm_9x", "arch 'sm_9x': not an arch name", I},
         {"sm_", "arch 'sm_': not an arch name", I},
         {"sm_9", "arch 'sm_9'", I},
@@ -678,10 +701,8 @@ KT_TEST(arch_normalize_refuses)
         char out[16] = "garbage";
         kiln__err e = {{0}};
         kiln_status st = kiln__arch_normalize(rows[i].in, out, &e);
-        if (rows[i].st)
-            KT_STATUS(st, (kiln_status)rows[i].st, e.msg);
-        else
-            KT_CHECK(st == KILN_STATUS_UNSUPPORTED || st == KILN_STATUS_INVALID_ARGUMENT);
+        if (rows[i].st) KT_STATUS(st, (kiln_status)rows[i].st, e.msg);
+        else KT_CHECK(st == KILN_STATUS_UNSUPPORTED || st == KILN_STATUS_INVALID_ARGUMENT);
         KT_CONTAINS(e.msg, rows[i].fragment);
         KT_EQ_STR(out, "");
         KT_EQ_INT(kiln__arch_sm(rows[i].in), 0);
@@ -783,12 +804,15 @@ KT_TEST(spec_roundtrip_serving_keys)
                     for (int q = 0; q < 2; q++)
                         for (int u = 0; u < 2; u++) {
                             char spec[256], buf[KILN__SPEC_MAX];
-                            snprintf(spec, sizeof spec, "op=%s q_dtype=%s kv_dtype=%s out_dtype=%s kv=%s rope=%d",
+                            snprintf(spec, sizeof spec,
+                                     "op=%s q_dtype=%s kv_dtype=%s out_dtype=%s kv=%s rope=%d",
                                      ops[o], dts[q], kvts[t], dts[u], kvs[s], r);
                             kiln_variant v;
-                            const int fp8 = t >= 2, ok = (fp8 || t == q) && (s != 0 || (!fp8 && !r));
+                            const int fp8 = t >= 2,
+                                      ok = (fp8 || t == q) && (s != 0 || (!fp8 && !r));
                             if (!ok) {
-                                KT_STATUS(kiln_variant_parse(spec, &v), KILN_STATUS_UNSUPPORTED, spec);
+                                KT_STATUS(kiln_variant_parse(spec, &v), KILN_STATUS_UNSUPPORTED,
+                                          spec);
                                 continue;
                             }
                             KT_OK(kiln_variant_parse(spec, &v), kiln_errmsg());
@@ -810,12 +834,14 @@ KT_TEST(spec_roundtrip_serving_keys)
     /* batches: ops, 2 kv, rope, q, out, per q its own kv dtype and both fp8; single requests
      * (kv=contiguous): no fp8, no rope */
     KT_EQ_INT(n, 2 * 2 * 2 * 2 * 2 * 3 + 2 * 2 * 2);
-    KT_STATUS(kiln_variant_parse("op=decode kv_dtype=e4m3", &v0), KILN_STATUS_UNSUPPORTED, "single fp8");
+    KT_STATUS(kiln_variant_parse("op=decode kv_dtype=e4m3", &v0), KILN_STATUS_UNSUPPORTED,
+              "single fp8");
     KT_CONTAINS(kiln_errmsg(), "a single request is a batch of one");
     kiln_variant v;
     /* mask data works per request in batches */
-    static const char *const masked[] = {"op=decode dtype=f16 head_dim=128 group=1 kv=paged mask_data=bitmask",
-                                         "op=prefill dtype=bf16 head_dim=64 group=4 kv=ragged mask_data=bsr"};
+    static const char *const masked[] = {
+        "op=decode dtype=f16 head_dim=128 group=1 kv=paged mask_data=bitmask",
+        "op=prefill dtype=bf16 head_dim=64 group=4 kv=ragged mask_data=bsr"};
     for (int i = 0; i < 2; i++) {
         char canon[512], again[512];
         KT_OK(kiln_variant_parse(masked[i], &v), kiln_errmsg());
@@ -834,5 +860,7 @@ KT_TEST(spec_roundtrip_serving_keys)
     KT_OK(kiln_variant_parse("op=merge dtype=bf16 head_dim=64", &v), kiln_errmsg());
     char buf[KILN__SPEC_MAX];
     kiln_variant_format(&v, buf, sizeof buf);
-    KT_EQ_STR(buf, "op=merge dtype=bf16 head_dim=64 group=1 layout=nhd mask=none window=0 logits=none lse=0");
+    KT_EQ_STR(
+        buf,
+        "op=merge dtype=bf16 head_dim=64 group=1 layout=nhd mask=none window=0 logits=none lse=0");
 }

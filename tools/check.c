@@ -22,8 +22,8 @@
 #include "runtime.h"
 
 #define ROTATE_BYTES (256u << 20) /* keep at least this many input bytes in rotation when timing */
-#define MAX_ROTATE 8
-#define MAX_THREADS 64
+#define MAX_ROTATE   8
+#define MAX_THREADS  64
 
 /* ---- random numbers and 16-bit rounding ------------------------------------------------ */
 
@@ -104,7 +104,10 @@ static float f16_to_f32(uint16_t h)
     return f;
 }
 
-static uint16_t to_bits(kiln_dtype t, float f) { return t == KILN_DTYPE_BF16 ? f32_to_bf16(f) : f32_to_f16(f); }
+static uint16_t to_bits(kiln_dtype t, float f)
+{
+    return t == KILN_DTYPE_BF16 ? f32_to_bf16(f) : f32_to_f16(f);
+}
 static double from_bits(kiln_dtype t, uint16_t h)
 {
     return t == KILN_DTYPE_BF16 ? bf16_to_f32(h) : f16_to_f32(h);
@@ -153,7 +156,8 @@ uint8_t kiln_check_fp8_encode(kiln_dtype t, double x)
 double kiln_check_fp8_decode(kiln_dtype t, uint8_t b)
 {
     const fp8_fmt f = fp8_of(t);
-    const int ebits = 7 - f.mbits, exp = (b >> f.mbits) & ((1 << ebits) - 1), man = b & ((1 << f.mbits) - 1);
+    const int ebits = 7 - f.mbits, exp = (b >> f.mbits) & ((1 << ebits) - 1),
+              man = b & ((1 << f.mbits) - 1);
     const double sign = b & 0x80 ? -1.0 : 1.0;
     if (t == KILN_DTYPE_E4M3 && exp == 15 && man == 7) return NAN;
     if (t == KILN_DTYPE_E5M2 && exp == 31) return man ? NAN : sign * INFINITY;
@@ -163,7 +167,8 @@ double kiln_check_fp8_decode(kiln_dtype t, uint8_t b)
 
 double kiln_check_decode(kiln_dtype t, uint16_t code)
 {
-    if (t == KILN_DTYPE_E4M3 || t == KILN_DTYPE_E5M2) return kiln_check_fp8_decode(t, (uint8_t)code);
+    if (t == KILN_DTYPE_E4M3 || t == KILN_DTYPE_E5M2)
+        return kiln_check_fp8_decode(t, (uint8_t)code);
     return from_bits(t, code);
 }
 
@@ -215,10 +220,12 @@ static int visible(const problem *p, int i, int j, int h)
     return 1;
 }
 
-void kiln_check_message(kiln_status st, const kiln_check_result *r, const char *err, char *msg, size_t cap)
+void kiln_check_message(kiln_status st, const kiln_check_result *r, const char *err, char *msg,
+                        size_t cap)
 {
     if (st == KILN_STATUS_MISMATCH)
-        snprintf(msg, cap, "%lld of %lld elements out of tolerance; first: %s", r->bad, r->checked, r->first_bad);
+        snprintf(msg, cap, "%lld of %lld elements out of tolerance; first: %s", r->bad, r->checked,
+                 r->first_bad);
     else if (st) snprintf(msg, cap, "%s", err);
     else if (cap) msg[0] = 0;
 }
@@ -280,7 +287,8 @@ static void ref_work(void *arg, int first, int step)
             for (int d = 0; d < D; d++) dot += qd[d] * from_bits(kt, kr[d]);
             double s = dot * p->sm_scale;
             if (p->v.logits == KILN_LOGITS_SOFTCAP) s = p->softcap * tanh(s / p->softcap);
-            if (p->v.logits == KILN_LOGITS_ALIBI) s += (double)p->slopes[h] * (double)(j - (i + off));
+            if (p->v.logits == KILN_LOGITS_ALIBI)
+                s += (double)p->slopes[h] * (double)(j - (i + off));
             if (p->shape && p->shape->ref_logits)
                 s = p->shape->ref_logits(p->shape->ref_user, s, i, j, h, hk, p->L_Q, p->L_KV);
             x[j] = s;
@@ -364,14 +372,14 @@ static int cmp_double(const void *a, const void *b)
     return x < y ? -1 : x > y;
 }
 
-#define CU_TRY(call, what)                                                                     \
-    do {                                                                                       \
-        CUresult r_ = (call);                                                                  \
-        if (r_ != CUDA_SUCCESS) {                                                              \
-            kiln__cu_fail(&e, r_, "check: %s", what);                                          \
-            st = KILN_STATUS_CUDA;                                                             \
-            goto done;                                                                         \
-        }                                                                                      \
+#define CU_TRY(call, what)                                                                         \
+    do {                                                                                           \
+        CUresult r_ = (call);                                                                      \
+        if (r_ != CUDA_SUCCESS) {                                                                  \
+            kiln__cu_fail(&e, r_, "check: %s", what);                                              \
+            st = KILN_STATUS_CUDA;                                                                 \
+            goto done;                                                                             \
+        }                                                                                          \
     } while (0)
 
 static void fill_args(const problem *p, const devbufs *b, int c, size_t ws_bytes, kiln_attn_args *a)
@@ -417,8 +425,8 @@ static kiln_status launch(kiln_kernel *k, const problem *p, const kiln_attn_args
     return k->v.op == KILN_OP_DECODE ? kiln_single_decode(k, a, s) : kiln_single_prefill(k, a, s);
 }
 
-kiln_status kiln_check_run(kiln_ctx *ctx, kiln_kernel *k, const kiln_check_shape *s,
-                           int time_reps, kiln_check_result *r, char *msg, size_t cap)
+kiln_status kiln_check_run(kiln_ctx *ctx, kiln_kernel *k, const kiln_check_shape *s, int time_reps,
+                           kiln_check_result *r, char *msg, size_t cap)
 {
     kiln__err e = {{0}};
     kiln_status st = KILN_STATUS_OK;
@@ -430,7 +438,8 @@ kiln_status kiln_check_run(kiln_ctx *ctx, kiln_kernel *k, const kiln_check_shape
     CUevent ev[2] = {0};
     const kiln__cu *cu = ctx ? ctx->cu : NULL;
     if (!cu || !k || !k->loaded) {
-        snprintf(msg, cap, "check: no GPU or kernel not loaded (%s)", ctx ? ctx->err.msg : "no context");
+        snprintf(msg, cap, "check: no GPU or kernel not loaded (%s)",
+                 ctx ? ctx->err.msg : "no context");
         return KILN_STATUS_NO_DEVICE;
     }
     if ((st = kiln__ctx_bind(ctx, &e))) goto done;
@@ -441,7 +450,8 @@ kiln_status kiln_check_run(kiln_ctx *ctx, kiln_kernel *k, const kiln_check_shape
     p.G = k->v.group;
     p.H = s->num_qo_heads;
     if (p.H < p.G || p.H % p.G) {
-        st = kiln__fail(&e, KILN_STATUS_INVALID_ARGUMENT, "check: heads=%d must be a multiple of group=%d", p.H, p.G);
+        st = kiln__fail(&e, KILN_STATUS_INVALID_ARGUMENT,
+                        "check: heads=%d must be a multiple of group=%d", p.H, p.G);
         goto done;
     }
     p.H_KV = p.H / p.G;
@@ -467,7 +477,9 @@ kiln_status kiln_check_run(kiln_ctx *ctx, kiln_kernel *k, const kiln_check_shape
     p.q_elems = (size_t)(p.L_Q > 0 ? p.L_Q : 1) * p.qs_n;
     p.o_elems = (size_t)(p.L_Q > 0 ? p.L_Q : 1) * p.os_n;
 
-    uint64_t seed = s->seed ? s->seed : (uint64_t)time(NULL) ^ ((uint64_t)clock() << 20) ^ (uint64_t)(uintptr_t)&p;
+    uint64_t seed =
+        s->seed ? s->seed
+                : (uint64_t)time(NULL) ^ ((uint64_t)clock() << 20) ^ (uint64_t)(uintptr_t)&p;
     p.q = malloc(p.q_elems * 2);
     p.k = malloc(p.kv_elems * 2);
     p.vv = malloc(p.kv_elems * 2);
@@ -512,10 +524,14 @@ kiln_status kiln_check_run(kiln_ctx *ctx, kiln_kernel *k, const kiln_check_shape
     }
     if (s->bsr_indptr_host && s->bsr_indices_host) {
         CU_TRY(cu->cuMemAlloc(&b.indptr, sizeof(int) * (size_t)(s->bsr_rows + 1)), "alloc bsr");
-        CU_TRY(cu->cuMemcpyHtoD(b.indptr, s->bsr_indptr_host, sizeof(int) * (size_t)(s->bsr_rows + 1)), "copy bsr");
+        CU_TRY(cu->cuMemcpyHtoD(b.indptr, s->bsr_indptr_host,
+                                sizeof(int) * (size_t)(s->bsr_rows + 1)),
+               "copy bsr");
         CU_TRY(cu->cuMemAlloc(&b.indices, sizeof(int) * (size_t)(s->bsr_nnz + 1)), "alloc bsr");
         if (s->bsr_nnz)
-            CU_TRY(cu->cuMemcpyHtoD(b.indices, s->bsr_indices_host, sizeof(int) * (size_t)s->bsr_nnz), "copy bsr");
+            CU_TRY(cu->cuMemcpyHtoD(b.indices, s->bsr_indices_host,
+                                    sizeof(int) * (size_t)s->bsr_nnz),
+                   "copy bsr");
     }
     if (s->use_tile_map && k->v.op == KILN_OP_PREFILL) {
         if ((st = kiln_prefill_mask_plan_size(k, p.L_Q, p.L_KV, &b.tile_map_bytes))) {
@@ -570,19 +586,22 @@ kiln_status kiln_check_run(kiln_ctx *ctx, kiln_kernel *k, const kiln_check_shape
                 if (fabs(ref) > r->max_ref) r->max_ref = fabs(ref);
                 if (!(err <= r->atol + r->rtol * fabs(ref))) {
                     if (!r->bad++)
-                        snprintf(r->first_bad, sizeof r->first_bad, "o[i=%d,h=%d,d=%d] = %.6g, ref %.6g", i,
-                                 h, d, got, ref);
+                        snprintf(r->first_bad, sizeof r->first_bad,
+                                 "o[i=%d,h=%d,d=%d] = %.6g, ref %.6g", i, h, d, got, ref);
                 }
-                if (!(err <= r->max_err)) r->max_err = isnan(err) ? INFINITY : err > r->max_err ? err : r->max_err;
+                if (!(err <= r->max_err))
+                    r->max_err = isnan(err) ? INFINITY : err > r->max_err ? err : r->max_err;
             }
             if (p.v.lse) {
-                const double ref = p.ref_lse[(size_t)i * p.H + h], got = lse_host[(size_t)i * p.H + h];
-                const double err = isinf(ref) && got == ref ? 0.0 : fabs(got - ref); /* empty rows */
+                const double ref = p.ref_lse[(size_t)i * p.H + h],
+                             got = lse_host[(size_t)i * p.H + h];
+                const double err =
+                    isinf(ref) && got == ref ? 0.0 : fabs(got - ref); /* empty rows */
                 r->checked++;
                 if (!(err <= 1e-3 + 1e-3 * fabs(ref))) {
                     if (!r->bad++)
-                        snprintf(r->first_bad, sizeof r->first_bad, "lse[i=%d,h=%d] = %.6g, ref %.6g", i, h,
-                                 got, ref);
+                        snprintf(r->first_bad, sizeof r->first_bad,
+                                 "lse[i=%d,h=%d] = %.6g, ref %.6g", i, h, got, ref);
                 }
                 if (!(err <= r->lse_max_err)) r->lse_max_err = isnan(err) ? INFINITY : err;
             }
@@ -651,7 +670,8 @@ done:
     return st;
 }
 
-kiln_status kiln_check_bandwidth(kiln_ctx *ctx, size_t bytes, double *copy_gbs, char *msg, size_t cap)
+kiln_status kiln_check_bandwidth(kiln_ctx *ctx, size_t bytes, double *copy_gbs, char *msg,
+                                 size_t cap)
 {
     kiln__err e = {{0}};
     kiln_status st = KILN_STATUS_OK;

@@ -12,14 +12,14 @@
 #include "kiln.h"
 
 typedef struct kiln_check_shape {
-    int num_qo_heads; /* H (multiple of the variant's group) */
-    int qo_len;       /* L_Q (prefill; decode uses 1) */
-    int kv_len;       /* L_KV */
-    float sm_scale;   /* 0: 1/sqrt(D) */
-    float softcap;    /* used by logits=softcap (0: 30) */
-    int window_left;  /* used by window=1 (-1: kv_len / 3) */
-    int strided;      /* 1: q, k, v, o live inside wider buffers (non-dense strides) */
-    uint64_t seed;    /* random inputs; 0 picks one from the clock */
+    int num_qo_heads;   /* H (multiple of the variant's group) */
+    int qo_len;         /* L_Q (prefill; decode uses 1) */
+    int kv_len;         /* L_KV */
+    float sm_scale;     /* 0: 1/sqrt(D) */
+    float softcap;      /* used by logits=softcap (0: 30) */
+    int window_left;    /* used by window=1 (-1: kv_len / 3) */
+    int strided;        /* 1: q, k, v, o live inside wider buffers (non-dense strides) */
+    uint64_t seed;      /* random inputs; 0 picks one from the clock */
     int skip_reference; /* 1: time only, no CPU reference (sizes the CPU cannot check) */
     /* Custom variants. The reference evaluates the snippets' meaning through these callbacks,
      * written independently in C (never by compiling the snippet): ref_logits maps the logit
@@ -35,7 +35,7 @@ typedef struct kiln_check_shape {
     kiln_param_value user[KILN_MAX_USER_PARAMS];
     const void *user_host[KILN_MAX_USER_PARAMS];
     size_t user_bytes[KILN_MAX_USER_PARAMS];
-    int keep_output;  /* 1: return the kernel's o in kiln_check_result.o (caller frees) */
+    int keep_output; /* 1: return the kernel's o in kiln_check_result.o (caller frees) */
     /* mask data (host copies, uploaded): bitmask bytes, or BSR arrays with block shape */
     const unsigned char *mask_bits_host;
     const int *bsr_indptr_host, *bsr_indices_host;
@@ -44,19 +44,19 @@ typedef struct kiln_check_shape {
 } kiln_check_shape;
 
 typedef struct kiln_check_result {
-    double max_err;       /* max |out - ref| over o */
-    double max_ref;       /* max |ref| */
-    double rel_l2;        /* ||out - ref|| / ||ref|| */
-    double lse_max_err;   /* max |lse - ref| (variants with lse) */
-    long long checked;    /* elements compared */
-    long long bad;        /* elements outside atol + rtol*|ref| (NaN counts as bad) */
+    double max_err;     /* max |out - ref| over o */
+    double max_ref;     /* max |ref| */
+    double rel_l2;      /* ||out - ref|| / ||ref|| */
+    double lse_max_err; /* max |lse - ref| (variants with lse) */
+    long long checked;  /* elements compared */
+    long long bad;      /* elements outside atol + rtol*|ref| (NaN counts as bad) */
     double atol, rtol;
-    char first_bad[256];  /* first mismatch, "o[i,h,d]=x ref=y" */
-    double kernel_ms;     /* median of the timed launches (0 unless timed) */
-    double min_ms;        /* fastest timed launch */
-    double bytes;         /* minimum HBM traffic of one launch */
-    double flops;         /* useful FLOPs of one launch (4*D per visible (i,j) pair per head) */
-    double *o;            /* keep_output: o as doubles [L_Q][H][D], malloc'd; else NULL */
+    char first_bad[256]; /* first mismatch, "o[i,h,d]=x ref=y" */
+    double kernel_ms;    /* median of the timed launches (0 unless timed) */
+    double min_ms;       /* fastest timed launch */
+    double bytes;        /* minimum HBM traffic of one launch */
+    double flops;        /* useful FLOPs of one launch (4*D per visible (i,j) pair per head) */
+    double *o;           /* keep_output: o as doubles [L_Q][H][D], malloc'd; else NULL */
 } kiln_check_result;
 
 /* Tolerances for a variant: atol and rtol by dtype and logits. */
@@ -67,8 +67,8 @@ void kiln_check_tolerance(const kiln_variant *v, double *atol, double *rtol);
  * CUDA events, rotating up to 8 input copies so at least 256 MiB (4x the H200's L2) cycle. Returns
  * KILN_STATUS_MISMATCH when any element is out of tolerance (result filled either way); other
  * statuses for failures, with the message in msg[cap]. */
-kiln_status kiln_check_run(kiln_ctx *ctx, kiln_kernel *k, const kiln_check_shape *s,
-                           int time_reps, kiln_check_result *r, char *msg, size_t cap);
+kiln_status kiln_check_run(kiln_ctx *ctx, kiln_kernel *k, const kiln_check_shape *s, int time_reps,
+                           kiln_check_result *r, char *msg, size_t cap);
 
 /* Time a device-to-device copy of `bytes` (read + write counted) and a streaming read; GB/s.
  * For the ceilings in benchmarks. */
@@ -90,7 +90,8 @@ double kiln_check_decode(kiln_dtype t, uint16_t code);
 /* splitmix64: the next 64 random bits of *s, and a float in [-1, 1). */
 /* The one-line outcome of a check into msg[cap]: "N of M elements out of tolerance; first: ..."
  * for a mismatch, err for another failure, "" for success. */
-void kiln_check_message(kiln_status st, const kiln_check_result *r, const char *err, char *msg, size_t cap);
+void kiln_check_message(kiln_status st, const kiln_check_result *r, const char *err, char *msg,
+                        size_t cap);
 
 /* Run work(arg, first, step) for first = 0 .. nt-1 with step = nt on up to one thread per
  * CPU (at most `tasks` threads; the caller's thread takes first = 0). */
@@ -132,7 +133,8 @@ typedef struct kiln_check_index {
  * pages_used + extra_pages pages, in random pool order when shuffle is set (seeded). Returns
  * KILN_STATUS_INVALID_ARGUMENT for a negative length, KILN_STATUS_NO_MEMORY. */
 kiln_status kiln_check_index_build(int batch, const int *qo_lens, const int *kv_lens, int page_size,
-                                   int shuffle, int extra_pages, uint64_t seed, kiln_check_index *out);
+                                   int shuffle, int extra_pages, uint64_t seed,
+                                   kiln_check_index *out);
 void kiln_check_index_free(kiln_check_index *x);
 /* 0 when x is consistent (offsets start at 0 and never decrease, pages distinct and inside the
  * pool, each request's pages hold exactly its keys); else -1 with the first problem in msg. */
@@ -142,31 +144,31 @@ int kiln_check_index_verify(const kiln_check_index *x, char *msg, size_t cap);
 void kiln_check_lens_uniform(int *out, int n, int lo, int hi, uint64_t seed);
 
 typedef struct kiln_check_batch {
-    int batch;           /* B */
-    const int *qo_lens;  /* [B] prefill rows per request (decode: ignored, one each) */
-    const int *kv_lens;  /* [B] keys per request (0 allowed: o = 0, lse = -inf) */
-    int num_qo_heads;    /* H (multiple of the variant's group) */
-    int page_size;       /* kv=paged: P (0: 16) */
-    float sm_scale;      /* 0: 1/sqrt(D) */
-    float softcap;       /* logits=softcap (0: 30) */
-    int window_left;     /* window=1 (-1: a third of the mean non-zero kv length) */
-    float k_scale, v_scale;        /* fp8 KV (0: 0.75 and 1.25, so the scales matter) */
-    float rope_scale, rope_theta;  /* rope=1 (0: the header's defaults) */
-    int rope_offsets;    /* rope=1: 1 passes random per-request position offsets (< 1000) */
-    int strided;         /* 1: padded token, head and page strides for q, k, v and o */
-    int no_shuffle;      /* 1: pages in pool order (default: random order) */
-    int extra_pages;     /* unused pages in the pool (-1: none; 0: about a third more) */
-    int nan_pool;        /* 1: unused pool slots and padding hold NaN (else large finite values) */
-    int max_batch;       /* plan option (graph mode; 0: off unless graph) */
-    int max_qo_tokens;   /* plan option (graph prefill) */
-    int fixed_split;     /* plan option: batch-invariant chunks */
-    int no_split;        /* plan option */
-    int graph;           /* 1: capture kiln_batch_run in a CUDA graph on a stream, replay it, then
+    int batch;                    /* B */
+    const int *qo_lens;           /* [B] prefill rows per request (decode: ignored, one each) */
+    const int *kv_lens;           /* [B] keys per request (0 allowed: o = 0, lse = -inf) */
+    int num_qo_heads;             /* H (multiple of the variant's group) */
+    int page_size;                /* kv=paged: P (0: 16) */
+    float sm_scale;               /* 0: 1/sqrt(D) */
+    float softcap;                /* logits=softcap (0: 30) */
+    int window_left;              /* window=1 (-1: a third of the mean non-zero kv length) */
+    float k_scale, v_scale;       /* fp8 KV (0: 0.75 and 1.25, so the scales matter) */
+    float rope_scale, rope_theta; /* rope=1 (0: the header's defaults) */
+    int rope_offsets;   /* rope=1: 1 passes random per-request position offsets (< 1000) */
+    int strided;        /* 1: padded token, head and page strides for q, k, v and o */
+    int no_shuffle;     /* 1: pages in pool order (default: random order) */
+    int extra_pages;    /* unused pages in the pool (-1: none; 0: about a third more) */
+    int nan_pool;       /* 1: unused pool slots and padding hold NaN (else large finite values) */
+    int max_batch;      /* plan option (graph mode; 0: off unless graph) */
+    int max_qo_tokens;  /* plan option (graph prefill) */
+    int fixed_split;    /* plan option: batch-invariant chunks */
+    int no_split;       /* plan option */
+    int graph;          /* 1: capture kiln_batch_run in a CUDA graph on a stream, replay it, then
                             plan a second batch of other lengths (same bounds) into the same
                             workspace, replay again and check both */
-    uint64_t seed;       /* 0 picks one from the clock */
-    int skip_reference;  /* 1: time only */
-    int bsr_r, bsr_c;    /* mask_data=bsr: block shape (0: 7 rows by 40 keys); mask data is
+    uint64_t seed;      /* 0 picks one from the clock */
+    int skip_reference; /* 1: time only */
+    int bsr_r, bsr_c;   /* mask_data=bsr: block shape (0: 7 rows by 40 keys); mask data is
                             drawn at random per request (some rows empty, some full) */
 } kiln_check_batch;
 
@@ -188,20 +190,21 @@ kiln_status kiln_check_batch_run(kiln_ctx *ctx, kiln_kernel *k, const kiln_check
 
 /* Outcome of a comparison of two runs of the same logical batch. */
 typedef struct kiln_check_pair {
-    kiln_plan_info a, b;  /* the two plans */
-    int same_split;       /* the plans cut the keys alike (items and kv_chunk equal) */
-    long long compared;   /* o and lse elements compared */
-    long long differ;     /* elements whose bits differ */
-    double max_diff;      /* max |a - b| over o */
-    int bitwise;          /* every bit equal */
-    char first[256];      /* first difference */
+    kiln_plan_info a, b; /* the two plans */
+    int same_split;      /* the plans cut the keys alike (items and kv_chunk equal) */
+    long long compared;  /* o and lse elements compared */
+    long long differ;    /* elements whose bits differ */
+    double max_diff;     /* max |a - b| over o */
+    int bitwise;         /* every bit equal */
+    char first[256];     /* first difference */
 } kiln_check_pair;
 
 /* The same logical batch stored paged (k_paged, kv=paged) and ragged (k_ragged, kv=ragged;
  * the variants equal otherwise) must agree: bitwise when both plans split alike, else within
  * the variant's tolerance (p->bitwise and p->same_split say which held). MISMATCH otherwise. */
 kiln_status kiln_check_batch_equiv(kiln_ctx *ctx, kiln_kernel *k_paged, kiln_kernel *k_ragged,
-                                   const kiln_check_batch *s, kiln_check_pair *p, char *msg, size_t cap);
+                                   const kiln_check_batch *s, kiln_check_pair *p, char *msg,
+                                   size_t cap);
 
 /* The batch kernel k_batch (kv=ragged) and the single-request kernel k_single (kv=contiguous,
  * the variants equal otherwise, no mask data) on the same data: every request with rows and
@@ -209,7 +212,8 @@ kiln_status kiln_check_batch_equiv(kiln_ctx *ctx, kiln_kernel *k_paged, kiln_ker
  * the batch run within the variant's tolerance (p->bitwise says whether every bit matched;
  * p->a is the batch plan). MISMATCH otherwise. */
 kiln_status kiln_check_batch_vs_single(kiln_ctx *ctx, kiln_kernel *k_batch, kiln_kernel *k_single,
-                                       const kiln_check_batch *s, kiln_check_pair *p, char *msg, size_t cap);
+                                       const kiln_check_batch *s, kiln_check_pair *p, char *msg,
+                                       size_t cap);
 
 /* Batch invariance (s->fixed_split > 0): request `req` of batch s, run alone and inside s,
  * gives bitwise identical o (and lse). MISMATCH otherwise. */
@@ -235,7 +239,8 @@ typedef struct kiln_check_merge_shape {
  * by k (an op=merge kernel) against a float64 merge: rows with no keys anywhere must give
  * v = 0 and lse = -inf; masked-off rows of the in-place merge must keep their bits. */
 kiln_status kiln_check_merge(kiln_ctx *ctx, kiln_kernel *k, kiln_check_merge_op op,
-                             const kiln_check_merge_shape *s, kiln_check_result *r, char *msg, size_t cap);
+                             const kiln_check_merge_shape *s, kiln_check_result *r, char *msg,
+                             size_t cap);
 
 /* Cascade: B decode queries share a prefix of prefix_len keys. The prefix is computed once as a
  * one-request non-causal batch prefill (k_prefix: op=prefill, kv=ragged or paged, lse=1) whose

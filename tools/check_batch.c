@@ -14,7 +14,7 @@
 #include <string.h>
 #include <time.h>
 
-#define PAD 16             /* extra elements per padded stride: keeps 16-byte alignment for fp8 */
+#define PAD             16 /* extra elements per padded stride: keeps 16-byte alignment for fp8 */
 #define ROPE_OFFSET_MAX 1000
 
 /* ---- index arrays --------------------------------------------------------------------------- */
@@ -106,13 +106,15 @@ int kiln_check_index_verify(const kiln_check_index *x, char *msg, size_t cap)
         const int kv = x->kv_indptr[b + 1] - x->kv_indptr[b];
         const int pages = x->page_indptr[b + 1] - x->page_indptr[b];
         const int held = pages ? (pages - 1) * x->page_size + x->last_page_len[b] : 0;
-        if (held != kv || (pages && (x->last_page_len[b] < 1 || x->last_page_len[b] > x->page_size))) {
+        if (held != kv ||
+            (pages && (x->last_page_len[b] < 1 || x->last_page_len[b] > x->page_size))) {
             snprintf(msg, cap, "request %d: %d pages, last %d, hold %d keys, want %d", b, pages,
                      x->last_page_len[b], held, kv);
             return -1;
         }
     }
-    if (x->total_qo != x->qo_indptr[B] || x->total_kv != x->kv_indptr[B] || x->pages_used != x->page_indptr[B]) {
+    if (x->total_qo != x->qo_indptr[B] || x->total_kv != x->kv_indptr[B] ||
+        x->pages_used != x->page_indptr[B]) {
         snprintf(msg, cap, "totals disagree with the indptr arrays");
         return -1;
     }
@@ -169,7 +171,8 @@ static kiln_status make_mask(cb_logical *L, const kiln_check_batch *s, uint64_t 
     if (!L->bit0 || !L->row0) return KILN_STATUS_NO_MEMORY;
     int64_t bits = 0, rows = 0, cells = 0;
     for (int b = 0; b < B; b++) {
-        const int qo = x->qo_indptr[b + 1] - x->qo_indptr[b], kv = x->kv_indptr[b + 1] - x->kv_indptr[b];
+        const int qo = x->qo_indptr[b + 1] - x->qo_indptr[b],
+                  kv = x->kv_indptr[b + 1] - x->kv_indptr[b];
         L->bit0[b] = bits;
         L->row0[b] = (int)rows;
         bits += (int64_t)qo * kv;
@@ -181,7 +184,8 @@ static kiln_status make_mask(cb_logical *L, const kiln_check_batch *s, uint64_t 
         L->mask_bits = calloc(L->mask_bytes, 1);
         if (!L->mask_bits) return KILN_STATUS_NO_MEMORY;
         for (int b = 0; b < B; b++) {
-            const int qo = x->qo_indptr[b + 1] - x->qo_indptr[b], kv = x->kv_indptr[b + 1] - x->kv_indptr[b];
+            const int qo = x->qo_indptr[b + 1] - x->qo_indptr[b],
+                      kv = x->kv_indptr[b + 1] - x->kv_indptr[b];
             for (int i = 0; i < qo; i++) {
                 const uint64_t kind = kiln_check_rng(seed) % 8;
                 for (int j = 0; kind != 0 && j < kv; j++) {
@@ -198,7 +202,8 @@ static kiln_status make_mask(cb_logical *L, const kiln_check_batch *s, uint64_t 
         if (!L->bsr_indptr || !L->bsr_indices) return KILN_STATUS_NO_MEMORY;
         int nnz = 0;
         for (int b = 0; b < B; b++) {
-            const int qo = x->qo_indptr[b + 1] - x->qo_indptr[b], kv = x->kv_indptr[b + 1] - x->kv_indptr[b];
+            const int qo = x->qo_indptr[b + 1] - x->qo_indptr[b],
+                      kv = x->kv_indptr[b + 1] - x->kv_indptr[b];
             for (int br = 0; br < (qo + R - 1) / R; br++) {
                 L->bsr_indptr[L->row0[b] + br] = nnz;
                 const uint64_t kind = kiln_check_rng(seed) % 8;
@@ -239,7 +244,8 @@ static uint16_t encode(kiln_dtype t, float x, float scale)
 /* A large finite (or NaN) code for memory no valid key should read. */
 static uint16_t garbage(kiln_dtype t, int nan, uint64_t *seed)
 {
-    const float g = (kiln_check_uniform(seed) < 0 ? -1.0f : 1.0f) * (100.0f + 400.0f * fabsf(kiln_check_uniform(seed)));
+    const float g = (kiln_check_uniform(seed) < 0 ? -1.0f : 1.0f) *
+                    (100.0f + 400.0f * fabsf(kiln_check_uniform(seed)));
     if (is_fp8(t)) return nan ? 0x7f : kiln_check_fp8_encode(t, g);
     return nan ? 0xffff : kiln_check_to_bits(t, g);
 }
@@ -277,7 +283,8 @@ static void fill_codes(uint16_t *dst, size_t n, kiln_dtype t, int is_q, float sc
     kiln_check_parallel(fill_work, &f, (long)((n + FILL_CHUNK - 1) / FILL_CHUNK));
 }
 
-kiln_status kiln__cb_make(const kiln_variant *v, const kiln_check_batch *s, uint64_t seed, cb_logical *L)
+kiln_status kiln__cb_make(const kiln_variant *v, const kiln_check_batch *s, uint64_t seed,
+                          cb_logical *L)
 {
     memset(L, 0, sizeof *L);
     L->v = *v;
@@ -299,14 +306,18 @@ kiln_status kiln__cb_make(const kiln_variant *v, const kiln_check_batch *s, uint
         kv_sum += s->kv_lens[b];
         nonzero += s->kv_lens[b] > 0;
     }
-    L->window_left = s->window_left >= 0 ? s->window_left : nonzero ? (int)(kv_sum / nonzero / 3) : 0;
+    L->window_left = s->window_left >= 0 ? s->window_left
+                     : nonzero           ? (int)(kv_sum / nonzero / 3)
+                                         : 0;
     int pages = 0;
     for (int b = 0; P && b < B; b++) pages += (s->kv_lens[b] + P - 1) / P;
     const int extra = s->extra_pages < 0 ? 0 : s->extra_pages > 0 ? s->extra_pages : pages / 3 + 2;
-    kiln_status st = kiln_check_index_build(B, v->op == KILN_OP_DECODE ? NULL : s->qo_lens, s->kv_lens, P,
-                                            !s->no_shuffle, extra, seed ^ 0x5eed, &L->ix);
+    kiln_status st =
+        kiln_check_index_build(B, v->op == KILN_OP_DECODE ? NULL : s->qo_lens, s->kv_lens, P,
+                               !s->no_shuffle, extra, seed ^ 0x5eed, &L->ix);
     if (st) return st;
-    const size_t qn = (size_t)L->ix.total_qo * L->H * L->D, kn = (size_t)L->ix.total_kv * L->H_KV * L->D;
+    const size_t qn = (size_t)L->ix.total_qo * L->H * L->D,
+                 kn = (size_t)L->ix.total_kv * L->H_KV * L->D;
     L->q = malloc(sizeof(uint16_t) * (qn + 1));
     L->k = malloc(sizeof(uint16_t) * (kn + 1));
     L->vv = malloc(sizeof(uint16_t) * (kn + 1));
@@ -373,7 +384,8 @@ static void fill_periodic(void *dst, size_t n, int es, const uint16_t *codes)
     }
 }
 
-kiln_status kiln__cb_store(const cb_logical *L, int strided, int kv_rows_cap, int pool_cap, cb_store *S)
+kiln_status kiln__cb_store(const cb_logical *L, int strided, int kv_rows_cap, int pool_cap,
+                           cb_store *S)
 {
     memset(S, 0, sizeof *S);
     const int D = L->D, pad = strided ? PAD : 0, hnd = L->v.layout == KILN_LAYOUT_HND;
@@ -433,7 +445,8 @@ kiln_status kiln__cb_store(const cb_logical *L, int strided, int kv_rows_cap, in
     fill_periodic(S->v, S->kv_elems, S->esize, vg);
     for (int r = 0; r < L->ix.total_qo; r++)
         for (int h = 0; h < L->H; h++)
-            memcpy((uint16_t *)S->q + r * S->qs_n + h * S->qs_h, L->q + ((size_t)r * L->H + h) * D, 2 * (size_t)D);
+            memcpy((uint16_t *)S->q + r * S->qs_n + h * S->qs_h, L->q + ((size_t)r * L->H + h) * D,
+                   2 * (size_t)D);
     for (int b = 0; b < L->ix.batch; b++)
         for (int j = 0; j < L->ix.kv_indptr[b + 1] - L->ix.kv_indptr[b]; j++)
             for (int hk = 0; hk < L->H_KV; hk++) {
@@ -495,7 +508,9 @@ static void ref_decode_kv(const cb_logical *L, int b, int hk, double *kd, double
             kd[(size_t)j * D + d] = ks * kiln_check_decode(kt, L->k[at + d]);
             vd[(size_t)j * D + d] = vs * kiln_check_decode(kt, L->vv[at + d]);
         }
-        if (L->v.rope) kiln_check_rope(kd + (size_t)j * D, D, j + L->rope_off[b], L->rope_scale, L->rope_theta);
+        if (L->v.rope)
+            kiln_check_rope(kd + (size_t)j * D, D, j + L->rope_off[b], L->rope_scale,
+                            L->rope_theta);
     }
 }
 
@@ -511,7 +526,8 @@ static void ref_work(void *arg, int first, int step)
     }
     double *qd = malloc(sizeof(double) * (size_t)D), *acc = malloc(sizeof(double) * (size_t)D);
     double *x = malloc(sizeof(double) * (size_t)max_kv);
-    double *kd = malloc(sizeof(double) * (size_t)max_kv * D), *vd = malloc(sizeof(double) * (size_t)max_kv * D);
+    double *kd = malloc(sizeof(double) * (size_t)max_kv * D),
+           *vd = malloc(sizeof(double) * (size_t)max_kv * D);
     const int ok = qd && acc && x && kd && vd;
     for (long t = first; t < jb->ntasks; t += step) {
         const ref_task *tk = &jb->tasks[t];
@@ -528,8 +544,10 @@ static void ref_work(void *arg, int first, int step)
                     *lrow = NAN;
                     continue;
                 }
-                for (int d = 0; d < D; d++) qd[d] = kiln_check_from_bits(L->v.q_dtype, L->q[((size_t)r * H + h) * D + d]);
-                if (L->v.rope) kiln_check_rope(qd, D, diag + L->rope_off[b], L->rope_scale, L->rope_theta);
+                for (int d = 0; d < D; d++)
+                    qd[d] = kiln_check_from_bits(L->v.q_dtype, L->q[((size_t)r * H + h) * D + d]);
+                if (L->v.rope)
+                    kiln_check_rope(qd, D, diag + L->rope_off[b], L->rope_scale, L->rope_theta);
                 double m = -INFINITY;
                 for (int j = 0; j < L_KV; j++) {
                     x[j] = -INFINITY;
@@ -541,7 +559,8 @@ static void ref_work(void *arg, int first, int step)
                     for (int d = 0; d < D; d++) dot += qd[d] * kr[d];
                     double s = dot * L->sm_scale;
                     if (L->v.logits == KILN_LOGITS_SOFTCAP) s = L->softcap * tanh(s / L->softcap);
-                    if (L->v.logits == KILN_LOGITS_ALIBI) s += (double)L->slopes[h] * (double)(j - diag);
+                    if (L->v.logits == KILN_LOGITS_ALIBI)
+                        s += (double)L->slopes[h] * (double)(j - diag);
                     x[j] = s;
                     if (s > m) m = s;
                 }
@@ -596,8 +615,8 @@ kiln_status kiln__cb_reference(const cb_logical *L, double **o, double **lse)
     return KILN_STATUS_OK;
 }
 
-void kiln__cb_compare(const cb_logical *L, const cb_out *out, const double *ref_o, const double *ref_lse,
-                      kiln_check_result *r, double sums[2], int *bad_req)
+void kiln__cb_compare(const cb_logical *L, const cb_out *out, const double *ref_o,
+                      const double *ref_lse, kiln_check_result *r, double sums[2], int *bad_req)
 {
     const int D = L->D, H = L->H;
     for (int row = 0; row < L->ix.total_qo; row++) {
@@ -605,7 +624,8 @@ void kiln__cb_compare(const cb_logical *L, const cb_out *out, const double *ref_
         for (int h = 0; h < H; h++) {
             for (int d = 0; d < D; d++) {
                 const size_t at = ((size_t)row * H + h) * D + d;
-                const double ref = ref_o[at], got = kiln_check_from_bits(L->v.out_dtype, out->o[at]);
+                const double ref = ref_o[at],
+                             got = kiln_check_from_bits(L->v.out_dtype, out->o[at]);
                 const double err = fabs(got - ref);
                 r->checked++;
                 sums[0] += (got - ref) * (got - ref);
@@ -613,8 +633,8 @@ void kiln__cb_compare(const cb_logical *L, const cb_out *out, const double *ref_
                 if (fabs(ref) > r->max_ref) r->max_ref = fabs(ref);
                 if (!(err <= r->atol + r->rtol * fabs(ref))) {
                     if (!r->bad++) {
-                        snprintf(r->first_bad, sizeof r->first_bad, "o[b=%d,i=%d,h=%d,d=%d] = %.6g, ref %.6g", b,
-                                 i, h, d, got, ref);
+                        snprintf(r->first_bad, sizeof r->first_bad,
+                                 "o[b=%d,i=%d,h=%d,d=%d] = %.6g, ref %.6g", b, i, h, d, got, ref);
                         if (bad_req && *bad_req < 0) *bad_req = b;
                     }
                 }
@@ -626,8 +646,8 @@ void kiln__cb_compare(const cb_logical *L, const cb_out *out, const double *ref_
             r->checked++;
             if (!(err <= 1e-3 + 1e-3 * fabs(ref))) {
                 if (!r->bad++) {
-                    snprintf(r->first_bad, sizeof r->first_bad, "lse[b=%d,i=%d,h=%d] = %.6g, ref %.6g", b, i, h,
-                             got, ref);
+                    snprintf(r->first_bad, sizeof r->first_bad,
+                             "lse[b=%d,i=%d,h=%d] = %.6g, ref %.6g", b, i, h, got, ref);
                     if (bad_req && *bad_req < 0) *bad_req = b;
                 }
             }

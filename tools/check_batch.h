@@ -21,7 +21,7 @@ typedef struct cb_logical {
     float *slopes;       /* [H] alibi slopes */
     float sm_scale, softcap, k_scale, v_scale, rope_scale, rope_theta;
     int window_left;
-    int nan_pool;        /* storage: unused slots hold NaN */
+    int nan_pool; /* storage: unused slots hold NaN */
     uint64_t garbage_seed;
     /* mask data (variant mask_data), per request in request order as the kernel reads it:
      * request b's bits from bit0[b], its bsr block rows from row0[b] */
@@ -35,43 +35,45 @@ typedef struct cb_logical {
 
 /* A logical batch laid out for the kernel (host copies, with padding and unused pages). */
 typedef struct cb_store {
-    void *q, *k, *v;           /* q: 16-bit; k, v: esize bytes per element */
-    int esize;                 /* bytes of a k / v element */
+    void *q, *k, *v; /* q: 16-bit; k, v: esize bytes per element */
+    int esize;       /* bytes of a k / v element */
     size_t q_elems, o_elems, kv_elems;
     int64_t qs_n, qs_h, os_n, os_h, ks_page, ks_n, ks_h; /* v shares k's strides */
-    int pass_strides;          /* 0: hand the kernel 0 (its dense defaults) */
+    int pass_strides; /* 0: hand the kernel 0 (its dense defaults) */
 } cb_store;
 
 /* What one run of one batch gave back, in logical order. */
 typedef struct cb_out {
-    uint16_t *o;          /* [total_qo][H][D] out_dtype bits */
-    float *lse;           /* [total_qo][H] */
-    kiln_plan_info info;  /* kiln_plan_describe after its kiln_batch_plan */
-    double plan_ms;       /* host time of kiln_batch_plan */
+    uint16_t *o;              /* [total_qo][H][D] out_dtype bits */
+    float *lse;               /* [total_qo][H] */
+    kiln_plan_info info;      /* kiln_plan_describe after its kiln_batch_plan */
+    double plan_ms;           /* host time of kiln_batch_plan */
     double kernel_ms, min_ms; /* timed runs (median, fastest) */
 } cb_out;
 
 typedef struct cb_run_opts {
-    int strided;      /* padded strides */
-    int graph;        /* capture the first run in a CUDA graph; replay it for every batch */
+    int strided;       /* padded strides */
+    int graph;         /* capture the first run in a CUDA graph; replay it for every batch */
     kiln_plan_opts po; /* max_batch, max_qo_tokens, fixed_split, no_split (heads and page size
                           are filled in) */
-    int time_reps;    /* > 0: time the last batch's run this many times */
+    int time_reps;     /* > 0: time the last batch's run this many times */
 } cb_run_opts;
 
 /* Draw a logical batch of variant v with s's lengths and values from seed. */
-kiln_status kiln__cb_make(const kiln_variant *v, const kiln_check_batch *s, uint64_t seed, cb_logical *L);
+kiln_status kiln__cb_make(const kiln_variant *v, const kiln_check_batch *s, uint64_t seed,
+                          cb_logical *L);
 void kiln__cb_free(cb_logical *L);
 /* Lay L out; ragged rows and pool pages are sized for at least kv_rows_cap / pool_cap (so that
  * several batches share one set of strides). */
-kiln_status kiln__cb_store(const cb_logical *L, int strided, int kv_rows_cap, int pool_cap, cb_store *S);
+kiln_status kiln__cb_store(const cb_logical *L, int strided, int kv_rows_cap, int pool_cap,
+                           cb_store *S);
 void kiln__cb_store_free(cb_store *S);
 /* Float64 reference: o [total_qo][H][D], lse [total_qo][H] (malloc'd). */
 kiln_status kiln__cb_reference(const cb_logical *L, double **o, double **lse);
 /* Compare out with the reference, accumulating into r (sums[2]: squared error and squared
  * reference, for rel_l2); *bad_req gets the first bad request when still -1. */
-void kiln__cb_compare(const cb_logical *L, const cb_out *out, const double *ref_o, const double *ref_lse,
-                      kiln_check_result *r, double sums[2], int *bad_req);
+void kiln__cb_compare(const cb_logical *L, const cb_out *out, const double *ref_o,
+                      const double *ref_lse, kiln_check_result *r, double sums[2], int *bad_req);
 /* Run the n batches Ls with kernel k through one plan and one set of device buffers (sized for
  * the largest), outs[i] for Ls[i]; free each with kiln__cb_out_free. */
 kiln_status kiln__cb_run(kiln_ctx *ctx, kiln_kernel *k, const cb_logical *const *Ls, int n,

@@ -12,21 +12,21 @@
 
 #include "check_batch.h"
 
-#define PAD 16
+#define PAD       16
 #define EMPTY_ROW 7 /* rows r with r % EMPTY_ROW == 3 have no keys in any state */
 
-#define CU_TRY(call, what)                                                                     \
-    do {                                                                                       \
-        CUresult r_ = (call);                                                                  \
-        if (r_ != CUDA_SUCCESS) {                                                              \
-            st = kiln__cu_fail(e, r_, "check merge: %s", what);                                \
-            goto done;                                                                         \
-        }                                                                                      \
+#define CU_TRY(call, what)                                                                         \
+    do {                                                                                           \
+        CUresult r_ = (call);                                                                      \
+        if (r_ != CUDA_SUCCESS) {                                                                  \
+            st = kiln__cu_fail(e, r_, "check merge: %s", what);                                    \
+            goto done;                                                                             \
+        }                                                                                          \
     } while (0)
 
 /* The float64 merge of S states of one row and head: v[s * vstep + d], lse[s * lstep]. */
-static void merge_ref(int S, int D, kiln_dtype t, const uint16_t *v, size_t vstep, const float *lse, size_t lstep,
-                      double *out, double *out_lse)
+static void merge_ref(int S, int D, kiln_dtype t, const uint16_t *v, size_t vstep, const float *lse,
+                      size_t lstep, double *out, double *out_lse)
 {
     double m = -INFINITY, l = 0;
     for (int s = 0; s < S; s++)
@@ -47,8 +47,8 @@ static void merge_ref(int S, int D, kiln_dtype t, const uint16_t *v, size_t vste
 }
 
 /* Compare one row/head of a merge result; accumulates into r. */
-static void compare_row(kiln_dtype t, int D, const uint16_t *got, const double *ref, float got_lse, double ref_lse,
-                        int row, int h, kiln_check_result *r, double sums[2])
+static void compare_row(kiln_dtype t, int D, const uint16_t *got, const double *ref, float got_lse,
+                        double ref_lse, int row, int h, kiln_check_result *r, double sums[2])
 {
     for (int d = 0; d < D; d++) {
         const double g = kiln_check_from_bits(t, got[d]), err = fabs(g - ref[d]);
@@ -57,18 +57,21 @@ static void compare_row(kiln_dtype t, int D, const uint16_t *got, const double *
         sums[1] += ref[d] * ref[d];
         if (fabs(ref[d]) > r->max_ref) r->max_ref = fabs(ref[d]);
         if (!(err <= r->atol + r->rtol * fabs(ref[d])) && !r->bad++)
-            snprintf(r->first_bad, sizeof r->first_bad, "v[row %d,h=%d,d=%d] = %.6g, ref %.6g", row, h, d, g, ref[d]);
+            snprintf(r->first_bad, sizeof r->first_bad, "v[row %d,h=%d,d=%d] = %.6g, ref %.6g", row,
+                     h, d, g, ref[d]);
         if (!(err <= r->max_err)) r->max_err = isnan(err) ? INFINITY : err;
     }
     const double err = isinf(ref_lse) && got_lse == ref_lse ? 0 : fabs((double)got_lse - ref_lse);
     r->checked++;
     if (!(err <= 1e-3 + 1e-3 * fabs(ref_lse)) && !r->bad++)
-        snprintf(r->first_bad, sizeof r->first_bad, "lse[row %d,h=%d] = %.6g, ref %.6g", row, h, got_lse, ref_lse);
+        snprintf(r->first_bad, sizeof r->first_bad, "lse[row %d,h=%d] = %.6g, ref %.6g", row, h,
+                 got_lse, ref_lse);
     if (!(err <= r->lse_max_err)) r->lse_max_err = isnan(err) ? INFINITY : err;
 }
 
-kiln_status kiln_check_merge(kiln_ctx *ctx, kiln_kernel *k, kiln_check_merge_op op, const kiln_check_merge_shape *s,
-                             kiln_check_result *r, char *msg, size_t cap)
+kiln_status kiln_check_merge(kiln_ctx *ctx, kiln_kernel *k, kiln_check_merge_op op,
+                             const kiln_check_merge_shape *s, kiln_check_result *r, char *msg,
+                             size_t cap)
 {
     kiln__err err = {{0}}, *e = &err;
     kiln_status st = KILN_STATUS_OK;
@@ -94,7 +97,8 @@ kiln_status kiln_check_merge(kiln_ctx *ctx, kiln_kernel *k, kiln_check_merge_op 
     const int pad = op != KILN_CHECK_MERGE_STATES && s->strided ? PAD : 0;
     const int64_t sh = D + pad, sn = (int64_t)H * sh + pad; /* strides of one v tensor */
     /* host states: merge_states [n][S][H] dense; the pairwise ops [S][n] tensors with strides */
-    const size_t one = (size_t)(n > 0 ? n : 1) * (size_t)sn, vn = one * S, ln = (size_t)(n > 0 ? n : 1) * H * S;
+    const size_t one = (size_t)(n > 0 ? n : 1) * (size_t)sn, vn = one * S,
+                 ln = (size_t)(n > 0 ? n : 1) * H * S;
     uint64_t seed = kiln__cb_seed(s->seed);
     v = malloc(vn * 2);
     v_got = malloc(vn * 2);
@@ -108,7 +112,9 @@ kiln_status kiln_check_merge(kiln_ctx *ctx, kiln_kernel *k, kiln_check_merge_op 
     }
     for (size_t i = 0; i < vn; i++) v[i] = kiln_check_to_bits(t, kiln_check_uniform(&seed));
     for (size_t i = 0; i < ln; i++) {
-        const int row = op == KILN_CHECK_MERGE_STATES ? (int)(i / ((size_t)S * H)) : (int)(i % ((size_t)(n > 0 ? n : 1) * H) / H);
+        const int row = op == KILN_CHECK_MERGE_STATES
+                            ? (int)(i / ((size_t)S * H))
+                            : (int)(i % ((size_t)(n > 0 ? n : 1) * H) / H);
         const int empty = row % EMPTY_ROW == 3 || kiln_check_rng(&seed) % 5 == 0;
         lse[i] = empty ? -INFINITY : 8.0f * kiln_check_uniform(&seed);
     }
@@ -122,7 +128,8 @@ kiln_status kiln_check_merge(kiln_ctx *ctx, kiln_kernel *k, kiln_check_merge_op 
     CU_TRY(cu->cuMemcpyHtoD(dl, lse, ln * sizeof(float)), "copy lse");
     CU_TRY(cu->cuMemcpyHtoD(dm, mask, (size_t)n + 1), "copy mask");
     CU_TRY(cu->cuMemsetD8(dvo, 0xff, one * 2), "poison v_out");
-    CU_TRY(cu->cuMemsetD8(dlo, 0xff, (size_t)(n > 0 ? n : 1) * H * sizeof(float)), "poison lse_out");
+    CU_TRY(cu->cuMemsetD8(dlo, 0xff, (size_t)(n > 0 ? n : 1) * H * sizeof(float)),
+           "poison lse_out");
     kiln_merge_args a = {0};
     a.rows = n;
     a.num_heads = H;
@@ -166,9 +173,10 @@ kiln_status kiln_check_merge(kiln_ctx *ctx, kiln_kernel *k, kiln_check_merge_op 
             const uint16_t *got = v_got + row * sn + h * sh;
             const float gl = lse_got[(size_t)row * H + h];
             if (op == KILN_CHECK_MERGE_STATES) {
-                merge_ref(S, D, t, v + ((size_t)row * S * H + h) * D, (size_t)H * D, lse + (size_t)row * S * H + h,
-                          (size_t)H, ref, &ref_lse);
-                compare_row(t, D, v_got + ((size_t)row * H + h) * D, ref, gl, ref_lse, row, h, r, sums);
+                merge_ref(S, D, t, v + ((size_t)row * S * H + h) * D, (size_t)H * D,
+                          lse + (size_t)row * S * H + h, (size_t)H, ref, &ref_lse);
+                compare_row(t, D, v_got + ((size_t)row * H + h) * D, ref, gl, ref_lse, row, h, r,
+                            sums);
                 continue;
             }
             const uint16_t *va = v + row * sn + h * sh;
@@ -176,7 +184,8 @@ kiln_status kiln_check_merge(kiln_ctx *ctx, kiln_kernel *k, kiln_check_merge_op 
             if (op == KILN_CHECK_MERGE_IN_PLACE && !mask[row]) { /* untouched, bit for bit */
                 r->checked += D + 1;
                 if ((memcmp(got, va, 2 * (size_t)D) || memcmp(&gl, &la, sizeof la)) && !r->bad++)
-                    snprintf(r->first_bad, sizeof r->first_bad, "row %d (mask 0), head %d was modified", row, h);
+                    snprintf(r->first_bad, sizeof r->first_bad,
+                             "row %d (mask 0), head %d was modified", row, h);
                 continue;
             }
             merge_ref(2, D, t, va, one, lse + (size_t)row * H + h, lone, ref, &ref_lse);
@@ -202,16 +211,19 @@ done:
 /* ---- cascade -------------------------------------------------------------------------------- */
 
 /* Copy tokens [from, from + n) of request b of src into request c of dst at token `at`. */
-static void copy_tokens(const cb_logical *src, int b, int from, cb_logical *dst, int c, int at, int n)
+static void copy_tokens(const cb_logical *src, int b, int from, cb_logical *dst, int c, int at,
+                        int n)
 {
     const size_t row = (size_t)src->H_KV * src->D;
-    const size_t s0 = ((size_t)src->ix.kv_indptr[b] + from) * row, d0 = ((size_t)dst->ix.kv_indptr[c] + at) * row;
+    const size_t s0 = ((size_t)src->ix.kv_indptr[b] + from) * row,
+                 d0 = ((size_t)dst->ix.kv_indptr[c] + at) * row;
     memcpy(dst->k + d0, src->k + s0, sizeof(uint16_t) * row * (size_t)n);
     memcpy(dst->vv + d0, src->vv + s0, sizeof(uint16_t) * row * (size_t)n);
 }
 
-kiln_status kiln_check_cascade(kiln_ctx *ctx, kiln_kernel *k_prefix, kiln_kernel *k_decode, kiln_kernel *k_merge,
-                               const kiln_check_batch *s, int prefix_len, kiln_check_result *r, char *msg, size_t cap)
+kiln_status kiln_check_cascade(kiln_ctx *ctx, kiln_kernel *k_prefix, kiln_kernel *k_decode,
+                               kiln_kernel *k_merge, const kiln_check_batch *s, int prefix_len,
+                               kiln_check_result *r, char *msg, size_t cap)
 {
     kiln__err err = {{0}}, *e = &err;
     kiln_status st = KILN_STATUS_OK;
@@ -228,15 +240,18 @@ kiln_status kiln_check_cascade(kiln_ctx *ctx, kiln_kernel *k_prefix, kiln_kernel
         goto done;
     }
     const kiln_variant *vp = &k_prefix->v, *vd = &k_decode->v;
-    if (vp->op != KILN_OP_PREFILL || vp->kv == KILN_KV_CONTIGUOUS || !vp->lse || vp->mask || vp->window || vp->rope ||
-        vd->op != KILN_OP_DECODE || vd->kv != KILN_KV_PAGED || !vd->lse || vd->mask || vd->window || vd->rope ||
-        vp->logits != vd->logits || vd->logits == KILN_LOGITS_ALIBI || vp->head_dim != vd->head_dim ||
-        vp->group != vd->group || vp->out_dtype != vd->out_dtype || k_merge->v.op != KILN_OP_MERGE ||
-        k_merge->v.q_dtype != vd->out_dtype || k_merge->v.head_dim != vd->head_dim || B < 1 || prefix_len < 1) {
-        st = kiln__fail(e, KILN_STATUS_INVALID_ARGUMENT,
-                        "check cascade: needs prefill (kv=ragged|paged, lse=1) and decode (kv=paged, lse=1) "
-                        "kernels without masks, window, rope or alibi, alike in head_dim, group and out dtype, "
-                        "a merge kernel of that dtype, B >= 1 and a prefix");
+    if (vp->op != KILN_OP_PREFILL || vp->kv == KILN_KV_CONTIGUOUS || !vp->lse || vp->mask ||
+        vp->window || vp->rope || vd->op != KILN_OP_DECODE || vd->kv != KILN_KV_PAGED || !vd->lse ||
+        vd->mask || vd->window || vd->rope || vp->logits != vd->logits ||
+        vd->logits == KILN_LOGITS_ALIBI || vp->head_dim != vd->head_dim || vp->group != vd->group ||
+        vp->out_dtype != vd->out_dtype || k_merge->v.op != KILN_OP_MERGE ||
+        k_merge->v.q_dtype != vd->out_dtype || k_merge->v.head_dim != vd->head_dim || B < 1 ||
+        prefix_len < 1) {
+        st = kiln__fail(
+            e, KILN_STATUS_INVALID_ARGUMENT,
+            "check cascade: needs prefill (kv=ragged|paged, lse=1) and decode (kv=paged, lse=1) "
+            "kernels without masks, window, rope or alibi, alike in head_dim, group and out dtype, "
+            "a merge kernel of that dtype, B >= 1 and a prefix");
         goto done;
     }
     if ((st = kiln__ctx_bind(ctx, e))) goto done;
@@ -272,7 +287,8 @@ kiln_status kiln_check_cascade(kiln_ctx *ctx, kiln_kernel *k_prefix, kiln_kernel
     ro.strided = s->strided;
     ro.po.fixed_split = s->fixed_split;
     const cb_logical *lp[1] = {&Lp}, *ld[1] = {&Ld};
-    if ((st = kiln__cb_run(ctx, k_prefix, lp, 1, &ro, &op, e)) || (st = kiln__cb_run(ctx, k_decode, ld, 1, &ro, &od, e)))
+    if ((st = kiln__cb_run(ctx, k_prefix, lp, 1, &ro, &op, e)) ||
+        (st = kiln__cb_run(ctx, k_decode, ld, 1, &ro, &od, e)))
         goto done;
     /* merge the two states on the device */
     const size_t vb = qn * 2, lb = (size_t)B * Lf.H * sizeof(float);

@@ -13,30 +13,31 @@
 
 #include "check_batch.h"
 
-#define CU_TRY(call, what)                                                                     \
-    do {                                                                                       \
-        CUresult r_ = (call);                                                                  \
-        if (r_ != CUDA_SUCCESS) {                                                              \
-            st = kiln__cu_fail(e, r_, "check batch: %s", what);                                \
-            goto done;                                                                         \
-        }                                                                                      \
+#define CU_TRY(call, what)                                                                         \
+    do {                                                                                           \
+        CUresult r_ = (call);                                                                      \
+        if (r_ != CUDA_SUCCESS) {                                                                  \
+            st = kiln__cu_fail(e, r_, "check batch: %s", what);                                    \
+            goto done;                                                                             \
+        }                                                                                          \
     } while (0)
 
 /* A kiln call failed: take the context's message. */
-#define KILN_TRY(call)                                                                         \
-    do {                                                                                       \
-        if ((st = (call))) {                                                                   \
-            kiln__fail(e, st, "%s", kiln_ctx_errmsg(ctx));                                     \
-            goto done;                                                                         \
-        }                                                                                      \
+#define KILN_TRY(call)                                                                             \
+    do {                                                                                           \
+        if ((st = (call))) {                                                                       \
+            kiln__fail(e, st, "%s", kiln_ctx_errmsg(ctx));                                         \
+            goto done;                                                                             \
+        }                                                                                          \
     } while (0)
 
 /* The CUDA graph entry points, resolved here from the libcuda the runtime loaded (by the exact
  * versioned symbols cuda.h names, as runtime/cu.c does) so the library's driver table stays as it
  * is. */
-#define GRAPH_FUNCS(X)                                                                         \
-    X(cuStreamBeginCapture) X(cuStreamEndCapture) X(cuGraphInstantiateWithFlags) X(cuGraphLaunch) \
-    X(cuGraphDestroy) X(cuGraphExecDestroy)
+#define GRAPH_FUNCS(X)                                                                             \
+    X(cuStreamBeginCapture)                                                                        \
+    X(cuStreamEndCapture)                                                                          \
+    X(cuGraphInstantiateWithFlags) X(cuGraphLaunch) X(cuGraphDestroy) X(cuGraphExecDestroy)
 
 typedef struct graph_api {
 #define GRAPH_MEMBER(name) __typeof__(&name) name;
@@ -45,22 +46,23 @@ typedef struct graph_api {
 } graph_api;
 
 #define GRAPH_STR2(x) #x
-#define GRAPH_STR(x) GRAPH_STR2(x)
+#define GRAPH_STR(x)  GRAPH_STR2(x)
 
 /* Fill g; KILN_STATUS_NO_DEVICE when libcuda (already loaded by the context) lacks an entry. */
 static kiln_status graph_api_get(graph_api *g, kiln__err *e)
 {
     void *lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD);
-    if (!lib) return kiln__fail(e, KILN_STATUS_NO_DEVICE, "check batch: libcuda.so.1 is not loaded");
-#define GRAPH_RESOLVE(name)                                                                    \
-    {                                                                                          \
-        void *fn = dlsym(lib, GRAPH_STR(name));                                                \
-        if (!fn) {                                                                             \
-            dlclose(lib);                                                                      \
-            return kiln__fail(e, KILN_STATUS_NO_DEVICE, "check batch: CUDA driver lacks %s",   \
-                              GRAPH_STR(name));                                                \
-        }                                                                                      \
-        memcpy(&g->name, &fn, sizeof fn);                                                      \
+    if (!lib)
+        return kiln__fail(e, KILN_STATUS_NO_DEVICE, "check batch: libcuda.so.1 is not loaded");
+#define GRAPH_RESOLVE(name)                                                                        \
+    {                                                                                              \
+        void *fn = dlsym(lib, GRAPH_STR(name));                                                    \
+        if (!fn) {                                                                                 \
+            dlclose(lib);                                                                          \
+            return kiln__fail(e, KILN_STATUS_NO_DEVICE, "check batch: CUDA driver lacks %s",       \
+                              GRAPH_STR(name));                                                    \
+        }                                                                                          \
+        memcpy(&g->name, &fn, sizeof fn);                                                          \
     }
     GRAPH_FUNCS(GRAPH_RESOLVE)
 #undef GRAPH_RESOLVE
@@ -152,8 +154,10 @@ kiln_status kiln__cb_run(kiln_ctx *ctx, kiln_kernel *k, const cb_logical *const 
     double *ms = NULL;
     graph_api ga = {0};
     for (int i = 0; i < n; i++) memset(&outs[i], 0, sizeof outs[i]);
-    if (!cu || !k || !k->loaded) return kiln__fail(e, KILN_STATUS_NO_DEVICE, "check batch: no GPU or kernel not loaded");
-    if (n < 1 || n > 2) return kiln__fail(e, KILN_STATUS_INVALID_ARGUMENT, "check batch: 1 or 2 batches per run");
+    if (!cu || !k || !k->loaded)
+        return kiln__fail(e, KILN_STATUS_NO_DEVICE, "check batch: no GPU or kernel not loaded");
+    if (n < 1 || n > 2)
+        return kiln__fail(e, KILN_STATUS_INVALID_ARGUMENT, "check batch: 1 or 2 batches per run");
     if ((st = kiln__ctx_bind(ctx, e))) return st;
     if (ro->graph && (st = graph_api_get(&ga, e))) return st;
     const cb_logical *L0 = Ls[0];
@@ -201,7 +205,8 @@ kiln_status kiln__cb_run(kiln_ctx *ctx, kiln_kernel *k, const cb_logical *const 
     CU_TRY(cu->cuMemAlloc(&d.rope, sizeof(int) * ((size_t)maxB + 1)), "alloc rope offsets");
     CU_TRY(cu->cuMemAlloc(&d.slopes, sizeof(float) * (size_t)H), "alloc slopes");
     CU_TRY(cu->cuMemcpyHtoD(d.slopes, L0->slopes, sizeof(float) * (size_t)H), "copy slopes");
-    if (L0->v.mask_data == KILN_MASK_DATA_BITMASK) CU_TRY(cu->cuMemAlloc(&d.bits, maxBits + 1), "alloc mask bits");
+    if (L0->v.mask_data == KILN_MASK_DATA_BITMASK)
+        CU_TRY(cu->cuMemAlloc(&d.bits, maxBits + 1), "alloc mask bits");
     if (L0->v.mask_data == KILN_MASK_DATA_BSR) {
         CU_TRY(cu->cuMemAlloc(&d.bsr_ip, sizeof(int) * ((size_t)maxRows + 1)), "alloc bsr_indptr");
         CU_TRY(cu->cuMemAlloc(&d.bsr_ix, sizeof(int) * ((size_t)maxNnz + 1)), "alloc bsr_indices");
@@ -215,10 +220,13 @@ kiln_status kiln__cb_run(kiln_ctx *ctx, kiln_kernel *k, const cb_logical *const 
     po.bsr_r = L0->bsr_r;
     po.bsr_c = L0->bsr_c;
     if (ro->graph && po.max_batch < maxB) po.max_batch = maxB;
-    if (ro->graph && L0->v.op == KILN_OP_PREFILL && po.max_qo_tokens < maxQ) po.max_qo_tokens = maxQ;
+    if (ro->graph && L0->v.op == KILN_OP_PREFILL && po.max_qo_tokens < maxQ)
+        po.max_qo_tokens = maxQ;
     KILN_TRY(kiln_plan_create(k, &po, &plan));
     const int wsB = po.max_batch > maxB ? po.max_batch : maxB;
-    const int wsQ = L0->v.op == KILN_OP_DECODE ? wsB : po.max_qo_tokens > maxQ ? po.max_qo_tokens : maxQ;
+    const int wsQ = L0->v.op == KILN_OP_DECODE ? wsB
+                    : po.max_qo_tokens > maxQ  ? po.max_qo_tokens
+                                               : maxQ;
     KILN_TRY(kiln_plan_workspace_size(plan, wsB, wsQ, &d.ws_bytes));
     CU_TRY(cu->cuMemAlloc(&d.ws, d.ws_bytes ? d.ws_bytes : 16), "alloc workspace");
     if (ro->graph) CU_TRY(cu->cuStreamCreate(&stream, CU_STREAM_NON_BLOCKING), "create stream");
@@ -229,13 +237,21 @@ kiln_status kiln__cb_run(kiln_ctx *ctx, kiln_kernel *k, const cb_logical *const 
         CU_TRY(cu->cuMemcpyHtoD(d.q, S[i].q, S[i].q_elems * 2), "copy q");
         CU_TRY(cu->cuMemcpyHtoD(d.k, S[i].k, S[i].kv_elems * esize), "copy k");
         CU_TRY(cu->cuMemcpyHtoD(d.v, S[i].v, S[i].kv_elems * esize), "copy v");
-        if (x->pages_used) CU_TRY(cu->cuMemcpyHtoD(d.indices, x->page_ids, sizeof(int) * (size_t)x->pages_used), "copy kv_indices");
-        if (x->batch) CU_TRY(cu->cuMemcpyHtoD(d.rope, L->rope_off, sizeof(int) * (size_t)x->batch), "copy rope offsets");
-        if (L->mask_bits) CU_TRY(cu->cuMemcpyHtoD(d.bits, L->mask_bits, L->mask_bytes), "copy mask bits");
+        if (x->pages_used)
+            CU_TRY(cu->cuMemcpyHtoD(d.indices, x->page_ids, sizeof(int) * (size_t)x->pages_used),
+                   "copy kv_indices");
+        if (x->batch)
+            CU_TRY(cu->cuMemcpyHtoD(d.rope, L->rope_off, sizeof(int) * (size_t)x->batch),
+                   "copy rope offsets");
+        if (L->mask_bits)
+            CU_TRY(cu->cuMemcpyHtoD(d.bits, L->mask_bits, L->mask_bytes), "copy mask bits");
         if (L->bsr_indptr) {
-            CU_TRY(cu->cuMemcpyHtoD(d.bsr_ip, L->bsr_indptr, sizeof(int) * ((size_t)L->bsr_rows + 1)), "copy bsr_indptr");
+            CU_TRY(cu->cuMemcpyHtoD(d.bsr_ip, L->bsr_indptr,
+                                    sizeof(int) * ((size_t)L->bsr_rows + 1)),
+                   "copy bsr_indptr");
             if (L->bsr_nnz)
-                CU_TRY(cu->cuMemcpyHtoD(d.bsr_ix, L->bsr_indices, sizeof(int) * (size_t)L->bsr_nnz), "copy bsr_indices");
+                CU_TRY(cu->cuMemcpyHtoD(d.bsr_ix, L->bsr_indices, sizeof(int) * (size_t)L->bsr_nnz),
+                       "copy bsr_indices");
         }
         /* poison: 0xffff is NaN in f16 and bf16, 0xffffffff in f32 */
         CU_TRY(cu->cuMemsetD8(d.o, 0xff, q_elems * 2), "poison o");
@@ -256,11 +272,13 @@ kiln_status kiln__cb_run(kiln_ctx *ctx, kiln_kernel *k, const cb_logical *const 
             KILN_TRY(kiln_batch_run(plan, &a, stream));
         } else {
             if (i == 0) {
-                CU_TRY(ga.cuStreamBeginCapture(stream, CU_STREAM_CAPTURE_MODE_THREAD_LOCAL), "begin capture");
+                CU_TRY(ga.cuStreamBeginCapture(stream, CU_STREAM_CAPTURE_MODE_THREAD_LOCAL),
+                       "begin capture");
                 kiln_status rs = kiln_batch_run(plan, &a, stream);
                 CUresult cr = ga.cuStreamEndCapture(stream, &graph);
                 if (rs) {
-                    st = kiln__fail(e, rs, "check batch: run under capture: %s", kiln_ctx_errmsg(ctx));
+                    st = kiln__fail(e, rs, "check batch: run under capture: %s",
+                                    kiln_ctx_errmsg(ctx));
                     goto done;
                 }
                 CU_TRY(cr, "end capture (did the run do something a graph cannot hold?)");
@@ -270,10 +288,13 @@ kiln_status kiln__cb_run(kiln_ctx *ctx, kiln_kernel *k, const cb_logical *const 
         }
         CU_TRY(cu->cuCtxSynchronize(), "run batch");
         CU_TRY(cu->cuMemcpyDtoH(o_host, d.o, S[i].o_elems * 2), "copy o back");
-        if (x->total_qo) CU_TRY(cu->cuMemcpyDtoH(outs[i].lse, d.lse, sizeof(float) * (size_t)x->total_qo * H), "copy lse back");
+        if (x->total_qo)
+            CU_TRY(cu->cuMemcpyDtoH(outs[i].lse, d.lse, sizeof(float) * (size_t)x->total_qo * H),
+                   "copy lse back");
         for (int r = 0; r < x->total_qo; r++)
             for (int h = 0; h < H; h++)
-                memcpy(outs[i].o + ((size_t)r * H + h) * D, o_host + r * S[i].os_n + h * S[i].os_h, 2 * (size_t)D);
+                memcpy(outs[i].o + ((size_t)r * H + h) * D, o_host + r * S[i].os_n + h * S[i].os_h,
+                       2 * (size_t)D);
         if (ro->time_reps > 0 && i == n - 1) {
             ms = malloc(sizeof(double) * (size_t)ro->time_reps);
             if (!ms) {
@@ -305,8 +326,8 @@ done:
     if (graph) ga.cuGraphDestroy(graph);
     if (stream) cu->cuStreamDestroy(stream);
     kiln_plan_destroy(plan);
-    CUdeviceptr *bufs[] = {&d.q,    &d.k,     &d.v,      &d.o,   &d.lse,   &d.indices,
-                           &d.rope, &d.slopes, &d.ws,    &d.bits, &d.bsr_ip, &d.bsr_ix};
+    CUdeviceptr *bufs[] = {&d.q,    &d.k,      &d.v,  &d.o,    &d.lse,    &d.indices,
+                           &d.rope, &d.slopes, &d.ws, &d.bits, &d.bsr_ip, &d.bsr_ix};
     for (size_t b = 0; cu && b < sizeof bufs / sizeof bufs[0]; b++)
         if (*bufs[b]) cu->cuMemFree(*bufs[b]);
     for (int i = 0; i < 2; i++) kiln__cb_store_free(&S[i]);
@@ -321,7 +342,8 @@ done:
 
 /* The graph check's second batch: fewer requests (same bound), other lengths, one empty, no
  * more rows than the first. */
-static void second_lens(const kiln_variant *v, const kiln_check_batch *s, uint64_t seed, int *qo, int *kv, int *B2)
+static void second_lens(const kiln_variant *v, const kiln_check_batch *s, uint64_t seed, int *qo,
+                        int *kv, int *B2)
 {
     const int B = s->batch;
     int max_kv = 0, max_qo = 1;
@@ -336,7 +358,8 @@ static void second_lens(const kiln_variant *v, const kiln_check_batch *s, uint64
     long total2 = 0;
     for (int b = 0; b < *B2; b++) {
         kv[b] = (int)(kiln_check_rng(&seed) % (uint64_t)(max_kv + max_kv / 2 + 2));
-        qo[b] = v->op == KILN_OP_PREFILL ? (int)(kiln_check_rng(&seed) % (uint64_t)(max_qo + 1)) : 1;
+        qo[b] =
+            v->op == KILN_OP_PREFILL ? (int)(kiln_check_rng(&seed) % (uint64_t)(max_qo + 1)) : 1;
         if (*B2 > 1 && b == *B2 / 2) kv[b] = 0;
         if (v->mask == KILN_MASK_CAUSAL && qo[b] > kv[b] && v->op == KILN_OP_PREFILL) qo[b] = kv[b];
         total2 += qo[b];
@@ -352,7 +375,8 @@ static double visible_pairs(const cb_logical *L)
 {
     double n = 0;
     for (int b = 0; b < L->ix.batch; b++) {
-        const int L_Q = L->ix.qo_indptr[b + 1] - L->ix.qo_indptr[b], L_KV = L->ix.kv_indptr[b + 1] - L->ix.kv_indptr[b];
+        const int L_Q = L->ix.qo_indptr[b + 1] - L->ix.qo_indptr[b],
+                  L_KV = L->ix.kv_indptr[b + 1] - L->ix.kv_indptr[b];
         for (int i = 0; i < L_Q; i++) {
             const int diag = i + L_KV - L_Q;
             int lo = 0, hi = L_KV;
@@ -368,7 +392,8 @@ static kiln_status batch_variant(const kiln_kernel *k, kiln__err *e)
 {
     if (!k || (k->v.kv != KILN_KV_RAGGED && k->v.kv != KILN_KV_PAGED) || k->v.op == KILN_OP_MERGE)
         return kiln__fail(e, KILN_STATUS_INVALID_ARGUMENT,
-                          "check batch: not a batch variant (needs op=decode or prefill with kv=ragged or kv=paged)");
+                          "check batch: not a batch variant (needs op=decode or prefill with "
+                          "kv=ragged or kv=paged)");
     return KILN_STATUS_OK;
 }
 
@@ -385,8 +410,8 @@ static cb_run_opts run_opts(const kiln_check_batch *s, int time_reps)
     return ro;
 }
 
-kiln_status kiln_check_batch_run(kiln_ctx *ctx, kiln_kernel *k, const kiln_check_batch *s, int time_reps,
-                                 kiln_check_batch_result *res, char *msg, size_t cap)
+kiln_status kiln_check_batch_run(kiln_ctx *ctx, kiln_kernel *k, const kiln_check_batch *s,
+                                 int time_reps, kiln_check_batch_result *res, char *msg, size_t cap)
 {
     kiln__err err = {{0}}, *e = &err;
     kiln_status st = KILN_STATUS_OK;
@@ -402,7 +427,8 @@ kiln_status kiln_check_batch_run(kiln_ctx *ctx, kiln_kernel *k, const kiln_check
     res->seed = seed;
     int n = 1;
     if ((st = kiln__cb_make(&k->v, s, seed, &L[0]))) {
-        kiln__fail(e, st, "check batch: bad shape (heads %d, group %d) or out of memory", s->num_qo_heads, k->v.group);
+        kiln__fail(e, st, "check batch: bad shape (heads %d, group %d) or out of memory",
+                   s->num_qo_heads, k->v.group);
         goto done;
     }
     if (s->graph) {
@@ -436,15 +462,18 @@ kiln_status kiln_check_batch_run(kiln_ctx *ctx, kiln_kernel *k, const kiln_check
             kiln__fail(e, st, "check batch: out of host memory for the reference");
             goto done;
         }
-        kiln__cb_compare(&L[i], &out[i], ref_o, ref_lse, &res->r, sums, i == 0 ? &res->bad_request : NULL);
+        kiln__cb_compare(&L[i], &out[i], ref_o, ref_lse, &res->r, sums,
+                         i == 0 ? &res->bad_request : NULL);
         free(ref_o);
         free(ref_lse);
         ref_o = ref_lse = NULL;
     }
     const cb_logical *Lt = &L[n - 1];
-    const double esz = (k->v.kv_dtype == KILN_DTYPE_E4M3 || k->v.kv_dtype == KILN_DTYPE_E5M2) ? 1 : 2;
+    const double esz =
+        (k->v.kv_dtype == KILN_DTYPE_E4M3 || k->v.kv_dtype == KILN_DTYPE_E5M2) ? 1 : 2;
     res->r.flops = 4.0 * Lt->D * visible_pairs(Lt) * Lt->H;
-    res->r.bytes = 2.0 * 2 * Lt->ix.total_qo * Lt->H * Lt->D + 2.0 * esz * Lt->ix.total_kv * Lt->H_KV * Lt->D;
+    res->r.bytes =
+        2.0 * 2 * Lt->ix.total_qo * Lt->H * Lt->D + 2.0 * esz * Lt->ix.total_kv * Lt->H_KV * Lt->D;
     if (res->r.bad) st = KILN_STATUS_MISMATCH;
 done:
     kiln_check_message(st, &res->r, e->msg, msg, cap);
@@ -463,8 +492,8 @@ done:
 /* Compare rows [ra, ra + rows) of out a with rows [rb, rb + rows) of out b: bits, and the
  * tolerance of v (when tol is set) taking b as the reference. Returns the out-of-tolerance
  * count. */
-static long long compare_pair(const kiln_variant *v, int H, int D, const cb_out *a, int ra, const cb_out *b, int rb,
-                              int rows, int tol, kiln_check_pair *p)
+static long long compare_pair(const kiln_variant *v, int H, int D, const cb_out *a, int ra,
+                              const cb_out *b, int rb, int rows, int tol, kiln_check_pair *p)
 {
     double atol, rtol;
     long long bad = 0;
@@ -472,14 +501,17 @@ static long long compare_pair(const kiln_variant *v, int H, int D, const cb_out 
     for (int r = 0; r < rows; r++)
         for (int h = 0; h < H; h++) {
             for (int d = 0; d < D; d++) {
-                const uint16_t x = a->o[((size_t)(ra + r) * H + h) * D + d], y = b->o[((size_t)(rb + r) * H + h) * D + d];
-                const double fx = kiln_check_from_bits(v->out_dtype, x), fy = kiln_check_from_bits(v->out_dtype, y);
+                const uint16_t x = a->o[((size_t)(ra + r) * H + h) * D + d],
+                               y = b->o[((size_t)(rb + r) * H + h) * D + d];
+                const double fx = kiln_check_from_bits(v->out_dtype, x),
+                             fy = kiln_check_from_bits(v->out_dtype, y);
                 const double diff = fabs(fx - fy);
                 p->compared++;
                 if (!(diff <= p->max_diff)) p->max_diff = isnan(diff) ? INFINITY : diff;
                 if (x != y && !p->differ++)
-                    snprintf(p->first, sizeof p->first, "o[row %d,h=%d,d=%d]: %.6g (0x%04x) vs %.6g (0x%04x)", r, h,
-                             d, fx, x, fy, y);
+                    snprintf(p->first, sizeof p->first,
+                             "o[row %d,h=%d,d=%d]: %.6g (0x%04x) vs %.6g (0x%04x)", r, h, d, fx, x,
+                             fy, y);
                 if (tol && !(diff <= atol + rtol * fabs(fy))) bad++;
             }
             if (!v->lse) continue;
@@ -494,7 +526,8 @@ static long long compare_pair(const kiln_variant *v, int H, int D, const cb_out 
 }
 
 kiln_status kiln_check_batch_equiv(kiln_ctx *ctx, kiln_kernel *k_paged, kiln_kernel *k_ragged,
-                                   const kiln_check_batch *s, kiln_check_pair *p, char *msg, size_t cap)
+                                   const kiln_check_batch *s, kiln_check_pair *p, char *msg,
+                                   size_t cap)
 {
     kiln__err err = {{0}}, *e = &err;
     kiln_status st = KILN_STATUS_OK;
@@ -504,28 +537,35 @@ kiln_status kiln_check_batch_equiv(kiln_ctx *ctx, kiln_kernel *k_paged, kiln_ker
     if ((st = batch_variant(k_paged, e)) || (st = batch_variant(k_ragged, e))) goto done;
     kiln_variant a = k_paged->v, b = k_ragged->v;
     a.kv = b.kv = KILN_KV_CONTIGUOUS;
-    if (k_paged->v.kv != KILN_KV_PAGED || k_ragged->v.kv != KILN_KV_RAGGED || memcmp(&a, &b, sizeof a) != 0) {
-        st = kiln__fail(e, KILN_STATUS_INVALID_ARGUMENT, "check equiv: need a kv=paged and a kv=ragged kernel of one variant");
+    if (k_paged->v.kv != KILN_KV_PAGED || k_ragged->v.kv != KILN_KV_RAGGED ||
+        memcmp(&a, &b, sizeof a) != 0) {
+        st = kiln__fail(e, KILN_STATUS_INVALID_ARGUMENT,
+                        "check equiv: need a kv=paged and a kv=ragged kernel of one variant");
         goto done;
     }
     const uint64_t seed = kiln__cb_seed(s->seed);
     /* the same seed draws the same q, k, v whatever the storage */
-    if ((st = kiln__cb_make(&k_paged->v, s, seed, &Lp)) || (st = kiln__cb_make(&k_ragged->v, s, seed, &Lr))) {
+    if ((st = kiln__cb_make(&k_paged->v, s, seed, &Lp)) ||
+        (st = kiln__cb_make(&k_ragged->v, s, seed, &Lr))) {
         kiln__fail(e, st, "check equiv: bad shape or out of memory");
         goto done;
     }
     cb_run_opts ro = run_opts(s, 0);
     const cb_logical *l1[1] = {&Lp}, *l2[1] = {&Lr};
-    if ((st = kiln__cb_run(ctx, k_paged, l1, 1, &ro, &op, e)) || (st = kiln__cb_run(ctx, k_ragged, l2, 1, &ro, &orr, e)))
+    if ((st = kiln__cb_run(ctx, k_paged, l1, 1, &ro, &op, e)) ||
+        (st = kiln__cb_run(ctx, k_ragged, l2, 1, &ro, &orr, e)))
         goto done;
     p->a = op.info;
     p->b = orr.info;
     p->same_split = op.info.items == orr.info.items && op.info.kv_chunk == orr.info.kv_chunk &&
                     op.info.split_items == orr.info.split_items;
-    const long long bad = compare_pair(&k_paged->v, Lp.H, Lp.D, &op, 0, &orr, 0, Lp.ix.total_qo, 1, p);
+    const long long bad =
+        compare_pair(&k_paged->v, Lp.H, Lp.D, &op, 0, &orr, 0, Lp.ix.total_qo, 1, p);
     if ((p->same_split && !p->bitwise) || bad) {
         st = KILN_STATUS_MISMATCH;
-        kiln__fail(e, st, "paged vs ragged (%s split): %lld elements differ in bits, %lld out of tolerance; first: %s",
+        kiln__fail(e, st,
+                   "paged vs ragged (%s split): %lld elements differ in bits, %lld out of "
+                   "tolerance; first: %s",
                    p->same_split ? "same" : "different", p->differ, bad, p->first);
     }
 done:
@@ -539,8 +579,8 @@ done:
 }
 
 /* Request b of a logical batch as dense NHD rows: q [nq][H][D], k and v [nk][H_KV][D]. */
-static void request_rows(const cb_logical *L, int b, const uint16_t **q, const uint16_t **k, const uint16_t **v,
-                         int *nq, int *nk)
+static void request_rows(const cb_logical *L, int b, const uint16_t **q, const uint16_t **k,
+                         const uint16_t **v, int *nq, int *nk)
 {
     const int q0 = L->ix.qo_indptr[b], k0 = L->ix.kv_indptr[b];
     *nq = L->ix.qo_indptr[b + 1] - q0;
@@ -550,8 +590,8 @@ static void request_rows(const cb_logical *L, int b, const uint16_t **q, const u
     *v = L->vv + (size_t)k0 * L->H_KV * L->D;
 }
 
-kiln_status kiln_check_batch_invariance(kiln_ctx *ctx, kiln_kernel *k, const kiln_check_batch *s, int req,
-                                        kiln_check_pair *p, char *msg, size_t cap)
+kiln_status kiln_check_batch_invariance(kiln_ctx *ctx, kiln_kernel *k, const kiln_check_batch *s,
+                                        int req, kiln_check_pair *p, char *msg, size_t cap)
 {
     kiln__err err = {{0}}, *e = &err;
     kiln_status st = KILN_STATUS_OK;
@@ -560,8 +600,9 @@ kiln_status kiln_check_batch_invariance(kiln_ctx *ctx, kiln_kernel *k, const kil
     memset(p, 0, sizeof *p);
     if ((st = batch_variant(k, e))) goto done;
     if (req < 0 || req >= s->batch || s->fixed_split <= 0) {
-        st = kiln__fail(e, KILN_STATUS_INVALID_ARGUMENT, "check invariance: request %d of %d, fixed_split %d (> 0 needed)",
-                        req, s->batch, s->fixed_split);
+        st = kiln__fail(e, KILN_STATUS_INVALID_ARGUMENT,
+                        "check invariance: request %d of %d, fixed_split %d (> 0 needed)", req,
+                        s->batch, s->fixed_split);
         goto done;
     }
     const uint64_t seed = kiln__cb_seed(s->seed);
@@ -570,7 +611,8 @@ kiln_status kiln_check_batch_invariance(kiln_ctx *ctx, kiln_kernel *k, const kil
     s1.qo_lens = s->qo_lens ? s->qo_lens + req : NULL;
     s1.kv_lens = s->kv_lens + req;
     s1.window_left = s->window_left; /* the same window whatever the batch */
-    if ((st = kiln__cb_make(&k->v, s, seed, &L)) || (st = kiln__cb_make(&k->v, &s1, seed + 7, &L1))) {
+    if ((st = kiln__cb_make(&k->v, s, seed, &L)) ||
+        (st = kiln__cb_make(&k->v, &s1, seed + 7, &L1))) {
         kiln__fail(e, st, "check invariance: bad shape or out of memory");
         goto done;
     }
@@ -586,13 +628,17 @@ kiln_status kiln_check_batch_invariance(kiln_ctx *ctx, kiln_kernel *k, const kil
     cb_run_opts ro = run_opts(s, 0);
     ro.graph = 0;
     const cb_logical *lb[1] = {&L}, *l1[1] = {&L1};
-    if ((st = kiln__cb_run(ctx, k, lb, 1, &ro, &ob, e)) || (st = kiln__cb_run(ctx, k, l1, 1, &ro, &o1, e))) goto done;
+    if ((st = kiln__cb_run(ctx, k, lb, 1, &ro, &ob, e)) ||
+        (st = kiln__cb_run(ctx, k, l1, 1, &ro, &o1, e)))
+        goto done;
     p->a = ob.info;
     p->b = o1.info;
     compare_pair(&k->v, L.H, L.D, &ob, L.ix.qo_indptr[req], &o1, 0, nq, 0, p);
     if (!p->bitwise) {
         st = KILN_STATUS_MISMATCH;
-        kiln__fail(e, st, "request %d alone vs in a batch of %d (fixed_split %d): %lld of %lld elements differ; first: %s",
+        kiln__fail(e, st,
+                   "request %d alone vs in a batch of %d (fixed_split %d): %lld of %lld elements "
+                   "differ; first: %s",
                    req, s->batch, s->fixed_split, p->differ, p->compared, p->first);
     }
 done:
@@ -606,7 +652,8 @@ done:
 }
 
 kiln_status kiln_check_batch_vs_single(kiln_ctx *ctx, kiln_kernel *k_batch, kiln_kernel *k_single,
-                                       const kiln_check_batch *s, kiln_check_pair *p, char *msg, size_t cap)
+                                       const kiln_check_batch *s, kiln_check_pair *p, char *msg,
+                                       size_t cap)
 {
     kiln__err err = {{0}}, *e = &err;
     kiln_status st = KILN_STATUS_OK;
@@ -618,9 +665,11 @@ kiln_status kiln_check_batch_vs_single(kiln_ctx *ctx, kiln_kernel *k_batch, kiln
     if ((st = batch_variant(k_batch, e))) goto done;
     kiln_variant a = k_batch->v, b = k_single ? k_single->v : a;
     a.kv = KILN_KV_CONTIGUOUS;
-    if (!k_single || k_batch->v.kv != KILN_KV_RAGGED || memcmp(&a, &b, sizeof a) != 0 || a.mask_data) {
+    if (!k_single || k_batch->v.kv != KILN_KV_RAGGED || memcmp(&a, &b, sizeof a) != 0 ||
+        a.mask_data) {
         st = kiln__fail(e, KILN_STATUS_INVALID_ARGUMENT,
-                        "check vs single: need a kv=ragged and a kv=contiguous kernel of one variant (no mask data)");
+                        "check vs single: need a kv=ragged and a kv=contiguous kernel of one "
+                        "variant (no mask data)");
         goto done;
     }
     if (!cu || !k_single->loaded) {
@@ -694,16 +743,21 @@ kiln_status kiln_check_batch_vs_single(kiln_ctx *ctx, kiln_kernel *k_batch, kiln
         sa.params.softcap = L.softcap;
         sa.params.window_left = L.window_left;
         sa.params.alibi_slopes = dslopes;
-        KILN_TRY(a.op == KILN_OP_DECODE ? kiln_single_decode(k_single, &sa, NULL) : kiln_single_prefill(k_single, &sa, NULL));
+        KILN_TRY(a.op == KILN_OP_DECODE ? kiln_single_decode(k_single, &sa, NULL)
+                                        : kiln_single_prefill(k_single, &sa, NULL));
         CU_TRY(cu->cuCtxSynchronize(), "single run");
         CU_TRY(cu->cuMemcpyDtoH(os.o, dout, (size_t)nq * H * D * 2), "copy o back");
-        if (a.lse) CU_TRY(cu->cuMemcpyDtoH(os.lse, dlse, sizeof(float) * (size_t)nq * H), "copy lse back");
+        if (a.lse)
+            CU_TRY(cu->cuMemcpyDtoH(os.lse, dlse, sizeof(float) * (size_t)nq * H), "copy lse back");
         bad += compare_pair(&a, H, D, &os, 0, &ob, L.ix.qo_indptr[r], nq, 1, p);
     }
     if (bad) {
         st = KILN_STATUS_MISMATCH;
-        kiln__fail(e, st, "batch (kv=ragged) vs single (kv=contiguous): %lld elements out of tolerance, %lld differ in "
-                   "bits; first: %s", bad, p->differ, p->first);
+        kiln__fail(e, st,
+                   "batch (kv=ragged) vs single (kv=contiguous): %lld elements out of tolerance, "
+                   "%lld differ in "
+                   "bits; first: %s",
+                   bad, p->differ, p->first);
     }
 done:
     if (st) snprintf(msg, cap, "%s", e->msg);

@@ -104,7 +104,7 @@ int cli_archs_resolve(const char *cmd, kiln_ctx *ctx, cli_archs *a);
 typedef struct cli_mspec {
     kiln_variant v;
     char spec[KILN__SPEC_MAX]; /* canonical */
-    int line;       /* first line (1-based) that named it */
+    int line;                  /* first line (1-based) that named it */
 } cli_mspec;
 
 /* One work item of a manifest: indexes into specs and archs. */
@@ -177,7 +177,6 @@ double cli_now_ms(void);
 /* Unix seconds as "2026-11-29T16:20:05Z" into out[32]; "-" for 0. */
 void cli_iso_time(int64_t t, char out[32]);
 
-
 /* The commands (tools/cli_cmds.c, tools/cli_warm.c, tools/cli_fleet.c). */
 int cli_cmd_info(cli_global *g, const cli_cmd *cmd, int argc, char **argv);
 int cli_cmd_compile(cli_global *g, const cli_cmd *cmd, int argc, char **argv);
@@ -223,8 +222,8 @@ int cli_default_cache_absent(const cli_global *g, char *path, size_t cap);
 /* The filters of `kiln ls`. */
 typedef struct cli_ls_filter {
     int by_arch;
-    cli_archs archs; /* --arch: keep these archs */
-    char op[32];     /* --op: "op=<name> ", the spec's first word */
+    cli_archs archs;  /* --arch: keep these archs */
+    char op[32];      /* --op: "op=<name> ", the spec's first word */
     const char *spec; /* --spec: a substring of the spec */
     long limit;       /* --limit: most rows shown; -1 for all */
     long shown;

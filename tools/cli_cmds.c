@@ -105,7 +105,8 @@ static int print_cache_stats(const cli_global *g)
     else if (bound && *bound) printf("cache bound: %s (KILN_CACHE_MAX_BYTES)\n", bound);
     else printf("cache bound: none\n");
     const char *strict = getenv("KILN_STRICT"), *record = getenv("KILN_RECORD");
-    printf("mode: %s%s%s\n", strict && *strict && strcmp(strict, "0") ? "strict (KILN_STRICT)" : "compile on a miss",
+    printf("mode: %s%s%s\n",
+           strict && *strict && strcmp(strict, "0") ? "strict (KILN_STRICT)" : "compile on a miss",
            record && *record ? ", recording to " : "", record && *record ? record : "");
     const char *base = g->base_dir ? g->base_dir : getenv("KILN_BASE_CACHE_DIR");
     if (!base || !*base) {
@@ -123,7 +124,9 @@ static int print_cache_stats(const cli_global *g)
 int cli_cmd_info(cli_global *g, const cli_cmd *cmd, int argc, char **argv)
 {
     int gpu_count = 0, json = 0, npos = 0;
-    const cli_opt opts[] = {{"--gpu-count", NULL, &gpu_count}, {"--json", NULL, &json}, {NULL, NULL, NULL}};
+    const cli_opt opts[] = {{"--gpu-count", NULL, &gpu_count},
+                            {"--json", NULL, &json},
+                            {NULL, NULL, NULL}};
     int rc = cli_parse(g, cmd, argc, argv, opts, &npos);
     if (rc) return rc < 0 ? CLI_OK : rc;
     if (npos) return cli_fail(cmd->name, CLI_USAGE, "unexpected argument '%s'", argv[0]);
@@ -158,8 +161,7 @@ static int compile_one(kiln_ctx *ctx, const kiln_variant *v, const char *arch)
     char regs[16] = "-";
     if (ki.registers >= 0) snprintf(regs, sizeof regs, "%d", ki.registers);
     printf("%s %s %s %.1f ms regs=%s smem=%d spill=%d %s\n", ki.key, ki.arch,
-           ki.from_cache ? "cached" : "compiled", ms, regs, ki.smem_bytes, ki.spill_bytes,
-           ki.spec);
+           ki.from_cache ? "cached" : "compiled", ms, regs, ki.smem_bytes, ki.spill_bytes, ki.spec);
     fflush(stdout);
     return CLI_OK;
 }
@@ -215,9 +217,9 @@ static int ls_row(const kiln__entry *en, void *user)
     if (!s->json) {
         char b[3][KILN__SPEC_MAX]; /* texts from the row, escaped (tools/cli_safe.c) */
         printf("%-32s %-8s %4s %7d %5d %8zu %10.1f %6lld  %-20s  %s\n",
-               cli_safe(en->key, b[0], sizeof b[0]), cli_safe(en->arch, b[1], sizeof b[1]),
-               regs, smem, en->spill_bytes, en->cubin_size, en->compile_ms,
-               (long long)en->hits, last, cli_safe(en->spec, b[2], sizeof b[2]));
+               cli_safe(en->key, b[0], sizeof b[0]), cli_safe(en->arch, b[1], sizeof b[1]), regs,
+               smem, en->spill_bytes, en->cubin_size, en->compile_ms, (long long)en->hits, last,
+               cli_safe(en->spec, b[2], sizeof b[2]));
     } else {
         printf("%s\n  {\"key\": ", s->rows ? "," : "");
         json_str(stdout, en->key);
@@ -226,8 +228,8 @@ static int ls_row(const kiln__entry *en, void *user)
         printf(", \"regs\": %s, \"smem\": %d, \"spill\": %d, \"stack\": %d, \"cubin_bytes\": %zu, "
                "\"compile_ms\": %.3f, \"hits\": %lld, \"created\": \"%s\", \"last_used\": \"%s\", "
                "\"nvrtc\": ",
-               en->registers >= 0 ? regs : "null", smem, en->spill_bytes, en->stack_bytes, en->cubin_size,
-               en->compile_ms, (long long)en->hits, created, last);
+               en->registers >= 0 ? regs : "null", smem, en->spill_bytes, en->stack_bytes,
+               en->cubin_size, en->compile_ms, (long long)en->hits, created, last);
         json_str(stdout, en->nvrtc);
         printf(", \"spec\": ");
         json_str(stdout, en->spec);
@@ -317,12 +319,14 @@ static int print_sass(const view *w)
 {
     char tool[1024];
     if (!find_cuobjdump(tool, sizeof tool))
-        return cli_fail("show", CLI_FAIL,
-                        "--sass needs cuobjdump (the CUDA toolkit's; not found on PATH, in $CUDA_HOME/bin "
-                        "or /usr/local/cuda/bin); set KILN_CUOBJDUMP, or write the cubin with --cubin");
+        return cli_fail(
+            "show", CLI_FAIL,
+            "--sass needs cuobjdump (the CUDA toolkit's; not found on PATH, in $CUDA_HOME/bin "
+            "or /usr/local/cuda/bin); set KILN_CUOBJDUMP, or write the cubin with --cubin");
     char tmp[] = "/tmp/kiln-sass-XXXXXX";
     int fd = mkstemp(tmp);
-    if (fd < 0) return cli_fail("show", CLI_FAIL, "cannot create a temporary file: %s", strerror(errno));
+    if (fd < 0)
+        return cli_fail("show", CLI_FAIL, "cannot create a temporary file: %s", strerror(errno));
     ssize_t wr = write(fd, w->cubin, w->cubin_size);
     close(fd);
     if (wr != (ssize_t)w->cubin_size) {
@@ -339,7 +343,8 @@ static int print_sass(const view *w)
     if (pid > 0) waitpid(pid, &status, 0);
     unlink(tmp);
     if (pid < 0 || !WIFEXITED(status) || WEXITSTATUS(status) != 0)
-        return cli_fail("show", CLI_FAIL, "%s -sass failed on the cubin of %s (%s)", tool, w->key, w->arch);
+        return cli_fail("show", CLI_FAIL, "%s -sass failed on the cubin of %s (%s)", tool, w->key,
+                        w->arch);
     return CLI_OK;
 }
 
@@ -384,7 +389,9 @@ static int view_print(const view *w, const show_opts *o, const kiln__cache *c)
     printf("spec:        %s\n", cli_safe(w->spec, b[2], sizeof b[2]));
     printf("nvrtc:       %s\n", cli_safe(w->nvrtc, b[3], sizeof b[3]));
     if (w->regs >= 0) printf("registers:   %d\n", w->regs);
-    else printf("registers:   -\n"); /* ptxas reported none (rows from before merge kernels' were read) */
+    else
+        printf(
+            "registers:   -\n"); /* ptxas reported none (rows from before merge kernels' were read) */
     printf("smem:        %d bytes\n", w->smem);
     printf("spill:       %d bytes\n", w->spill);
     printf("stack:       %d bytes\n", w->stack);
@@ -538,8 +545,9 @@ int cli_cmd_rm(cli_global *g, const cli_cmd *cmd, int argc, char **argv)
         kiln__err e = {{0}};
         kiln_status st = kiln__cache_remove(c, argv[i], &n, &e);
         int r = CLI_OK;
-        if (st) r = cli_fail(cmd->name, st == KILN_STATUS_INVALID_ARGUMENT ? CLI_USAGE : CLI_FAIL,
-                             "%s", e.msg);
+        if (st)
+            r = cli_fail(cmd->name, st == KILN_STATUS_INVALID_ARGUMENT ? CLI_USAGE : CLI_FAIL, "%s",
+                         e.msg);
         else if (n == 0)
             r = cli_fail(cmd->name, CLI_FAIL, "no cache entry matches '%s' (in %s)", argv[i],
                          kiln__cache_path(c));
@@ -584,7 +592,8 @@ static int check_shape(const check_args *ca, const kiln_variant *v, kiln_check_s
     int rc = 0;
     memset(s, 0, sizeof *s);
     if (ca->heads && (rc = cli_long(cmd, "--heads", ca->heads, 1, 1 << 16, &heads))) return rc;
-    if (heads % g) return cli_fail(cmd, CLI_USAGE, "--heads %ld: not a multiple of group %ld", heads, g);
+    if (heads % g)
+        return cli_fail(cmd, CLI_USAGE, "--heads %ld: not a multiple of group %ld", heads, g);
     s->num_qo_heads = (int)heads;
     s->qo_len = v->op == KILN_OP_DECODE ? 1 : 128;
     if (ca->qo_len && (rc = cli_long(cmd, "--qo-len", ca->qo_len, 1, 1 << 24, &x))) return rc;
@@ -608,7 +617,8 @@ static int check_shape(const check_args *ca, const kiln_variant *v, kiln_check_s
     for (*nkv = 0;;) {
         char word[32];
         size_t n = strcspn(p, ",");
-        if (*nkv >= CHECK_KV_MAX) return cli_fail(cmd, CLI_USAGE, "more than %d kv lengths", CHECK_KV_MAX);
+        if (*nkv >= CHECK_KV_MAX)
+            return cli_fail(cmd, CLI_USAGE, "more than %d kv lengths", CHECK_KV_MAX);
         snprintf(word, sizeof word, "%.*s", (int)(n < sizeof word ? n : sizeof word - 1), p);
         if (n >= sizeof word || (rc = cli_long(cmd, "--kv-len", word, 1, 1 << 30, &kv[*nkv])))
             return rc ? rc : cli_fail(cmd, CLI_USAGE, "--kv-len '%s': bad list", ca->kv_len);
@@ -624,8 +634,8 @@ static void check_print(const kiln_variant *v, const kiln_check_shape *s, int mi
                         const kiln_check_result *r)
 {
     printf("%s H=%d L_Q=%d L_KV=%d max_err=%.3g (atol %.3g rtol %.3g) rel_l2=%.3g",
-           mismatch ? "MISMATCH" : "ok", s->num_qo_heads, s->qo_len, s->kv_len, r->max_err,
-           r->atol, r->rtol, r->rel_l2);
+           mismatch ? "MISMATCH" : "ok", s->num_qo_heads, s->qo_len, s->kv_len, r->max_err, r->atol,
+           r->rtol, r->rel_l2);
     if (v->lse) printf(" lse_err=%.3g", r->lse_max_err);
     if (r->kernel_ms > 0) {
         double sec = r->kernel_ms * 1e-3;
@@ -653,7 +663,8 @@ static int parse_lens(const char *opt, const char *text, int *out, int cap, int 
         long x = 0;
         size_t len = strcspn(p, ",");
         if (*n >= cap) return cli_fail("check", CLI_USAGE, "%s: more than %d lengths", opt, cap);
-        if (len == 0 || len >= sizeof word) return cli_fail("check", CLI_USAGE, "%s '%s': bad list", opt, text);
+        if (len == 0 || len >= sizeof word)
+            return cli_fail("check", CLI_USAGE, "%s '%s': bad list", opt, text);
         snprintf(word, sizeof word, "%.*s", (int)len, p);
         int rc = cli_long("check", opt, word, 0, 1 << 24, &x);
         if (rc) return rc;
@@ -667,27 +678,31 @@ static int parse_lens(const char *opt, const char *text, int *out, int cap, int 
 static int parse_dist(const char *opt, const char *text, int *lo, int *hi)
 {
     char extra;
-    if (sscanf(text, "uniform:%d:%d%c", lo, hi, &extra) != 2 || *lo < 0 || *hi < *lo || *hi > (1 << 24))
-        return cli_fail("check", CLI_USAGE, "%s '%s': expected uniform:LO:HI with 0 <= LO <= HI <= %d", opt, text,
+    if (sscanf(text, "uniform:%d:%d%c", lo, hi, &extra) != 2 || *lo < 0 || *hi < *lo ||
+        *hi > (1 << 24))
+        return cli_fail("check", CLI_USAGE,
+                        "%s '%s': expected uniform:LO:HI with 0 <= LO <= HI <= %d", opt, text,
                         1 << 24);
     return 0;
 }
 
 /* Per-request lengths from --X-len N, --X-lens LIST or --X-dist uniform:LO:HI (at most one)
  * into out[B]; *batch is set from a list when still 0. */
-static int batch_lens(const char *what, const char *one, const char *list, const char *dist, int deflt, int *batch,
-                      uint64_t seed, int *out)
+static int batch_lens(const char *what, const char *one, const char *list, const char *dist,
+                      int deflt, int *batch, uint64_t seed, int *out)
 {
     char o1[32], o2[32], o3[32];
     snprintf(o1, sizeof o1, "--%s-len", what);
     snprintf(o2, sizeof o2, "--%s-lens", what);
     snprintf(o3, sizeof o3, "--%s-dist", what);
-    if (!!one + !!list + !!dist > 1) return cli_fail("check", CLI_USAGE, "give at most one of %s, %s and %s", o1, o2, o3);
+    if (!!one + !!list + !!dist > 1)
+        return cli_fail("check", CLI_USAGE, "give at most one of %s, %s and %s", o1, o2, o3);
     int rc = 0, n = 0, lo = deflt, hi = deflt;
     if (list) {
         if ((rc = parse_lens(o2, list, out, CHECK_BATCH_MAX, &n))) return rc;
         if (*batch && n != *batch)
-            return cli_fail("check", CLI_USAGE, "%s has %d lengths for a batch of %d", o2, n, *batch);
+            return cli_fail("check", CLI_USAGE, "%s has %d lengths for a batch of %d", o2, n,
+                            *batch);
         *batch = n;
         return 0;
     }
@@ -703,8 +718,8 @@ static int batch_lens(const char *what, const char *one, const char *list, const
 }
 
 /* Parse the batch options of `kiln check` into s (lengths in qo[], kv[] of CHECK_BATCH_MAX). */
-static int batch_shape(const check_args *ca, const kiln_variant *v, kiln_check_batch *s, int *qo, int *kv,
-                       long *reps)
+static int batch_shape(const check_args *ca, const kiln_variant *v, kiln_check_batch *s, int *qo,
+                       int *kv, long *reps)
 {
     const char *cmd = "check";
     long x = 0, g = v->group;
@@ -720,30 +735,39 @@ static int batch_shape(const check_args *ca, const kiln_variant *v, kiln_check_b
     long heads = 2 * g > 8 ? 2 * g : 8;
     heads = (heads + g - 1) / g * g;
     if (ca->heads && (rc = cli_long(cmd, "--heads", ca->heads, 1, 1 << 16, &heads))) return rc;
-    if (heads % g) return cli_fail(cmd, CLI_USAGE, "--heads %ld: not a multiple of group %ld", heads, g);
+    if (heads % g)
+        return cli_fail(cmd, CLI_USAGE, "--heads %ld: not a multiple of group %ld", heads, g);
     s->num_qo_heads = (int)heads;
     if (v->op == KILN_OP_MERGE) {
         s->batch = ca->batch ? batch : 100;
         return 0;
     }
     if (ca->kv_len && strchr(ca->kv_len, ','))
-        return cli_fail(cmd, CLI_USAGE, "--kv-len '%s': one length for every request (--kv-lens gives a list)", ca->kv_len);
+        return cli_fail(cmd, CLI_USAGE,
+                        "--kv-len '%s': one length for every request (--kv-lens gives a list)",
+                        ca->kv_len);
     if (ca->qo_len && strchr(ca->qo_len, ','))
-        return cli_fail(cmd, CLI_USAGE, "--qo-len '%s': one length for every request (--qo-lens gives a list)", ca->qo_len);
+        return cli_fail(cmd, CLI_USAGE,
+                        "--qo-len '%s': one length for every request (--qo-lens gives a list)",
+                        ca->qo_len);
     if (v->op == KILN_OP_DECODE && (ca->qo_len || ca->qo_lens || ca->qo_dist))
         return cli_fail(cmd, CLI_USAGE, "%s: a decode batch has one query row per request",
-                        ca->qo_len ? "--qo-len" : ca->qo_lens ? "--qo-lens" : "--qo-dist");
+                        ca->qo_len    ? "--qo-len"
+                        : ca->qo_lens ? "--qo-lens"
+                                      : "--qo-dist");
     if ((ca->kv_lens && !ca->batch) || (ca->qo_lens && !ca->batch)) { /* B from the first list */
         int n = 0;
-        if ((rc = parse_lens(ca->kv_lens ? "--kv-lens" : "--qo-lens", ca->kv_lens ? ca->kv_lens : ca->qo_lens, kv,
-                             CHECK_BATCH_MAX, &n)))
+        if ((rc = parse_lens(ca->kv_lens ? "--kv-lens" : "--qo-lens",
+                             ca->kv_lens ? ca->kv_lens : ca->qo_lens, kv, CHECK_BATCH_MAX, &n)))
             return rc;
         batch = n;
     }
     if (!ca->batch && !ca->kv_lens && !ca->qo_lens) batch = 8;
-    if ((rc = batch_lens("kv", ca->kv_len, ca->kv_lens, ca->kv_dist, 577, &batch, s->seed ^ 0x6b76, kv))) return rc;
-    if (v->op == KILN_OP_PREFILL &&
-        (rc = batch_lens("qo", ca->qo_len, ca->qo_lens, ca->qo_dist, 128, &batch, s->seed ^ 0x716f, qo)))
+    if ((rc = batch_lens("kv", ca->kv_len, ca->kv_lens, ca->kv_dist, 577, &batch, s->seed ^ 0x6b76,
+                         kv)))
+        return rc;
+    if (v->op == KILN_OP_PREFILL && (rc = batch_lens("qo", ca->qo_len, ca->qo_lens, ca->qo_dist,
+                                                     128, &batch, s->seed ^ 0x716f, qo)))
         return rc;
     if (v->op == KILN_OP_DECODE)
         for (int b = 0; b < batch; b++) qo[b] = 1;
@@ -787,35 +811,42 @@ static void batch_print(const kiln_variant *v, const kiln_check_batch *s, int mi
         tq += v->op == KILN_OP_PREFILL ? s->qo_lens[b] : 1;
         tk += s->kv_lens[b];
     }
-    printf("%s B=%d H=%d rows=%lld keys=%lld", mismatch ? "MISMATCH" : "ok", s->batch, s->num_qo_heads, tq, tk);
+    printf("%s B=%d H=%d rows=%lld keys=%lld", mismatch ? "MISMATCH" : "ok", s->batch,
+           s->num_qo_heads, tq, tk);
     if (v->kv == KILN_KV_PAGED) printf(" P=%d", s->page_size ? s->page_size : 16);
-    printf(" max_err=%.3g (atol %.3g rtol %.3g) rel_l2=%.3g", r->max_err, r->atol, r->rtol, r->rel_l2);
+    printf(" max_err=%.3g (atol %.3g rtol %.3g) rel_l2=%.3g", r->max_err, r->atol, r->rtol,
+           r->rel_l2);
     if (v->lse) printf(" lse_err=%.3g", r->lse_max_err);
-    printf(" plan: items=%d grid=%d kv_chunk=%d split=%d merges=%d %.3f ms", br->plan.items, br->plan.grid,
-           br->plan.kv_chunk, br->plan.split_items, br->plan.merge_tasks, br->plan_ms);
+    printf(" plan: items=%d grid=%d kv_chunk=%d split=%d merges=%d %.3f ms", br->plan.items,
+           br->plan.grid, br->plan.kv_chunk, br->plan.split_items, br->plan.merge_tasks,
+           br->plan_ms);
     if (s->graph) printf(" graph: %d batches replayed", br->batches);
     if (r->kernel_ms > 0) {
         double sec = r->kernel_ms * 1e-3;
-        printf(" time=%.4f ms, %.1f GB/s, %.2f TFLOP/s", r->kernel_ms, r->bytes / sec / 1e9, r->flops / sec / 1e12);
+        printf(" time=%.4f ms, %.1f GB/s, %.2f TFLOP/s", r->kernel_ms, r->bytes / sec / 1e9,
+               r->flops / sec / 1e12);
     }
     printf(" seed=%llu\n", (unsigned long long)br->seed);
     if (mismatch)
-        printf("  first bad: %s (%lld of %lld elements out of tolerance; first bad request %d)\n", r->first_bad, r->bad,
-               r->checked, br->bad_request);
+        printf("  first bad: %s (%lld of %lld elements out of tolerance; first bad request %d)\n",
+               r->first_bad, r->bad, r->checked, br->bad_request);
     fflush(stdout);
 }
 
 /* kiln check of a batch variant (kv=ragged|paged) or of the merges (op=merge). */
-static int check_batch_cmd(cli_global *g, const check_args *ca, const kiln_variant *v, const char *canon)
+static int check_batch_cmd(cli_global *g, const check_args *ca, const kiln_variant *v,
+                           const char *canon)
 {
     const char *cmd = "check";
     int *qo = malloc(sizeof(int) * CHECK_BATCH_MAX), *kv = malloc(sizeof(int) * CHECK_BATCH_MAX);
     kiln_check_batch s;
     long reps = 0;
     int rc = !qo || !kv ? cli_fail(cmd, CLI_FAIL, "out of memory") : 0;
-    if (!rc && v->op == KILN_OP_MERGE && (ca->kv_len || ca->kv_lens || ca->kv_dist || ca->qo_len || ca->qo_lens ||
-                                          ca->qo_dist || ca->page_size || ca->fixed_split || ca->graph || ca->time))
-        rc = cli_fail(cmd, CLI_USAGE, "op=merge takes --batch (rows), --heads, --strided and --seed only");
+    if (!rc && v->op == KILN_OP_MERGE &&
+        (ca->kv_len || ca->kv_lens || ca->kv_dist || ca->qo_len || ca->qo_lens || ca->qo_dist ||
+         ca->page_size || ca->fixed_split || ca->graph || ca->time))
+        rc = cli_fail(cmd, CLI_USAGE,
+                      "op=merge takes --batch (rows), --heads, --strided and --seed only");
     if (!rc) rc = batch_shape(ca, v, &s, qo, kv, &reps);
     kiln_ctx *ctx = NULL;
     if (!rc) rc = cli_ctx_open(g, cmd, 0, &ctx);
@@ -831,13 +862,15 @@ static int check_batch_cmd(cli_global *g, const check_args *ca, const kiln_varia
         for (int op = 0; op < 3; op++) {
             kiln_check_merge_shape ms = {s.batch, s.num_qo_heads, 3, ca->strided, s.seed};
             kiln_check_result r;
-            kiln_status st = kiln_check_merge(ctx, k, (kiln_check_merge_op)op, &ms, &r, msg, sizeof msg);
+            kiln_status st =
+                kiln_check_merge(ctx, k, (kiln_check_merge_op)op, &ms, &r, msg, sizeof msg);
             if (st && st != KILN_STATUS_MISMATCH) {
                 rc = cli_fail(cmd, CLI_FAIL, "%s %s: %s", canon, names[op], msg);
                 continue;
             }
-            printf("%s %s rows=%d H=%d max_err=%.3g (atol %.3g rtol %.3g) lse_err=%.3g\n", st ? "MISMATCH" : "ok",
-                   names[op], ms.rows, ms.num_heads, r.max_err, r.atol, r.rtol, r.lse_max_err);
+            printf("%s %s rows=%d H=%d max_err=%.3g (atol %.3g rtol %.3g) lse_err=%.3g\n",
+                   st ? "MISMATCH" : "ok", names[op], ms.rows, ms.num_heads, r.max_err, r.atol,
+                   r.rtol, r.lse_max_err);
             if (st) {
                 printf("  first bad: %s\n", r.first_bad);
                 rc = CLI_FAIL;
@@ -863,14 +896,22 @@ int cli_cmd_check(cli_global *g, const cli_cmd *cmd, int argc, char **argv)
 {
     check_args ca = {0};
     int npos = 0;
-    const cli_opt opts[] = {{"--heads", &ca.heads, NULL},   {"--qo-len", &ca.qo_len, NULL},
-                            {"--kv-len", &ca.kv_len, NULL}, {"--window-left", &ca.window_left, NULL},
-                            {"--softcap", &ca.softcap, NULL}, {"--seed", &ca.seed, NULL},
-                            {"--strided", NULL, &ca.strided}, {"--time", &ca.time, NULL},
-                            {"--batch", &ca.batch, NULL},   {"--kv-lens", &ca.kv_lens, NULL},
-                            {"--kv-dist", &ca.kv_dist, NULL}, {"--qo-lens", &ca.qo_lens, NULL},
-                            {"--qo-dist", &ca.qo_dist, NULL}, {"--page-size", &ca.page_size, NULL},
-                            {"--fixed-split", &ca.fixed_split, NULL}, {"--graph", NULL, &ca.graph},
+    const cli_opt opts[] = {{"--heads", &ca.heads, NULL},
+                            {"--qo-len", &ca.qo_len, NULL},
+                            {"--kv-len", &ca.kv_len, NULL},
+                            {"--window-left", &ca.window_left, NULL},
+                            {"--softcap", &ca.softcap, NULL},
+                            {"--seed", &ca.seed, NULL},
+                            {"--strided", NULL, &ca.strided},
+                            {"--time", &ca.time, NULL},
+                            {"--batch", &ca.batch, NULL},
+                            {"--kv-lens", &ca.kv_lens, NULL},
+                            {"--kv-dist", &ca.kv_dist, NULL},
+                            {"--qo-lens", &ca.qo_lens, NULL},
+                            {"--qo-dist", &ca.qo_dist, NULL},
+                            {"--page-size", &ca.page_size, NULL},
+                            {"--fixed-split", &ca.fixed_split, NULL},
+                            {"--graph", NULL, &ca.graph},
                             {NULL, NULL, NULL}};
     int rc = cli_parse(g, cmd, argc, argv, opts, &npos);
     if (rc) return rc < 0 ? CLI_OK : rc;
@@ -887,16 +928,25 @@ int cli_cmd_check(cli_global *g, const cli_cmd *cmd, int argc, char **argv)
      * single-request path does not (tests/test_maskdata.c). Refuse rather than check something
      * else. */
     const int batch = v.kv != KILN_KV_CONTIGUOUS || v.op == KILN_OP_MERGE;
-    if (v.logits_expr[0] || v.mask_expr[0] || v.num_params || (v.mask_data != KILN_MASK_DATA_NONE && !batch))
-        return cli_fail(cmd->name, CLI_USAGE,
-                        "custom variants (snippets, params; mask_data outside a batch) cannot be checked from "
-                        "the CLI: the reference needs their meaning and values; see tests/test_custom.c");
+    if (v.logits_expr[0] || v.mask_expr[0] || v.num_params ||
+        (v.mask_data != KILN_MASK_DATA_NONE && !batch))
+        return cli_fail(
+            cmd->name, CLI_USAGE,
+            "custom variants (snippets, params; mask_data outside a batch) cannot be checked from "
+            "the CLI: the reference needs their meaning and values; see tests/test_custom.c");
     if (batch) return check_batch_cmd(g, &ca, &v, canon);
-    const char *batch_only = ca.batch ? "--batch" : ca.kv_lens ? "--kv-lens" : ca.kv_dist ? "--kv-dist"
-                             : ca.qo_lens ? "--qo-lens" : ca.qo_dist ? "--qo-dist" : ca.page_size ? "--page-size"
-                             : ca.fixed_split ? "--fixed-split" : ca.graph ? "--graph" : NULL;
+    const char *batch_only = ca.batch         ? "--batch"
+                             : ca.kv_lens     ? "--kv-lens"
+                             : ca.kv_dist     ? "--kv-dist"
+                             : ca.qo_lens     ? "--qo-lens"
+                             : ca.qo_dist     ? "--qo-dist"
+                             : ca.page_size   ? "--page-size"
+                             : ca.fixed_split ? "--fixed-split"
+                             : ca.graph       ? "--graph"
+                                              : NULL;
     if (batch_only)
-        return cli_fail(cmd->name, CLI_USAGE, "%s needs a batch variant (kv=ragged or kv=paged in the spec)", batch_only);
+        return cli_fail(cmd->name, CLI_USAGE,
+                        "%s needs a batch variant (kv=ragged or kv=paged in the spec)", batch_only);
     if ((rc = check_shape(&ca, &v, &s, kv, &nkv, &reps))) return rc;
     kiln_ctx *ctx = NULL;
     if ((rc = cli_ctx_open(g, cmd->name, 0, &ctx))) return rc;

@@ -148,7 +148,8 @@ int cli_cmd_verify(cli_global *g, const cli_cmd *cmd, int argc, char **argv)
     kiln__cache *c = NULL;
     if (json) printf("[");
     if (npos == 0) {
-        if (!(rc = cli_cache_open(g, cmd->name, &c))) rc = verify_one(cmd->name, c, fix, json, &nobj);
+        if (!(rc = cli_cache_open(g, cmd->name, &c)))
+            rc = verify_one(cmd->name, c, fix, json, &nobj);
         kiln__cache_close(c);
     }
     for (int i = 0; i < npos; i++) {
@@ -191,8 +192,7 @@ int cli_cmd_gc(cli_global *g, const cli_cmd *cmd, int argc, char **argv)
         if (bound >= 0)
             printf("evicted %d rows (%lld bytes) to stay under %lld bytes\n", removed,
                    (long long)freed, (long long)bound);
-        else
-            printf("no size bound (--max-size or KILN_CACHE_MAX_BYTES): nothing evicted\n");
+        else printf("no size bound (--max-size or KILN_CACHE_MAX_BYTES): nothing evicted\n");
         printf("removed %d dead leases (%d held)\n", dead, live);
         printf("cache %s: %lld rows, %lld bytes of cubins, file %lld bytes\n", kiln__cache_path(c),
                (long long)st.entries, (long long)st.bytes, (long long)st.file_bytes);
@@ -240,16 +240,17 @@ static int copy_row(const kiln__entry *en, void *user)
     char why[512], sum[33];
     kiln__err e = {{0}};
     s->rows++;
-    if ((s->archs && !arch_wanted(s->archs, en->arch)) || (s->keys && !keyset_has(s->keys, en->key))) {
+    if ((s->archs && !arch_wanted(s->archs, en->arch)) ||
+        (s->keys && !keyset_has(s->keys, en->key))) {
         s->skipped++;
         return 0;
     }
     if (kiln__cache_row_check(en, &rules, why, sizeof why)) {
         s->refused++;
         char b[4][KILN__SPEC_MAX];
-        fprintf(stderr, "kiln %s: refused %s %s %s: %s\n", s->cmd, cli_safe(en->key, b[0], sizeof b[0]),
-                cli_safe(en->arch, b[1], sizeof b[1]), cli_safe(en->spec, b[2], sizeof b[2]),
-                cli_safe(why, b[3], sizeof b[3]));
+        fprintf(stderr, "kiln %s: refused %s %s %s: %s\n", s->cmd,
+                cli_safe(en->key, b[0], sizeof b[0]), cli_safe(en->arch, b[1], sizeof b[1]),
+                cli_safe(en->spec, b[2], sizeof b[2]), cli_safe(why, b[3], sizeof b[3]));
         return 0;
     }
     kiln_status st = kiln__cache_checksum(s->out, en->key, sum, &e);
@@ -316,9 +317,10 @@ int cli_cmd_merge(cli_global *g, const cli_cmd *cmd, int argc, char **argv)
     kiln__err e = {{0}};
     if (kiln__cache_stats_get(out, &st, &e)) rc = cli_fail(cmd->name, CLI_FAIL, "%s", e.msg);
     else
-        printf("merged into %s: %d added, %d present (%d with other bytes), %d refused; %lld rows\n",
-               kiln__cache_path(out), total.added, total.present, total.differ, total.refused,
-               (long long)st.entries);
+        printf(
+            "merged into %s: %d added, %d present (%d with other bytes), %d refused; %lld rows\n",
+            kiln__cache_path(out), total.added, total.present, total.differ, total.refused,
+            (long long)st.entries);
     kiln__cache_close(out);
     return rc;
 }
@@ -362,7 +364,8 @@ int cli_cmd_export(cli_global *g, const cli_cmd *cmd, int argc, char **argv)
 {
     const char *arch = NULL, *spec_file = NULL;
     int npos = 0;
-    const cli_opt opts[] = {{"--arch", &arch, NULL}, {"--spec-file", &spec_file, NULL},
+    const cli_opt opts[] = {{"--arch", &arch, NULL},
+                            {"--spec-file", &spec_file, NULL},
                             {NULL, NULL, NULL}};
     int rc = cli_parse(g, cmd, argc, argv, opts, &npos);
     if (rc) return rc < 0 ? CLI_OK : rc;
@@ -390,12 +393,13 @@ int cli_cmd_export(cli_global *g, const cli_cmd *cmd, int argc, char **argv)
         goto done;
     }
     if ((rc = open_target(cmd->name, argv[0], 0, &out))) goto done;
-    copy_state s = {cmd->name, out, spec_file || !arch ? NULL : &a, spec_file ? &ks : NULL,
-                    0, 0, 0, 0, 0, 0, 0, 0};
+    copy_state s = {
+        cmd->name, out, spec_file || !arch ? NULL : &a, spec_file ? &ks : NULL, 0, 0, 0, 0, 0, 0,
+        0,         0};
     if ((rc = copy_from(&s, in))) goto done;
     int missing = spec_file ? report_missing(cmd->name, in, &m) : 0;
-    printf("exported %d rows (%lld bytes of cubins) to %s; %d already there, %d refused",
-           s.added, (long long)s.bytes, kiln__cache_path(out), s.present, s.refused);
+    printf("exported %d rows (%lld bytes of cubins) to %s; %d already there, %d refused", s.added,
+           (long long)s.bytes, kiln__cache_path(out), s.present, s.refused);
     if (spec_file) printf("; %d of %d manifest kernels not in the cache", missing, m.npairs);
     printf("\n");
     if (s.refused || missing) rc = CLI_FAIL;

@@ -293,7 +293,8 @@ static int add_line(const char *cmd, const char *name, int ln, char *text, cli_m
     int s = spec_index(m, &v, spec, ln);
     if (s < 0) return cli_fail(cmd, CLI_FAIL, "out of memory reading %s", name);
     for (int i = 0; i < nidx; i++)
-        if (!pair_add(m, s, idx[i])) return cli_fail(cmd, CLI_FAIL, "out of memory reading %s", name);
+        if (!pair_add(m, s, idx[i]))
+            return cli_fail(cmd, CLI_FAIL, "out of memory reading %s", name);
     return 0;
 }
 
@@ -312,8 +313,8 @@ static int manifest_line(const char *cmd, const char *name, int ln, char *text, 
     int braces = 0;
     for (char *p = text; (p = find_unquoted(p, "{")); p++) braces++;
     if (braces > BRACES_MAX)
-        return cli_fail(cmd, CLI_USAGE, "%s:%d: %d brace groups on one line; at most %d", name,
-                        ln, braces, BRACES_MAX);
+        return cli_fail(cmd, CLI_USAGE, "%s:%d: %d brace groups on one line; at most %d", name, ln,
+                        braces, BRACES_MAX);
     lines l = {0};
     char why[256];
     if (expand(text, &l, why, sizeof why)) {

@@ -22,8 +22,11 @@
 /* Length of the well-formed UTF-8 sequence at p (1..4), or 0 when p does not start one. */
 static int utf8_len(const unsigned char *p)
 {
-    int n = p[0] < 0x80 ? 1 : (p[0] & 0xe0) == 0xc0 ? 2 : (p[0] & 0xf0) == 0xe0 ? 3
-                          : (p[0] & 0xf8) == 0xf0   ? 4 : 0;
+    int n = p[0] < 0x80             ? 1
+            : (p[0] & 0xe0) == 0xc0 ? 2
+            : (p[0] & 0xf0) == 0xe0 ? 3
+            : (p[0] & 0xf8) == 0xf0 ? 4
+                                    : 0;
     if (n == 0 || (n == 2 && p[0] < 0xc2) || (n == 4 && p[0] > 0xf4)) return 0;
     for (int i = 1; i < n; i++)
         if ((p[i] & 0xc0) != 0x80) return 0;
@@ -130,11 +133,13 @@ static int stats_json(const stats_view *v)
     char since[32] = "";
     kiln__str_puts(&s, "{\"path\": ");
     cli_json_str(&s, v->path);
-    kiln__str_printf(&s, ", \"exists\": %s, \"entries\": %lld, \"cubin_bytes\": %lld, "
-                         "\"file_bytes\": %lld, \"hits\": %lld, \"misses\": %lld, ",
+    kiln__str_printf(&s,
+                     ", \"exists\": %s, \"entries\": %lld, \"cubin_bytes\": %lld, "
+                     "\"file_bytes\": %lld, \"hits\": %lld, \"misses\": %lld, ",
                      v->exists ? "true" : "false", (long long)v->s.entries, (long long)v->s.bytes,
                      (long long)v->s.file_bytes, (long long)v->s.hits, (long long)v->s.misses);
-    if (v->s.hits + v->s.misses) kiln__str_printf(&s, "\"hit_rate\": %.4f, ", hit_rate(&v->s) / 100);
+    if (v->s.hits + v->s.misses)
+        kiln__str_printf(&s, "\"hit_rate\": %.4f, ", hit_rate(&v->s) / 100);
     else kiln__str_puts(&s, "\"hit_rate\": null, ");
     if (v->zeroed) {
         cli_iso_time(v->zeroed, since);
@@ -178,10 +183,8 @@ int cli_cmd_stats(cli_global *g, const cli_cmd *cmd, int argc, char **argv)
         printf("nothing to zero: %s has no file yet\n", v->path);
     else if (!rc && zero && !json)
         printf("zeroed the counters of %s (hits, misses, each entry's hits)\n", v->path);
-    else if (!rc && json)
-        rc = stats_json(v);
-    else if (!rc)
-        stats_text(v);
+    else if (!rc && json) rc = stats_json(v);
+    else if (!rc) stats_text(v);
     free(v);
     return rc;
 }
@@ -210,10 +213,10 @@ int cli_cmd_clear(cli_global *g, const cli_cmd *cmd, int argc, char **argv)
     int removed = 0;
     if (!yes) {
         rc = kiln__cache_stats_get(c, &s, &e) ? cli_fail(cmd->name, CLI_FAIL, "%s", e.msg)
-                                               : cli_fail(cmd->name, CLI_USAGE,
-                                                          "this removes all %lld entries of %s; "
-                                                          "run it again with --yes",
-                                                          (long long)s.entries, kiln__cache_path(c));
+                                              : cli_fail(cmd->name, CLI_USAGE,
+                                                         "this removes all %lld entries of %s; "
+                                                         "run it again with --yes",
+                                                         (long long)s.entries, kiln__cache_path(c));
     } else if (kiln__cache_clear(c, &removed, &e)) {
         rc = cli_fail(cmd->name, CLI_FAIL, "%s", e.msg);
     } else {
@@ -239,8 +242,9 @@ static void cache_json(kiln__str *s, kiln__cache *c, const kiln__cache_stats *st
         kiln__str_puts(s, ", \"read_only_why\": ");
         cli_json_str(s, why);
     }
-    kiln__str_printf(s, ", \"entries\": %lld, \"cubin_bytes\": %lld, \"file_bytes\": %lld, "
-                        "\"hits\": %lld, \"misses\": %lld}",
+    kiln__str_printf(s,
+                     ", \"entries\": %lld, \"cubin_bytes\": %lld, \"file_bytes\": %lld, "
+                     "\"hits\": %lld, \"misses\": %lld}",
                      (long long)st->entries, (long long)st->bytes, (long long)st->file_bytes,
                      (long long)st->hits, (long long)st->misses);
 }
@@ -354,12 +358,14 @@ int cli_ls_filter_init(cli_ls_filter *f, const char *arch, const char *op, const
         int rc = cli_archs_parse("ls", arch, &f->archs);
         if (rc) return rc;
         if (f->archs.native)
-            return cli_fail("ls", CLI_USAGE, "--arch native: name the archs (ls never asks the GPU)");
+            return cli_fail("ls", CLI_USAGE,
+                            "--arch native: name the archs (ls never asks the GPU)");
         f->by_arch = 1;
     }
     if (op) {
         if (!*op || strpbrk(op, " ="))
-            return cli_fail("ls", CLI_USAGE, "--op '%s': expected an op name (decode, prefill, merge)", op);
+            return cli_fail("ls", CLI_USAGE,
+                            "--op '%s': expected an op name (decode, prefill, merge)", op);
         snprintf(f->op, sizeof f->op, "op=%s ", op);
     }
     f->spec = spec;
@@ -434,21 +440,22 @@ static void arch_words(kiln__str *s)
 
 static void completion_bash(kiln__str *s, const cli_cmd *cmds, int n)
 {
-    kiln__str_puts(s, "# bash completion for kiln — generated by `kiln completion bash`; do not edit.\n"
-                      "# Load it with: source <(kiln completion bash)\n"
-                      "_kiln() {\n"
-                      "    local cur=\"${COMP_WORDS[COMP_CWORD]}\" prev=\"${COMP_WORDS[COMP_CWORD-1]}\"\n"
-                      "    local cmd=\"\" i\n"
-                      "    for ((i = 1; i < COMP_CWORD; i++)); do\n"
-                      "        case \"${COMP_WORDS[i]}\" in\n"
-                      "        --cache|--base-cache|--max-size) ((i++)) ;;\n"
-                      "        -*) ;;\n"
-                      "        *) cmd=\"${COMP_WORDS[i]}\"; break ;;\n"
-                      "        esac\n"
-                      "    done\n"
-                      "    case \"$prev\" in\n"
-                      "    " FILE_OPTS ") COMPREPLY=($(compgen -f -- \"$cur\")); return ;;\n"
-                      "    " ARCH_OPTS ") COMPREPLY=($(compgen -W '");
+    kiln__str_puts(
+        s, "# bash completion for kiln — generated by `kiln completion bash`; do not edit.\n"
+           "# Load it with: source <(kiln completion bash)\n"
+           "_kiln() {\n"
+           "    local cur=\"${COMP_WORDS[COMP_CWORD]}\" prev=\"${COMP_WORDS[COMP_CWORD-1]}\"\n"
+           "    local cmd=\"\" i\n"
+           "    for ((i = 1; i < COMP_CWORD; i++)); do\n"
+           "        case \"${COMP_WORDS[i]}\" in\n"
+           "        --cache|--base-cache|--max-size) ((i++)) ;;\n"
+           "        -*) ;;\n"
+           "        *) cmd=\"${COMP_WORDS[i]}\"; break ;;\n"
+           "        esac\n"
+           "    done\n"
+           "    case \"$prev\" in\n"
+           "    " FILE_OPTS ") COMPREPLY=($(compgen -f -- \"$cur\")); return ;;\n"
+           "    " ARCH_OPTS ") COMPREPLY=($(compgen -W '");
     arch_words(s);
     kiln__str_puts(s, "' -- \"$cur\")); return ;;\n"
                       "    esac\n"
@@ -484,12 +491,13 @@ static void completion_bash(kiln__str *s, const cli_cmd *cmds, int n)
 
 static void completion_zsh(kiln__str *s, const cli_cmd *cmds, int n)
 {
-    kiln__str_puts(s, "#compdef kiln\n"
-                      "# zsh completion for kiln — generated by `kiln completion zsh`; do not edit.\n"
-                      "# Put it in a directory of $fpath as _kiln, or: source <(kiln completion zsh)\n"
-                      "_kiln() {\n"
-                      "    local -a cmds opts\n"
-                      "    cmds=(\n");
+    kiln__str_puts(s,
+                   "#compdef kiln\n"
+                   "# zsh completion for kiln — generated by `kiln completion zsh`; do not edit.\n"
+                   "# Put it in a directory of $fpath as _kiln, or: source <(kiln completion zsh)\n"
+                   "_kiln() {\n"
+                   "    local -a cmds opts\n"
+                   "    cmds=(\n");
     for (int i = 0; i < n; i++) {
         kiln__str_printf(s, "        '%s:", cmds[i].name);
         kiln__str str = {0};
@@ -525,14 +533,15 @@ static void completion_zsh(kiln__str *s, const cli_cmd *cmds, int n)
         usage_options(s, cmds[i].usage);
         kiln__str_puts(s, ") ;;\n");
     }
-    kiln__str_puts(s, "    esac\n"
-                      "    if [[ ${words[CURRENT]} == -* ]]; then compadd -- $opts " GLOBAL_OPTS "\n"
-                      "    elif [[ $cmd == help ]]; then _describe 'kiln command' cmds\n"
-                      "    elif [[ $cmd == completion ]]; then compadd -- bash zsh\n"
-                      "    else _files; fi\n"
-                      "}\n"
-                      "if [[ ${zsh_eval_context[-1]} == loadautofunc ]]; then _kiln \"$@\"; "
-                      "else compdef _kiln kiln; fi\n");
+    kiln__str_puts(s,
+                   "    esac\n"
+                   "    if [[ ${words[CURRENT]} == -* ]]; then compadd -- $opts " GLOBAL_OPTS "\n"
+                   "    elif [[ $cmd == help ]]; then _describe 'kiln command' cmds\n"
+                   "    elif [[ $cmd == completion ]]; then compadd -- bash zsh\n"
+                   "    else _files; fi\n"
+                   "}\n"
+                   "if [[ ${zsh_eval_context[-1]} == loadautofunc ]]; then _kiln \"$@\"; "
+                   "else compdef _kiln kiln; fi\n");
 }
 
 int cli_cmd_completion(cli_global *g, const cli_cmd *cmd, int argc, char **argv)

@@ -29,11 +29,11 @@ typedef enum item_state { ITEM_PENDING, ITEM_COMPILED, ITEM_CACHED, ITEM_FAILED 
 
 /* One work item: a spec for an arch. */
 typedef struct item {
-    int spec, arch;   /* indexes into the manifest's specs and archs */
-    item_state state; /* written by the worker that ran it */
-    char key[33];     /* "" when unknown */
+    int spec, arch;     /* indexes into the manifest's specs and archs */
+    item_state state;   /* written by the worker that ran it */
+    char key[33];       /* "" when unknown */
     size_t cubin_bytes; /* compiled or cached: the cubin's size */
-    char *msg;        /* failure: the first lines of the message (malloc'd) */
+    char *msg;          /* failure: the first lines of the message (malloc'd) */
 } item;
 
 /* State shared by the workers; the counters and next are guarded by lock. */
@@ -45,9 +45,9 @@ typedef struct warm {
     pthread_mutex_t lock;
     int next, done, compiled, cached, failed;
     double t0_ms;
-    int tty;         /* stderr is a terminal: one live progress line */
-    int last_decile; /* otherwise: the last 10 % step printed */
-    int json;        /* --json: the summary as a JSON object */
+    int tty;                     /* stderr is a terminal: one live progress line */
+    int last_decile;             /* otherwise: the last 10 % step printed */
+    int json;                    /* --json: the summary as a JSON object */
     long shard_idx, shard_count; /* --shard I/N (0/1 without it) */
 } warm;
 
@@ -96,8 +96,8 @@ static void progress(warm *w, int final)
     double rate = secs > 0 ? w->done / secs : 0;
     double eta = rate > 0 ? (w->nitems - w->done) / rate : 0;
     if (w->tty) {
-        fprintf(stderr, "\r[%d/%d] %d failed, %.1f/s (%.0f/min), ETA %.0fs   ", w->done,
-                w->nitems, w->failed, rate, rate * 60, eta);
+        fprintf(stderr, "\r[%d/%d] %d failed, %.1f/s (%.0f/min), ETA %.0fs   ", w->done, w->nitems,
+                w->failed, rate, rate * 60, eta);
         if (final) fputc('\n', stderr);
         fflush(stderr);
         return;
@@ -266,7 +266,8 @@ static void check_stored(const cli_global *g, warm *w)
         item *it = &w->items[i];
         char sum[33];
         kiln__err e = {{0}};
-        if (it->state != ITEM_COMPILED || kiln__cache_checksum(c, it->key, sum, &e) == KILN_STATUS_OK)
+        if (it->state != ITEM_COMPILED ||
+            kiln__cache_checksum(c, it->key, sum, &e) == KILN_STATUS_OK)
             continue;
         it->state = ITEM_FAILED;
         char why[512];
@@ -277,8 +278,7 @@ static void check_stored(const cli_global *g, warm *w)
                      "(raise the bound, or warm fewer kernels into this cache)",
                      (long long)bound, g->max_size_set ? "--max-size" : "KILN_CACHE_MAX_BYTES",
                      (long long)st.bytes, it->cubin_bytes);
-        else
-            snprintf(why, sizeof why, "compiled but not stored (see the message above)");
+        else snprintf(why, sizeof why, "compiled but not stored (see the message above)");
         it->msg = first_lines(why, 1);
         w->compiled--;
         w->failed++;
@@ -290,9 +290,10 @@ static void check_stored(const cli_global *g, warm *w)
 static int warm_json(const warm *w, double secs)
 {
     kiln__str s = {0};
-    kiln__str_printf(&s, "{\"kernels\": %d, \"compiled\": %d, \"cached\": %d, \"failed\": %d, "
-                         "\"seconds\": %.3f, \"kernels_per_min\": %.1f, \"shard\": [%ld, %ld], "
-                         "\"cache\": ",
+    kiln__str_printf(&s,
+                     "{\"kernels\": %d, \"compiled\": %d, \"cached\": %d, \"failed\": %d, "
+                     "\"seconds\": %.3f, \"kernels_per_min\": %.1f, \"shard\": [%ld, %ld], "
+                     "\"cache\": ",
                      w->nitems, w->compiled, w->cached, w->failed, secs,
                      secs > 0 ? w->nitems * 60 / secs : 0, w->shard_idx, w->shard_count);
     cli_json_str(&s, kiln_ctx_cache_path(w->ctx));
@@ -332,7 +333,8 @@ static int warm_run(const cli_global *g, warm *w, long jobs)
     double secs = (cli_now_ms() - w->t0_ms) / 1e3;
     if (w->json) return warm_json(w, secs);
     printf("%d kernels: %d compiled, %d cached, %d failed in %.1f s (%.1f kernels/min)\n",
-           w->nitems, w->compiled, w->cached, w->failed, secs, secs > 0 ? w->nitems * 60 / secs : 0);
+           w->nitems, w->compiled, w->cached, w->failed, secs,
+           secs > 0 ? w->nitems * 60 / secs : 0);
     return w->failed ? CLI_FAIL : CLI_OK;
 }
 
@@ -348,7 +350,8 @@ int cli_cmd_warm(cli_global *g, const cli_cmd *cmd, int argc, char **argv)
     int rc = cli_parse(g, cmd, argc, argv, opts, &npos);
     if (rc) return rc < 0 ? CLI_OK : rc;
     if (npos != 1)
-        return cli_fail(cmd->name, CLI_USAGE, "%s", npos ? "give exactly one MANIFEST" : "missing MANIFEST");
+        return cli_fail(cmd->name, CLI_USAGE, "%s",
+                        npos ? "give exactly one MANIFEST" : "missing MANIFEST");
     long jobs = 1, idx = 0, count = 1;
     if ((rc = pick_jobs(jobs_s, &jobs))) return rc;
     if ((rc = parse_shard(shard, &idx, &count))) return rc;

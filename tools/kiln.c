@@ -19,12 +19,12 @@
 #include "jit.h"
 
 #define SPEC_HELP                                                                                  \
-    "SPEC is key=value words, one quoted argument or several (omitted keys take defaults):\n"     \
-    "  op=decode|prefill dtype=f16|bf16 head_dim=64|128|256 group=N layout=nhd|hnd\n"            \
+    "SPEC is key=value words, one quoted argument or several (omitted keys take defaults):\n"      \
+    "  op=decode|prefill dtype=f16|bf16 head_dim=64|128|256 group=N layout=nhd|hnd\n"              \
     "  mask=none|causal window=0|1 logits=none|softcap|alibi lse=0|1\n"
 
 #define ARCH_HELP                                                                                  \
-    "ARCHS is a comma-separated list of sm_80, sm_86, sm_89, sm_90a, sm_100, sm_120, ...;\n"      \
+    "ARCHS is a comma-separated list of sm_80, sm_86, sm_89, sm_90a, sm_100, sm_120, ...;\n"       \
     "'native' is the GPU's own arch (the default; needs a GPU), 'all' every arch NVRTC offers.\n"
 
 static const char usage_info[] =
@@ -41,8 +41,7 @@ static const char usage_compile[] =
     "\n"
     "Compile SPEC (or find it in the cache) for each arch and print one line per arch:\n"
     "  <key> <arch> compiled|cached <ms> ms regs=<n> smem=<bytes> spill=<bytes> <spec>\n"
-    "\n" SPEC_HELP ARCH_HELP
-    "\n"
+    "\n" SPEC_HELP ARCH_HELP "\n"
     "example: kiln compile --arch sm_80,sm_90a op=decode dtype=bf16 head_dim=128 group=8\n";
 
 static const char usage_warm[] =
@@ -147,7 +146,8 @@ static const char usage_completion[] =
     "  kiln completion zsh > ~/.zfunc/_kiln   # a directory of $fpath\n";
 
 static const char usage_show[] =
-    "usage: kiln show KEY-PREFIX|SPEC [--arch ARCH] [--source|--log|--key-material|--sass|--cubin FILE]\n"
+    "usage: kiln show KEY-PREFIX|SPEC [--arch ARCH] [--source|--log|--key-material|--sass|--cubin "
+    "FILE]\n"
     "\n"
     "Show one kernel: by a key prefix (1 to 32 hex digits) of a cache entry, or by a spec,\n"
     "compiled (or found in the cache) for --arch (default: the GPU's arch).\n"
@@ -169,11 +169,15 @@ static const char usage_rm[] =
 static const char usage_check[] =
     "usage: kiln check SPEC [--heads H] [--qo-len N] [--kv-len N[,N...]] [--window-left N]\n"
     "                       [--softcap X] [--seed S] [--strided] [--time REPS]\n"
-    "       kiln check BATCH-SPEC [--batch B] [--kv-len N | --kv-lens N,... | --kv-dist uniform:LO:HI]\n"
-    "                       [--qo-len N | --qo-lens N,... | --qo-dist uniform:LO:HI] [--page-size P]\n"
-    "                       [--graph] [--fixed-split N] [--heads H] [--window-left N] [--softcap X]\n"
+    "       kiln check BATCH-SPEC [--batch B] [--kv-len N | --kv-lens N,... | --kv-dist "
+    "uniform:LO:HI]\n"
+    "                       [--qo-len N | --qo-lens N,... | --qo-dist uniform:LO:HI] [--page-size "
+    "P]\n"
+    "                       [--graph] [--fixed-split N] [--heads H] [--window-left N] [--softcap "
+    "X]\n"
     "                       [--seed S] [--strided] [--time REPS]\n"
-    "       kiln check op=merge dtype=T head_dim=D [--batch ROWS] [--heads H] [--strided] [--seed S]\n"
+    "       kiln check op=merge dtype=T head_dim=D [--batch ROWS] [--heads H] [--strided] [--seed "
+    "S]\n"
     "\n"
     "Run the kernel of SPEC on the GPU with random inputs and compare it with a float64 CPU\n"
     "reference, once per kv length; print one line per shape (ok or MISMATCH, errors,\n"
@@ -200,12 +204,11 @@ static const char usage_check[] =
     "  --graph          capture kiln_batch_run in a CUDA graph, replay it, re-plan a second\n"
     "                   batch of other lengths into the same workspace and replay again\n"
     "  --fixed-split N  plan in batch-invariant mode with chunks of N keys\n"
-"\n" SPEC_HELP;
+    "\n" SPEC_HELP;
 
-static const char usage_help[] =
-    "usage: kiln help [COMMAND]\n"
-    "\n"
-    "Print the list of commands, or one command's help.\n";
+static const char usage_help[] = "usage: kiln help [COMMAND]\n"
+                                 "\n"
+                                 "Print the list of commands, or one command's help.\n";
 
 static int cmd_help(cli_global *g, const cli_cmd *cmd, int argc, char **argv);
 
@@ -243,12 +246,13 @@ const cli_cmd *cli_commands(int *n)
 
 static void print_main_usage(FILE *f)
 {
-    fprintf(f, "usage: kiln [--cache DIR] COMMAND [ARGS...]\n"
-               "       kiln --help | --version | help COMMAND | completion bash|zsh\n"
-               "\n"
-               "kiln %s: JIT-compiled GPU attention kernels and their cache.\n"
-               "\n"
-               "commands:\n",
+    fprintf(f,
+            "usage: kiln [--cache DIR] COMMAND [ARGS...]\n"
+            "       kiln --help | --version | help COMMAND | completion bash|zsh\n"
+            "\n"
+            "kiln %s: JIT-compiled GPU attention kernels and their cache.\n"
+            "\n"
+            "commands:\n",
             kiln_version());
     for (int i = 0; i < NCOMMANDS; i++)
         fprintf(f, "  %-10s %s\n", commands[i].name, commands[i].summary);
@@ -508,7 +512,8 @@ int cli_archs_resolve(const char *cmd, kiln_ctx *ctx, cli_archs *a)
     a->n = 0;
     a->native = 0;
     char msg[256];
-    for (int i = 0; i < old.n; i++) arch_add(a, old.a[i][0] ? old.a[i] : di.arch, NULL, msg, sizeof msg);
+    for (int i = 0; i < old.n; i++)
+        arch_add(a, old.a[i][0] ? old.a[i] : di.arch, NULL, msg, sizeof msg);
     return 0;
 }
 
@@ -531,7 +536,8 @@ int cli_cache_open_opt(const cli_global *g, const char *cmd, char *missing, size
     kiln__err e = {{0}};
     *out = NULL;
     if (g->cache_dir) snprintf(dir, sizeof dir, "%s", g->cache_dir);
-    else if (kiln__cache_default_dir(dir, sizeof dir, &e)) return cli_fail(cmd, CLI_FAIL, "%s", e.msg);
+    else if (kiln__cache_default_dir(dir, sizeof dir, &e))
+        return cli_fail(cmd, CLI_FAIL, "%s", e.msg);
     /* a database file names itself (merge and export outputs, shipped files) */
     struct stat sb;
     int flags = stat(dir, &sb) == 0 && S_ISREG(sb.st_mode) ? KILN__CACHE_FILE : 0;

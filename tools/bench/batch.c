@@ -79,15 +79,15 @@ uint64_t brng(uint64_t *x)
     return *x >> 33;
 }
 
-#define B_TRY(call, what)                                                                      \
-    do {                                                                                       \
-        CUresult r_ = (call);                                                                  \
-        if (r_ != CUDA_SUCCESS) {                                                              \
-            const char *n_ = NULL;                                                             \
-            env->cu->cuGetErrorName(r_, &n_);                                                  \
-            snprintf(msg, cap, "%s: %s", what, n_ ? n_ : "?");                                 \
-            return r_ == CUDA_ERROR_OUT_OF_MEMORY ? KILN_STATUS_NO_MEMORY : KILN_STATUS_CUDA;  \
-        }                                                                                      \
+#define B_TRY(call, what)                                                                          \
+    do {                                                                                           \
+        CUresult r_ = (call);                                                                      \
+        if (r_ != CUDA_SUCCESS) {                                                                  \
+            const char *n_ = NULL;                                                                 \
+            env->cu->cuGetErrorName(r_, &n_);                                                      \
+            snprintf(msg, cap, "%s: %s", what, n_ ? n_ : "?");                                     \
+            return r_ == CUDA_ERROR_OUT_OF_MEMORY ? KILN_STATUS_NO_MEMORY : KILN_STATUS_CUDA;      \
+        }                                                                                          \
     } while (0)
 
 /* Bytes one copy of a point's inputs takes (q, k, v) plus the outputs. */
@@ -152,8 +152,11 @@ kiln_status bbufs_alloc(bench_env *env, bbufs *b, const bshape *s, int paged, in
                 b->idx_host[j] = t;
             }
         }
-        B_TRY(env->cu->cuMemAlloc(&b->idx, sizeof(int) * (size_t)(n > 0 ? n : 1)), "alloc page table");
-        if (n) B_TRY(env->cu->cuMemcpyHtoD(b->idx, b->idx_host, sizeof(int) * (size_t)n), "copy page table");
+        B_TRY(env->cu->cuMemAlloc(&b->idx, sizeof(int) * (size_t)(n > 0 ? n : 1)),
+              "alloc page table");
+        if (n)
+            B_TRY(env->cu->cuMemcpyHtoD(b->idx, b->idx_host, sizeof(int) * (size_t)n),
+                  "copy page table");
     }
     return KILN_STATUS_OK;
 fill_failed:
@@ -253,8 +256,8 @@ static float kv_value(const bbufs *b, const unsigned char *p, size_t i)
 }
 
 /* K and V of request r (copy 0) as floats [kv_len][HKV][D]. */
-static kiln_status gather_kv(bench_env *env, const bbufs *b, const bshape *s, int r, float *k, float *v,
-                             char *msg, size_t cap)
+static kiln_status gather_kv(bench_env *env, const bbufs *b, const bshape *s, int r, float *k,
+                             float *v, char *msg, size_t cap)
 {
     const size_t tok = (size_t)HKV * b->D * b->elt; /* bytes of one token's K */
     const int n = s->kv_len[r];
@@ -273,7 +276,8 @@ static kiln_status gather_kv(bench_env *env, const bbufs *b, const bshape *s, in
             const int t = n - p * PAGE < PAGE ? n - p * PAGE : PAGE;
             const CUdeviceptr off = (CUdeviceptr)page * PAGE * tok;
             e = env->cu->cuMemcpyDtoH(hk + (size_t)p * PAGE * tok, b->k + off, (size_t)t * tok);
-            if (e == CUDA_SUCCESS) e = env->cu->cuMemcpyDtoH(hv + (size_t)p * PAGE * tok, b->v + off, (size_t)t * tok);
+            if (e == CUDA_SUCCESS)
+                e = env->cu->cuMemcpyDtoH(hv + (size_t)p * PAGE * tok, b->v + off, (size_t)t * tok);
         }
     } else if (n) {
         const CUdeviceptr off = (CUdeviceptr)s->kv_indptr[r] * tok;
@@ -347,8 +351,10 @@ kiln_status bcheck_rows(bench_env *env, const kiln_variant *v, const bbufs *b, c
             const int64_t row = (s->qo_indptr ? s->qo_indptr[r] : r) + i;
             uint16_t qh[HQ * 256], oh[HQ * 256];
             float q[HQ * 256];
-            if (env->cu->cuMemcpyDtoH(qh, b->q + (CUdeviceptr)row * HQ * D * 2, (size_t)HQ * D * 2) ||
-                env->cu->cuMemcpyDtoH(oh, b->o + (CUdeviceptr)row * HQ * D * 2, (size_t)HQ * D * 2)) {
+            if (env->cu->cuMemcpyDtoH(qh, b->q + (CUdeviceptr)row * HQ * D * 2,
+                                      (size_t)HQ * D * 2) ||
+                env->cu->cuMemcpyDtoH(oh, b->o + (CUdeviceptr)row * HQ * D * 2,
+                                      (size_t)HQ * D * 2)) {
                 snprintf(msg, cap, "copy q/o back failed");
                 st = KILN_STATUS_CUDA;
                 break;
@@ -360,8 +366,8 @@ kiln_status bcheck_rows(bench_env *env, const kiln_variant *v, const bbufs *b, c
             for (int e = 0; e < HQ * D && !st; e++) {
                 const double got = devk_bf16_to_f32(oh[e]);
                 if (!(fabs(got - ref[e]) <= atol + rtol * fabs(ref[e]))) {
-                    snprintf(msg, cap, "request %d row %d head %d d %d: o = %.6g, ref %.6g", r, i, e / D, e % D,
-                             got, ref[e]);
+                    snprintf(msg, cap, "request %d row %d head %d d %d: o = %.6g, ref %.6g", r, i,
+                             e / D, e % D, got, ref[e]);
                     st = KILN_STATUS_MISMATCH;
                 }
             }
@@ -394,14 +400,17 @@ static kiln_status step_run(void *user, int copy)
     return kiln_batch_run(rc->plan, &a, NULL);
 }
 
-int bench_on(const bench_env *env, const char *name) { return !env->only || !strcmp(env->only, name); }
+int bench_on(const bench_env *env, const char *name)
+{
+    return !env->only || !strcmp(env->only, name);
+}
 
-void bcsv_row(bench_env *env, const char *name, const char *spec, int B, int L_Q, int L_KV, double ms,
-              double gbs, double tf, const char *check)
+void bcsv_row(bench_env *env, const char *name, const char *spec, int B, int L_Q, int L_KV,
+              double ms, double gbs, double tf, const char *check)
 {
     if (env->csv)
-        fprintf(env->csv, "%s,\"%s\",%d,%d,%d,%d,%.5f,%.1f,%.2f,%.0f,%.0f,%s\n", name, spec, B, HQ, L_Q, L_KV, ms,
-                gbs, tf, env->copy_gbs, env->read_gbs, check);
+        fprintf(env->csv, "%s,\"%s\",%d,%d,%d,%d,%.5f,%.1f,%.2f,%.0f,%.0f,%s\n", name, spec, B, HQ,
+                L_Q, L_KV, ms, gbs, tf, env->copy_gbs, env->read_gbs, check);
 }
 
 /* Run one point; prints its table row (decode: GB/s columns; prefill: TFLOP/s). */
@@ -422,7 +431,8 @@ static void run_point(bench_env *env, const bpoint *pt)
         return;
     }
     if ((st = kiln_kernel_get(env->ctx, &v, &k))) {
-        printf("| %s | %d | %d | compile failed: %s |\n", pt->name, pt->B, pt->L_KV, kiln_ctx_errmsg(env->ctx));
+        printf("| %s | %d | %d | compile failed: %s |\n", pt->name, pt->B, pt->L_KV,
+               kiln_ctx_errmsg(env->ctx));
         env->failed++;
         return;
     }
@@ -443,24 +453,27 @@ static void run_point(bench_env *env, const bpoint *pt)
     b.copies = copies_for(one);
     const double gib = one * b.copies / (1024.0 * 1024 * 1024);
     if (gib > env->max_gib) {
-        printf("| %s | %d | %d | skipped: %.1f GiB of buffers (over --max-gib %.0f) |\n", pt->name, pt->B,
-               pt->L_KV, gib, env->max_gib);
+        printf("| %s | %d | %d | skipped: %.1f GiB of buffers (over --max-gib %.0f) |\n", pt->name,
+               pt->B, pt->L_KV, gib, env->max_gib);
         bshape_free(&s);
         return;
     }
     st = bbufs_alloc(env, &b, &s, paged, D, elt, units, NULL, msg, sizeof msg);
     if (st == KILN_STATUS_NO_MEMORY) {
-        printf("| %s | %d | %d | skipped: %.1f GiB does not fit (%s) |\n", pt->name, pt->B, pt->L_KV, gib, msg);
+        printf("| %s | %d | %d | skipped: %.1f GiB does not fit (%s) |\n", pt->name, pt->B,
+               pt->L_KV, gib, msg);
         goto out;
     }
     if (!st) st = bplan_make(env, k, &s, &b, &plan, msg, sizeof msg);
     /* one checked run on poisoned outputs (0xff.. is NaN in bf16 and f32) */
-    if (!st && (env->cu->cuMemsetD8(b.o, 0xff, b.q_bytes) || env->cu->cuMemsetD8(b.lse, 0xff, 16))) {
+    if (!st &&
+        (env->cu->cuMemsetD8(b.o, 0xff, b.q_bytes) || env->cu->cuMemsetD8(b.lse, 0xff, 16))) {
         snprintf(msg, sizeof msg, "poison o failed");
         st = KILN_STATUS_CUDA;
     }
     run_ctx rc = {plan, &b, &s};
-    if (!st && (st = step_run(&rc, 0))) snprintf(msg, sizeof msg, "run: %s", kiln_ctx_errmsg(env->ctx));
+    if (!st && (st = step_run(&rc, 0)))
+        snprintf(msg, sizeof msg, "run: %s", kiln_ctx_errmsg(env->ctx));
     if (!st && env->cu->cuCtxSynchronize()) {
         snprintf(msg, sizeof msg, "run failed on the device");
         st = KILN_STATUS_CUDA;
@@ -484,8 +497,9 @@ static void run_point(bench_env *env, const bpoint *pt)
     if (decode) {
         const double bytes = (double)s.total_kv * HKV * D * elt * 2 + (double)s.B * HQ * D * 2 * 2;
         const double gbs = bytes / (ms * 1e-3) / 1e9;
-        printf("| %s | %d | %d | %.4f | %.0f | %.1f | %.1f | %d | %s |\n", pt->name, pt->B, pt->L_KV, ms, gbs,
-               100 * gbs / env->copy_gbs, env->read_gbs > 0 ? 100 * gbs / env->read_gbs : 0.0, b.copies, check);
+        printf("| %s | %d | %d | %.4f | %.0f | %.1f | %.1f | %d | %s |\n", pt->name, pt->B,
+               pt->L_KV, ms, gbs, 100 * gbs / env->copy_gbs,
+               env->read_gbs > 0 ? 100 * gbs / env->read_gbs : 0.0, b.copies, check);
         bcsv_row(env, pt->name, pt->spec, pt->B, 1, pt->L_KV, ms, gbs, 0, check);
     } else {
         double pairs = 0;
@@ -494,7 +508,8 @@ static void run_point(bench_env *env, const bpoint *pt)
             pairs += vis < pt->L_KV ? vis : pt->L_KV;
         }
         const double tf = 4.0 * D * pairs * HQ * pt->B / (ms * 1e-3) / 1e12;
-        printf("| %s | %d | %d | %.4f | %.1f | %d | %s |\n", pt->name, pt->B, pt->L_KV, ms, tf, b.copies, check);
+        printf("| %s | %d | %d | %.4f | %.1f | %d | %s |\n", pt->name, pt->B, pt->L_KV, ms, tf,
+               b.copies, check);
         bcsv_row(env, pt->name, pt->spec, pt->B, pt->L_Q, pt->L_KV, ms, 0, tf, check);
     }
 out:
@@ -538,9 +553,12 @@ static const char *const *names(void)
     static const char *all[32];
     if (!all[0]) {
         size_t n = 0;
-        for (size_t i = 0; i < sizeof decode_kinds / sizeof decode_kinds[0]; i++) all[n++] = decode_kinds[i].name;
-        for (size_t i = 0; i < sizeof decode_dims / sizeof decode_dims[0]; i++) all[n++] = decode_dims[i].name;
-        for (size_t i = 0; i < sizeof prefill_kinds / sizeof prefill_kinds[0]; i++) all[n++] = prefill_kinds[i].name;
+        for (size_t i = 0; i < sizeof decode_kinds / sizeof decode_kinds[0]; i++)
+            all[n++] = decode_kinds[i].name;
+        for (size_t i = 0; i < sizeof decode_dims / sizeof decode_dims[0]; i++)
+            all[n++] = decode_dims[i].name;
+        for (size_t i = 0; i < sizeof prefill_kinds / sizeof prefill_kinds[0]; i++)
+            all[n++] = prefill_kinds[i].name;
         all[n++] = cascade_name;
         all[n++] = host_name;
     }
@@ -561,7 +579,8 @@ int batch_known(const char *name)
 
 static void decode_suite(bench_env *env)
 {
-    printf("\n### Batch decode (paged, page %d, H %d, H_KV %d; GB/s of K+V+q+o; %% of copy / read ceilings)\n\n",
+    printf("\n### Batch decode (paged, page %d, H %d, H_KV %d; GB/s of K+V+q+o; %% of copy / read "
+           "ceilings)\n\n",
            PAGE, HQ, HKV);
     printf("| point | B | L_KV | ms | GB/s | %% copy | %% read | copies | check |\n"
            "|---|---|---|---|---|---|---|---|---|\n");
@@ -569,13 +588,16 @@ static void decode_suite(bench_env *env)
         if (!bench_on(env, decode_kinds[i].name)) continue;
         for (size_t bi = 0; bi < sizeof dec_B / sizeof dec_B[0]; bi++)
             for (size_t li = 0; li < sizeof dec_L / sizeof dec_L[0]; li++) {
-                if (env->quick && (dec_B[bi] == 16 || dec_B[bi] == 256 || dec_L[li] == 512)) continue;
+                if (env->quick && (dec_B[bi] == 16 || dec_B[bi] == 256 || dec_L[li] == 512))
+                    continue;
                 bpoint p = {decode_kinds[i].name, decode_kinds[i].spec, dec_B[bi], 0, dec_L[li]};
                 run_point(env, &p);
             }
     }
     for (size_t i = 0; i < sizeof decode_dims / sizeof decode_dims[0]; i++) {
-        if (!bench_on(env, decode_dims[i].name) || (env->quick && strstr(decode_dims[i].name, "fp8"))) continue;
+        if (!bench_on(env, decode_dims[i].name) ||
+            (env->quick && strstr(decode_dims[i].name, "fp8")))
+            continue;
         bpoint p = {decode_dims[i].name, decode_dims[i].spec, 64, 0, 4096};
         run_point(env, &p);
     }
@@ -583,7 +605,8 @@ static void decode_suite(bench_env *env)
 
 static void prefill_suite(bench_env *env)
 {
-    printf("\n### Batch prefill (bf16 d%d, H %d, H_KV %d; TFLOP/s = 4·D·visible pairs·H, causal counts "
+    printf("\n### Batch prefill (bf16 d%d, H %d, H_KV %d; TFLOP/s = 4·D·visible pairs·H, causal "
+           "counts "
            "S(S+1)/2 pairs per request)\n\n",
            128, HQ, HKV);
     printf("| point | B | S | ms | TFLOP/s | copies | check |\n|---|---|---|---|---|---|---|\n");

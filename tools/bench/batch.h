@@ -8,38 +8,38 @@
 
 #include "bench.h"
 
-#define HQ 32                      /* H: query heads */
-#define HKV 8                      /* H_KV: key/value heads (G = 4) */
-#define PAGE 16                    /* P: tokens per page */
+#define HQ           32             /* H: query heads */
+#define HKV          8              /* H_KV: key/value heads (G = 4) */
+#define PAGE         16             /* P: tokens per page */
 #define ROTATE_BYTES (256ull << 20) /* rotate input copies while one copy is under this */
-#define MAX_COPIES 128
-#define REPS 30                    /* timed runs; the median is reported */
-#define WARM 3                     /* untimed runs first */
+#define MAX_COPIES   128
+#define REPS         30 /* timed runs; the median is reported */
+#define WARM         3  /* untimed runs first */
 
 /* Spec pieces: DEC(BF16, 128) is the paged bf16 d128 decode. */
-#define DEC(dt, d) "op=decode " dt " head_dim=" #d " group=4 kv=paged"
-#define BF16 "dtype=bf16"
-#define FP8 "q_dtype=bf16 kv_dtype=e4m3 out_dtype=bf16"
+#define DEC(dt, d)    "op=decode " dt " head_dim=" #d " group=4 kv=paged"
+#define BF16          "dtype=bf16"
+#define FP8           "q_dtype=bf16 kv_dtype=e4m3 out_dtype=bf16"
 #define PRE(kv, mask) "op=prefill dtype=bf16 head_dim=128 group=4" mask " kv=" kv
 
 /* A batch on the host: per-request lengths and the arrays kiln_batch_plan reads. */
 typedef struct bshape {
     int B, paged;
-    int *qo_len, *kv_len;           /* [B] */
-    int *qo_indptr;                 /* [B + 1]; NULL for decode (one row per request) */
-    int *kv_indptr;                 /* [B + 1]: ragged token offsets, paged page offsets */
-    int *last;                      /* [B] paged: tokens in the last page (ragged: unused) */
+    int *qo_len, *kv_len;              /* [B] */
+    int *qo_indptr;                    /* [B + 1]; NULL for decode (one row per request) */
+    int *kv_indptr;                    /* [B + 1]: ragged token offsets, paged page offsets */
+    int *last;                         /* [B] paged: tokens in the last page (ragged: unused) */
     int64_t total_qo, total_kv, n_idx; /* rows, tokens, page ids (paged) */
 } bshape;
 
 /* Device buffers of one point. */
 typedef struct bbufs {
-    int copies, paged, D, elt;   /* elt: bytes of one K/V element (2 bf16, 1 fp8) */
-    int64_t pool_units;          /* per copy: pages (paged) or tokens (ragged) */
-    size_t q_bytes, kv_bytes;    /* one copy of q; one copy of k (v alike) */
+    int copies, paged, D, elt; /* elt: bytes of one K/V element (2 bf16, 1 fp8) */
+    int64_t pool_units;        /* per copy: pages (paged) or tokens (ragged) */
+    size_t q_bytes, kv_bytes;  /* one copy of q; one copy of k (v alike) */
     CUdeviceptr q, k, v, o, lse, idx, ws;
     size_t ws_bytes;
-    int *idx_host;               /* paged: copies x n_idx page ids */
+    int *idx_host; /* paged: copies x n_idx page ids */
 } bbufs;
 
 /* One timed step: everything a point launches for copy c. */
@@ -69,8 +69,8 @@ kiln_status btime_steps(bench_env *env, step_fn fn, void *user, int copies, doub
 kiln_status bcheck_rows(bench_env *env, const kiln_variant *v, const bbufs *b, const bshape *s,
                         int causal, char *msg, size_t cap);
 /* One CSV row in kiln-bench --batch's columns. */
-void bcsv_row(bench_env *env, const char *name, const char *spec, int B, int L_Q, int L_KV, double ms,
-              double gbs, double tf, const char *check);
+void bcsv_row(bench_env *env, const char *name, const char *spec, int B, int L_Q, int L_KV,
+              double ms, double gbs, double tf, const char *check);
 int bench_on(const bench_env *env, const char *name); /* the --only filter */
 uint64_t brng(uint64_t *x);                           /* a small LCG */
 int bcmp_d(const void *a, const void *b);             /* qsort of doubles */

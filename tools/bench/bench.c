@@ -39,7 +39,7 @@ typedef struct point {
 } point;
 
 #define SNIP_SOFTCAP "params=cap:f32 logits_expr=\"cap * tanhf(logits / cap)\""
-#define SNIP_WINDOW "params=w:i32 mask_expr=\"kv_idx >= qo_idx + kv_len - qo_len - w\""
+#define SNIP_WINDOW  "params=w:i32 mask_expr=\"kv_idx >= qo_idx + kv_len - qo_len - w\""
 
 static const point points[] = {
     {"decode", "op=decode dtype=bf16 head_dim=128 group=4", 32, 1, 512, 0, 0, 0, 0, 0},
@@ -48,23 +48,37 @@ static const point points[] = {
     {"decode", "op=decode dtype=bf16 head_dim=128 group=4", 32, 1, 131072, 0, 0, 0, 0, 0},
     {"decode d64", "op=decode dtype=bf16 head_dim=64 group=4", 32, 1, 32768, 0, 0, 0, 0, 0},
     {"decode d256", "op=decode dtype=bf16 head_dim=256 group=4", 32, 1, 32768, 0, 0, 0, 0, 0},
-    {"prefill causal", "op=prefill dtype=bf16 head_dim=128 group=4 mask=causal", 32, 1024, 1024, 0, 0, 0, 0, 0},
-    {"prefill causal", "op=prefill dtype=bf16 head_dim=128 group=4 mask=causal", 32, 4096, 4096, 0, 0, 0, 0, 0},
-    {"prefill causal", "op=prefill dtype=bf16 head_dim=128 group=4 mask=causal", 32, 16384, 16384, 0, 0, 0, 0, 0},
+    {"prefill causal", "op=prefill dtype=bf16 head_dim=128 group=4 mask=causal", 32, 1024, 1024, 0,
+     0, 0, 0, 0},
+    {"prefill causal", "op=prefill dtype=bf16 head_dim=128 group=4 mask=causal", 32, 4096, 4096, 0,
+     0, 0, 0, 0},
+    {"prefill causal", "op=prefill dtype=bf16 head_dim=128 group=4 mask=causal", 32, 16384, 16384,
+     0, 0, 0, 0, 0},
     {"prefill", "op=prefill dtype=bf16 head_dim=128 group=4", 32, 4096, 4096, 0, 0, 0, 0, 0},
-    {"prefill causal d64", "op=prefill dtype=bf16 head_dim=64 group=4 mask=causal", 32, 4096, 4096, 0, 0, 0, 0, 0},
-    {"prefill causal d256", "op=prefill dtype=bf16 head_dim=256 group=4 mask=causal", 32, 4096, 4096, 0, 0, 0, 0, 0},
-    {"prefill causal softcap", "op=prefill dtype=bf16 head_dim=128 group=4 mask=causal logits=softcap", 32, 4096, 4096, 0, 30, 0, 0, 0},
-    {"prefill causal alibi", "op=prefill dtype=bf16 head_dim=128 group=4 mask=causal logits=alibi", 32, 4096, 4096, 0, 0, 0, 0, 0},
-    {"prefill causal window1024", "op=prefill dtype=bf16 head_dim=128 group=4 mask=causal window=1", 32, 4096, 4096, 1024, 0, 0, 0, 0},
-    {"prefill causal bsr25", "op=prefill dtype=bf16 head_dim=128 group=4 mask=causal", 32, 4096, 4096, 0, 0, 25, 0, 0},
-    {"prefill causal bsr25 +map", "op=prefill dtype=bf16 head_dim=128 group=4 mask=causal", 32, 4096, 4096, 0, 0, 25, 1, 0},
-    {"prefill causal softcap snippet", "op=prefill dtype=bf16 head_dim=128 group=4 mask=causal " SNIP_SOFTCAP, 32,
-     4096, 4096, 0, 30, 0, 0, 0},
-    {"prefill causal window1024 expr", "op=prefill dtype=bf16 head_dim=128 group=4 mask=causal " SNIP_WINDOW, 32,
-     4096, 4096, 1024, 0, 0, 0, 1},
-    {"prefill causal window1024 expr +map", "op=prefill dtype=bf16 head_dim=128 group=4 mask=causal " SNIP_WINDOW,
-     32, 4096, 4096, 1024, 0, 0, 1, 1},
+    {"prefill causal d64", "op=prefill dtype=bf16 head_dim=64 group=4 mask=causal", 32, 4096, 4096,
+     0, 0, 0, 0, 0},
+    {"prefill causal d256", "op=prefill dtype=bf16 head_dim=256 group=4 mask=causal", 32, 4096,
+     4096, 0, 0, 0, 0, 0},
+    {"prefill causal softcap",
+     "op=prefill dtype=bf16 head_dim=128 group=4 mask=causal logits=softcap", 32, 4096, 4096, 0, 30,
+     0, 0, 0},
+    {"prefill causal alibi", "op=prefill dtype=bf16 head_dim=128 group=4 mask=causal logits=alibi",
+     32, 4096, 4096, 0, 0, 0, 0, 0},
+    {"prefill causal window1024", "op=prefill dtype=bf16 head_dim=128 group=4 mask=causal window=1",
+     32, 4096, 4096, 1024, 0, 0, 0, 0},
+    {"prefill causal bsr25", "op=prefill dtype=bf16 head_dim=128 group=4 mask=causal", 32, 4096,
+     4096, 0, 0, 25, 0, 0},
+    {"prefill causal bsr25 +map", "op=prefill dtype=bf16 head_dim=128 group=4 mask=causal", 32,
+     4096, 4096, 0, 0, 25, 1, 0},
+    {"prefill causal softcap snippet",
+     "op=prefill dtype=bf16 head_dim=128 group=4 mask=causal " SNIP_SOFTCAP, 32, 4096, 4096, 0, 30,
+     0, 0, 0},
+    {"prefill causal window1024 expr",
+     "op=prefill dtype=bf16 head_dim=128 group=4 mask=causal " SNIP_WINDOW, 32, 4096, 4096, 1024, 0,
+     0, 0, 1},
+    {"prefill causal window1024 expr +map",
+     "op=prefill dtype=bf16 head_dim=128 group=4 mask=causal " SNIP_WINDOW, 32, 4096, 4096, 1024, 0,
+     0, 1, 1},
 };
 
 /* The window expression's meaning, for counting its FLOPs. */
@@ -100,7 +114,8 @@ static void bsr_make(bsr_mask *m, int L_Q, int L_KV, int pct)
         m->indptr[r] = m->nnz;
         for (int c = 0; c < cols; c++) {
             x = x * 6364136223846793005ull + 1442695040888963407ull;
-            if ((int)((x >> 33) % 100) < pct || c == r) m->indices[m->nnz++] = c; /* keep the diagonal */
+            if ((int)((x >> 33) % 100) < pct || c == r)
+                m->indices[m->nnz++] = c; /* keep the diagonal */
         }
     }
     m->indptr[m->rows] = m->nnz;
@@ -122,10 +137,11 @@ static int cmp_d(const void *a, const void *b)
 /* JIT latency figures on this machine (no GPU needed). */
 static int jit_figures(const char *argv0)
 {
-    static const char *specs[] = {"op=decode dtype=bf16 head_dim=128 group=4",
-                                  "op=prefill dtype=bf16 head_dim=128 group=4 mask=causal",
-                                  "op=prefill dtype=bf16 head_dim=128 group=4 mask=causal logits=softcap",
-                                  "op=decode dtype=f16 head_dim=64 group=1 logits=alibi"};
+    static const char *specs[] = {
+        "op=decode dtype=bf16 head_dim=128 group=4",
+        "op=prefill dtype=bf16 head_dim=128 group=4 mask=causal",
+        "op=prefill dtype=bf16 head_dim=128 group=4 mask=causal logits=softcap",
+        "op=decode dtype=f16 head_dim=64 group=1 logits=alibi"};
     char dir[] = "/tmp/kiln-bench-XXXXXX";
     if (!mkdtemp(dir)) return 1;
     kiln_ctx_opts o = {0};
@@ -159,7 +175,8 @@ static int jit_figures(const char *argv0)
     char kiln[1024];
     snprintf(kiln, sizeof kiln, "%s", argv0);
     char *slash = strrchr(kiln, '/');
-    snprintf(slash ? slash + 1 : kiln, sizeof kiln - (size_t)(slash ? slash + 1 - kiln : 0), "kiln");
+    snprintf(slash ? slash + 1 : kiln, sizeof kiln - (size_t)(slash ? slash + 1 - kiln : 0),
+             "kiln");
     double ms[21];
     fflush(stdout);
     for (int r = 0; r < 21; r++) {
@@ -167,7 +184,8 @@ static int jit_figures(const char *argv0)
         pid_t pid = fork();
         if (pid == 0) {
             if (!freopen("/dev/null", "w", stdout)) _exit(127);
-            execl(kiln, kiln, "--cache", dir, "compile", "--arch", "sm_90a", specs[0], (char *)NULL);
+            execl(kiln, kiln, "--cache", dir, "compile", "--arch", "sm_90a", specs[0],
+                  (char *)NULL);
             _exit(127);
         }
         int st = 0;
@@ -179,10 +197,10 @@ static int jit_figures(const char *argv0)
         }
     }
     qsort(ms, 21, sizeof ms[0], cmp_d);
-    printf("\nin-process memo hit: %.0f ns per kiln_kernel_compile (mean of %d calls)\n",
-           memo_ns, n);
-    printf("new-process cache hit: %.2f ms median, %.2f ms min of 21 whole `kiln compile` runs\n", ms[10],
-           ms[0]);
+    printf("\nin-process memo hit: %.0f ns per kiln_kernel_compile (mean of %d calls)\n", memo_ns,
+           n);
+    printf("new-process cache hit: %.2f ms median, %.2f ms min of 21 whole `kiln compile` runs\n",
+           ms[10], ms[0]);
     return 0;
 }
 
@@ -226,7 +244,8 @@ int main(int argc, char **argv)
         else if (!strcmp(argv[i], "--ceilings")) ceilings = 1;
         else if (!strcmp(argv[i], "--csv") && i + 1 < argc) csv_path = argv[++i];
         else if (!strcmp(argv[i], "--only") && i + 1 < argc) only = argv[++i];
-        else if (!strcmp(argv[i], "--max-gib") && i + 1 < argc && atof(argv[i + 1]) > 0) max_gib = atof(argv[++i]);
+        else if (!strcmp(argv[i], "--max-gib") && i + 1 < argc && atof(argv[i + 1]) > 0)
+            max_gib = atof(argv[++i]);
         else {
             usage(argv[0]);
             return 2;
@@ -237,8 +256,8 @@ int main(int argc, char **argv)
         return 0;
     }
     if (only && !(batch ? batch_known(only) : single_known(only))) {
-        fprintf(stderr, "kiln-bench: no %s point named '%s' (--list%s names them)\n", batch ? "batch" : "single",
-                only, batch ? " --batch" : "");
+        fprintf(stderr, "kiln-bench: no %s point named '%s' (--list%s names them)\n",
+                batch ? "batch" : "single", only, batch ? " --batch" : "");
         return 2;
     }
     kiln_ctx *ctx = NULL;
@@ -268,7 +287,8 @@ int main(int argc, char **argv)
     }
     /* the helper kernels: the batch suites need them (random fills); the single suite only
      * loses the streaming-read ceiling without them */
-    if (devk_load(&env, msg, sizeof msg) || devk_read_ceiling(&env, (size_t)2 << 30, &env.read_gbs, msg, sizeof msg)) {
+    if (devk_load(&env, msg, sizeof msg) ||
+        devk_read_ceiling(&env, (size_t)2 << 30, &env.read_gbs, msg, sizeof msg)) {
         fprintf(stderr, "kiln-bench: helper kernels: %s\n", msg);
         if (batch) {
             kiln_ctx_destroy(ctx);
@@ -277,8 +297,8 @@ int main(int argc, char **argv)
     }
     env.copy_gbs = copy;
     if (ceilings) {
-        printf("ceilings copy_GBps=%.0f read_GBps=%.0f gpu=\"%s\" arch=%s sms=%d\n", copy, env.read_gbs, di.name,
-               di.arch, di.sm_count);
+        printf("ceilings copy_GBps=%.0f read_GBps=%.0f gpu=\"%s\" arch=%s sms=%d\n", copy,
+               env.read_gbs, di.name, di.arch, di.sm_count);
         kiln_ctx_destroy(ctx);
         return env.read_gbs > 0 ? 0 : 1;
     }
@@ -292,13 +312,17 @@ int main(int argc, char **argv)
         char date[32];
         time_t now = time(NULL);
         strftime(date, sizeof date, "%Y-%m-%d", gmtime(&now));
-        fprintf(csv, "# kiln-bench gpu=%s arch=%s sms=%d driver=%d nvrtc=%s kiln=%s date=%s copy_GBps=%.0f "
-                     "read_GBps=%.0f\n",
-                di.name, di.arch, di.sm_count, di.driver_version, kiln_nvrtc_version(), kiln_version(), date, copy,
-                env.read_gbs);
+        fprintf(
+            csv,
+            "# kiln-bench gpu=%s arch=%s sms=%d driver=%d nvrtc=%s kiln=%s date=%s copy_GBps=%.0f "
+            "read_GBps=%.0f\n",
+            di.name, di.arch, di.sm_count, di.driver_version, kiln_nvrtc_version(), kiln_version(),
+            date, copy, env.read_gbs);
     }
-    printf("GPU %s (%s, %d SMs), driver %d, NVRTC %s; device-to-device copy %.0f GB/s, streaming read %.0f GB/s\n\n",
-           di.name, di.arch, di.sm_count, di.driver_version, kiln_nvrtc_version(), copy, env.read_gbs);
+    printf("GPU %s (%s, %d SMs), driver %d, NVRTC %s; device-to-device copy %.0f GB/s, streaming "
+           "read %.0f GB/s\n\n",
+           di.name, di.arch, di.sm_count, di.driver_version, kiln_nvrtc_version(), copy,
+           env.read_gbs);
     if (batch) {
         if (csv) fprintf(csv, "name,spec,B,H,L_Q,L_KV,ms,GBps,TFLOPs,copy_GBps,read_GBps,check\n");
         env.csv = csv;
@@ -308,7 +332,8 @@ int main(int argc, char **argv)
         return failed ? 1 : 0;
     }
     if (csv) fprintf(csv, "name,spec,H,L_Q,L_KV,ms,GBps,TFLOPs,copy_GBps\n");
-    printf("| point | H | L_Q | L_KV | ms | GB/s | %% copy | TFLOP/s | check |\n|---|---|---|---|---|---|---|---|---|\n");
+    printf("| point | H | L_Q | L_KV | ms | GB/s | %% copy | TFLOP/s | check "
+           "|\n|---|---|---|---|---|---|---|---|---|\n");
     int failed = 0;
     for (size_t i = 0; i < sizeof points / sizeof points[0]; i++) {
         const point *pt = &points[i];
@@ -327,8 +352,11 @@ int main(int argc, char **argv)
             failed++;
             continue;
         }
-        kiln_check_shape s = {.num_qo_heads = pt->H, .qo_len = pt->L_Q, .kv_len = pt->L_KV,
-                              .window_left = pt->window_left, .softcap = pt->softcap};
+        kiln_check_shape s = {.num_qo_heads = pt->H,
+                              .qo_len = pt->L_Q,
+                              .kv_len = pt->L_KV,
+                              .window_left = pt->window_left,
+                              .softcap = pt->softcap};
         /* cheap enough to check against the CPU reference? */
         const double ref_cost = (double)pt->L_Q * pt->L_KV * pt->H;
         s.skip_reference = ref_cost > 4e8;
@@ -366,7 +394,9 @@ int main(int argc, char **argv)
         const double tf = r.flops / (r.kernel_ms * 1e-3) / 1e12;
         printf("| %s | %d | %d | %d | %.4f | %.0f | %.1f | %.1f | %s |\n", pt->name, pt->H, pt->L_Q,
                pt->L_KV, r.kernel_ms, gbs, 100.0 * gbs / copy, tf,
-               s.skip_reference ? "timed only" : st ? "MISMATCH" : "ok");
+               s.skip_reference ? "timed only"
+               : st             ? "MISMATCH"
+                                : "ok");
         if (st) failed++;
         if (csv)
             fprintf(csv, "%s,%s,%d,%d,%d,%.5f,%.1f,%.2f,%.0f\n", pt->name, pt->spec, pt->H, pt->L_Q,

@@ -16,14 +16,14 @@ const char *const cascade_name = "cascade", *const host_name = "host overhead";
 
 /* ---- cascade ---------------------------------------------------------------------------------- */
 
-#define CASCADE_PREFIX 32768
+#define CASCADE_PREFIX  32768
 #define CASCADE_PRIVATE 512
 
 typedef struct cascade_run {
     bench_env *env;
     kiln_kernel *merge;
     kiln_plan *pre, *dec, *plain;
-    bbufs *bpre, *bdec, *bplain;   /* share one pool and q; own o / lse / workspace */
+    bbufs *bpre, *bdec, *bplain; /* share one pool and q; own o / lse / workspace */
     const bshape *spre, *sdec, *splain;
     int B;
 } cascade_run;
@@ -89,7 +89,8 @@ static void cascade_point(bench_env *env, int B)
     kiln_plan *pplain = NULL, *ppre = NULL, *pdec = NULL;
     int *lens = malloc(sizeof(int) * (size_t)B), *perm = malloc(sizeof(int) * (size_t)pool_pages);
     int *idx_plain = malloc(sizeof(int) * (size_t)B * (pre_pages + priv_pages));
-    int *idx_pre = malloc(sizeof(int) * (size_t)pre_pages), *idx_dec = malloc(sizeof(int) * (size_t)B * priv_pages);
+    int *idx_pre = malloc(sizeof(int) * (size_t)pre_pages),
+        *idx_dec = malloc(sizeof(int) * (size_t)B * priv_pages);
     int one_prefix = CASCADE_PREFIX;
     if (!lens || !perm || !idx_plain || !idx_pre || !idx_dec) {
         printf("| %d | out of host memory |\n", B);
@@ -105,7 +106,8 @@ static void cascade_point(bench_env *env, int B)
     /* perm[0 .. pre_pages) are the prefix's pages, then request b's private pages */
     for (int i = 0; i < pre_pages; i++) idx_pre[i] = perm[i];
     for (int b = 0; b < B; b++)
-        for (int p = 0; p < priv_pages; p++) idx_dec[b * priv_pages + p] = perm[pre_pages + b * priv_pages + p];
+        for (int p = 0; p < priv_pages; p++)
+            idx_dec[b * priv_pages + p] = perm[pre_pages + b * priv_pages + p];
     for (int b = 0; b < B; b++) {
         int *row = idx_plain + (size_t)b * (pre_pages + priv_pages);
         memcpy(row, idx_pre, sizeof(int) * (size_t)pre_pages);
@@ -117,7 +119,9 @@ static void cascade_point(bench_env *env, int B)
     if (bshape_make(&sdec, B, 0, lens, 1)) goto oom;
     /* the plain buffers own the pool and q; the others borrow them */
     bplain.copies = 1;
-    if ((st = bbufs_alloc(env, &bplain, &splain, 1, 128, 2, pool_pages, idx_plain, msg, sizeof msg))) goto fail;
+    if ((st =
+             bbufs_alloc(env, &bplain, &splain, 1, 128, 2, pool_pages, idx_plain, msg, sizeof msg)))
+        goto fail;
     bpre = bplain;
     bdec = bplain;
     bpre.o = bpre.lse = bpre.ws = bpre.idx = 0;
@@ -142,7 +146,8 @@ static void cascade_point(bench_env *env, int B)
         (st = bplan_make(env, kpre, &spre, &bpre, &ppre, msg, sizeof msg)) ||
         (st = bplan_make(env, kdec, &sdec, &bdec, &pdec, msg, sizeof msg)))
         goto fail;
-    cascade_run cr = {env, kmerge, ppre, pdec, pplain, &bpre, &bdec, &bplain, &spre, &sdec, &splain, B};
+    cascade_run cr = {env,   kmerge,  ppre,  pdec,  pplain,  &bpre,
+                      &bdec, &bplain, &spre, &sdec, &splain, B};
     /* correctness: plain vs reference, cascade vs plain */
     env->cu->cuMemsetD8(bplain.o, 0xff, bplain.q_bytes);
     env->cu->cuMemsetD8(bdec.o, 0xff, bplain.q_bytes);
@@ -162,7 +167,8 @@ static void cascade_point(bench_env *env, int B)
         uint16_t *a = malloc(n * 2), *c = malloc(n * 2);
         double atol, rtol;
         kiln_check_tolerance(&v, &atol, &rtol);
-        if (!a || !c || env->cu->cuMemcpyDtoH(a, bplain.o, n * 2) || env->cu->cuMemcpyDtoH(c, bdec.o, n * 2)) {
+        if (!a || !c || env->cu->cuMemcpyDtoH(a, bplain.o, n * 2) ||
+            env->cu->cuMemcpyDtoH(c, bdec.o, n * 2)) {
             snprintf(msg, sizeof msg, "copy outputs back failed");
             st = KILN_STATUS_CUDA;
         }
@@ -190,13 +196,13 @@ static void cascade_point(bench_env *env, int B)
     /* bytes a cascade must move: the prefix once, every private part, q, o */
     const double bytes = 2.0 * (CASCADE_PREFIX + (double)B * CASCADE_PRIVATE) * HKV * 128 * 2 +
                          (double)B * HQ * 128 * 2 * 2;
-    printf("| %d | %d | %d | %.4f | %.4f | %.2f | %.0f | %.0f | %s |\n", B, CASCADE_PREFIX, CASCADE_PRIVATE,
-           ms_plain, ms_casc, ms_plain / ms_casc, bytes / (ms_plain * 1e-3) / 1e9, bytes / (ms_casc * 1e-3) / 1e9,
-           check);
+    printf("| %d | %d | %d | %.4f | %.4f | %.2f | %.0f | %.0f | %s |\n", B, CASCADE_PREFIX,
+           CASCADE_PRIVATE, ms_plain, ms_casc, ms_plain / ms_casc, bytes / (ms_plain * 1e-3) / 1e9,
+           bytes / (ms_casc * 1e-3) / 1e9, check);
     bcsv_row(env, "cascade plain", sp_plain, B, 1, CASCADE_PREFIX + CASCADE_PRIVATE, ms_plain,
-            bytes / (ms_plain * 1e-3) / 1e9, 0, check);
+             bytes / (ms_plain * 1e-3) / 1e9, 0, check);
     bcsv_row(env, "cascade", "prefill(lse=1) + decode(lse=1) + merge_state_in_place", B, 1,
-            CASCADE_PREFIX + CASCADE_PRIVATE, ms_casc, bytes / (ms_casc * 1e-3) / 1e9, 0, check);
+             CASCADE_PREFIX + CASCADE_PRIVATE, ms_casc, bytes / (ms_casc * 1e-3) / 1e9, 0, check);
     goto out;
 oom:
     snprintf(msg, sizeof msg, "out of host memory");
@@ -227,9 +233,11 @@ out:
 void cascade_suite(bench_env *env)
 {
     if (!bench_on(env, cascade_name)) return;
-    printf("\n### Cascade: shared prefix vs plain paged decode (bf16 d128; GB/s of the bytes a cascade must "
+    printf("\n### Cascade: shared prefix vs plain paged decode (bf16 d128; GB/s of the bytes a "
+           "cascade must "
            "move: prefix once + private parts + q + o)\n\n");
-    printf("| B | prefix | private | plain ms | cascade ms | speedup | plain GB/s | cascade GB/s | check |\n"
+    printf("| B | prefix | private | plain ms | cascade ms | speedup | plain GB/s | cascade GB/s | "
+           "check |\n"
            "|---|---|---|---|---|---|---|---|---|\n");
     cascade_point(env, 64);
     if (!env->quick) cascade_point(env, 256);
@@ -237,7 +245,7 @@ void cascade_suite(bench_env *env)
 
 /* ---- host overhead ---------------------------------------------------------------------------- */
 
-#define HOST_B 256
+#define HOST_B     256
 #define HOST_CALLS 1000
 /* The stream is drained after every plan + run, untimed: a plan reuses its pinned schedule
  * buffers in a ring of four and waits when the copy out of the one it reuses has not run, so
@@ -267,7 +275,8 @@ static void host_point(bench_env *env, const char *what, const char *spec, int q
     bshape s = {0};
     bbufs b = {0};
     int lens[HOST_B];
-    double *t_plan = malloc(sizeof(double) * HOST_CALLS), *t_run = malloc(sizeof(double) * HOST_CALLS);
+    double *t_plan = malloc(sizeof(double) * HOST_CALLS),
+           *t_run = malloc(sizeof(double) * HOST_CALLS);
     kiln_status st = kiln_variant_parse(spec, &v);
     if (!st) st = kiln_kernel_get(env->ctx, &v, &k);
     if (st || !t_plan || !t_run) {
@@ -279,7 +288,8 @@ static void host_point(bench_env *env, const char *what, const char *spec, int q
     const int paged = v.kv == KILN_KV_PAGED;
     if (bshape_make(&s, HOST_B, qo, lens, paged)) goto out;
     b.copies = 1;
-    if ((st = bbufs_alloc(env, &b, &s, paged, v.head_dim, 2, paged ? s.n_idx : s.total_kv, NULL, msg, sizeof msg)) ||
+    if ((st = bbufs_alloc(env, &b, &s, paged, v.head_dim, 2, paged ? s.n_idx : s.total_kv, NULL,
+                          msg, sizeof msg)) ||
         (st = bplan_make(env, k, &s, &b, &plan, msg, sizeof msg))) {
         printf("| %s | failed: %s |\n", what, msg);
         env->failed++;
@@ -311,8 +321,9 @@ static void host_point(bench_env *env, const char *what, const char *spec, int q
     kiln_plan_info pi = {0};
     kiln_plan_describe(plan, &pi);
     const double p50 = t_plan[HOST_CALLS / 2], r50 = t_run[HOST_CALLS / 2];
-    printf("| %s | kiln_batch_plan | %d | %.1f | %.1f | %.1f | %d items, grid %d, chunk %d |\n", what, HOST_B, p50,
-           t_plan[0], t_plan[HOST_CALLS * 9 / 10], pi.items, pi.grid, pi.kv_chunk);
+    printf("| %s | kiln_batch_plan | %d | %.1f | %.1f | %.1f | %d items, grid %d, chunk %d |\n",
+           what, HOST_B, p50, t_plan[0], t_plan[HOST_CALLS * 9 / 10], pi.items, pi.grid,
+           pi.kv_chunk);
     printf("| %s | kiln_batch_run | %d | %.1f | %.1f | %.1f | |\n", what, HOST_B, r50, t_run[0],
            t_run[HOST_CALLS * 9 / 10]);
     char name[96];
@@ -331,11 +342,12 @@ out:
 void host_suite(bench_env *env)
 {
     if (!bench_on(env, host_name)) return;
-    printf("\n### Host overhead, batch %d, lengths 512..8192 (wall clock per call, µs; no sync inside the "
+    printf("\n### Host overhead, batch %d, lengths 512..8192 (wall clock per call, µs; no sync "
+           "inside the "
            "timed region; %d calls)\n\n",
            HOST_B, HOST_CALLS);
-    printf("| batch | call | B | median µs | min µs | p90 µs | plan |\n|---|---|---|---|---|---|---|\n");
+    printf("| batch | call | B | median µs | min µs | p90 µs | plan "
+           "|\n|---|---|---|---|---|---|---|\n");
     host_point(env, "decode paged", DEC(BF16, 128), 0);
     host_point(env, "prefill paged causal", PRE("paged", " mask=causal"), 16);
 }
-

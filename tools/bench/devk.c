@@ -19,8 +19,10 @@ static const char devk_source[] =
     "    x *= 0xc4ceb9fe1a85ec53ull; x ^= x >> 33; return (unsigned)x;\n"
     "}\n"
     /* bf16 in [-scale, scale), round to nearest even */
-    "extern \"C\" __global__ void devk_fill_bf16(unsigned short *p, u64 n, u64 seed, float scale) {\n"
-    "    for (u64 i = blockIdx.x * (u64)blockDim.x + threadIdx.x; i < n; i += (u64)gridDim.x * blockDim.x) {\n"
+    "extern \"C\" __global__ void devk_fill_bf16(unsigned short *p, u64 n, u64 seed, float scale) "
+    "{\n"
+    "    for (u64 i = blockIdx.x * (u64)blockDim.x + threadIdx.x; i < n; i += (u64)gridDim.x * "
+    "blockDim.x) {\n"
     "        unsigned h = mix(seed * 0x9e3779b97f4a7c15ull + i);\n"
     "        float f = ((float)(h >> 8) * (1.0f / 8388608.0f) - 1.0f) * scale;\n"
     "        unsigned b = __float_as_uint(f);\n"
@@ -30,9 +32,11 @@ static const char devk_source[] =
     "}\n"
     /* e4m3: sign, exponent field 4..7, mantissa 0..7 */
     "extern \"C\" __global__ void devk_fill_e4m3(unsigned char *p, u64 n, u64 seed) {\n"
-    "    for (u64 i = blockIdx.x * (u64)blockDim.x + threadIdx.x; i < n; i += (u64)gridDim.x * blockDim.x) {\n"
+    "    for (u64 i = blockIdx.x * (u64)blockDim.x + threadIdx.x; i < n; i += (u64)gridDim.x * "
+    "blockDim.x) {\n"
     "        unsigned h = mix(seed * 0x9e3779b97f4a7c15ull + i);\n"
-    "        p[i] = (unsigned char)(((h & 1u) << 7) | ((4u + ((h >> 1) & 3u)) << 3) | ((h >> 3) & 7u));\n"
+    "        p[i] = (unsigned char)(((h & 1u) << 7) | ((4u + ((h >> 1) & 3u)) << 3) | ((h >> 3) & "
+    "7u));\n"
     "    }\n"
     "}\n"
     /* streaming read: UNROLL independent 16-byte non-caching loads in flight per thread */
@@ -56,23 +60,25 @@ static const char devk_source[] =
     "    for (; i < n; i += stride) { u4 v = ld_stream(p + i); acc ^= v.x ^ v.y ^ v.z ^ v.w; }\n"
     "    if (acc == 0x9e3779b9u) sink[0] = acc; /* keeps the loads; practically never stores */\n"
     "}\n"
-    "extern \"C\" __global__ void devk_read4(const u4 *p, u64 n, unsigned *sink) { read_all<4>(p, n, sink); }\n"
-    "extern \"C\" __global__ void devk_read8(const u4 *p, u64 n, unsigned *sink) { read_all<8>(p, n, sink); }\n";
+    "extern \"C\" __global__ void devk_read4(const u4 *p, u64 n, unsigned *sink) { read_all<4>(p, "
+    "n, sink); }\n"
+    "extern \"C\" __global__ void devk_read8(const u4 *p, u64 n, unsigned *sink) { read_all<8>(p, "
+    "n, sink); }\n";
 
 static struct {
     CUmodule mod;
     CUfunction fill_bf16, fill_e4m3, read4, read8;
 } dk;
 
-#define DK_TRY(call, what)                                                                     \
-    do {                                                                                       \
-        CUresult r_ = (call);                                                                  \
-        if (r_ != CUDA_SUCCESS) {                                                              \
-            const char *s_ = NULL;                                                             \
-            env->cu->cuGetErrorName(r_, &s_);                                                  \
-            snprintf(msg, cap, "devk: %s: %s", what, s_ ? s_ : "?");                           \
-            return KILN_STATUS_CUDA;                                                           \
-        }                                                                                      \
+#define DK_TRY(call, what)                                                                         \
+    do {                                                                                           \
+        CUresult r_ = (call);                                                                      \
+        if (r_ != CUDA_SUCCESS) {                                                                  \
+            const char *s_ = NULL;                                                                 \
+            env->cu->cuGetErrorName(r_, &s_);                                                      \
+            snprintf(msg, cap, "devk: %s: %s", what, s_ ? s_ : "?");                               \
+            return KILN_STATUS_CUDA;                                                               \
+        }                                                                                          \
     } while (0)
 
 kiln_status devk_load(bench_env *env, char *msg, size_t cap)
@@ -112,7 +118,8 @@ kiln_status devk_fill_bf16(bench_env *env, CUdeviceptr p, uint64_t n, uint64_t s
     char msg[128];
     const size_t cap = sizeof msg;
     void *args[] = {&p, &n, &seed, &scale};
-    DK_TRY(env->cu->cuLaunchKernel(dk.fill_bf16, grid_for(env, n, 256), 1, 1, 256, 1, 1, 0, NULL, args, NULL),
+    DK_TRY(env->cu->cuLaunchKernel(dk.fill_bf16, grid_for(env, n, 256), 1, 1, 256, 1, 1, 0, NULL,
+                                   args, NULL),
            "fill bf16");
     return KILN_STATUS_OK;
 }
@@ -122,7 +129,8 @@ kiln_status devk_fill_e4m3(bench_env *env, CUdeviceptr p, uint64_t n, uint64_t s
     char msg[128];
     const size_t cap = sizeof msg;
     void *args[] = {&p, &n, &seed};
-    DK_TRY(env->cu->cuLaunchKernel(dk.fill_e4m3, grid_for(env, n, 256), 1, 1, 256, 1, 1, 0, NULL, args, NULL),
+    DK_TRY(env->cu->cuLaunchKernel(dk.fill_e4m3, grid_for(env, n, 256), 1, 1, 256, 1, 1, 0, NULL,
+                                   args, NULL),
            "fill e4m3");
     return KILN_STATUS_OK;
 }
@@ -137,7 +145,8 @@ kiln_status devk_read_ceiling(bench_env *env, size_t bytes, double *gbs, char *m
 {
     static const struct {
         int unroll, threads, ctas_per_sm;
-    } cfgs[] = {{4, 256, 8}, {8, 256, 8}, {4, 512, 4}, {8, 512, 4}, {8, 1024, 2}, {4, 256, 16}, {8, 128, 16}};
+    } cfgs[] = {{4, 256, 8},  {8, 256, 8},  {4, 512, 4}, {8, 512, 4},
+                {8, 1024, 2}, {4, 256, 16}, {8, 128, 16}};
     *gbs = 0;
     CUdeviceptr buf = 0, sink = 0;
     CUevent ev[2] = {0};
@@ -163,7 +172,8 @@ kiln_status devk_read_ceiling(bench_env *env, size_t bytes, double *gbs, char *m
         float ms[33];
         for (int t = 0; t < 33; t++) {
             cu->cuEventRecord(ev[0], NULL);
-            CUresult r = cu->cuLaunchKernel(f, grid, 1, 1, (unsigned)cfgs[c].threads, 1, 1, 0, NULL, args, NULL);
+            CUresult r = cu->cuLaunchKernel(f, grid, 1, 1, (unsigned)cfgs[c].threads, 1, 1, 0, NULL,
+                                            args, NULL);
             cu->cuEventRecord(ev[1], NULL);
             if (r == CUDA_SUCCESS) r = cu->cuEventSynchronize(ev[1]);
             if (r != CUDA_SUCCESS) {
