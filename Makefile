@@ -65,6 +65,7 @@ deps:
 	    dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
 	if command -v python3 >/dev/null 2>&1 && ! python3 -c 'import ensurepip' >/dev/null 2>&1; then \
 	    missing="$$missing python3-venv"; fi; \
+	command -v clang-format >/dev/null 2>&1 || missing="$$missing clang-format"; \
 	if [ -n "$$missing" ]; then \
 	    echo "installing:$$missing"; \
 	    SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
