@@ -95,30 +95,7 @@ static inline int h_run_in(h_run *r, const char *in, const char *const *args)
     int argc = 1;
     for (int i = 0; args[i] && argc < H_ARGS_MAX; i++) argv[argc++] = args[i];
     argv[argc] = NULL;
-    char out[600], err[600];
-    snprintf(out, sizeof out, "%s/h-stdout.txt", kt_tmpdir());
-    snprintf(err, sizeof err, "%s/h-stderr.txt", kt_tmpdir());
-    memset(r, 0, sizeof *r);
-    r->code = -1;
-    fflush(stdout);
-    pid_t pid = fork();
-    if (pid == 0) {
-        int fi = open(in ? in : "/dev/null", O_RDONLY);
-        int fo = open(out, O_WRONLY | O_CREAT | O_TRUNC, 0600);
-        int fe = open(err, O_WRONLY | O_CREAT | O_TRUNC, 0600);
-        if (fi < 0 || fo < 0 || fe < 0) _exit(126);
-        dup2(fi, 0);
-        dup2(fo, 1);
-        dup2(fe, 2);
-        execv(argv[0], (char *const *)argv);
-        _exit(127);
-    }
-    int status = 0;
-    if (pid > 0 && waitpid(pid, &status, 0) == pid && WIFEXITED(status))
-        r->code = WEXITSTATUS(status);
-    r->out = h_slurp(out, NULL);
-    r->err = h_slurp(err, NULL);
-    return r->code;
+    return r->code = kt_run(in, argv, &r->out, &r->err);
 }
 
 #define H_RUN(r, ...)           h_run_in((r), NULL, (const char *const[]){__VA_ARGS__, NULL})

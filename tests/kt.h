@@ -40,6 +40,10 @@ const char *kt_tmpdir(void);
 const char *kt_kiln_bin(void);
 /* 1 when a GPU is usable in this process. */
 int kt_have_gpu(void);
+/* Run argv[0] with argv (NULL-terminated) in a child, stdin from the file `in` (NULL:
+ * /dev/null). Its stdout and stderr are returned in *out and *err (malloc'd, NUL-terminated,
+ * never NULL; the caller frees them). Returns the exit status, -1 if it did not exit. */
+int kt_run(const char *in, const char *const *argv, char **out, char **err);
 
 #define KT__REG(name, gpu)                                                                         \
     static void kt_##name(void);                                                                   \

@@ -166,40 +166,15 @@ KT_TEST(arch_nvrtc_library_refuses)
  * into *out_bytes. Returns the exit status, -1 if it did not exit. */
 static int run_compile(const char *arch, char *err, size_t cap, long *out_bytes)
 {
-    char cache[600], out_path[600], err_path[600];
+    char cache[600];
     snprintf(cache, sizeof cache, "%s/cache", kt_tmpdir());
-    snprintf(out_path, sizeof out_path, "%s/out.txt", kt_tmpdir());
-    snprintf(err_path, sizeof err_path, "%s/err.txt", kt_tmpdir());
     const char *argv[] = {kt_kiln_bin(), "--cache", cache, "compile", "--arch", arch, SPEC, NULL};
-    fflush(stdout);
-    pid_t pid = fork();
-    if (pid == 0) {
-        int fi = open("/dev/null", O_RDONLY);
-        int fo = open(out_path, O_WRONLY | O_CREAT | O_TRUNC, 0600);
-        int fe = open(err_path, O_WRONLY | O_CREAT | O_TRUNC, 0600);
-        if (fi < 0 || fo < 0 || fe < 0) _exit(126);
-        dup2(fi, 0);
-        dup2(fo, 1);
-        dup2(fe, 2);
-        execv(argv[0], (char *const *)argv);
-        _exit(127);
-    }
-    int status = 0, code = -1;
-    if (pid > 0 && waitpid(pid, &status, 0) == pid && WIFEXITED(status)) code = WEXITSTATUS(status);
-    err[0] = 0;
-    FILE *f = fopen(err_path, "r");
-    if (f) {
-        size_t got = fread(err, 1, cap - 1, f);
-        err[got] = 0;
-        fclose(f);
-    }
-    *out_bytes = -1;
-    f = fopen(out_path, "r");
-    if (f) {
-        fseek(f, 0, SEEK_END);
-        *out_bytes = ftell(f);
-        fclose(f);
-    }
+    char *out = NULL, *text = NULL;
+    int code = kt_run(NULL, argv, &out, &text);
+    snprintf(err, cap, "%s", text);
+    *out_bytes = (long)strlen(out);
+    free(out);
+    free(text);
     return code;
 }
 

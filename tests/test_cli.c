@@ -75,37 +75,13 @@ static void write_file(const char *path, const char *text)
  * exit status (also in r->code). */
 static int run_in(cli_run *r, const char *in, const char *const *args)
 {
-    char out_path[600], err_path[600], cache[600];
-    const char *tmp = kt_tmpdir();
-    snprintf(out_path, sizeof out_path, "%s/stdout.txt", tmp);
-    snprintf(err_path, sizeof err_path, "%s/stderr.txt", tmp);
-    snprintf(cache, sizeof cache, "%s/cache", tmp);
+    char cache[600];
+    snprintf(cache, sizeof cache, "%s/cache", kt_tmpdir());
     const char *argv[RUN_ARGS_MAX + 4] = {kt_kiln_bin(), "--cache", cache};
     int argc = 3;
     for (int i = 0; args[i] && argc < RUN_ARGS_MAX; i++) argv[argc++] = args[i];
     argv[argc] = NULL;
-
-    memset(r, 0, sizeof *r);
-    r->code = -1;
-    fflush(stdout);
-    pid_t pid = fork();
-    if (pid == 0) {
-        int fi = open(in ? in : "/dev/null", O_RDONLY);
-        int fo = open(out_path, O_WRONLY | O_CREAT | O_TRUNC, 0600);
-        int fe = open(err_path, O_WRONLY | O_CREAT | O_TRUNC, 0600);
-        if (fi < 0 || fo < 0 || fe < 0) _exit(126);
-        dup2(fi, 0);
-        dup2(fo, 1);
-        dup2(fe, 2);
-        execv(argv[0], (char *const *)argv);
-        _exit(127);
-    }
-    int status = 0;
-    if (pid > 0 && waitpid(pid, &status, 0) == pid && WIFEXITED(status))
-        r->code = WEXITSTATUS(status);
-    r->out = slurp(out_path, NULL);
-    r->err = slurp(err_path, NULL);
-    return r->code;
+    return r->code = kt_run(in, argv, &r->out, &r->err);
 }
 
 #define RUN(r, ...)           run_in((r), NULL, (const char *const[]){__VA_ARGS__, NULL})
