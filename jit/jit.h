@@ -123,9 +123,6 @@ static inline int kiln__variant_has_element_mask(const kiln_variant *v)
 
 /* ---- key (jit/key.c) ------------------------------------------------------------------------ */
 
-/* NVRTC options for an arch, NULL-terminated, static storage. */
-const char *const *kiln__nvrtc_options(const char *arch, int *count);
-
 /* Key material: the exact text that is hashed. malloc'd. */
 kiln_status kiln__key_material(const kiln_variant *v, const kiln__config *cfg, const char *arch,
                                char **material, kiln__err *e);
@@ -144,6 +141,17 @@ typedef struct kiln__compiled {
     int spill_bytes;
     int stack_bytes;
 } kiln__compiled;
+
+/* The options of a compile for an arch, in order: "--gpu-architecture=ARCH", then the fixed
+ * ones. The key material lists exactly these (jit/key.c). v[0] points into arch: use the
+ * struct where it was filled, never a copy. */
+#define KILN__NVRTC_OPTS_MAX 8
+typedef struct kiln__nvrtc_opts {
+    char arch[48];
+    const char *v[KILN__NVRTC_OPTS_MAX];
+    int n;
+} kiln__nvrtc_opts;
+void kiln__nvrtc_options(const char *arch, kiln__nvrtc_opts *out);
 
 kiln_status kiln__nvrtc_compile(const char *source, const char *arch, const char *name,
                                 kiln__compiled *out, kiln__err *e);

@@ -2,27 +2,13 @@
  * key.c — the content-addressed key: XXH3-128 over a printable text (the key material) that
  * names everything that shapes the binary: the key format version, the canonical spec, the
  * tile configuration, the digest of every embedded template byte, the NVRTC version, the exact
- * target arch and the full NVRTC option list.
+ * target arch and the full NVRTC option list (kiln__nvrtc_options, jit/nvrtc.c: the list a
+ * compile passes, word for word).
  */
 #include <stdio.h>
 #include <string.h>
 
 #include "jit.h"
-
-/* Options passed to NVRTC; the arch option is built per call. --prec-div=false: a float
- * division (a snippet's `logits / cap`) compiles to a reciprocal and a multiply, not the IEEE
- * sequence; attention's own divisions (1 / l) need no more. */
-static const char *const base_options[] = {"-std=c++17",  "-minimal",         "--ptxas-options=-v",
-                                           "--fmad=true", "--prec-div=false", NULL};
-
-const char *const *kiln__nvrtc_options(const char *arch, int *count)
-{
-    (void)arch;
-    int n = 0;
-    while (base_options[n]) n++;
-    if (count) *count = n;
-    return base_options;
-}
 
 kiln_status kiln__key_material(const kiln_variant *v, const kiln__config *cfg, const char *arch,
                                char **material, kiln__err *e)
@@ -35,10 +21,10 @@ kiln_status kiln__key_material(const kiln_variant *v, const kiln__config *cfg, c
     kiln__str_printf(
         &s, "kiln-key-format: %d\nspec: %s\nconfig: %s\ntemplates: %s\nnvrtc: %s\narch: %s\n",
         KILN__FORMAT_VERSION, spec, conf, kiln__templates_digest, kiln_nvrtc_version(), arch);
-    kiln__str_printf(&s, "options: --gpu-architecture=%s", arch);
-    int n = 0;
-    const char *const *opts = kiln__nvrtc_options(arch, &n);
-    for (int i = 0; i < n; i++) kiln__str_printf(&s, " %s", opts[i]);
+    kiln__nvrtc_opts opts;
+    kiln__nvrtc_options(arch, &opts);
+    kiln__str_puts(&s, "options:");
+    for (int i = 0; i < opts.n; i++) kiln__str_printf(&s, " %s", opts.v[i]);
     kiln__str_puts(&s, "\n");
     *material = kiln__str_take(&s);
     if (!*material) return kiln__fail(e, KILN_STATUS_NO_MEMORY, "key: out of memory");

@@ -90,6 +90,23 @@ static kiln_status nvrtc_api(kiln__err *e)
     return api_status;
 }
 
+/* ---- options ----------------------------------------------------------------------------- */
+
+/* Passed to every compile after the arch option. --prec-div=false: a float division (a
+ * snippet's `logits / cap`) compiles to a reciprocal and a multiply, not the IEEE sequence;
+ * attention's own divisions (1 / l) need no more. */
+static const char *const base_options[] = {"-std=c++17",  "-minimal",         "--ptxas-options=-v",
+                                           "--fmad=true", "--prec-div=false", NULL};
+
+void kiln__nvrtc_options(const char *arch, kiln__nvrtc_opts *out)
+{
+    snprintf(out->arch, sizeof out->arch, "--gpu-architecture=%s", arch);
+    out->n = 0;
+    out->v[out->n++] = out->arch;
+    for (int i = 0; base_options[i] && out->n < KILN__NVRTC_OPTS_MAX; i++)
+        out->v[out->n++] = base_options[i];
+}
+
 /* ---- version and archs ----------------------------------------------------------------------
  * The version is part of every key, so a cache hit needs it, and the list of archs NVRTC
  * compiles for decides whether an --arch is valid input; asking NVRTC means loading it. A small
@@ -306,13 +323,8 @@ kiln_status kiln__nvrtc_compile(const char *source, const char *arch, const char
                           arch);
     kiln_status lst = nvrtc_api(e);
     if (lst) return lst;
-    int nopt = 0;
-    const char *const *base = kiln__nvrtc_options(arch, &nopt);
-    const char *opts[32];
-    char archopt[48];
-    snprintf(archopt, sizeof archopt, "--gpu-architecture=%s", arch);
-    opts[0] = archopt;
-    for (int i = 0; i < nopt && i < 30; i++) opts[i + 1] = base[i];
+    kiln__nvrtc_opts opts;
+    kiln__nvrtc_options(arch, &opts);
 
     uint64_t t0 = kiln__now_ns();
     nvrtcProgram prog = NULL;
@@ -320,7 +332,7 @@ kiln_status kiln__nvrtc_compile(const char *source, const char *arch, const char
     if (r != NVRTC_SUCCESS)
         return kiln__fail(e, KILN_STATUS_NVRTC, "nvrtc: create program %s failed: %s", name,
                           api.nvrtcGetErrorString(r));
-    nvrtcResult cr = api.nvrtcCompileProgram(prog, nopt + 1, opts);
+    nvrtcResult cr = api.nvrtcCompileProgram(prog, opts.n, opts.v);
     out->compile_ms = (double)(kiln__now_ns() - t0) / 1e6;
 
     size_t logsz = 0;
