@@ -15,13 +15,13 @@ WARN    := -Wall -Wextra -Wpedantic -Werror -Wshadow -Wstrict-prototypes -Wmissi
            -Wformat=2 -Wvla -Wno-format-nonliteral -Wno-format-truncation
 CFLAGS  ?= -O2 -g
 ALLCFLAGS := -std=c11 -D_GNU_SOURCE -fPIC -fvisibility=hidden $(WARN) $(CFLAGS) $(SAN) \
-             -Iinclude -Ijit -Icache -Iruntime -Itools -Itemplates/common -I$(BUILD)/gen -isystem $(CUDA_HOME)/include \
+             -Iinclude -Ijit -Ijit/snippet -Icache -Iruntime -Itools -Itemplates/common -I$(BUILD)/gen -isystem $(CUDA_HOME)/include \
              -isystem /usr/lib/llvm-14/include \
              -DKILN_NVRTC_DEFAULT='"$(CUDA_HOME)/lib64/libnvrtc.so.13"'
 LDLIBS  := -lsqlite3 -ldl -lpthread -lm
 LDFLAGS ?=
 
-LIB_SRC  := $(wildcard jit/*.c) $(wildcard cache/*.c) $(wildcard runtime/*.c)
+LIB_SRC  := $(wildcard jit/*.c jit/snippet/*.c) $(wildcard cache/*.c) $(wildcard runtime/*.c)
 LIB_OBJ  := $(LIB_SRC:%.c=$(BUILD)/obj/%.o) $(BUILD)/obj/gen/templates.o
 TOOL_SRC := tools/kiln.c tools/cli_cmds.c tools/cli_warm.c tools/cli_manifest.c tools/cli_fleet.c \
             tools/cli_safe.c tools/cli_report.c
@@ -73,7 +73,7 @@ deps:
 	else echo "deps: all present"; fi
 	@test -f $(CUDA_HOME)/include/nvrtc.h || { echo "deps: no CUDA toolkit at $(CUDA_HOME) (set CUDA_HOME)"; exit 1; }
 
-$(BUILD)/obj/%.o: %.c $(wildcard include/*.h jit/*.h cache/*.h runtime/*.h tools/*.h tools/bench/*.h tests/*.h templates/common/*.h) $(BUILD)/gen/kiln_gen.h
+$(BUILD)/obj/%.o: %.c $(wildcard include/*.h jit/*.h jit/snippet/*.h cache/*.h runtime/*.h tools/*.h tools/bench/*.h tests/*.h templates/common/*.h) $(BUILD)/gen/kiln_gen.h
 	@mkdir -p $(dir $@)
 	$(CC) $(ALLCFLAGS) -c $< -o $@
 

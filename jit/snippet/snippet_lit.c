@@ -1,6 +1,6 @@
 /*
  * snippet_lit.c — the spelling of a snippet's number literals (part of gate 3 of the validator,
- * jit/snippet.c). clang and NVRTC's front end disagree about literals at the edges: clang takes
+ * snippet.c). clang and NVRTC's front end disagree about literals at the edges: clang takes
  * 1uz, 1z and 0x1p128f (with at most a warning) where NVRTC fails, NVRTC takes 1.0q and 1.0w
  * where clang fails. Rather than chase the two lexers, a literal must match one whitelisted
  * spelling, which both compile the same way:

@@ -1,7 +1,7 @@
 /*
- * snippet_ast.c — gate 5 of the snippet validator (see jit/snippet.c): a walk of the AST under
- * the wrapper's return statement that accepts only the allow-list of docs/variants.md —
- * literals, known names, + - ! ~, arithmetic / comparison / logical / bitwise operators, ?:,
+ * snippet_ast.c — gate 5 of the snippet validator (driver snippet.c, layers in snippet_int.h):
+ * a walk of the AST under the wrapper's return statement that accepts only the allow-list of
+ * docs/variants.md — literals, known names, + - ! ~, arithmetic / comparison / logical / bitwise operators, ?:,
  * parentheses, casts between arithmetic types, calls to the allowed functions, NAME[integer] on
  * array parameters, and the implicit conversions clang inserts (except floating point → integer
  * outside an explicit cast). Every node's type must be arithmetic. Anything else is refused,
@@ -24,14 +24,7 @@
 typedef kiln__snippet_run chk;
 typedef kiln__snippet_tok tok;
 
-static int in_list(const char *const *list, int n, const char *s)
-{
-    for (int i = 0; i < n; i++)
-        if (!strcmp(list[i], s)) return 1;
-    return 0;
-}
-
-#define COUNT(a) ((int)(sizeof(a) / sizeof((a)[0])))
+#define COUNT(a) KILN__COUNT(a)
 
 typedef struct kids {
     CXCursor c[KIDS_MAX];
@@ -265,7 +258,7 @@ static int is_zero(folded f)
 }
 
 /* Operations on constants whose result is undefined, which clang's warnings (turned into
- * errors by the parse, jit/snippet.c) do not all catch: a division or remainder by a constant
+ * errors by the parse, snippet.c) do not all catch: a division or remainder by a constant
  * zero of any type (logits / 0, x / (1 - 1): undefined in C++, and NVRTC only warns), the
  * smallest signed value divided by -1, an operation on finite floating constants whose result
  * is not finite (1e308 * 10.0), and an operation whose operands are constants and whose result
@@ -282,7 +275,8 @@ static kiln_status check_constant_op(chk *w, CXCursor cur, const kids *k, const 
                       "%s by zero is undefined (the right operand of '%s' is a "
                       "constant zero)",
                       op[0] == '/' ? "division" : "remainder", op);
-    if (rhs.kind == FOLD_NONE || !in_list(arith, COUNT(arith), op)) return KILN_STATUS_OK;
+    if (rhs.kind == FOLD_NONE || !kiln__snippet_in_list(arith, COUNT(arith), op))
+        return KILN_STATUS_OK;
     const folded lhs = fold(w, k->c[0]);
     if (lhs.kind == FOLD_NONE) return KILN_STATUS_OK;
     char what[48];
@@ -308,6 +302,30 @@ static kiln_status check_constant_op(chk *w, CXCursor cur, const kids *k, const 
     return KILN_STATUS_OK;
 }
 
+/* The integer types a floating constant may convert to, with the range [lo, hi) that must hold
+ * its value truncated toward zero. */
+static const struct int_range {
+    enum CXTypeKind type;
+    double lo, hi;
+} int_ranges[] = {
+    {CXType_Char_S, -0x1p7, 0x1p7},  {CXType_SChar, -0x1p7, 0x1p7},
+    {CXType_Char_U, 0, 0x1p8},       {CXType_UChar, 0, 0x1p8},
+    {CXType_Short, -0x1p15, 0x1p15}, {CXType_UShort, 0, 0x1p16},
+    {CXType_Int, -0x1p31, 0x1p31},   {CXType_UInt, 0, 0x1p32},
+    {CXType_Long, -0x1p63, 0x1p63},  {CXType_LongLong, -0x1p63, 0x1p63},
+    {CXType_ULong, 0, 0x1p64},       {CXType_ULongLong, 0, 0x1p64},
+};
+
+/* 1 when the finite value v converts to type `to` with a defined result. */
+static int converts(double v, enum CXTypeKind to)
+{
+    if (to == CXType_Float) return !isinf((float)v);
+    for (int i = 0; i < COUNT(int_ranges); i++)
+        if (int_ranges[i].type == to)
+            return trunc(v) >= int_ranges[i].lo && trunc(v) < int_ranges[i].hi;
+    return 1; /* double */
+}
+
 /* A conversion of a floating constant that is undefined (C++ [conv.fpint], [conv.double]): to
  * an integer type that cannot hold its truncated value ((int)1e20f, (unsigned)-1.0f), or to
  * float when it is finite and beyond float's range ((float)1e39, tanhf(1e39)). */
@@ -316,54 +334,15 @@ static kiln_status check_conversion(chk *w, CXCursor cur, CXCursor operand)
     const enum CXTypeKind to = type_of(w, cur);
     if (!is_float(type_of(w, operand)) || to == CXType_Bool || !is_arith(to)) return KILN_STATUS_OK;
     const folded f = fold(w, operand);
-    if (f.kind != FOLD_FLOAT || isnan(f.d) || isinf(f.d)) return KILN_STATUS_OK;
-    const double v = f.d;
-    int ok = 1;
-    switch (to) {
-        case CXType_Float:
-            ok = !isinf((float)v);
-            break;
-        case CXType_Double:
-            break;
-        case CXType_Char_S:
-        case CXType_SChar:
-            ok = v > -129.0 && v < 128.0;
-            break;
-        case CXType_Char_U:
-        case CXType_UChar:
-            ok = v > -1.0 && v < 256.0;
-            break;
-        case CXType_Short:
-            ok = v > -32769.0 && v < 32768.0;
-            break;
-        case CXType_UShort:
-            ok = v > -1.0 && v < 65536.0;
-            break;
-        case CXType_Int:
-            ok = v > -2147483649.0 && v < 2147483648.0;
-            break;
-        case CXType_UInt:
-            ok = v > -1.0 && v < 4294967296.0;
-            break;
-        case CXType_Long:
-        case CXType_LongLong:
-            ok = v >= -0x1p63 && v < 0x1p63;
-            break;
-        case CXType_ULong:
-        case CXType_ULongLong:
-            ok = v > -1.0 && v < 0x1p64;
-            break;
-        default:
-            break;
-    }
-    if (ok) return KILN_STATUS_OK;
+    if (f.kind != FOLD_FLOAT || isnan(f.d) || isinf(f.d) || converts(f.d, to))
+        return KILN_STATUS_OK;
     char what[48], tn[64];
     node_text(w, cur, what);
     type_name(w, cur, tn, sizeof tn);
     return REFUSE(w, start_of(w, cur),
                   "converting '%s' to '%s' is undefined: the constant %g "
                   "does not fit",
-                  what, tn, v);
+                  what, tn, f.d);
 }
 
 static kiln_status walk_binary(chk *w, CXCursor cur, const kids *k, int depth)
@@ -379,7 +358,7 @@ static kiln_status walk_binary(chk *w, CXCursor cur, const kids *k, int depth)
         return REFUSE(w, where,
                       "the comma operator is not allowed (',' only separates a call's "
                       "arguments)");
-    if (!in_list(ok, COUNT(ok), s))
+    if (!kiln__snippet_in_list(ok, COUNT(ok), s))
         return REFUSE(w, where, "binary operator '%s' is not allowed", s);
     kiln_status st = walk(w, k->c[0], depth + 1, 0);
     if (!st) st = walk(w, k->c[1], depth + 1, 0);

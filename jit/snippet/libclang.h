@@ -1,6 +1,6 @@
 /*
- * libclang.h — the part of libclang's C API that the snippet validator (jit/snippet.c) uses,
- * loaded with dlopen on first use (jit/libclang.c), so that nothing links against libclang and
+ * libclang.h — the part of libclang's C API that the snippet validator (jit/snippet/) uses,
+ * loaded with dlopen on first use (libclang.c), so that nothing links against libclang and
  * processes that never see a snippet never load it.
  *
  * The library: $KILN_LIBCLANG when set, else libclang-14.so.1, else libclang.so.1 (the loader's

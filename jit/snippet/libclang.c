@@ -1,6 +1,6 @@
 /*
  * libclang.c — loads libclang with dlopen on first use and resolves the functions that
- * jit/snippet.c calls (see libclang.h). Linking libclang would cost every process its start-up
+ * the snippet validator (jit/snippet/) calls (see libclang.h). Linking libclang would cost every process its start-up
  * and a hard dependency; only snippets need it.
  */
 #include "libclang.h"
