@@ -216,7 +216,7 @@ kiln__snippet_name kiln__snippet_classify(const chk *w, const char *s)
 /* ---- messages ------------------------------------------------------------------------------ */
 
 kiln_status kiln__snippet_refuse_at(kiln__err *e, kiln__snippet_kind kind, const char *text,
-                                   size_t len, size_t off, const char *fmt, ...)
+                                    size_t len, size_t off, const char *fmt, ...)
 {
     if (!e) return KILN_STATUS_PARSE;
     char msg[sizeof e->msg];
@@ -249,7 +249,8 @@ kiln_status kiln__snippet_refuse_at(kiln__err *e, kiln__snippet_kind kind, const
     caret[b++] = '^';
     caret[b] = 0;
     char head[64];
-    int h = snprintf(head, sizeof head, "snippet '%s' 1:%zu: ", kiln__snippet_kind_name(kind), off + 1);
+    int h =
+        snprintf(head, sizeof head, "snippet '%s' 1:%zu: ", kiln__snippet_kind_name(kind), off + 1);
     int room = (int)sizeof e->msg - 1 - h - (int)a - (int)b - 2;
     if (room < 0) room = 0;
     snprintf(e->msg, sizeof e->msg, "%s%.*s\n%s\n%s", head, room, msg, line, caret);
@@ -265,7 +266,6 @@ kiln_status kiln__snippet_refuse(const chk *w, size_t off, const char *fmt, ...)
     va_end(ap);
     return kiln__snippet_refuse_at(w->e, w->kind, w->text, w->len, off, "%s", msg);
 }
-
 
 /* "batch, qo_idx, ..., scale (f32), slopes (f32[])" into out[cap]. */
 void kiln__snippet_list_names(const chk *w, char *out, size_t cap)
@@ -415,4 +415,3 @@ kiln_status kiln__params_check(const kiln_param_decl *params, int num_params, ki
     }
     return KILN_STATUS_OK;
 }
-
