@@ -1,7 +1,11 @@
 /*
  * config.c — the tile configuration of each kernel family, derived from the variant and the
  * target arch only, so that the runtime can recompute the launch geometry of a cached kernel.
- * The shared-memory arithmetic here mirrors decode_layout / prefill_layout in templates/.
+ *
+ * The choices are one table (tile_rows): a row per kernel family x head dim x shared-memory
+ * class, with a one-line reason; the measurements behind the rows are in docs/perf/notes.md
+ * ("Tile configuration: the measurements behind jit/config.c"). KILN_TUNE overrides fields after
+ * the table, then every field is validated.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -9,26 +13,11 @@
 
 #include "jit.h"
 
-enum {
-    DECODE_TILE = 32,  /* keys per warp tile: one per lane */
-    DECODE_MAX_GB = 8, /* query heads per decode CTA (register bound) */
-    MAX_WARPS = 16,
-};
+/* ---- tile constants and shared-memory formulas (the templates' layouts) --------------------- */
 
-int kiln__smem_limit(int sm)
-{
-    switch (sm) {
-        case 80:
-        case 87:
-            return 166912; /* 163 KiB */
-        case 90:
-        case 100:
-        case 103:
-            return 232448; /* 227 KiB */
-        default:
-            return 101376; /* 99 KiB: sm_86, sm_89, sm_120, ... */
-    }
-}
+enum {
+    DECODE_TILE = 32, /* keys per warp tile: one per lane */
+};
 
 static int is_fp8(kiln_dtype t) { return t == KILN_DTYPE_E4M3 || t == KILN_DTYPE_E5M2; }
 
@@ -51,6 +40,157 @@ static int prefill_smem(const kiln_variant *v, int warps, int mt, int bn, int st
     return warps * mt * 16 * d * 2 + 2 * stages * bn * d * es + (fp8 ? 2 * bn * d * 2 : 0) +
            (v->rope ? d / 2 * 4 : 0) + (v->kv == KILN_KV_PAGED ? 2 * bn * 8 : 0);
 }
+
+/* ---- limits --------------------------------------------------------------------------------- */
+
+enum {
+    DECODE_MAX_GB = 8, /* query heads per decode CTA (register bound) */
+    MAX_WARPS = 16,
+};
+
+int kiln__smem_limit(int sm)
+{
+    switch (sm) {
+        case 80:
+        case 87:
+            return 166912; /* 163 KiB */
+        case 90:
+        case 100:
+        case 103:
+            return 232448; /* 227 KiB */
+        default:
+            return 101376; /* 99 KiB: sm_86, sm_89, sm_120, ... */
+    }
+}
+
+/* ---- the table ------------------------------------------------------------------------------ */
+
+/* The kernel families that take tiles from the table (op=merge has no tiles: see
+ * kiln__config_pick). */
+typedef enum family {
+    FAM_PREFILL,       /* prefill.cuh: prefill, batch prefill and append */
+    FAM_PACKED_DECODE, /* prefill.cuh with pack=1: batch decode on tensor cores */
+    FAM_SIMT_DECODE,   /* decode.cuh: decode on CUDA cores */
+} family;
+
+/* Which variants of a family and head dim a row serves. */
+typedef enum when {
+    ANY,           /* all of them */
+    PLAIN,         /* plain attention (prefill_plain), not packed by KILN_TUNE pack=1 */
+    SINGLE_OR_FP8, /* a single request (contiguous KV) or fp8 KV: not a batch of 16-bit KV */
+} when;
+
+/* The shared-memory class a row needs. */
+typedef enum smem_class {
+    ALWAYS, /* the family's last resort: taken whatever it needs (validated afterwards) */
+    FITS,   /* taken only where its shared memory fits the arch's limit, else the next row */
+} smem_class;
+
+typedef struct tile_row {
+    family fam;
+    int head_dim; /* 0: every head dim */
+    when when;
+    smem_class smem;
+    int warps, mt, bn, stages, q_in_regs;
+    const char *why;
+} tile_row;
+
+/* Rows in order of preference: the first row of the variant's family and head dim that serves
+ * it and fits is taken. The shared-memory limits are 99 KiB (sm_86, sm_89, sm_120), 163 KiB
+ * (sm_80, sm_87) and 227 KiB (sm_90, sm_100, sm_103). */
+/* one row a line, in columns */
+/* clang-format off */
+static const tile_row tile_rows[] = {
+    /* family           d    serves         smem    warps mt bn           stages qregs */
+    {FAM_PREFILL,       64,  PLAIN,         ALWAYS, 4,    2, 64,          2,     1,
+     "128-row CTAs halve the K/V fragment loads per MMA; Q stays in registers"},
+    {FAM_PREFILL,       64,  ANY,           ALWAYS, 4,    1, 64,          2,     1,
+     "variants add live registers and would spill at 128 rows: 64 rows"},
+    {FAM_PREFILL,       128, PLAIN,         ALWAYS, 4,    2, 64,          2,     0,
+     "128-row CTAs halve the K/V fragment loads per MMA; Q reloads from shared memory"},
+    {FAM_PREFILL,       128, ANY,           ALWAYS, 4,    1, 64,          2,     1,
+     "variants add live registers and would spill at 128 rows: 64 rows, Q in registers"},
+    {FAM_PREFILL,       256, ANY,           FITS,   8,    1, 64,          2,     0,
+     "each Q fragment reload serves 8 MMAs instead of 4; 192 KiB: 227 KiB parts only"},
+    {FAM_PREFILL,       256, ANY,           ALWAYS, 4,    1, 32,          2,     0,
+     "where 8 warps do not fit: 4 warps, 32-key tiles"},
+    {FAM_PACKED_DECODE, 64,  ANY,           ALWAYS, 1,    1, 32,          3,     1,
+     "one warp of 16 packed rows, small tiles: 4-5 CTAs per SM hide each other's loads"},
+    {FAM_PACKED_DECODE, 128, ANY,           ALWAYS, 1,    1, 32,          3,     1,
+     "one warp of 16 packed rows, small tiles: 4-5 CTAs per SM hide each other's loads"},
+    {FAM_PACKED_DECODE, 256, ANY,           ALWAYS, 1,    1, 16,          2,     0,
+     "as d128 with 16-key tiles, 2 stages: more keys or stages cost CTAs per SM"},
+    {FAM_SIMT_DECODE,   0,   SINGLE_OR_FP8, FITS,   4,    0, DECODE_TILE, 2,     0,
+     "four warps, double-buffered"},
+    {FAM_SIMT_DECODE,   0,   ANY,           FITS,   4,    0, DECODE_TILE, 1,     0,
+     "batches of 16-bit KV: 3 CTAs share an SM; else 4 warps x 1 stage beat 2 warps x 2"},
+    {FAM_SIMT_DECODE,   0,   ANY,           FITS,   2,    0, DECODE_TILE, 1,     0,
+     "where four warps do not fit: two"},
+    {FAM_SIMT_DECODE,   0,   ANY,           ALWAYS, 1,    0, DECODE_TILE, 1,     0,
+     "then one"},
+};
+/* clang-format on */
+
+/* Tensor-core decode: a batch whose group fills a useful part of the m16 MMA rows and divides
+ * them (G in {4, 8, 16}); smaller groups would waste 15/16 or 7/8 of every MMA, and their CUDA-core
+ * kernel reads each K/V row once anyway. 16-bit KV only: fp8 tiles are widened through shared
+ * memory behind a block barrier, which a one-warp CTA pays in full. */
+static int decode_packs(const kiln_variant *v)
+{
+    return v->kv != KILN_KV_CONTIGUOUS && v->group >= 4 && 16 % v->group == 0 &&
+           !is_fp8(v->kv_dtype);
+}
+
+/* Plain attention: no logits transform, window, element mask, RoPE or fp8 conversion, so the
+ * softmax adds no live registers to the MMA loop. */
+static int prefill_plain(const kiln_variant *v)
+{
+    return v->logits == KILN_LOGITS_NONE && !v->window && v->mask_data == KILN_MASK_DATA_NONE &&
+           !v->logits_expr[0] && !v->mask_expr[0] && !v->rope && !is_fp8(v->kv_dtype);
+}
+
+static int row_serves(const tile_row *r, const kiln_variant *v, int pack)
+{
+    switch (r->when) {
+        case PLAIN:
+            return prefill_plain(v) && !pack;
+        case SINGLE_OR_FP8:
+            return v->kv == KILN_KV_CONTIGUOUS || is_fp8(v->kv_dtype);
+        default:
+            return 1;
+    }
+}
+
+/* Shared memory of a row's tiles for v (gb: decode's query heads per CTA). */
+static int row_smem(const tile_row *r, const kiln_variant *v, int gb)
+{
+    return r->fam == FAM_SIMT_DECODE ? decode_smem(v, gb, r->warps, r->stages)
+                                     : prefill_smem(v, r->warps, r->mt, r->bn, r->stages);
+}
+
+/* Copy the table's choice for (fam, v) into c (c->pack and, for decode, c->gb are set). */
+static kiln_status pick_row(family fam, const kiln_variant *v, int smem_limit, kiln__config *c,
+                            kiln__err *e)
+{
+    for (size_t i = 0; i < sizeof tile_rows / sizeof tile_rows[0]; i++) {
+        const tile_row *r = &tile_rows[i];
+        if (r->fam != fam || (r->head_dim && r->head_dim != v->head_dim) ||
+            !row_serves(r, v, c->pack))
+            continue;
+        if (r->smem == FITS && row_smem(r, v, c->gb) > smem_limit) continue;
+        c->warps = r->warps;
+        c->mt = r->mt;
+        c->block_n = r->bn;
+        c->stages = r->stages;
+        c->q_in_regs = r->q_in_regs;
+        return KILN_STATUS_OK;
+    }
+    return kiln__fail(e, KILN_STATUS_UNSUPPORTED,
+                      "config: no tile configuration for %s head_dim=%d", kiln__op_name(v->op),
+                      v->head_dim);
+}
+
+/* ---- overrides and validation --------------------------------------------------------------- */
 
 /* Apply "key=value" overrides from KILN_TUNE. */
 static kiln_status apply_tune(kiln__config *c, kiln__err *e)
@@ -83,71 +223,12 @@ static kiln_status apply_tune(kiln__config *c, kiln__err *e)
     return KILN_STATUS_OK;
 }
 
-/* Tensor-core decode: a batch whose group fills a useful part of the m16 MMA rows and divides
- * them (G in {4, 8, 16}); smaller groups would waste 15/16 or 7/8 of every MMA, and their CUDA-core
- * kernel reads each K/V row once anyway. 16-bit KV only (H200, B64 x 4096 paged, G 4, GB/s
- * tensor / CUDA cores): bf16 d64 3785 / 3553, d128 3990 / 3492, d256 4173 / 3065, but fp8 KV
- * 1199 / 2100 (its tiles are widened through shared memory behind a block barrier, which a
- * one-warp CTA pays in full). */
-static int decode_packs(const kiln_variant *v)
-{
-    return v->kv != KILN_KV_CONTIGUOUS && v->group >= 4 && 16 % v->group == 0 &&
-           !is_fp8(v->kv_dtype);
-}
-
-/* Plain attention: no logits transform, window, element mask, RoPE or fp8 conversion, so the
- * softmax adds no live registers to the MMA loop. */
-static int prefill_plain(const kiln_variant *v)
-{
-    return v->logits == KILN_LOGITS_NONE && !v->window && v->mask_data == KILN_MASK_DATA_NONE &&
-           !v->logits_expr[0] && !v->mask_expr[0] && !v->rope && !is_fp8(v->kv_dtype);
-}
-
 /* The prefill-shaped kernel: prefill, and decode on tensor cores (pack). */
 static kiln_status pick_mma(const kiln_variant *v, int smem_limit, kiln__config *c, kiln__err *e)
 {
     const int d = v->head_dim, decode = v->op == KILN_OP_DECODE;
-    if (decode) {
-        /* One warp of 16 packed rows (G heads of one token) per CTA and small K/V tiles, so
-         * that four or five CTAs per SM hide each other's loads. H200, B64 x 4096 paged bf16
-         * (TB/s): d128 bn 32 / 3 stages 3.98, 2 stages 3.87, 4 stages 2.72 (3 CTAs per SM),
-         * bn 64 / 2 stages 2.75, 2 warps 3.57, 4 warps 3.14 (the extra warps run on empty
-         * rows), CUDA-core decode 3.49; d64 bn 32 / 3 stages 3.79, bn 64 3.21, CUDA cores 3.55;
-         * d256 bn 16 / 2 stages 4.17, bn 16 / 3 stages 2.81, bn 32 / 2 stages 3.34, CUDA cores
-         * 3.07. */
-        c->warps = 1;
-        c->block_n = d > 128 ? 16 : 32;
-        c->stages = d > 128 ? 2 : 3;
-    } else {
-        c->warps = 4;
-        c->block_n = d > 128 ? 32 : 64;
-        c->stages = 2;
-    }
-    c->mt = 1;
-    c->q_in_regs = d <= 128;
-    if (!decode && d > 128 && prefill_smem(v, 8, 1, 64, 2) <= smem_limit) {
-        /* d256 where 8 warps with 64-key tiles fit (sm_90: 192 KiB, one CTA per SM): each Q
-         * fragment reload from shared memory then serves 8 MMAs instead of 4. H200, causal 4096:
-         * 245.4 -> 275.1 TFLOP/s (8 warps, 64 keys, single-buffered: 255.7); no spills in the
-         * variants (soft-cap, ALiBi + window, RoPE, mask data: 247-255 registers). */
-        c->warps = 8;
-        c->block_n = 64;
-    }
-    if (!decode && !c->pack && prefill_plain(v) && d <= 128) {
-        /* Two m16 tiles per warp (128-row CTAs) halve the K/V fragment loads per MMA, which
-         * bound the 64-row kernel on shared-memory bandwidth; Q then leaves the registers at
-         * d128 (ptxas: 255 registers, 24 B spilled). H200, TFLOP/s, same lease, 64-row /
-         * 128-row: d128 causal single request H32, L 1024 158.0 / 141.6, 4096 285.1 / 277.5,
-         * 16384 321.6 / 348.3; ragged batches 16x1024 259.8 / 264.9, 4x4096 312.3 / 330.6,
-         * 1x16384 313.6 / 346.1; paged 16x1024 231.0 / 242.7, 4x4096 279.4 / 304.7, 1x16384
-         * 293.5 / 325.8 (1x1024: 139.6 / 126.9); d64 causal 4096 241.8 / 256.2 (Q stays in
-         * registers, no spill). Packed prefill (KILN_TUNE pack=1) keeps 64 rows. The variants lose with it (logit transforms, masks and windows add live
-         * registers: 80-460 B of spills; soft-cap 250.6 / 227.1) and keep 64 rows. */
-        c->mt = 2;
-        c->q_in_regs = d < 128;
-    }
-    kiln_status st = apply_tune(c, e);
-    if (st) return st;
+    kiln_status st = pick_row(decode ? FAM_PACKED_DECODE : FAM_PREFILL, v, smem_limit, c, e);
+    if (st || (st = apply_tune(c, e))) return st;
     if (c->gb)
         return kiln__fail(e, KILN_STATUS_UNSUPPORTED, "config: %s takes no gb (KILN_TUNE)",
                           decode ? "tensor-core decode" : "prefill");
@@ -169,6 +250,31 @@ static kiln_status pick_mma(const kiln_variant *v, int smem_limit, kiln__config 
     return KILN_STATUS_OK;
 }
 
+/* The CUDA-core decode kernel. */
+static kiln_status pick_simt_decode(const kiln_variant *v, int smem_limit, kiln__config *c,
+                                    kiln__err *e)
+{
+    c->gb = 1; /* the most query heads per CTA that divide the group */
+    for (int g = 1; g <= DECODE_MAX_GB && g <= v->group; g++)
+        if (v->group % g == 0) c->gb = g;
+    kiln_status st = pick_row(FAM_SIMT_DECODE, v, smem_limit, c, e);
+    if (st || (st = apply_tune(c, e))) return st;
+    if (c->block_n != DECODE_TILE || c->mt || c->q_in_regs)
+        return kiln__fail(e, KILN_STATUS_UNSUPPORTED,
+                          "config: decode takes bn=%d only and no mt/qregs (KILN_TUNE)",
+                          DECODE_TILE);
+    c->block_m = c->gb;
+    c->smem_bytes = decode_smem(v, c->gb, c->warps, c->stages);
+    c->merge_threads = v->head_dim;
+    if (c->gb < 1 || v->group % c->gb || c->stages < 1 || c->warps < 1 || c->warps > MAX_WARPS)
+        return kiln__fail(e, KILN_STATUS_UNSUPPORTED,
+                          "config: decode gb=%d stages=%d warps=%d is not valid for group %d",
+                          c->gb, c->stages, c->warps, v->group);
+    return KILN_STATUS_OK;
+}
+
+/* ---- internal API --------------------------------------------------------------------------- */
+
 kiln_status kiln__config_pick(const kiln_variant *v, int sm, kiln__config *c, kiln__err *e)
 {
     memset(c, 0, sizeof *c);
@@ -182,46 +288,16 @@ kiln_status kiln__config_pick(const kiln_variant *v, int sm, kiln__config *c, ki
     memset(c, 0, sizeof *c);
     c->min_blocks = 1;
     c->pack = pack;
-    if (v->op == KILN_OP_MERGE) {
+    if (v->op == KILN_OP_MERGE) { /* one thread per element of a row, no tiles, no KILN_TUNE */
         c->warps = d / 32;
         c->threads = d;
         c->block_m = 1;
         c->merge_threads = d;
         return KILN_STATUS_OK;
     }
-    if (v->op == KILN_OP_DECODE && c->pack) {
-        if ((st = pick_mma(v, limit, c, e))) return st;
-    } else if (v->op == KILN_OP_DECODE) {
-        c->gb = 1;
-        for (int g = 1; g <= DECODE_MAX_GB && g <= v->group; g++)
-            if (v->group % g == 0) c->gb = g;
-        c->block_n = DECODE_TILE;
-        /* Four warps, double-buffered; where that does not fit (d256 on sm_90, d128 on 99 KiB
-         * parts) four single-buffered warps beat two double-buffered ones (measured on H200:
-         * d256 2.7 vs 1.6 TB/s at L_KV 32768), then fewer warps. */
-        c->stages = 2;
-        c->warps = 4;
-        /* Batches of 16-bit KV: single-buffered warps, so that three CTAs (12 warps) share an
-         * SM and hide each other's loads (H200, B64 x 4096 paged: 3.50 vs 3.08 TB/s; a lone
-         * long request loses 9 %, 2.15 vs 2.35). */
-        if (v->kv != KILN_KV_CONTIGUOUS && !is_fp8(v->kv_dtype)) c->stages = 1;
-        if (decode_smem(v, c->gb, c->warps, c->stages) > limit) c->stages = 1;
-        while (c->warps > 1 && decode_smem(v, c->gb, c->warps, c->stages) > limit) c->warps /= 2;
-        if ((st = apply_tune(c, e))) return st;
-        if (c->block_n != DECODE_TILE || c->mt || c->q_in_regs)
-            return kiln__fail(e, KILN_STATUS_UNSUPPORTED,
-                              "config: decode takes bn=%d only and no mt/qregs (KILN_TUNE)",
-                              DECODE_TILE);
-        c->block_m = c->gb;
-        c->smem_bytes = decode_smem(v, c->gb, c->warps, c->stages);
-        c->merge_threads = d;
-        if (c->gb < 1 || v->group % c->gb || c->stages < 1 || c->warps < 1 || c->warps > MAX_WARPS)
-            return kiln__fail(e, KILN_STATUS_UNSUPPORTED,
-                              "config: decode gb=%d stages=%d warps=%d is not valid for group %d",
-                              c->gb, c->stages, c->warps, v->group);
-    } else if ((st = pick_mma(v, limit, c, e))) {
-        return st;
-    }
+    if (v->op == KILN_OP_DECODE && !c->pack) st = pick_simt_decode(v, limit, c, e);
+    else st = pick_mma(v, limit, c, e);
+    if (st) return st;
     c->threads = c->warps * 32;
     if (c->min_blocks < 1 || c->min_blocks * c->threads > 2048)
         return kiln__fail(e, KILN_STATUS_UNSUPPORTED, "config: minb=%d is not valid for %d threads",
