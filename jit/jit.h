@@ -45,7 +45,8 @@ const char *kiln__logits_name(kiln_logits l);
 /* Normalise an arch name: "sm_90" → "sm_90a" (Hopper's arch-specific target), "90" → "sm_90a",
  * "sm_80" stays. A target NVRTC offers below sm_80 (sm_75) → KILN_STATUS_UNSUPPORTED; any other
  * refused name (not of the form, no such target) → KILN_STATUS_INVALID_ARGUMENT, with the archs
- * NVRTC offers in the message. Checks the form only: see kiln__arch_offered. out has 16 bytes. */
+ * NVRTC offers in the message. Checks the form only, asking NVRTC (its memo) about a refused
+ * name alone; whether NVRTC offers an accepted one is kiln__arch_offered's. out has 16 bytes. */
 kiln_status kiln__arch_normalize(const char *in, char out[16], kiln__err *e);
 /* Compute capability * 10 of a normalised arch ("sm_90a" → 90). */
 int kiln__arch_sm(const char *arch);
@@ -65,27 +66,31 @@ kiln_status kiln__arch_offered(const char *arch, kiln__err *e);
 /* Everything about a kernel's launch geometry that the source bakes in; derived only from the
  * variant and the arch, so the runtime can recompute it for a cached kernel. */
 typedef struct kiln__config {
-    int threads;       /* threads per block of the main kernel */
-    int smem_bytes;    /* dynamic shared memory of the main kernel */
-    int block_m;       /* prefill: query rows per CTA; decode: query heads per CTA (= G) */
-    int block_n;       /* KV tokens per tile */
+    int threads;       /* threads per block of the main kernel (op=merge: of its three kernels) */
+    int smem_bytes;    /* dynamic shared memory of the main kernel (op=merge: 0) */
+    int block_m;       /* the tensor-core kernel (prefill.cuh): rows per CTA, warps * mt * 16;
+                          CUDA-core decode: query heads per CTA (= gb); op=merge: 1 */
+    int block_n;       /* KV tokens per tile (CUDA-core decode: 32, one per lane) */
     int warps;         /* warps per CTA */
     int stages;        /* KV tile pipeline depth */
-    int mt;            /* prefill: m16 tiles per warp */
-    int q_in_regs;     /* prefill: keep Q fragments in registers */
-    int gb;            /* decode: query heads per CTA (divides G) */
+    int mt;            /* tensor-core kernel: m16 tiles per warp (else 0) */
+    int q_in_regs;     /* tensor-core kernel: keep Q fragments in registers */
+    int gb;            /* CUDA-core decode: query heads per CTA, dividing G (else 0) */
     int min_blocks;    /* CTAs per SM the register budget targets (__launch_bounds__) */
-    int merge_threads; /* decode: threads of the split-merge kernel */
-    int pack;          /* batches: the G query heads of a token are G rows of one CTA tile; for
-                          decode this is the tensor-core kernel (prefill.cuh), else CUDA cores */
+    int merge_threads; /* threads of the split-merge kernel: decode and batches (0 for a
+                          single-request prefill); op=merge: D */
+    int pack;          /* the G query heads of a token are G rows of one CTA tile: for decode
+                          this is the tensor-core kernel (prefill.cuh), else CUDA cores */
 } kiln__config;
 
 /* Largest dynamic shared memory per block on an arch (bytes). */
 int kiln__smem_limit(int sm);
 
-/* Pick the tile configuration. The environment variable KILN_TUNE ("warps=8 mt=2 bn=64
- * stages=3 qregs=0 minb=2") overrides fields for tuning; the config is part of the key material, so
- * an override never aliases a cached kernel. Fails when the override does not fit. */
+/* Pick the tile configuration for a checked variant: the table in jit/config.c, then the
+ * environment variable KILN_TUNE ("warps=8 mt=2 bn=64 stages=3 qregs=0 minb=2", also gb= and
+ * pack=), which overrides fields for tuning (op=merge takes none but pack); the config is part of
+ * the key material, so an override never aliases a cached kernel. Fails when an override is
+ * malformed or does not fit. */
 kiln_status kiln__config_pick(const kiln_variant *v, int sm, kiln__config *cfg, kiln__err *e);
 /* One-line text of a config (part of the key material). */
 void kiln__config_format(const kiln__config *cfg, char *buf, size_t cap);
@@ -105,8 +110,9 @@ extern const char kiln__templates_digest[]; /* 32 hex chars of XXH3-128 over nam
 kiln_status kiln__expand(const kiln_variant *v, const kiln__config *cfg, const char *arch,
                          char **source, kiln__err *e);
 
-/* Entry point names in the generated modules: main (all), merge (decode), tile map (prefill
- * with a mask snippet or mask data). */
+/* Entry point names in the generated modules: main (every op but merge), merge (decode and
+ * batches, kv=ragged|paged), tile map (prefill with a mask snippet or mask data); op=merge has
+ * the three merge-state kernels instead of main. */
 #define KILN__ENTRY_MAIN           "kiln_main"
 #define KILN__ENTRY_MERGE          "kiln_merge"
 #define KILN__ENTRY_TILE_MAP       "kiln_tile_map"
@@ -153,10 +159,14 @@ typedef struct kiln__nvrtc_opts {
 } kiln__nvrtc_opts;
 void kiln__nvrtc_options(const char *arch, kiln__nvrtc_opts *out);
 
+/* Compile source (name: the program's name in NVRTC's messages) for a normalised arch with
+ * kiln__nvrtc_options; out gets the cubin, the log and the main entry's resources. Release out
+ * with kiln__compiled_free, after a failure too: a failed compile leaves its log there. */
 kiln_status kiln__nvrtc_compile(const char *source, const char *arch, const char *name,
                                 kiln__compiled *out, kiln__err *e);
 void kiln__compiled_free(kiln__compiled *c);
-/* The compute capabilities (e.g. 90) NVRTC can target, into sms[cap]. Loads NVRTC. */
+/* The compute capabilities (e.g. 90) NVRTC can target, into sms[cap]: from the version memo
+ * when it has the list, else from NVRTC (which is then loaded). */
 kiln_status kiln__nvrtc_archs(int *sms, int cap, int *count, kiln__err *e);
 /* Parse ptxas' "-v" report for the entry `func` out of log; without that entry, the largest
  * figures of any entry (registers -1 when the log has no report at all). */

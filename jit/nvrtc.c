@@ -1,7 +1,9 @@
 /*
  * nvrtc.c — compiles one generated source to a cubin with NVRTC for a named arch, capturing
  * the NVRTC log (which carries ptxas' -v resource report) and parsing registers, shared
- * memory, spills and stack of the main entry out of it.
+ * memory, spills and stack of the main entry out of it. It owns the option list (which the key
+ * material repeats, jit/key.c), NVRTC's version and arch list with their memo file, and loads
+ * the library with dlopen. kiln_version (the library's own version) lives here too.
  */
 #include <dlfcn.h>
 #include <errno.h>

@@ -10,7 +10,7 @@
  * only when present, by
  *   kv=paged rope=1 mask_data=bitmask params=scale:f32,slopes:f32[] logits_expr="..." mask_expr="..."
  * Snippet values are quoted, with \" and \\ as the only escapes, and may hold blanks; the
- * parser canonicalises them (jit/snippet.c: libclang), so a parsed spec carries canonical
+ * parser canonicalises them (jit/snippet/: libclang), so a parsed spec carries canonical
  * snippet text. Since format(parse(s)) == s for every canonical s and parse(format(v)) == v for
  * every valid v whose snippets are canonical, the canonical spec stands for the variant in keys,
  * cache rows and messages.
