@@ -117,7 +117,7 @@ static const tile_row tile_rows[] = {
     {FAM_PACKED_DECODE, 64,  ANY,           ALWAYS, 1,    1, 32,          3,     1,
      "one warp of 16 packed rows, small tiles: 4-5 CTAs per SM hide each other's loads"},
     {FAM_PACKED_DECODE, 128, ANY,           ALWAYS, 1,    1, 32,          3,     1,
-     "one warp of 16 packed rows, small tiles: 4-5 CTAs per SM hide each other's loads"},
+     "as d64: measured best at both; 2 warps or 64-key tiles lose CTAs per SM"},
     {FAM_PACKED_DECODE, 256, ANY,           ALWAYS, 1,    1, 16,          2,     0,
      "as d128 with 16-key tiles, 2 stages: more keys or stages cost CTAs per SM"},
     {FAM_SIMT_DECODE,   0,   SINGLE_OR_FP8, FITS,   4,    0, DECODE_TILE, 2,     0,
