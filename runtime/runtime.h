@@ -15,6 +15,29 @@
 
 #define KILN__MEMO_BUCKETS 1024
 
+/* Invariant checks: a condition the code itself guarantees (a schedule record inside its
+ * request, a workspace offset inside the size asked for), never a check of the caller's input,
+ * which returns a status with a message. Compiled in by default (the build the tests use); a
+ * release build (`make RELEASE=1`, -DNDEBUG) compiles them out. A failed check is a bug in
+ * kiln: it prints file:line and the condition (KILN__ASSERT_LE: and both values) on stderr
+ * and aborts, the one place the library may end the process. The condition is not evaluated
+ * in a release build, so it must have no side effect. */
+#ifdef NDEBUG
+#define KILN__ASSERT(cond)    ((void)sizeof(!(cond)))
+#define KILN__ASSERT_LE(a, b) ((void)sizeof((a) <= (b)))
+#else
+#define KILN__ASSERT(cond) ((cond) ? (void)0 : kiln__assert_fail(__FILE__, __LINE__, #cond, NULL))
+#define KILN__ASSERT_LE(a, b)                                                                      \
+    ((int64_t)(a) <= (int64_t)(b)                                                                  \
+         ? (void)0                                                                                 \
+         : kiln__assert_fail_le(__FILE__, __LINE__, #a " <= " #b, (int64_t)(a), (int64_t)(b)))
+#endif
+/* Print "kiln: file:line: invariant failed: cond" and abort (ctx.c). */
+_Noreturn void kiln__assert_fail(const char *file, int line, const char *cond, const char *more);
+/* The same with both sides of a <= b: "(lhs vs rhs)". */
+_Noreturn void kiln__assert_fail_le(const char *file, int line, const char *cond, int64_t a,
+                                    int64_t b);
+
 struct kiln_kernel {
     kiln_ctx *ctx;
     kiln_variant v;     /* the variant built (snippets canonical) */
