@@ -721,11 +721,9 @@ kiln_status kiln_batch_run(kiln_plan *pl, const kiln_batch_args *a, void *stream
                        (unsigned long long)pl->ws, pl->lay.bytes),
             &e);
     kiln_launch_params p;
-    kiln_status st = kiln__batch_prepare(k, a, pl->H, pl->o.bsr_r, pl->o.bsr_c, &p, &e);
+    kiln_status st =
+        kiln__batch_prepare(k, a, pl->H, pl->o.page_size, pl->o.bsr_r, pl->o.bsr_c, &p, &e);
     if (st) return plan_fail(pl, st, &e);
-    p.num_qo_heads = pl->H;
-    p.num_kv_heads = pl->H / k->v.group;
-    p.page_size = pl->o.page_size;
     p.work = pl->ws;
     p.items_off = pl->lay.items_off;
     p.reqs_off = pl->lay.reqs_off;
@@ -733,46 +731,6 @@ kiln_status kiln_batch_run(kiln_plan *pl, const kiln_batch_args *a, void *stream
     p.slot_rows = pl->rows;
     p.partial_lse = pl->ws + pl->lay.plse_off;
     p.partial_o = pl->ws + pl->lay.po_off;
-    if (k->v.kv == KILN_KV_PAGED) {
-        const int nhd = k->v.layout == KILN_LAYOUT_NHD, ps = pl->o.page_size, D = pl->D,
-                  HK = pl->H / k->v.group;
-        p.k_stride_n = a->k_stride_n ? a->k_stride_n : nhd ? (int64_t)HK * D : D;
-        p.k_stride_h = a->k_stride_h ? a->k_stride_h : nhd ? D : (int64_t)ps * D;
-        p.k_stride_page = a->k_stride_page ? a->k_stride_page : (int64_t)ps * HK * D;
-        p.v_stride_n = a->v_stride_n ? a->v_stride_n : nhd ? (int64_t)HK * D : D;
-        p.v_stride_h = a->v_stride_h ? a->v_stride_h : nhd ? D : (int64_t)ps * D;
-        p.v_stride_page = a->v_stride_page ? a->v_stride_page : (int64_t)ps * HK * D;
-        if (!a->kv_indices || a->kv_indices % 4)
-            return plan_fail(pl,
-                             kiln__fail(&e, KILN_STATUS_INVALID_ARGUMENT,
-                                        "run %s: kv=paged needs kv_indices (int32, 4-byte aligned)",
-                                        k->spec),
-                             &e);
-        p.kv_indices = a->kv_indices;
-    } else {
-        const int D = pl->D, HK = pl->H / k->v.group;
-        p.k_stride_n = a->k_stride_n ? a->k_stride_n : (int64_t)HK * D;
-        p.k_stride_h = a->k_stride_h ? a->k_stride_h : D;
-        p.v_stride_n = a->v_stride_n ? a->v_stride_n : (int64_t)HK * D;
-        p.v_stride_h = a->v_stride_h ? a->v_stride_h : D;
-    }
-    const int es = k->v.kv_dtype == KILN_DTYPE_E4M3 || k->v.kv_dtype == KILN_DTYPE_E5M2 ? 1 : 2;
-    const int64_t align = 16 / es;
-    if ((p.k_stride_n | p.k_stride_h | p.k_stride_page | p.v_stride_n | p.v_stride_h |
-         p.v_stride_page) %
-        align)
-        return plan_fail(
-            pl,
-            kiln__fail(&e, KILN_STATUS_INVALID_ARGUMENT,
-                       "run %s: k/v strides must be multiples of %lld elements (16 bytes)", k->spec,
-                       (long long)align),
-            &e);
-    if (k->v.rope && a->rope_offsets % 4)
-        return plan_fail(pl,
-                         kiln__fail(&e, KILN_STATUS_INVALID_ARGUMENT,
-                                    "run %s: rope_offsets must be 4-byte aligned", k->spec),
-                         &e);
-    p.rope_offsets = k->v.rope ? a->rope_offsets : 0;
     if (pl->grid == 0) return KILN_STATUS_OK; /* an empty batch (eager mode) */
 
     const kiln__cu *cu = k->ctx->cu;

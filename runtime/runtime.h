@@ -101,9 +101,11 @@ void kiln__ctx_policy_free(kiln_ctx *ctx);
 /* Append "<spec> arch=<arch>" to the record manifest (one write, O_APPEND). */
 kiln_status kiln__ctx_record(kiln_ctx *ctx, const char *spec, const char *arch, kiln__err *e);
 
-/* The parameter block of a batch run (launch.c): argument checks and run-time values. */
-kiln_status kiln__batch_prepare(kiln_kernel *k, const kiln_batch_args *a, int H, int bsr_r,
-                                int bsr_c, kiln_launch_params *p, kiln__err *e);
+/* The parameter block of a batch run of H query heads (launch.c): the argument checks and
+ * run-time values of a single request, the KV strides of the storage, the page table and the
+ * RoPE offsets; batch.c adds the schedule. The error is left in e, not recorded. */
+kiln_status kiln__batch_prepare(kiln_kernel *k, const kiln_batch_args *a, int H, int page_size,
+                                int bsr_r, int bsr_c, kiln_launch_params *p, kiln__err *e);
 
 /* Tests: a plan that schedules into host memory only, for a kernel that need not be loaded,
  * on a device of `sms` SMs running `ctas_per_sm` CTAs each; and its last schedule (ints: header
