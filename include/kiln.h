@@ -33,6 +33,15 @@
 #define KILN_API
 #endif
 
+/* KILN_DEPRECATED marks a name kept for one release after its rename (see "Deprecated names" at
+ * the end). Silent by default; define KILN_WARN_DEPRECATED before including kiln.h to have the
+ * compiler warn at each use. */
+#if defined(KILN_WARN_DEPRECATED) && (defined(__GNUC__) || defined(__clang__))
+#define KILN_DEPRECATED(use) __attribute__((deprecated("use " use)))
+#else
+#define KILN_DEPRECATED(use)
+#endif
+
 #ifdef __cplusplus
 extern "C" {
 #endif
@@ -101,7 +110,7 @@ typedef enum kiln_kv_storage {
     KILN_KV_CONTIGUOUS =
         0, /* one request (kiln_single_*): k, v [L_KV, H_KV, D] or [H_KV, L_KV, D] */
     KILN_KV_RAGGED =
-        1, /* a batch (kiln_batch_plan / kiln_batch_run): k, v [total_kv, H_KV, D] (or HND
+        1, /* a batch (kiln_plan_schedule / kiln_plan_run): k, v [total_kv, H_KV, D] (or HND
                                via strides); request b owns rows kv_indptr[b] .. kv_indptr[b+1] */
     KILN_KV_PAGED = 2, /* a batch: a pool of pages, nhd [pages, page_size, H_KV, D] or hnd
                                [pages, H_KV, page_size, D]; request b owns pages
@@ -256,7 +265,7 @@ typedef struct kiln_attn_args {
     kiln_devptr bsr_indices;        /* mask_data=bsr: int32 column-block indices */
     int bsr_r, bsr_c;               /* mask_data=bsr: block rows and columns (>= 1) */
     kiln_devptr tile_map;           /* prefill with a mask snippet or mask data: uint8 tile classes
-                                written by kiln_prefill_mask_plan (0: none; every tile then
+                                written by kiln_prefill_tile_map (0: none; every tile then
                                 evaluates the mask per element) */
     size_t tile_map_bytes;          /* size of tile_map */
     kiln_devptr workspace;          /* decode split-KV partials; see kiln_decode_workspace_size */
@@ -389,8 +398,8 @@ KILN_API kiln_status kiln_single_prefill(kiln_kernel *k, const kiln_attn_args *a
 
 /* Prefill variants with a mask snippet or mask data: bytes of the tile map for this shape
  * (one byte per query tile x key tile). */
-KILN_API kiln_status kiln_prefill_mask_plan_size(const kiln_kernel *k, int qo_len, int kv_len,
-                                                 size_t *bytes);
+KILN_API kiln_status kiln_prefill_tile_map_size(const kiln_kernel *k, int qo_len, int kv_len,
+                                                size_t *bytes);
 
 /* Evaluate the mask once per tile on the GPU (a kernel generated with the variant) and write
  * a->tile_map: 0 = every key of the tile hidden (the tile is skipped), 2 = every key visible
@@ -399,7 +408,7 @@ KILN_API kiln_status kiln_prefill_mask_plan_size(const kiln_kernel *k, int qo_le
  * window_left (hidden tiles are skipped, so a stale map can hide visible keys) and, for a
  * snippet that reads a head index, num_qo_heads. Asynchronous on stream;
  * allocates nothing. */
-KILN_API kiln_status kiln_prefill_mask_plan(kiln_kernel *k, const kiln_attn_args *a, void *stream);
+KILN_API kiln_status kiln_prefill_tile_map(kiln_kernel *k, const kiln_attn_args *a, void *stream);
 
 /* ---------------------------------------------------------------------------------------------
  * Batches: plan on the host, run on the stream (kv=ragged or kv=paged variants)
@@ -469,10 +478,11 @@ typedef struct kiln_batch_shape {
 /* Plan a batch: validates the arrays (every problem names the request and the value), picks
  * the split, writes the schedule to the workspace with one async copy on stream, and returns.
  * A request with no keys gets o = 0 and lse = -inf; with no rows, nothing. */
-KILN_API kiln_status kiln_batch_plan(kiln_plan *plan, const kiln_batch_shape *shape,
-                                     kiln_devptr workspace, size_t workspace_bytes, void *stream);
+KILN_API kiln_status kiln_plan_schedule(kiln_plan *plan, const kiln_batch_shape *shape,
+                                        kiln_devptr workspace, size_t workspace_bytes,
+                                        void *stream);
 
-/* What the last kiln_batch_plan decided (for tests, benchmarks and `kiln check`). */
+/* What the last kiln_plan_schedule decided (for tests, benchmarks and `kiln check`). */
 typedef struct kiln_plan_info {
     int batch;             /* requests */
     int items;             /* work items (request x query tile x key chunk) */
@@ -501,7 +511,7 @@ typedef struct kiln_batch_args {
                                                       H_KV*D, D; hnd: H_KV*page_size*D, D,
                                                       page_size*D; ragged: -, H_KV*D, D */
     int64_t v_stride_page, v_stride_n, v_stride_h;
-    kiln_devptr workspace; /* the one given to kiln_batch_plan */
+    kiln_devptr workspace; /* the one given to kiln_plan_schedule */
     size_t workspace_bytes;
     kiln_params params;
     /* Mask data, per request, in request order (decode: L_Q = 1 per request):
@@ -518,7 +528,7 @@ typedef struct kiln_batch_args {
 
 /* Run the planned batch on stream: no allocation, no synchronisation, no host reads of device
  * memory. Safe to capture in a CUDA graph. */
-KILN_API kiln_status kiln_batch_run(kiln_plan *plan, const kiln_batch_args *a, void *stream);
+KILN_API kiln_status kiln_plan_run(kiln_plan *plan, const kiln_batch_args *a, void *stream);
 
 /* ---- softmax states ----
  * A state is (v [n, H, D] in the kernel's dtype, lse [n, H] float, natural log) from any
@@ -543,6 +553,29 @@ KILN_API kiln_status kiln_merge_state(kiln_kernel *k, const kiln_merge_args *a, 
 KILN_API kiln_status kiln_merge_state_in_place(kiln_kernel *k, const kiln_merge_args *a,
                                                void *stream);
 KILN_API kiln_status kiln_merge_states(kiln_kernel *k, const kiln_merge_args *a, void *stream);
+
+/* ---------------------------------------------------------------------------------------------
+ * Deprecated names (kiln 0.1; removed in 0.2)
+ *
+ * A plan's verbs were split between kiln_plan_* and kiln_batch_*, and the tile map was called
+ * the "mask plan" although it is no kiln_plan. The old names still link (libkiln.so exports
+ * them) and do exactly what the new ones do; new code uses the new names.
+ * ------------------------------------------------------------------------------------------- */
+
+/* = kiln_plan_schedule */
+KILN_API kiln_status kiln_batch_plan(kiln_plan *plan, const kiln_batch_shape *shape,
+                                     kiln_devptr workspace, size_t workspace_bytes, void *stream)
+    KILN_DEPRECATED("kiln_plan_schedule");
+/* = kiln_plan_run */
+KILN_API kiln_status kiln_batch_run(kiln_plan *plan, const kiln_batch_args *a, void *stream)
+    KILN_DEPRECATED("kiln_plan_run");
+/* = kiln_prefill_tile_map_size */
+KILN_API kiln_status kiln_prefill_mask_plan_size(const kiln_kernel *k, int qo_len, int kv_len,
+                                                 size_t *bytes)
+    KILN_DEPRECATED("kiln_prefill_tile_map_size");
+/* = kiln_prefill_tile_map */
+KILN_API kiln_status kiln_prefill_mask_plan(kiln_kernel *k, const kiln_attn_args *a, void *stream)
+    KILN_DEPRECATED("kiln_prefill_tile_map");
 
 /* ---------------------------------------------------------------------------------------------
  * Versions

@@ -1,13 +1,13 @@
 /*
  * batch.c — plan / run for batch kernels (kv=ragged, kv=paged).
  *
- * kiln_batch_plan turns CPU copies of the index arrays into a schedule of work items (request,
+ * kiln_plan_schedule turns CPU copies of the index arrays into a schedule of work items (request,
  * query tile, key chunk): it picks the key chunk that minimises an estimate of the makespan
  * over the device's CTA slots, cuts each request's keys into such chunks, gives every item of
  * a split query tile a partial-state slot and the tile a merge task, orders items from the
  * heaviest down (the hardware dispatches CTAs in blockIdx order, so this is a list schedule),
  * and copies the schedule into the caller's workspace with one cuMemcpyHtoDAsync from a
- * pinned buffer. kiln_batch_run fills the parameter block and launches the main kernel and,
+ * pinned buffer. kiln_plan_run fills the parameter block and launches the main kernel and,
  * when anything may be split, the merge kernel: pure host arithmetic and two launches.
  *
  * Workspace (offsets fixed by the plan's bounds, so a graph-mode run keeps them): an int
@@ -55,8 +55,8 @@ struct kiln_plan {
     layout lay;
     kiln_devptr ws;
     size_t ws_bytes;
-    int planned;
-    int host_only; /* tests: schedule into plain host memory, no device (kiln__plan_host) */
+    int scheduled; /* 1 once a schedule was written: run and describe need one */
+    int host_only; /* tests: schedule into plain host memory, no device (kiln__plan_create_host) */
     /* host staging */
     int *host; /* pinned: HOST_RING buffers of host_ints each */
     size_t host_ints;
@@ -214,8 +214,8 @@ kiln_status kiln_plan_create(kiln_kernel *k, const kiln_plan_opts *opts, kiln_pl
     return KILN_STATUS_OK;
 }
 
-kiln_status kiln__plan_host(kiln_kernel *k, const kiln_plan_opts *opts, int sms, int ctas_per_sm,
-                            kiln_plan **out)
+kiln_status kiln__plan_create_host(kiln_kernel *k, const kiln_plan_opts *opts, int sms,
+                                   int ctas_per_sm, kiln_plan **out)
 {
     *out = NULL;
     kiln_status st = opts_check(k, opts, kiln__tls_err());
@@ -226,7 +226,8 @@ kiln_status kiln__plan_host(kiln_kernel *k, const kiln_plan_opts *opts, int sms,
     return KILN_STATUS_OK;
 }
 
-const int *kiln__plan_schedule(const kiln_plan *pl, int *items_off, int *reqs_off, int *tasks_off)
+const int *kiln__plan_last_schedule(const kiln_plan *pl, int *items_off, int *reqs_off,
+                                    int *tasks_off)
 {
     *items_off = pl->lay.items_off;
     *reqs_off = pl->lay.reqs_off;
@@ -288,9 +289,9 @@ kiln_status kiln_plan_describe(const kiln_plan *pl, kiln_plan_info *out)
     if (!pl || !out)
         return kiln__fail(kiln__tls_err(), KILN_STATUS_INVALID_ARGUMENT,
                           "plan describe: NULL argument");
-    if (!pl->planned)
+    if (!pl->scheduled)
         return kiln__fail(kiln__tls_err(), KILN_STATUS_INVALID_ARGUMENT,
-                          "plan describe: nothing planned yet");
+                          "plan describe: nothing scheduled yet (kiln_plan_schedule)");
     *out = pl->info;
     return KILN_STATUS_OK;
 }
@@ -643,7 +644,7 @@ static kiln_status upload(kiln_plan *pl, const layout *L, const int *w, int ntas
     return KILN_STATUS_OK;
 }
 
-/* What kiln_batch_run needs of this schedule, and what kiln_plan_describe reports. */
+/* What kiln_plan_run needs of this schedule, and what kiln_plan_describe reports. */
 static void keep(kiln_plan *pl, const layout *L, int B, const sched_counts *n, int64_t chunk,
                  kiln_devptr workspace, size_t workspace_bytes)
 {
@@ -665,13 +666,13 @@ static void keep(kiln_plan *pl, const layout *L, int B, const sched_counts *n, i
                                 .merge_tasks = n->tasks,
                                 .max_item_keys = n->longest,
                                 .total_keys = n->total_keys};
-    pl->planned = 1;
+    pl->scheduled = 1;
 }
 
 /* check the shape → lay out the workspace → list the query tiles → choose the split → stage →
  * write requests, items and tasks → upload → keep. */
-kiln_status kiln_batch_plan(kiln_plan *pl, const kiln_batch_shape *s, kiln_devptr workspace,
-                            size_t workspace_bytes, void *stream)
+kiln_status kiln_plan_schedule(kiln_plan *pl, const kiln_batch_shape *s, kiln_devptr workspace,
+                               size_t workspace_bytes, void *stream)
 {
     kiln__err e = {{0}};
     if (!pl) return kiln__fail(kiln__tls_err(), KILN_STATUS_INVALID_ARGUMENT, "plan: NULL plan");
@@ -700,16 +701,16 @@ kiln_status kiln_batch_plan(kiln_plan *pl, const kiln_batch_shape *s, kiln_devpt
     return KILN_STATUS_OK;
 }
 
-kiln_status kiln_batch_run(kiln_plan *pl, const kiln_batch_args *a, void *stream)
+kiln_status kiln_plan_run(kiln_plan *pl, const kiln_batch_args *a, void *stream)
 {
     kiln__err e = {{0}};
     if (!pl || !a)
         return kiln__fail(kiln__tls_err(), KILN_STATUS_INVALID_ARGUMENT, "run: NULL plan or args");
     kiln_kernel *k = pl->k;
-    if (!pl->planned)
+    if (!pl->scheduled)
         return plan_fail(pl,
                          kiln__fail(&e, KILN_STATUS_INVALID_ARGUMENT,
-                                    "run %s: no kiln_batch_plan yet", k->spec),
+                                    "run %s: nothing scheduled yet (kiln_plan_schedule)", k->spec),
                          &e);
     if (a->workspace != pl->ws || a->workspace_bytes < pl->lay.bytes)
         return plan_fail(
@@ -752,4 +753,17 @@ kiln_status kiln_batch_run(kiln_plan *pl, const kiln_batch_args *a, void *stream
     if (r != CUDA_SUCCESS)
         return plan_fail(pl, kiln__cu_fail(&e, r, "run %s: launch", k->spec), &e);
     return KILN_STATUS_OK;
+}
+
+/* ---- deprecated names (kiln.h): the same functions under their 0.1 names ------------------ */
+
+kiln_status kiln_batch_plan(kiln_plan *pl, const kiln_batch_shape *s, kiln_devptr workspace,
+                            size_t workspace_bytes, void *stream)
+{
+    return kiln_plan_schedule(pl, s, workspace, workspace_bytes, stream);
+}
+
+kiln_status kiln_batch_run(kiln_plan *pl, const kiln_batch_args *a, void *stream)
+{
+    return kiln_plan_run(pl, a, stream);
 }

@@ -38,8 +38,8 @@ static kiln_status check_kernel(const kiln_kernel *k, kiln_op op, int batch, con
     if (!batch && v->kv != KILN_KV_CONTIGUOUS)
         return kiln__fail(
             e, KILN_STATUS_INVALID_ARGUMENT,
-            "%s: kernel %s is a batch kernel (kv=%s): use kiln_plan_create, kiln_batch_plan "
-            "and kiln_batch_run",
+            "%s: kernel %s is a batch kernel (kv=%s): use kiln_plan_create, kiln_plan_schedule "
+            "and kiln_plan_run",
             what, k->spec, kiln__kv_name(v->kv));
     if (!k->loaded)
         return kiln__fail(
@@ -199,7 +199,7 @@ static kiln_status fill_mask(const kiln_kernel *k, const kiln_attn_args *a, kiln
             if (a->tile_map_bytes < need)
                 return kiln__fail(e, KILN_STATUS_WORKSPACE,
                                   "%s %s: tile_map holds %zu bytes, the shape needs %zu "
-                                  "(kiln_prefill_mask_plan_size)",
+                                  "(kiln_prefill_tile_map_size)",
                                   what, k->spec, a->tile_map_bytes, need);
             p->tile_map = a->tile_map;
         }
@@ -443,18 +443,18 @@ kiln_status kiln_single_prefill(kiln_kernel *k, const kiln_attn_args *a, void *s
     return launched(k, r, "single prefill", &e);
 }
 
-kiln_status kiln_prefill_mask_plan_size(const kiln_kernel *k, int qo_len, int kv_len, size_t *bytes)
+kiln_status kiln_prefill_tile_map_size(const kiln_kernel *k, int qo_len, int kv_len, size_t *bytes)
 {
     kiln__err e;
     if (!k || !bytes)
         return kiln__fail(kiln__tls_err(), KILN_STATUS_INVALID_ARGUMENT,
-                          "mask plan size: NULL argument");
+                          "tile map size: NULL argument");
     *bytes = 0;
     if (k->v.op != KILN_OP_PREFILL || !kiln__variant_has_element_mask(&k->v) || qo_len < 0 ||
         kv_len < 1) {
         kiln__fail(
             &e, KILN_STATUS_INVALID_ARGUMENT,
-            "mask plan size: %s with qo_len=%d kv_len=%d: needs a prefill variant with a mask "
+            "tile map size: %s with qo_len=%d kv_len=%d: needs a prefill variant with a mask "
             "snippet or mask data, qo_len >= 0, kv_len >= 1",
             k->spec, qo_len, kv_len);
         return kiln__ctx_error(k->ctx, KILN_STATUS_INVALID_ARGUMENT, &e);
@@ -463,7 +463,7 @@ kiln_status kiln_prefill_mask_plan_size(const kiln_kernel *k, int qo_len, int kv
     return KILN_STATUS_OK;
 }
 
-kiln_status kiln_prefill_mask_plan(kiln_kernel *k, const kiln_attn_args *a, void *stream)
+kiln_status kiln_prefill_tile_map(kiln_kernel *k, const kiln_attn_args *a, void *stream)
 {
     kiln__err e;
     kiln_launch_params p;
@@ -472,11 +472,11 @@ kiln_status kiln_prefill_mask_plan(kiln_kernel *k, const kiln_attn_args *a, void
     if (!kiln__variant_has_element_mask(&k->v) || !p.tile_map)
         return fail(k,
                     kiln__fail(&e, KILN_STATUS_INVALID_ARGUMENT,
-                               "mask plan %s: needs a mask snippet or mask data and a tile_map",
+                               "tile map %s: needs a mask snippet or mask data and a tile_map",
                                k->spec),
                     &e);
     if (a->qo_len == 0) return KILN_STATUS_OK;
-    /* Resolved here rather than at load: planning is not on the per-step path. */
+    /* Resolved here rather than at load: the tile map is not on the per-step path. */
     CUfunction fn = NULL;
     CUresult r = k->ctx->cu->cuModuleGetFunction(&fn, k->module, KILN__ENTRY_TILE_MAP);
     if (r == CUDA_SUCCESS) {
@@ -485,5 +485,17 @@ kiln_status kiln_prefill_mask_plan(kiln_kernel *k, const kiln_attn_args *a, void
         r = k->ctx->cu->cuLaunchKernel(fn, mblocks, (unsigned)p.kv_tiles, 1, KILN__TILE_MAP_THREADS,
                                        1, 1, 0, (CUstream)stream, args, NULL);
     }
-    return launched(k, r, "mask plan", &e);
+    return launched(k, r, "tile map", &e);
+}
+
+/* ---- deprecated names (kiln.h): the same functions under their 0.1 names ------------------ */
+
+kiln_status kiln_prefill_mask_plan_size(const kiln_kernel *k, int qo_len, int kv_len, size_t *bytes)
+{
+    return kiln_prefill_tile_map_size(k, qo_len, kv_len, bytes);
+}
+
+kiln_status kiln_prefill_mask_plan(kiln_kernel *k, const kiln_attn_args *a, void *stream)
+{
+    return kiln_prefill_tile_map(k, a, stream);
 }

@@ -2,7 +2,7 @@
  * merge.c — the public softmax-state merges (kiln_merge_state, kiln_merge_state_in_place,
  * kiln_merge_states) of an op=merge kernel: argument checks, the merge parameter block and one
  * cuLaunchKernel on the caller's stream (grid rows x heads, D threads). The batch planner's
- * own split merge is launched by kiln_batch_run (batch.c), not here.
+ * own split merge is launched by kiln_plan_run (batch.c), not here.
  *
  * A state is (v [n, H, D], lse [n, H] float): merge_state writes the merge of a and b into
  * out; merge_state_in_place merges b into a where mask (or every row) says; merge_states

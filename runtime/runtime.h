@@ -1,6 +1,8 @@
 /*
  * runtime.h — the context and kernel objects behind the opaque public handles, shared by
- * ctx.c (devices, errors), kernel.c (memo → cache → compile → load) and launch.c.
+ * ctx.c (devices, errors), policy.c (cache modes), kernel.c (memo → cache → compile → load),
+ * launch.c (single launches, the parameter block), batch.c (the plan object: schedule, run) and
+ * merge.c (state merges); the invariant-check macros (KILN__ASSERT).
  */
 #ifndef KILN_RUNTIME_H
 #define KILN_RUNTIME_H
@@ -107,12 +109,14 @@ kiln_status kiln__ctx_record(kiln_ctx *ctx, const char *spec, const char *arch, 
 kiln_status kiln__batch_prepare(kiln_kernel *k, const kiln_batch_args *a, int H, int page_size,
                                 int bsr_r, int bsr_c, kiln_launch_params *p, kiln__err *e);
 
-/* Tests: a plan that schedules into host memory only, for a kernel that need not be loaded,
- * on a device of `sms` SMs running `ctas_per_sm` CTAs each; and its last schedule (ints: header
- * [items, tasks, batch, 0], items of 8 ints at items_off, requests of 4 at reqs_off, tasks of 4
- * at tasks_off). batch.c. */
-kiln_status kiln__plan_host(kiln_kernel *k, const kiln_plan_opts *opts, int sms, int ctas_per_sm,
-                            kiln_plan **out);
-const int *kiln__plan_schedule(const kiln_plan *pl, int *items_off, int *reqs_off, int *tasks_off);
+/* Tests: a plan object that schedules into host memory only, for a kernel that need not be
+ * loaded, on a device of `sms` SMs running `ctas_per_sm` CTAs each (batch.c). */
+kiln_status kiln__plan_create_host(kiln_kernel *k, const kiln_plan_opts *opts, int sms,
+                                   int ctas_per_sm, kiln_plan **out);
+/* Tests: the last schedule of such a plan, in ints: header [items, tasks, batch, 0], items of
+ * 8 ints at items_off, requests of 8 at reqs_off, tasks of 4 at tasks_off. Lives until the
+ * next kiln_plan_schedule or kiln_plan_destroy. */
+const int *kiln__plan_last_schedule(const kiln_plan *pl, int *items_off, int *reqs_off,
+                                    int *tasks_off);
 
 #endif /* KILN_RUNTIME_H */
