@@ -11,13 +11,19 @@
  *   L_Q  query length           L_KV  key/value length     D  head dim
  *
  * Conventions:
- *   - Every function returns a kiln_status; outputs come last and are NULL/zero on failure.
+ *   - Every function that can fail returns a kiln_status; outputs come last and are NULL/zero
+ *     on failure.
  *   - After a failure, kiln_ctx_errmsg(ctx) (or kiln_errmsg() for calls with no context) says
  *     what failed, on what, and why.
  *   - Every _create has a _destroy; _destroy(NULL) is a no-op.
  *   - Returned strings are borrowed; each declaration says how long they live.
  *   - Device pointers are kiln_devptr (a CUdeviceptr value); a stream is a CUstream passed as
  *     void * (NULL is the legacy default stream). This header includes no CUDA header.
+ *   - The public structs are ABI: a field never moves, and new fields are appended at the end,
+ *     so programs built against an older kiln.h keep working and python/kiln/_lib.py's ctypes
+ *     mirror (which lists every field in this order) stays right. That is why some fields sit
+ *     after their natural neighbours (kiln_variant's kv and rope, kiln_params' fp8 scales and
+ *     RoPE values, kiln_plan_opts' max_total_kv and bsr_r / bsr_c); each struct says so.
  */
 #ifndef KILN_H
 #define KILN_H
@@ -188,9 +194,10 @@ typedef union kiln_param_value {
  * canonical token stream). kv_dtype may be e4m3 or e5m2 (fp8 KV) with q_dtype f16 or bf16;
  * otherwise q_dtype must equal kv_dtype. fp8 KV and rope=1 need kv=ragged or kv=paged (a
  * single request is a batch of one). */
+/* ABI order: kv and rope were appended after the snippets. */
 typedef struct kiln_variant {
-    kiln_op op;               /* decode or prefill */
-    kiln_dtype q_dtype;       /* dtype of q; must equal kv_dtype */
+    kiln_op op;               /* decode, prefill or merge */
+    kiln_dtype q_dtype;       /* dtype of q; equals kv_dtype, except f16 or bf16 with fp8 KV */
     kiln_dtype kv_dtype;      /* dtype of k and v */
     kiln_dtype out_dtype;     /* dtype of o (may differ from q_dtype) */
     int head_dim;             /* D: 64, 128 or 256 */
@@ -231,6 +238,7 @@ KILN_API kiln_status kiln_variant_check(const kiln_variant *v);
  * Run-time values: one kernel serves every model with the same variant
  * ------------------------------------------------------------------------------------------- */
 
+/* ABI order: the fp8 scales and RoPE values were appended after user[]. */
 typedef struct kiln_params {
     float sm_scale;           /* scale of q.k; 0 means 1/sqrt(D) */
     float softcap;            /* logits=softcap: the cap (> 0) */
@@ -268,7 +276,8 @@ typedef struct kiln_attn_args {
                                 written by kiln_prefill_tile_map (0: none; every tile then
                                 evaluates the mask per element) */
     size_t tile_map_bytes;          /* size of tile_map */
-    kiln_devptr workspace;          /* decode split-KV partials; see kiln_decode_workspace_size */
+    kiln_devptr workspace;          /* decode split-KV partials, 16-byte aligned; see
+                                       kiln_decode_workspace_size */
     size_t workspace_bytes;         /* size of workspace */
     kiln_params params;             /* run-time values */
 } kiln_attn_args;
@@ -411,15 +420,17 @@ KILN_API kiln_status kiln_prefill_tile_map_size(const kiln_kernel *k, int qo_len
 KILN_API kiln_status kiln_prefill_tile_map(kiln_kernel *k, const kiln_attn_args *a, void *stream);
 
 /* ---------------------------------------------------------------------------------------------
- * Batches: plan on the host, run on the stream (kv=ragged or kv=paged variants)
+ * Batches: schedule on the host, run on the stream (kv=ragged or kv=paged variants)
  *
- * A plan is made once per batch shape from CPU copies of the index arrays: it splits each
- * request's keys over CTAs so that every SM gets about the same work, writes the schedule into
- * the caller's device workspace with one asynchronous copy on the stream, and keeps what run
- * needs. kiln_batch_run then launches a fixed grid and merges the split results: it allocates
- * nothing, never synchronizes and reads the schedule from the workspace, so a run captured in
- * a CUDA graph can be replayed after a new kiln_batch_plan (same plan object, same workspace, batch
- * within the plan's bounds) with other lengths and contents.
+ * Three steps, FlashInfer's plan / run: a plan object (kiln_plan_create) is made once per
+ * kernel and workspace; kiln_plan_schedule, once per batch, reads CPU copies of the index
+ * arrays, splits each request's keys over CTAs so that every SM gets about the same work,
+ * writes the schedule into the caller's device workspace with one asynchronous copy on the
+ * stream, and keeps what run needs; kiln_plan_run then launches a fixed grid and merges the
+ * split results: it allocates nothing, never synchronizes and reads the schedule from the
+ * workspace, so a run captured in a CUDA graph can be replayed after a new kiln_plan_schedule
+ * (same plan object, same workspace, batch within the plan's bounds) with other lengths and
+ * contents.
  *
  * Rows: decode has one query row per request (q [B, H, D]); prefill rows of request b are
  * qo_indptr[b] .. qo_indptr[b + 1] of q [total_qo, H, D]. Positions are bottom-right aligned
@@ -435,12 +446,13 @@ KILN_API kiln_status kiln_prefill_tile_map(kiln_kernel *k, const kiln_attn_args 
 
 typedef struct kiln_plan kiln_plan; /* opaque; one per (kernel, workspace); not thread-safe */
 
+/* ABI order: max_total_kv, bsr_r and bsr_c were appended. */
 typedef struct kiln_plan_opts {
     int num_qo_heads;     /* H: a multiple of the variant's group */
     int page_size;        /* kv=paged: tokens per page (>= 1) */
     int max_batch;        /* > 0: CUDA-graph mode: the grid is sized for any batch of at most
                           max_batch requests (and max_qo_tokens rows), so one captured run
-                          serves every later plan; 0: the grid fits each plan exactly */
+                          serves every later schedule; 0: the grid fits each schedule exactly */
     int max_qo_tokens;    /* prefill in graph mode: bound on total query rows */
     int fixed_split;      /* > 0: batch-invariant mode: every request's keys are cut into chunks of
                           this many tokens (rounded up to the kernel's key tile) whatever else is
@@ -450,12 +462,13 @@ typedef struct kiln_plan_opts {
     int no_split;         /* 1: never split a request's keys (one CTA per request and head group) */
     int64_t max_total_kv; /* with fixed_split: bound on the sum of the requests' keys, which
                              sizes the workspace for the splits (0: the planner's own bound on
-                             split items applies, and a plan past it fails) */
+                             split items applies, and a schedule past it fails) */
     int bsr_r, bsr_c;     /* mask_data=bsr: block rows and columns (>= 1); see kiln_batch_args */
 } kiln_plan_opts;
 
-/* Create a plan object for a loaded batch kernel (kv=ragged or kv=paged). Allocates a small
- * pinned host buffer for the schedule; nothing on the device. */
+/* Create a plan object for a loaded batch kernel (kv=ragged or kv=paged). Creates the CUDA
+ * events of its schedule staging ring; the pinned host buffers are allocated (and grown) by
+ * kiln_plan_schedule; nothing on the device. */
 KILN_API kiln_status kiln_plan_create(kiln_kernel *k, const kiln_plan_opts *opts, kiln_plan **out);
 KILN_API void kiln_plan_destroy(kiln_plan *plan);
 
@@ -475,9 +488,13 @@ typedef struct kiln_batch_shape {
                                      for a request with none) */
 } kiln_batch_shape;
 
-/* Plan a batch: validates the arrays (every problem names the request and the value), picks
- * the split, writes the schedule to the workspace with one async copy on stream, and returns.
- * A request with no keys gets o = 0 and lse = -inf; with no rows, nothing. */
+/* Schedule a batch: validates the arrays (every problem names the request and the value), picks
+ * the split, writes the schedule to the workspace (256-byte aligned, at least
+ * kiln_plan_workspace_size bytes) with one async copy on stream, and returns. The schedule is
+ * staged in one of four pinned host buffers used in turn: a call waits only for the copy out
+ * of the buffer it reuses (queued four calls ago), and a batch larger than any before grows
+ * them (after waiting for every pending copy). A request with no keys gets o = 0 and
+ * lse = -inf; with no rows, nothing. */
 KILN_API kiln_status kiln_plan_schedule(kiln_plan *plan, const kiln_batch_shape *shape,
                                         kiln_devptr workspace, size_t workspace_bytes,
                                         void *stream);
@@ -491,12 +508,15 @@ typedef struct kiln_plan_info {
     int split_items;       /* items that write partial states merged afterwards */
     int merge_tasks;       /* (request, query tile) groups the merge kernel combines */
     int64_t max_item_keys; /* keys of the longest item */
-    int64_t total_keys;    /* keys over all items (x heads of one item) */
+    int64_t total_keys;    /* keys over all query tiles, for one head (each item runs once per
+                              head or head group) */
 } kiln_plan_info;
 
 KILN_API kiln_status kiln_plan_describe(const kiln_plan *plan, kiln_plan_info *out);
 
-/* Tensors of a batch run. Strides are in elements; 0 means the dense default of the layout. */
+/* Tensors of a batch run. Strides are in elements; 0 means the dense default of the layout.
+ * Alignment as in kiln_attn_args, with k/v strides multiples of 16 bytes; kv_indices and
+ * rope_offsets 4-byte aligned. */
 typedef struct kiln_batch_args {
     kiln_devptr q;   /* [total_qo, H, D] */
     kiln_devptr k;   /* ragged [total_kv, H_KV, D]; paged: the page pool (see kiln_kv_storage) */
@@ -518,7 +538,7 @@ typedef struct kiln_batch_args {
      * mask_data=bitmask: uint8 packed bits; request b's L_Q x L_KV bits (bit i * L_KV + j of it,
      *   little-endian within a byte) start at bit sum over b' < b of L_Q(b') * L_KV(b'), i.e. the
      *   requests' bit matrices concatenated with no padding;
-     * mask_data=bsr: block rows of R = plan bsr_r query rows and C = bsr_c keys; request b has
+     * mask_data=bsr: block rows of R = kiln_plan_opts.bsr_r query rows and C = bsr_c keys; request b has
      *   ceil(L_Q / R) block rows, numbered in bsr_indptr from the sum of the earlier requests'
      *   (bsr_indptr: int32 [total block rows + 1]); bsr_indices: int32 column blocks (j / C)
      *   of the request, sorted within each block row. */
@@ -526,7 +546,7 @@ typedef struct kiln_batch_args {
     kiln_devptr bsr_indptr, bsr_indices;
 } kiln_batch_args;
 
-/* Run the planned batch on stream: no allocation, no synchronisation, no host reads of device
+/* Run the last scheduled batch on stream: no allocation, no synchronisation, no host reads of device
  * memory. Safe to capture in a CUDA graph. */
 KILN_API kiln_status kiln_plan_run(kiln_plan *plan, const kiln_batch_args *a, void *stream);
 
@@ -538,15 +558,15 @@ KILN_API kiln_status kiln_plan_run(kiln_plan *plan, const kiln_batch_args *a, vo
 typedef struct kiln_merge_args {
     kiln_devptr v_a, lse_a;         /* first state (in place: also the output) */
     kiln_devptr v_b, lse_b;         /* second state */
-    kiln_devptr v_out, lse_out;     /* merge_state: output (lse_out may be 0) */
+    kiln_devptr v_out, lse_out;     /* merge_state, merge_states: output (lse_out may be 0) */
     kiln_devptr mask;               /* merge_state_in_place: uint8 [n], row merged only where != 0
                                  (0: every row) */
     kiln_devptr v_all, lse_all;     /* merge_states: [n, S, H, D] and [n, S, H] */
     int num_states;                 /* merge_states: S >= 1 */
     int rows;                       /* n >= 0 */
     int num_heads;                  /* H >= 1 */
-    int64_t v_stride_n, v_stride_h; /* strides of every v tensor (0: dense [n, H, D]); lse is
-                                       always dense */
+    int64_t v_stride_n, v_stride_h; /* strides of v_a, v_b and v_out (0: dense [n, H, D]); v_all
+                                       and every lse are always dense */
 } kiln_merge_args;
 
 KILN_API kiln_status kiln_merge_state(kiln_kernel *k, const kiln_merge_args *a, void *stream);
