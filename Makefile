@@ -7,14 +7,23 @@
 # (NVRTC's start-up cost stays off cache hits).
 
 CUDA_HOME ?= /usr/local/cuda
+RELEASE   ?=
+ifeq ($(RELEASE),1)
+# a release build: the planner's invariant checks (KILN__ASSERT, runtime/runtime.h) compiled
+# out, objects kept apart from the default (checked) build's
+BUILD     ?= build-release
+RELEASE_FLAGS := -DNDEBUG
+else
 BUILD     ?= build
+RELEASE_FLAGS :=
+endif
 CC        ?= cc
 SAN       ?=
 
 WARN    := -Wall -Wextra -Wpedantic -Werror -Wshadow -Wstrict-prototypes -Wmissing-prototypes \
            -Wformat=2 -Wvla -Wno-format-nonliteral -Wno-format-truncation
 CFLAGS  ?= -O2 -g
-ALLCFLAGS := -std=c11 -D_GNU_SOURCE -fPIC -fvisibility=hidden $(WARN) $(CFLAGS) $(SAN) \
+ALLCFLAGS := -std=c11 -D_GNU_SOURCE -fPIC -fvisibility=hidden $(WARN) $(CFLAGS) $(RELEASE_FLAGS) $(SAN) \
              -Iinclude -Ijit -Ijit/snippet -Icache -Iruntime -Itools -Itemplates/common -I$(BUILD)/gen -isystem $(CUDA_HOME)/include \
              -isystem /usr/lib/llvm-14/include \
              -DKILN_NVRTC_DEFAULT='"$(CUDA_HOME)/lib64/libnvrtc.so.13"'
@@ -43,7 +52,9 @@ EMBED  := $(BUILD)/bin/kiln-embed
 all: $(LIB_A) $(LIB_SO) $(KILN) $(TESTS) $(BENCH)
 
 help:
-	@echo "make            build $(LIB_A), $(LIB_SO), $(KILN) and the test runner"
+	@echo "make            build $(LIB_A), $(LIB_SO), $(KILN) and the test runner, with the"
+	@echo "                invariant checks compiled in (a broken one prints file:line and aborts)"
+	@echo "make RELEASE=1  the same without them (-DNDEBUG), into build-release/ (any target)"
 	@echo "make deps       install missing Debian packages (sqlite3, xxhash, clang-14 dev; python3-venv"
 	@echo "                where python3 lacks it, for the pip install test); test and demo run it"
 	@echo "make test       CPU tests (GPU tests skip without a GPU); last line 'N passed, N failed'"
@@ -155,4 +166,4 @@ compdb:
 	$(MAKE) clean && bear -- $(MAKE) all
 
 clean:
-	rm -rf $(BUILD) build-asan build-ubsan
+	rm -rf $(BUILD) build-asan build-ubsan build-release

@@ -11,13 +11,19 @@
  *   L_Q  query length           L_KV  key/value length     D  head dim
  *
  * Conventions:
- *   - Every function returns a kiln_status; outputs come last and are NULL/zero on failure.
+ *   - Every function that can fail returns a kiln_status; outputs come last and are NULL/zero
+ *     on failure.
  *   - After a failure, kiln_ctx_errmsg(ctx) (or kiln_errmsg() for calls with no context) says
  *     what failed, on what, and why.
  *   - Every _create has a _destroy; _destroy(NULL) is a no-op.
  *   - Returned strings are borrowed; each declaration says how long they live.
  *   - Device pointers are kiln_devptr (a CUdeviceptr value); a stream is a CUstream passed as
  *     void * (NULL is the legacy default stream). This header includes no CUDA header.
+ *   - The public structs are ABI: a field never moves, and new fields are appended at the end,
+ *     so programs built against an older kiln.h keep working and python/kiln/_lib.py's ctypes
+ *     mirror (which lists every field in this order) stays right. That is why some fields sit
+ *     after their natural neighbours (kiln_variant's kv and rope, kiln_params' fp8 scales and
+ *     RoPE values, kiln_plan_opts' max_total_kv and bsr_r / bsr_c); each struct says so.
  */
 #ifndef KILN_H
 #define KILN_H
@@ -31,6 +37,15 @@
 #define KILN_API __attribute__((visibility("default")))
 #else
 #define KILN_API
+#endif
+
+/* KILN_DEPRECATED marks a name kept for one release after its rename (see "Deprecated names" at
+ * the end). Silent by default; define KILN_WARN_DEPRECATED before including kiln.h to have the
+ * compiler warn at each use. */
+#if defined(KILN_WARN_DEPRECATED) && (defined(__GNUC__) || defined(__clang__))
+#define KILN_DEPRECATED(use) __attribute__((deprecated("use " use)))
+#else
+#define KILN_DEPRECATED(use)
 #endif
 
 #ifdef __cplusplus
@@ -101,7 +116,7 @@ typedef enum kiln_kv_storage {
     KILN_KV_CONTIGUOUS =
         0, /* one request (kiln_single_*): k, v [L_KV, H_KV, D] or [H_KV, L_KV, D] */
     KILN_KV_RAGGED =
-        1, /* a batch (kiln_batch_plan / kiln_batch_run): k, v [total_kv, H_KV, D] (or HND
+        1, /* a batch (kiln_plan_schedule / kiln_plan_run): k, v [total_kv, H_KV, D] (or HND
                                via strides); request b owns rows kv_indptr[b] .. kv_indptr[b+1] */
     KILN_KV_PAGED = 2, /* a batch: a pool of pages, nhd [pages, page_size, H_KV, D] or hnd
                                [pages, H_KV, page_size, D]; request b owns pages
@@ -179,9 +194,10 @@ typedef union kiln_param_value {
  * canonical token stream). kv_dtype may be e4m3 or e5m2 (fp8 KV) with q_dtype f16 or bf16;
  * otherwise q_dtype must equal kv_dtype. fp8 KV and rope=1 need kv=ragged or kv=paged (a
  * single request is a batch of one). */
+/* ABI order: kv and rope were appended after the snippets. */
 typedef struct kiln_variant {
-    kiln_op op;               /* decode or prefill */
-    kiln_dtype q_dtype;       /* dtype of q; must equal kv_dtype */
+    kiln_op op;               /* decode, prefill or merge */
+    kiln_dtype q_dtype;       /* dtype of q; equals kv_dtype, except f16 or bf16 with fp8 KV */
     kiln_dtype kv_dtype;      /* dtype of k and v */
     kiln_dtype out_dtype;     /* dtype of o (may differ from q_dtype) */
     int head_dim;             /* D: 64, 128 or 256 */
@@ -222,6 +238,7 @@ KILN_API kiln_status kiln_variant_check(const kiln_variant *v);
  * Run-time values: one kernel serves every model with the same variant
  * ------------------------------------------------------------------------------------------- */
 
+/* ABI order: the fp8 scales and RoPE values were appended after user[]. */
 typedef struct kiln_params {
     float sm_scale;           /* scale of q.k; 0 means 1/sqrt(D) */
     float softcap;            /* logits=softcap: the cap (> 0) */
@@ -256,10 +273,11 @@ typedef struct kiln_attn_args {
     kiln_devptr bsr_indices;        /* mask_data=bsr: int32 column-block indices */
     int bsr_r, bsr_c;               /* mask_data=bsr: block rows and columns (>= 1) */
     kiln_devptr tile_map;           /* prefill with a mask snippet or mask data: uint8 tile classes
-                                written by kiln_prefill_mask_plan (0: none; every tile then
+                                written by kiln_prefill_tile_map (0: none; every tile then
                                 evaluates the mask per element) */
     size_t tile_map_bytes;          /* size of tile_map */
-    kiln_devptr workspace;          /* decode split-KV partials; see kiln_decode_workspace_size */
+    kiln_devptr workspace;          /* decode split-KV partials, 16-byte aligned; see
+                                       kiln_decode_workspace_size */
     size_t workspace_bytes;         /* size of workspace */
     kiln_params params;             /* run-time values */
 } kiln_attn_args;
@@ -389,8 +407,8 @@ KILN_API kiln_status kiln_single_prefill(kiln_kernel *k, const kiln_attn_args *a
 
 /* Prefill variants with a mask snippet or mask data: bytes of the tile map for this shape
  * (one byte per query tile x key tile). */
-KILN_API kiln_status kiln_prefill_mask_plan_size(const kiln_kernel *k, int qo_len, int kv_len,
-                                                 size_t *bytes);
+KILN_API kiln_status kiln_prefill_tile_map_size(const kiln_kernel *k, int qo_len, int kv_len,
+                                                size_t *bytes);
 
 /* Evaluate the mask once per tile on the GPU (a kernel generated with the variant) and write
  * a->tile_map: 0 = every key of the tile hidden (the tile is skipped), 2 = every key visible
@@ -399,18 +417,20 @@ KILN_API kiln_status kiln_prefill_mask_plan_size(const kiln_kernel *k, int qo_le
  * window_left (hidden tiles are skipped, so a stale map can hide visible keys) and, for a
  * snippet that reads a head index, num_qo_heads. Asynchronous on stream;
  * allocates nothing. */
-KILN_API kiln_status kiln_prefill_mask_plan(kiln_kernel *k, const kiln_attn_args *a, void *stream);
+KILN_API kiln_status kiln_prefill_tile_map(kiln_kernel *k, const kiln_attn_args *a, void *stream);
 
 /* ---------------------------------------------------------------------------------------------
- * Batches: plan on the host, run on the stream (kv=ragged or kv=paged variants)
+ * Batches: schedule on the host, run on the stream (kv=ragged or kv=paged variants)
  *
- * A plan is made once per batch shape from CPU copies of the index arrays: it splits each
- * request's keys over CTAs so that every SM gets about the same work, writes the schedule into
- * the caller's device workspace with one asynchronous copy on the stream, and keeps what run
- * needs. kiln_batch_run then launches a fixed grid and merges the split results: it allocates
- * nothing, never synchronizes and reads the schedule from the workspace, so a run captured in
- * a CUDA graph can be replayed after a new kiln_batch_plan (same plan object, same workspace, batch
- * within the plan's bounds) with other lengths and contents.
+ * Three steps, FlashInfer's plan / run: a plan object (kiln_plan_create) is made once per
+ * kernel and workspace; kiln_plan_schedule, once per batch, reads CPU copies of the index
+ * arrays, splits each request's keys over CTAs so that every SM gets about the same work,
+ * writes the schedule into the caller's device workspace with one asynchronous copy on the
+ * stream, and keeps what run needs; kiln_plan_run then launches a fixed grid and merges the
+ * split results: it allocates nothing, never synchronizes and reads the schedule from the
+ * workspace, so a run captured in a CUDA graph can be replayed after a new kiln_plan_schedule
+ * (same plan object, same workspace, batch within the plan's bounds) with other lengths and
+ * contents.
  *
  * Rows: decode has one query row per request (q [B, H, D]); prefill rows of request b are
  * qo_indptr[b] .. qo_indptr[b + 1] of q [total_qo, H, D]. Positions are bottom-right aligned
@@ -426,12 +446,13 @@ KILN_API kiln_status kiln_prefill_mask_plan(kiln_kernel *k, const kiln_attn_args
 
 typedef struct kiln_plan kiln_plan; /* opaque; one per (kernel, workspace); not thread-safe */
 
+/* ABI order: max_total_kv, bsr_r and bsr_c were appended. */
 typedef struct kiln_plan_opts {
     int num_qo_heads;     /* H: a multiple of the variant's group */
     int page_size;        /* kv=paged: tokens per page (>= 1) */
     int max_batch;        /* > 0: CUDA-graph mode: the grid is sized for any batch of at most
                           max_batch requests (and max_qo_tokens rows), so one captured run
-                          serves every later plan; 0: the grid fits each plan exactly */
+                          serves every later schedule; 0: the grid fits each schedule exactly */
     int max_qo_tokens;    /* prefill in graph mode: bound on total query rows */
     int fixed_split;      /* > 0: batch-invariant mode: every request's keys are cut into chunks of
                           this many tokens (rounded up to the kernel's key tile) whatever else is
@@ -441,12 +462,13 @@ typedef struct kiln_plan_opts {
     int no_split;         /* 1: never split a request's keys (one CTA per request and head group) */
     int64_t max_total_kv; /* with fixed_split: bound on the sum of the requests' keys, which
                              sizes the workspace for the splits (0: the planner's own bound on
-                             split items applies, and a plan past it fails) */
+                             split items applies, and a schedule past it fails) */
     int bsr_r, bsr_c;     /* mask_data=bsr: block rows and columns (>= 1); see kiln_batch_args */
 } kiln_plan_opts;
 
-/* Create a plan object for a loaded batch kernel (kv=ragged or kv=paged). Allocates a small
- * pinned host buffer for the schedule; nothing on the device. */
+/* Create a plan object for a loaded batch kernel (kv=ragged or kv=paged). Creates the CUDA
+ * events of its schedule staging ring; the pinned host buffers are allocated (and grown) by
+ * kiln_plan_schedule; nothing on the device. */
 KILN_API kiln_status kiln_plan_create(kiln_kernel *k, const kiln_plan_opts *opts, kiln_plan **out);
 KILN_API void kiln_plan_destroy(kiln_plan *plan);
 
@@ -466,13 +488,18 @@ typedef struct kiln_batch_shape {
                                      for a request with none) */
 } kiln_batch_shape;
 
-/* Plan a batch: validates the arrays (every problem names the request and the value), picks
- * the split, writes the schedule to the workspace with one async copy on stream, and returns.
- * A request with no keys gets o = 0 and lse = -inf; with no rows, nothing. */
-KILN_API kiln_status kiln_batch_plan(kiln_plan *plan, const kiln_batch_shape *shape,
-                                     kiln_devptr workspace, size_t workspace_bytes, void *stream);
+/* Schedule a batch: validates the arrays (every problem names the request and the value), picks
+ * the split, writes the schedule to the workspace (256-byte aligned, at least
+ * kiln_plan_workspace_size bytes) with one async copy on stream, and returns. The schedule is
+ * staged in one of four pinned host buffers used in turn: a call waits only for the copy out
+ * of the buffer it reuses (queued four calls ago), and a batch larger than any before grows
+ * them (after waiting for every pending copy). A request with no keys gets o = 0 and
+ * lse = -inf; with no rows, nothing. */
+KILN_API kiln_status kiln_plan_schedule(kiln_plan *plan, const kiln_batch_shape *shape,
+                                        kiln_devptr workspace, size_t workspace_bytes,
+                                        void *stream);
 
-/* What the last kiln_batch_plan decided (for tests, benchmarks and `kiln check`). */
+/* What the last kiln_plan_schedule decided (for tests, benchmarks and `kiln check`). */
 typedef struct kiln_plan_info {
     int batch;             /* requests */
     int items;             /* work items (request x query tile x key chunk) */
@@ -481,12 +508,15 @@ typedef struct kiln_plan_info {
     int split_items;       /* items that write partial states merged afterwards */
     int merge_tasks;       /* (request, query tile) groups the merge kernel combines */
     int64_t max_item_keys; /* keys of the longest item */
-    int64_t total_keys;    /* keys over all items (x heads of one item) */
+    int64_t total_keys;    /* keys over all query tiles, for one head (each item runs once per
+                              head or head group) */
 } kiln_plan_info;
 
 KILN_API kiln_status kiln_plan_describe(const kiln_plan *plan, kiln_plan_info *out);
 
-/* Tensors of a batch run. Strides are in elements; 0 means the dense default of the layout. */
+/* Tensors of a batch run. Strides are in elements; 0 means the dense default of the layout.
+ * Alignment as in kiln_attn_args, with k/v strides multiples of 16 bytes; kv_indices and
+ * rope_offsets 4-byte aligned. */
 typedef struct kiln_batch_args {
     kiln_devptr q;   /* [total_qo, H, D] */
     kiln_devptr k;   /* ragged [total_kv, H_KV, D]; paged: the page pool (see kiln_kv_storage) */
@@ -501,14 +531,14 @@ typedef struct kiln_batch_args {
                                                       H_KV*D, D; hnd: H_KV*page_size*D, D,
                                                       page_size*D; ragged: -, H_KV*D, D */
     int64_t v_stride_page, v_stride_n, v_stride_h;
-    kiln_devptr workspace; /* the one given to kiln_batch_plan */
+    kiln_devptr workspace; /* the one given to kiln_plan_schedule */
     size_t workspace_bytes;
     kiln_params params;
     /* Mask data, per request, in request order (decode: L_Q = 1 per request):
      * mask_data=bitmask: uint8 packed bits; request b's L_Q x L_KV bits (bit i * L_KV + j of it,
      *   little-endian within a byte) start at bit sum over b' < b of L_Q(b') * L_KV(b'), i.e. the
      *   requests' bit matrices concatenated with no padding;
-     * mask_data=bsr: block rows of R = plan bsr_r query rows and C = bsr_c keys; request b has
+     * mask_data=bsr: block rows of R = kiln_plan_opts.bsr_r query rows and C = bsr_c keys; request b has
      *   ceil(L_Q / R) block rows, numbered in bsr_indptr from the sum of the earlier requests'
      *   (bsr_indptr: int32 [total block rows + 1]); bsr_indices: int32 column blocks (j / C)
      *   of the request, sorted within each block row. */
@@ -516,9 +546,9 @@ typedef struct kiln_batch_args {
     kiln_devptr bsr_indptr, bsr_indices;
 } kiln_batch_args;
 
-/* Run the planned batch on stream: no allocation, no synchronisation, no host reads of device
+/* Run the last scheduled batch on stream: no allocation, no synchronisation, no host reads of device
  * memory. Safe to capture in a CUDA graph. */
-KILN_API kiln_status kiln_batch_run(kiln_plan *plan, const kiln_batch_args *a, void *stream);
+KILN_API kiln_status kiln_plan_run(kiln_plan *plan, const kiln_batch_args *a, void *stream);
 
 /* ---- softmax states ----
  * A state is (v [n, H, D] in the kernel's dtype, lse [n, H] float, natural log) from any
@@ -528,21 +558,44 @@ KILN_API kiln_status kiln_batch_run(kiln_plan *plan, const kiln_batch_args *a, v
 typedef struct kiln_merge_args {
     kiln_devptr v_a, lse_a;         /* first state (in place: also the output) */
     kiln_devptr v_b, lse_b;         /* second state */
-    kiln_devptr v_out, lse_out;     /* merge_state: output (lse_out may be 0) */
+    kiln_devptr v_out, lse_out;     /* merge_state, merge_states: output (lse_out may be 0) */
     kiln_devptr mask;               /* merge_state_in_place: uint8 [n], row merged only where != 0
                                  (0: every row) */
     kiln_devptr v_all, lse_all;     /* merge_states: [n, S, H, D] and [n, S, H] */
     int num_states;                 /* merge_states: S >= 1 */
     int rows;                       /* n >= 0 */
     int num_heads;                  /* H >= 1 */
-    int64_t v_stride_n, v_stride_h; /* strides of every v tensor (0: dense [n, H, D]); lse is
-                                       always dense */
+    int64_t v_stride_n, v_stride_h; /* strides of v_a, v_b and v_out (0: dense [n, H, D]); v_all
+                                       and every lse are always dense */
 } kiln_merge_args;
 
 KILN_API kiln_status kiln_merge_state(kiln_kernel *k, const kiln_merge_args *a, void *stream);
 KILN_API kiln_status kiln_merge_state_in_place(kiln_kernel *k, const kiln_merge_args *a,
                                                void *stream);
 KILN_API kiln_status kiln_merge_states(kiln_kernel *k, const kiln_merge_args *a, void *stream);
+
+/* ---------------------------------------------------------------------------------------------
+ * Deprecated names (kiln 0.1; removed in 0.2)
+ *
+ * A plan's verbs were split between kiln_plan_* and kiln_batch_*, and the tile map was called
+ * the "mask plan" although it is no kiln_plan. The old names still link (libkiln.so exports
+ * them) and do exactly what the new ones do; new code uses the new names.
+ * ------------------------------------------------------------------------------------------- */
+
+/* = kiln_plan_schedule */
+KILN_API kiln_status kiln_batch_plan(kiln_plan *plan, const kiln_batch_shape *shape,
+                                     kiln_devptr workspace, size_t workspace_bytes, void *stream)
+    KILN_DEPRECATED("kiln_plan_schedule");
+/* = kiln_plan_run */
+KILN_API kiln_status kiln_batch_run(kiln_plan *plan, const kiln_batch_args *a, void *stream)
+    KILN_DEPRECATED("kiln_plan_run");
+/* = kiln_prefill_tile_map_size */
+KILN_API kiln_status kiln_prefill_mask_plan_size(const kiln_kernel *k, int qo_len, int kv_len,
+                                                 size_t *bytes)
+    KILN_DEPRECATED("kiln_prefill_tile_map_size");
+/* = kiln_prefill_tile_map */
+KILN_API kiln_status kiln_prefill_mask_plan(kiln_kernel *k, const kiln_attn_args *a, void *stream)
+    KILN_DEPRECATED("kiln_prefill_tile_map");
 
 /* ---------------------------------------------------------------------------------------------
  * Versions

@@ -1,13 +1,13 @@
 /*
- * batch.c — plan / run for batch kernels (kv=ragged, kv=paged), and the softmax-state merges.
+ * batch.c — plan / run for batch kernels (kv=ragged, kv=paged).
  *
- * kiln_batch_plan turns CPU copies of the index arrays into a schedule of work items (request,
+ * kiln_plan_schedule turns CPU copies of the index arrays into a schedule of work items (request,
  * query tile, key chunk): it picks the key chunk that minimises an estimate of the makespan
  * over the device's CTA slots, cuts each request's keys into such chunks, gives every item of
  * a split query tile a partial-state slot and the tile a merge task, orders items from the
  * heaviest down (the hardware dispatches CTAs in blockIdx order, so this is a list schedule),
  * and copies the schedule into the caller's workspace with one cuMemcpyHtoDAsync from a
- * pinned buffer. kiln_batch_run fills the parameter block and launches the main kernel and,
+ * pinned buffer. kiln_plan_run fills the parameter block and launches the main kernel and,
  * when anything may be split, the merge kernel: pure host arithmetic and two launches.
  *
  * Workspace (offsets fixed by the plan's bounds, so a graph-mode run keeps them): an int
@@ -36,6 +36,15 @@ enum {
     HOST_RING = 4,
 };
 
+/* The workspace of one schedule: the bounds it was sized for (items, tasks, partial slots), the
+ * int region (header, items, requests, tasks; offsets in ints, int_bytes rounded up to 256) and
+ * the partial states (byte offsets); bytes in all. */
+typedef struct layout {
+    int64_t items, tasks, slots;
+    int items_off, reqs_off, tasks_off;
+    size_t int_bytes, plse_off, po_off, bytes;
+} layout;
+
 struct kiln_plan {
     kiln_kernel *k;
     kiln_plan_opts o;
@@ -43,12 +52,11 @@ struct kiln_plan {
     /* the last plan */
     kiln_plan_info info;
     int grid, tasks_grid;
-    int items_off, reqs_off, tasks_off; /* int offsets */
-    size_t int_bytes, plse_off, po_off, need_bytes;
+    layout lay;
     kiln_devptr ws;
     size_t ws_bytes;
-    int planned;
-    int host_only; /* tests: schedule into plain host memory, no device (kiln__plan_host) */
+    int scheduled; /* 1 once a schedule was written: run and describe need one */
+    int host_only; /* tests: schedule into plain host memory, no device (kiln__plan_create_host) */
     /* host staging */
     int *host; /* pinned: HOST_RING buffers of host_ints each */
     size_t host_ints;
@@ -84,12 +92,6 @@ static int64_t tile_bound(const kiln_plan *pl, int batch, int64_t total_qo)
     return t;
 }
 
-typedef struct layout {
-    int64_t items, tasks, slots;
-    int items_off, reqs_off, tasks_off;
-    size_t int_bytes, plse_off, po_off, bytes;
-} layout;
-
 static int round4(int64_t x) { return (int)((x + 3) / 4 * 4); }
 
 static int layout_for(const kiln_plan *pl, int batch, int64_t total_qo, layout *L)
@@ -110,6 +112,10 @@ static int layout_for(const kiln_plan *pl, int batch, int64_t total_qo, layout *
     L->plse_off = L->int_bytes;
     L->po_off = L->plse_off + ((size_t)slots * per_slot_lse + 255) / 256 * 256;
     L->bytes = L->po_off + (size_t)slots * per_slot_lse * pl->D;
+    /* the regions follow one another without overlap */
+    KILN__ASSERT_LE(L->tasks_off + L->tasks * TASK_INTS, ints);
+    KILN__ASSERT_LE((int64_t)ints * (int64_t)sizeof(int), (int64_t)L->plse_off);
+    KILN__ASSERT_LE(L->plse_off + (size_t)slots * per_slot_lse, L->po_off);
     return 0;
 }
 
@@ -208,8 +214,8 @@ kiln_status kiln_plan_create(kiln_kernel *k, const kiln_plan_opts *opts, kiln_pl
     return KILN_STATUS_OK;
 }
 
-kiln_status kiln__plan_host(kiln_kernel *k, const kiln_plan_opts *opts, int sms, int ctas_per_sm,
-                            kiln_plan **out)
+kiln_status kiln__plan_create_host(kiln_kernel *k, const kiln_plan_opts *opts, int sms,
+                                   int ctas_per_sm, kiln_plan **out)
 {
     *out = NULL;
     kiln_status st = opts_check(k, opts, kiln__tls_err());
@@ -220,11 +226,12 @@ kiln_status kiln__plan_host(kiln_kernel *k, const kiln_plan_opts *opts, int sms,
     return KILN_STATUS_OK;
 }
 
-const int *kiln__plan_schedule(const kiln_plan *pl, int *items_off, int *reqs_off, int *tasks_off)
+const int *kiln__plan_last_schedule(const kiln_plan *pl, int *items_off, int *reqs_off,
+                                    int *tasks_off)
 {
-    *items_off = pl->items_off;
-    *reqs_off = pl->reqs_off;
-    *tasks_off = pl->tasks_off;
+    *items_off = pl->lay.items_off;
+    *reqs_off = pl->lay.reqs_off;
+    *tasks_off = pl->lay.tasks_off;
     return pl->host;
 }
 
@@ -282,9 +289,9 @@ kiln_status kiln_plan_describe(const kiln_plan *pl, kiln_plan_info *out)
     if (!pl || !out)
         return kiln__fail(kiln__tls_err(), KILN_STATUS_INVALID_ARGUMENT,
                           "plan describe: NULL argument");
-    if (!pl->planned)
+    if (!pl->scheduled)
         return kiln__fail(kiln__tls_err(), KILN_STATUS_INVALID_ARGUMENT,
-                          "plan describe: nothing planned yet");
+                          "plan describe: nothing scheduled yet (kiln_plan_schedule)");
     *out = pl->info;
     return KILN_STATUS_OK;
 }
@@ -375,37 +382,34 @@ static int req_kv_len(const kiln_plan *pl, const kiln_batch_shape *s, int b)
     return n ? (n - 1) * pl->o.page_size + s->kv_last_page_len[b] : 0;
 }
 
-kiln_status kiln_batch_plan(kiln_plan *pl, const kiln_batch_shape *s, kiln_devptr workspace,
-                            size_t workspace_bytes, void *stream)
+/* Phase 2, the workspace: its layout for this batch (graph mode: for the plan's bounds, so the
+ * offsets a captured run reads never move), and the caller's buffer checked against it. */
+static kiln_status lay_out(const kiln_plan *pl, int B, int64_t total_qo, kiln_devptr workspace,
+                           size_t workspace_bytes, layout *L, kiln__err *e)
 {
-    kiln__err e = {{0}};
-    if (!pl) return kiln__fail(kiln__tls_err(), KILN_STATUS_INVALID_ARGUMENT, "plan: NULL plan");
-    kiln_status st = check_shape(pl, s, &e);
-    if (st) return plan_fail(pl, st, &e);
-    const int B = s->batch;
-    const int64_t total_qo = pl->decode ? B : (B ? s->qo_indptr[B] : 0);
     int lb = B;
     int64_t lq = total_qo;
     if (pl->o.max_batch > 0) {
         lb = pl->o.max_batch;
         if (!pl->decode) lq = pl->o.max_qo_tokens;
     }
-    layout L;
-    if (layout_for(pl, lb, pl->decode ? lb : lq, &L))
-        return plan_fail(pl,
-                         kiln__fail(&e, KILN_STATUS_INVALID_ARGUMENT, "plan %s: batch too large",
-                                    pl->k->spec),
-                         &e);
-    if (!pl->host_only && (!workspace || workspace_bytes < L.bytes || workspace % 256))
-        return plan_fail(
-            pl,
-            kiln__fail(&e, KILN_STATUS_WORKSPACE,
-                       "plan %s: the workspace holds %zu bytes at 0x%llx; this batch needs %zu, "
-                       "256-byte aligned (kiln_plan_workspace_size)",
-                       pl->k->spec, workspace ? workspace_bytes : 0, (unsigned long long)workspace,
-                       L.bytes),
-            &e);
+    if (layout_for(pl, lb, pl->decode ? lb : lq, L))
+        return kiln__fail(e, KILN_STATUS_INVALID_ARGUMENT, "plan %s: batch too large", pl->k->spec);
+    if (!pl->host_only && (!workspace || workspace_bytes < L->bytes || workspace % 256))
+        return kiln__fail(e, KILN_STATUS_WORKSPACE,
+                          "plan %s: the workspace holds %zu bytes at 0x%llx; this batch needs %zu, "
+                          "256-byte aligned (kiln_plan_workspace_size)",
+                          pl->k->spec, workspace ? workspace_bytes : 0,
+                          (unsigned long long)workspace, L->bytes);
+    return KILN_STATUS_OK;
+}
 
+/* Phase 3a, the query tiles: (request, tile) of each into the scratch arrays tile_b, tile_m
+ * and the keys it sees into tile_keys; *max_keys the most any tile sees. */
+static kiln_status list_tiles(kiln_plan *pl, const kiln_batch_shape *s, int64_t total_qo,
+                              int *ntiles_out, int *max_keys_out, kiln__err *e)
+{
+    const int B = s->batch;
     /* query tiles and the keys each sees */
     const int64_t ntiles64 = tile_bound(pl, B, total_qo);
     if ((size_t)ntiles64 > pl->scratch_cap) {
@@ -414,8 +418,7 @@ kiln_status kiln_batch_plan(kiln_plan *pl, const kiln_batch_shape *s, kiln_devpt
             *o = a ? realloc(pl->order, cap * 4 * sizeof *o) : NULL;
         if (a) pl->tile_keys = a;
         if (o) pl->order = o;
-        if (!a || !o)
-            return plan_fail(pl, kiln__fail(&e, KILN_STATUS_NO_MEMORY, "plan: out of memory"), &e);
+        if (!a || !o) return kiln__fail(e, KILN_STATUS_NO_MEMORY, "plan: out of memory");
         pl->scratch_cap = cap;
     }
     int ntiles = 0;
@@ -429,11 +432,22 @@ kiln_status kiln_batch_plan(kiln_plan *pl, const kiln_batch_shape *s, kiln_devpt
             tile_b[ntiles] = b;
             tile_m[ntiles] = m;
             const int keys = tile_keys(pl, qo, kv, m);
+            KILN__ASSERT(0 <= keys && keys <= kv); /* so every item's keys lie in its request */
             pl->tile_keys[ntiles++] = keys;
             if (keys > max_keys) max_keys = keys;
         }
     }
+    /* the bound that sized the scratch arrays and the workspace's items */
+    KILN__ASSERT_LE(ntiles, ntiles64);
+    *ntiles_out = ntiles;
+    *max_keys_out = max_keys;
+    return KILN_STATUS_OK;
+}
 
+/* Phase 3b, the split: the chunk of keys every tile longer than it is cut into. */
+static kiln_status choose_chunk(const kiln_plan *pl, int ntiles, int max_keys, const layout *L,
+                                int64_t *chunk_out, kiln__err *e)
+{
     /* the chunk: fixed (decode), none, or the best estimate over tile-aligned powers of two;
      * prefill with fixed_split never splits (an unsplit query tile runs its keys in one fixed
      * order whatever the batch, so batch invariance needs no chunks) */
@@ -442,47 +456,50 @@ kiln_status kiln_batch_plan(kiln_plan *pl, const kiln_batch_shape *s, kiln_devpt
         int64_t items, splits;
         chunk = pl->o.fixed_split;
         estimate(pl, ntiles, chunk, &items, &splits);
-        if (splits > L.slots)
-            return plan_fail(
-                pl,
-                kiln__fail(&e, KILN_STATUS_WORKSPACE,
-                           "plan %s: fixed_split=%lld cuts this batch into %lld split items, more "
-                           "than the %lld the workspace was sized for; set max_total_kv",
-                           pl->k->spec, (long long)chunk, (long long)splits, (long long)L.slots),
-                &e);
+        if (splits > L->slots)
+            return kiln__fail(
+                e, KILN_STATUS_WORKSPACE,
+                "plan %s: fixed_split=%lld cuts this batch into %lld split items, more than the "
+                "%lld the workspace was sized for; set max_total_kv",
+                pl->k->spec, (long long)chunk, (long long)splits, (long long)L->slots);
     } else if (pl->o.fixed_split <= 0 && !pl->o.no_split) {
         int64_t it, sp;
         double best = estimate(pl, ntiles, 0, &it, &sp);
         for (int64_t c = pl->gran; c < max_keys; c *= 2) {
             const double est = estimate(pl, ntiles, c, &it, &sp);
-            if (sp <= L.slots && est < best * 0.97) {
+            if (sp <= L->slots && est < best * 0.97) {
                 best = est;
                 chunk = c;
             }
         }
     }
+    *chunk_out = chunk;
+    return KILN_STATUS_OK;
+}
 
-    /* the schedule, heaviest items first: bucket by the bit length of the item's keys */
-    const size_t ints = L.int_bytes / sizeof(int);
+/* Phase 4a, the staging buffer: the host buffer the schedule is written into (host-only
+ * plans: plain heap; else the next pinned buffer of the ring, once the copy out of it has
+ * run), as *w, and the ring slot it is. */
+static kiln_status stage(kiln_plan *pl, const layout *L, int **w_out, int *slot_out, kiln__err *e)
+{
+    kiln_status st;
+    const size_t ints = L->int_bytes / sizeof(int);
     const int slot = (pl->ring + 1) % HOST_RING;
     if (pl->host_only && ints > pl->host_ints) {
         free(pl->host);
         pl->host = calloc(ints, sizeof(int));
         pl->host_ints = pl->host ? ints : 0;
-        if (!pl->host)
-            return plan_fail(pl, kiln__fail(&e, KILN_STATUS_NO_MEMORY, "plan: out of memory"), &e);
+        if (!pl->host) return kiln__fail(e, KILN_STATUS_NO_MEMORY, "plan: out of memory");
     }
     if (!pl->host_only) {
-        if ((st = kiln__ctx_bind(pl->k->ctx, &e))) return plan_fail(pl, st, &e);
+        if ((st = kiln__ctx_bind(pl->k->ctx, e))) return st;
         const kiln__cu *cu = pl->k->ctx->cu;
         /* growing: every buffer must be free; otherwise only the one reused now */
         for (int i = 0; i < HOST_RING; i++) {
             if (!pl->copy_pending[i] || (i != slot && ints <= pl->host_ints)) continue;
             const CUresult r = cu->cuEventSynchronize(pl->copied[i]);
             pl->copy_pending[i] = 0;
-            if (r != CUDA_SUCCESS)
-                return plan_fail(pl, kiln__cu_fail(&e, r, "plan %s: earlier copy", pl->k->spec),
-                                 &e);
+            if (r != CUDA_SUCCESS) return kiln__cu_fail(e, r, "plan %s: earlier copy", pl->k->spec);
         }
         if (ints > pl->host_ints) {
             if (pl->host) cu->cuMemFreeHost(pl->host);
@@ -491,14 +508,25 @@ kiln_status kiln_batch_plan(kiln_plan *pl, const kiln_batch_shape *s, kiln_devpt
             void *h = NULL;
             const CUresult r = cu->cuMemHostAlloc(&h, ints * sizeof(int) * HOST_RING, 0);
             if (r != CUDA_SUCCESS)
-                return plan_fail(pl, kiln__cu_fail(&e, r, "plan %s: pinned buffer", pl->k->spec),
-                                 &e);
+                return kiln__cu_fail(e, r, "plan %s: pinned buffer", pl->k->spec);
             pl->host = h;
             pl->host_ints = ints;
         }
     }
-    int *w = pl->host + (pl->host_only ? 0 : (size_t)slot * pl->host_ints);
-    int *req = w + L.reqs_off, *item = w + L.items_off, *task = w + L.tasks_off;
+    KILN__ASSERT_LE(ints, pl->host_ints); /* the int region fits the staging buffer */
+    *w_out = pl->host + (pl->host_only ? 0 : (size_t)slot * pl->host_ints);
+    *slot_out = slot;
+    return KILN_STATUS_OK;
+}
+
+/* Phase 4b, the request records (REQ_INTS each, at reqs_off). */
+static kiln_status write_requests(const kiln_plan *pl, const kiln_batch_shape *s, const layout *L,
+                                  int *w, kiln__err *e)
+{
+    const int B = s->batch;
+    /* the records end before the tasks: B is within the bound the layout was made for */
+    KILN__ASSERT_LE(L->reqs_off + (int64_t)B * REQ_INTS, L->tasks_off);
+    int *req = w + L->reqs_off;
     /* requests; mask data of request b starts after the earlier requests' (bits: their
      * L_Q x L_KV matrices; bsr: their block rows) */
     int64_t bit0 = 0, row0 = 0;
@@ -519,11 +547,25 @@ kiln_status kiln_batch_plan(kiln_plan *pl, const kiln_batch_shape *s, kiln_devpt
         row0 += R == 1 ? qo : ceil_div(qo, R); /* no division on the plan's path without bsr */
     }
     if (row0 > INT32_MAX)
-        return plan_fail(pl,
-                         kiln__fail(&e, KILN_STATUS_INVALID_ARGUMENT,
-                                    "plan %s: %lld bsr block rows exceed 2^31", pl->k->spec,
-                                    (long long)row0),
-                         &e);
+        return kiln__fail(e, KILN_STATUS_INVALID_ARGUMENT,
+                          "plan %s: %lld bsr block rows exceed 2^31", pl->k->spec, (long long)row0);
+    return KILN_STATUS_OK;
+}
+
+/* What the items and tasks written add up to. */
+typedef struct sched_counts {
+    int items, tasks, slots;
+    int64_t total_keys, longest;
+} sched_counts;
+
+/* Phase 4c, the work items (ITEM_INTS each, at items_off) heaviest first, the merge tasks
+ * (TASK_INTS each, at tasks_off) of the split tiles, and the header. */
+static void write_items(kiln_plan *pl, int ntiles, int64_t chunk, const layout *L, int B, int *w,
+                        sched_counts *out)
+{
+    /* the schedule, heaviest items first: bucket by the bit length of the item's keys */
+    int *item = w + L->items_off, *task = w + L->tasks_off;
+    const int *tile_b = pl->order, *tile_m = pl->order + pl->scratch_cap;
     int nitems = 0, ntasks = 0, nslot = 0;
     int64_t total_keys = 0, longest = 0;
     /* counting sort of the tiles by the bit length of their items' keys, longest first */
@@ -547,6 +589,13 @@ kiln_status kiln_batch_plan(kiln_plan *pl, const kiln_batch_shape *s, kiln_devpt
         const int64_t n = chunk > 0 && keys > chunk ? ceil_div(keys, chunk) : 1;
         const int64_t size = n > 1 ? chunk : keys;
         const int slot0 = n > 1 ? nslot : -1;
+        /* the tile's records stay in bounds: n items, and when split, chunks
+         * [c * chunk, min((c + 1) * chunk, keys)) that are none of them empty (so
+         * 0 <= kv_lo < kv_hi <= keys <= its request's kv_len), slots slot0 .. slot0 + n - 1 of
+         * the workspace's, and one merge task */
+        KILN__ASSERT_LE(nitems + n, L->items);
+        KILN__ASSERT(n == 1 || ((n - 1) * chunk < keys && keys <= n * chunk));
+        KILN__ASSERT(n == 1 || (slot0 >= 0 && slot0 + n <= L->slots && ntasks < L->tasks));
         for (int64_t c = 0; c < n; c++) {
             int *it = item + (size_t)nitems * ITEM_INTS;
             it[0] = tile_b[t];
@@ -572,120 +621,117 @@ kiln_status kiln_batch_plan(kiln_plan *pl, const kiln_batch_shape *s, kiln_devpt
     w[1] = ntasks;
     w[2] = B;
     w[3] = 0;
+    *out = (sched_counts){nitems, ntasks, nslot, total_keys, longest};
+}
 
+/* Phase 5, the upload: one copy of the int region actually used (header .. last task) into
+ * the workspace, and the event the ring waits on before it reuses the buffer. */
+static kiln_status upload(kiln_plan *pl, const layout *L, const int *w, int ntasks, int slot,
+                          kiln_devptr workspace, void *stream, kiln__err *e)
+{
     /* one copy of the int region actually used (header .. last task) */
-    const size_t used = (size_t)(L.tasks_off + ntasks * TASK_INTS) * sizeof(int);
+    const size_t used = (size_t)(L->tasks_off + ntasks * TASK_INTS) * sizeof(int);
+    KILN__ASSERT_LE(used, L->int_bytes); /* inside the int region the workspace was sized for */
     if (!pl->host_only) {
         const kiln__cu *cu = pl->k->ctx->cu;
         CUresult r = cu->cuMemcpyHtoDAsync(workspace, w, used, (CUstream)stream);
         if (r == CUDA_SUCCESS) r = cu->cuEventRecord(pl->copied[slot], (CUstream)stream);
         if (r != CUDA_SUCCESS)
-            return plan_fail(pl, kiln__cu_fail(&e, r, "plan %s: copy the schedule", pl->k->spec),
-                             &e);
+            return kiln__cu_fail(e, r, "plan %s: copy the schedule", pl->k->spec);
         pl->copy_pending[slot] = 1;
         pl->ring = slot;
     }
-
-    pl->items_off = L.items_off;
-    pl->reqs_off = L.reqs_off;
-    pl->tasks_off = L.tasks_off;
-    pl->plse_off = L.plse_off;
-    pl->po_off = L.po_off;
-    pl->need_bytes = L.bytes;
-    pl->ws = workspace;
-    pl->ws_bytes = workspace_bytes;
-    if (pl->o.max_batch > 0) {
-        pl->grid = (int)L.items;
-        pl->tasks_grid = (int)L.tasks;
-    } else {
-        pl->grid = nitems;
-        pl->tasks_grid = ntasks;
-    }
-    pl->info = (kiln_plan_info){.batch = B,
-                                .items = nitems,
-                                .grid = pl->grid,
-                                .kv_chunk = (int)chunk * (ntasks > 0),
-                                .split_items = nslot,
-                                .merge_tasks = ntasks,
-                                .max_item_keys = longest,
-                                .total_keys = total_keys};
-    pl->planned = 1;
     return KILN_STATUS_OK;
 }
 
-kiln_status kiln_batch_run(kiln_plan *pl, const kiln_batch_args *a, void *stream)
+/* What kiln_plan_run needs of this schedule, and what kiln_plan_describe reports. */
+static void keep(kiln_plan *pl, const layout *L, int B, const sched_counts *n, int64_t chunk,
+                 kiln_devptr workspace, size_t workspace_bytes)
+{
+    pl->lay = *L;
+    pl->ws = workspace;
+    pl->ws_bytes = workspace_bytes;
+    if (pl->o.max_batch > 0) {
+        pl->grid = (int)L->items;
+        pl->tasks_grid = (int)L->tasks;
+    } else {
+        pl->grid = n->items;
+        pl->tasks_grid = n->tasks;
+    }
+    pl->info = (kiln_plan_info){.batch = B,
+                                .items = n->items,
+                                .grid = pl->grid,
+                                .kv_chunk = (int)chunk * (n->tasks > 0),
+                                .split_items = n->slots,
+                                .merge_tasks = n->tasks,
+                                .max_item_keys = n->longest,
+                                .total_keys = n->total_keys};
+    pl->scheduled = 1;
+}
+
+/* check the shape → lay out the workspace → list the query tiles → choose the split → stage →
+ * write requests, items and tasks → upload → keep. */
+kiln_status kiln_plan_schedule(kiln_plan *pl, const kiln_batch_shape *s, kiln_devptr workspace,
+                               size_t workspace_bytes, void *stream)
+{
+    kiln__err e = {{0}};
+    if (!pl) return kiln__fail(kiln__tls_err(), KILN_STATUS_INVALID_ARGUMENT, "plan: NULL plan");
+    kiln_status st = check_shape(pl, s, &e);
+    if (st) return plan_fail(pl, st, &e);
+    const int B = s->batch;
+    const int64_t total_qo = pl->decode ? B : (B ? s->qo_indptr[B] : 0);
+    layout L;
+    int ntiles = 0, max_keys = 0, slot = 0, *w = NULL;
+    int64_t chunk = 0;
+    st = lay_out(pl, B, total_qo, workspace, workspace_bytes, &L, &e);
+    if (!st) st = list_tiles(pl, s, total_qo, &ntiles, &max_keys, &e);
+    if (!st) st = choose_chunk(pl, ntiles, max_keys, &L, &chunk, &e);
+    if (!st) st = stage(pl, &L, &w, &slot, &e);
+    if (!st) st = write_requests(pl, s, &L, w, &e);
+    if (st) return plan_fail(pl, st, &e);
+    sched_counts n;
+    write_items(pl, ntiles, chunk, &L, B, w, &n);
+    /* counts against the bounds that sized the workspace and the grid */
+    KILN__ASSERT_LE(n.slots, L.slots);
+    KILN__ASSERT_LE(n.tasks, L.tasks);
+    KILN__ASSERT_LE(n.items, L.items);
+    if ((st = upload(pl, &L, w, n.tasks, slot, workspace, stream, &e)))
+        return plan_fail(pl, st, &e);
+    keep(pl, &L, B, &n, chunk, workspace, workspace_bytes);
+    return KILN_STATUS_OK;
+}
+
+kiln_status kiln_plan_run(kiln_plan *pl, const kiln_batch_args *a, void *stream)
 {
     kiln__err e = {{0}};
     if (!pl || !a)
         return kiln__fail(kiln__tls_err(), KILN_STATUS_INVALID_ARGUMENT, "run: NULL plan or args");
     kiln_kernel *k = pl->k;
-    if (!pl->planned)
+    if (!pl->scheduled)
         return plan_fail(pl,
                          kiln__fail(&e, KILN_STATUS_INVALID_ARGUMENT,
-                                    "run %s: no kiln_batch_plan yet", k->spec),
+                                    "run %s: nothing scheduled yet (kiln_plan_schedule)", k->spec),
                          &e);
-    if (a->workspace != pl->ws || a->workspace_bytes < pl->need_bytes)
+    if (a->workspace != pl->ws || a->workspace_bytes < pl->lay.bytes)
         return plan_fail(
             pl,
             kiln__fail(&e, KILN_STATUS_WORKSPACE,
                        "run %s: the workspace (0x%llx, %zu bytes) is not the one planned into "
                        "(0x%llx, %zu bytes needed)",
                        k->spec, (unsigned long long)a->workspace, a->workspace_bytes,
-                       (unsigned long long)pl->ws, pl->need_bytes),
+                       (unsigned long long)pl->ws, pl->lay.bytes),
             &e);
     kiln_launch_params p;
-    kiln_status st = kiln__batch_prepare(k, a, pl->H, pl->o.bsr_r, pl->o.bsr_c, &p, &e);
+    kiln_status st =
+        kiln__batch_prepare(k, a, pl->H, pl->o.page_size, pl->o.bsr_r, pl->o.bsr_c, &p, &e);
     if (st) return plan_fail(pl, st, &e);
-    p.num_qo_heads = pl->H;
-    p.num_kv_heads = pl->H / k->v.group;
-    p.page_size = pl->o.page_size;
     p.work = pl->ws;
-    p.items_off = pl->items_off;
-    p.reqs_off = pl->reqs_off;
-    p.tasks_off = pl->tasks_off;
+    p.items_off = pl->lay.items_off;
+    p.reqs_off = pl->lay.reqs_off;
+    p.tasks_off = pl->lay.tasks_off;
     p.slot_rows = pl->rows;
-    p.partial_lse = pl->ws + pl->plse_off;
-    p.partial_o = pl->ws + pl->po_off;
-    if (k->v.kv == KILN_KV_PAGED) {
-        const int nhd = k->v.layout == KILN_LAYOUT_NHD, ps = pl->o.page_size, D = pl->D,
-                  HK = pl->H / k->v.group;
-        p.k_stride_n = a->k_stride_n ? a->k_stride_n : nhd ? (int64_t)HK * D : D;
-        p.k_stride_h = a->k_stride_h ? a->k_stride_h : nhd ? D : (int64_t)ps * D;
-        p.k_stride_page = a->k_stride_page ? a->k_stride_page : (int64_t)ps * HK * D;
-        p.v_stride_n = a->v_stride_n ? a->v_stride_n : nhd ? (int64_t)HK * D : D;
-        p.v_stride_h = a->v_stride_h ? a->v_stride_h : nhd ? D : (int64_t)ps * D;
-        p.v_stride_page = a->v_stride_page ? a->v_stride_page : (int64_t)ps * HK * D;
-        if (!a->kv_indices || a->kv_indices % 4)
-            return plan_fail(pl,
-                             kiln__fail(&e, KILN_STATUS_INVALID_ARGUMENT,
-                                        "run %s: kv=paged needs kv_indices (int32, 4-byte aligned)",
-                                        k->spec),
-                             &e);
-        p.kv_indices = a->kv_indices;
-    } else {
-        const int D = pl->D, HK = pl->H / k->v.group;
-        p.k_stride_n = a->k_stride_n ? a->k_stride_n : (int64_t)HK * D;
-        p.k_stride_h = a->k_stride_h ? a->k_stride_h : D;
-        p.v_stride_n = a->v_stride_n ? a->v_stride_n : (int64_t)HK * D;
-        p.v_stride_h = a->v_stride_h ? a->v_stride_h : D;
-    }
-    const int es = k->v.kv_dtype == KILN_DTYPE_E4M3 || k->v.kv_dtype == KILN_DTYPE_E5M2 ? 1 : 2;
-    const int64_t align = 16 / es;
-    if ((p.k_stride_n | p.k_stride_h | p.k_stride_page | p.v_stride_n | p.v_stride_h |
-         p.v_stride_page) %
-        align)
-        return plan_fail(
-            pl,
-            kiln__fail(&e, KILN_STATUS_INVALID_ARGUMENT,
-                       "run %s: k/v strides must be multiples of %lld elements (16 bytes)", k->spec,
-                       (long long)align),
-            &e);
-    if (k->v.rope && a->rope_offsets % 4)
-        return plan_fail(pl,
-                         kiln__fail(&e, KILN_STATUS_INVALID_ARGUMENT,
-                                    "run %s: rope_offsets must be 4-byte aligned", k->spec),
-                         &e);
-    p.rope_offsets = k->v.rope ? a->rope_offsets : 0;
+    p.partial_lse = pl->ws + pl->lay.plse_off;
+    p.partial_o = pl->ws + pl->lay.po_off;
     if (pl->grid == 0) return KILN_STATUS_OK; /* an empty batch (eager mode) */
 
     const kiln__cu *cu = k->ctx->cu;
@@ -709,95 +755,15 @@ kiln_status kiln_batch_run(kiln_plan *pl, const kiln_batch_args *a, void *stream
     return KILN_STATUS_OK;
 }
 
-/* ---- softmax-state merges ------------------------------------------------------------------ */
+/* ---- deprecated names (kiln.h): the same functions under their 0.1 names ------------------ */
 
-/* Mirrors kiln::merge_params in templates/merge.cuh. */
-typedef struct merge_params {
-    unsigned long long v_a, lse_a, v_b, lse_b, v_out, lse_out, mask, v_all, lse_all;
-    long long v_stride_n, v_stride_h;
-    int num_states, rows, num_heads, pad;
-} merge_params;
-
-static kiln_status merge_launch(kiln_kernel *k, const kiln_merge_args *a, int which, void *stream)
+kiln_status kiln_batch_plan(kiln_plan *pl, const kiln_batch_shape *s, kiln_devptr workspace,
+                            size_t workspace_bytes, void *stream)
 {
-    static const char *const names[3] = {"merge_state", "merge_state_in_place", "merge_states"};
-    const char *what = names[which];
-    kiln__err e = {{0}};
-    if (!k || !a)
-        return kiln__fail(kiln__tls_err(), KILN_STATUS_INVALID_ARGUMENT, "%s: NULL kernel or args",
-                          what);
-    if (k->v.op != KILN_OP_MERGE || !k->loaded)
-        return kiln__ctx_error(k->ctx,
-                               kiln__fail(&e, KILN_STATUS_INVALID_ARGUMENT,
-                                          "%s: kernel %s must be a loaded op=merge kernel", what,
-                                          k->spec),
-                               &e);
-    const int D = k->v.head_dim;
-    if (a->rows < 0 || a->num_heads < 1 || (which == 2 && a->num_states < 1))
-        return kiln__ctx_error(k->ctx,
-                               kiln__fail(&e, KILN_STATUS_INVALID_ARGUMENT,
-                                          "%s %s: rows=%d must be >= 0, num_heads=%d >= 1%s", what,
-                                          k->spec, a->rows, a->num_heads,
-                                          which == 2 ? ", num_states >= 1" : ""),
-                               &e);
-    int missing;
-    if (which == 0) missing = !a->v_a || !a->lse_a || !a->v_b || !a->lse_b || !a->v_out;
-    else if (which == 1) missing = !a->v_a || !a->lse_a || !a->v_b || !a->lse_b;
-    else missing = !a->v_all || !a->lse_all || !a->v_out;
-    if (missing)
-        return kiln__ctx_error(k->ctx,
-                               kiln__fail(&e, KILN_STATUS_INVALID_ARGUMENT,
-                                          "%s %s: %s must be non-zero", what, k->spec,
-                                          which == 0   ? "v_a, lse_a, v_b, lse_b, v_out"
-                                          : which == 1 ? "v_a, lse_a, v_b, lse_b"
-                                                       : "v_all, lse_all, v_out"),
-                               &e);
-    if ((a->v_a | a->v_b | a->v_out | a->v_all) % 2 ||
-        (a->lse_a | a->lse_b | a->lse_out | a->lse_all) % 4)
-        return kiln__ctx_error(k->ctx,
-                               kiln__fail(&e, KILN_STATUS_INVALID_ARGUMENT,
-                                          "%s %s: v tensors must be 2-byte and lse 4-byte aligned",
-                                          what, k->spec),
-                               &e);
-    if (a->rows == 0) return KILN_STATUS_OK;
-    merge_params p;
-    memset(&p, 0, sizeof p);
-    p.v_a = a->v_a;
-    p.lse_a = a->lse_a;
-    p.v_b = a->v_b;
-    p.lse_b = a->lse_b;
-    p.v_out = a->v_out;
-    p.lse_out = a->lse_out;
-    p.mask = which == 1 ? a->mask : 0;
-    p.v_all = a->v_all;
-    p.lse_all = a->lse_all;
-    p.v_stride_h = a->v_stride_h ? a->v_stride_h : D;
-    p.v_stride_n = a->v_stride_n ? a->v_stride_n : (int64_t)a->num_heads * D;
-    p.num_states = a->num_states;
-    p.rows = a->rows;
-    p.num_heads = a->num_heads;
-    CUfunction fn = which == 0 ? k->fn_main : which == 1 ? k->fn_merge : k->fn_aux;
-    void *args[] = {&p};
-    kiln_status st = kiln__ctx_bind(k->ctx, &e);
-    if (st) return kiln__ctx_error(k->ctx, st, &e);
-    CUresult r = k->ctx->cu->cuLaunchKernel(fn, (unsigned)a->rows, (unsigned)a->num_heads, 1,
-                                            (unsigned)D, 1, 1, 0, (CUstream)stream, args, NULL);
-    if (r != CUDA_SUCCESS)
-        return kiln__ctx_error(k->ctx, kiln__cu_fail(&e, r, "%s %s: launch", what, k->spec), &e);
-    return KILN_STATUS_OK;
+    return kiln_plan_schedule(pl, s, workspace, workspace_bytes, stream);
 }
 
-kiln_status kiln_merge_state(kiln_kernel *k, const kiln_merge_args *a, void *stream)
+kiln_status kiln_batch_run(kiln_plan *pl, const kiln_batch_args *a, void *stream)
 {
-    return merge_launch(k, a, 0, stream);
-}
-
-kiln_status kiln_merge_state_in_place(kiln_kernel *k, const kiln_merge_args *a, void *stream)
-{
-    return merge_launch(k, a, 1, stream);
-}
-
-kiln_status kiln_merge_states(kiln_kernel *k, const kiln_merge_args *a, void *stream)
-{
-    return merge_launch(k, a, 2, stream);
+    return kiln_plan_run(pl, a, stream);
 }

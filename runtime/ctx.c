@@ -22,6 +22,21 @@ kiln_status kiln__ctx_error(kiln_ctx *ctx, kiln_status st, const kiln__err *e)
     return st;
 }
 
+void kiln__assert_fail(const char *file, int line, const char *cond, const char *more)
+{
+    fprintf(stderr, "kiln: %s:%d: invariant failed: %s%s%s\n", file, line, cond, more ? " " : "",
+            more ? more : "");
+    fflush(stderr);
+    abort();
+}
+
+void kiln__assert_fail_le(const char *file, int line, const char *cond, int64_t a, int64_t b)
+{
+    char both[96];
+    snprintf(both, sizeof both, "(%lld vs %lld)", (long long)a, (long long)b);
+    kiln__assert_fail(file, line, cond, both);
+}
+
 const char *kiln_ctx_errmsg(const kiln_ctx *ctx) { return ctx ? ctx->err.msg : kiln_errmsg(); }
 
 kiln_status kiln__ctx_bind(kiln_ctx *ctx, kiln__err *e)

@@ -134,6 +134,22 @@ static void sleep_ms(int ms)
     }
 }
 
+/* k takes en's binary and build facts (its source, log and cubin pointers included: the caller
+ * stops owning them). from_cache: where en came from. */
+static void take_entry(kiln_kernel *k, const kiln__entry *en, int from_cache)
+{
+    k->source = en->source;
+    k->log = en->log;
+    k->cubin = en->cubin;
+    k->cubin_size = en->cubin_size;
+    k->registers = en->registers;
+    k->smem_total = en->smem_bytes;
+    k->spill_bytes = en->spill_bytes;
+    k->stack_bytes = en->stack_bytes;
+    k->compile_ms = en->compile_ms;
+    k->from_cache = from_cache;
+}
+
 /* Look k's key up in cache c. A hit must be the kernel asked for: its key material is ours
  * byte for byte (so the stored key is the hash of the stored material) and its cubin is a
  * whole ELF file; anything else is LOOKUP_BAD with the reason in bad[cap] and is never
@@ -163,16 +179,7 @@ static lookup_result lookup(kiln__cache *c, kiln_kernel *k, char *bad, size_t ca
         kiln__entry_free(&en);
         return LOOKUP_BAD;
     }
-    k->source = en.source;
-    k->log = en.log;
-    k->cubin = en.cubin;
-    k->cubin_size = en.cubin_size;
-    k->registers = en.registers;
-    k->smem_total = en.smem_bytes;
-    k->spill_bytes = en.spill_bytes;
-    k->stack_bytes = en.stack_bytes;
-    k->compile_ms = en.compile_ms;
-    k->from_cache = 1;
+    take_entry(k, &en, 1);
     en.source = en.log = NULL;
     en.cubin = NULL;
     kiln__entry_free(&en);
@@ -208,17 +215,7 @@ static kiln_status compile_store(kiln_ctx *ctx, kiln_kernel *k, kiln__err *e)
         kiln__compiled_free(&c);
         return st;
     }
-    k->cubin = c.cubin;
-    k->cubin_size = c.cubin_size;
-    k->log = c.log;
-    k->compile_ms = c.compile_ms;
-    k->registers = c.registers;
-    k->smem_total = c.smem_static + k->cfg.smem_bytes;
-    k->spill_bytes = c.spill_bytes;
-    k->stack_bytes = c.stack_bytes;
-    k->from_cache = 0;
-    if (!ctx->cache) return KILN_STATUS_OK;
-
+    /* the row to store, which k then takes its binary from */
     kiln__entry en = {0};
     memcpy(en.key, k->key, sizeof en.key);
     en.spec = k->spec;
@@ -226,14 +223,17 @@ static kiln_status compile_store(kiln_ctx *ctx, kiln_kernel *k, kiln__err *e)
     en.nvrtc = (char *)kiln_nvrtc_version();
     en.key_material = k->key_material;
     en.source = k->source;
-    en.log = k->log;
-    en.cubin = k->cubin;
-    en.cubin_size = k->cubin_size;
-    en.registers = k->registers;
-    en.smem_bytes = k->smem_total;
-    en.spill_bytes = k->spill_bytes;
-    en.stack_bytes = k->stack_bytes;
-    en.compile_ms = k->compile_ms;
+    en.log = c.log;
+    en.cubin = c.cubin;
+    en.cubin_size = c.cubin_size;
+    en.registers = c.registers;
+    en.smem_bytes = c.smem_static + k->cfg.smem_bytes;
+    en.spill_bytes = c.spill_bytes;
+    en.stack_bytes = c.stack_bytes;
+    en.compile_ms = c.compile_ms;
+    take_entry(k, &en, 0);
+    if (!ctx->cache) return KILN_STATUS_OK;
+
     kiln__err pe = {{0}};
     if (kiln__cache_put(ctx->cache, &en, &pe)) {
         /* The kernel is compiled and correct; only storing it failed (a read-only or full

@@ -1,7 +1,9 @@
 /*
- * launch.c — the single-request launches. Pure host arithmetic (argument checks, the split-KV
- * plan of decode, the parameter block) and one or two cuLaunchKernel calls on the caller's
- * stream: no allocation, no synchronisation, no cache or compiler work.
+ * launch.c — the single-request launches and the parameter block every launch shares. Pure
+ * host arithmetic (argument checks, the split of a single decode's keys, the parameter block
+ * filled phase by phase: kernel, arguments, tensors, values, mask, user parameters) and one or
+ * two cuLaunchKernel calls on the caller's stream: no allocation, no synchronisation, no cache
+ * or compiler work. kiln__batch_prepare gives batch.c the same block for a batch run.
  */
 #include <math.h>
 #include <string.h>
@@ -18,15 +20,17 @@ static kiln_status fail(kiln_kernel *k, kiln_status st, kiln__err *e)
     return kiln__ctx_error(k ? k->ctx : NULL, st, e);
 }
 
-/* Checks shared by decode and prefill; fills the common part of the parameter block. */
-static kiln_status prepare_as(kiln_kernel *k, const kiln_attn_args *a, kiln_op op, int batch,
-                              kiln_launch_params *p, kiln__err *e)
+/* Query tiles of L_Q rows (the prefill grid's x and the tile map's rows). */
+static unsigned q_tiles(const kiln_kernel *k, int L_Q)
 {
-    const char *what = batch ? (op == KILN_OP_DECODE ? "batch decode" : "batch prefill")
-                       : op == KILN_OP_DECODE ? "single decode"
-                                              : "single prefill";
-    if (!k || !a)
-        return kiln__fail(e, KILN_STATUS_INVALID_ARGUMENT, "%s: NULL kernel or args", what);
+    return (unsigned)((L_Q + k->cfg.block_m - 1) / k->cfg.block_m);
+}
+
+/* The call fits the kernel: the right op, a single-request kernel for a single request, and
+ * loaded on the device. */
+static kiln_status check_kernel(const kiln_kernel *k, kiln_op op, int batch, const char *what,
+                                kiln__err *e)
+{
     const kiln_variant *v = &k->v;
     if (v->op != op)
         return kiln__fail(e, KILN_STATUS_INVALID_ARGUMENT, "%s: kernel %s is a %s kernel", what,
@@ -34,15 +38,23 @@ static kiln_status prepare_as(kiln_kernel *k, const kiln_attn_args *a, kiln_op o
     if (!batch && v->kv != KILN_KV_CONTIGUOUS)
         return kiln__fail(
             e, KILN_STATUS_INVALID_ARGUMENT,
-            "%s: kernel %s is a batch kernel (kv=%s): use kiln_plan_create, kiln_batch_plan "
-            "and kiln_batch_run",
+            "%s: kernel %s is a batch kernel (kv=%s): use kiln_plan_create, kiln_plan_schedule "
+            "and kiln_plan_run",
             what, k->spec, kiln__kv_name(v->kv));
     if (!k->loaded)
         return kiln__fail(
             e, KILN_STATUS_INVALID_ARGUMENT,
             "%s: kernel %s (%s) was compiled for inspection, not loaded; use kiln_kernel_get", what,
             k->key, k->arch);
-    const int D = v->head_dim, H = a->num_qo_heads, G = v->group;
+    return KILN_STATUS_OK;
+}
+
+/* The shape, the tensors' presence and alignment, and the run-time values the variant reads. */
+static kiln_status check_args(const kiln_kernel *k, const kiln_attn_args *a, kiln_op op,
+                              const char *what, kiln__err *e)
+{
+    const kiln_variant *v = &k->v;
+    const int H = a->num_qo_heads, G = v->group;
     if (H < 1 || H % G)
         return kiln__fail(e, KILN_STATUS_INVALID_ARGUMENT,
                           "%s %s: num_qo_heads=%d must be a positive multiple of group=%d", what,
@@ -84,7 +96,16 @@ static kiln_status prepare_as(kiln_kernel *k, const kiln_attn_args *a, kiln_op o
         return kiln__fail(e, KILN_STATUS_INVALID_ARGUMENT,
                           "%s %s: causal needs qo_len <= kv_len (got %d > %d)", what, k->spec,
                           a->qo_len, a->kv_len);
-    const int L_Q = op == KILN_OP_DECODE ? 1 : a->qo_len, L_KV = a->kv_len, H_KV = H / G;
+    return KILN_STATUS_OK;
+}
+
+/* The tensors and their strides (0: the dense default of the layout), checked. Zeroes *p
+ * first. */
+static kiln_status fill_tensors(const kiln_kernel *k, const kiln_attn_args *a,
+                                kiln_launch_params *p, const char *what, kiln__err *e)
+{
+    const kiln_variant *v = &k->v;
+    const int D = v->head_dim, H = a->num_qo_heads, L_KV = a->kv_len, H_KV = H / v->group;
     const int nhd = v->layout == KILN_LAYOUT_NHD;
     memset(p, 0, sizeof *p);
     p->q = a->q;
@@ -92,7 +113,7 @@ static kiln_status prepare_as(kiln_kernel *k, const kiln_attn_args *a, kiln_op o
     p->v = a->v;
     p->o = a->o;
     p->lse = v->lse ? a->lse : 0;
-    p->alibi = v->logits == KILN_LOGITS_ALIBI ? rp->alibi_slopes : 0;
+    p->alibi = v->logits == KILN_LOGITS_ALIBI ? a->params.alibi_slopes : 0;
     p->q_stride_h = a->q_stride_h ? a->q_stride_h : D;
     p->q_stride_n = a->q_stride_n ? a->q_stride_n : (int64_t)H * D;
     p->o_stride_h = a->o_stride_h ? a->o_stride_h : D;
@@ -109,6 +130,16 @@ static kiln_status prepare_as(kiln_kernel *k, const kiln_attn_args *a, kiln_op o
                           "%s %s: q strides must be multiples of 8 elements, k/v strides of 16 "
                           "bytes, o strides even",
                           what, k->spec);
+    return KILN_STATUS_OK;
+}
+
+/* The run-time scalars: fp8 scales, RoPE, lengths and heads, window, sm_scale, softcap. */
+static kiln_status fill_values(const kiln_kernel *k, const kiln_attn_args *a, kiln_op op,
+                               kiln_launch_params *p, const char *what, kiln__err *e)
+{
+    const kiln_variant *v = &k->v;
+    const kiln_params *rp = &a->params;
+    const int fp8 = v->kv_dtype == KILN_DTYPE_E4M3 || v->kv_dtype == KILN_DTYPE_E5M2;
     /* fp8: e4m3 is decoded through f16 bits at 2^-8 of its value (device.cuh) */
     const float k_scale = rp->k_scale != 0.f ? rp->k_scale : 1.f,
                 v_scale = rp->v_scale != 0.f ? rp->v_scale : 1.f;
@@ -128,13 +159,21 @@ static kiln_status prepare_as(kiln_kernel *k, const kiln_attn_args *a, kiln_op o
         p->rope_rcp_scale = 1.f / rs;
         p->rope_log2_theta = log2f(th);
     }
-    p->qo_len = L_Q;
-    p->kv_len = L_KV;
-    p->num_qo_heads = H;
-    p->num_kv_heads = H_KV;
+    p->qo_len = op == KILN_OP_DECODE ? 1 : a->qo_len;
+    p->kv_len = a->kv_len;
+    p->num_qo_heads = a->num_qo_heads;
+    p->num_kv_heads = a->num_qo_heads / v->group;
     p->window_left = v->window ? rp->window_left : 0;
-    p->sm_scale = rp->sm_scale > 0.f ? rp->sm_scale : 1.0f / __builtin_sqrtf((float)D);
+    p->sm_scale = rp->sm_scale > 0.f ? rp->sm_scale : 1.0f / __builtin_sqrtf((float)v->head_dim);
     p->softcap = v->logits == KILN_LOGITS_SOFTCAP ? rp->softcap : 1.0f;
+    return KILN_STATUS_OK;
+}
+
+/* Mask data (bits or blocks) and, for prefill, the key tiles and the tile map. */
+static kiln_status fill_mask(const kiln_kernel *k, const kiln_attn_args *a, kiln_op op,
+                             kiln_launch_params *p, const char *what, kiln__err *e)
+{
+    const kiln_variant *v = &k->v;
     if (v->mask_data == KILN_MASK_DATA_BITMASK) {
         if (!a->mask_bits)
             return kiln__fail(e, KILN_STATUS_INVALID_ARGUMENT,
@@ -154,21 +193,28 @@ static kiln_status prepare_as(kiln_kernel *k, const kiln_attn_args *a, kiln_op o
         p->bsr_c = a->bsr_c;
     }
     if (op == KILN_OP_PREFILL) {
-        p->kv_tiles = (L_KV + k->cfg.block_n - 1) / k->cfg.block_n;
+        p->kv_tiles = (a->kv_len + k->cfg.block_n - 1) / k->cfg.block_n;
         if (kiln__variant_has_element_mask(v) && a->tile_map) {
-            const size_t need =
-                (size_t)((L_Q + k->cfg.block_m - 1) / k->cfg.block_m) * (size_t)p->kv_tiles;
+            const size_t need = (size_t)q_tiles(k, p->qo_len) * (size_t)p->kv_tiles;
             if (a->tile_map_bytes < need)
                 return kiln__fail(e, KILN_STATUS_WORKSPACE,
                                   "%s %s: tile_map holds %zu bytes, the shape needs %zu "
-                                  "(kiln_prefill_mask_plan_size)",
+                                  "(kiln_prefill_tile_map_size)",
                                   what, k->spec, a->tile_map_bytes, need);
             p->tile_map = a->tile_map;
         }
     }
+    return KILN_STATUS_OK;
+}
+
+/* The variant's user parameters, as the 64-bit slots of the parameter block. */
+static kiln_status fill_user(const kiln_kernel *k, const kiln_attn_args *a, kiln_launch_params *p,
+                             const char *what, kiln__err *e)
+{
+    const kiln_variant *v = &k->v;
     for (int i = 0; i < v->num_params && i < KILN_MAX_USER_PARAMS; i++) {
         const kiln_param_decl *d = &v->params[i];
-        const kiln_param_value *u = &rp->user[i];
+        const kiln_param_value *u = &a->params.user[i];
         if (d->type == KILN_PARAM_F32) {
             uint32_t bits;
             memcpy(&bits, &u->f32, sizeof bits);
@@ -188,38 +234,97 @@ static kiln_status prepare_as(kiln_kernel *k, const kiln_attn_args *a, kiln_op o
     return KILN_STATUS_OK;
 }
 
+/* Checks shared by decode and prefill, single and batch; fills the common part of the
+ * parameter block: the kernel → the arguments → tensors → values → mask → user parameters. */
+static kiln_status prepare_as(kiln_kernel *k, const kiln_attn_args *a, kiln_op op, int batch,
+                              kiln_launch_params *p, kiln__err *e)
+{
+    const char *what = batch ? (op == KILN_OP_DECODE ? "batch decode" : "batch prefill")
+                       : op == KILN_OP_DECODE ? "single decode"
+                                              : "single prefill";
+    if (!k || !a)
+        return kiln__fail(e, KILN_STATUS_INVALID_ARGUMENT, "%s: NULL kernel or args", what);
+    kiln_status st = check_kernel(k, op, batch, what, e);
+    if (!st) st = check_args(k, a, op, what, e);
+    if (!st) st = fill_tensors(k, a, p, what, e);
+    if (!st) st = fill_values(k, a, op, p, what, e);
+    if (!st) st = fill_mask(k, a, op, p, what, e);
+    if (!st) st = fill_user(k, a, p, what, e);
+    return st;
+}
+
+/* A single request's parameter block; a failure is recorded as the context's error. */
 static kiln_status prepare(kiln_kernel *k, const kiln_attn_args *a, kiln_op op,
                            kiln_launch_params *p, kiln__err *e)
 {
-    return prepare_as(k, a, op, 0, p, e);
+    return fail(k, prepare_as(k, a, op, 0, p, e), e);
+}
+
+/* The status of a launch: a driver failure recorded as "<what> <spec>: launch: ...". */
+static kiln_status launched(kiln_kernel *k, CUresult r, const char *what, kiln__err *e)
+{
+    if (r == CUDA_SUCCESS) return KILN_STATUS_OK;
+    return fail(k, kiln__cu_fail(e, r, "%s %s: launch", what, k->spec), e);
 }
 
 /* The parameter block of a batch run: the checks and run-time values shared with single
- * requests; batch.c fills in the schedule and the KV strides. */
-kiln_status kiln__batch_prepare(kiln_kernel *k, const kiln_batch_args *b, int H, int bsr_r,
-                                int bsr_c, kiln_launch_params *p, kiln__err *e)
+ * requests, then the KV strides of the storage (paged: per page too), the page table and the
+ * RoPE offsets; batch.c fills in the schedule. Failures are not recorded (the caller does). */
+kiln_status kiln__batch_prepare(kiln_kernel *k, const kiln_batch_args *b, int H, int page_size,
+                                int bsr_r, int bsr_c, kiln_launch_params *p, kiln__err *e)
 {
-    kiln_attn_args a;
-    memset(&a, 0, sizeof a);
-    a.q = b->q;
-    a.k = b->k;
-    a.v = b->v;
-    a.o = b->o;
-    a.lse = b->lse;
-    a.num_qo_heads = H;
-    a.qo_len = 0;
-    a.kv_len = 1;
-    a.q_stride_n = b->q_stride_n;
-    a.q_stride_h = b->q_stride_h;
-    a.o_stride_n = b->o_stride_n;
-    a.o_stride_h = b->o_stride_h;
-    a.params = b->params;
-    a.mask_bits = b->mask_bits;
-    a.bsr_indptr = b->bsr_indptr;
-    a.bsr_indices = b->bsr_indices;
-    a.bsr_r = bsr_r;
-    a.bsr_c = bsr_c;
-    return prepare_as(k, &a, k ? k->v.op : KILN_OP_DECODE, 1, p, e);
+    const kiln_attn_args a = {.q = b->q,
+                              .k = b->k,
+                              .v = b->v,
+                              .o = b->o,
+                              .lse = b->lse,
+                              .num_qo_heads = H,
+                              .kv_len = 1,
+                              .q_stride_n = b->q_stride_n,
+                              .q_stride_h = b->q_stride_h,
+                              .o_stride_n = b->o_stride_n,
+                              .o_stride_h = b->o_stride_h,
+                              .params = b->params,
+                              .mask_bits = b->mask_bits,
+                              .bsr_indptr = b->bsr_indptr,
+                              .bsr_indices = b->bsr_indices,
+                              .bsr_r = bsr_r,
+                              .bsr_c = bsr_c};
+    kiln_status st = prepare_as(k, &a, k ? k->v.op : KILN_OP_DECODE, 1, p, e);
+    if (st) return st;
+    p->page_size = page_size;
+    const int D = k->v.head_dim, HK = H / k->v.group;
+    if (k->v.kv == KILN_KV_PAGED) {
+        const int nhd = k->v.layout == KILN_LAYOUT_NHD, ps = page_size;
+        p->k_stride_n = b->k_stride_n ? b->k_stride_n : nhd ? (int64_t)HK * D : D;
+        p->k_stride_h = b->k_stride_h ? b->k_stride_h : nhd ? D : (int64_t)ps * D;
+        p->k_stride_page = b->k_stride_page ? b->k_stride_page : (int64_t)ps * HK * D;
+        p->v_stride_n = b->v_stride_n ? b->v_stride_n : nhd ? (int64_t)HK * D : D;
+        p->v_stride_h = b->v_stride_h ? b->v_stride_h : nhd ? D : (int64_t)ps * D;
+        p->v_stride_page = b->v_stride_page ? b->v_stride_page : (int64_t)ps * HK * D;
+        if (!b->kv_indices || b->kv_indices % 4)
+            return kiln__fail(e, KILN_STATUS_INVALID_ARGUMENT,
+                              "run %s: kv=paged needs kv_indices (int32, 4-byte aligned)", k->spec);
+        p->kv_indices = b->kv_indices;
+    } else {
+        p->k_stride_n = b->k_stride_n ? b->k_stride_n : (int64_t)HK * D;
+        p->k_stride_h = b->k_stride_h ? b->k_stride_h : D;
+        p->v_stride_n = b->v_stride_n ? b->v_stride_n : (int64_t)HK * D;
+        p->v_stride_h = b->v_stride_h ? b->v_stride_h : D;
+    }
+    const int es = k->v.kv_dtype == KILN_DTYPE_E4M3 || k->v.kv_dtype == KILN_DTYPE_E5M2 ? 1 : 2;
+    const int64_t align = 16 / es;
+    if ((p->k_stride_n | p->k_stride_h | p->k_stride_page | p->v_stride_n | p->v_stride_h |
+         p->v_stride_page) %
+        align)
+        return kiln__fail(e, KILN_STATUS_INVALID_ARGUMENT,
+                          "run %s: k/v strides must be multiples of %lld elements (16 bytes)",
+                          k->spec, (long long)align);
+    if (k->v.rope && b->rope_offsets % 4)
+        return kiln__fail(e, KILN_STATUS_INVALID_ARGUMENT,
+                          "run %s: rope_offsets must be 4-byte aligned", k->spec);
+    p->rope_offsets = k->v.rope ? b->rope_offsets : 0;
+    return KILN_STATUS_OK;
 }
 
 /* Splits a decode of n keys may use: at most one wave of CTAs (a partial second wave would
@@ -238,9 +343,10 @@ static int decode_split_bound(const kiln_kernel *k, int H, int n)
     return bound < 1 ? 1 : bound;
 }
 
-/* The split-KV plan of a single decode: splits per KV head and tokens per split. */
-static void decode_plan(const kiln_kernel *k, int H, int L_KV, int window, int window_left,
-                        int *kv_begin, int *chunk, int *splits)
+/* The split of a single decode's keys: the first key it sees, keys per split (whole warp
+ * tiles) and splits per KV head, never more than kiln_decode_workspace_size sized for. */
+static void decode_split(const kiln_kernel *k, int H, int L_KV, int window, int window_left,
+                         int *kv_begin, int *chunk, int *splits)
 {
     const int per_split_min = DECODE_TILE * k->cfg.warps;
     const int begin = window ? (L_KV - 1 - window_left > 0 ? L_KV - 1 - window_left : 0) : 0;
@@ -251,6 +357,9 @@ static void decode_plan(const kiln_kernel *k, int H, int L_KV, int window, int w
     *kv_begin = begin;
     *chunk = ch;
     *splits = (n + ch - 1) / ch;
+    /* every key in a split, and no more splits than the workspace bound of the whole length */
+    KILN__ASSERT(*splits >= 1 && (int64_t)*splits * ch >= n);
+    KILN__ASSERT_LE(*splits, decode_split_bound(k, H, L_KV));
 }
 
 static size_t decode_ws(int splits, int H, int D)
@@ -272,7 +381,7 @@ kiln_status kiln_decode_workspace_size(const kiln_kernel *k, int num_qo_heads, i
                    k->spec, num_qo_heads, kv_len);
         return kiln__ctx_error(k->ctx, KILN_STATUS_INVALID_ARGUMENT, &e);
     }
-    /* The plan's bound for the whole length (a window only shrinks the plan): it never
+    /* The split's bound for the whole length (a window only shrinks the split): it never
      * decreases with kv_len, so one buffer sized for the longest request serves all. */
     const int bound = decode_split_bound(k, num_qo_heads, kv_len);
     *bytes = decode_ws(bound, num_qo_heads, k->v.head_dim);
@@ -284,10 +393,10 @@ kiln_status kiln_single_decode(kiln_kernel *k, const kiln_attn_args *a, void *st
     kiln__err e;
     kiln_launch_params p;
     kiln_status st = prepare(k, a, KILN_OP_DECODE, &p, &e);
-    if (st) return fail(k, st, &e);
+    if (st) return st;
     const int H = a->num_qo_heads, D = k->v.head_dim;
-    decode_plan(k, H, a->kv_len, k->v.window, p.window_left, &p.kv_begin, &p.kv_chunk,
-                &p.num_splits);
+    decode_split(k, H, a->kv_len, k->v.window, p.window_left, &p.kv_begin, &p.kv_chunk,
+                 &p.num_splits);
     if (p.num_splits > 1) {
         const size_t need = decode_ws(p.num_splits, H, D);
         if (!a->workspace || a->workspace_bytes < need) {
@@ -315,9 +424,7 @@ kiln_status kiln_single_decode(kiln_kernel *k, const kiln_attn_args *a, void *st
     if (r == CUDA_SUCCESS && p.num_splits > 1)
         r = cu->cuLaunchKernel(k->fn_merge, (unsigned)H, 1, 1, (unsigned)k->cfg.merge_threads, 1, 1,
                                0, (CUstream)stream, args, NULL);
-    if (r != CUDA_SUCCESS)
-        return fail(k, kiln__cu_fail(&e, r, "single decode %s: launch", k->spec), &e);
-    return KILN_STATUS_OK;
+    return launched(k, r, "single decode", &e);
 }
 
 kiln_status kiln_single_prefill(kiln_kernel *k, const kiln_attn_args *a, void *stream)
@@ -325,63 +432,70 @@ kiln_status kiln_single_prefill(kiln_kernel *k, const kiln_attn_args *a, void *s
     kiln__err e;
     kiln_launch_params p;
     kiln_status st = prepare(k, a, KILN_OP_PREFILL, &p, &e);
-    if (st) return fail(k, st, &e);
+    if (st) return st;
     if (a->qo_len == 0) return KILN_STATUS_OK; /* an empty request: nothing to write */
-    const unsigned mblocks = (unsigned)((a->qo_len + k->cfg.block_m - 1) / k->cfg.block_m);
+    const unsigned mblocks = q_tiles(k, a->qo_len);
     void *args[] = {&p};
     CUresult r =
         k->ctx->cu->cuLaunchKernel(k->fn_main, mblocks, (unsigned)a->num_qo_heads, 1,
                                    (unsigned)k->cfg.threads, 1, 1, (unsigned)k->cfg.smem_bytes,
                                    (CUstream)stream, args, NULL);
-    if (r != CUDA_SUCCESS)
-        return fail(k, kiln__cu_fail(&e, r, "single prefill %s: launch", k->spec), &e);
-    return KILN_STATUS_OK;
+    return launched(k, r, "single prefill", &e);
 }
 
-kiln_status kiln_prefill_mask_plan_size(const kiln_kernel *k, int qo_len, int kv_len, size_t *bytes)
+kiln_status kiln_prefill_tile_map_size(const kiln_kernel *k, int qo_len, int kv_len, size_t *bytes)
 {
     kiln__err e;
     if (!k || !bytes)
         return kiln__fail(kiln__tls_err(), KILN_STATUS_INVALID_ARGUMENT,
-                          "mask plan size: NULL argument");
+                          "tile map size: NULL argument");
     *bytes = 0;
     if (k->v.op != KILN_OP_PREFILL || !kiln__variant_has_element_mask(&k->v) || qo_len < 0 ||
         kv_len < 1) {
         kiln__fail(
             &e, KILN_STATUS_INVALID_ARGUMENT,
-            "mask plan size: %s with qo_len=%d kv_len=%d: needs a prefill variant with a mask "
+            "tile map size: %s with qo_len=%d kv_len=%d: needs a prefill variant with a mask "
             "snippet or mask data, qo_len >= 0, kv_len >= 1",
             k->spec, qo_len, kv_len);
         return kiln__ctx_error(k->ctx, KILN_STATUS_INVALID_ARGUMENT, &e);
     }
-    *bytes = (size_t)((qo_len + k->cfg.block_m - 1) / k->cfg.block_m) *
-             (size_t)((kv_len + k->cfg.block_n - 1) / k->cfg.block_n);
+    *bytes = (size_t)q_tiles(k, qo_len) * (size_t)((kv_len + k->cfg.block_n - 1) / k->cfg.block_n);
     return KILN_STATUS_OK;
 }
 
-kiln_status kiln_prefill_mask_plan(kiln_kernel *k, const kiln_attn_args *a, void *stream)
+kiln_status kiln_prefill_tile_map(kiln_kernel *k, const kiln_attn_args *a, void *stream)
 {
     kiln__err e;
     kiln_launch_params p;
     kiln_status st = prepare(k, a, KILN_OP_PREFILL, &p, &e);
-    if (st) return fail(k, st, &e);
+    if (st) return st;
     if (!kiln__variant_has_element_mask(&k->v) || !p.tile_map)
         return fail(k,
                     kiln__fail(&e, KILN_STATUS_INVALID_ARGUMENT,
-                               "mask plan %s: needs a mask snippet or mask data and a tile_map",
+                               "tile map %s: needs a mask snippet or mask data and a tile_map",
                                k->spec),
                     &e);
     if (a->qo_len == 0) return KILN_STATUS_OK;
-    /* Resolved here rather than at load: planning is not on the per-step path. */
+    /* Resolved here rather than at load: the tile map is not on the per-step path. */
     CUfunction fn = NULL;
     CUresult r = k->ctx->cu->cuModuleGetFunction(&fn, k->module, KILN__ENTRY_TILE_MAP);
     if (r == CUDA_SUCCESS) {
         void *args[] = {&p};
-        const unsigned mblocks = (unsigned)((a->qo_len + k->cfg.block_m - 1) / k->cfg.block_m);
+        const unsigned mblocks = q_tiles(k, a->qo_len);
         r = k->ctx->cu->cuLaunchKernel(fn, mblocks, (unsigned)p.kv_tiles, 1, KILN__TILE_MAP_THREADS,
                                        1, 1, 0, (CUstream)stream, args, NULL);
     }
-    if (r != CUDA_SUCCESS)
-        return fail(k, kiln__cu_fail(&e, r, "mask plan %s: launch", k->spec), &e);
-    return KILN_STATUS_OK;
+    return launched(k, r, "tile map", &e);
+}
+
+/* ---- deprecated names (kiln.h): the same functions under their 0.1 names ------------------ */
+
+kiln_status kiln_prefill_mask_plan_size(const kiln_kernel *k, int qo_len, int kv_len, size_t *bytes)
+{
+    return kiln_prefill_tile_map_size(k, qo_len, kv_len, bytes);
+}
+
+kiln_status kiln_prefill_mask_plan(kiln_kernel *k, const kiln_attn_args *a, void *stream)
+{
+    return kiln_prefill_tile_map(k, a, stream);
 }

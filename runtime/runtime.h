@@ -1,6 +1,8 @@
 /*
  * runtime.h — the context and kernel objects behind the opaque public handles, shared by
- * ctx.c (devices, errors), kernel.c (memo → cache → compile → load) and launch.c.
+ * ctx.c (devices, errors), policy.c (cache modes), kernel.c (memo → cache → compile → load),
+ * launch.c (single launches, the parameter block), batch.c (the plan object: schedule, run) and
+ * merge.c (state merges); the invariant-check macros (KILN__ASSERT).
  */
 #ifndef KILN_RUNTIME_H
 #define KILN_RUNTIME_H
@@ -14,6 +16,29 @@
 #include "params.h"
 
 #define KILN__MEMO_BUCKETS 1024
+
+/* Invariant checks: a condition the code itself guarantees (a schedule record inside its
+ * request, a workspace offset inside the size asked for), never a check of the caller's input,
+ * which returns a status with a message. Compiled in by default (the build the tests use); a
+ * release build (`make RELEASE=1`, -DNDEBUG) compiles them out. A failed check is a bug in
+ * kiln: it prints file:line and the condition (KILN__ASSERT_LE: and both values) on stderr
+ * and aborts, the one place the library may end the process. The condition is not evaluated
+ * in a release build, so it must have no side effect. */
+#ifdef NDEBUG
+#define KILN__ASSERT(cond)    ((void)sizeof(!(cond)))
+#define KILN__ASSERT_LE(a, b) ((void)sizeof((a) <= (b)))
+#else
+#define KILN__ASSERT(cond) ((cond) ? (void)0 : kiln__assert_fail(__FILE__, __LINE__, #cond, NULL))
+#define KILN__ASSERT_LE(a, b)                                                                      \
+    ((int64_t)(a) <= (int64_t)(b)                                                                  \
+         ? (void)0                                                                                 \
+         : kiln__assert_fail_le(__FILE__, __LINE__, #a " <= " #b, (int64_t)(a), (int64_t)(b)))
+#endif
+/* Print "kiln: file:line: invariant failed: cond" and abort (ctx.c). */
+_Noreturn void kiln__assert_fail(const char *file, int line, const char *cond, const char *more);
+/* The same with both sides of a <= b: "(lhs vs rhs)". */
+_Noreturn void kiln__assert_fail_le(const char *file, int line, const char *cond, int64_t a,
+                                    int64_t b);
 
 struct kiln_kernel {
     kiln_ctx *ctx;
@@ -78,16 +103,20 @@ void kiln__ctx_policy_free(kiln_ctx *ctx);
 /* Append "<spec> arch=<arch>" to the record manifest (one write, O_APPEND). */
 kiln_status kiln__ctx_record(kiln_ctx *ctx, const char *spec, const char *arch, kiln__err *e);
 
-/* The parameter block of a batch run (launch.c): argument checks and run-time values. */
-kiln_status kiln__batch_prepare(kiln_kernel *k, const kiln_batch_args *a, int H, int bsr_r,
-                                int bsr_c, kiln_launch_params *p, kiln__err *e);
+/* The parameter block of a batch run of H query heads (launch.c): the argument checks and
+ * run-time values of a single request, the KV strides of the storage, the page table and the
+ * RoPE offsets; batch.c adds the schedule. The error is left in e, not recorded. */
+kiln_status kiln__batch_prepare(kiln_kernel *k, const kiln_batch_args *a, int H, int page_size,
+                                int bsr_r, int bsr_c, kiln_launch_params *p, kiln__err *e);
 
-/* Tests: a plan that schedules into host memory only, for a kernel that need not be loaded,
- * on a device of `sms` SMs running `ctas_per_sm` CTAs each; and its last schedule (ints: header
- * [items, tasks, batch, 0], items of 8 ints at items_off, requests of 4 at reqs_off, tasks of 4
- * at tasks_off). batch.c. */
-kiln_status kiln__plan_host(kiln_kernel *k, const kiln_plan_opts *opts, int sms, int ctas_per_sm,
-                            kiln_plan **out);
-const int *kiln__plan_schedule(const kiln_plan *pl, int *items_off, int *reqs_off, int *tasks_off);
+/* Tests: a plan object that schedules into host memory only, for a kernel that need not be
+ * loaded, on a device of `sms` SMs running `ctas_per_sm` CTAs each (batch.c). */
+kiln_status kiln__plan_create_host(kiln_kernel *k, const kiln_plan_opts *opts, int sms,
+                                   int ctas_per_sm, kiln_plan **out);
+/* Tests: the last schedule of such a plan, in ints: header [items, tasks, batch, 0], items of
+ * 8 ints at items_off, requests of 8 at reqs_off, tasks of 4 at tasks_off. Lives until the
+ * next kiln_plan_schedule or kiln_plan_destroy. */
+const int *kiln__plan_last_schedule(const kiln_plan *pl, int *items_off, int *reqs_off,
+                                    int *tasks_off);
 
 #endif /* KILN_RUNTIME_H */

@@ -4,7 +4,7 @@
  * average work per CTA slot, the workspace size bounds every plan, fixed splits are batch
  * invariant, and degenerate batches are handled or refused with a message naming the request.
  *
- * Plans are made with kiln__plan_host (runtime.h) for kernels compiled for sm_90a on a
+ * Plans are made with kiln__plan_create_host (runtime.h) for kernels compiled for sm_90a on a
  * 132-SM device running 1 (decode) or 2 (prefill) CTAs per SM, like an H200.
  */
 #include <stdlib.h>
@@ -76,7 +76,7 @@ static void check_schedule(kiln_plan *pl, const batch *b, int decode, int rows, 
     kiln_plan_info info;
     KT_OK(kiln_plan_describe(pl, &info), kiln_errmsg());
     int io, ro, to;
-    const int *w = kiln__plan_schedule(pl, &io, &ro, &to);
+    const int *w = kiln__plan_last_schedule(pl, &io, &ro, &to);
     const int nitems = w[0], ntasks = w[1];
     KT_EQ_INT(nitems, info.items);
     KT_EQ_INT(ntasks, info.merge_tasks);
@@ -228,7 +228,7 @@ KT_TEST(plan_schedules_cover_and_balance)
             o.num_qo_heads = H;
             o.page_size = 16;
             kiln_plan *pl = NULL;
-            KT_OK(kiln__plan_host(k, &o, SMS, decode ? 1 : 2, &pl), "plan host");
+            KT_OK(kiln__plan_create_host(k, &o, SMS, decode ? 1 : 2, &pl), "plan host");
             kiln_batch_shape sh = shape_of(b, decode);
             char what[128];
             snprintf(what, sizeof what, "%s trial %d B=%d", specs[si], trial, b->B);
@@ -248,7 +248,7 @@ KT_TEST(plan_schedules_cover_and_balance)
                 KT_OK(kiln_plan_workspace_size(pl, b->B, decode ? b->B : b->qo_indptr[b->B], &need),
                       "size");
                 int io, ro, to;
-                const int *w = kiln__plan_schedule(pl, &io, &ro, &to);
+                const int *w = kiln__plan_last_schedule(pl, &io, &ro, &to);
                 KT_CHECK((size_t)(to + w[1] * 4) * sizeof(int) <= need);
                 plans++;
             }
@@ -271,7 +271,7 @@ KT_TEST(plan_split_decisions)
     o.num_qo_heads = 32;
     o.page_size = 16;
     kiln_plan *pl = NULL;
-    KT_OK(kiln__plan_host(k, &o, SMS, 1, &pl), "plan host");
+    KT_OK(kiln__plan_create_host(k, &o, SMS, 1, &pl), "plan host");
     batch *b = calloc(1, sizeof *b);
     b->B = 1;
     b->kv[0] = 32768;
@@ -308,7 +308,7 @@ KT_TEST(plan_fixed_split_invariant)
     o.fixed_split = 1000; /* rounded up to the 128-key granule: 1024 */
     o.max_total_kv = 1 << 22;
     kiln_plan *pl = NULL;
-    KT_OK(kiln__plan_host(k, &o, SMS, 1, &pl), "plan host");
+    KT_OK(kiln__plan_create_host(k, &o, SMS, 1, &pl), "plan host");
     batch *b = calloc(1, sizeof *b);
     unsigned seed = 3;
     int ranges_alone[64][2], n_alone = 0;
@@ -320,7 +320,7 @@ KT_TEST(plan_fixed_split_invariant)
         kiln_batch_shape sh = shape_of(b, 1);
         KT_OK(kiln_batch_plan(pl, &sh, 0, 0, NULL), kiln_ctx_errmsg(ctx));
         int io, ro, to, n = 0, ranges[64][2] = {{0}};
-        const int *w = kiln__plan_schedule(pl, &io, &ro, &to);
+        const int *w = kiln__plan_last_schedule(pl, &io, &ro, &to);
         for (int i = 0; i < w[0]; i++) {
             const int *it = w + io + i * 8;
             if (it[0] != (trial == 0 ? 0 : 7) || n == 64) continue;
@@ -356,8 +356,8 @@ KT_TEST(plan_degenerate_and_refused)
     o.num_qo_heads = 32;
     o.page_size = 16;
     kiln_plan *pd = NULL, *pp = NULL;
-    KT_OK(kiln__plan_host(kd, &o, SMS, 1, &pd), "plan host");
-    KT_OK(kiln__plan_host(kp, &o, SMS, 2, &pp), "plan host");
+    KT_OK(kiln__plan_create_host(kd, &o, SMS, 1, &pd), "plan host");
+    KT_OK(kiln__plan_create_host(kp, &o, SMS, 2, &pp), "plan host");
     batch *b = calloc(1, sizeof *b);
     kiln_batch_shape sh = {0};
     KT_OK(kiln_batch_plan(pd, &sh, 0, 0, NULL), "empty batch");
@@ -407,7 +407,7 @@ KT_TEST(plan_degenerate_and_refused)
     /* graph mode bounds */
     kiln_plan *pg = NULL;
     o.max_batch = 2;
-    KT_OK(kiln__plan_host(kd, &o, SMS, 1, &pg), "plan host");
+    KT_OK(kiln__plan_create_host(kd, &o, SMS, 1, &pg), "plan host");
     build(b, 1, 16);
     sh = shape_of(b, 1);
     KT_STATUS(kiln_batch_plan(pg, &sh, 0, 0, NULL), KILN_STATUS_INVALID_ARGUMENT, "over max_batch");
@@ -486,13 +486,13 @@ KT_TEST(plan_mask_data_offsets)
     kiln_plan_opts o = {0};
     o.num_qo_heads = 8;
     kiln_plan *pl = NULL;
-    KT_STATUS(kiln__plan_host(k, &o, SMS, 2, &pl), KILN_STATUS_INVALID_ARGUMENT,
+    KT_STATUS(kiln__plan_create_host(k, &o, SMS, 2, &pl), KILN_STATUS_INVALID_ARGUMENT,
               "bsr without a block shape");
     KT_CONTAINS(kiln_errmsg(), "mask_data=bsr needs the block shape");
     KT_CHECK(pl == NULL);
     o.bsr_r = 3;
     o.bsr_c = 16;
-    KT_OK(kiln__plan_host(k, &o, SMS, 2, &pl), kiln_errmsg());
+    KT_OK(kiln__plan_create_host(k, &o, SMS, 2, &pl), kiln_errmsg());
     batch *b = calloc(1, sizeof *b);
     KT_REQUIRE(b);
     static const int qo[5] = {7, 0, 3, 1, 10}, kv[5] = {9, 4, 0, 130, 10};
@@ -505,7 +505,7 @@ KT_TEST(plan_mask_data_offsets)
     kiln_batch_shape sh = shape_of(b, 0);
     KT_OK(kiln_batch_plan(pl, &sh, 0, 0, NULL), kiln_ctx_errmsg(ctx));
     int io, ro, to;
-    const int *w = kiln__plan_schedule(pl, &io, &ro, &to);
+    const int *w = kiln__plan_last_schedule(pl, &io, &ro, &to);
     static const long long bit0[5] = {0, 63, 63, 63, 193};
     static const int row0[5] = {0, 3, 3, 4, 5};
     for (int r = 0; r < 5; r++) {

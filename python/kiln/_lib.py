@@ -345,6 +345,12 @@ _PROTOTYPES = {
     ),
     "kiln_single_decode": (c_enum, [_kernel_p, _p(kiln_attn_args), ctypes.c_void_p]),
     "kiln_single_prefill": (c_enum, [_kernel_p, _p(kiln_attn_args), ctypes.c_void_p]),
+    "kiln_prefill_tile_map_size": (
+        c_enum,
+        [_kernel_p, ctypes.c_int, ctypes.c_int, _p(ctypes.c_size_t)],
+    ),
+    "kiln_prefill_tile_map": (c_enum, [_kernel_p, _p(kiln_attn_args), ctypes.c_void_p]),
+    # deprecated C names of the two above (kiln.h "Deprecated names"), declared while exported
     "kiln_prefill_mask_plan_size": (
         c_enum,
         [_kernel_p, ctypes.c_int, ctypes.c_int, _p(ctypes.c_size_t)],
@@ -363,11 +369,17 @@ _OPTIONAL_PROTOTYPES = {
         c_enum,
         [_plan_p, ctypes.c_int, ctypes.c_int, _p(ctypes.c_size_t)],
     ),
-    "kiln_batch_plan": (
+    "kiln_plan_schedule": (
         c_enum,
         [_plan_p, _p(kiln_batch_shape), c_devptr, ctypes.c_size_t, ctypes.c_void_p],
     ),
     "kiln_plan_describe": (c_enum, [_plan_p, _p(kiln_plan_info)]),
+    "kiln_plan_run": (c_enum, [_plan_p, _p(kiln_batch_args), ctypes.c_void_p]),
+    # deprecated C names of kiln_plan_schedule / kiln_plan_run, declared while exported
+    "kiln_batch_plan": (
+        c_enum,
+        [_plan_p, _p(kiln_batch_shape), c_devptr, ctypes.c_size_t, ctypes.c_void_p],
+    ),
     "kiln_batch_run": (c_enum, [_plan_p, _p(kiln_batch_args), ctypes.c_void_p]),
     "kiln_merge_state": (c_enum, [_kernel_p, _p(kiln_merge_args), ctypes.c_void_p]),
     "kiln_merge_state_in_place": (c_enum, [_kernel_p, _p(kiln_merge_args), ctypes.c_void_p]),

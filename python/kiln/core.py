@@ -670,14 +670,14 @@ class Kernel:
         L_KV = _check.integer(kv_len, "prefill_mask_plan_size: kv_len")
         n = ctypes.c_size_t()
         with self._use() as (p, h):
-            check(_lib.lib().kiln_prefill_mask_plan_size(p, L_Q, L_KV, ctypes.byref(n)), h)
+            check(_lib.lib().kiln_prefill_tile_map_size(p, L_Q, L_KV, ctypes.byref(n)), h)
         return n.value
 
     def prefill_mask_plan(self, args, stream=None):
         """kiln_prefill_mask_plan: fill args.tile_map (args.tile_map_bytes from
         prefill_mask_plan_size) for the mask in `args`, on `stream`; a later single_prefill with
         the same args skips the tiles it marks hidden."""
-        self._launch("kiln_prefill_mask_plan", args, _lib.kiln_attn_args, stream)
+        self._launch("kiln_prefill_tile_map", args, _lib.kiln_attn_args, stream)
 
     # ---- batches (kv=ragged / kv=paged kernels) and merges (op=merge kernels) ----
     def plan(self, num_qo_heads, page_size=0, max_batch=0, max_qo_tokens=0, fixed_split=0,

@@ -158,7 +158,7 @@ class Plan:
         ws_bytes = _check.integer(workspace_bytes, "plan: workspace_bytes", 0, _check.UINT64_MAX)
         s = _check.stream(stream, "plan: stream")
         with self._use() as (p, h):
-            check(_lib.fn("kiln_batch_plan")(p, ctypes.byref(shape), ws, ws_bytes, s), h)
+            check(_lib.fn("kiln_plan_schedule")(p, ctypes.byref(shape), ws, ws_bytes, s), h)
 
     @property
     def info(self):
@@ -176,7 +176,7 @@ class Plan:
         _check.instance(args, "run: args", _lib.kiln_batch_args)
         s = _check.stream(stream, "run: stream")
         with self._use() as (p, h):
-            check(_lib.fn("kiln_batch_run")(p, ctypes.byref(args), s), h)
+            check(_lib.fn("kiln_plan_run")(p, ctypes.byref(args), s), h)
 
     def __repr__(self):
         o = self.opts
