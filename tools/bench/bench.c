@@ -1,7 +1,7 @@
 /*
  * bench.c — kiln's benchmark driver (build/bin/kiln-bench): measures the copy-bandwidth
  * ceiling, then times single decode and single prefill over the sweep the docs report, with
- * CUDA events, warm-up, medians and rotating inputs (tools/check.c). Correctness is the tests'
+ * CUDA events, warm-up, medians and rotating inputs (tools/check/check.c). Correctness is the tests'
  * job; each point here is first checked against the CPU reference when that is cheap.
  *
  * Usage: kiln-bench [--quick] [--only NAME] [--csv FILE]   (NAME: a point name, exactly)

@@ -1,6 +1,6 @@
 /*
- * check_batch.h — internals of the batch checker shared by tools/check_batch.c (logical
- * batches, storage, reference, runs) and tools/check_merge.c (merges, cascades). Not part of
+ * check_batch.h — internals of the batch checker shared by check_batch.c (logical
+ * batches, storage, reference, runs), check_run.c (device runs) and check_merge.c (merges, cascades). Not part of
  * the checker's interface (check.h).
  */
 #ifndef KILN_CHECK_BATCH_H
