@@ -67,6 +67,12 @@ typedef struct cli_opt {
 int cli_parse(cli_global *g, const cli_cmd *cmd, int argc, char **argv, const cli_opt *opts,
               int *npos);
 
+/* cli_parse for a command that takes no positional words: 1 when the command is done, with its
+ * exit status in *status (CLI_OK after printing its help, CLI_USAGE after printing why: a bad
+ * option or an unexpected word); 0 to go on. */
+int cli_parse_opts(cli_global *g, const cli_cmd *cmd, int argc, char **argv, const cli_opt *opts,
+                   int *status);
+
 /* Print "kiln <cmd>: <message>\n" to stderr and return code. */
 int cli_fail(const char *cmd, int code, const char *fmt, ...) KILN__PRINTF(3, 4);
 

@@ -407,8 +407,7 @@ static int check_single_cmd(cli_global *g, const check_args *ca, const kiln_vari
     kiln_kernel *k = NULL;
     if (kiln_ctx_device(ctx, &di) || !di.present)
         rc = cli_fail(cmd, CLI_FAIL, "no GPU: %s", kiln_ctx_errmsg(ctx));
-    else if (kiln_kernel_get(ctx, v, &k))
-        rc = cli_fail(cmd, CLI_FAIL, "%s", kiln_ctx_errmsg(ctx));
+    else if (kiln_kernel_get(ctx, v, &k)) rc = cli_fail(cmd, CLI_FAIL, "%s", kiln_ctx_errmsg(ctx));
     for (int i = 0; k && i < nkv; i++) {
         kiln_check_result r;
         char msg[1024] = "";

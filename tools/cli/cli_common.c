@@ -108,6 +108,15 @@ int cli_parse(cli_global *g, const cli_cmd *cmd, int argc, char **argv, const cl
     return 0;
 }
 
+int cli_parse_opts(cli_global *g, const cli_cmd *cmd, int argc, char **argv, const cli_opt *opts,
+                   int *status)
+{
+    int npos = 0, rc = cli_parse(g, cmd, argc, argv, opts, &npos);
+    if (rc) *status = rc < 0 ? CLI_OK : rc;
+    else if (npos) *status = cli_fail(cmd->name, CLI_USAGE, "unexpected argument '%s'", argv[0]);
+    return rc || npos;
+}
+
 int cli_long(const char *cmd, const char *opt, const char *s, long min, long max, long *out)
 {
     char *end = NULL;

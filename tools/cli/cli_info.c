@@ -111,13 +111,12 @@ static int print_cache_stats(const cli_global *g)
 
 int cli_cmd_info(cli_global *g, const cli_cmd *cmd, int argc, char **argv)
 {
-    int gpu_count = 0, json = 0, npos = 0;
+    int gpu_count = 0, json = 0;
     const cli_opt opts[] = {{"--gpu-count", NULL, &gpu_count},
                             {"--json", NULL, &json},
                             {NULL, NULL, NULL}};
-    int rc = cli_parse(g, cmd, argc, argv, opts, &npos);
-    if (rc) return rc < 0 ? CLI_OK : rc;
-    if (npos) return cli_fail(cmd->name, CLI_USAGE, "unexpected argument '%s'", argv[0]);
+    int rc = 0;
+    if (cli_parse_opts(g, cmd, argc, argv, opts, &rc)) return rc;
     if (gpu_count) {
         printf("%d\n", list_devices(NULL));
         return CLI_OK;
@@ -133,4 +132,3 @@ int cli_cmd_info(cli_global *g, const cli_cmd *cmd, int argc, char **argv)
     printf("%s\n", count ? "" : " none (NVRTC lists no arch >= sm_80)");
     return print_cache_stats(g);
 }
-

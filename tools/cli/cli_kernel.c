@@ -319,4 +319,3 @@ int cli_cmd_show(cli_global *g, const cli_cmd *cmd, int argc, char **argv)
     kiln__cache_close(c);
     return rc;
 }
-

@@ -63,14 +63,12 @@ static int ls_row(const kiln__entry *en, void *user)
 int cli_cmd_ls(cli_global *g, const cli_cmd *cmd, int argc, char **argv)
 {
     ls_state s = {0};
-    int npos = 0;
     const char *arch = NULL, *op = NULL, *spec = NULL, *limit = NULL;
     const cli_opt opts[] = {{"--json", NULL, &s.json}, {"--arch", &arch, NULL},
                             {"--op", &op, NULL},       {"--spec", &spec, NULL},
                             {"--limit", &limit, NULL}, {NULL, NULL, NULL}};
-    int rc = cli_parse(g, cmd, argc, argv, opts, &npos);
-    if (rc) return rc < 0 ? CLI_OK : rc;
-    if (npos) return cli_fail(cmd->name, CLI_USAGE, "unexpected argument '%s'", argv[0]);
+    int rc = 0;
+    if (cli_parse_opts(g, cmd, argc, argv, opts, &rc)) return rc;
     if ((rc = cli_ls_filter_init(&s.filter, arch, op, spec, limit))) return rc;
     kiln__cache *c = NULL;
     char path[1100]; /* the default cache not made yet (a fresh HOME): an empty listing */
@@ -117,4 +115,3 @@ int cli_cmd_rm(cli_global *g, const cli_cmd *cmd, int argc, char **argv)
     kiln__cache_close(c);
     return rc;
 }
-
