@@ -6,8 +6,7 @@
 #ifndef KILN_CHECK_BATCH_H
 #define KILN_CHECK_BATCH_H
 
-#include "check.h"
-#include "runtime.h"
+#include "check_internal.h"
 
 /* One logical batch: what the reference reads, independent of storage. */
 typedef struct cb_logical {

@@ -13,14 +13,8 @@
 
 #include "check_batch.h"
 
-#define CU_TRY(call, what)                                                                         \
-    do {                                                                                           \
-        CUresult r_ = (call);                                                                      \
-        if (r_ != CUDA_SUCCESS) {                                                                  \
-            st = kiln__cu_fail(e, r_, "check batch: %s", what);                                    \
-            goto done;                                                                             \
-        }                                                                                          \
-    } while (0)
+#define CU_TRY(call, what) KILN__CHECK_CU("check batch", call, what)
+#define CU_RET(call, what) KILN__CHECK_CU_RET("check batch", call, what)
 
 /* A kiln call failed: take the context's message. */
 #define KILN_TRY(call)                                                                             \
@@ -29,6 +23,13 @@
             kiln__fail(e, st, "%s", kiln_ctx_errmsg(ctx));                                         \
             goto done;                                                                             \
         }                                                                                          \
+    } while (0)
+
+/* The same, returning the status. */
+#define KILN_RET(call)                                                                             \
+    do {                                                                                           \
+        kiln_status s_ = (call);                                                                   \
+        if (s_) return kiln__fail(e, s_, "%s", kiln_ctx_errmsg(ctx));                              \
     } while (0)
 
 /* The CUDA graph entry points, resolved here from the libcuda the runtime loaded (by the exact
@@ -77,12 +78,6 @@ static double now_ms(void)
     return ts.tv_sec * 1e3 + ts.tv_nsec * 1e-6;
 }
 
-static int cmp_double(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return x < y ? -1 : x > y;
-}
-
 uint64_t kiln__cb_seed(uint64_t s)
 {
     if (s) return s;
@@ -103,6 +98,34 @@ typedef struct dev {
     CUdeviceptr q, k, v, o, lse, indices, rope, slopes, ws, bits, bsr_ip, bsr_ix;
     size_t ws_bytes;
 } dev;
+
+/* The largest of each size over the batches of one run. */
+typedef struct run_max {
+    int B, Q, KV, pool, pages, bsr_rows, bsr_nnz;
+    size_t bits;
+} run_max;
+
+/* One kiln__cb_run: its batches stored, the buffers, the plan, the graph and the timing. */
+typedef struct run_state {
+    kiln_ctx *ctx;
+    const kiln__cu *cu;
+    kiln_kernel *k;
+    const cb_run_opts *ro;
+    const cb_logical *const *Ls;
+    int n, H, D;
+    run_max mx;
+    cb_store S[2];
+    size_t q_elems, kv_elems, lse_bytes, esize;
+    dev d;
+    kiln_plan *plan;
+    CUstream stream;
+    CUgraph graph;
+    CUgraphExec exec;
+    CUevent ev[2];
+    uint16_t *o_host; /* one stored o, copied back */
+    double *ms;       /* [time_reps] */
+    graph_api ga;
+} run_state;
 
 static void fill_args(const cb_logical *L, const cb_store *S, const dev *d, kiln_batch_args *a)
 {
@@ -138,201 +161,273 @@ static void fill_args(const cb_logical *L, const cb_store *S, const dev *d, kiln
     a->params.rope_theta = L->rope_theta;
 }
 
+static void max_int(int *m, int x)
+{
+    if (x > *m) *m = x;
+}
+
+/* The batches stored with one set of strides (for the largest), the host outputs allocated. */
+static kiln_status run_store(run_state *rs, cb_out *outs, kiln__err *e)
+{
+    run_max *m = &rs->mx;
+    for (int i = 0; i < rs->n; i++) {
+        const cb_logical *L = rs->Ls[i];
+        const kiln_check_index *x = &L->ix;
+        if (L->mask_bytes > m->bits) m->bits = L->mask_bytes;
+        max_int(&m->bsr_rows, L->bsr_rows);
+        max_int(&m->bsr_nnz, L->bsr_nnz);
+        max_int(&m->B, x->batch);
+        max_int(&m->Q, x->total_qo);
+        max_int(&m->KV, x->total_kv);
+        max_int(&m->pool, x->pool_pages);
+        max_int(&m->pages, x->pages_used);
+    }
+    for (int i = 0; i < rs->n; i++) {
+        kiln_status st = kiln__cb_store(rs->Ls[i], rs->ro->strided, m->KV, m->pool, &rs->S[i]);
+        if (st) return kiln__fail(e, st, "check batch: out of host memory for the stored batch");
+        if (rs->S[i].q_elems > rs->q_elems) rs->q_elems = rs->S[i].q_elems;
+        if (rs->S[i].kv_elems > rs->kv_elems) rs->kv_elems = rs->S[i].kv_elems;
+    }
+    rs->lse_bytes = sizeof(float) * ((size_t)(m->Q > 0 ? m->Q : 1) * rs->H + 4);
+    rs->esize = (size_t)rs->S[0].esize;
+    rs->o_host = malloc(rs->q_elems * 2);
+    for (int i = 0; i < rs->n; i++) {
+        const size_t rows = (size_t)rs->Ls[i]->ix.total_qo * rs->H;
+        outs[i].o = malloc(sizeof(uint16_t) * (rows * rs->D + 1));
+        outs[i].lse = malloc(sizeof(float) * (rows + 1));
+        if (!outs[i].o || !outs[i].lse) rs->o_host = (free(rs->o_host), NULL);
+    }
+    if (!rs->o_host) return kiln__fail(e, KILN_STATUS_NO_MEMORY, "check batch: out of host memory");
+    return KILN_STATUS_OK;
+}
+
+/* The device buffers, sized for the largest batch; the slopes uploaded. */
+static kiln_status run_alloc(run_state *rs, kiln__err *e)
+{
+    const kiln__cu *cu = rs->cu;
+    const cb_logical *L0 = rs->Ls[0];
+    const run_max *m = &rs->mx;
+    dev *d = &rs->d;
+    const size_t H = (size_t)rs->H;
+    CU_RET(cu->cuMemAlloc(&d->q, rs->q_elems * 2), "alloc q");
+    CU_RET(cu->cuMemAlloc(&d->o, rs->q_elems * 2), "alloc o");
+    CU_RET(cu->cuMemAlloc(&d->k, rs->kv_elems * rs->esize), "alloc k");
+    CU_RET(cu->cuMemAlloc(&d->v, rs->kv_elems * rs->esize), "alloc v");
+    CU_RET(cu->cuMemAlloc(&d->lse, rs->lse_bytes), "alloc lse");
+    CU_RET(cu->cuMemAlloc(&d->indices, sizeof(int) * ((size_t)m->pages + 1)), "alloc kv_indices");
+    CU_RET(cu->cuMemAlloc(&d->rope, sizeof(int) * ((size_t)m->B + 1)), "alloc rope offsets");
+    CU_RET(cu->cuMemAlloc(&d->slopes, sizeof(float) * H), "alloc slopes");
+    CU_RET(cu->cuMemcpyHtoD(d->slopes, L0->slopes, sizeof(float) * H), "copy slopes");
+    if (L0->v.mask_data == KILN_MASK_DATA_BITMASK)
+        CU_RET(cu->cuMemAlloc(&d->bits, m->bits + 1), "alloc mask bits");
+    if (L0->v.mask_data == KILN_MASK_DATA_BSR) {
+        CU_RET(cu->cuMemAlloc(&d->bsr_ip, sizeof(int) * ((size_t)m->bsr_rows + 1)),
+               "alloc bsr_indptr");
+        CU_RET(cu->cuMemAlloc(&d->bsr_ix, sizeof(int) * ((size_t)m->bsr_nnz + 1)),
+               "alloc bsr_indices");
+    }
+    return KILN_STATUS_OK;
+}
+
+/* One plan for every batch (graph mode: bounds for the largest), its workspace, the stream. */
+static kiln_status run_plan(run_state *rs, kiln__err *e)
+{
+    kiln_ctx *ctx = rs->ctx;
+    const cb_logical *L0 = rs->Ls[0];
+    const run_max *m = &rs->mx;
+    kiln_plan_opts po = rs->ro->po;
+    po.num_qo_heads = rs->H;
+    for (int i = 0; po.fixed_split > 0 && i < rs->n; i++) /* sizes the workspace for the splits */
+        if (rs->Ls[i]->ix.total_kv > po.max_total_kv) po.max_total_kv = rs->Ls[i]->ix.total_kv;
+    po.page_size = L0->ix.page_size;
+    po.bsr_r = L0->bsr_r;
+    po.bsr_c = L0->bsr_c;
+    if (rs->ro->graph && po.max_batch < m->B) po.max_batch = m->B;
+    if (rs->ro->graph && L0->v.op == KILN_OP_PREFILL && po.max_qo_tokens < m->Q)
+        po.max_qo_tokens = m->Q;
+    KILN_RET(kiln_plan_create(rs->k, &po, &rs->plan));
+    const int wsB = po.max_batch > m->B ? po.max_batch : m->B;
+    const int wsQ = L0->v.op == KILN_OP_DECODE ? wsB
+                    : po.max_qo_tokens > m->Q  ? po.max_qo_tokens
+                                               : m->Q;
+    KILN_RET(kiln_plan_workspace_size(rs->plan, wsB, wsQ, &rs->d.ws_bytes));
+    CU_RET(rs->cu->cuMemAlloc(&rs->d.ws, rs->d.ws_bytes ? rs->d.ws_bytes : 16), "alloc workspace");
+    if (rs->ro->graph)
+        CU_RET(rs->cu->cuStreamCreate(&rs->stream, CU_STREAM_NON_BLOCKING), "create stream");
+    return KILN_STATUS_OK;
+}
+
+/* Batch i's stored inputs, page table, offsets and mask data uploaded; o and lse poisoned
+ * (0xffff is NaN in f16 and bf16, 0xffffffff in f32). */
+static kiln_status run_upload(run_state *rs, int i, kiln__err *e)
+{
+    const kiln__cu *cu = rs->cu;
+    const cb_logical *L = rs->Ls[i];
+    const kiln_check_index *x = &L->ix;
+    const cb_store *S = &rs->S[i];
+    const dev *d = &rs->d;
+    CU_RET(cu->cuMemcpyHtoD(d->q, S->q, S->q_elems * 2), "copy q");
+    CU_RET(cu->cuMemcpyHtoD(d->k, S->k, S->kv_elems * rs->esize), "copy k");
+    CU_RET(cu->cuMemcpyHtoD(d->v, S->v, S->kv_elems * rs->esize), "copy v");
+    if (x->pages_used)
+        CU_RET(cu->cuMemcpyHtoD(d->indices, x->page_ids, sizeof(int) * (size_t)x->pages_used),
+               "copy kv_indices");
+    if (x->batch)
+        CU_RET(cu->cuMemcpyHtoD(d->rope, L->rope_off, sizeof(int) * (size_t)x->batch),
+               "copy rope offsets");
+    if (L->mask_bits)
+        CU_RET(cu->cuMemcpyHtoD(d->bits, L->mask_bits, L->mask_bytes), "copy mask bits");
+    if (L->bsr_indptr) {
+        CU_RET(cu->cuMemcpyHtoD(d->bsr_ip, L->bsr_indptr, sizeof(int) * ((size_t)L->bsr_rows + 1)),
+               "copy bsr_indptr");
+        if (L->bsr_nnz)
+            CU_RET(cu->cuMemcpyHtoD(d->bsr_ix, L->bsr_indices, sizeof(int) * (size_t)L->bsr_nnz),
+                   "copy bsr_indices");
+    }
+    CU_RET(cu->cuMemsetD8(d->o, 0xff, rs->q_elems * 2), "poison o");
+    CU_RET(cu->cuMemsetD8(d->lse, 0xff, rs->lse_bytes), "poison lse");
+    CU_RET(cu->cuCtxSynchronize(), "upload");
+    return KILN_STATUS_OK;
+}
+
+/* kiln_batch_plan of batch i into the shared plan (host time and what it decided into out). */
+static kiln_status run_replan(run_state *rs, int i, cb_out *out, kiln__err *e)
+{
+    kiln_ctx *ctx = rs->ctx;
+    const cb_logical *L = rs->Ls[i];
+    const kiln_check_index *x = &L->ix;
+    kiln_batch_shape shape = {0};
+    shape.batch = x->batch;
+    shape.qo_indptr = L->v.op == KILN_OP_PREFILL ? x->qo_indptr : NULL;
+    shape.kv_indptr = L->v.kv == KILN_KV_PAGED ? x->page_indptr : x->kv_indptr;
+    shape.kv_last_page_len = L->v.kv == KILN_KV_PAGED ? x->last_page_len : NULL;
+    double t0 = now_ms();
+    KILN_RET(kiln_batch_plan(rs->plan, &shape, rs->d.ws, rs->d.ws_bytes, rs->stream));
+    out->plan_ms = now_ms() - t0;
+    KILN_RET(kiln_plan_describe(rs->plan, &out->info));
+    return KILN_STATUS_OK;
+}
+
+/* Run batch i: kiln_batch_run, or in graph mode the graph (captured from the first batch's run,
+ * then replayed for every batch). */
+static kiln_status run_launch(run_state *rs, int i, const kiln_batch_args *a, kiln__err *e)
+{
+    kiln_ctx *ctx = rs->ctx;
+    if (!rs->ro->graph) {
+        KILN_RET(kiln_batch_run(rs->plan, a, rs->stream));
+        return KILN_STATUS_OK;
+    }
+    if (i == 0) {
+        CU_RET(rs->ga.cuStreamBeginCapture(rs->stream, CU_STREAM_CAPTURE_MODE_THREAD_LOCAL),
+               "begin capture");
+        kiln_status run = kiln_batch_run(rs->plan, a, rs->stream);
+        CUresult cr = rs->ga.cuStreamEndCapture(rs->stream, &rs->graph);
+        if (run)
+            return kiln__fail(e, run, "check batch: run under capture: %s", kiln_ctx_errmsg(ctx));
+        CU_RET(cr, "end capture (did the run do something a graph cannot hold?)");
+        CU_RET(rs->ga.cuGraphInstantiateWithFlags(&rs->exec, rs->graph, 0), "instantiate graph");
+    }
+    CU_RET(rs->ga.cuGraphLaunch(rs->exec, rs->stream), "launch graph");
+    return KILN_STATUS_OK;
+}
+
+/* Batch i's o and lse back in logical order into out. */
+static kiln_status run_download(run_state *rs, int i, cb_out *out, kiln__err *e)
+{
+    const kiln__cu *cu = rs->cu;
+    const kiln_check_index *x = &rs->Ls[i]->ix;
+    const cb_store *S = &rs->S[i];
+    const int H = rs->H, D = rs->D;
+    CU_RET(cu->cuCtxSynchronize(), "run batch");
+    CU_RET(cu->cuMemcpyDtoH(rs->o_host, rs->d.o, S->o_elems * 2), "copy o back");
+    if (x->total_qo)
+        CU_RET(cu->cuMemcpyDtoH(out->lse, rs->d.lse, sizeof(float) * (size_t)x->total_qo * H),
+               "copy lse back");
+    for (int r = 0; r < x->total_qo; r++)
+        for (int h = 0; h < H; h++)
+            memcpy(out->o + ((size_t)r * H + h) * D, rs->o_host + r * S->os_n + h * S->os_h,
+                   2 * (size_t)D);
+    return KILN_STATUS_OK;
+}
+
+/* Time ro->time_reps runs (three warm-ups first) with CUDA events: median and fastest. */
+static kiln_status run_time(run_state *rs, const kiln_batch_args *a, cb_out *out, kiln__err *e)
+{
+    kiln_ctx *ctx = rs->ctx;
+    const kiln__cu *cu = rs->cu;
+    const int reps = rs->ro->time_reps;
+    rs->ms = malloc(sizeof(double) * (size_t)reps);
+    if (!rs->ms) return kiln__fail(e, KILN_STATUS_NO_MEMORY, "check batch: out of host memory");
+    CU_RET(cu->cuEventCreate(&rs->ev[0], CU_EVENT_DEFAULT), "event");
+    CU_RET(cu->cuEventCreate(&rs->ev[1], CU_EVENT_DEFAULT), "event");
+    for (int t = -3; t < reps; t++) { /* three warm-up runs */
+        CU_RET(cu->cuEventRecord(rs->ev[0], rs->stream), "event record");
+        if (rs->exec) CU_RET(rs->ga.cuGraphLaunch(rs->exec, rs->stream), "launch graph");
+        else KILN_RET(kiln_batch_run(rs->plan, a, rs->stream));
+        CU_RET(cu->cuEventRecord(rs->ev[1], rs->stream), "event record");
+        CU_RET(cu->cuEventSynchronize(rs->ev[1]), "timed run");
+        float f = 0;
+        cu->cuEventElapsedTime(&f, rs->ev[0], rs->ev[1]);
+        if (t >= 0) rs->ms[t] = f;
+    }
+    qsort(rs->ms, (size_t)reps, sizeof *rs->ms, kiln__check_cmp_double);
+    out->kernel_ms = rs->ms[reps / 2];
+    out->min_ms = rs->ms[0];
+    return KILN_STATUS_OK;
+}
+
+static void run_state_free(run_state *rs)
+{
+    const kiln__cu *cu = rs->cu;
+    if (rs->ev[0]) cu->cuEventDestroy(rs->ev[0]);
+    if (rs->ev[1]) cu->cuEventDestroy(rs->ev[1]);
+    if (rs->exec) rs->ga.cuGraphExecDestroy(rs->exec);
+    if (rs->graph) rs->ga.cuGraphDestroy(rs->graph);
+    if (rs->stream) cu->cuStreamDestroy(rs->stream);
+    kiln_plan_destroy(rs->plan);
+    dev *d = &rs->d;
+    CUdeviceptr *bufs[] = {&d->q,    &d->k,      &d->v,  &d->o,    &d->lse,    &d->indices,
+                           &d->rope, &d->slopes, &d->ws, &d->bits, &d->bsr_ip, &d->bsr_ix};
+    for (size_t b = 0; b < sizeof bufs / sizeof bufs[0]; b++)
+        if (*bufs[b]) cu->cuMemFree(*bufs[b]);
+    for (int i = 0; i < 2; i++) kiln__cb_store_free(&rs->S[i]);
+    free(rs->o_host);
+    free(rs->ms);
+}
+
 kiln_status kiln__cb_run(kiln_ctx *ctx, kiln_kernel *k, const cb_logical *const *Ls, int n,
                          const cb_run_opts *ro, cb_out *outs, kiln__err *e)
 {
     kiln_status st = KILN_STATUS_OK;
-    const kiln__cu *cu = ctx ? ctx->cu : NULL;
-    cb_store S[2] = {{0}};
-    dev d = {0};
-    kiln_plan *plan = NULL;
-    CUstream stream = NULL;
-    CUgraph graph = NULL;
-    CUgraphExec exec = NULL;
-    CUevent ev[2] = {0};
-    uint16_t *o_host = NULL;
-    double *ms = NULL;
-    graph_api ga = {0};
+    run_state rs = {0};
+    rs.ctx = ctx;
+    rs.cu = ctx ? ctx->cu : NULL;
+    rs.k = k;
+    rs.ro = ro;
+    rs.Ls = Ls;
+    rs.n = n;
     for (int i = 0; i < n; i++) memset(&outs[i], 0, sizeof outs[i]);
-    if (!cu || !k || !k->loaded)
+    if (!rs.cu || !k || !k->loaded)
         return kiln__fail(e, KILN_STATUS_NO_DEVICE, "check batch: no GPU or kernel not loaded");
     if (n < 1 || n > 2)
         return kiln__fail(e, KILN_STATUS_INVALID_ARGUMENT, "check batch: 1 or 2 batches per run");
     if ((st = kiln__ctx_bind(ctx, e))) return st;
-    if (ro->graph && (st = graph_api_get(&ga, e))) return st;
-    const cb_logical *L0 = Ls[0];
-    const int H = L0->H, D = L0->D;
-    int maxB = 0, maxQ = 0, maxKV = 0, maxPool = 0, maxPages = 0, maxRows = 0, maxNnz = 0;
-    size_t maxBits = 0;
-    for (int i = 0; i < n; i++) {
-        const kiln_check_index *x = &Ls[i]->ix;
-        if (Ls[i]->mask_bytes > maxBits) maxBits = Ls[i]->mask_bytes;
-        if (Ls[i]->bsr_rows > maxRows) maxRows = Ls[i]->bsr_rows;
-        if (Ls[i]->bsr_nnz > maxNnz) maxNnz = Ls[i]->bsr_nnz;
-        if (x->batch > maxB) maxB = x->batch;
-        if (x->total_qo > maxQ) maxQ = x->total_qo;
-        if (x->total_kv > maxKV) maxKV = x->total_kv;
-        if (x->pool_pages > maxPool) maxPool = x->pool_pages;
-        if (x->pages_used > maxPages) maxPages = x->pages_used;
-    }
-    size_t q_elems = 0, kv_elems = 0;
-    for (int i = 0; i < n; i++) {
-        if ((st = kiln__cb_store(Ls[i], ro->strided, maxKV, maxPool, &S[i]))) {
-            kiln__fail(e, st, "check batch: out of host memory for the stored batch");
-            goto done;
-        }
-        if (S[i].q_elems > q_elems) q_elems = S[i].q_elems;
-        if (S[i].kv_elems > kv_elems) kv_elems = S[i].kv_elems;
-    }
-    const size_t lse_bytes = sizeof(float) * ((size_t)(maxQ > 0 ? maxQ : 1) * H + 4);
-    const size_t esize = (size_t)S[0].esize;
-    o_host = malloc(q_elems * 2);
-    for (int i = 0; i < n; i++) {
-        outs[i].o = malloc(sizeof(uint16_t) * ((size_t)Ls[i]->ix.total_qo * H * D + 1));
-        outs[i].lse = malloc(sizeof(float) * ((size_t)Ls[i]->ix.total_qo * H + 1));
-        if (!outs[i].o || !outs[i].lse) o_host = (free(o_host), NULL);
-    }
-    if (!o_host) {
-        st = kiln__fail(e, KILN_STATUS_NO_MEMORY, "check batch: out of host memory");
+    if (ro->graph && (st = graph_api_get(&rs.ga, e))) return st;
+    rs.H = Ls[0]->H;
+    rs.D = Ls[0]->D;
+    if ((st = run_store(&rs, outs, e)) || (st = run_alloc(&rs, e)) || (st = run_plan(&rs, e)))
         goto done;
-    }
-    CU_TRY(cu->cuMemAlloc(&d.q, q_elems * 2), "alloc q");
-    CU_TRY(cu->cuMemAlloc(&d.o, q_elems * 2), "alloc o");
-    CU_TRY(cu->cuMemAlloc(&d.k, kv_elems * esize), "alloc k");
-    CU_TRY(cu->cuMemAlloc(&d.v, kv_elems * esize), "alloc v");
-    CU_TRY(cu->cuMemAlloc(&d.lse, lse_bytes), "alloc lse");
-    CU_TRY(cu->cuMemAlloc(&d.indices, sizeof(int) * ((size_t)maxPages + 1)), "alloc kv_indices");
-    CU_TRY(cu->cuMemAlloc(&d.rope, sizeof(int) * ((size_t)maxB + 1)), "alloc rope offsets");
-    CU_TRY(cu->cuMemAlloc(&d.slopes, sizeof(float) * (size_t)H), "alloc slopes");
-    CU_TRY(cu->cuMemcpyHtoD(d.slopes, L0->slopes, sizeof(float) * (size_t)H), "copy slopes");
-    if (L0->v.mask_data == KILN_MASK_DATA_BITMASK)
-        CU_TRY(cu->cuMemAlloc(&d.bits, maxBits + 1), "alloc mask bits");
-    if (L0->v.mask_data == KILN_MASK_DATA_BSR) {
-        CU_TRY(cu->cuMemAlloc(&d.bsr_ip, sizeof(int) * ((size_t)maxRows + 1)), "alloc bsr_indptr");
-        CU_TRY(cu->cuMemAlloc(&d.bsr_ix, sizeof(int) * ((size_t)maxNnz + 1)), "alloc bsr_indices");
-    }
-
-    kiln_plan_opts po = ro->po;
-    po.num_qo_heads = H;
-    for (int i = 0; po.fixed_split > 0 && i < n; i++) /* sizes the workspace for the fixed splits */
-        if (Ls[i]->ix.total_kv > po.max_total_kv) po.max_total_kv = Ls[i]->ix.total_kv;
-    po.page_size = L0->ix.page_size;
-    po.bsr_r = L0->bsr_r;
-    po.bsr_c = L0->bsr_c;
-    if (ro->graph && po.max_batch < maxB) po.max_batch = maxB;
-    if (ro->graph && L0->v.op == KILN_OP_PREFILL && po.max_qo_tokens < maxQ)
-        po.max_qo_tokens = maxQ;
-    KILN_TRY(kiln_plan_create(k, &po, &plan));
-    const int wsB = po.max_batch > maxB ? po.max_batch : maxB;
-    const int wsQ = L0->v.op == KILN_OP_DECODE ? wsB
-                    : po.max_qo_tokens > maxQ  ? po.max_qo_tokens
-                                               : maxQ;
-    KILN_TRY(kiln_plan_workspace_size(plan, wsB, wsQ, &d.ws_bytes));
-    CU_TRY(cu->cuMemAlloc(&d.ws, d.ws_bytes ? d.ws_bytes : 16), "alloc workspace");
-    if (ro->graph) CU_TRY(cu->cuStreamCreate(&stream, CU_STREAM_NON_BLOCKING), "create stream");
-
     for (int i = 0; i < n; i++) {
-        const cb_logical *L = Ls[i];
-        const kiln_check_index *x = &L->ix;
-        CU_TRY(cu->cuMemcpyHtoD(d.q, S[i].q, S[i].q_elems * 2), "copy q");
-        CU_TRY(cu->cuMemcpyHtoD(d.k, S[i].k, S[i].kv_elems * esize), "copy k");
-        CU_TRY(cu->cuMemcpyHtoD(d.v, S[i].v, S[i].kv_elems * esize), "copy v");
-        if (x->pages_used)
-            CU_TRY(cu->cuMemcpyHtoD(d.indices, x->page_ids, sizeof(int) * (size_t)x->pages_used),
-                   "copy kv_indices");
-        if (x->batch)
-            CU_TRY(cu->cuMemcpyHtoD(d.rope, L->rope_off, sizeof(int) * (size_t)x->batch),
-                   "copy rope offsets");
-        if (L->mask_bits)
-            CU_TRY(cu->cuMemcpyHtoD(d.bits, L->mask_bits, L->mask_bytes), "copy mask bits");
-        if (L->bsr_indptr) {
-            CU_TRY(cu->cuMemcpyHtoD(d.bsr_ip, L->bsr_indptr,
-                                    sizeof(int) * ((size_t)L->bsr_rows + 1)),
-                   "copy bsr_indptr");
-            if (L->bsr_nnz)
-                CU_TRY(cu->cuMemcpyHtoD(d.bsr_ix, L->bsr_indices, sizeof(int) * (size_t)L->bsr_nnz),
-                       "copy bsr_indices");
-        }
-        /* poison: 0xffff is NaN in f16 and bf16, 0xffffffff in f32 */
-        CU_TRY(cu->cuMemsetD8(d.o, 0xff, q_elems * 2), "poison o");
-        CU_TRY(cu->cuMemsetD8(d.lse, 0xff, lse_bytes), "poison lse");
-        CU_TRY(cu->cuCtxSynchronize(), "upload");
-        kiln_batch_shape shape = {0};
-        shape.batch = x->batch;
-        shape.qo_indptr = L->v.op == KILN_OP_PREFILL ? x->qo_indptr : NULL;
-        shape.kv_indptr = L->v.kv == KILN_KV_PAGED ? x->page_indptr : x->kv_indptr;
-        shape.kv_last_page_len = L->v.kv == KILN_KV_PAGED ? x->last_page_len : NULL;
-        double t0 = now_ms();
-        KILN_TRY(kiln_batch_plan(plan, &shape, d.ws, d.ws_bytes, stream));
-        outs[i].plan_ms = now_ms() - t0;
-        KILN_TRY(kiln_plan_describe(plan, &outs[i].info));
         kiln_batch_args a;
-        fill_args(L, &S[i], &d, &a);
-        if (!ro->graph) {
-            KILN_TRY(kiln_batch_run(plan, &a, stream));
-        } else {
-            if (i == 0) {
-                CU_TRY(ga.cuStreamBeginCapture(stream, CU_STREAM_CAPTURE_MODE_THREAD_LOCAL),
-                       "begin capture");
-                kiln_status rs = kiln_batch_run(plan, &a, stream);
-                CUresult cr = ga.cuStreamEndCapture(stream, &graph);
-                if (rs) {
-                    st = kiln__fail(e, rs, "check batch: run under capture: %s",
-                                    kiln_ctx_errmsg(ctx));
-                    goto done;
-                }
-                CU_TRY(cr, "end capture (did the run do something a graph cannot hold?)");
-                CU_TRY(ga.cuGraphInstantiateWithFlags(&exec, graph, 0), "instantiate graph");
-            }
-            CU_TRY(ga.cuGraphLaunch(exec, stream), "launch graph");
-        }
-        CU_TRY(cu->cuCtxSynchronize(), "run batch");
-        CU_TRY(cu->cuMemcpyDtoH(o_host, d.o, S[i].o_elems * 2), "copy o back");
-        if (x->total_qo)
-            CU_TRY(cu->cuMemcpyDtoH(outs[i].lse, d.lse, sizeof(float) * (size_t)x->total_qo * H),
-                   "copy lse back");
-        for (int r = 0; r < x->total_qo; r++)
-            for (int h = 0; h < H; h++)
-                memcpy(outs[i].o + ((size_t)r * H + h) * D, o_host + r * S[i].os_n + h * S[i].os_h,
-                       2 * (size_t)D);
-        if (ro->time_reps > 0 && i == n - 1) {
-            ms = malloc(sizeof(double) * (size_t)ro->time_reps);
-            if (!ms) {
-                st = kiln__fail(e, KILN_STATUS_NO_MEMORY, "check batch: out of host memory");
-                goto done;
-            }
-            CU_TRY(cu->cuEventCreate(&ev[0], CU_EVENT_DEFAULT), "event");
-            CU_TRY(cu->cuEventCreate(&ev[1], CU_EVENT_DEFAULT), "event");
-            for (int t = -3; t < ro->time_reps; t++) { /* three warm-up runs */
-                CU_TRY(cu->cuEventRecord(ev[0], stream), "event record");
-                if (exec) CU_TRY(ga.cuGraphLaunch(exec, stream), "launch graph");
-                else KILN_TRY(kiln_batch_run(plan, &a, stream));
-                CU_TRY(cu->cuEventRecord(ev[1], stream), "event record");
-                CU_TRY(cu->cuEventSynchronize(ev[1]), "timed run");
-                float f = 0;
-                cu->cuEventElapsedTime(&f, ev[0], ev[1]);
-                if (t >= 0) ms[t] = f;
-            }
-            qsort(ms, (size_t)ro->time_reps, sizeof *ms, cmp_double);
-            outs[i].kernel_ms = ms[ro->time_reps / 2];
-            outs[i].min_ms = ms[0];
-        }
+        fill_args(Ls[i], &rs.S[i], &rs.d, &a);
+        if ((st = run_upload(&rs, i, e)) || (st = run_replan(&rs, i, &outs[i], e)) ||
+            (st = run_launch(&rs, i, &a, e)) || (st = run_download(&rs, i, &outs[i], e)) ||
+            (ro->time_reps > 0 && i == n - 1 && (st = run_time(&rs, &a, &outs[i], e))))
+            goto done;
     }
 done:
-    if (st && cu) cu->cuCtxSynchronize();
-    if (ev[0]) cu->cuEventDestroy(ev[0]);
-    if (ev[1]) cu->cuEventDestroy(ev[1]);
-    if (exec) ga.cuGraphExecDestroy(exec);
-    if (graph) ga.cuGraphDestroy(graph);
-    if (stream) cu->cuStreamDestroy(stream);
-    kiln_plan_destroy(plan);
-    CUdeviceptr *bufs[] = {&d.q,    &d.k,      &d.v,  &d.o,    &d.lse,    &d.indices,
-                           &d.rope, &d.slopes, &d.ws, &d.bits, &d.bsr_ip, &d.bsr_ix};
-    for (size_t b = 0; cu && b < sizeof bufs / sizeof bufs[0]; b++)
-        if (*bufs[b]) cu->cuMemFree(*bufs[b]);
-    for (int i = 0; i < 2; i++) kiln__cb_store_free(&S[i]);
-    free(o_host);
-    free(ms);
+    if (st) rs.cu->cuCtxSynchronize();
+    run_state_free(&rs);
     if (st)
         for (int i = 0; i < n; i++) kiln__cb_out_free(&outs[i]);
     return st;
@@ -489,6 +584,13 @@ done:
 
 /* ---- pairs of runs -------------------------------------------------------------------------- */
 
+/* The outcome of a pair check into msg[cap]: e's message on failure, "" on success. */
+static void pair_message(kiln_status st, const kiln__err *e, char *msg, size_t cap)
+{
+    if (st) snprintf(msg, cap, "%s", e->msg);
+    else if (cap) msg[0] = 0;
+}
+
 /* Compare rows [ra, ra + rows) of out a with rows [rb, rb + rows) of out b: bits, and the
  * tolerance of v (when tol is set) taking b as the reference. Returns the out-of-tolerance
  * count. */
@@ -569,8 +671,7 @@ kiln_status kiln_check_batch_equiv(kiln_ctx *ctx, kiln_kernel *k_paged, kiln_ker
                    p->same_split ? "same" : "different", p->differ, bad, p->first);
     }
 done:
-    if (st) snprintf(msg, cap, "%s", e->msg);
-    else if (cap) msg[0] = 0;
+    pair_message(st, e, msg, cap);
     kiln__cb_out_free(&op);
     kiln__cb_out_free(&orr);
     kiln__cb_free(&Lp);
@@ -642,13 +743,101 @@ kiln_status kiln_check_batch_invariance(kiln_ctx *ctx, kiln_kernel *k, const kil
                    req, s->batch, s->fixed_split, p->differ, p->compared, p->first);
     }
 done:
-    if (st) snprintf(msg, cap, "%s", e->msg);
-    else if (cap) msg[0] = 0;
+    pair_message(st, e, msg, cap);
     kiln__cb_out_free(&ob);
     kiln__cb_out_free(&o1);
     kiln__cb_free(&L);
     kiln__cb_free(&L1);
     return st;
+}
+
+/* Device buffers of the single-request runs, sized for the largest request of L. */
+typedef struct single_bufs {
+    CUdeviceptr q, k, v, o, lse, slopes, ws;
+    size_t ws_bytes;
+} single_bufs;
+
+static kiln_status single_alloc(kiln_ctx *ctx, kiln_kernel *k, const cb_logical *L, single_bufs *sb,
+                                cb_out *os, kiln__err *e)
+{
+    const kiln__cu *cu = ctx->cu;
+    const int H = L->H, HK = L->H_KV, D = L->D;
+    int max_q = 1, max_k = 1;
+    sb->ws_bytes = 16;
+    for (int r = 0; r < L->ix.batch; r++) {
+        const uint16_t *q, *kk, *v;
+        int nq, nk;
+        size_t ws = 0;
+        request_rows(L, r, &q, &kk, &v, &nq, &nk);
+        if (nq > max_q) max_q = nq;
+        if (nk > max_k) max_k = nk;
+        if (k->v.op == KILN_OP_DECODE && nk > 0) {
+            KILN_RET(kiln_decode_workspace_size(k, H, nk, &ws));
+            if (ws > sb->ws_bytes) sb->ws_bytes = ws;
+        }
+    }
+    CU_RET(cu->cuMemAlloc(&sb->q, (size_t)max_q * H * D * 2), "alloc q");
+    CU_RET(cu->cuMemAlloc(&sb->o, (size_t)max_q * H * D * 2), "alloc o");
+    CU_RET(cu->cuMemAlloc(&sb->k, (size_t)max_k * HK * D * 2), "alloc k");
+    CU_RET(cu->cuMemAlloc(&sb->v, (size_t)max_k * HK * D * 2), "alloc v");
+    CU_RET(cu->cuMemAlloc(&sb->lse, sizeof(float) * (size_t)max_q * H), "alloc lse");
+    CU_RET(cu->cuMemAlloc(&sb->slopes, sizeof(float) * (size_t)H), "alloc slopes");
+    CU_RET(cu->cuMemAlloc(&sb->ws, sb->ws_bytes), "alloc workspace");
+    CU_RET(cu->cuMemcpyHtoD(sb->slopes, L->slopes, sizeof(float) * (size_t)H), "copy slopes");
+    os->o = malloc(sizeof(uint16_t) * ((size_t)max_q * H * D + 1));
+    os->lse = malloc(sizeof(float) * ((size_t)max_q * H + 1));
+    if (!os->o || !os->lse)
+        return kiln__fail(e, KILN_STATUS_NO_MEMORY, "check vs single: out of host memory");
+    return KILN_STATUS_OK;
+}
+
+static void single_free(const kiln__cu *cu, single_bufs *sb)
+{
+    CUdeviceptr bufs[] = {sb->q, sb->k, sb->v, sb->o, sb->lse, sb->slopes, sb->ws};
+    for (size_t i = 0; cu && i < sizeof bufs / sizeof bufs[0]; i++)
+        if (bufs[i]) cu->cuMemFree(bufs[i]);
+}
+
+/* Request r of L (nq rows, nk keys: both > 0) run alone through k (kv=contiguous, dense NHD
+ * rows as the batch holds them); its o and lse into os. */
+static kiln_status single_run(kiln_ctx *ctx, kiln_kernel *k, const cb_logical *L, int r,
+                              const single_bufs *sb, cb_out *os, kiln__err *e)
+{
+    const kiln__cu *cu = ctx->cu;
+    const int H = L->H, HK = L->H_KV, D = L->D;
+    const uint16_t *q, *kk, *v;
+    int nq, nk;
+    request_rows(L, r, &q, &kk, &v, &nq, &nk);
+    CU_RET(cu->cuMemcpyHtoD(sb->q, q, (size_t)nq * H * D * 2), "copy q");
+    CU_RET(cu->cuMemcpyHtoD(sb->k, kk, (size_t)nk * HK * D * 2), "copy k");
+    CU_RET(cu->cuMemcpyHtoD(sb->v, v, (size_t)nk * HK * D * 2), "copy v");
+    kiln_attn_args sa;
+    memset(&sa, 0, sizeof sa);
+    sa.q = sb->q;
+    sa.k = sb->k;
+    sa.v = sb->v;
+    sa.o = sb->o;
+    sa.lse = k->v.lse ? sb->lse : 0;
+    sa.num_qo_heads = H;
+    sa.qo_len = nq;
+    sa.kv_len = nk;
+    sa.q_stride_n = sa.o_stride_n = (int64_t)H * D;
+    sa.q_stride_h = sa.o_stride_h = D;
+    sa.k_stride_n = sa.v_stride_n = (int64_t)HK * D; /* rows as the batch holds them: NHD */
+    sa.k_stride_h = sa.v_stride_h = D;
+    sa.workspace = sb->ws;
+    sa.workspace_bytes = sb->ws_bytes;
+    sa.params.sm_scale = L->sm_scale;
+    sa.params.softcap = L->softcap;
+    sa.params.window_left = L->window_left;
+    sa.params.alibi_slopes = sb->slopes;
+    KILN_RET(k->v.op == KILN_OP_DECODE ? kiln_single_decode(k, &sa, NULL)
+                                       : kiln_single_prefill(k, &sa, NULL));
+    CU_RET(cu->cuCtxSynchronize(), "single run");
+    CU_RET(cu->cuMemcpyDtoH(os->o, sb->o, (size_t)nq * H * D * 2), "copy o back");
+    if (k->v.lse)
+        CU_RET(cu->cuMemcpyDtoH(os->lse, sb->lse, sizeof(float) * (size_t)nq * H), "copy lse back");
+    return KILN_STATUS_OK;
 }
 
 kiln_status kiln_check_batch_vs_single(kiln_ctx *ctx, kiln_kernel *k_batch, kiln_kernel *k_single,
@@ -659,7 +848,7 @@ kiln_status kiln_check_batch_vs_single(kiln_ctx *ctx, kiln_kernel *k_batch, kiln
     kiln_status st = KILN_STATUS_OK;
     cb_logical L = {0};
     cb_out ob = {0}, os = {0};
-    CUdeviceptr dq = 0, dk = 0, dv = 0, dout = 0, dlse = 0, dslopes = 0, dws = 0;
+    single_bufs sb = {0};
     memset(p, 0, sizeof *p);
     const kiln__cu *cu = ctx ? ctx->cu : NULL;
     if ((st = batch_variant(k_batch, e))) goto done;
@@ -684,72 +873,15 @@ kiln_status kiln_check_batch_vs_single(kiln_ctx *ctx, kiln_kernel *k_batch, kiln
     const cb_logical *l1[1] = {&L};
     if ((st = kiln__cb_run(ctx, k_batch, l1, 1, &ro, &ob, e))) goto done;
     p->a = ob.info;
-    if ((st = kiln__ctx_bind(ctx, e))) goto done;
-    const int H = L.H, HK = L.H_KV, D = L.D, B = L.ix.batch;
-    int max_q = 1, max_k = 1;
-    size_t ws_bytes = 16;
-    for (int r = 0; r < B; r++) {
-        const uint16_t *q, *k, *v;
-        int nq, nk;
-        request_rows(&L, r, &q, &k, &v, &nq, &nk);
-        if (nq > max_q) max_q = nq;
-        if (nk > max_k) max_k = nk;
-        size_t ws = 0;
-        if (a.op == KILN_OP_DECODE && nk > 0) {
-            KILN_TRY(kiln_decode_workspace_size(k_single, H, nk, &ws));
-            if (ws > ws_bytes) ws_bytes = ws;
-        }
-    }
-    CU_TRY(cu->cuMemAlloc(&dq, (size_t)max_q * H * D * 2), "alloc q");
-    CU_TRY(cu->cuMemAlloc(&dout, (size_t)max_q * H * D * 2), "alloc o");
-    CU_TRY(cu->cuMemAlloc(&dk, (size_t)max_k * HK * D * 2), "alloc k");
-    CU_TRY(cu->cuMemAlloc(&dv, (size_t)max_k * HK * D * 2), "alloc v");
-    CU_TRY(cu->cuMemAlloc(&dlse, sizeof(float) * (size_t)max_q * H), "alloc lse");
-    CU_TRY(cu->cuMemAlloc(&dslopes, sizeof(float) * (size_t)H), "alloc slopes");
-    CU_TRY(cu->cuMemAlloc(&dws, ws_bytes), "alloc workspace");
-    CU_TRY(cu->cuMemcpyHtoD(dslopes, L.slopes, sizeof(float) * (size_t)H), "copy slopes");
-    os.o = malloc(sizeof(uint16_t) * ((size_t)max_q * H * D + 1));
-    os.lse = malloc(sizeof(float) * ((size_t)max_q * H + 1));
-    if (!os.o || !os.lse) {
-        st = kiln__fail(e, KILN_STATUS_NO_MEMORY, "check vs single: out of host memory");
+    if ((st = kiln__ctx_bind(ctx, e)) || (st = single_alloc(ctx, k_single, &L, &sb, &os, e)))
         goto done;
-    }
     long long bad = 0;
-    for (int r = 0; r < B; r++) {
-        const uint16_t *q, *k, *v;
-        int nq, nk;
-        request_rows(&L, r, &q, &k, &v, &nq, &nk);
+    for (int r = 0; r < L.ix.batch; r++) {
+        const int nq = L.ix.qo_indptr[r + 1] - L.ix.qo_indptr[r],
+                  nk = L.ix.kv_indptr[r + 1] - L.ix.kv_indptr[r];
         if (nq == 0 || nk == 0) continue; /* a single launch needs keys and rows */
-        CU_TRY(cu->cuMemcpyHtoD(dq, q, (size_t)nq * H * D * 2), "copy q");
-        CU_TRY(cu->cuMemcpyHtoD(dk, k, (size_t)nk * HK * D * 2), "copy k");
-        CU_TRY(cu->cuMemcpyHtoD(dv, v, (size_t)nk * HK * D * 2), "copy v");
-        kiln_attn_args sa;
-        memset(&sa, 0, sizeof sa);
-        sa.q = dq;
-        sa.k = dk;
-        sa.v = dv;
-        sa.o = dout;
-        sa.lse = a.lse ? dlse : 0;
-        sa.num_qo_heads = H;
-        sa.qo_len = nq;
-        sa.kv_len = nk;
-        sa.q_stride_n = sa.o_stride_n = (int64_t)H * D;
-        sa.q_stride_h = sa.o_stride_h = D;
-        sa.k_stride_n = sa.v_stride_n = (int64_t)HK * D; /* rows as the batch holds them: NHD */
-        sa.k_stride_h = sa.v_stride_h = D;
-        sa.workspace = dws;
-        sa.workspace_bytes = ws_bytes;
-        sa.params.sm_scale = L.sm_scale;
-        sa.params.softcap = L.softcap;
-        sa.params.window_left = L.window_left;
-        sa.params.alibi_slopes = dslopes;
-        KILN_TRY(a.op == KILN_OP_DECODE ? kiln_single_decode(k_single, &sa, NULL)
-                                        : kiln_single_prefill(k_single, &sa, NULL));
-        CU_TRY(cu->cuCtxSynchronize(), "single run");
-        CU_TRY(cu->cuMemcpyDtoH(os.o, dout, (size_t)nq * H * D * 2), "copy o back");
-        if (a.lse)
-            CU_TRY(cu->cuMemcpyDtoH(os.lse, dlse, sizeof(float) * (size_t)nq * H), "copy lse back");
-        bad += compare_pair(&a, H, D, &os, 0, &ob, L.ix.qo_indptr[r], nq, 1, p);
+        if ((st = single_run(ctx, k_single, &L, r, &sb, &os, e))) goto done;
+        bad += compare_pair(&a, L.H, L.D, &os, 0, &ob, L.ix.qo_indptr[r], nq, 1, p);
     }
     if (bad) {
         st = KILN_STATUS_MISMATCH;
@@ -760,13 +892,8 @@ kiln_status kiln_check_batch_vs_single(kiln_ctx *ctx, kiln_kernel *k_batch, kiln
                    bad, p->differ, p->first);
     }
 done:
-    if (st) snprintf(msg, cap, "%s", e->msg);
-    else if (cap) msg[0] = 0;
-    if (cu) {
-        CUdeviceptr bufs[] = {dq, dk, dv, dout, dlse, dslopes, dws};
-        for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
-            if (bufs[i]) cu->cuMemFree(bufs[i]);
-    }
+    pair_message(st, e, msg, cap);
+    single_free(cu, &sb);
     kiln__cb_out_free(&ob);
     kiln__cb_out_free(&os);
     kiln__cb_free(&L);
