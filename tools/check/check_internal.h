@@ -55,8 +55,7 @@ static inline double kiln__check_bits(kiln_dtype t, uint16_t h)
         uint32_t man = h & 0x3ffu;
         if (exp == 0) {
             if (!man) u = sign;
-            else { /* subnormal: normalise */
-                int e = -1;
+            else { /* subnormal: normalise */ int e = -1;
                 do {
                     man <<= 1;
                     e++;
