@@ -82,12 +82,7 @@ uint64_t brng(uint64_t *x)
 #define B_TRY(call, what)                                                                          \
     do {                                                                                           \
         CUresult r_ = (call);                                                                      \
-        if (r_ != CUDA_SUCCESS) {                                                                  \
-            const char *n_ = NULL;                                                                 \
-            env->cu->cuGetErrorName(r_, &n_);                                                      \
-            snprintf(msg, cap, "%s: %s", what, n_ ? n_ : "?");                                     \
-            return r_ == CUDA_ERROR_OUT_OF_MEMORY ? KILN_STATUS_NO_MEMORY : KILN_STATUS_CUDA;      \
-        }                                                                                          \
+        if (r_ != CUDA_SUCCESS) return bench_cu_fail(env, r_, "", what, msg, cap);                 \
     } while (0)
 
 /* Allocate and fill the buffers. Paged pools hold copies x pool_units pages; with idx (the

@@ -85,7 +85,8 @@ static void point_report(bench_env *env, const bpoint *pt, const kiln_variant *v
     const int D = v->head_dim;
     const int elt = v->kv_dtype == KILN_DTYPE_E4M3 || v->kv_dtype == KILN_DTYPE_E5M2 ? 1 : 2;
     if (pt->L_Q == 0) {
-        const double bytes = (double)s->total_kv * HKV * D * elt * 2 + (double)s->B * HQ * D * 2 * 2;
+        const double bytes =
+            (double)s->total_kv * HKV * D * elt * 2 + (double)s->B * HQ * D * 2 * 2;
         const double gbs = bytes / (ms * 1e-3) / 1e9;
         printf("| %s | %d | %d | %.4f | %.0f | %.1f | %.1f | %d | %s |\n", pt->name, pt->B,
                pt->L_KV, ms, gbs, 100 * gbs / env->copy_gbs,

@@ -330,10 +330,7 @@ static void fill_args(const problem *p, const devbufs *b, int c, kiln_attn_args 
     a->k_stride_h = a->v_stride_h = p->ks_h;
     a->workspace = b->ws;
     a->workspace_bytes = b->ws_bytes;
-    a->params.sm_scale = p->sm_scale;
-    a->params.softcap = p->softcap;
-    a->params.window_left = p->window_left;
-    a->params.alibi_slopes = b->slopes;
+    kiln__check_params(&a->params, p->sm_scale, p->softcap, p->window_left, b->slopes);
     for (int i = 0; i < KILN_MAX_USER_PARAMS; i++) {
         a->params.user[i] = s->user[i];
         if (b->user[i]) a->params.user[i].ptr = b->user[i];

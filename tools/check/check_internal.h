@@ -41,6 +41,16 @@ int kiln__check_lse(kiln_check_result *r, double got, double ref);
 /* r->rel_l2 from the sums of kiln__check_o (infinity when NaN). */
 void kiln__check_rel_l2(kiln_check_result *r, const double sums[2]);
 
+/* The builtin run-time values every check passes: scale, softcap, window, alibi slopes. */
+static inline void kiln__check_params(kiln_params *pr, float sm_scale, float softcap,
+                                      int window_left, CUdeviceptr alibi_slopes)
+{
+    pr->sm_scale = sm_scale;
+    pr->softcap = softcap;
+    pr->window_left = window_left;
+    pr->alibi_slopes = alibi_slopes;
+}
+
 /* qsort comparator of doubles, ascending. */
 int kiln__check_cmp_double(const void *a, const void *b);
 

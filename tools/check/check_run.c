@@ -151,10 +151,7 @@ static void fill_args(const cb_logical *L, const cb_store *S, const dev *d, kiln
     a->mask_bits = d->bits;
     a->bsr_indptr = d->bsr_ip;
     a->bsr_indices = d->bsr_ix;
-    a->params.sm_scale = L->sm_scale;
-    a->params.softcap = L->softcap;
-    a->params.window_left = L->window_left;
-    a->params.alibi_slopes = d->slopes;
+    kiln__check_params(&a->params, L->sm_scale, L->softcap, L->window_left, d->slopes);
     a->params.k_scale = L->k_scale;
     a->params.v_scale = L->v_scale;
     a->params.rope_scale = L->rope_scale;
@@ -827,10 +824,7 @@ static kiln_status single_run(kiln_ctx *ctx, kiln_kernel *k, const cb_logical *L
     sa.k_stride_h = sa.v_stride_h = D;
     sa.workspace = sb->ws;
     sa.workspace_bytes = sb->ws_bytes;
-    sa.params.sm_scale = L->sm_scale;
-    sa.params.softcap = L->softcap;
-    sa.params.window_left = L->window_left;
-    sa.params.alibi_slopes = sb->slopes;
+    kiln__check_params(&sa.params, L->sm_scale, L->softcap, L->window_left, sb->slopes);
     KILN_RET(k->v.op == KILN_OP_DECODE ? kiln_single_decode(k, &sa, NULL)
                                        : kiln_single_prefill(k, &sa, NULL));
     CU_RET(cu->cuCtxSynchronize(), "single run");

@@ -73,6 +73,12 @@ int cli_parse(cli_global *g, const cli_cmd *cmd, int argc, char **argv, const cl
 int cli_parse_opts(cli_global *g, const cli_cmd *cmd, int argc, char **argv, const cli_opt *opts,
                    int *status);
 
+/* cli_parse for a command that needs at least one positional word: 1 when the command is done,
+ * with its exit status in *status (CLI_OK after printing its help; CLI_USAGE after printing
+ * why, "missing" when there is no word); 0 to go on with *npos words. */
+int cli_parse_words(cli_global *g, const cli_cmd *cmd, int argc, char **argv, const cli_opt *opts,
+                    const char *missing, int *npos, int *status);
+
 /* Print "kiln <cmd>: <message>\n" to stderr and return code. */
 int cli_fail(const char *cmd, int code, const char *fmt, ...) KILN__PRINTF(3, 4);
 

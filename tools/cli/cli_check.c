@@ -316,6 +316,52 @@ static void batch_print(const kiln_variant *v, const kiln_check_batch *s, int mi
     fflush(stdout);
 }
 
+/* A context on the GPU and v's kernel: 0, or CLI_FAIL after printing why (*ctx may be set
+ * either way; the caller destroys it). */
+static int check_kernel(cli_global *g, const kiln_variant *v, kiln_ctx **ctx, kiln_kernel **k)
+{
+    kiln_device_info di;
+    int rc = cli_ctx_open(g, "check", 0, ctx);
+    if (rc) return rc;
+    if (kiln_ctx_device(*ctx, &di) || !di.present)
+        return cli_fail("check", CLI_FAIL, "no GPU: %s", kiln_ctx_errmsg(*ctx));
+    if (kiln_kernel_get(*ctx, v, k))
+        return cli_fail("check", CLI_FAIL, "%s", kiln_ctx_errmsg(*ctx));
+    return 0;
+}
+
+/* 1 when a check failed to run (the caller prints why); 0 when it ran, *rc becoming CLI_FAIL
+ * on a mismatch. */
+static int check_failed(kiln_status st, int *rc)
+{
+    if (st == KILN_STATUS_MISMATCH) *rc = CLI_FAIL;
+    return st != KILN_STATUS_OK && st != KILN_STATUS_MISMATCH;
+}
+
+/* op=merge: kiln_merge_state, _in_place and kiln_merge_states on random states, a line each. */
+static int check_merges(kiln_ctx *ctx, kiln_kernel *k, const kiln_check_batch *s, int strided,
+                        const char *canon)
+{
+    static const char *const names[] = {"merge_state", "merge_state_in_place", "merge_states"};
+    int rc = CLI_OK;
+    for (int op = 0; op < 3; op++) {
+        kiln_check_merge_shape ms = {s->batch, s->num_qo_heads, 3, strided, s->seed};
+        kiln_check_result r;
+        char msg[1024] = "";
+        kiln_status st =
+            kiln_check_merge(ctx, k, (kiln_check_merge_op)op, &ms, &r, msg, sizeof msg);
+        if (check_failed(st, &rc)) {
+            rc = cli_fail("check", CLI_FAIL, "%s %s: %s", canon, names[op], msg);
+            continue;
+        }
+        printf("%s %s rows=%d H=%d max_err=%.3g (atol %.3g rtol %.3g) lse_err=%.3g\n",
+               st ? "MISMATCH" : "ok", names[op], ms.rows, ms.num_heads, r.max_err, r.atol, r.rtol,
+               r.lse_max_err);
+        if (st) printf("  first bad: %s\n", r.first_bad);
+    }
+    return rc;
+}
+
 /* kiln check of a batch variant (kv=ragged|paged) or of the merges (op=merge). */
 static int check_batch_cmd(cli_global *g, const check_args *ca, const kiln_variant *v,
                            const char *canon)
@@ -332,42 +378,16 @@ static int check_batch_cmd(cli_global *g, const check_args *ca, const kiln_varia
                       "op=merge takes --batch (rows), --heads, --strided and --seed only");
     if (!rc) rc = batch_shape(ca, v, &s, qo, kv, &reps);
     kiln_ctx *ctx = NULL;
-    if (!rc) rc = cli_ctx_open(g, cmd, 0, &ctx);
-    kiln_device_info di;
     kiln_kernel *k = NULL;
-    if (!rc && (kiln_ctx_device(ctx, &di) || !di.present))
-        rc = cli_fail(cmd, CLI_FAIL, "no GPU: %s", kiln_ctx_errmsg(ctx));
-    else if (!rc && kiln_kernel_get(ctx, v, &k))
-        rc = cli_fail(cmd, CLI_FAIL, "%s", kiln_ctx_errmsg(ctx));
-    char msg[1024] = "";
-    if (k && v->op == KILN_OP_MERGE) {
-        static const char *const names[] = {"merge_state", "merge_state_in_place", "merge_states"};
-        for (int op = 0; op < 3; op++) {
-            kiln_check_merge_shape ms = {s.batch, s.num_qo_heads, 3, ca->strided, s.seed};
-            kiln_check_result r;
-            kiln_status st =
-                kiln_check_merge(ctx, k, (kiln_check_merge_op)op, &ms, &r, msg, sizeof msg);
-            if (st && st != KILN_STATUS_MISMATCH) {
-                rc = cli_fail(cmd, CLI_FAIL, "%s %s: %s", canon, names[op], msg);
-                continue;
-            }
-            printf("%s %s rows=%d H=%d max_err=%.3g (atol %.3g rtol %.3g) lse_err=%.3g\n",
-                   st ? "MISMATCH" : "ok", names[op], ms.rows, ms.num_heads, r.max_err, r.atol,
-                   r.rtol, r.lse_max_err);
-            if (st) {
-                printf("  first bad: %s\n", r.first_bad);
-                rc = CLI_FAIL;
-            }
-        }
-    } else if (k) {
+    if (!rc) rc = check_kernel(g, v, &ctx, &k);
+    if (!rc && v->op == KILN_OP_MERGE) {
+        rc = check_merges(ctx, k, &s, ca->strided, canon);
+    } else if (!rc) {
         kiln_check_batch_result br;
+        char msg[1024] = "";
         kiln_status st = kiln_check_batch_run(ctx, k, &s, (int)reps, &br, msg, sizeof msg);
-        if (st == KILN_STATUS_OK || st == KILN_STATUS_MISMATCH) {
-            batch_print(v, &s, st == KILN_STATUS_MISMATCH, &br);
-            if (st) rc = CLI_FAIL;
-        } else {
-            rc = cli_fail(cmd, CLI_FAIL, "%s B=%d: %s", canon, s.batch, msg);
-        }
+        if (check_failed(st, &rc)) rc = cli_fail(cmd, CLI_FAIL, "%s B=%d: %s", canon, s.batch, msg);
+        else batch_print(v, &s, st == KILN_STATUS_MISMATCH, &br);
     }
     kiln_ctx_destroy(ctx);
     free(qo);
@@ -402,24 +422,17 @@ static int check_single_cmd(cli_global *g, const check_args *ca, const kiln_vari
                         "%s needs a batch variant (kv=ragged or kv=paged in the spec)", batch_only);
     if ((rc = check_shape(ca, v, &s, kv, &nkv, &reps))) return rc;
     kiln_ctx *ctx = NULL;
-    if ((rc = cli_ctx_open(g, cmd, 0, &ctx))) return rc;
-    kiln_device_info di;
     kiln_kernel *k = NULL;
-    if (kiln_ctx_device(ctx, &di) || !di.present)
-        rc = cli_fail(cmd, CLI_FAIL, "no GPU: %s", kiln_ctx_errmsg(ctx));
-    else if (kiln_kernel_get(ctx, v, &k)) rc = cli_fail(cmd, CLI_FAIL, "%s", kiln_ctx_errmsg(ctx));
+    rc = check_kernel(g, v, &ctx, &k);
     for (int i = 0; k && i < nkv; i++) {
         kiln_check_result r;
         char msg[1024] = "";
         memset(&r, 0, sizeof r);
         s.kv_len = (int)kv[i];
         kiln_status st = kiln_check_run(ctx, k, &s, (int)reps, &r, msg, sizeof msg);
-        if (st == KILN_STATUS_OK || st == KILN_STATUS_MISMATCH) {
-            check_print(v, &s, st == KILN_STATUS_MISMATCH, &r);
-            if (st) rc = CLI_FAIL;
-        } else {
+        if (check_failed(st, &rc))
             rc = cli_fail(cmd, CLI_FAIL, "%s L_KV=%d: %s", canon, s.kv_len, msg);
-        }
+        else check_print(v, &s, st == KILN_STATUS_MISMATCH, &r);
     }
     kiln_ctx_destroy(ctx);
     return rc;
@@ -446,9 +459,8 @@ int cli_cmd_check(cli_global *g, const cli_cmd *cmd, int argc, char **argv)
                             {"--fixed-split", &ca.fixed_split, NULL},
                             {"--graph", NULL, &ca.graph},
                             {NULL, NULL, NULL}};
-    int rc = cli_parse(g, cmd, argc, argv, opts, &npos);
-    if (rc) return rc < 0 ? CLI_OK : rc;
-    if (npos == 0) return cli_fail(cmd->name, CLI_USAGE, "missing SPEC");
+    int rc = 0;
+    if (cli_parse_words(g, cmd, argc, argv, opts, "missing SPEC", &npos, &rc)) return rc;
     kiln_variant v;
     char canon[KILN__SPEC_MAX];
     if ((rc = cli_spec(cmd->name, npos, argv, &v, canon, sizeof canon))) return rc;

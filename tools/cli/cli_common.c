@@ -117,6 +117,15 @@ int cli_parse_opts(cli_global *g, const cli_cmd *cmd, int argc, char **argv, con
     return rc || npos;
 }
 
+int cli_parse_words(cli_global *g, const cli_cmd *cmd, int argc, char **argv, const cli_opt *opts,
+                    const char *missing, int *npos, int *status)
+{
+    int rc = cli_parse(g, cmd, argc, argv, opts, npos);
+    if (rc) *status = rc < 0 ? CLI_OK : rc;
+    else if (*npos == 0) *status = cli_fail(cmd->name, CLI_USAGE, "%s", missing);
+    return rc || *npos == 0;
+}
+
 int cli_long(const char *cmd, const char *opt, const char *s, long min, long max, long *out)
 {
     char *end = NULL;

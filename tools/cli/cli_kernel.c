@@ -41,9 +41,10 @@ int cli_cmd_compile(cli_global *g, const cli_cmd *cmd, int argc, char **argv)
     const char *arch = NULL;
     int npos = 0;
     const cli_opt opts[] = {{"--arch", &arch, NULL}, {NULL, NULL, NULL}};
-    int rc = cli_parse(g, cmd, argc, argv, opts, &npos);
-    if (rc) return rc < 0 ? CLI_OK : rc;
-    if (npos == 0) return cli_fail(cmd->name, CLI_USAGE, "missing SPEC (see kiln compile --help)");
+    int rc = 0;
+    if (cli_parse_words(g, cmd, argc, argv, opts, "missing SPEC (see kiln compile --help)", &npos,
+                        &rc))
+        return rc;
     kiln_variant v;
     char canon[KILN__SPEC_MAX];
     cli_archs a;
@@ -300,9 +301,9 @@ int cli_cmd_show(cli_global *g, const cli_cmd *cmd, int argc, char **argv)
                             {"--cubin", &o.cubin_file, NULL},
                             {"--sass", NULL, &o.sass},
                             {NULL, NULL, NULL}};
-    int rc = cli_parse(g, cmd, argc, argv, opts, &npos);
-    if (rc) return rc < 0 ? CLI_OK : rc;
-    if (npos == 0) return cli_fail(cmd->name, CLI_USAGE, "missing KEY-PREFIX or SPEC");
+    int rc = 0;
+    if (cli_parse_words(g, cmd, argc, argv, opts, "missing KEY-PREFIX or SPEC", &npos, &rc))
+        return rc;
     kiln__cache *c = NULL;
     if (npos == 1 && is_key_prefix(argv[0])) {
         if ((rc = cli_cache_open(g, cmd->name, &c))) return rc;

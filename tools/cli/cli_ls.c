@@ -91,9 +91,8 @@ int cli_cmd_rm(cli_global *g, const cli_cmd *cmd, int argc, char **argv)
 {
     static const cli_opt opts[] = {{NULL, NULL, NULL}};
     int npos = 0;
-    int rc = cli_parse(g, cmd, argc, argv, opts, &npos);
-    if (rc) return rc < 0 ? CLI_OK : rc;
-    if (npos == 0) return cli_fail(cmd->name, CLI_USAGE, "missing KEY-PREFIX");
+    int rc = 0;
+    if (cli_parse_words(g, cmd, argc, argv, opts, "missing KEY-PREFIX", &npos, &rc)) return rc;
     kiln__cache *c = NULL;
     if ((rc = cli_cache_open(g, cmd->name, &c))) return rc;
     int total = 0;
