@@ -78,6 +78,10 @@ void kiln__cb_compare(const cb_logical *L, const cb_out *out, const double *ref_
 kiln_status kiln__cb_run(kiln_ctx *ctx, kiln_kernel *k, const cb_logical *const *Ls, int n,
                          const cb_run_opts *ro, cb_out *outs, kiln__err *e);
 void kiln__cb_out_free(cb_out *o);
+/* INVALID_ARGUMENT unless k is a batch kernel (op=decode or prefill, kv=ragged or paged). */
+kiln_status kiln__cb_batch_kernel(const kiln_kernel *k, kiln__err *e);
+/* The run options of s (strides, graph, plan options) with time_reps timed runs. */
+cb_run_opts kiln__cb_run_opts(const kiln_check_batch *s, int time_reps);
 /* A seed from the clock when s is 0. */
 uint64_t kiln__cb_seed(uint64_t s);
 

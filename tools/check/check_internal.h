@@ -31,6 +31,14 @@
         if (r_ != CUDA_SUCCESS) return kiln__cu_fail(e, r_, prefix ": %s", what);                  \
     } while (0)
 
+/* A kiln call failed: return its status with the context's message. Needs kiln_ctx *ctx and
+ * kiln__err *e in scope. */
+#define KILN__CHECK_CALL_RET(call)                                                                 \
+    do {                                                                                           \
+        kiln_status s_ = (call);                                                                   \
+        if (s_) return kiln__fail(e, s_, "%s", kiln_ctx_errmsg(ctx));                              \
+    } while (0)
+
 /* Count one output element got against its reference ref into r (checked, max_ref, max_err)
  * and sums (squared error, squared reference: for rel_l2), with r's atol + rtol*|ref|. Returns
  * 1 when it is the first element out of tolerance (r->bad was 0): the caller writes
