@@ -69,7 +69,8 @@ kiln_status kiln_check_batch_equiv(kiln_ctx *ctx, kiln_kernel *k_paged, kiln_ker
     cb_logical Lp = {0}, Lr = {0};
     cb_out op = {0}, orr = {0};
     memset(p, 0, sizeof *p);
-    if ((st = kiln__cb_batch_kernel(k_paged, e)) || (st = kiln__cb_batch_kernel(k_ragged, e))) goto done;
+    if ((st = kiln__cb_batch_kernel(k_paged, e)) || (st = kiln__cb_batch_kernel(k_ragged, e)))
+        goto done;
     kiln_variant a = k_paged->v, b = k_ragged->v;
     a.kv = b.kv = KILN_KV_CONTIGUOUS;
     if (k_paged->v.kv != KILN_KV_PAGED || k_ragged->v.kv != KILN_KV_RAGGED ||
