@@ -1,7 +1,7 @@
 /*
  * batch.h — the machinery kiln-bench's batch suites share (batch.c: shapes, buffers, plans,
- * timing, the CPU reference, the decode and prefill suites; cascade.c: cascade and host
- * overhead). Bench-only.
+ * timing, the CPU reference, CSV rows) and the suites of cascade.c (cascade, host overhead) that
+ * suites.c (decode, prefill) runs after its own. Bench-only.
  */
 #ifndef KILN_BENCH_BATCH_H
 #define KILN_BENCH_BATCH_H
@@ -44,6 +44,15 @@ typedef struct bbufs {
 
 /* One timed step: everything a point launches for copy c. */
 typedef kiln_status (*step_fn)(void *user, int copy);
+
+/* One planned batch: the plan, its buffers and its shape (borrowed). */
+typedef struct brun {
+    kiln_plan *plan;
+    const bbufs *b;
+    const bshape *s;
+} brun;
+/* The step of a brun (user): kiln_batch_run of copy `copy` of its buffers. */
+kiln_status brun_step(void *user, int copy);
 
 /* B requests; qo_len[b] = qo (0: decode, one row each) and kv_len[b] = kvl[b]. 0 or -1 (no
  * host memory). */

@@ -1,7 +1,7 @@
 /*
  * bench.c — kiln's benchmark driver (build/bin/kiln-bench): measures the copy-bandwidth
  * ceiling, then times single decode and single prefill over the sweep the docs report, with
- * CUDA events, warm-up, medians and rotating inputs (tools/check.c). Correctness is the tests'
+ * CUDA events, warm-up, medians and rotating inputs (tools/check/check.c). Correctness is the tests'
  * job; each point here is first checked against the CPU reference when that is cheap.
  *
  * Usage: kiln-bench [--quick] [--only NAME] [--csv FILE]   (NAME: a point name, exactly)
@@ -231,178 +231,222 @@ static void list_points(int batch)
         if (i == 0 || strcmp(points[i].name, points[i - 1].name)) puts(points[i].name);
 }
 
-int main(int argc, char **argv)
+/* The command line. */
+typedef struct bench_args {
+    int quick, batch, list, ceilings;
+    double max_gib;
+    const char *csv_path, *only;
+} bench_args;
+
+/* 0, or 2 after printing the usage. */
+static int parse_args(int argc, char **argv, bench_args *a)
 {
-    if (argc == 2 && !strcmp(argv[1], "--jit")) return jit_figures(argv[0]);
-    int quick = 0, batch = 0, list = 0, ceilings = 0;
-    double max_gib = 120;
-    const char *csv_path = NULL, *only = NULL;
+    memset(a, 0, sizeof *a);
+    a->max_gib = 120;
     for (int i = 1; i < argc; i++) {
-        if (!strcmp(argv[i], "--quick")) quick = 1;
-        else if (!strcmp(argv[i], "--batch")) batch = 1;
-        else if (!strcmp(argv[i], "--list")) list = 1;
-        else if (!strcmp(argv[i], "--ceilings")) ceilings = 1;
-        else if (!strcmp(argv[i], "--csv") && i + 1 < argc) csv_path = argv[++i];
-        else if (!strcmp(argv[i], "--only") && i + 1 < argc) only = argv[++i];
+        if (!strcmp(argv[i], "--quick")) a->quick = 1;
+        else if (!strcmp(argv[i], "--batch")) a->batch = 1;
+        else if (!strcmp(argv[i], "--list")) a->list = 1;
+        else if (!strcmp(argv[i], "--ceilings")) a->ceilings = 1;
+        else if (!strcmp(argv[i], "--csv") && i + 1 < argc) a->csv_path = argv[++i];
+        else if (!strcmp(argv[i], "--only") && i + 1 < argc) a->only = argv[++i];
         else if (!strcmp(argv[i], "--max-gib") && i + 1 < argc && atof(argv[i + 1]) > 0)
-            max_gib = atof(argv[++i]);
+            a->max_gib = atof(argv[++i]);
         else {
             usage(argv[0]);
             return 2;
         }
     }
-    if (list) {
-        list_points(batch);
-        return 0;
-    }
-    if (only && !(batch ? batch_known(only) : single_known(only))) {
-        fprintf(stderr, "kiln-bench: no %s point named '%s' (--list%s names them)\n",
-                batch ? "batch" : "single", only, batch ? " --batch" : "");
-        return 2;
-    }
+    return 0;
+}
+
+/* The context, the GPU and its ceilings into env (the helper kernels are needed by the batch
+ * suites only; the single suite just loses the streaming-read ceiling without them). 0, or 1
+ * after printing why (env->ctx destroyed). */
+static int env_open(const bench_args *a, bench_env *env)
+{
     kiln_ctx *ctx = NULL;
     if (kiln_ctx_create(NULL, &ctx) != KILN_STATUS_OK) {
         fprintf(stderr, "kiln-bench: %s\n", kiln_errmsg());
         return 1;
     }
-    bench_env env = {0};
-    env.ctx = ctx;
-    env.cu = ctx->cu;
-    env.only = only;
-    env.quick = quick;
-    env.max_gib = max_gib;
-    kiln_ctx_device(ctx, &env.di);
-    const kiln_device_info di = env.di;
-    if (!di.present || !env.cu) {
-        fprintf(stderr, "kiln-bench: no GPU: %s\n", kiln_ctx_errmsg(ctx));
-        kiln_ctx_destroy(ctx);
-        return 1;
-    }
+    memset(env, 0, sizeof *env);
+    env->ctx = ctx;
+    env->cu = ctx->cu;
+    env->only = a->only;
+    env->quick = a->quick;
+    env->max_gib = a->max_gib;
+    kiln_ctx_device(ctx, &env->di);
     char msg[512];
-    double copy = 0;
-    if (kiln_check_bandwidth(ctx, (size_t)2 << 30, &copy, msg, sizeof msg)) {
+    if (!env->di.present || !env->cu) {
+        fprintf(stderr, "kiln-bench: no GPU: %s\n", kiln_ctx_errmsg(ctx));
+    } else if (kiln_check_bandwidth(ctx, (size_t)2 << 30, &env->copy_gbs, msg, sizeof msg)) {
         fprintf(stderr, "kiln-bench: %s\n", msg);
-        kiln_ctx_destroy(ctx);
-        return 1;
-    }
-    /* the helper kernels: the batch suites need them (random fills); the single suite only
-     * loses the streaming-read ceiling without them */
-    if (devk_load(&env, msg, sizeof msg) ||
-        devk_read_ceiling(&env, (size_t)2 << 30, &env.read_gbs, msg, sizeof msg)) {
+    } else {
+        if (!devk_load(env, msg, sizeof msg) &&
+            !devk_read_ceiling(env, (size_t)2 << 30, &env->read_gbs, msg, sizeof msg))
+            return 0;
         fprintf(stderr, "kiln-bench: helper kernels: %s\n", msg);
-        if (batch) {
-            kiln_ctx_destroy(ctx);
-            return 1;
-        }
+        if (!a->batch) return 0;
     }
-    env.copy_gbs = copy;
-    if (ceilings) {
-        printf("ceilings copy_GBps=%.0f read_GBps=%.0f gpu=\"%s\" arch=%s sms=%d\n", copy,
-               env.read_gbs, di.name, di.arch, di.sm_count);
-        kiln_ctx_destroy(ctx);
-        return env.read_gbs > 0 ? 0 : 1;
-    }
-    FILE *csv = csv_path ? fopen(csv_path, "w") : NULL;
-    if (csv_path && !csv) {
-        fprintf(stderr, "kiln-bench: cannot write %s\n", csv_path);
-        kiln_ctx_destroy(ctx);
+    kiln_ctx_destroy(ctx);
+    env->ctx = NULL;
+    return 1;
+}
+
+/* Open the CSV file (NULL path: none) and write its metadata line. 0, or 1 after printing why. */
+static int csv_open(const char *path, const bench_env *env, FILE **out)
+{
+    *out = NULL;
+    if (!path) return 0;
+    FILE *csv = fopen(path, "w");
+    if (!csv) {
+        fprintf(stderr, "kiln-bench: cannot write %s\n", path);
         return 1;
     }
-    if (csv) {
-        char date[32];
-        time_t now = time(NULL);
-        strftime(date, sizeof date, "%Y-%m-%d", gmtime(&now));
-        fprintf(
-            csv,
+    const kiln_device_info *di = &env->di;
+    char date[32];
+    time_t now = time(NULL);
+    strftime(date, sizeof date, "%Y-%m-%d", gmtime(&now));
+    fprintf(csv,
             "# kiln-bench gpu=%s arch=%s sms=%d driver=%d nvrtc=%s kiln=%s date=%s copy_GBps=%.0f "
             "read_GBps=%.0f\n",
-            di.name, di.arch, di.sm_count, di.driver_version, kiln_nvrtc_version(), kiln_version(),
-            date, copy, env.read_gbs);
+            di->name, di->arch, di->sm_count, di->driver_version, kiln_nvrtc_version(),
+            kiln_version(), date, env->copy_gbs, env->read_gbs);
+    *out = csv;
+    return 0;
+}
+
+/* The shape of a single point: heads, lengths, snippet parameters, the BSR mask (bm, freed by
+ * the caller) and whether the CPU reference is cheap enough. */
+static void single_shape(const point *pt, kiln_check_shape *s, bsr_mask *bm)
+{
+    memset(s, 0, sizeof *s);
+    s->num_qo_heads = pt->H;
+    s->qo_len = pt->L_Q;
+    s->kv_len = pt->L_KV;
+    s->window_left = pt->window_left;
+    s->softcap = pt->softcap;
+    const double ref_cost = (double)pt->L_Q * pt->L_KV * pt->H;
+    s->skip_reference = ref_cost > 4e8;
+    if (strstr(pt->spec, "params=")) {
+        if (pt->user == 0) s->user[0].f32 = pt->softcap;
+        else {
+            s->user[0].i32 = pt->window_left;
+            s->ref_mask = window_visible;
+            s->ref_user = &pt->window_left;
+            s->use_tile_map = pt->tile_map;
+        }
     }
-    printf("GPU %s (%s, %d SMs), driver %d, NVRTC %s; device-to-device copy %.0f GB/s, streaming "
-           "read %.0f GB/s\n\n",
-           di.name, di.arch, di.sm_count, di.driver_version, kiln_nvrtc_version(), copy,
-           env.read_gbs);
-    if (batch) {
-        if (csv) fprintf(csv, "name,spec,B,H,L_Q,L_KV,ms,GBps,TFLOPs,copy_GBps,read_GBps,check\n");
-        env.csv = csv;
-        const int failed = batch_run_all(&env);
-        if (csv) fclose(csv);
-        kiln_ctx_destroy(ctx);
-        return failed ? 1 : 0;
+    if (pt->bsr_pct) {
+        bsr_make(bm, pt->L_Q, pt->L_KV, pt->bsr_pct);
+        s->bsr_indptr_host = bm->indptr;
+        s->bsr_indices_host = bm->indices;
+        s->bsr_rows = bm->rows;
+        s->bsr_nnz = bm->nnz;
+        s->bsr_r = s->bsr_c = 64;
+        s->ref_mask = bsr_visible; /* FLOPs count only visible pairs */
+        s->ref_user = bm;
+        s->use_tile_map = pt->tile_map;
     }
+}
+
+/* Check and time one single point; its table row and CSV row. 1 when it failed. */
+static int single_point(bench_env *env, const point *pt, FILE *csv)
+{
+    kiln_kernel *k = NULL;
+    kiln_variant v;
+    char msg[512];
+    if (kiln_variant_parse(pt->spec, &v) != KILN_STATUS_OK) {
+        printf("| %s | | | | bad spec: %s |\n", pt->name, kiln_errmsg());
+        return 1;
+    }
+    if (pt->bsr_pct) v.mask_data = KILN_MASK_DATA_BSR;
+    if (kiln_kernel_get(env->ctx, &v, &k) != KILN_STATUS_OK) {
+        printf("| %s | | | | compile failed: %s |\n", pt->name, kiln_ctx_errmsg(env->ctx));
+        return 1;
+    }
+    kiln_check_shape s;
+    bsr_mask bm = {0};
+    single_shape(pt, &s, &bm);
+    kiln_check_result r;
+    kiln_status st = kiln_check_run(env->ctx, k, &s, 30, &r, msg, sizeof msg);
+    free(bm.indptr);
+    free(bm.indices);
+    if (st && st != KILN_STATUS_MISMATCH) {
+        printf("| %s | %d | %d | %d | failed: %s |\n", pt->name, pt->H, pt->L_Q, pt->L_KV, msg);
+        return 1;
+    }
+    const double gbs = r.bytes / (r.kernel_ms * 1e-3) / 1e9;
+    const double tf = r.flops / (r.kernel_ms * 1e-3) / 1e12;
+    printf("| %s | %d | %d | %d | %.4f | %.0f | %.1f | %.1f | %s |\n", pt->name, pt->H, pt->L_Q,
+           pt->L_KV, r.kernel_ms, gbs, 100.0 * gbs / env->copy_gbs, tf,
+           s.skip_reference ? "timed only"
+           : st             ? "MISMATCH"
+                            : "ok");
+    if (csv)
+        fprintf(csv, "%s,%s,%d,%d,%d,%.5f,%.1f,%.2f,%.0f\n", pt->name, pt->spec, pt->H, pt->L_Q,
+                pt->L_KV, r.kernel_ms, gbs, tf, env->copy_gbs);
+    return st != KILN_STATUS_OK;
+}
+
+/* The single decode / prefill sweep; the number of failed points. */
+static int single_suite(bench_env *env, FILE *csv)
+{
     if (csv) fprintf(csv, "name,spec,H,L_Q,L_KV,ms,GBps,TFLOPs,copy_GBps\n");
     printf("| point | H | L_Q | L_KV | ms | GB/s | %% copy | TFLOP/s | check "
            "|\n|---|---|---|---|---|---|---|---|---|\n");
     int failed = 0;
     for (size_t i = 0; i < sizeof points / sizeof points[0]; i++) {
         const point *pt = &points[i];
-        if (quick && (pt->L_KV > 32768 || pt->L_Q > 4096)) continue;
-        if (only && strcmp(pt->name, only) != 0) continue;
-        kiln_kernel *k = NULL;
-        kiln_variant v;
-        if (kiln_variant_parse(pt->spec, &v) != KILN_STATUS_OK) {
-            printf("| %s | | | | bad spec: %s |\n", pt->name, kiln_errmsg());
-            failed++;
-            continue;
-        }
-        if (pt->bsr_pct) v.mask_data = KILN_MASK_DATA_BSR;
-        if (kiln_kernel_get(ctx, &v, &k) != KILN_STATUS_OK) {
-            printf("| %s | | | | compile failed: %s |\n", pt->name, kiln_ctx_errmsg(ctx));
-            failed++;
-            continue;
-        }
-        kiln_check_shape s = {.num_qo_heads = pt->H,
-                              .qo_len = pt->L_Q,
-                              .kv_len = pt->L_KV,
-                              .window_left = pt->window_left,
-                              .softcap = pt->softcap};
-        /* cheap enough to check against the CPU reference? */
-        const double ref_cost = (double)pt->L_Q * pt->L_KV * pt->H;
-        s.skip_reference = ref_cost > 4e8;
-        if (strstr(pt->spec, "params=")) {
-            if (pt->user == 0) s.user[0].f32 = pt->softcap;
-            else {
-                s.user[0].i32 = pt->window_left;
-                s.ref_mask = window_visible;
-                s.ref_user = &pt->window_left;
-                s.use_tile_map = pt->tile_map;
-            }
-        }
-        bsr_mask bm = {0};
-        if (pt->bsr_pct) {
-            bsr_make(&bm, pt->L_Q, pt->L_KV, pt->bsr_pct);
-            s.bsr_indptr_host = bm.indptr;
-            s.bsr_indices_host = bm.indices;
-            s.bsr_rows = bm.rows;
-            s.bsr_nnz = bm.nnz;
-            s.bsr_r = s.bsr_c = 64;
-            s.ref_mask = bsr_visible; /* FLOPs count only visible pairs */
-            s.ref_user = &bm;
-            s.use_tile_map = pt->tile_map;
-        }
-        kiln_check_result r;
-        kiln_status st = kiln_check_run(ctx, k, &s, 30, &r, msg, sizeof msg);
-        free(bm.indptr);
-        free(bm.indices);
-        if (st && st != KILN_STATUS_MISMATCH) {
-            printf("| %s | %d | %d | %d | failed: %s |\n", pt->name, pt->H, pt->L_Q, pt->L_KV, msg);
-            failed++;
-            continue;
-        }
-        const double gbs = r.bytes / (r.kernel_ms * 1e-3) / 1e9;
-        const double tf = r.flops / (r.kernel_ms * 1e-3) / 1e12;
-        printf("| %s | %d | %d | %d | %.4f | %.0f | %.1f | %.1f | %s |\n", pt->name, pt->H, pt->L_Q,
-               pt->L_KV, r.kernel_ms, gbs, 100.0 * gbs / copy, tf,
-               s.skip_reference ? "timed only"
-               : st             ? "MISMATCH"
-                                : "ok");
-        if (st) failed++;
-        if (csv)
-            fprintf(csv, "%s,%s,%d,%d,%d,%.5f,%.1f,%.2f,%.0f\n", pt->name, pt->spec, pt->H, pt->L_Q,
-                    pt->L_KV, r.kernel_ms, gbs, tf, copy);
+        if (env->quick && (pt->L_KV > 32768 || pt->L_Q > 4096)) continue;
+        if (env->only && strcmp(pt->name, env->only) != 0) continue;
+        failed += single_point(env, pt, csv);
+    }
+    return failed;
+}
+
+int main(int argc, char **argv)
+{
+    if (argc == 2 && !strcmp(argv[1], "--jit")) return jit_figures(argv[0]);
+    bench_args a;
+    if (parse_args(argc, argv, &a)) return 2;
+    if (a.list) {
+        list_points(a.batch);
+        return 0;
+    }
+    if (a.only && !(a.batch ? batch_known(a.only) : single_known(a.only))) {
+        fprintf(stderr, "kiln-bench: no %s point named '%s' (--list%s names them)\n",
+                a.batch ? "batch" : "single", a.only, a.batch ? " --batch" : "");
+        return 2;
+    }
+    bench_env env;
+    if (env_open(&a, &env)) return 1;
+    const kiln_device_info di = env.di;
+    if (a.ceilings) {
+        printf("ceilings copy_GBps=%.0f read_GBps=%.0f gpu=\"%s\" arch=%s sms=%d\n", env.copy_gbs,
+               env.read_gbs, di.name, di.arch, di.sm_count);
+        kiln_ctx_destroy(env.ctx);
+        return env.read_gbs > 0 ? 0 : 1;
+    }
+    FILE *csv = NULL;
+    if (csv_open(a.csv_path, &env, &csv)) {
+        kiln_ctx_destroy(env.ctx);
+        return 1;
+    }
+    printf("GPU %s (%s, %d SMs), driver %d, NVRTC %s; device-to-device copy %.0f GB/s, streaming "
+           "read %.0f GB/s\n\n",
+           di.name, di.arch, di.sm_count, di.driver_version, kiln_nvrtc_version(), env.copy_gbs,
+           env.read_gbs);
+    int failed = 0;
+    if (a.batch) {
+        if (csv) fprintf(csv, "name,spec,B,H,L_Q,L_KV,ms,GBps,TFLOPs,copy_GBps,read_GBps,check\n");
+        env.csv = csv;
+        failed = batch_run_all(&env);
+    } else {
+        failed = single_suite(&env, csv);
     }
     if (csv) fclose(csv);
-    kiln_ctx_destroy(ctx);
+    kiln_ctx_destroy(env.ctx);
     return failed ? 1 : 0;
 }

@@ -39,6 +39,11 @@ kiln_status devk_fill_e4m3(bench_env *env, CUdeviceptr p, uint64_t n, uint64_t s
  * best median of 30): GB/s of bytes read. */
 kiln_status devk_read_ceiling(bench_env *env, size_t bytes, double *gbs, char *msg, size_t cap);
 
+/* A failed driver call r: "<prefix><what>: <CUDA error name>" into msg[cap]; returns
+ * KILN_STATUS_NO_MEMORY when the device is out of memory, else KILN_STATUS_CUDA. */
+kiln_status bench_cu_fail(const bench_env *env, CUresult r, const char *prefix, const char *what,
+                          char *msg, size_t cap);
+
 /* Host decodings of what the fills wrote. */
 float devk_bf16_to_f32(uint16_t h);
 float devk_e4m3_to_f32(uint8_t b);

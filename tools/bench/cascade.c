@@ -19,40 +19,226 @@ const char *const cascade_name = "cascade", *const host_name = "host overhead";
 #define CASCADE_PREFIX  32768
 #define CASCADE_PRIVATE 512
 
+/* One cascade point: the plain decode and the cascade's two parts share one pool and q (the
+ * plain buffers own them; the parts own their o, lse, page table and workspace). */
 typedef struct cascade_run {
     bench_env *env;
-    kiln_kernel *merge;
-    kiln_plan *pre, *dec, *plain;
-    bbufs *bpre, *bdec, *bplain; /* share one pool and q; own o / lse / workspace */
-    const bshape *spre, *sdec, *splain;
     int B;
+    kiln_kernel *kplain, *kpre, *kdec, *merge;
+    bshape splain, spre, sdec;
+    bbufs bplain, bpre, bdec;
+    brun plain, pre, dec;
+    int *idx_plain, *idx_pre, *idx_dec; /* page tables (the parts' move into their bbufs) */
 } cascade_run;
-
-static kiln_status step_plain(void *user, int copy)
-{
-    cascade_run *c = user;
-    kiln_batch_args a;
-    bbufs_args(c->bplain, c->splain, copy, &a);
-    return kiln_batch_run(c->plain, &a, NULL);
-}
 
 static kiln_status step_cascade(void *user, int copy)
 {
     cascade_run *c = user;
-    kiln_batch_args a;
-    bbufs_args(c->bpre, c->spre, copy, &a); /* prefix: B query rows, one request, no mask */
-    kiln_status st = kiln_batch_run(c->pre, &a, NULL);
+    kiln_status st = brun_step(&c->pre, copy); /* prefix: B query rows, one request, no mask */
     if (st) return st;
-    bbufs_args(c->bdec, c->sdec, copy, &a); /* private parts: one decode row per request */
-    if ((st = kiln_batch_run(c->dec, &a, NULL))) return st;
+    if ((st = brun_step(&c->dec, copy))) return st; /* private parts: one decode row a request */
     kiln_merge_args m = {0};
-    m.v_a = c->bdec->o;
-    m.lse_a = c->bdec->lse;
-    m.v_b = c->bpre->o;
-    m.lse_b = c->bpre->lse;
+    m.v_a = c->bdec.o;
+    m.lse_a = c->bdec.lse;
+    m.v_b = c->bpre.o;
+    m.lse_b = c->bpre.lse;
     m.rows = c->B;
     m.num_heads = HQ;
     return kiln_merge_state_in_place(c->merge, &m, NULL);
+}
+
+static const char *const sp_plain = DEC(BF16, 128), *const sp_pre = PRE("paged", " lse=1"),
+                         *const sp_dec = DEC(BF16, 128) " lse=1",
+                         *const sp_merge = "op=merge dtype=bf16 head_dim=128";
+
+/* The four kernels (plain decode, prefix prefill, private decode, merge). */
+static kiln_status cascade_kernels(cascade_run *c, char *msg, size_t cap)
+{
+    const char *specs[4] = {sp_plain, sp_pre, sp_dec, sp_merge};
+    kiln_kernel **ks[4] = {&c->kplain, &c->kpre, &c->kdec, &c->merge};
+    kiln_variant v;
+    kiln_status st = KILN_STATUS_OK;
+    for (int i = 0; i < 4 && !st; i++) {
+        st = kiln_variant_parse(specs[i], &v);
+        if (!st) st = kiln_kernel_get(c->env->ctx, &v, ks[i]);
+        if (st) snprintf(msg, cap, "%s: %s", specs[i], kiln_ctx_errmsg(c->env->ctx));
+    }
+    return st;
+}
+
+/* The page tables: the pool's pages in a shuffled order perm; the prefix takes perm[0 ..
+ * pre_pages), request b's private part the next priv_pages; each plain request's table is the
+ * prefix's pages, then its private ones. 0, or -1 without host memory. */
+static int cascade_pages(cascade_run *c, int pre_pages, int priv_pages)
+{
+    const int B = c->B, pool_pages = pre_pages + B * priv_pages;
+    int *perm = malloc(sizeof(int) * (size_t)pool_pages);
+    c->idx_plain = malloc(sizeof(int) * (size_t)B * (pre_pages + priv_pages));
+    c->idx_pre = malloc(sizeof(int) * (size_t)pre_pages);
+    c->idx_dec = malloc(sizeof(int) * (size_t)B * priv_pages);
+    if (!perm || !c->idx_plain || !c->idx_pre || !c->idx_dec) {
+        free(perm);
+        return -1;
+    }
+    uint64_t x = 7;
+    for (int i = 0; i < pool_pages; i++) perm[i] = i;
+    for (int i = pool_pages - 1; i > 0; i--) {
+        const int j = (int)(brng(&x) % (uint64_t)(i + 1)), t = perm[i];
+        perm[i] = perm[j];
+        perm[j] = t;
+    }
+    for (int i = 0; i < pre_pages; i++) c->idx_pre[i] = perm[i];
+    for (int b = 0; b < B; b++)
+        for (int p = 0; p < priv_pages; p++)
+            c->idx_dec[b * priv_pages + p] = perm[pre_pages + b * priv_pages + p];
+    for (int b = 0; b < B; b++) {
+        int *row = c->idx_plain + (size_t)b * (pre_pages + priv_pages);
+        memcpy(row, c->idx_pre, sizeof(int) * (size_t)pre_pages);
+        memcpy(row + pre_pages, c->idx_dec + (size_t)b * priv_pages,
+               sizeof(int) * (size_t)priv_pages);
+    }
+    free(perm);
+    return 0;
+}
+
+/* Shapes, buffers (the parts borrowing the plain pool and q) and the three plans. */
+static kiln_status cascade_setup(cascade_run *c, int pre_pages, int priv_pages, char *msg,
+                                 size_t cap)
+{
+    bench_env *env = c->env;
+    const int B = c->B, pool_pages = pre_pages + B * priv_pages;
+    int one_prefix = CASCADE_PREFIX;
+    int *lens = malloc(sizeof(int) * (size_t)B);
+    int bad = !lens;
+    for (int b = 0; !bad && b < B; b++) lens[b] = CASCADE_PREFIX + CASCADE_PRIVATE;
+    bad = bad || bshape_make(&c->splain, B, 0, lens, 1) ||
+          bshape_make(&c->spre, 1, B, &one_prefix, 1);
+    for (int b = 0; !bad && b < B; b++) lens[b] = CASCADE_PRIVATE;
+    bad = bad || bshape_make(&c->sdec, B, 0, lens, 1);
+    free(lens);
+    if (bad) {
+        snprintf(msg, cap, "out of host memory");
+        return KILN_STATUS_NO_MEMORY;
+    }
+    c->bplain.copies = 1;
+    kiln_status st =
+        bbufs_alloc(env, &c->bplain, &c->splain, 1, 128, 2, pool_pages, c->idx_plain, msg, cap);
+    if (st) return st;
+    c->bpre = c->bplain;
+    c->bdec = c->bplain;
+    c->bpre.o = c->bpre.lse = c->bpre.ws = c->bpre.idx = 0;
+    c->bdec.o = c->bdec.lse = c->bdec.ws = c->bdec.idx = 0;
+    c->bpre.idx_host = c->idx_pre;
+    c->bdec.idx_host = c->idx_dec;
+    c->idx_pre = c->idx_dec = NULL;
+    const size_t ob = (size_t)B * HQ * 128 * 2, lb = (size_t)B * HQ * sizeof(float);
+    const kiln__cu *cu = env->cu;
+    if (cu->cuMemAlloc(&c->bpre.o, ob) || cu->cuMemAlloc(&c->bdec.o, ob) ||
+        cu->cuMemAlloc(&c->bpre.lse, lb) || cu->cuMemAlloc(&c->bdec.lse, lb) ||
+        cu->cuMemAlloc(&c->bpre.idx, sizeof(int) * (size_t)pre_pages) ||
+        cu->cuMemAlloc(&c->bdec.idx, sizeof(int) * (size_t)B * priv_pages) ||
+        cu->cuMemcpyHtoD(c->bpre.idx, c->bpre.idx_host, sizeof(int) * (size_t)pre_pages) ||
+        cu->cuMemcpyHtoD(c->bdec.idx, c->bdec.idx_host, sizeof(int) * (size_t)B * priv_pages)) {
+        snprintf(msg, cap, "alloc cascade buffers failed");
+        return KILN_STATUS_CUDA;
+    }
+    c->plain = (brun){NULL, &c->bplain, &c->splain};
+    c->pre = (brun){NULL, &c->bpre, &c->spre};
+    c->dec = (brun){NULL, &c->bdec, &c->sdec};
+    if ((st = bplan_make(env, c->kplain, &c->splain, &c->bplain, &c->plain.plan, msg, cap)) ||
+        (st = bplan_make(env, c->kpre, &c->spre, &c->bpre, &c->pre.plan, msg, cap)) ||
+        (st = bplan_make(env, c->kdec, &c->sdec, &c->bdec, &c->dec.plan, msg, cap)))
+        return st;
+    return KILN_STATUS_OK;
+}
+
+/* Correctness on poisoned outputs: plain o against the CPU reference (first and last request),
+ * cascade o against plain o (every row, twice the tolerance). A mismatch is reported in a
+ * comment and counted; *check says which. */
+static kiln_status cascade_check(cascade_run *c, const char **check, char *msg, size_t cap)
+{
+    bench_env *env = c->env;
+    env->cu->cuMemsetD8(c->bplain.o, 0xff, c->bplain.q_bytes);
+    env->cu->cuMemsetD8(c->bdec.o, 0xff, c->bplain.q_bytes);
+    kiln_status st = brun_step(&c->plain, 0);
+    if (st || (st = step_cascade(c, 0))) {
+        snprintf(msg, cap, "run: %s", kiln_ctx_errmsg(env->ctx));
+        return st;
+    }
+    if (env->cu->cuCtxSynchronize()) {
+        snprintf(msg, cap, "run failed on the device");
+        return KILN_STATUS_CUDA;
+    }
+    kiln_variant v;
+    kiln_variant_parse(sp_plain, &v);
+    st = bcheck_rows(env, &v, &c->bplain, &c->splain, 0, msg, cap);
+    if (!st) {
+        const size_t n = (size_t)c->B * HQ * 128;
+        uint16_t *a = malloc(n * 2), *o = malloc(n * 2);
+        double atol, rtol;
+        kiln_check_tolerance(&v, &atol, &rtol);
+        if (!a || !o || env->cu->cuMemcpyDtoH(a, c->bplain.o, n * 2) ||
+            env->cu->cuMemcpyDtoH(o, c->bdec.o, n * 2)) {
+            snprintf(msg, cap, "copy outputs back failed");
+            st = KILN_STATUS_CUDA;
+        }
+        for (size_t i = 0; i < n && !st; i++) {
+            const double pa = devk_bf16_to_f32(a[i]), pc = devk_bf16_to_f32(o[i]);
+            if (!(fabs(pa - pc) <= 2 * (atol + rtol * fabs(pa)))) {
+                snprintf(msg, cap, "cascade o[%zu] = %.6g, plain %.6g", i, pc, pa);
+                st = KILN_STATUS_MISMATCH;
+            }
+        }
+        free(a);
+        free(o);
+    }
+    if (st != KILN_STATUS_MISMATCH) return st;
+    printf("<!-- cascade B%d: %s -->\n", c->B, msg);
+    *check = "MISMATCH";
+    env->failed++;
+    return KILN_STATUS_OK;
+}
+
+/* Time plain and cascade; their table row and CSV rows. */
+static kiln_status cascade_time(cascade_run *c, const char *check, char *msg, size_t cap)
+{
+    bench_env *env = c->env;
+    double ms_plain = 0, ms_casc = 0;
+    kiln_status st;
+    if ((st = btime_steps(env, brun_step, &c->plain, 1, &ms_plain, msg, cap)) ||
+        (st = btime_steps(env, step_cascade, c, 1, &ms_casc, msg, cap)))
+        return st;
+    /* bytes a cascade must move: the prefix once, every private part, q, o */
+    const int B = c->B;
+    const double bytes = 2.0 * (CASCADE_PREFIX + (double)B * CASCADE_PRIVATE) * HKV * 128 * 2 +
+                         (double)B * HQ * 128 * 2 * 2;
+    printf("| %d | %d | %d | %.4f | %.4f | %.2f | %.0f | %.0f | %s |\n", B, CASCADE_PREFIX,
+           CASCADE_PRIVATE, ms_plain, ms_casc, ms_plain / ms_casc, bytes / (ms_plain * 1e-3) / 1e9,
+           bytes / (ms_casc * 1e-3) / 1e9, check);
+    bcsv_row(env, "cascade plain", sp_plain, B, 1, CASCADE_PREFIX + CASCADE_PRIVATE, ms_plain,
+             bytes / (ms_plain * 1e-3) / 1e9, 0, check);
+    bcsv_row(env, "cascade", "prefill(lse=1) + decode(lse=1) + merge_state_in_place", B, 1,
+             CASCADE_PREFIX + CASCADE_PRIVATE, ms_casc, bytes / (ms_casc * 1e-3) / 1e9, 0, check);
+    return KILN_STATUS_OK;
+}
+
+static void cascade_free(cascade_run *c)
+{
+    kiln_plan_destroy(c->plain.plan);
+    kiln_plan_destroy(c->pre.plan);
+    kiln_plan_destroy(c->dec.plan);
+    /* bpre / bdec borrow q, k, v from bplain */
+    c->bpre.q = c->bpre.k = c->bpre.v = 0;
+    c->bdec.q = c->bdec.k = c->bdec.v = 0;
+    bbufs_free(c->env, &c->bpre);
+    bbufs_free(c->env, &c->bdec);
+    bbufs_free(c->env, &c->bplain);
+    bshape_free(&c->splain);
+    bshape_free(&c->spre);
+    bshape_free(&c->sdec);
+    free(c->idx_plain);
+    free(c->idx_pre);
+    free(c->idx_dec);
 }
 
 /* Shared prefix of CASCADE_PREFIX tokens + CASCADE_PRIVATE private tokens per request, decode.
@@ -64,170 +250,24 @@ static void cascade_point(bench_env *env, int B)
 {
     char msg[512] = "";
     const char *check = "ok";
-    kiln_kernel *kplain = NULL, *kpre = NULL, *kdec = NULL, *kmerge = NULL;
-    const char *sp_plain = DEC(BF16, 128), *sp_pre = PRE("paged", " lse=1"),
-               *sp_dec = DEC(BF16, 128) " lse=1", *sp_merge = "op=merge dtype=bf16 head_dim=128";
-    kiln_variant v;
-    kiln_status st = KILN_STATUS_OK;
-    const char *specs[4] = {sp_plain, sp_pre, sp_dec, sp_merge};
-    kiln_kernel **ks[4] = {&kplain, &kpre, &kdec, &kmerge};
-    for (int i = 0; i < 4 && !st; i++) {
-        st = kiln_variant_parse(specs[i], &v);
-        if (!st) st = kiln_kernel_get(env->ctx, &v, ks[i]);
-        if (st) snprintf(msg, sizeof msg, "%s: %s", specs[i], kiln_ctx_errmsg(env->ctx));
-    }
-    if (st) {
+    cascade_run c = {0};
+    c.env = env;
+    c.B = B;
+    if (cascade_kernels(&c, msg, sizeof msg)) {
         printf("| %d | failed: %s |\n", B, msg);
         env->failed++;
         return;
     }
     const int pre_pages = CASCADE_PREFIX / PAGE, priv_pages = CASCADE_PRIVATE / PAGE;
-    const int pool_pages = pre_pages + B * priv_pages;
-    /* shapes */
-    bshape splain = {0}, spre = {0}, sdec = {0};
-    bbufs bplain = {0}, bpre = {0}, bdec = {0};
-    kiln_plan *pplain = NULL, *ppre = NULL, *pdec = NULL;
-    int *lens = malloc(sizeof(int) * (size_t)B), *perm = malloc(sizeof(int) * (size_t)pool_pages);
-    int *idx_plain = malloc(sizeof(int) * (size_t)B * (pre_pages + priv_pages));
-    int *idx_pre = malloc(sizeof(int) * (size_t)pre_pages),
-        *idx_dec = malloc(sizeof(int) * (size_t)B * priv_pages);
-    int one_prefix = CASCADE_PREFIX;
-    if (!lens || !perm || !idx_plain || !idx_pre || !idx_dec) {
+    if (cascade_pages(&c, pre_pages, priv_pages)) {
         printf("| %d | out of host memory |\n", B);
-        goto out;
-    }
-    uint64_t x = 7;
-    for (int i = 0; i < pool_pages; i++) perm[i] = i;
-    for (int i = pool_pages - 1; i > 0; i--) {
-        const int j = (int)(brng(&x) % (uint64_t)(i + 1)), t = perm[i];
-        perm[i] = perm[j];
-        perm[j] = t;
-    }
-    /* perm[0 .. pre_pages) are the prefix's pages, then request b's private pages */
-    for (int i = 0; i < pre_pages; i++) idx_pre[i] = perm[i];
-    for (int b = 0; b < B; b++)
-        for (int p = 0; p < priv_pages; p++)
-            idx_dec[b * priv_pages + p] = perm[pre_pages + b * priv_pages + p];
-    for (int b = 0; b < B; b++) {
-        int *row = idx_plain + (size_t)b * (pre_pages + priv_pages);
-        memcpy(row, idx_pre, sizeof(int) * (size_t)pre_pages);
-        memcpy(row + pre_pages, idx_dec + (size_t)b * priv_pages, sizeof(int) * (size_t)priv_pages);
-    }
-    for (int b = 0; b < B; b++) lens[b] = CASCADE_PREFIX + CASCADE_PRIVATE;
-    if (bshape_make(&splain, B, 0, lens, 1) || bshape_make(&spre, 1, B, &one_prefix, 1)) goto oom;
-    for (int b = 0; b < B; b++) lens[b] = CASCADE_PRIVATE;
-    if (bshape_make(&sdec, B, 0, lens, 1)) goto oom;
-    /* the plain buffers own the pool and q; the others borrow them */
-    bplain.copies = 1;
-    if ((st =
-             bbufs_alloc(env, &bplain, &splain, 1, 128, 2, pool_pages, idx_plain, msg, sizeof msg)))
-        goto fail;
-    bpre = bplain;
-    bdec = bplain;
-    bpre.o = bpre.lse = bpre.ws = bpre.idx = 0;
-    bdec.o = bdec.lse = bdec.ws = bdec.idx = 0;
-    bpre.idx_host = idx_pre;
-    bdec.idx_host = idx_dec;
-    idx_pre = idx_dec = NULL;
-    {
-        const size_t ob = (size_t)B * HQ * 128 * 2, lb = (size_t)B * HQ * sizeof(float);
-        if (env->cu->cuMemAlloc(&bpre.o, ob) || env->cu->cuMemAlloc(&bdec.o, ob) ||
-            env->cu->cuMemAlloc(&bpre.lse, lb) || env->cu->cuMemAlloc(&bdec.lse, lb) ||
-            env->cu->cuMemAlloc(&bpre.idx, sizeof(int) * (size_t)pre_pages) ||
-            env->cu->cuMemAlloc(&bdec.idx, sizeof(int) * (size_t)B * priv_pages) ||
-            env->cu->cuMemcpyHtoD(bpre.idx, bpre.idx_host, sizeof(int) * (size_t)pre_pages) ||
-            env->cu->cuMemcpyHtoD(bdec.idx, bdec.idx_host, sizeof(int) * (size_t)B * priv_pages)) {
-            snprintf(msg, sizeof msg, "alloc cascade buffers failed");
-            st = KILN_STATUS_CUDA;
-            goto fail;
-        }
-    }
-    if ((st = bplan_make(env, kplain, &splain, &bplain, &pplain, msg, sizeof msg)) ||
-        (st = bplan_make(env, kpre, &spre, &bpre, &ppre, msg, sizeof msg)) ||
-        (st = bplan_make(env, kdec, &sdec, &bdec, &pdec, msg, sizeof msg)))
-        goto fail;
-    cascade_run cr = {env,   kmerge,  ppre,  pdec,  pplain,  &bpre,
-                      &bdec, &bplain, &spre, &sdec, &splain, B};
-    /* correctness: plain vs reference, cascade vs plain */
-    env->cu->cuMemsetD8(bplain.o, 0xff, bplain.q_bytes);
-    env->cu->cuMemsetD8(bdec.o, 0xff, bplain.q_bytes);
-    if ((st = step_plain(&cr, 0)) || (st = step_cascade(&cr, 0))) {
-        snprintf(msg, sizeof msg, "run: %s", kiln_ctx_errmsg(env->ctx));
-        goto fail;
-    }
-    if (env->cu->cuCtxSynchronize()) {
-        snprintf(msg, sizeof msg, "run failed on the device");
-        st = KILN_STATUS_CUDA;
-        goto fail;
-    }
-    kiln_variant_parse(sp_plain, &v);
-    st = bcheck_rows(env, &v, &bplain, &splain, 0, msg, sizeof msg);
-    if (!st) {
-        const size_t n = (size_t)B * HQ * 128;
-        uint16_t *a = malloc(n * 2), *c = malloc(n * 2);
-        double atol, rtol;
-        kiln_check_tolerance(&v, &atol, &rtol);
-        if (!a || !c || env->cu->cuMemcpyDtoH(a, bplain.o, n * 2) ||
-            env->cu->cuMemcpyDtoH(c, bdec.o, n * 2)) {
-            snprintf(msg, sizeof msg, "copy outputs back failed");
-            st = KILN_STATUS_CUDA;
-        }
-        for (size_t i = 0; i < n && !st; i++) {
-            const double pa = devk_bf16_to_f32(a[i]), pc = devk_bf16_to_f32(c[i]);
-            if (!(fabs(pa - pc) <= 2 * (atol + rtol * fabs(pa)))) {
-                snprintf(msg, sizeof msg, "cascade o[%zu] = %.6g, plain %.6g", i, pc, pa);
-                st = KILN_STATUS_MISMATCH;
-            }
-        }
-        free(a);
-        free(c);
-    }
-    if (st == KILN_STATUS_MISMATCH) {
-        printf("<!-- cascade B%d: %s -->\n", B, msg);
-        check = "MISMATCH";
+    } else if (cascade_setup(&c, pre_pages, priv_pages, msg, sizeof msg) ||
+               cascade_check(&c, &check, msg, sizeof msg) ||
+               cascade_time(&c, check, msg, sizeof msg)) {
+        printf("| %d | failed: %s |\n", B, msg);
         env->failed++;
-        st = KILN_STATUS_OK;
     }
-    if (st) goto fail;
-    double ms_plain = 0, ms_casc = 0;
-    if ((st = btime_steps(env, step_plain, &cr, 1, &ms_plain, msg, sizeof msg)) ||
-        (st = btime_steps(env, step_cascade, &cr, 1, &ms_casc, msg, sizeof msg)))
-        goto fail;
-    /* bytes a cascade must move: the prefix once, every private part, q, o */
-    const double bytes = 2.0 * (CASCADE_PREFIX + (double)B * CASCADE_PRIVATE) * HKV * 128 * 2 +
-                         (double)B * HQ * 128 * 2 * 2;
-    printf("| %d | %d | %d | %.4f | %.4f | %.2f | %.0f | %.0f | %s |\n", B, CASCADE_PREFIX,
-           CASCADE_PRIVATE, ms_plain, ms_casc, ms_plain / ms_casc, bytes / (ms_plain * 1e-3) / 1e9,
-           bytes / (ms_casc * 1e-3) / 1e9, check);
-    bcsv_row(env, "cascade plain", sp_plain, B, 1, CASCADE_PREFIX + CASCADE_PRIVATE, ms_plain,
-             bytes / (ms_plain * 1e-3) / 1e9, 0, check);
-    bcsv_row(env, "cascade", "prefill(lse=1) + decode(lse=1) + merge_state_in_place", B, 1,
-             CASCADE_PREFIX + CASCADE_PRIVATE, ms_casc, bytes / (ms_casc * 1e-3) / 1e9, 0, check);
-    goto out;
-oom:
-    snprintf(msg, sizeof msg, "out of host memory");
-    st = KILN_STATUS_NO_MEMORY;
-fail:
-    printf("| %d | failed: %s |\n", B, msg);
-    env->failed++;
-out:
-    kiln_plan_destroy(pplain);
-    kiln_plan_destroy(ppre);
-    kiln_plan_destroy(pdec);
-    /* bpre / bdec borrow q, k, v from bplain */
-    bpre.q = bpre.k = bpre.v = 0;
-    bdec.q = bdec.k = bdec.v = 0;
-    bbufs_free(env, &bpre);
-    bbufs_free(env, &bdec);
-    bbufs_free(env, &bplain);
-    bshape_free(&splain);
-    bshape_free(&spre);
-    bshape_free(&sdec);
-    free(lens);
-    free(perm);
-    free(idx_plain);
-    free(idx_pre);
-    free(idx_dec);
+    cascade_free(&c);
 }
 
 void cascade_suite(bench_env *env)

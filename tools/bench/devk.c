@@ -70,13 +70,20 @@ static struct {
     CUfunction fill_bf16, fill_e4m3, read4, read8;
 } dk;
 
+kiln_status bench_cu_fail(const bench_env *env, CUresult r, const char *prefix, const char *what,
+                          char *msg, size_t cap)
+{
+    const char *name = NULL;
+    env->cu->cuGetErrorName(r, &name);
+    snprintf(msg, cap, "%s%s: %s", prefix, what, name ? name : "?");
+    return r == CUDA_ERROR_OUT_OF_MEMORY ? KILN_STATUS_NO_MEMORY : KILN_STATUS_CUDA;
+}
+
 #define DK_TRY(call, what)                                                                         \
     do {                                                                                           \
         CUresult r_ = (call);                                                                      \
         if (r_ != CUDA_SUCCESS) {                                                                  \
-            const char *s_ = NULL;                                                                 \
-            env->cu->cuGetErrorName(r_, &s_);                                                      \
-            snprintf(msg, cap, "devk: %s: %s", what, s_ ? s_ : "?");                               \
+            bench_cu_fail(env, r_, "devk: ", what, msg, cap);                                      \
             return KILN_STATUS_CUDA;                                                               \
         }                                                                                          \
     } while (0)

@@ -622,38 +622,26 @@ void kiln__cb_compare(const cb_logical *L, const cb_out *out, const double *ref_
     for (int row = 0; row < L->ix.total_qo; row++) {
         const int b = request_of(&L->ix, row), i = row - L->ix.qo_indptr[b];
         for (int h = 0; h < H; h++) {
+            int first = 0;
             for (int d = 0; d < D; d++) {
                 const size_t at = ((size_t)row * H + h) * D + d;
-                const double ref = ref_o[at],
-                             got = kiln_check_from_bits(L->v.out_dtype, out->o[at]);
-                const double err = fabs(got - ref);
-                r->checked++;
-                sums[0] += (got - ref) * (got - ref);
-                sums[1] += ref * ref;
-                if (fabs(ref) > r->max_ref) r->max_ref = fabs(ref);
-                if (!(err <= r->atol + r->rtol * fabs(ref))) {
-                    if (!r->bad++) {
-                        snprintf(r->first_bad, sizeof r->first_bad,
-                                 "o[b=%d,i=%d,h=%d,d=%d] = %.6g, ref %.6g", b, i, h, d, got, ref);
-                        if (bad_req && *bad_req < 0) *bad_req = b;
-                    }
-                }
-                if (!(err <= r->max_err)) r->max_err = isnan(err) ? INFINITY : err;
+                const double ref = ref_o[at], got = kiln__check_bits(L->v.out_dtype, out->o[at]);
+                if (!kiln__check_o(r, got, ref, sums)) continue;
+                first = 1;
+                snprintf(r->first_bad, sizeof r->first_bad,
+                         "o[b=%d,i=%d,h=%d,d=%d] = %.6g, ref %.6g", b, i, h, d, got, ref);
             }
-            if (!L->v.lse) continue;
-            const double ref = ref_lse[(size_t)row * H + h], got = out->lse[(size_t)row * H + h];
-            const double err = isinf(ref) && got == ref ? 0.0 : fabs(got - ref);
-            r->checked++;
-            if (!(err <= 1e-3 + 1e-3 * fabs(ref))) {
-                if (!r->bad++) {
+            if (L->v.lse) {
+                const double ref = ref_lse[(size_t)row * H + h],
+                             got = out->lse[(size_t)row * H + h];
+                if (kiln__check_lse(r, got, ref)) {
+                    first = 1;
                     snprintf(r->first_bad, sizeof r->first_bad,
                              "lse[b=%d,i=%d,h=%d] = %.6g, ref %.6g", b, i, h, got, ref);
-                    if (bad_req && *bad_req < 0) *bad_req = b;
                 }
             }
-            if (!(err <= r->lse_max_err)) r->lse_max_err = isnan(err) ? INFINITY : err;
+            if (first && bad_req && *bad_req < 0) *bad_req = b;
         }
     }
-    r->rel_l2 = sums[1] > 0 ? sqrt(sums[0] / sums[1]) : sqrt(sums[0]);
-    if (isnan(r->rel_l2)) r->rel_l2 = INFINITY;
+    kiln__check_rel_l2(r, sums);
 }

@@ -103,7 +103,7 @@ float kiln_check_uniform(uint64_t *s);
  * pos / scale * theta^(-2d/D); scale 0 means 1, theta 0 means 1e4). */
 void kiln_check_rope(double *x, int D, double pos, double scale, double theta);
 
-/* ---- batches (tools/check_batch.c) ------------------------------------------------------ *
+/* ---- batches (check_batch.c, check_run.c) ------------------------------------------------------ *
  * A batch check builds one logical batch of B requests from a seed (q rows, keys and values
  * per request), stores it the way the variant says (kv=ragged: [total_kv, H_KV, D] or HND via
  * strides; kv=paged: a pool of pages bigger than needed, pages in random order, odd last
@@ -220,7 +220,7 @@ kiln_status kiln_check_batch_vs_single(kiln_ctx *ctx, kiln_kernel *k_batch, kiln
 kiln_status kiln_check_batch_invariance(kiln_ctx *ctx, kiln_kernel *k, const kiln_check_batch *s,
                                         int req, kiln_check_pair *p, char *msg, size_t cap);
 
-/* ---- softmax-state merges and cascades (tools/check_merge.c) ----------------------------- */
+/* ---- softmax-state merges and cascades (check_merge.c) ----------------------------- */
 
 typedef enum kiln_check_merge_op {
     KILN_CHECK_MERGE_STATE = 0,    /* kiln_merge_state */

@@ -168,11 +168,10 @@ int cli_cmd_verify(cli_global *g, const cli_cmd *cmd, int argc, char **argv)
 
 int cli_cmd_gc(cli_global *g, const cli_cmd *cmd, int argc, char **argv)
 {
-    int vacuum = 0, npos = 0;
+    int vacuum = 0;
     const cli_opt opts[] = {{"--vacuum", NULL, &vacuum}, {NULL, NULL, NULL}};
-    int rc = cli_parse(g, cmd, argc, argv, opts, &npos);
-    if (rc) return rc < 0 ? CLI_OK : rc;
-    if (npos) return cli_fail(cmd->name, CLI_USAGE, "unexpected argument '%s'", argv[0]);
+    int rc = 0;
+    if (cli_parse_opts(g, cmd, argc, argv, opts, &rc)) return rc;
     int64_t bound = -1;
     kiln__err e = {{0}};
     const char *env = getenv("KILN_CACHE_MAX_BYTES");

@@ -28,6 +28,6 @@ timeout 330 build/bin/kiln-tests --gpu > "$OUT/gpu_tests.log" 2>&1
 echo "gpu tests: $(tail -1 "$OUT/gpu_tests.log")"
 KILN_LIB=$PWD/build/lib/libkiln.so timeout 120 python3 -m unittest discover -s python/tests > "$OUT/python.log" 2>&1
 echo "python: $(tail -1 "$OUT/python.log")"
-timeout 90 tools/demo.sh build/bin/kiln > "$OUT/demo.log" 2>&1
+timeout 90 tools/scripts/demo.sh build/bin/kiln > "$OUT/demo.log" 2>&1
 echo "demo: exit $?"
 grep -E "^    [a-z].*(cases|variants|diff)" "$OUT/gpu_tests.log"

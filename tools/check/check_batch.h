@@ -1,13 +1,12 @@
 /*
- * check_batch.h — internals of the batch checker shared by tools/check_batch.c (logical
- * batches, storage, reference, runs) and tools/check_merge.c (merges, cascades). Not part of
+ * check_batch.h — internals of the batch checker shared by check_batch.c (logical
+ * batches, storage, reference, runs), check_run.c (device runs) and check_merge.c (merges, cascades). Not part of
  * the checker's interface (check.h).
  */
 #ifndef KILN_CHECK_BATCH_H
 #define KILN_CHECK_BATCH_H
 
-#include "check.h"
-#include "runtime.h"
+#include "check_internal.h"
 
 /* One logical batch: what the reference reads, independent of storage. */
 typedef struct cb_logical {
@@ -79,6 +78,10 @@ void kiln__cb_compare(const cb_logical *L, const cb_out *out, const double *ref_
 kiln_status kiln__cb_run(kiln_ctx *ctx, kiln_kernel *k, const cb_logical *const *Ls, int n,
                          const cb_run_opts *ro, cb_out *outs, kiln__err *e);
 void kiln__cb_out_free(cb_out *o);
+/* INVALID_ARGUMENT unless k is a batch kernel (op=decode or prefill, kv=ragged or paged). */
+kiln_status kiln__cb_batch_kernel(const kiln_kernel *k, kiln__err *e);
+/* The run options of s (strides, graph, plan options) with time_reps timed runs. */
+cb_run_opts kiln__cb_run_opts(const kiln_check_batch *s, int time_reps);
 /* A seed from the clock when s is 0. */
 uint64_t kiln__cb_seed(uint64_t s);
 

@@ -1,7 +1,7 @@
 /*
  * cli.h — what the files of the `kiln` command-line tool share: the global options, the command
  * table entry, the option parser, and small helpers (error lines, a spec from words, arch
- * lists, opening a context or the cache). Internal to tools/; never linked into the library.
+ * lists, opening a context or the cache). Internal to tools/cli; never linked into the library.
  *
  * Exit status of every command: CLI_OK (0) on success, CLI_FAIL (1) on a run-time failure,
  * CLI_USAGE (2) on bad usage or input. Every error goes to stderr as "kiln <cmd>: <message>".
@@ -67,6 +67,18 @@ typedef struct cli_opt {
 int cli_parse(cli_global *g, const cli_cmd *cmd, int argc, char **argv, const cli_opt *opts,
               int *npos);
 
+/* cli_parse for a command that takes no positional words: 1 when the command is done, with its
+ * exit status in *status (CLI_OK after printing its help, CLI_USAGE after printing why: a bad
+ * option or an unexpected word); 0 to go on. */
+int cli_parse_opts(cli_global *g, const cli_cmd *cmd, int argc, char **argv, const cli_opt *opts,
+                   int *status);
+
+/* cli_parse for a command that needs at least one positional word: 1 when the command is done,
+ * with its exit status in *status (CLI_OK after printing its help; CLI_USAGE after printing
+ * why, "missing" when there is no word); 0 to go on with *npos words. */
+int cli_parse_words(cli_global *g, const cli_cmd *cmd, int argc, char **argv, const cli_opt *opts,
+                    const char *missing, int *npos, int *status);
+
 /* Print "kiln <cmd>: <message>\n" to stderr and return code. */
 int cli_fail(const char *cmd, int code, const char *fmt, ...) KILN__PRINTF(3, 4);
 
@@ -112,7 +124,7 @@ typedef struct cli_pair {
     int spec, arch;
 } cli_pair;
 
-/* A manifest read by cli_manifest_read (tools/cli_manifest.c; format in docs/fleet.md). */
+/* A manifest read by cli_manifest_read (cli_manifest.c; format in docs/fleet.md). */
 typedef struct cli_manifest {
     cli_mspec *specs; /* distinct specs, in order of first appearance */
     int nspecs, specs_cap;
@@ -148,7 +160,7 @@ int cli_cache_open(const cli_global *g, const char *cmd, kiln__cache **out);
 int cli_cache_open_opt(const cli_global *g, const char *cmd, char *missing, size_t cap,
                        kiln__cache **out);
 
-/* ---- output safety (tools/cli_safe.c) ------------------------------------------------------- */
+/* ---- output safety (cli_safe.c) ------------------------------------------------------------ */
 
 /* 1 when path is, or would become, the database of c or one of its -wal, -shm, -journal files
  * (existing files compared by device and inode, missing ones by directory inode and name);
@@ -177,7 +189,7 @@ double cli_now_ms(void);
 /* Unix seconds as "2026-11-29T16:20:05Z" into out[32]; "-" for 0. */
 void cli_iso_time(int64_t t, char out[32]);
 
-/* The commands (tools/cli_cmds.c, tools/cli_warm.c, tools/cli_fleet.c). */
+/* The commands (cli_info.c, cli_kernel.c, cli_ls.c, cli_check.c, cli_warm.c, cli_fleet.c). */
 int cli_cmd_info(cli_global *g, const cli_cmd *cmd, int argc, char **argv);
 int cli_cmd_compile(cli_global *g, const cli_cmd *cmd, int argc, char **argv);
 int cli_cmd_warm(cli_global *g, const cli_cmd *cmd, int argc, char **argv);
@@ -190,7 +202,7 @@ int cli_cmd_verify(cli_global *g, const cli_cmd *cmd, int argc, char **argv);
 int cli_cmd_merge(cli_global *g, const cli_cmd *cmd, int argc, char **argv);
 int cli_cmd_export(cli_global *g, const cli_cmd *cmd, int argc, char **argv);
 
-/* ---- reporting (tools/cli_report.c) ---------------------------------------------------------- */
+/* ---- reporting (cli_report.c) --------------------------------------------------------------- */
 
 int cli_cmd_stats(cli_global *g, const cli_cmd *cmd, int argc, char **argv);
 int cli_cmd_clear(cli_global *g, const cli_cmd *cmd, int argc, char **argv);

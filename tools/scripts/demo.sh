@@ -5,11 +5,11 @@
 # couple of kv lengths. Every step runs even after a failure; the exit status is non-zero if
 # any step failed.
 #
-# usage: tools/demo.sh [path/to/kiln]      (default: build/bin/kiln)
+# usage: tools/scripts/demo.sh [path/to/kiln]      (default: build/bin/kiln)
 set -uf
 
 KILN=${1:-build/bin/kiln}
-ROOT=$(cd "$(dirname "$0")/.." && pwd)
+ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 MANIFEST=$ROOT/docs/demo.manifest
 KV_LENS=577,4096
 failed=0

@@ -160,11 +160,10 @@ static int stats_json(const stats_view *v)
 
 int cli_cmd_stats(cli_global *g, const cli_cmd *cmd, int argc, char **argv)
 {
-    int zero = 0, json = 0, npos = 0;
+    int zero = 0, json = 0;
     const cli_opt opts[] = {{"--zero", NULL, &zero}, {"--json", NULL, &json}, {NULL, NULL, NULL}};
-    int rc = cli_parse(g, cmd, argc, argv, opts, &npos);
-    if (rc) return rc < 0 ? CLI_OK : rc;
-    if (npos) return cli_fail(cmd->name, CLI_USAGE, "unexpected argument '%s'", argv[0]);
+    int rc = 0;
+    if (cli_parse_opts(g, cmd, argc, argv, opts, &rc)) return rc;
     stats_view *v = calloc(1, sizeof *v);
     if (!v) return cli_fail(cmd->name, CLI_FAIL, "out of memory");
     kiln__cache *c = NULL;
@@ -193,11 +192,10 @@ int cli_cmd_stats(cli_global *g, const cli_cmd *cmd, int argc, char **argv)
 
 int cli_cmd_clear(cli_global *g, const cli_cmd *cmd, int argc, char **argv)
 {
-    int yes = 0, npos = 0;
+    int yes = 0;
     const cli_opt opts[] = {{"--yes", NULL, &yes}, {NULL, NULL, NULL}};
-    int rc = cli_parse(g, cmd, argc, argv, opts, &npos);
-    if (rc) return rc < 0 ? CLI_OK : rc;
-    if (npos) return cli_fail(cmd->name, CLI_USAGE, "unexpected argument '%s'", argv[0]);
+    int rc = 0;
+    if (cli_parse_opts(g, cmd, argc, argv, opts, &rc)) return rc;
     char path[1100];
     if (cli_default_cache_absent(g, path, sizeof path)) {
         if (!yes)
@@ -434,6 +432,18 @@ static void arch_words(kiln__str *s)
 }
 
 #define GLOBAL_OPTS "--cache --base-cache --max-size --help --version"
+
+/* One shell case per command of the table: "    NAME) opts=" open, its options, close. */
+static void command_cases(kiln__str *s, const cli_cmd *cmds, int n, const char *open,
+                          const char *close)
+{
+    for (int i = 0; i < n; i++) {
+        kiln__str_printf(s, "    %s) opts=%s", cmds[i].name, open);
+        usage_options(s, cmds[i].usage);
+        kiln__str_puts(s, close);
+    }
+}
+
 /* Options whose value is a path, and those whose value is an arch list. */
 #define FILE_OPTS "--cache|--base-cache|--cubin|--spec-file"
 #define ARCH_OPTS "--arch"
@@ -470,11 +480,7 @@ static void completion_bash(kiln__str *s, const cli_cmd *cmds, int n)
                       "    fi\n"
                       "    local opts=''\n"
                       "    case \"$cmd\" in\n");
-    for (int i = 0; i < n; i++) {
-        kiln__str_printf(s, "    %s) opts='", cmds[i].name);
-        usage_options(s, cmds[i].usage);
-        kiln__str_puts(s, "' ;;\n");
-    }
+    command_cases(s, cmds, n, "'", "' ;;\n");
     kiln__str_puts(s, "    esac\n"
                       "    if [[ $cur == -* ]]; then\n"
                       "        COMPREPLY=($(compgen -W \"$opts " GLOBAL_OPTS "\" -- \"$cur\"))\n"
@@ -528,11 +534,7 @@ static void completion_zsh(kiln__str *s, const cli_cmd *cmds, int n)
                       "        return\n"
                       "    fi\n"
                       "    case $cmd in\n");
-    for (int i = 0; i < n; i++) {
-        kiln__str_printf(s, "    %s) opts=(", cmds[i].name);
-        usage_options(s, cmds[i].usage);
-        kiln__str_puts(s, ") ;;\n");
-    }
+    command_cases(s, cmds, n, "(", ") ;;\n");
     kiln__str_puts(s,
                    "    esac\n"
                    "    if [[ ${words[CURRENT]} == -* ]]; then compadd -- $opts " GLOBAL_OPTS "\n"

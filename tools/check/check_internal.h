@@ -1,0 +1,94 @@
+/*
+ * check_internal.h — what the files of the check library share and its users (the CLI, the
+ * tests, the bench) do not: the CUDA error macros, the counters every comparison accumulates
+ * into a kiln_check_result, the 16-bit decoders the references inline, and a qsort comparator.
+ * Internal to tools/check.
+ */
+#ifndef KILN_CHECK_INTERNAL_H
+#define KILN_CHECK_INTERNAL_H
+
+#include <stdint.h>
+#include <string.h>
+
+#include "check.h"
+#include "runtime.h"
+
+/* Run a driver call; on failure write "<prefix>: <what>: <CUDA error>" into *e, set st and go
+ * to done. Needs kiln__err *e, kiln_status st and a done label in scope. */
+#define KILN__CHECK_CU(prefix, call, what)                                                         \
+    do {                                                                                           \
+        CUresult r_ = (call);                                                                      \
+        if (r_ != CUDA_SUCCESS) {                                                                  \
+            st = kiln__cu_fail(e, r_, prefix ": %s", what);                                        \
+            goto done;                                                                             \
+        }                                                                                          \
+    } while (0)
+
+/* The same, returning the status instead (for phases whose buffers the caller owns). */
+#define KILN__CHECK_CU_RET(prefix, call, what)                                                     \
+    do {                                                                                           \
+        CUresult r_ = (call);                                                                      \
+        if (r_ != CUDA_SUCCESS) return kiln__cu_fail(e, r_, prefix ": %s", what);                  \
+    } while (0)
+
+/* A kiln call failed: return its status with the context's message. Needs kiln_ctx *ctx and
+ * kiln__err *e in scope. */
+#define KILN__CHECK_CALL_RET(call)                                                                 \
+    do {                                                                                           \
+        kiln_status s_ = (call);                                                                   \
+        if (s_) return kiln__fail(e, s_, "%s", kiln_ctx_errmsg(ctx));                              \
+    } while (0)
+
+/* Count one output element got against its reference ref into r (checked, max_ref, max_err)
+ * and sums (squared error, squared reference: for rel_l2), with r's atol + rtol*|ref|. Returns
+ * 1 when it is the first element out of tolerance (r->bad was 0): the caller writes
+ * r->first_bad. */
+int kiln__check_o(kiln_check_result *r, double got, double ref, double sums[2]);
+/* The same for one lse value (tolerance 1e-3 + 1e-3*|ref|; -inf equal to -inf is exact). */
+int kiln__check_lse(kiln_check_result *r, double got, double ref);
+/* r->rel_l2 from the sums of kiln__check_o (infinity when NaN). */
+void kiln__check_rel_l2(kiln_check_result *r, const double sums[2]);
+
+/* The builtin run-time values every check passes: scale, softcap, window, alibi slopes. */
+static inline void kiln__check_params(kiln_params *pr, float sm_scale, float softcap,
+                                      int window_left, CUdeviceptr alibi_slopes)
+{
+    pr->sm_scale = sm_scale;
+    pr->softcap = softcap;
+    pr->window_left = window_left;
+    pr->alibi_slopes = alibi_slopes;
+}
+
+/* qsort comparator of doubles, ascending. */
+int kiln__check_cmp_double(const void *a, const void *b);
+
+/* A bf16 or f16 element's value (inline: the references decode every element they read). */
+static inline double kiln__check_bits(kiln_dtype t, uint16_t h)
+{
+    uint32_t u;
+    if (t == KILN_DTYPE_BF16) {
+        u = (uint32_t)h << 16;
+    } else {
+        const uint32_t sign = (uint32_t)(h & 0x8000u) << 16, exp = (h >> 10) & 0x1f;
+        uint32_t man = h & 0x3ffu;
+        if (exp == 0) {
+            if (!man) u = sign;
+            else { /* subnormal: normalise */ int e = -1;
+                do {
+                    man <<= 1;
+                    e++;
+                } while (!(man & 0x400u));
+                u = sign | ((uint32_t)(127 - 15 - e) << 23) | ((man & 0x3ffu) << 13);
+            }
+        } else if (exp == 31) {
+            u = sign | 0x7f800000u | (man << 13);
+        } else {
+            u = sign | ((exp + 127 - 15) << 23) | (man << 13);
+        }
+    }
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+
+#endif /* KILN_CHECK_INTERNAL_H */
