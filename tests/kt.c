@@ -106,8 +106,8 @@ void kt_setenv(const char *name, const char *value)
 
 /* ---- child processes ------------------------------------------------------------------------ */
 
-int kt_spawn(const char *in, const char *const *env, const char *const *argv,
-             const char *out_path, const char *err_path)
+int kt_spawn(const char *in, const char *const *env, const char *const *argv, const char *out_path,
+             const char *err_path)
 {
     fflush(stdout);
     fflush(stderr);
@@ -130,8 +130,7 @@ int kt_spawn(const char *in, const char *const *env, const char *const *argv,
 int kt_wait(int pid)
 {
     int status = 0;
-    if (pid > 0 && waitpid(pid, &status, 0) == pid && WIFEXITED(status))
-        return WEXITSTATUS(status);
+    if (pid > 0 && waitpid(pid, &status, 0) == pid && WIFEXITED(status)) return WEXITSTATUS(status);
     return -1;
 }
 
@@ -334,6 +333,15 @@ int kt_cache_fill(const char *dir, const char *const *specs, int n, char (*keys)
     }
     kiln__cache_close(c);
     return rc;
+}
+
+int64_t kt_cache_rows(kiln__cache *c)
+{
+    kiln__cache_stats s;
+    kiln__err e = {{0}};
+    if (kiln__cache_stats_get(c, &s, &e) == KILN_STATUS_OK) return s.entries;
+    printf("    kt_cache_rows: %s\n", e.msg);
+    return -1;
 }
 
 kiln__cache *kt__cache_open(const char *file, int line, const char *dir)

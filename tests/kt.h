@@ -20,6 +20,9 @@
 
 #include "kiln.h"
 
+/* The uid and gid permission tests drop to when the tests run as root. */
+#define KT_NOBODY 65534
+
 typedef void (*kt_fn)(void);
 
 typedef struct kt_case {
@@ -131,6 +134,8 @@ void kt_cubin(unsigned char out[64], int tag);
 /* Create the cache directory dir with one kt_entry_valid row per spec (n of them, arch sm_80,
  * tag i); their keys go to keys[n][33] when keys is not NULL. 0 on success. */
 int kt_cache_fill(const char *dir, const char *const *specs, int n, char (*keys)[33]);
+/* The number of rows of the open cache c, -1 (the reason printed) when it cannot be counted. */
+int64_t kt_cache_rows(kiln__cache *c);
 /* Open dir as a cache, or fail the test at the caller's line and return NULL. */
 kiln__cache *kt__cache_open(const char *file, int line, const char *dir);
 #define KT_CACHE_OPEN(dir) kt__cache_open(__FILE__, __LINE__, (dir))
