@@ -9,6 +9,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -16,9 +17,20 @@
 #include "cache.h"
 #include "jit.h"
 #include "kt.h"
+#include "libclang.h"
 
 /* Most arguments kt_kiln passes after the binary's name. */
 #define KILN_ARGS_MAX 32
+
+/* ---- libclang ------------------------------------------------------------------------------ */
+
+int kt_need_clang(void)
+{
+    kiln__err e = {{0}};
+    if (kiln__clang_get(&e)) return 1;
+    kt_skip("%s", e.msg);
+    return 0;
+}
 
 /* ---- paths ---------------------------------------------------------------------------------- */
 
@@ -161,6 +173,13 @@ void kt_out_free(kt_out *r)
     memset(r, 0, sizeof *r);
 }
 
+int kt__have_kiln(const char *file, int line)
+{
+    if (access(kt_kiln_bin(), X_OK) == 0) return 1;
+    kt_fail(file, line, "%s is not an executable (build it, or pass --kiln PATH)", kt_kiln_bin());
+    return 0;
+}
+
 int kt_kiln(kt_out *r, const char *in, const char *const *env, const char *const *args)
 {
     const char *argv[KILN_ARGS_MAX + 2] = {kt_kiln_bin()};
@@ -179,7 +198,33 @@ int kt_kiln(kt_out *r, const char *in, const char *const *env, const char *const
     return r->code;
 }
 
-/* ---- contexts ------------------------------------------------------------------------------- */
+int kt_kiln_spawn(const char *tag, const char *const *env, const char *const *args)
+{
+    char out[700], err[700];
+    snprintf(out, sizeof out, "%s/%s.out", kt_tmpdir(), tag);
+    snprintf(err, sizeof err, "%s/%s.err", kt_tmpdir(), tag);
+    const char *argv[KILN_ARGS_MAX + 2] = {kt_kiln_bin()};
+    int argc = 1;
+    for (int i = 0; args[i] && argc <= KILN_ARGS_MAX; i++) argv[argc++] = args[i];
+    argv[argc] = NULL;
+    return kt_spawn(NULL, env, argv, out, err);
+}
+
+int kt_kiln_reap(int pid, const char *tag, kt_out *r)
+{
+    char path[700];
+    memset(r, 0, sizeof *r);
+    r->code = kt_wait(pid);
+    snprintf(path, sizeof path, "%s/%s.out", kt_tmpdir(), tag);
+    r->out = text_of(path);
+    snprintf(path, sizeof path, "%s/%s.err", kt_tmpdir(), tag);
+    r->err = text_of(path);
+    return r->code;
+}
+
+/* ---- contexts and compiles ------------------------------------------------------------------ */
+
+const char *const kt_specs4[4] = {KT_SPEC_0, KT_SPEC_1, KT_SPEC_2, KT_SPEC_3};
 
 kiln_ctx *kt__ctx(const char *file, int line, const char *dir, int device)
 {
@@ -194,6 +239,74 @@ kiln_ctx *kt__ctx(const char *file, int line, const char *dir, int device)
         return NULL;
     }
     return ctx;
+}
+
+kiln_ctx *kt__ctx_policy(const char *file, int line, const char *dir, kiln_cache_mode mode,
+                         const char *record, const char *base, int64_t max_bytes)
+{
+    kiln_ctx_opts o = {0};
+    o.cache_dir = dir;
+    o.no_cache = dir == NULL;
+    o.no_device = 1;
+    o.mode = mode;
+    o.record_path = record;
+    o.base_cache_dir = base;
+    o.max_cache_bytes = max_bytes;
+    kiln_ctx *ctx = NULL;
+    if (kiln_ctx_create(&o, &ctx) != KILN_STATUS_OK) {
+        kt_fail(file, line, "kiln_ctx_create(%s): %s", dir ? dir : "(none)", kiln_errmsg());
+        return NULL;
+    }
+    return ctx;
+}
+
+int kt_compile(kiln_ctx *ctx, const char *spec, const char *arch)
+{
+    kiln_variant v;
+    if (kiln_variant_parse(spec, &v) != KILN_STATUS_OK) return -1;
+    kiln_kernel *k = NULL;
+    kiln_kernel_info ki;
+    if (kiln_kernel_compile(ctx, &v, arch, &k) != KILN_STATUS_OK) return -1;
+    kiln_kernel_describe(k, &ki);
+    return ki.from_cache;
+}
+
+void kt_key_of(const char *spec, const char *arch, char key[33])
+{
+    kiln_variant v;
+    kiln__config cfg;
+    kiln__err e = {{0}};
+    char *mat = NULL;
+    key[0] = 0;
+    if (kiln__spec_parse(spec, &v, &e) || kiln__config_pick(&v, kiln__arch_sm(arch), &cfg, &e) ||
+        kiln__key_material(&v, &cfg, arch, &mat, &e)) {
+        kt_fail(__FILE__, __LINE__, "key of %s: %s", spec, e.msg);
+        return;
+    }
+    kiln__key_hash(mat, key);
+    free(mat);
+}
+
+char *kt_capture_stderr(int (*fn)(kiln_ctx *, const char *, const char *), kiln_ctx *ctx,
+                        const char *spec, const char *arch, int *result)
+{
+    /* an anonymous file: the read-only checks run as nobody, who may have no writable
+     * directory at all (a /tmp of mode 0755 is enough for that) */
+    fflush(stderr);
+    int saved = dup(2), fd = memfd_create("kiln-stderr", 0);
+    if (fd >= 0) dup2(fd, 2);
+    *result = fn(ctx, spec, arch);
+    fflush(stderr);
+    dup2(saved, 2);
+    close(saved);
+    char *text = NULL;
+    off_t n = fd >= 0 ? lseek(fd, 0, SEEK_END) : -1;
+    if (n >= 0 && (text = malloc((size_t)n + 1))) {
+        ssize_t got = pread(fd, text, (size_t)n, 0);
+        text[got > 0 ? got : 0] = '\0';
+    }
+    if (fd >= 0) close(fd);
+    return text ? text : strdup("");
 }
 
 /* ---- SQLite --------------------------------------------------------------------------------- */
@@ -243,6 +356,50 @@ int kt_sql_exec(const char *path, const char *sql)
         if (!ok) printf("    kt_sql_exec: %s: %s\n", path, err ? err : "?");
         sqlite3_free(err);
     }
+    sqlite3_close(db);
+    return ok;
+}
+
+int kt_damage_cubin(const char *path, const char *key, kt_damage how)
+{
+    sqlite3 *db = NULL;
+    if (sqlite3_open(path, &db) != SQLITE_OK) {
+        printf("    kt_damage_cubin: %s: cannot open\n", path);
+        sqlite3_close(db);
+        return 0;
+    }
+    sqlite3_busy_timeout(db, 10000);
+    sqlite3_stmt *st = NULL;
+    unsigned char *blob = NULL;
+    int n = 0, ok = 0;
+    if (sqlite3_prepare_v2(db, "SELECT cubin FROM kernels WHERE key = ?1", -1, &st, NULL) ==
+            SQLITE_OK &&
+        sqlite3_bind_text(st, 1, key, -1, SQLITE_STATIC) == SQLITE_OK &&
+        sqlite3_step(st) == SQLITE_ROW) {
+        n = sqlite3_column_bytes(st, 0);
+        blob = malloc((size_t)n);
+        if (blob) memcpy(blob, sqlite3_column_blob(st, 0), (size_t)n);
+    }
+    sqlite3_finalize(st);
+    st = NULL;
+    if (blob && n > 100) {
+        if (how == KT_FLIP)
+            for (int i = n / 2; i < n / 2 + 4; i++) blob[i] ^= 0x5a;
+        else n /= 2;
+        char sum[33];
+        kiln__hash128(blob, (size_t)n, sum);
+        const char *sql = how == KT_TRUNCATE_RESUMMED
+                              ? "UPDATE kernels SET cubin = ?2, checksum = ?3 WHERE key = ?1"
+                              : "UPDATE kernels SET cubin = ?2 WHERE key = ?1 AND ?3 IS NOT NULL";
+        ok = sqlite3_prepare_v2(db, sql, -1, &st, NULL) == SQLITE_OK &&
+             sqlite3_bind_text(st, 1, key, -1, SQLITE_STATIC) == SQLITE_OK &&
+             sqlite3_bind_blob(st, 2, blob, n, SQLITE_STATIC) == SQLITE_OK &&
+             sqlite3_bind_text(st, 3, sum, -1, SQLITE_STATIC) == SQLITE_OK &&
+             sqlite3_step(st) == SQLITE_DONE;
+        sqlite3_finalize(st);
+    }
+    if (!ok) printf("    kt_damage_cubin: %s: row %s: %s\n", path, key, sqlite3_errmsg(db));
+    free(blob);
     sqlite3_close(db);
     return ok;
 }

@@ -20,6 +20,9 @@
 
 #include "kiln.h"
 
+/* The number of elements of the array a, as an int. */
+#define KT_COUNT(a) ((int)(sizeof(a) / sizeof((a)[0])))
+
 /* The uid and gid permission tests drop to when the tests run as root. */
 #define KT_NOBODY 65534
 
@@ -48,6 +51,10 @@ const char *kt_kiln_bin(void);
 int kt_have_gpu(void);
 
 /* ---- helpers shared by the test files (kt.c) ------------------------------------------------ */
+
+/* 1 when libclang loads (the snippet validator can run); otherwise the test is marked skipped
+ * with the reason, and the caller returns. */
+int kt_need_clang(void);
 
 /* Paths. "<a>/<b>" and "<kt_tmpdir()>/<name>" in one of 256 rotating static buffers (a may be
  * an earlier result; copy a path that must outlive 256 more calls). */
@@ -90,17 +97,52 @@ typedef struct kt_out {
 } kt_out;
 /* Free r's texts and zero it; safe on a zeroed kt_out. */
 void kt_out_free(kt_out *r);
+/* 1 when the kiln binary (kt_kiln_bin) is an executable; 0 with the test failed at the
+ * caller's line otherwise. */
+int kt__have_kiln(const char *file, int line);
+#define KT_HAVE_KILN() kt__have_kiln(__FILE__, __LINE__)
 /* Run the kiln binary (kt_kiln_bin) with args (NULL-terminated, at most 32), stdin from `in`
  * (NULL: /dev/null) and env as for kt_spawn. Returns the exit status (also in r->code). */
 int kt_kiln(kt_out *r, const char *in, const char *const *env, const char *const *args);
 #define KT_KILN(r, ...)           kt_kiln((r), NULL, NULL, (const char *const[]){__VA_ARGS__, NULL})
 #define KT_KILN_STDIN(r, in, ...) kt_kiln((r), (in), NULL, (const char *const[]){__VA_ARGS__, NULL})
 
-/* A context on the cache directory dir (NULL: no cache), with the device when device is 1 and
- * compile-only (no_device) when 0; NULL, with the test failed at the caller's line, when it
- * cannot be created. */
+/* Start the kiln binary with args (NULL-terminated, at most 32) and env as for kt_spawn in the
+ * background; stdout and stderr go to <tmp>/<tag>.out and .err. Returns its pid (-1: fork
+ * failed). kt_kiln_reap waits for pid (none when pid is -1) and reads those two files into r;
+ * returns the exit status (also in r->code). */
+int kt_kiln_spawn(const char *tag, const char *const *env, const char *const *args);
+int kt_kiln_reap(int pid, const char *tag, kt_out *r);
+#define KT_KILN_ENV(r, env, ...) kt_kiln((r), NULL, (env), (const char *const[]){__VA_ARGS__, NULL})
+
+/* Contexts, or NULL with the test failed at the caller's line when one cannot be created.
+ * KT_CTX: on the cache directory dir (NULL: no cache), with the device when device is 1 and
+ * compile-only (no_device) when 0. KT_CTX_POLICY: compile-only on dir (NULL: no cache) with a
+ * cache mode, a record file (or NULL), a read-only base cache (or NULL) and a size bound (0:
+ * none). */
 kiln_ctx *kt__ctx(const char *file, int line, const char *dir, int device);
+kiln_ctx *kt__ctx_policy(const char *file, int line, const char *dir, kiln_cache_mode mode,
+                         const char *record, const char *base, int64_t max_bytes);
 #define KT_CTX(dir, device) kt__ctx(__FILE__, __LINE__, (dir), (device))
+#define KT_CTX_POLICY(dir, mode, record, base, max_bytes)                                          \
+    kt__ctx_policy(__FILE__, __LINE__, (dir), (mode), (record), (base), (max_bytes))
+
+/* Four cheap variants (decode head_dim=64, ~0.3 s each to compile on a 2-core box). */
+#define KT_SPEC_0 "op=decode dtype=bf16 head_dim=64 group=1"
+#define KT_SPEC_1 "op=decode dtype=f16 head_dim=64 group=2"
+#define KT_SPEC_2 "op=decode dtype=bf16 head_dim=64 group=4 lse=1"
+#define KT_SPEC_3 "op=decode dtype=f16 head_dim=64 group=8 logits=softcap"
+extern const char *const kt_specs4[4]; /* KT_SPEC_0 .. KT_SPEC_3 */
+/* Compile spec for arch in ctx: 1 when it came from the cache, 0 when compiled, -1 on a failure
+ * (the message is kiln_ctx_errmsg(ctx)). */
+int kt_compile(kiln_ctx *ctx, const char *spec, const char *arch);
+/* The key spec has for arch, computed (nothing compiled) into key; "" with the test failed
+ * when spec does not parse or pick a config. */
+void kt_key_of(const char *spec, const char *arch, char key[33]);
+/* Run *result = fn(ctx, spec, arch) with stderr sent to an anonymous file (usable by any user,
+ * root or nobody); returns what it wrote (malloc'd, never NULL). */
+char *kt_capture_stderr(int (*fn)(kiln_ctx *, const char *, const char *), kiln_ctx *ctx,
+                        const char *spec, const char *arch, int *result);
 
 /* SQLite, on a connection of the test's own (10 s busy timeout), to inspect or edit a cache
  * behind its back. kt_sql_text: the first column of the first row of sql, malloc'd; "" for no
@@ -110,6 +152,11 @@ kiln_ctx *kt__ctx(const char *file, int line, const char *dir, int device);
 char *kt_sql_text(const char *db, const char *sql);
 long kt_sql_long(const char *db, const char *sql);
 int kt_sql_exec(const char *db, const char *sql);
+/* Damage the cubin of key's row in the cache file db: flip 4 bytes in the middle (checksum
+ * left stale), cut it in half (checksum stale), or cut it in half and store a matching checksum
+ * (only the ELF check can tell). 1 on success, 0 (the reason printed) otherwise. */
+typedef enum kt_damage { KT_FLIP, KT_TRUNCATE_STALE, KT_TRUNCATE_RESUMMED } kt_damage;
+int kt_damage_cubin(const char *db, const char *key, kt_damage how);
 /* Check PRAGMA integrity_check of the database at path says "ok". */
 #define KT_INTEGRITY(path)                                                                         \
     do {                                                                                           \
