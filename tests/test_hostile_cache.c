@@ -318,11 +318,7 @@ KT_TEST(hostile_cache_corrupt_pages)
 
 KT_TEST(hostile_msg_no_gpu)
 {
-    kiln_ctx_opts o = {0};
-    o.no_cache = 1;
-    o.no_device = 1;
-    kiln_ctx *ctx = NULL;
-    KT_OK(kiln_ctx_create(&o, &ctx), kiln_errmsg());
+    kiln_ctx *ctx = KT_CTX(NULL, 0);
     KT_REQUIRE(ctx);
     kiln_variant v;
     KT_OK(kiln_variant_parse("op=decode head_dim=64", &v), kiln_errmsg());
