@@ -168,4 +168,3 @@ KT_TEST(arch_all)
     KT_CHECK(has80);
     KT_CHECK(has90a);
 }
-

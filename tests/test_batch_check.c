@@ -357,4 +357,3 @@ KT_TEST(batch_reference_matches_naive)
         kiln__cb_free(&L);
     }
 }
-

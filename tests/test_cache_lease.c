@@ -102,8 +102,8 @@ KT_TEST(cache_lease_states)
         KT_EQ_INT(s, KILN_STATUS_CACHE);
         KT_CONTAINS(e.msg, "compile lease of ");
         KT_CONTAINS(e.msg, "injected");
-        v = kt_sql_text(db,
-                     "SELECT count(*) FROM leases WHERE key = '00000000000000000000000000000005'");
+        v = kt_sql_text(
+            db, "SELECT count(*) FROM leases WHERE key = '00000000000000000000000000000005'");
         KT_EQ_STR(v, "0");
         free(v);
     }
@@ -113,4 +113,3 @@ KT_TEST(cache_lease_states)
     kiln__cache_close(b);
     KT_INTEGRITY(db);
 }
-

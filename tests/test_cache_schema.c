@@ -33,7 +33,6 @@ static void open_fails(const char *dir, kiln_status want, const char *n1, const 
     if (n2) KT_CONTAINS(e.msg, n2);
 }
 
-
 /* ---- opening --------------------------------------------------------------------------------- */
 
 KT_TEST(cache_open_creates)
@@ -135,7 +134,7 @@ KT_TEST(cache_refuse_foreign)
     KT_REQUIRE(mkdir(dir, 0700) == 0);
     /* someone else's database in rollback mode */
     KT_REQUIRE(kt_sql_exec(db, "CREATE TABLE notes(id INTEGER PRIMARY KEY, body TEXT);"
-                            "INSERT INTO notes(body) VALUES ('mine'), ('also mine');"));
+                               "INSERT INTO notes(body) VALUES ('mine'), ('also mine');"));
     size_t n0 = 0, n1 = 0;
     char *before = kt_slurp(db, &n0);
     open_fails(dir, KILN_STATUS_CACHE, "not a kiln cache", "no table 'meta'");
@@ -233,7 +232,8 @@ KT_TEST(cache_bad_dirs)
     /* the cache directory is a file */
     open_fails(kt_join(tmp, "file"), KILN_STATUS_IO, "not a directory", NULL);
     /* kernels.db is a directory */
-    KT_REQUIRE(mkdir(kt_join(tmp, "d"), 0700) == 0 && mkdir(kt_join(tmp, "d/kernels.db"), 0700) == 0);
+    KT_REQUIRE(mkdir(kt_join(tmp, "d"), 0700) == 0 &&
+               mkdir(kt_join(tmp, "d/kernels.db"), 0700) == 0);
     open_fails(kt_join(tmp, "d"), KILN_STATUS_IO, "not a regular file", NULL);
 
     /* permissions, as an unprivileged user */
@@ -502,4 +502,3 @@ KT_TEST(cache_nfs_refused)
     KT_CHECK(c != NULL);
     kiln__cache_close(c);
 }
-

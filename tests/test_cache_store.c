@@ -562,4 +562,3 @@ KT_TEST(cache_processes_fresh_file)
     kiln__cache_close(c);
     KT_INTEGRITY(kt_join(dir, "kernels.db"));
 }
-

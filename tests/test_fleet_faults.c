@@ -32,7 +32,7 @@ KT_TEST(fleet_corrupt_rows)
     for (int i = 0; i < 3; i++) KT_EQ_INT(kt_compile(ctx, kt_specs4[i], "sm_80"), 0);
     kiln_ctx_destroy(ctx);
     char *good = kt_sql_text(db, "SELECT group_concat(key || checksum) FROM "
-                             "(SELECT key, checksum FROM kernels ORDER BY key)");
+                                 "(SELECT key, checksum FROM kernels ORDER BY key)");
     char sql[1024];
     /* four kinds of damage: row 0 flipped, row 1 truncated with a matching checksum, row 2's
      * key material edited, and row 2 copied under the key of spec 3 */
@@ -79,7 +79,7 @@ KT_TEST(fleet_corrupt_rows)
                                            "failed its row checksum", "failed its row checksum"};
     for (int i = 0; i < 4; i++) {
         int from_cache = -2;
-        char *err = kt_capture_stderr( kt_compile, ctx, kt_specs4[i], "sm_80", &from_cache);
+        char *err = kt_capture_stderr(kt_compile, ctx, kt_specs4[i], "sm_80", &from_cache);
         KT_EQ_INT(from_cache, 0);
         KT_CONTAINS(err, k[i]);
         KT_CONTAINS(err, reasons[i]);
@@ -147,8 +147,9 @@ KT_TEST(fleet_kill_builders)
         if (access(db, F_OK) == 0) {
             KT_CHECK(kt_sql_exec(db, "DELETE FROM kernels WHERE abs(random()) % 2 = 0"));
         }
-        char *before = access(db, F_OK) == 0 ? kt_sql_text(db, "SELECT group_concat(key) FROM kernels")
-                                             : strdup("");
+        char *before = access(db, F_OK) == 0
+                           ? kt_sql_text(db, "SELECT group_concat(key) FROM kernels")
+                           : strdup("");
         pid_t pid = kt_kiln_spawn("k", NULL, args);
         int delay_ms = rand() % 1501;
         int code = 0;
@@ -223,7 +224,7 @@ static int readonly_checks(const char *dir)
         bad++;
     }
     int from_cache = -2;
-    char *err = kt_capture_stderr( kt_compile, ctx, KT_SPEC_1, "sm_80", &from_cache);
+    char *err = kt_capture_stderr(kt_compile, ctx, KT_SPEC_1, "sm_80", &from_cache);
     if (from_cache != 0 || !strstr(err, "read-only") || !strstr(err, "not writable") ||
         !strstr(err, "not stored")) {
         printf("    read-only cache: a missing kernel: %d: %s\n", from_cache, err);
@@ -280,7 +281,7 @@ KT_TEST(fleet_faults)
         if (!ctx) break;
         kiln__fault_arm("sqlite", n);
         int from_cache = -2;
-        char *err = kt_capture_stderr( kt_compile, ctx, KT_SPEC_1, "sm_80", &from_cache);
+        char *err = kt_capture_stderr(kt_compile, ctx, KT_SPEC_1, "sm_80", &from_cache);
         int fired = kiln__fault("sqlite") == 0; /* the countdown was used up: it fired */
         kiln__fault_arm("sqlite", 0);
         if (from_cache < 0) {
@@ -290,9 +291,8 @@ KT_TEST(fleet_faults)
         reported += from_cache < 0 || strstr(err, "injected") != NULL;
         free(err);
         kiln_ctx_destroy(ctx);
-        char *sum =
-            kt_sql_text(db,
-                    "SELECT checksum FROM kernels WHERE rowid = (SELECT min(rowid) FROM kernels)");
+        char *sum = kt_sql_text(
+            db, "SELECT checksum FROM kernels WHERE rowid = (SELECT min(rowid) FROM kernels)");
         KT_EQ_STR(sum, sum0); /* what was there before is intact */
         free(sum);
         KT_EQ_INT(kt_sql_long(db, "SELECT count(*) FROM leases"), 0);
@@ -336,7 +336,7 @@ KT_TEST(fleet_full_disk)
         snprintf(spec, sizeof spec, "op=decode head_dim=64 dtype=%s group=%d", dtypes[i % 2],
                  1 << (i / 2 % 4));
         int from_cache = -2;
-        char *err = kt_capture_stderr( kt_compile, ctx, spec, arch, &from_cache);
+        char *err = kt_capture_stderr(kt_compile, ctx, spec, arch, &from_cache);
         KT_EQ_INT(from_cache, 0); /* the kernel is compiled whatever the disk says */
         kt_key_of(spec, arch, key);
         snprintf(sql, sizeof sql, "SELECT count(*) FROM kernels WHERE key = '%s'", key);
@@ -367,4 +367,3 @@ KT_TEST(fleet_full_disk)
     KT_EQ_INT(kt_sql_long(db, "SELECT count(*) FROM kernels"), stored);
     KT_CHECK(umount2(mnt, MNT_DETACH) == 0);
 }
-

@@ -327,4 +327,3 @@ KT_TEST(snippet_without_libclang)
     KT_EQ_INT(kiln__snippet_check(M, "1; 2", NULL, 0, NULL, 0, &e), KILN_STATUS_PARSE);
     kiln__fault_arm("libclang", 0);
 }
-
