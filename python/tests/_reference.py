@@ -21,7 +21,7 @@ _SRC = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # python/
 if os.environ.get("KILN_TEST_INSTALLED") != "1" and os.path.isdir(os.path.join(_SRC, "kiln")):
     sys.path.insert(0, _SRC)
 
-import kiln  # noqa: E402,F401  (the package under test: the tree's, or the installed one)
+import kiln  # noqa: E402  (the package under test: the tree's, or the installed one)
 
 try:
     import torch
@@ -118,6 +118,23 @@ def attention(q, k, v, *, layout="NHD", causal=False, window_left=-1, softcap=No
     p = torch.nan_to_num(torch.softmax(s, dim=-1), nan=0.0)
     o = torch.einsum("hqk,khd->qhd", p, vf)
     return o, lse.transpose(0, 1).contiguous()
+
+
+def reference_args(kw, H, device):
+    """The attention() keywords that match the single-request wrappers' keywords kw (window_left,
+    logits_soft_cap, sm_scale, alibi_slopes or pos_encoding_mode="ALIBI" with H heads)."""
+    ref_kw = {}
+    if kw.get("window_left", -1) >= 0:
+        ref_kw["window_left"] = kw["window_left"]
+    if kw.get("logits_soft_cap"):
+        ref_kw["softcap"] = kw["logits_soft_cap"]
+    if kw.get("sm_scale") is not None:
+        ref_kw["sm_scale"] = kw["sm_scale"]
+    if kw.get("alibi_slopes") is not None:
+        ref_kw["slopes"] = kw["alibi_slopes"]
+    elif kw.get("pos_encoding_mode") == "ALIBI":
+        ref_kw["slopes"] = kiln.alibi_slopes(H, device)
+    return ref_kw
 
 
 def gather(pool, page_ids, last_len, layout):

@@ -17,7 +17,8 @@ import random
 import unittest
 
 from _reference import (DTYPES, HAVE_GPU, HAVE_TORCH, GpuCase, attention, kiln,  # noqa: F401
-                        packbits_little, set_up_module, tear_down_module, tolerance, torch)
+                        packbits_little, reference_args, set_up_module, tear_down_module,
+                        tolerance, torch)
 
 
 def setUpModule():
@@ -155,17 +156,7 @@ class TestDecode(GpuCase):
         self.poison(H, D, dtype=dtype)
         o, lse = kiln.single_decode_with_kv_cache(q, k, v, kv_layout=layout, return_lse=True,
                                                   lse_base="e", **kw)
-        ref_kw = {}
-        if kw.get("window_left", -1) >= 0:
-            ref_kw["window_left"] = kw["window_left"]
-        if kw.get("logits_soft_cap"):
-            ref_kw["softcap"] = kw["logits_soft_cap"]
-        if kw.get("sm_scale") is not None:
-            ref_kw["sm_scale"] = kw["sm_scale"]
-        if kw.get("alibi_slopes") is not None:
-            ref_kw["slopes"] = kw["alibi_slopes"]
-        elif kw.get("pos_encoding_mode") == "ALIBI":
-            ref_kw["slopes"] = kiln.alibi_slopes(H, q.device)
+        ref_kw = reference_args(kw, H, q.device)
         ref_o, ref_lse = _decode_ref(q, k, v, layout, **ref_kw)
         torch.cuda.synchronize()
         what = f"decode H={H} H_KV={H_KV} D={D} L={L} {layout} {dtype} {kw}"
@@ -329,17 +320,7 @@ class TestPrefill(GpuCase):
         o, lse = kiln.single_prefill_with_kv_cache(q, k, v, causal=causal, kv_layout=layout,
                                                    o_dtype=DTYPES.get(o_dtype), return_lse=True,
                                                    lse_base="e", **kw)
-        ref_kw = {}
-        if kw.get("window_left", -1) >= 0:
-            ref_kw["window_left"] = kw["window_left"]
-        if kw.get("logits_soft_cap"):
-            ref_kw["softcap"] = kw["logits_soft_cap"]
-        if kw.get("sm_scale") is not None:
-            ref_kw["sm_scale"] = kw["sm_scale"]
-        if kw.get("alibi_slopes") is not None:
-            ref_kw["slopes"] = kw["alibi_slopes"]
-        elif kw.get("pos_encoding_mode") == "ALIBI":
-            ref_kw["slopes"] = kiln.alibi_slopes(H, q.device)
+        ref_kw = reference_args(kw, H, q.device)
         ref_o, ref_lse = attention(q, k, v, layout=layout, causal=causal, **ref_kw)
         torch.cuda.synchronize()
         what = f"prefill L_Q={L_Q} L_KV={L_KV} H={H} H_KV={H_KV} D={D} causal={causal} {layout} {dtype} {kw}"
