@@ -4,6 +4,7 @@
  * FILTER is a substring of a test name; several filters are OR-ed. --gpu runs only GPU tests
  * and fails if no GPU is usable; --cpu runs only CPU tests. The last line is exactly
  * "N passed, N failed"; skips are counted on the line before. Exit 1 on any failure.
+ * The helpers the tests share are kt.c.
  */
 
 #include <dirent.h>
@@ -11,9 +12,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <fcntl.h>
 #include <sys/stat.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include "kt.h"
@@ -60,57 +59,6 @@ void kt_skip(const char *fmt, ...)
 }
 
 int kt_failed(void) { return cur_failed; }
-
-/* A whole file, NUL-terminated; "" when it cannot be read. */
-static char *read_all(const char *path)
-{
-    FILE *f = fopen(path, "rb");
-    size_t n = 0, cap = 4096;
-    char *buf = malloc(cap);
-    if (f && buf) {
-        size_t got;
-        while ((got = fread(buf + n, 1, cap - n - 1, f)) > 0) {
-            n += got;
-            if (cap - n - 1 == 0) {
-                char *more = realloc(buf, cap * 2);
-                if (!more) break;
-                buf = more;
-                cap *= 2;
-            }
-        }
-    }
-    if (f) fclose(f);
-    if (buf) buf[n] = 0;
-    return buf ? buf : strdup("");
-}
-
-int kt_run(const char *in, const char *const *argv, char **out, char **err)
-{
-    char out_path[600], err_path[600];
-    snprintf(out_path, sizeof out_path, "%s/kt-run-stdout.txt", kt_tmpdir());
-    snprintf(err_path, sizeof err_path, "%s/kt-run-stderr.txt", kt_tmpdir());
-    fflush(stdout);
-    fflush(stderr);
-    pid_t pid = fork();
-    if (pid == 0) {
-        int fi = open(in ? in : "/dev/null", O_RDONLY);
-        int fo = open(out_path, O_WRONLY | O_CREAT | O_TRUNC, 0600);
-        int fe = open(err_path, O_WRONLY | O_CREAT | O_TRUNC, 0600);
-        if (fi < 0 || fo < 0 || fe < 0) _exit(126);
-        dup2(fi, 0);
-        dup2(fo, 1);
-        dup2(fe, 2);
-        execv(argv[0], (char *const *)argv);
-        _exit(127);
-    }
-    int status = 0, code = -1;
-    if (pid > 0 && waitpid(pid, &status, 0) == pid && WIFEXITED(status)) code = WEXITSTATUS(status);
-    *out = read_all(out_path);
-    *err = read_all(err_path);
-    unlink(out_path);
-    unlink(err_path);
-    return code;
-}
 
 static void rm_rf(const char *path)
 {
@@ -220,8 +168,6 @@ int main(int argc, char **argv)
             continue;
         }
         printf("\n");
-        uint64_t t0 = 0;
-        (void)t0;
         c->fn();
         if (cur_tmp[0]) rm_rf(cur_tmp);
         if (cur_failed) {

@@ -166,25 +166,18 @@ KT_TEST(arch_nvrtc_library_refuses)
  * into *out_bytes. Returns the exit status, -1 if it did not exit. */
 static int run_compile(const char *arch, char *err, size_t cap, long *out_bytes)
 {
-    char cache[600];
-    snprintf(cache, sizeof cache, "%s/cache", kt_tmpdir());
-    const char *argv[] = {kt_kiln_bin(), "--cache", cache, "compile", "--arch", arch, SPEC, NULL};
-    char *out = NULL, *text = NULL;
-    int code = kt_run(NULL, argv, &out, &text);
-    snprintf(err, cap, "%s", text);
-    *out_bytes = (long)strlen(out);
-    free(out);
-    free(text);
+    kt_out r;
+    int code = KT_KILN(&r, "--cache", kt_path("cache"), "compile", "--arch", arch, SPEC);
+    snprintf(err, cap, "%s", r.err);
+    *out_bytes = (long)strlen(r.out);
+    kt_out_free(&r);
     return code;
 }
 
 KT_TEST(arch_nvrtc_cli_refuses)
 {
     if (!have_nvrtc()) return;
-    if (access(kt_kiln_bin(), X_OK) != 0) {
-        kt_fail(__FILE__, __LINE__, "%s is not an executable", kt_kiln_bin());
-        return;
-    }
+    if (!KT_HAVE_KILN()) return;
     char list[640], names[8][16], err[4096];
     info_list(list, sizeof list);
     const int n = bad_archs(names, 8);

@@ -3,7 +3,7 @@
  * store directly: per-arch totals, zeroing (counters, rows' hits, the stamp), clearing, each
  * of their statements failing in turn by fault injection (rolled back, reported, nothing
  * changed), and which handles leave their WAL on close (only those that wrote nothing but
- * counters).
+ * counters); the byte totals of the stats.
  */
 #include <stdio.h>
 #include <string.h>
@@ -13,20 +13,8 @@
 #include "cache.h"
 #include "kt.h"
 
-static const char *dir_of(const char *name)
-{
-    static char d[700];
-    snprintf(d, sizeof d, "%s/%s", kt_tmpdir(), name);
-    return d;
-}
-
-static int wal_exists(const char *dir)
-{
-    char p[800];
-    struct stat sb;
-    snprintf(p, sizeof p, "%s/kernels.db-wal", dir);
-    return stat(p, &sb) == 0;
-}
+/* 1 when the cache directory dir has a -wal file beside kernels.db. */
+static int wal_exists(const char *dir) { return kt_exists(kt_join(dir, "kernels.db-wal")); }
 
 /* Store key with arch (junk cubin; nothing loads it). */
 static void put(kiln__cache *c, const char *key, const char *arch)
@@ -60,7 +48,7 @@ KT_TEST(cache_stats_arch_zero_clear)
 {
     kiln__cache *c = NULL;
     kiln__err e = {{0}};
-    KT_OK(kiln__cache_open(dir_of("a"), &c, &e), e.msg);
+    KT_OK(kiln__cache_open(kt_path("a"), &c, &e), e.msg);
     KT_REQUIRE(c);
     put(c, K1, "sm_80");
     put(c, K2, "sm_90a");
@@ -130,7 +118,7 @@ KT_TEST(cache_stats_arch_zero_clear)
     kiln__cache_close(c);
 
     /* read-only: zero and clear are refused */
-    KT_OK(kiln__cache_open_ex(dir_of("a"), KILN__CACHE_RDONLY, &c, &e), e.msg);
+    KT_OK(kiln__cache_open_ex(kt_path("a"), KILN__CACHE_RDONLY, &c, &e), e.msg);
     KT_STATUS(kiln__cache_stats_zero(c, &e), KILN_STATUS_IO, e.msg);
     KT_CONTAINS(e.msg, "read-only");
     KT_STATUS(kiln__cache_clear(c, &removed, &e), KILN_STATUS_IO, e.msg);
@@ -139,7 +127,7 @@ KT_TEST(cache_stats_arch_zero_clear)
 
 KT_TEST(cache_counter_only_close_keeps_wal)
 {
-    const char *d = dir_of("w");
+    const char *d = kt_path("w");
     kiln__cache *c = NULL;
     kiln__err e = {{0}};
     KT_OK(kiln__cache_open(d, &c, &e), e.msg);
@@ -176,5 +164,33 @@ KT_TEST(cache_counter_only_close_keeps_wal)
     KT_OK(kiln__cache_stats_get(c, &s, &e), e.msg);
     KT_EQ_INT(s.hits, 2);
     KT_EQ_INT(s.misses, 1);
+    kiln__cache_close(c);
+}
+
+KT_TEST(cache_stats_bytes)
+{
+    kiln__cache *c = KT_CACHE_OPEN(kt_tmpdir());
+    KT_REQUIRE(c);
+    kiln__cache_stats s;
+    kiln__err e = {{0}};
+    KT_OK(kiln__cache_stats_get(c, &s, &e), e.msg);
+    KT_EQ_INT(s.entries, 0);
+    KT_EQ_INT(s.bytes, 0);
+    size_t total = 0;
+    for (int i = 0; i < 5; i++) {
+        kiln__entry en;
+        kt_entry(&en, i, 1000 * (size_t)(i + 1) + 3);
+        total += en.cubin_size;
+        KT_OK(kiln__cache_put(c, &en, &e), e.msg);
+        kiln__entry_free(&en);
+    }
+    KT_OK(kiln__cache_stats_get(c, &s, &e), e.msg);
+    KT_EQ_INT(s.entries, 5);
+    KT_EQ_INT(s.bytes, total);
+    struct stat db, wal;
+    int64_t want = stat(kiln__cache_path(c), &db) == 0 ? db.st_size : 0;
+    if (stat(kt_path("kernels.db-wal"), &wal) == 0) want += wal.st_size;
+    KT_EQ_INT(s.file_bytes, want);
+    KT_CHECK(s.file_bytes >= (int64_t)total);
     kiln__cache_close(c);
 }

@@ -7,11 +7,9 @@
  *
  * Compiles are the slow part (~0.5 s each): the whole file does six, all decode head_dim=64.
  */
-#include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include "kt.h"
@@ -19,82 +17,19 @@
 /* Most arguments one run passes. */
 #define RUN_ARGS_MAX 32
 
-#define SPEC_A "op=decode dtype=bf16 head_dim=64 group=1"
-
-/* What one run of the binary left behind. */
-typedef struct cli_run {
-    int code;  /* exit status; -1 when it did not exit normally or could not start */
-    char *out; /* stdout, NUL-terminated (malloc'd) */
-    char *err; /* stderr */
-} cli_run;
-
-static void run_free(cli_run *r)
-{
-    free(r->out);
-    free(r->err);
-    memset(r, 0, sizeof *r);
-}
-
-/* A whole file as a malloc'd string ("" when it cannot be read). */
-static char *slurp(const char *path, size_t *size)
-{
-    FILE *f = fopen(path, "rb");
-    char *buf = NULL;
-    size_t n = 0, cap = 0;
-    if (f) {
-        char chunk[4096];
-        size_t got;
-        while ((got = fread(chunk, 1, sizeof chunk, f)) > 0) {
-            if (n + got + 1 > cap) {
-                cap = (n + got + 1) * 2;
-                char *p = realloc(buf, cap);
-                if (!p) break;
-                buf = p;
-            }
-            memcpy(buf + n, chunk, got);
-            n += got;
-        }
-        fclose(f);
-    }
-    if (!buf) buf = calloc(1, 1);
-    else buf[n] = 0;
-    if (size) *size = n;
-    return buf;
-}
-
-static void write_file(const char *path, const char *text)
-{
-    FILE *f = fopen(path, "w");
-    if (f) {
-        fputs(text, f);
-        fclose(f);
-    }
-}
-
 /* Run `kiln --cache <tmp>/cache args...` with stdin from `in` (NULL: /dev/null). Returns the
  * exit status (also in r->code). */
-static int run_in(cli_run *r, const char *in, const char *const *args)
+static int run_in(kt_out *r, const char *in, const char *const *args)
 {
-    char cache[600];
-    snprintf(cache, sizeof cache, "%s/cache", kt_tmpdir());
-    const char *argv[RUN_ARGS_MAX + 4] = {kt_kiln_bin(), "--cache", cache};
-    int argc = 3;
+    const char *argv[RUN_ARGS_MAX + 3] = {"--cache", kt_path("cache")};
+    int argc = 2;
     for (int i = 0; args[i] && argc < RUN_ARGS_MAX; i++) argv[argc++] = args[i];
     argv[argc] = NULL;
-    return r->code = kt_run(in, argv, &r->out, &r->err);
+    return kt_kiln(r, in, NULL, argv);
 }
 
 #define RUN(r, ...)           run_in((r), NULL, (const char *const[]){__VA_ARGS__, NULL})
 #define RUN_STDIN(r, in, ...) run_in((r), (in), (const char *const[]){__VA_ARGS__, NULL})
-
-/* Fail the test unless the binary exists. */
-static int have_bin(void)
-{
-    if (access(kt_kiln_bin(), X_OK) == 0) return 1;
-    kt_fail(__FILE__, __LINE__, "%s is not an executable (build it, or pass --kiln PATH)",
-            kt_kiln_bin());
-    return 0;
-}
 
 /* Count the lines of s. */
 static int count_lines(const char *s)
@@ -122,12 +57,12 @@ static void key_of_line(const char *out, int line, char key[33])
 
 KT_TEST(cli_help)
 {
-    if (!have_bin()) return;
-    cli_run r;
+    if (!KT_HAVE_KILN()) return;
+    kt_out r;
     KT_EQ_INT(RUN(&r, "--help"), 0);
     KT_CONTAINS(r.out, "usage: kiln");
     KT_CONTAINS(r.out, "warm");
-    run_free(&r);
+    kt_out_free(&r);
     static const char *const cmds[] = {"info",  "compile", "warm",   "ls", "show",  "rm",
                                        "check", "help",    "verify", "gc", "merge", "export"};
     for (size_t i = 0; i < sizeof cmds / sizeof cmds[0]; i++) {
@@ -135,92 +70,92 @@ KT_TEST(cli_help)
         snprintf(want, sizeof want, "usage: kiln %s", cmds[i]);
         KT_EQ_INT(RUN(&r, cmds[i], "--help"), 0);
         KT_CONTAINS(r.out, want);
-        run_free(&r);
+        kt_out_free(&r);
         KT_EQ_INT(RUN(&r, cmds[i], "-h"), 0);
         KT_CONTAINS(r.out, want);
-        run_free(&r);
+        kt_out_free(&r);
     }
     KT_EQ_INT(RUN(&r, "help", "show"), 0);
     KT_CONTAINS(r.out, "--key-material");
-    run_free(&r);
+    kt_out_free(&r);
     KT_EQ_INT(RUN(&r, "--version"), 0);
     KT_CONTAINS(r.out, kiln_version());
-    run_free(&r);
+    kt_out_free(&r);
 }
 
 KT_TEST(cli_usage_errors)
 {
-    if (!have_bin()) return;
-    cli_run r;
+    if (!KT_HAVE_KILN()) return;
+    kt_out r;
     KT_EQ_INT(RUN(&r, "frobnicate"), 2);
     KT_CONTAINS(r.err, "unknown command 'frobnicate'");
-    run_free(&r);
-    KT_EQ_INT(RUN(&r, "compile", "--bogus", SPEC_A), 2);
+    kt_out_free(&r);
+    KT_EQ_INT(RUN(&r, "compile", "--bogus", KT_SPEC_0), 2);
     KT_CONTAINS(r.err, "kiln compile: unknown option '--bogus'");
-    run_free(&r);
+    kt_out_free(&r);
     KT_EQ_INT(RUN(&r, "--bogus", "ls"), 2);
-    run_free(&r);
+    kt_out_free(&r);
     KT_EQ_INT(RUN(&r, "ls", "extra"), 2);
-    run_free(&r);
+    kt_out_free(&r);
     KT_EQ_INT(RUN(&r, "compile", "--arch"), 2);
     KT_CONTAINS(r.err, "needs a value");
-    run_free(&r);
+    kt_out_free(&r);
     KT_EQ_INT(RUN(&r, "compile", "--arch", "sm_90a"), 2);
     KT_CONTAINS(r.err, "missing SPEC");
-    run_free(&r);
+    kt_out_free(&r);
     KT_EQ_INT(RUN(&r, "warm", "--jobs", "0", "m.txt"), 2);
-    run_free(&r);
+    kt_out_free(&r);
     KT_EQ_INT(RUN(&r, "rm"), 2);
-    run_free(&r);
+    kt_out_free(&r);
 }
 
 KT_TEST(cli_bad_spec_and_arch)
 {
-    if (!have_bin()) return;
-    cli_run r;
+    if (!KT_HAVE_KILN()) return;
+    kt_out r;
     /* Several words joined into one spec; the bad token is named. */
     KT_EQ_INT(RUN(&r, "compile", "--arch", "sm_90a", "op=decode", "frobnicate=1"), 2);
     KT_CONTAINS(r.err, "kiln compile: ");
     KT_CONTAINS(r.err, "frobnicate");
     KT_EQ_STR(r.out, "");
-    run_free(&r);
+    kt_out_free(&r);
     KT_EQ_INT(RUN(&r, "compile", "--arch", "sm_90a", "op=decode head_dim=65"), 2);
     KT_CONTAINS(r.err, "head_dim");
-    run_free(&r);
-    KT_EQ_INT(RUN(&r, "compile", "--arch", "sm_75", SPEC_A), 2);
+    kt_out_free(&r);
+    KT_EQ_INT(RUN(&r, "compile", "--arch", "sm_75", KT_SPEC_0), 2);
     KT_CONTAINS(r.err, "sm_75");
-    run_free(&r);
-    KT_EQ_INT(RUN(&r, "compile", "--arch", "sm_90a,bogus", SPEC_A), 2);
+    kt_out_free(&r);
+    KT_EQ_INT(RUN(&r, "compile", "--arch", "sm_90a,bogus", KT_SPEC_0), 2);
     KT_CONTAINS(r.err, "bogus");
-    run_free(&r);
-    KT_EQ_INT(RUN(&r, "compile", "--arch", "sm_90a,", SPEC_A), 2);
-    run_free(&r);
+    kt_out_free(&r);
+    KT_EQ_INT(RUN(&r, "compile", "--arch", "sm_90a,", KT_SPEC_0), 2);
+    kt_out_free(&r);
     KT_EQ_INT(RUN(&r, "check", "op=decode", "frobnicate=1"), 2);
-    run_free(&r);
+    kt_out_free(&r);
 }
 
 /* ---- compile -------------------------------------------------------------------------------- */
 
 KT_TEST(cli_compile_cached)
 {
-    if (!have_bin()) return;
-    cli_run r;
+    if (!KT_HAVE_KILN()) return;
+    kt_out r;
     char key[33], key80[33], key90[33];
-    KT_EQ_INT(RUN(&r, "compile", "--arch", "sm_90a", SPEC_A), 0);
+    KT_EQ_INT(RUN(&r, "compile", "--arch", "sm_90a", KT_SPEC_0), 0);
     KT_CONTAINS(r.out, " sm_90a compiled ");
     KT_CONTAINS(r.out, " regs=");
     KT_CONTAINS(r.out, "op=decode dtype=bf16 head_dim=64 group=1 layout=nhd");
     KT_EQ_INT(count_lines(r.out), 1);
     key_of_line(r.out, 0, key);
-    run_free(&r);
+    kt_out_free(&r);
     /* The same spec in another spelling and order, split over words: a cache hit. */
     KT_EQ_INT(RUN(&r, "compile", "group=1", "head_dim=64", "--arch", "sm_90", "op=decode",
                   "dtype=bf16"),
               0);
     KT_CONTAINS(r.out, " sm_90a cached ");
     KT_CONTAINS(r.out, key);
-    run_free(&r);
-    KT_EQ_INT(RUN(&r, "compile", "--arch", "sm_80,sm_90a", SPEC_A), 0);
+    kt_out_free(&r);
+    KT_EQ_INT(RUN(&r, "compile", "--arch", "sm_80,sm_90a", KT_SPEC_0), 0);
     KT_EQ_INT(count_lines(r.out), 2);
     KT_CONTAINS(r.out, " sm_80 compiled ");
     KT_CONTAINS(r.out, " sm_90a cached ");
@@ -228,140 +163,140 @@ KT_TEST(cli_compile_cached)
     key_of_line(r.out, 1, key90);
     KT_EQ_STR(key90, key);
     KT_CHECK(strlen(key80) == 32 && strcmp(key80, key90) != 0);
-    run_free(&r);
+    kt_out_free(&r);
 }
 
 KT_TEST(cli_compile_needs_arch)
 {
-    if (!have_bin()) return;
+    if (!KT_HAVE_KILN()) return;
     if (kt_have_gpu()) {
         kt_skip("a GPU is present: compile picks its arch");
         return;
     }
-    cli_run r;
-    KT_EQ_INT(RUN(&r, "compile", SPEC_A), 2);
+    kt_out r;
+    KT_EQ_INT(RUN(&r, "compile", KT_SPEC_0), 2);
     KT_CONTAINS(r.err, "kiln compile: no GPU here: name an arch with --arch");
-    run_free(&r);
-    KT_EQ_INT(RUN(&r, "show", SPEC_A), 2);
+    kt_out_free(&r);
+    KT_EQ_INT(RUN(&r, "show", KT_SPEC_0), 2);
     KT_CONTAINS(r.err, "no GPU here");
-    run_free(&r);
+    kt_out_free(&r);
     KT_EQ_INT(RUN(&r, "warm", "-"), 2);
-    run_free(&r);
+    kt_out_free(&r);
 }
 
 KT_TEST(cli_check_needs_gpu)
 {
-    if (!have_bin()) return;
+    if (!KT_HAVE_KILN()) return;
     if (kt_have_gpu()) {
         kt_skip("a GPU is present");
         return;
     }
-    cli_run r;
-    KT_EQ_INT(RUN(&r, "check", SPEC_A, "--kv-len", "100,577"), 1);
+    kt_out r;
+    KT_EQ_INT(RUN(&r, "check", KT_SPEC_0, "--kv-len", "100,577"), 1);
     KT_CONTAINS(r.err, "kiln check: no GPU: ");
-    run_free(&r);
-    KT_EQ_INT(RUN(&r, "check", SPEC_A, "--heads", "3", "--kv-len", "0"), 2);
-    run_free(&r);
+    kt_out_free(&r);
+    KT_EQ_INT(RUN(&r, "check", KT_SPEC_0, "--heads", "3", "--kv-len", "0"), 2);
+    kt_out_free(&r);
 }
 
 /* Batch options of `kiln check`: every usage error is exit 2 with a message naming the option,
  * found before any GPU is needed; a valid batch command without a GPU is exit 1. */
 KT_TEST(cli_check_batch_options)
 {
-    if (!have_bin()) return;
-    cli_run r;
+    if (!KT_HAVE_KILN()) return;
+    kt_out r;
     const char *paged = "op=prefill kv=paged dtype=bf16 head_dim=64 group=1";
     const char *ragged = "op=decode kv=ragged dtype=f16 head_dim=64 group=1";
     KT_EQ_INT(RUN(&r, "check", paged, "--batch", "3", "--kv-lens", "1,2"), 2);
     KT_CONTAINS(r.err, "kiln check: --kv-lens has 2 lengths for a batch of 3");
-    run_free(&r);
+    kt_out_free(&r);
     KT_EQ_INT(RUN(&r, "check", paged, "--kv-lens", "5,0,7", "--qo-lens", "1,2"), 2);
     KT_CONTAINS(r.err, "--qo-lens has 2 lengths for a batch of 3");
-    run_free(&r);
+    kt_out_free(&r);
     KT_EQ_INT(RUN(&r, "check", paged, "--kv-dist", "uniform:5"), 2);
     KT_CONTAINS(r.err, "--kv-dist 'uniform:5': expected uniform:LO:HI");
-    run_free(&r);
+    kt_out_free(&r);
     KT_EQ_INT(RUN(&r, "check", paged, "--kv-dist", "normal:1:5"), 2);
-    run_free(&r);
+    kt_out_free(&r);
     KT_EQ_INT(RUN(&r, "check", paged, "--qo-dist", "uniform:9:3"), 2);
     KT_CONTAINS(r.err, "--qo-dist");
-    run_free(&r);
+    kt_out_free(&r);
     KT_EQ_INT(RUN(&r, "check", paged, "--kv-len", "3", "--kv-dist", "uniform:1:2"), 2);
     KT_CONTAINS(r.err, "give at most one of --kv-len, --kv-lens and --kv-dist");
-    run_free(&r);
+    kt_out_free(&r);
     KT_EQ_INT(RUN(&r, "check", paged, "--page-size", "0"), 2);
     KT_CONTAINS(r.err, "--page-size");
-    run_free(&r);
+    kt_out_free(&r);
     KT_EQ_INT(RUN(&r, "check", paged, "--kv-len", "1,2"), 2);
     KT_CONTAINS(r.err, "--kv-lens gives a list");
-    run_free(&r);
+    kt_out_free(&r);
     KT_EQ_INT(RUN(&r, "check", paged, "--kv-lens", "4,-1"), 2);
-    run_free(&r);
+    kt_out_free(&r);
     KT_EQ_INT(RUN(&r, "check", paged, "--kv-lens", "4,,5"), 2);
     KT_CONTAINS(r.err, "bad list");
-    run_free(&r);
+    kt_out_free(&r);
     KT_EQ_INT(RUN(&r, "check", paged, "--batch", "-2"), 2);
-    run_free(&r);
+    kt_out_free(&r);
     KT_EQ_INT(RUN(&r, "check", paged, "--fixed-split", "0"), 2);
     KT_CONTAINS(r.err, "--fixed-split");
-    run_free(&r);
+    kt_out_free(&r);
     KT_EQ_INT(RUN(&r, "check", ragged, "--page-size", "4"), 2);
     KT_CONTAINS(r.err, "--page-size needs kv=paged");
-    run_free(&r);
+    kt_out_free(&r);
     KT_EQ_INT(RUN(&r, "check", ragged, "--qo-lens", "1,2"), 2);
     KT_CONTAINS(r.err, "a decode batch has one query row per request");
-    run_free(&r);
+    kt_out_free(&r);
     KT_EQ_INT(RUN(&r, "check", "op=decode kv=ragged head_dim=64 group=4", "--heads", "6", "--batch",
                   "2"),
               2);
     KT_CONTAINS(r.err, "not a multiple of group 4");
-    run_free(&r);
-    KT_EQ_INT(RUN(&r, "check", SPEC_A, "--graph"), 2);
+    kt_out_free(&r);
+    KT_EQ_INT(RUN(&r, "check", KT_SPEC_0, "--graph"), 2);
     KT_CONTAINS(r.err, "--graph needs a batch variant");
-    run_free(&r);
+    kt_out_free(&r);
     /* mask data: checked in batches (random per-request masks), refused for single requests */
     KT_EQ_INT(RUN(&r, "check", "op=prefill dtype=f16 head_dim=64 group=1 mask_data=bsr"), 2);
     KT_CONTAINS(r.err, "mask_data outside a batch");
-    run_free(&r);
+    kt_out_free(&r);
     if (!kt_have_gpu()) {
         KT_EQ_INT(RUN(&r, "check",
                       "op=prefill kv=ragged dtype=f16 head_dim=64 group=1 mask_data=bitmask",
                       "--batch", "3"),
                   1);
         KT_CONTAINS(r.err, "no GPU");
-        run_free(&r);
+        kt_out_free(&r);
     }
-    KT_EQ_INT(RUN(&r, "check", SPEC_A, "--batch", "4"), 2);
+    KT_EQ_INT(RUN(&r, "check", KT_SPEC_0, "--batch", "4"), 2);
     KT_CONTAINS(r.err, "--batch needs a batch variant");
-    run_free(&r);
+    kt_out_free(&r);
     KT_EQ_INT(RUN(&r, "check", "op=merge dtype=f16 head_dim=64", "--kv-len", "4"), 2);
     KT_CONTAINS(r.err, "op=merge takes");
-    run_free(&r);
+    kt_out_free(&r);
     KT_EQ_INT(RUN(&r, "check", "--help"), 0);
     KT_CONTAINS(r.out, "--kv-dist uniform:LO:HI");
     KT_CONTAINS(r.out, "--fixed-split N");
-    run_free(&r);
+    kt_out_free(&r);
     if (kt_have_gpu()) return;
     KT_EQ_INT(RUN(&r, "check", paged, "--kv-lens", "0,17,5", "--qo-dist", "uniform:0:9",
                   "--page-size", "5", "--graph", "--fixed-split", "64", "--seed", "7"),
               1);
     KT_CONTAINS(r.err, "kiln check: no GPU: ");
-    run_free(&r);
+    kt_out_free(&r);
     KT_EQ_INT(RUN(&r, "check", "op=merge dtype=bf16 head_dim=128", "--batch", "33"), 1);
     KT_CONTAINS(r.err, "kiln check: no GPU: ");
-    run_free(&r);
+    kt_out_free(&r);
 }
 
 /* ---- ls, show, rm --------------------------------------------------------------------------- */
 
 KT_TEST(cli_ls_show_rm)
 {
-    if (!have_bin()) return;
-    cli_run r;
+    if (!KT_HAVE_KILN()) return;
+    kt_out r;
     char key[33], prefix[9], cubin[600], want[64];
-    KT_EQ_INT(RUN(&r, "compile", "--arch", "sm_90a", SPEC_A), 0);
+    KT_EQ_INT(RUN(&r, "compile", "--arch", "sm_90a", KT_SPEC_0), 0);
     key_of_line(r.out, 0, key);
-    run_free(&r);
+    kt_out_free(&r);
     KT_REQUIRE(strlen(key) == 32);
     snprintf(prefix, sizeof prefix, "%.8s", key);
 
@@ -370,54 +305,54 @@ KT_TEST(cli_ls_show_rm)
     KT_CONTAINS(r.out, key);
     KT_CONTAINS(r.out, "sm_90a");
     KT_EQ_INT(count_lines(r.out), 2);
-    run_free(&r);
+    kt_out_free(&r);
     KT_EQ_INT(RUN(&r, "ls", "--json"), 0);
     KT_CHECK(r.out[0] == '[');
     KT_CHECK(strlen(r.out) >= 2 && !strcmp(r.out + strlen(r.out) - 2, "]\n"));
     snprintf(want, sizeof want, "\"key\": \"%s\"", key);
     KT_CONTAINS(r.out, want);
     KT_CONTAINS(r.out, "\"spec\": \"op=decode");
-    run_free(&r);
+    kt_out_free(&r);
 
     KT_EQ_INT(RUN(&r, "show", prefix), 0);
     KT_CONTAINS(r.out, key);
     KT_CONTAINS(r.out, "registers:");
     KT_CONTAINS(r.out, "hits:");
-    run_free(&r);
+    kt_out_free(&r);
     KT_EQ_INT(RUN(&r, "show", prefix, "--source"), 0);
     KT_CONTAINS(r.out, "generated");
     KT_CONTAINS(r.out, "op=decode dtype=bf16 head_dim=64 group=1");
-    run_free(&r);
+    kt_out_free(&r);
     KT_EQ_INT(RUN(&r, "show", prefix, "--key-material"), 0);
     KT_CONTAINS(r.out, "sm_90a");
     KT_CONTAINS(r.out, kiln_nvrtc_version());
-    run_free(&r);
+    kt_out_free(&r);
     KT_EQ_INT(RUN(&r, "show", prefix, "--log"), 0);
-    run_free(&r);
+    kt_out_free(&r);
     snprintf(cubin, sizeof cubin, "%s/k.cubin", kt_tmpdir());
     KT_EQ_INT(RUN(&r, "show", prefix, "--cubin", cubin), 0);
-    run_free(&r);
+    kt_out_free(&r);
     size_t size = 0;
-    char *bytes = slurp(cubin, &size);
+    char *bytes = kt_slurp(cubin, &size);
     KT_CHECK(size > 4 && !memcmp(bytes, "\177ELF", 4));
     free(bytes);
     /* By spec: found in the cache, the same key. */
-    KT_EQ_INT(RUN(&r, "show", "--arch", "sm_90a", SPEC_A), 0);
+    KT_EQ_INT(RUN(&r, "show", "--arch", "sm_90a", KT_SPEC_0), 0);
     KT_CONTAINS(r.out, key);
-    run_free(&r);
+    kt_out_free(&r);
 
     KT_EQ_INT(RUN(&r, "rm", prefix), 0);
     KT_CONTAINS(r.out, "removed 1");
-    run_free(&r);
+    kt_out_free(&r);
     KT_EQ_INT(RUN(&r, "show", prefix), 2);
     KT_CONTAINS(r.err, "kiln show: ");
-    run_free(&r);
+    kt_out_free(&r);
     KT_EQ_INT(RUN(&r, "rm", prefix), 1);
     KT_CONTAINS(r.out, "removed 0");
-    run_free(&r);
+    kt_out_free(&r);
     KT_EQ_INT(RUN(&r, "ls", "--json"), 0);
     KT_EQ_STR(r.out, "[]\n");
-    run_free(&r);
+    kt_out_free(&r);
 }
 
 /* ---- warm ----------------------------------------------------------------------------------- */
@@ -430,59 +365,59 @@ static const char manifest3[] = "# three decode variants\n"
 
 KT_TEST(cli_warm)
 {
-    if (!have_bin()) return;
-    cli_run r;
+    if (!KT_HAVE_KILN()) return;
+    kt_out r;
     char m[600];
     snprintf(m, sizeof m, "%s/m.txt", kt_tmpdir());
-    write_file(m, manifest3);
+    kt_write_text(m, manifest3);
     KT_EQ_INT(RUN(&r, "warm", "--arch", "sm_90a", "--jobs", "2", m), 0);
     KT_CONTAINS(r.out, "3 kernels: 3 compiled, 0 cached, 0 failed");
-    run_free(&r);
+    kt_out_free(&r);
     KT_EQ_INT(RUN(&r, "warm", "--arch", "sm_90a", m), 0);
     KT_CONTAINS(r.out, "3 kernels: 0 compiled, 3 cached, 0 failed");
-    run_free(&r);
+    kt_out_free(&r);
     KT_EQ_INT(RUN_STDIN(&r, m, "warm", "--arch", "sm_90a", "--jobs", "3", "-"), 0);
     KT_CONTAINS(r.out, "3 kernels: 0 compiled, 3 cached, 0 failed");
-    run_free(&r);
+    kt_out_free(&r);
     /* Shards 0/2 and 1/2 split the three items. */
     KT_EQ_INT(RUN(&r, "warm", "--arch", "sm_90a", "--shard", "1/2", m), 0);
     KT_CONTAINS(r.out, "1 kernels: 0 compiled, 1 cached, 0 failed");
-    run_free(&r);
+    kt_out_free(&r);
     KT_EQ_INT(RUN(&r, "ls"), 0);
     KT_EQ_INT(count_lines(r.out), 4);
-    run_free(&r);
+    kt_out_free(&r);
 }
 
 KT_TEST(cli_warm_bad_manifest)
 {
-    if (!have_bin()) return;
-    cli_run r;
+    if (!KT_HAVE_KILN()) return;
+    kt_out r;
     char m[600], missing[600];
     snprintf(m, sizeof m, "%s/bad.txt", kt_tmpdir());
     snprintf(missing, sizeof missing, "%s/nope.txt", kt_tmpdir());
-    write_file(m, SPEC_A "\n# fine so far\nop=decode head_dim=100\n");
+    kt_write_text(m, KT_SPEC_0 "\n# fine so far\nop=decode head_dim=100\n");
     KT_EQ_INT(RUN(&r, "warm", "--arch", "sm_90a", m), 2);
     KT_CONTAINS(r.err, "bad.txt:3: ");
     KT_CONTAINS(r.err, "head_dim");
     KT_EQ_STR(r.out, "");
-    run_free(&r);
+    kt_out_free(&r);
     /* Nothing was compiled: not even the cache was created (and ls creates none). */
     KT_EQ_INT(RUN(&r, "ls", "--json"), 1);
     KT_CONTAINS(r.err, "no such cache");
-    run_free(&r);
+    kt_out_free(&r);
     KT_EQ_INT(RUN(&r, "warm", "--arch", "sm_90a", missing), 2);
     KT_CONTAINS(r.err, "nope.txt");
-    run_free(&r);
+    kt_out_free(&r);
     KT_EQ_INT(RUN(&r, "warm", "--arch", "sm_90a", "--shard", "2/2", m), 2);
-    run_free(&r);
+    kt_out_free(&r);
 }
 
 /* ---- info ----------------------------------------------------------------------------------- */
 
 KT_TEST(cli_info)
 {
-    if (!have_bin()) return;
-    cli_run r;
+    if (!KT_HAVE_KILN()) return;
+    kt_out r;
     char cache[600];
     snprintf(cache, sizeof cache, "%s/cache/kernels.db", kt_tmpdir());
     KT_EQ_INT(RUN(&r, "info"), 0);
@@ -493,34 +428,34 @@ KT_TEST(cli_info)
     KT_CHECK(access(cache, F_OK) != 0);
     KT_CONTAINS(r.out, "sm_90a");
     KT_CONTAINS(r.out, kt_have_gpu() ? "gpu 0: " : "gpu: none (compile-only: ");
-    run_free(&r);
+    kt_out_free(&r);
     KT_EQ_INT(RUN(&r, "info", "--gpu-count"), 0);
     KT_EQ_INT(atoi(r.out), kt_have_gpu() ? atoi(r.out) : 0);
     KT_CHECK(!kt_have_gpu() || atoi(r.out) >= 1);
-    run_free(&r);
+    kt_out_free(&r);
 }
 
 /* show --sass: disassembles with cuobjdump when one is found; otherwise says what it needs and
  * exits 1. KILN_CUOBJDUMP pointing at a missing file forces the second path. */
 KT_TEST(cli_show_sass)
 {
-    if (!have_bin()) return;
-    cli_run r;
+    if (!KT_HAVE_KILN()) return;
+    kt_out r;
     char key[33];
-    KT_EQ_INT(RUN(&r, "compile", "--arch", "sm_90a", SPEC_A), 0);
+    KT_EQ_INT(RUN(&r, "compile", "--arch", "sm_90a", KT_SPEC_0), 0);
     key_of_line(r.out, 0, key);
-    run_free(&r);
+    kt_out_free(&r);
     const char *old = getenv("KILN_CUOBJDUMP");
     char saved[1024] = "";
     if (old) snprintf(saved, sizeof saved, "%s", old);
     setenv("KILN_CUOBJDUMP", "/nonexistent/cuobjdump", 1);
     KT_EQ_INT(RUN(&r, "show", key, "--sass"), 1);
     KT_CONTAINS(r.err, "needs cuobjdump");
-    run_free(&r);
+    kt_out_free(&r);
     if (saved[0]) setenv("KILN_CUOBJDUMP", saved, 1);
     else unsetenv("KILN_CUOBJDUMP");
     int rc = RUN(&r, "show", key, "--sass");
     if (rc == 0) KT_CONTAINS(r.out, "Function : kiln_main");
     else KT_CONTAINS(r.err, "needs cuobjdump");
-    run_free(&r);
+    kt_out_free(&r);
 }

@@ -13,20 +13,6 @@
 #include "jit.h"
 #include "kt.h"
 
-static kiln_ctx *cpu_ctx(const char *dir)
-{
-    kiln_ctx_opts o = {0};
-    o.cache_dir = dir;
-    o.no_cache = dir == NULL;
-    o.no_device = 1;
-    kiln_ctx *ctx = NULL;
-    if (kiln_ctx_create(&o, &ctx) != KILN_STATUS_OK) {
-        kt_fail(__FILE__, __LINE__, "kiln_ctx_create(%s): %s", dir ? dir : "(none)", kiln_errmsg());
-        return NULL;
-    }
-    return ctx;
-}
-
 static void parse(const char *spec, kiln_variant *v)
 {
     if (kiln_variant_parse(spec, v) != KILN_STATUS_OK)
@@ -192,7 +178,7 @@ KT_TEST(core_compile_and_cache)
                            "op=prefill dtype=f16 head_dim=64 group=1 mask=causal window=1"};
     const char *archs[] = {"sm_90a", "sm_80"};
     char keys[4][33];
-    kiln_ctx *ctx = cpu_ctx(dir);
+    kiln_ctx *ctx = KT_CTX(dir, 0);
     KT_REQUIRE(ctx);
     int n = 0;
     for (int s = 0; s < 2; s++)
@@ -224,7 +210,7 @@ KT_TEST(core_compile_and_cache)
     KT_CHECK(strcmp(keys[0], keys[1]) != 0);
     kiln_ctx_destroy(ctx);
 
-    ctx = cpu_ctx(dir);
+    ctx = KT_CTX(dir, 0);
     KT_REQUIRE(ctx);
     n = 0;
     for (int s = 0; s < 2; s++)
@@ -246,7 +232,7 @@ KT_TEST(core_compile_and_cache)
 
 KT_TEST(core_no_device_errors)
 {
-    kiln_ctx *ctx = cpu_ctx(NULL);
+    kiln_ctx *ctx = KT_CTX(NULL, 0);
     KT_REQUIRE(ctx);
     kiln_device_info di;
     KT_OK(kiln_ctx_device(ctx, &di), kiln_errmsg());
@@ -294,7 +280,7 @@ KT_TEST(core_nvrtc_fault)
 {
     char dir[600];
     snprintf(dir, sizeof dir, "%s/c", kt_tmpdir());
-    kiln_ctx *ctx = cpu_ctx(dir);
+    kiln_ctx *ctx = KT_CTX(dir, 0);
     KT_REQUIRE(ctx);
     kiln_variant v;
     parse("op=decode head_dim=64", &v);
@@ -327,7 +313,7 @@ KT_TEST(core_compile_grid)
     const char *full_env = getenv("KILN_TEST_FULL");
     const int full = full_env && *full_env && strcmp(full_env, "0") != 0;
     static const char *archs[] = {"sm_80", "sm_90a"};
-    kiln_ctx *ctx = cpu_ctx(NULL);
+    kiln_ctx *ctx = KT_CTX(NULL, 0);
     KT_REQUIRE(ctx);
     static double ms[2 * 432 * 2];
     int n = 0, idx = 0, spills = 0;

@@ -111,11 +111,7 @@ static int cook_spec(const cook *c, const char *op_dtype, kiln_variant *v)
 /* Every cookbook variant compiles for sm_90a (decode and prefill). */
 KT_TEST(custom_cookbook_compiles)
 {
-    kiln_ctx_opts o = {0};
-    o.no_cache = 1;
-    o.no_device = 1;
-    kiln_ctx *ctx = NULL;
-    KT_OK(kiln_ctx_create(&o, &ctx), kiln_errmsg());
+    kiln_ctx *ctx = KT_CTX(NULL, 0);
     KT_REQUIRE(ctx);
     for (int c = 0; c < NCOOK; c++)
         for (int op = 0; op < 2; op++) {
@@ -190,10 +186,7 @@ static void setup(const cook *c, values *val, kiln_check_shape *s, int L_Q, int 
 
 KT_GPU_TEST(gpu_custom_cookbook)
 {
-    kiln_ctx_opts o = {0};
-    o.no_cache = 1;
-    kiln_ctx *ctx = NULL;
-    KT_OK(kiln_ctx_create(&o, &ctx), kiln_errmsg());
+    kiln_ctx *ctx = KT_CTX(NULL, 1);
     KT_REQUIRE(ctx);
     static values val;
     static const int shapes[][2] = {{1, 1},    {1, 577},   {1, 4093},
@@ -235,10 +228,7 @@ KT_GPU_TEST(gpu_custom_cookbook)
 /* Builtin soft-cap and the snippet soft-cap on identical inputs give the same output. */
 KT_GPU_TEST(gpu_custom_softcap_equals_builtin)
 {
-    kiln_ctx_opts o = {0};
-    o.no_cache = 1;
-    kiln_ctx *ctx = NULL;
-    KT_OK(kiln_ctx_create(&o, &ctx), kiln_errmsg());
+    kiln_ctx *ctx = KT_CTX(NULL, 1);
     KT_REQUIRE(ctx);
     static values val;
     for (int op = 0; op < 2; op++) {
@@ -285,11 +275,7 @@ KT_TEST(custom_refused_not_cached)
 {
     char dir[600];
     snprintf(dir, sizeof dir, "%s/c", kt_tmpdir());
-    kiln_ctx_opts o = {0};
-    o.cache_dir = dir;
-    o.no_device = 1;
-    kiln_ctx *ctx = NULL;
-    KT_OK(kiln_ctx_create(&o, &ctx), kiln_errmsg());
+    kiln_ctx *ctx = KT_CTX(dir, 0);
     KT_REQUIRE(ctx);
     kiln_variant v;
     KT_OK(kiln_variant_parse("op=decode head_dim=64", &v), kiln_errmsg());
@@ -311,7 +297,7 @@ KT_TEST(custom_refused_not_cached)
     }
     KT_EQ_INT(rows, 0);
 
-    KT_OK(kiln_ctx_create(&o, &ctx), kiln_errmsg());
+    ctx = KT_CTX(dir, 0);
     KT_REQUIRE(ctx);
     KT_OK(kiln_variant_parse("op=prefill head_dim=64 params=x:f32,n:i32 logits_expr=\"expf(logits) "
                              "* 0.0f + exp2f(x) * 0.0f + "

@@ -70,21 +70,6 @@ static int warm(kiln_ctx *ctx, const grid *g)
     return p.failed;
 }
 
-static kiln_ctx *gpu_ctx(void)
-{
-    kiln_ctx_opts o = {0};
-    char dir[600];
-    snprintf(dir, sizeof dir, "%s/cache", kt_tmpdir());
-    const char *shared = getenv("KILN_TEST_CACHE"); /* reuse compiled kernels across runs */
-    o.cache_dir = shared && *shared ? shared : dir;
-    kiln_ctx *ctx = NULL;
-    if (kiln_ctx_create(&o, &ctx) != KILN_STATUS_OK) {
-        kt_fail(__FILE__, __LINE__, "kiln_ctx_create: %s", kiln_errmsg());
-        return NULL;
-    }
-    return ctx;
-}
-
 typedef struct tally {
     int cases, bad;
     double worst_rel;
@@ -128,7 +113,7 @@ KT_GPU_TEST(gpu_decode_grid)
 {
     static grid g;
     build_grid(KILN_OP_DECODE, &g);
-    kiln_ctx *ctx = gpu_ctx();
+    kiln_ctx *ctx = KT_CTX(kt_cache_dir(), 1);
     KT_REQUIRE(ctx);
     warm(ctx, &g);
     tally t = {0};
@@ -154,7 +139,7 @@ KT_GPU_TEST(gpu_prefill_grid)
 {
     static grid g;
     build_grid(KILN_OP_PREFILL, &g);
-    kiln_ctx *ctx = gpu_ctx();
+    kiln_ctx *ctx = KT_CTX(kt_cache_dir(), 1);
     KT_REQUIRE(ctx);
     warm(ctx, &g);
     tally t = {0};
@@ -185,7 +170,7 @@ KT_GPU_TEST(gpu_prefill_grid)
 /* The same launch twice gives bitwise equal output, and a wrong call is refused cleanly. */
 KT_GPU_TEST(gpu_launch_errors)
 {
-    kiln_ctx *ctx = gpu_ctx();
+    kiln_ctx *ctx = KT_CTX(kt_cache_dir(), 1);
     KT_REQUIRE(ctx);
     kiln_kernel *k = NULL;
     KT_OK(kiln_kernel_get_spec(ctx, "op=decode dtype=bf16 head_dim=128 group=4", &k),

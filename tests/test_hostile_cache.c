@@ -7,22 +7,14 @@
  * of a schema-2 file, corrupt pages reported as corruption rather than a full
  * disk, and the no-GPU message of a context. Needs no GPU and no NVRTC.
  */
-#include <sqlite3.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
 
-#include "hostile.h"
-
-/* Run sql on a connection of our own; 1 on success. */
-static int raw_exec(const char *path, const char *sql)
-{
-    sqlite3 *db = NULL;
-    int ok = sqlite3_open(path, &db) == SQLITE_OK;
-    char *err = NULL;
-    if (ok) ok = sqlite3_exec(db, sql, NULL, NULL, &err) == SQLITE_OK;
-    if (!ok) printf("    raw_exec: %s\n", err ? err : "?");
-    sqlite3_free(err);
-    sqlite3_close(db);
-    return ok;
-}
+#include "cache.h"
+#include "jit.h"
+#include "kt.h"
 
 /* Open where with flags, expect status want and needle in the message; no
  * handle is left. */
@@ -47,21 +39,21 @@ KT_TEST(hostile_cache_short_files)
     for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++) {
         char name[32], junk[512];
         snprintf(name, sizeof name, "s%zu", i);
-        const char *dir = h_path(name);
+        const char *dir = kt_path(name);
         KT_REQUIRE(mkdir(dir, 0700) == 0);
         char db[600];
         snprintf(db, sizeof db, "%s/kernels.db", dir);
         for (size_t b = 0; b < sizes[i]; b++) junk[b] = (char)('A' + (b * 5 + i) % 26);
-        h_write(db, junk, sizes[i]);
+        kt_write(db, junk, sizes[i]);
         open_refused(dir, 0, KILN_STATUS_CACHE, "not a kiln cache");
         open_refused(db, KILN__CACHE_FILE | KILN__CACHE_RDONLY, KILN_STATUS_CACHE,
                      "left untouched");
         size_t n = 0;
-        char *after = h_slurp(db, &n);
+        char *after = kt_slurp(db, &n);
         KT_EQ_INT(n, sizes[i]);
         KT_CHECK(after && memcmp(after, junk, sizes[i]) == 0);
         free(after);
-        KT_CHECK(!h_exists(h_path("s0/kernels.db-wal")));
+        KT_CHECK(!kt_exists(kt_path("s0/kernels.db-wal")));
     }
 }
 
@@ -69,16 +61,16 @@ KT_TEST(hostile_cache_tableless_db)
 {
     /* someone's SQLite database with no tables: a header, a user_version, nothing
    * else */
-    const char *dir = h_path("c");
+    const char *dir = kt_path("c");
     KT_REQUIRE(mkdir(dir, 0700) == 0);
-    const char *db = h_path("c/kernels.db");
-    KT_REQUIRE(raw_exec(db, "PRAGMA user_version = 42; CREATE TABLE t(x); DROP TABLE t;"));
+    const char *db = kt_path("c/kernels.db");
+    KT_REQUIRE(kt_sql_exec(db, "PRAGMA user_version = 42; CREATE TABLE t(x); DROP TABLE t;"));
     size_t n0 = 0, n1 = 0;
-    char *before = h_slurp(db, &n0);
+    char *before = kt_slurp(db, &n0);
     KT_CHECK(n0 >= 512);
     open_refused(dir, 0, KILN_STATUS_CACHE, "a SQLite database of ");
     open_refused(dir, 0, KILN_STATUS_CACHE, "with no tables, not made by kiln");
-    char *after = h_slurp(db, &n1);
+    char *after = kt_slurp(db, &n1);
     KT_CHECK(n0 == n1 && memcmp(before, after, n0) == 0);
     free(before);
     free(after);
@@ -87,27 +79,27 @@ KT_TEST(hostile_cache_tableless_db)
 KT_TEST(hostile_cache_existing_only)
 {
     /* a missing directory: not created */
-    open_refused(h_path("none"), KILN__CACHE_EXISTING, KILN_STATUS_NOT_FOUND, "no such cache");
-    KT_CHECK(!h_exists(h_path("none")));
+    open_refused(kt_path("none"), KILN__CACHE_EXISTING, KILN_STATUS_NOT_FOUND, "no such cache");
+    KT_CHECK(!kt_exists(kt_path("none")));
     /* a missing file in an existing directory: not created */
-    KT_REQUIRE(mkdir(h_path("d"), 0700) == 0);
-    open_refused(h_path("d"), KILN__CACHE_EXISTING, KILN_STATUS_NOT_FOUND, "creates none");
-    KT_CHECK(!h_exists(h_path("d/kernels.db")));
-    open_refused(h_path("d/x.db"), KILN__CACHE_EXISTING | KILN__CACHE_FILE, KILN_STATUS_NOT_FOUND,
+    KT_REQUIRE(mkdir(kt_path("d"), 0700) == 0);
+    open_refused(kt_path("d"), KILN__CACHE_EXISTING, KILN_STATUS_NOT_FOUND, "creates none");
+    KT_CHECK(!kt_exists(kt_path("d/kernels.db")));
+    open_refused(kt_path("d/x.db"), KILN__CACHE_EXISTING | KILN__CACHE_FILE, KILN_STATUS_NOT_FOUND,
                  "no such cache");
-    KT_CHECK(!h_exists(h_path("d/x.db")));
+    KT_CHECK(!kt_exists(kt_path("d/x.db")));
     /* a 0-byte file: not initialised (stays 0 bytes), though a plain open would
    */
-    h_write(h_path("d/kernels.db"), "", 0);
-    open_refused(h_path("d"), KILN__CACHE_EXISTING, KILN_STATUS_NOT_FOUND, "an empty file");
+    kt_write(kt_path("d/kernels.db"), "", 0);
+    open_refused(kt_path("d"), KILN__CACHE_EXISTING, KILN_STATUS_NOT_FOUND, "an empty file");
     struct stat sb;
-    KT_CHECK(stat(h_path("d/kernels.db"), &sb) == 0 && sb.st_size == 0);
+    KT_CHECK(stat(kt_path("d/kernels.db"), &sb) == 0 && sb.st_size == 0);
     /* an existing cache opens, writable */
     static const char *const specs[] = {"op=decode head_dim=64"};
-    KT_REQUIRE(h_cache(h_path("ok"), specs, 1, NULL) == 0);
+    KT_REQUIRE(kt_cache_fill(kt_path("ok"), specs, 1, NULL) == 0);
     kiln__cache *c = NULL;
     kiln__err e = {{0}};
-    KT_OK(kiln__cache_open_ex(h_path("ok"), KILN__CACHE_EXISTING, &c, &e), e.msg);
+    KT_OK(kiln__cache_open_ex(kt_path("ok"), KILN__CACHE_EXISTING, &c, &e), e.msg);
     KT_EQ_INT(kiln__cache_readonly(c, NULL), 0);
     kiln__cache_close(c);
 }
@@ -176,13 +168,13 @@ KT_TEST(hostile_cache_tampered_fields)
     for (size_t i = 0; i < sizeof edits / sizeof edits[0]; i++) {
         char name[16], key[1][33], msg[1024];
         snprintf(name, sizeof name, "t%zu", i);
-        const char *dir = h_path(name);
-        KT_REQUIRE(h_cache(dir, specs, 1, key) == 0);
+        const char *dir = kt_path(name);
+        KT_REQUIRE(kt_cache_fill(dir, specs, 1, key) == 0);
         KT_EQ_INT(scan(dir).bad, 0);
         KT_OK(get_status(dir, key[0], msg, sizeof msg), msg);
         char db[600];
         snprintf(db, sizeof db, "%s/kernels.db", dir);
-        KT_REQUIRE(raw_exec(db, edits[i]));
+        KT_REQUIRE(kt_sql_exec(db, edits[i]));
         first_bad b = scan(dir);
         KT_EQ_INT(b.bad, 1);
         KT_CONTAINS(b.why, "row checksum mismatch");
@@ -199,8 +191,8 @@ KT_TEST(hostile_cache_tampered_key)
    * checksum does not */
     static const char *const specs[] = {"op=decode head_dim=64"};
     char key[1][33], msg[1024], sql[1024], newkey[33];
-    const char *dir = h_path("k");
-    KT_REQUIRE(h_cache(dir, specs, 1, key) == 0);
+    const char *dir = kt_path("k");
+    KT_REQUIRE(kt_cache_fill(dir, specs, 1, key) == 0);
     char material[512];
     snprintf(material, sizeof material,
              "kiln-key-format: %d\nspec: op=decode head_dim=64\nconfig: "
@@ -209,7 +201,7 @@ KT_TEST(hostile_cache_tampered_key)
     kiln__key_hash(material, newkey);
     snprintf(sql, sizeof sql, "UPDATE kernels SET key = '%s', key_material = '%s'", newkey,
              material);
-    KT_REQUIRE(raw_exec(h_path("k/kernels.db"), sql));
+    KT_REQUIRE(kt_sql_exec(kt_path("k/kernels.db"), sql));
     first_bad b = scan(dir);
     KT_EQ_INT(b.rows, 1);
     KT_EQ_INT(b.bad, 1);
@@ -217,7 +209,7 @@ KT_TEST(hostile_cache_tampered_key)
     KT_STATUS(get_status(dir, newkey, msg, sizeof msg), KILN_STATUS_CACHE, msg);
     KT_CONTAINS(msg, "failed its row checksum");
     /* a cleared row checksum is no free pass either */
-    KT_REQUIRE(raw_exec(h_path("k/kernels.db"), "UPDATE kernels SET row_sum = ''"));
+    KT_REQUIRE(kt_sql_exec(kt_path("k/kernels.db"), "UPDATE kernels SET row_sum = ''"));
     b = scan(dir);
     KT_EQ_INT(b.bad, 1);
     KT_CONTAINS(b.why, "no row checksum");
@@ -229,14 +221,14 @@ KT_TEST(hostile_cache_migrate_v2)
    * flipped */
     static const char *const specs[] = {"op=decode head_dim=64", "op=decode head_dim=128"};
     char keys[2][33], msg[1024], sql[512];
-    const char *dir = h_path("m"), *db = h_path("m/kernels.db");
-    KT_REQUIRE(h_cache(dir, specs, 2, keys) == 0);
+    const char *dir = kt_path("m"), *db = kt_path("m/kernels.db");
+    KT_REQUIRE(kt_cache_fill(dir, specs, 2, keys) == 0);
     snprintf(sql, sizeof sql,
              "ALTER TABLE kernels DROP COLUMN row_sum;"
              "UPDATE meta SET v = '2' WHERE k = 'schema_version';"
              "UPDATE kernels SET cubin = zeroblob(64) WHERE key = '%s';",
              keys[1]);
-    KT_REQUIRE(raw_exec(db, sql));
+    KT_REQUIRE(kt_sql_exec(db, sql));
     /* read-only (a shipped base): read as it is; its rows carry no row checksum
    */
     first_bad b = scan(dir);
@@ -255,7 +247,7 @@ KT_TEST(hostile_cache_migrate_v2)
     KT_EQ_INT(kiln__cache_schema(c), 3);
     kiln__cache_close(c);
     /* after the migration the seal protects the good row */
-    KT_REQUIRE(raw_exec(db, "UPDATE kernels SET source = 'x'"));
+    KT_REQUIRE(kt_sql_exec(db, "UPDATE kernels SET source = 'x'"));
     KT_STATUS(get_status(dir, keys[0], msg, sizeof msg), KILN_STATUS_CACHE, msg);
     KT_CONTAINS(msg, "row checksum");
 }
@@ -276,13 +268,13 @@ KT_TEST(hostile_cache_corrupt_pages)
         for (int p = 0; p < patterns; p++) {
             char name[16];
             snprintf(name, sizeof name, "x%zu_%d", i, p);
-            const char *dir = h_path(name);
+            const char *dir = kt_path(name);
             kiln__cache *c = NULL;
             kiln__err e = {{0}};
             KT_OK(kiln__cache_open(dir, &c, &e), e.msg);
             for (int r = 0; c && r < 4; r++) {
                 kiln__entry en;
-                h_entry(&en, "op=decode head_dim=64", "sm_80", r);
+                kt_entry_valid(&en, "op=decode head_dim=64", "sm_80", r);
                 free(en.source);
                 en.source = malloc(40000);
                 for (int b = 0; en.source && b < 39999; b++)
@@ -326,11 +318,7 @@ KT_TEST(hostile_cache_corrupt_pages)
 
 KT_TEST(hostile_msg_no_gpu)
 {
-    kiln_ctx_opts o = {0};
-    o.no_cache = 1;
-    o.no_device = 1;
-    kiln_ctx *ctx = NULL;
-    KT_OK(kiln_ctx_create(&o, &ctx), kiln_errmsg());
+    kiln_ctx *ctx = KT_CTX(NULL, 0);
     KT_REQUIRE(ctx);
     kiln_variant v;
     KT_OK(kiln_variant_parse("op=decode head_dim=64", &v), kiln_errmsg());

@@ -74,16 +74,6 @@ static void make_bsr(int rows, int cols, int pct, uint64_t seed, int **indptr, i
     *nnz = n;
 }
 
-static kiln_ctx *ctx_gpu(void)
-{
-    kiln_ctx_opts o = {0};
-    o.no_cache = 1;
-    kiln_ctx *ctx = NULL;
-    if (kiln_ctx_create(&o, &ctx) != KILN_STATUS_OK)
-        kt_fail(__FILE__, __LINE__, "%s", kiln_errmsg());
-    return ctx;
-}
-
 static void run_one(kiln_ctx *ctx, const char *spec, kiln_mask_data md, int L_Q, int L_KV,
                     int use_map, int r, int c, uint64_t seed, int *cases, int *bad)
 {
@@ -140,11 +130,7 @@ static void run_one(kiln_ctx *ctx, const char *spec, kiln_mask_data md, int L_Q,
 /* Compiles for sm_90a (CPU). */
 KT_TEST(maskdata_compiles)
 {
-    kiln_ctx_opts o = {0};
-    o.no_cache = 1;
-    o.no_device = 1;
-    kiln_ctx *ctx = NULL;
-    KT_OK(kiln_ctx_create(&o, &ctx), kiln_errmsg());
+    kiln_ctx *ctx = KT_CTX(NULL, 0);
     KT_REQUIRE(ctx);
     const char *specs[] = {"op=decode dtype=f16 head_dim=64 group=4",
                            "op=prefill dtype=bf16 head_dim=64 group=4 mask=causal"};
@@ -162,7 +148,7 @@ KT_TEST(maskdata_compiles)
 
 KT_GPU_TEST(gpu_maskdata)
 {
-    kiln_ctx *ctx = ctx_gpu();
+    kiln_ctx *ctx = KT_CTX(NULL, 1);
     KT_REQUIRE(ctx);
     int cases = 0, bad = 0;
     const char *specs[] = {"op=decode dtype=f16 head_dim=128 group=4",
@@ -190,11 +176,7 @@ KT_TEST(maskdata_key_distinct)
 {
     char dir[600];
     snprintf(dir, sizeof dir, "%s/c", kt_tmpdir());
-    kiln_ctx_opts o = {0};
-    o.cache_dir = dir;
-    o.no_device = 1;
-    kiln_ctx *ctx = NULL;
-    KT_OK(kiln_ctx_create(&o, &ctx), kiln_errmsg());
+    kiln_ctx *ctx = KT_CTX(dir, 0);
     KT_REQUIRE(ctx);
     char keys[3][33];
     for (int md = 0; md < 3; md++) {

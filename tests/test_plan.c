@@ -28,17 +28,6 @@ static kiln_kernel *compile(kiln_ctx *ctx, const char *spec)
     return k;
 }
 
-static kiln_ctx *make_ctx(void)
-{
-    kiln_ctx_opts o = {0};
-    o.no_device = 1;
-    o.cache_dir = kt_tmpdir();
-    kiln_ctx *ctx = NULL;
-    if (kiln_ctx_create(&o, &ctx) != KILN_STATUS_OK)
-        kt_fail(__FILE__, __LINE__, "%s", kiln_errmsg());
-    return ctx;
-}
-
 static unsigned rnd(unsigned *s)
 {
     *s = *s * 1664525u + 1013904223u;
@@ -197,7 +186,7 @@ static void check_balance(kiln_plan *pl, int hpi, int slots, int gran, const cha
 
 KT_TEST(plan_schedules_cover_and_balance)
 {
-    kiln_ctx *ctx = make_ctx();
+    kiln_ctx *ctx = KT_CTX(kt_tmpdir(), 0);
     KT_REQUIRE(ctx);
     static const char *const specs[] = {
         "op=decode dtype=bf16 head_dim=128 group=4 kv=paged",
@@ -263,7 +252,7 @@ KT_TEST(plan_schedules_cover_and_balance)
 /* A long single decode is split over the device; a batch that fills the device is not. */
 KT_TEST(plan_split_decisions)
 {
-    kiln_ctx *ctx = make_ctx();
+    kiln_ctx *ctx = KT_CTX(kt_tmpdir(), 0);
     KT_REQUIRE(ctx);
     kiln_kernel *k = compile(ctx, "op=decode dtype=bf16 head_dim=128 group=4 kv=paged");
     KT_REQUIRE(k);
@@ -298,7 +287,7 @@ KT_TEST(plan_split_decisions)
 /* fixed_split: a request's items do not depend on the rest of the batch. */
 KT_TEST(plan_fixed_split_invariant)
 {
-    kiln_ctx *ctx = make_ctx();
+    kiln_ctx *ctx = KT_CTX(kt_tmpdir(), 0);
     KT_REQUIRE(ctx);
     kiln_kernel *k = compile(ctx, "op=decode dtype=bf16 head_dim=128 group=4 kv=paged");
     KT_REQUIRE(k);
@@ -346,7 +335,7 @@ KT_TEST(plan_fixed_split_invariant)
  * the request named. */
 KT_TEST(plan_degenerate_and_refused)
 {
-    kiln_ctx *ctx = make_ctx();
+    kiln_ctx *ctx = KT_CTX(kt_tmpdir(), 0);
     KT_REQUIRE(ctx);
     kiln_kernel *kd = compile(ctx, "op=decode dtype=bf16 head_dim=128 group=4 kv=paged");
     kiln_kernel *kp =
@@ -438,7 +427,7 @@ KT_TEST(plan_degenerate_and_refused)
  * at 255 registers), held to 256 B. */
 KT_TEST(plan_batch_kernels_compile)
 {
-    kiln_ctx *ctx = make_ctx();
+    kiln_ctx *ctx = KT_CTX(kt_tmpdir(), 0);
     KT_REQUIRE(ctx);
     static const char *const specs[] = {
         "op=decode dtype=bf16 head_dim=128 group=4 kv=paged",
@@ -478,7 +467,7 @@ KT_TEST(plan_batch_kernels_compile)
  * block shape is refused. */
 KT_TEST(plan_mask_data_offsets)
 {
-    kiln_ctx *ctx = make_ctx();
+    kiln_ctx *ctx = KT_CTX(kt_tmpdir(), 0);
     KT_REQUIRE(ctx);
     kiln_kernel *k =
         compile(ctx, "op=prefill dtype=bf16 head_dim=64 group=4 kv=ragged mask_data=bsr");

@@ -183,19 +183,6 @@ static void row_variant(const hostile *h, kiln_variant *v)
     snprintf(h->kind == M ? v->mask_expr : v->logits_expr, KILN_MAX_SNIPPET, "%s", h->text);
 }
 
-static kiln_ctx *compile_ctx(void)
-{
-    kiln_ctx_opts o = {0};
-    o.no_cache = 1;
-    o.no_device = 1;
-    kiln_ctx *ctx = NULL;
-    if (kiln_ctx_create(&o, &ctx) != KILN_STATUS_OK) {
-        kt_fail(__FILE__, __LINE__, "kiln_ctx_create: %s", kiln_errmsg());
-        return NULL;
-    }
-    return ctx;
-}
-
 /* Can libclang be loaded? (Skips the test when it cannot.) */
 static int have_clang(void)
 {
@@ -210,7 +197,7 @@ static int have_clang(void)
 KT_TEST(snippet_hostile_corpus)
 {
     if (!have_clang()) return;
-    kiln_ctx *ctx = compile_ctx();
+    kiln_ctx *ctx = KT_CTX(NULL, 0);
     KT_REQUIRE(ctx != NULL);
     static const char *const classes[] = {"name", "range", "suffix", "undefined"};
     int refused[COUNT(classes)] = {0}, accepted[COUNT(classes)] = {0};

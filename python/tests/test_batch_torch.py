@@ -1,5 +1,5 @@
-"""test_batch_torch.py — the batch wrappers and state merges on a GPU, against a float32 torch
-reference written here: pages gathered per request, bottom-right causal, GQA, window, soft-cap,
+"""test_batch_torch.py — the batch wrappers and state merges on a GPU, against the float64 torch
+reference of _reference.py: pages gathered per request, bottom-right causal, GQA, window, soft-cap,
 fp8 KV with scales, llama RoPE; merges against the log-sum-exp formula.
 
 Skips unless torch is importable (the reference self-checks), a CUDA GPU is usable and the
@@ -8,30 +8,14 @@ is in every failure message); outputs are poisoned with NaN first. Kernels compi
 $KILN_TEST_CACHE when set, else a fresh temporary cache.
 """
 
-import math
-import os
-import random
-import sys
-import tempfile
 import unittest
 
-_SRC = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # python/
-if os.environ.get("KILN_TEST_INSTALLED") != "1" and os.path.isdir(os.path.join(_SRC, "kiln")):
-    sys.path.insert(0, _SRC)
+from _reference import (DTYPES, HAVE_GPU, HAVE_TORCH, GpuCase, attention, gather,  # noqa: F401
+                        kiln, packbits_little, rope, set_up_module, tear_down_module, tolerance,
+                        torch)
+from kiln import _lib
 
-import kiln  # noqa: E402
-from kiln import _lib  # noqa: E402
-
-try:
-    import torch
-except ImportError:
-    torch = None
-
-HAVE_TORCH = torch is not None
-HAVE_GPU = HAVE_TORCH and torch.cuda.is_available()
-DTYPES = {"f16": torch.float16, "bf16": torch.bfloat16} if HAVE_TORCH else {}
 WS_BYTES = 128 << 20  # FlashInfer's advice
-_tmp_cache = None
 
 
 def _have_batch_api():
@@ -46,98 +30,12 @@ WHY = "needs torch, a CUDA GPU and a libkiln.so with the batch API"
 
 
 def setUpModule():
-    global _tmp_cache
-    if not RUN_GPU:
-        return
-    cache = os.environ.get("KILN_TEST_CACHE")
-    if not cache:
-        _tmp_cache = tempfile.TemporaryDirectory(prefix="kiln-py-batch-")
-        cache = _tmp_cache.name
-    os.environ["KILN_CACHE_DIR"] = cache  # read when the default context is created
-    torch.backends.cuda.matmul.allow_tf32 = False
+    if RUN_GPU:
+        set_up_module("kiln-py-batch-")
 
 
 def tearDownModule():
-    if _tmp_cache is not None:
-        _tmp_cache.cleanup()
-
-
-# ---- the reference -------------------------------------------------------------------------
-
-
-def rope(x, pos, scale=1.0, theta=1e4):
-    """Llama RoPE of x [L, H, D] at positions pos [L] (float32): pairs (d, d + D/2), angle
-    pos / scale * theta^(-2d/D)."""
-    D = x.shape[-1]
-    half = D // 2
-    freq = theta ** (-2.0 * torch.arange(half, device=x.device, dtype=torch.float32) / D)
-    ang = (pos.float() / scale)[:, None] * freq[None, :]  # [L, D/2]
-    cos, sin = ang.cos()[:, None, :], ang.sin()[:, None, :]
-    x1, x2 = x[..., :half], x[..., half:]
-    return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1)
-
-
-def attend(q, k, v, *, causal=False, window_left=-1, softcap=None, sm_scale=None,
-           slopes=None, rope_args=None, mask=None):
-    """One request in float32: q [L_Q, H, D], k, v [L_KV, H_KV, D] (NHD, any dtype: upcast;
-    fp8 callers pass dequantised values). Bottom-right aligned positions. Returns o [L_Q, H, D]
-    and the natural-log lse [L_Q, H]; a row seeing no key gives o = 0, lse = -inf."""
-    L_Q, H, D = q.shape
-    L_KV, H_KV = k.shape[0], k.shape[1]
-    qf, kf, vf = q.float(), k.float(), v.float()
-    off = L_KV - L_Q
-    if rope_args is not None:
-        qf = rope(qf, torch.arange(L_Q, device=q.device) + off, *rope_args)
-        kf = rope(kf, torch.arange(L_KV, device=q.device), *rope_args)
-    G = H // H_KV
-    kf, vf = kf.repeat_interleave(G, dim=1), vf.repeat_interleave(G, dim=1)
-    scale = (1.0 / math.sqrt(D)) if sm_scale is None else sm_scale
-    s = torch.einsum("qhd,khd->hqk", qf, kf) * scale
-    if softcap:
-        s = softcap * torch.tanh(s / softcap)
-    i = torch.arange(L_Q, device=q.device)[:, None]
-    j = torch.arange(L_KV, device=q.device)[None, :]
-    if slopes is not None:
-        s = s + slopes.float()[:, None, None] * (j - (i + off)).float()[None]
-    visible = torch.ones(L_Q, L_KV, dtype=torch.bool, device=q.device)
-    if causal:
-        visible &= j <= i + off
-    if window_left is not None and window_left >= 0:
-        visible &= j >= i + off - window_left
-    if mask is not None:  # a custom mask [L_Q, L_KV], True: visible
-        visible &= mask
-    s = s.masked_fill(~visible[None], float("-inf"))
-    if L_KV == 0:
-        return (torch.zeros(L_Q, H, D, device=q.device),
-                torch.full((L_Q, H), float("-inf"), device=q.device))
-    lse = torch.logsumexp(s, dim=-1)
-    p = torch.nan_to_num(torch.softmax(s, dim=-1), nan=0.0)
-    o = torch.einsum("hqk,khd->qhd", p, vf)
-    return o, lse.transpose(0, 1).contiguous()
-
-
-def gather(pool, page_ids, last_len, layout):
-    """The keys of one request from a page pool [pages, P, H_KV, D] (NHD) or
-    [pages, H_KV, P, D] (HND): its pages in order, the last cut to last_len tokens."""
-    if not page_ids:
-        shape = pool.shape
-        H_KV, D = (shape[2], shape[3]) if layout == "NHD" else (shape[1], shape[3])
-        return pool.new_zeros((0, H_KV, D))
-    pages = pool[torch.tensor(page_ids, device=pool.device, dtype=torch.long)]
-    if layout == "HND":
-        pages = pages.transpose(1, 2)  # [n, P, H_KV, D]
-    flat = pages.reshape(-1, pages.shape[2], pages.shape[3])
-    P = pages.shape[1]
-    return flat[: (len(page_ids) - 1) * P + last_len]
-
-
-
-def packbits_little(bits):
-    """numpy.packbits(bits, bitorder="little") on bits' device: FlashInfer's packbits."""
-    n = bits.numel()
-    b = torch.cat([bits.reshape(-1).bool(), bits.new_zeros((-n) % 8, dtype=torch.bool)])
-    w = torch.tensor([1, 2, 4, 8, 16, 32, 64, 128], dtype=torch.int32, device=b.device)
-    return (b.view(-1, 8).to(torch.int32) * w).sum(dim=1).to(torch.uint8)
+    tear_down_module()
 
 
 class PagedBatch:
@@ -169,39 +67,12 @@ class PagedBatch:
                 gather(self.v, self.pages[b], self.last[b], self.layout))
 
 
-def tolerance(dtype):
-    return (1.5e-2, 2e-2) if dtype == "bf16" else (2e-3, 5e-3)
+class Base(GpuCase):
+    """GpuCase with a FlashInfer-sized workspace."""
 
-
-class Base(unittest.TestCase):
     def setUp(self):
-        self.seed = random.SystemRandom().randrange(1 << 31)
-        torch.manual_seed(self.seed)
-        random.seed(self.seed)
+        super().setUp()
         self.ws = torch.zeros(WS_BYTES, dtype=torch.uint8, device="cuda")
-
-    def rand(self, *shape, dtype="bf16"):
-        return torch.randn(*shape, device="cuda").to(DTYPES[dtype])
-
-    def poison(self, *shape, dtype="bf16"):
-        t = torch.full(shape, float("nan"), device="cuda", dtype=DTYPES[dtype])
-        del t
-
-    def assertClose(self, got, ref, atol, rtol, what):
-        got, ref = got.float(), ref.float()
-        self.assertEqual(tuple(got.shape), tuple(ref.shape), what)
-        both_inf = torch.isinf(got) & torch.isinf(ref) & (torch.sign(got) == torch.sign(ref))
-        err = (got - ref).abs()
-        ok = (err <= atol + rtol * ref.abs()) | both_inf
-        if bool(ok.all()):
-            return
-        bad = (~ok).nonzero()
-        lines = [f"{what}: {bad.shape[0]} of {got.numel()} out of tolerance (atol {atol}, rtol "
-                 f"{rtol}, seed {self.seed})"]
-        for idx in bad[:5].tolist():
-            t = tuple(idx)
-            lines.append(f"  {what}{list(t)} = {got[t].item():.6g}, ref {ref[t].item():.6g}")
-        self.fail("\n".join(lines))
 
 
 # ---- the reference itself (torch only) -----------------------------------------------------
@@ -231,8 +102,8 @@ class TestReference(unittest.TestCase):
 
     def test_causal_bottom_right(self):
         q, k = torch.randn(2, 1, 8), torch.randn(5, 1, 8)
-        o, lse = attend(q, k, k, causal=True)
-        o4, lse4 = attend(q[:1], k[:4], k[:4])  # row 0 sees keys 0..3
+        o, lse = attention(q, k, k, causal=True)
+        o4, lse4 = attention(q[:1], k[:4], k[:4])  # row 0 sees keys 0..3
         self.assertTrue(torch.allclose(o[0], o4[0], atol=1e-6))
 
 
@@ -266,7 +137,7 @@ class TestBatchDecode(Base):
                       sm_scale=kw.get("sm_scale"))
         for r, _ in enumerate(kv_lens):
             k, v = b.kv(r)
-            ref_o, ref_lse = attend(q[r:r + 1], k, v, **ref_kw)
+            ref_o, ref_lse = attention(q[r:r + 1], k, v, **ref_kw)
             self.assertClose(o[r], ref_o[0], *tolerance(dtype), f"{what} o[{r}]")
             self.assertClose(lse[r], ref_lse[0], 1e-2, 1e-3, f"{what} lse[{r}]")
         return w, b, q, o, lse
@@ -315,7 +186,7 @@ class TestBatchDecode(Base):
             o = w.run(q, (b.k, b.v), k_scale=0.25, v_scale=0.5)
             for r in range(2):
                 k, v = b.kv(r)
-                ref, _ = attend(q[r:r + 1], k.float() * 0.25, v.float() * 0.5)
+                ref, _ = attention(q[r:r + 1], k.float() * 0.25, v.float() * 0.5)
                 self.assertClose(o[r], ref[0], 2e-2, 3e-2, f"fp8 {kv_name} o[{r}]")
 
     def test_scales_fold_like_flashinfer(self):
@@ -325,7 +196,7 @@ class TestBatchDecode(Base):
         w.plan(b.indptr, b.indices, b.last, 8, 8, 64, 16)
         o = w.run(q, (b.k, b.v), q_scale=0.5, k_scale=2.0, v_scale=3.0)
         k, v = b.kv(0)
-        ref, _ = attend(q, k, v)
+        ref, _ = attention(q, k, v)
         self.assertClose(o[0], ref[0] * 3.0, 6e-3, 5e-3, "q/k/v scales")
 
     def test_rope(self):
@@ -338,7 +209,7 @@ class TestBatchDecode(Base):
         o = w.run(q, (b.k, b.v))
         for r in range(2):
             k, v = b.kv(r)
-            ref, _ = attend(q[r:r + 1], k, v, rope_args=(2.0, 5e5))
+            ref, _ = attention(q[r:r + 1], k, v, rope_args=(2.0, 5e5))
             self.assertClose(o[r], ref[0], 2e-2, 3e-2, f"rope o[{r}]")
 
     def test_batch_invariant(self):
@@ -427,7 +298,7 @@ class TestBatchDecode(Base):
             for r, L in enumerate(lens):
                 k = gather(k_pool, pages[r], last[r], "NHD")
                 v = gather(v_pool, pages[r], last[r], "NHD")
-                ref, _ = attend(q[r:r + 1], k, v)
+                ref, _ = attention(q[r:r + 1], k, v)
                 self.assertClose(out[r], ref[0], *tolerance("bf16"),
                                  f"graph replay lens={lens} o[{r}]")
 
@@ -459,7 +330,7 @@ class TestBatchPrefillPaged(Base):
         for r in range(len(qo_lens)):
             lo, hi = b.qo_indptr[r], b.qo_indptr[r + 1]
             k, v = b.kv(r)
-            ref_o, ref_lse = attend(q[lo:hi], k, v, causal=causal,
+            ref_o, ref_lse = attention(q[lo:hi], k, v, causal=causal,
                                     window_left=kw.get("window_left", -1),
                                     softcap=kw.get("logits_soft_cap"), sm_scale=kw.get("sm_scale"))
             self.assertClose(o[lo:hi], ref_o, *tolerance(dtype), f"{what} o[req {r}]")
@@ -503,7 +374,7 @@ class TestBatchPrefillRagged(Base):
         what = f"ragged qo={qo_lens} kv={kv_lens} H={H} H_KV={H_KV} D={D} {causal} {layout}"
         for r in range(len(qo_lens)):
             a, z = qo_indptr[r], qo_indptr[r + 1]
-            ref_o, ref_lse = attend(q[a:z], kn[kv_indptr[r]:kv_indptr[r + 1]],
+            ref_o, ref_lse = attention(q[a:z], kn[kv_indptr[r]:kv_indptr[r + 1]],
                                     vn[kv_indptr[r]:kv_indptr[r + 1]], causal=causal)
             self.assertClose(o[a:z], ref_o, *tolerance(dtype), f"{what} o[req {r}]")
             self.assertClose(lse[a:z], ref_lse, 1e-2, 1e-3, f"{what} lse[req {r}]")
@@ -554,7 +425,7 @@ class TestBatchPrefillRagged(Base):
             a, z = qo_indptr[r], qo_indptr[r + 1]
             if a == z:
                 continue
-            ref_o, ref_lse = attend(q[a:z], k[kv_indptr[r]:kv_indptr[r + 1]],
+            ref_o, ref_lse = attention(q[a:z], k[kv_indptr[r]:kv_indptr[r + 1]],
                                     v[kv_indptr[r]:kv_indptr[r + 1]], causal=True, mask=masks[r])
             self.assertClose(o[a:z], ref_o, *tolerance("bf16"), f"custom mask ragged o[req {r}]")
             self.assertClose(lse[a:z], ref_lse, 1e-2, 1e-3, f"custom mask ragged lse[req {r}]")
@@ -587,7 +458,7 @@ class TestBatchPrefillRagged(Base):
         w.plan([0, 100, L], [0, 100, L], H, H_KV, D, causal=True, q_data_type="bfloat16")
         o = w.run(q, k, v)
         for a, z in ((0, 100), (100, L)):
-            ref, _ = attend(q[a:z], k[a:z], v[a:z], causal=True)
+            ref, _ = attention(q[a:z], k[a:z], v[a:z], causal=True)
             self.assertClose(o[a:z], ref, *tolerance("bf16"), f"fused qkv rows {a}..{z}")
 
 
@@ -595,11 +466,11 @@ class TestBatchPrefillRagged(Base):
 
 
 def ref_merge(vs, ss):
-    """Merge states in float32: vs [S] of [n, H, D], ss [S] of [n, H] natural-log LSE."""
-    s = torch.stack([x.float() for x in ss])  # [S, n, H]
+    """Merge states in float64: vs [S] of [n, H, D], ss [S] of [n, H] natural-log LSE."""
+    s = torch.stack([x.double() for x in ss])  # [S, n, H]
     m = torch.logsumexp(s, dim=0)
     w = torch.nan_to_num(torch.exp(s - m[None]), nan=0.0)  # rows with all -inf: weight 0
-    v = sum(w[i][..., None] * vs[i].float() for i in range(len(vs)))
+    v = sum(w[i][..., None] * vs[i].double() for i in range(len(vs)))
     return v, m
 
 
@@ -654,7 +525,7 @@ class TestMerge(Base):
         o1, l1 = kiln.single_prefill_with_kv_cache(q, k[:250], v[:250], return_lse=True)
         o2, l2 = kiln.single_prefill_with_kv_cache(q, k[250:], v[250:], return_lse=True)
         o, lse = kiln.merge_state(o1, l1, o2, l2)
-        ref_o, ref_lse = attend(q, k, v)
+        ref_o, ref_lse = attention(q, k, v)
         self.assertClose(o, ref_o, *tolerance("bf16"), "split + merge o")
         self.assertClose(lse, ref_lse * kiln.LOG2E, 1e-2, 1e-3, "split + merge lse")
 
@@ -710,8 +581,8 @@ class TestCascade(Base):
             a, z = qo_indptr[r], qo_indptr[r + 1]
             ko = gather(k_pool, own_pages[r], own_last[r], "NHD")
             vo = gather(v_pool, own_pages[r], own_last[r], "NHD")
-            o_p, l_p = attend(q[a:z], kp, vp)
-            o_o, l_o = attend(q[a:z], ko, vo, causal=True)
+            o_p, l_p = attention(q[a:z], kp, vp)
+            o_o, l_o = attention(q[a:z], ko, vo, causal=True)
             ref, _ = ref_merge([o_p, o_o], [l_p, l_o])
             self.assertClose(o[a:z], ref, *tolerance("bf16"), f"cascade req {r}")
 

@@ -1,4 +1,5 @@
-"""test_torch.py — the FlashInfer-shaped wrappers on a GPU, against a float32 torch reference.
+"""test_torch.py — the FlashInfer-shaped wrappers on a GPU, against the float64 torch reference
+of _reference.py.
 
 Skips unless torch is importable (the reference and the argument checks that need no GPU) and
 a CUDA GPU is usable (everything else). Each wrapper runs on fresh random inputs (the seed is in
@@ -12,143 +13,25 @@ into a fresh temporary cache: never the user's default cache.
 """
 
 import math
-import os
 import random
-import sys
-import tempfile
 import unittest
 
-_SRC = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # python/
-if os.environ.get("KILN_TEST_INSTALLED") != "1" and os.path.isdir(os.path.join(_SRC, "kiln")):
-    sys.path.insert(0, _SRC)
-
-import kiln  # noqa: E402
-
-try:
-    import torch
-except ImportError:  # the whole file skips
-    torch = None
-
-HAVE_TORCH = torch is not None
-# Test tables name dtypes by their spec spelling, so this file imports without torch.
-DTYPES = {"f16": torch.float16, "bf16": torch.bfloat16} if HAVE_TORCH else {}
-HAVE_GPU = HAVE_TORCH and torch.cuda.is_available()
-_tmp_cache = None
+from _reference import (DTYPES, HAVE_GPU, HAVE_TORCH, GpuCase, attention, kiln,  # noqa: F401
+                        packbits_little, reference_args, set_up_module, tear_down_module,
+                        tolerance, torch)
 
 
 def setUpModule():
-    global _tmp_cache
-    if not HAVE_GPU:
-        return
-    cache = os.environ.get("KILN_TEST_CACHE")
-    if not cache:
-        _tmp_cache = tempfile.TemporaryDirectory(prefix="kiln-py-gpu-")
-        cache = _tmp_cache.name
-    # The wrappers' default context reads this when it is created (on the first call).
-    os.environ["KILN_CACHE_DIR"] = cache
-    torch.backends.cuda.matmul.allow_tf32 = False  # the reference stays float32
+    if HAVE_GPU:
+        set_up_module("kiln-py-gpu-")
 
 
 def tearDownModule():
-    if _tmp_cache is not None:
-        _tmp_cache.cleanup()
-
-
-# ---- the reference -------------------------------------------------------------------------
-
-
-def reference(q, k, v, *, layout="NHD", causal=False, window_left=-1, softcap=None, slopes=None,
-              sm_scale=None, mask=None):
-    """Softmax attention in float32, written out in torch: kiln's definition (docs/api.md).
-
-    q [L_Q, H, D]; k, v [L_KV, H_KV, D] (NHD) or [H_KV, L_KV, D] (HND). Returns o [L_Q, H, D]
-    and the natural-log lse [L_Q, H] (float32); rows with no visible key give o = 0, lse = -inf.
-    """
-    if layout == "HND":
-        k, v = k.transpose(0, 1), v.transpose(0, 1)
-    L_Q, H, D = q.shape
-    L_KV, H_KV = k.shape[0], k.shape[1]
-    G = H // H_KV
-    qf = q.float()
-    kf = k.float().repeat_interleave(G, dim=1)  # query head h reads kv head h // G
-    vf = v.float().repeat_interleave(G, dim=1)
-    scale = (1.0 / math.sqrt(D)) if sm_scale is None else sm_scale
-    s = torch.einsum("qhd,khd->hqk", qf, kf) * scale
-    if softcap:
-        s = softcap * torch.tanh(s / softcap)
-    i = torch.arange(L_Q, device=q.device)[:, None]
-    j = torch.arange(L_KV, device=q.device)[None, :]
-    off = L_KV - L_Q
-    if slopes is not None:
-        s = s + slopes.float()[:, None, None] * (j - (i + off)).float()[None]
-    visible = torch.ones(L_Q, L_KV, dtype=torch.bool, device=q.device)
-    if causal:
-        visible &= j <= i + off
-    if window_left is not None and window_left >= 0:
-        visible &= j >= i + off - window_left
-    if mask is not None:  # custom mask [L_Q, L_KV], True: visible
-        visible &= mask
-    s = s.masked_fill(~visible[None], float("-inf"))
-    lse = torch.logsumexp(s, dim=-1)  # [H, L_Q]
-    p = torch.nan_to_num(torch.softmax(s, dim=-1), nan=0.0)
-    o = torch.einsum("hqk,khd->qhd", p, vf)
-    return o, lse.transpose(0, 1).contiguous()
-
-
-def tolerance(dtype):
-    """(atol, rtol) for outputs in dtype, as the C check harness has them, a little looser for
-    normal-distributed inputs."""
-    return (1.5e-2, 2e-2) if dtype == "bf16" else (2e-3, 5e-3)
-
-
-# ---- helpers -------------------------------------------------------------------------------
-
-
-
-def packbits_little(bits):
-    """numpy.packbits(bits, bitorder="little") on bits' device: FlashInfer's packbits."""
-    n = bits.numel()
-    b = torch.cat([bits.reshape(-1).bool(), bits.new_zeros((-n) % 8, dtype=torch.bool)])
-    w = torch.tensor([1, 2, 4, 8, 16, 32, 64, 128], dtype=torch.int32, device=b.device)
-    return (b.view(-1, 8).to(torch.int32) * w).sum(dim=1).to(torch.uint8)
-
-
-class Base(unittest.TestCase):
-    def setUp(self):
-        self.seed = random.SystemRandom().randrange(1 << 31)
-        torch.manual_seed(self.seed)
-
-    def rand(self, *shape, dtype="bf16"):
-        return torch.randn(*shape, device="cuda", dtype=torch.float32).to(DTYPES[dtype])
-
-    def poison(self, *shape, dtype="bf16"):
-        """Fill a block the caching allocator will likely hand to the next output with NaN."""
-        t = torch.full(shape, float("nan"), device="cuda", dtype=DTYPES[dtype])
-        del t
-
-    def assertClose(self, got, ref, atol, rtol, what):
-        got = got.float()
-        ref = ref.float()
-        self.assertEqual(tuple(got.shape), tuple(ref.shape), what)
-        both_inf = torch.isinf(got) & torch.isinf(ref) & (torch.sign(got) == torch.sign(ref))
-        err = (got - ref).abs()
-        ok = (err <= atol + rtol * ref.abs()) | both_inf
-        if bool(ok.all()):
-            return
-        bad = (~ok).nonzero()
-        lines = [
-            f"{what}: {bad.shape[0]} of {got.numel()} elements out of tolerance "
-            f"(atol {atol}, rtol {rtol}, seed {self.seed}); "
-            f"max err {torch.nan_to_num(err, nan=float('inf')).max().item():.4g}"
-        ]
-        for idx in bad[:5].tolist():
-            t = tuple(idx)
-            lines.append(f"  {what}{list(t)} = {got[t].item():.6g}, ref {ref[t].item():.6g}")
-        self.fail("\n".join(lines))
+    tear_down_module()
 
 
 def _decode_ref(q, k, v, layout, **kw):
-    o, lse = reference(q.unsqueeze(0), k, v, layout=layout, **kw)
+    o, lse = attention(q.unsqueeze(0), k, v, layout=layout, **kw)
     return o[0], lse[0]
 
 
@@ -194,7 +77,7 @@ class TestReference(unittest.TestCase):
         slopes = torch.rand(H)
         for kw in ({}, {"causal": True}, {"causal": True, "window_left": 2},
                    {"window_left": 0}, {"softcap": 2.0}, {"slopes": slopes, "causal": True}):
-            o, lse = reference(q, k, v, **kw)
+            o, lse = attention(q, k, v, **kw)
             for i in range(L_Q):
                 for h in range(H):
                     row = []
@@ -213,16 +96,16 @@ class TestReference(unittest.TestCase):
                     want_lse = m + math.log(sum(w))
                     want_o = sum(w[j] * v[j, h // 2] for j in range(L_KV)) / sum(w)
                     self.assertAlmostEqual(float(lse[i, h]), want_lse, places=4, msg=str(kw))
-                    self.assertTrue(torch.allclose(o[i, h], want_o.float(), atol=1e-5), str(kw))
+                    self.assertTrue(torch.allclose(o[i, h], want_o.double(), atol=1e-5), str(kw))
 
     def test_hnd_and_empty_rows(self):
         torch.manual_seed(1)
         q, k, v = torch.randn(3, 2, 8), torch.randn(6, 1, 8), torch.randn(6, 1, 8)
-        o1, l1 = reference(q, k, v)
-        o2, l2 = reference(q, k.transpose(0, 1), v.transpose(0, 1), layout="HND")
+        o1, l1 = attention(q, k, v)
+        o2, l2 = attention(q, k.transpose(0, 1), v.transpose(0, 1), layout="HND")
         self.assertTrue(torch.equal(o1, o2) and torch.equal(l1, l2))
         # Causal with L_Q > L_KV: the first rows' diagonals are left of every key.
-        o, lse = reference(torch.randn(8, 2, 8), k, v, causal=True)
+        o, lse = attention(torch.randn(8, 2, 8), k, v, causal=True)
         self.assertTrue(torch.isinf(lse[0]).all() and (o[0] == 0).all())
 
     def test_cpu_tensors_refused(self):
@@ -251,7 +134,7 @@ class TestReference(unittest.TestCase):
 
 
 @unittest.skipUnless(HAVE_GPU, "needs torch and a CUDA GPU")
-class TestDecode(Base):
+class TestDecode(GpuCase):
     # (H, H_KV, D, L_KV, layout, dtype)
     SHAPES = [
         (32, 8, 128, 1000, "NHD", "bf16"),
@@ -273,17 +156,7 @@ class TestDecode(Base):
         self.poison(H, D, dtype=dtype)
         o, lse = kiln.single_decode_with_kv_cache(q, k, v, kv_layout=layout, return_lse=True,
                                                   lse_base="e", **kw)
-        ref_kw = {}
-        if kw.get("window_left", -1) >= 0:
-            ref_kw["window_left"] = kw["window_left"]
-        if kw.get("logits_soft_cap"):
-            ref_kw["softcap"] = kw["logits_soft_cap"]
-        if kw.get("sm_scale") is not None:
-            ref_kw["sm_scale"] = kw["sm_scale"]
-        if kw.get("alibi_slopes") is not None:
-            ref_kw["slopes"] = kw["alibi_slopes"]
-        elif kw.get("pos_encoding_mode") == "ALIBI":
-            ref_kw["slopes"] = kiln.alibi_slopes(H, q.device)
+        ref_kw = reference_args(kw, H, q.device)
         ref_o, ref_lse = _decode_ref(q, k, v, layout, **ref_kw)
         torch.cuda.synchronize()
         what = f"decode H={H} H_KV={H_KV} D={D} L={L} {layout} {dtype} {kw}"
@@ -424,7 +297,7 @@ class TestDecode(Base):
 
 
 @unittest.skipUnless(HAVE_GPU, "needs torch and a CUDA GPU")
-class TestPrefill(Base):
+class TestPrefill(GpuCase):
     # (L_Q, L_KV, H, H_KV, D, causal, layout, dtype)
     SHAPES = [
         (128, 128, 8, 8, 128, True, "NHD", "f16"),
@@ -447,18 +320,8 @@ class TestPrefill(Base):
         o, lse = kiln.single_prefill_with_kv_cache(q, k, v, causal=causal, kv_layout=layout,
                                                    o_dtype=DTYPES.get(o_dtype), return_lse=True,
                                                    lse_base="e", **kw)
-        ref_kw = {}
-        if kw.get("window_left", -1) >= 0:
-            ref_kw["window_left"] = kw["window_left"]
-        if kw.get("logits_soft_cap"):
-            ref_kw["softcap"] = kw["logits_soft_cap"]
-        if kw.get("sm_scale") is not None:
-            ref_kw["sm_scale"] = kw["sm_scale"]
-        if kw.get("alibi_slopes") is not None:
-            ref_kw["slopes"] = kw["alibi_slopes"]
-        elif kw.get("pos_encoding_mode") == "ALIBI":
-            ref_kw["slopes"] = kiln.alibi_slopes(H, q.device)
-        ref_o, ref_lse = reference(q, k, v, layout=layout, causal=causal, **ref_kw)
+        ref_kw = reference_args(kw, H, q.device)
+        ref_o, ref_lse = attention(q, k, v, layout=layout, causal=causal, **ref_kw)
         torch.cuda.synchronize()
         what = f"prefill L_Q={L_Q} L_KV={L_KV} H={H} H_KV={H_KV} D={D} causal={causal} {layout} {dtype} {kw}"
         self.assertEqual(o.dtype, DTYPES[out_dtype])
@@ -502,12 +365,12 @@ class TestPrefill(Base):
         qkv = self.rand(L, H + 2 * H_KV, D)  # a fused QKV projection's output
         q, k, v = qkv[:, :H], qkv[:, H:H + H_KV], qkv[:, H + H_KV:]
         o = kiln.single_prefill_with_kv_cache(q, k, v, causal=True)
-        ref, _ = reference(q, k, v, causal=True)
+        ref, _ = attention(q, k, v, causal=True)
         self.assertClose(o, ref, *tolerance("bf16"), "prefill strided (fused qkv)")
         cache = self.rand(H_KV, 1024, D)
         k, v = cache[:, :L], cache[:, 512:512 + L]
         o = kiln.single_prefill_with_kv_cache(q, k, v, kv_layout="HND")
-        ref, _ = reference(q, k, v, layout="HND")
+        ref, _ = attention(q, k, v, layout="HND")
         self.assertClose(o, ref, *tolerance("bf16"), "prefill strided HND")
 
     def test_empty(self):
@@ -526,7 +389,7 @@ class TestPrefill(Base):
         mask[5] = False
         o, lse = kiln.single_prefill_with_kv_cache(q, k, v, custom_mask=mask, causal=True,
                                                    return_lse=True, lse_base="e")
-        ref_o, ref_lse = reference(q, k, v, causal=True, mask=mask)
+        ref_o, ref_lse = attention(q, k, v, causal=True, mask=mask)
         self.assertClose(o, ref_o, *tolerance("bf16"), "custom mask o")
         self.assertClose(lse, ref_lse, 1e-2, 1e-3, "custom mask lse")
         with self.assertRaises(ValueError):
