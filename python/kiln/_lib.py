@@ -404,6 +404,16 @@ def candidate_paths():
     return paths
 
 
+# A plan's two calls, by verb: every spelling a library may export, the newest first (the
+# kiln_plan_* names, once kiln.h has them, with the kiln_batch_* ones kept as aliases). A new
+# name takes the prototype of the last, old one. The batch wrappers and kiln.Plan reach these
+# calls only through batch_fn().
+BATCH_NAMES = {
+    "plan": ("kiln_plan_plan", "kiln_batch_plan"),
+    "run": ("kiln_plan_run", "kiln_batch_run"),
+}
+
+
 def _declare(lib):
     for name, (restype, argtypes) in _PROTOTYPES.items():
         fn = getattr(lib, name)
@@ -414,6 +424,13 @@ def _declare(lib):
         if fn is not None:
             fn.restype = restype
             fn.argtypes = argtypes
+    for names in BATCH_NAMES.values():
+        restype, argtypes = _OPTIONAL_PROTOTYPES[names[-1]]
+        for name in names[:-1]:
+            fn = getattr(lib, name, None)
+            if fn is not None and name not in _OPTIONAL_PROTOTYPES:
+                fn.restype = restype
+                fn.argtypes = argtypes
 
 
 def lib():
@@ -469,6 +486,18 @@ def fn(name):
             "newer build",
         )
     return f
+
+
+def batch_fn(verb):
+    """The library function for a plan's `verb` ("plan" | "run") under whichever name this
+    build exports (BATCH_NAMES); KilnLibraryError naming the first when it has none."""
+    names = BATCH_NAMES[verb]
+    lib_ = lib()
+    for name in names:
+        f = getattr(lib_, name, None)
+        if f is not None:
+            return f
+    return fn(names[-1])
 
 
 def lib_path():

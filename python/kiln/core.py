@@ -345,7 +345,7 @@ class _Hold:
     def __enter__(self):
         ctx = self._ctx
         tid = threading.get_ident()
-        with ctx._cv:
+        with ctx._lock:
             if ctx._handle is None or ctx._closing:
                 raise error_for(_lib.STATUS["INVALID_ARGUMENT"], _CLOSED)
             ctx._busy += 1
@@ -362,12 +362,12 @@ class _Hold:
     def __exit__(self, *exc):
         ctx = self._ctx
         tid = threading.get_ident()
-        with ctx._cv:
+        with ctx._lock:
             ctx._busy -= 1
             n = ctx._holders.pop(tid) - 1
             if n:
                 ctx._holders[tid] = n
-            if not ctx._busy:
+            if not ctx._busy and ctx._closing:  # close() waits (it sets _closing first)
                 ctx._cv.notify_all()
         return False
 
@@ -401,7 +401,8 @@ class Context:
         self._handle = None
         # An RLock: a Plan collected by the garbage collector inside close() re-enters _use on
         # this thread (and finds the context closing) instead of deadlocking.
-        self._cv = threading.Condition(threading.RLock())
+        self._lock = threading.RLock()  # the condition's lock, taken bare by every call
+        self._cv = threading.Condition(self._lock)
         self._busy = 0  # calls into the C context in progress (see _use)
         self._holders = {}  # thread ident -> its calls in progress (close() refuses to self-wait)
         self._closing = False
