@@ -668,16 +668,16 @@ class _BatchWrapper:
             lp = lse.data_ptr()
         else:
             lp = st.lse_scratch.data_ptr() if cfg.lse else 0
-        if (qp | kp | vp | op) & 15:  # a pointer, never cached: the checks name the tensor
-            self._q_info(cfg, q)
-            self._out_info(cfg, out, rows)
-            raise ValueError("k_cache / v_cache: data must be 16-byte aligned (data_ptr "
-                             f"0x{kp:x} / 0x{vp:x})")
         if st.no_launch:  # nothing to attend to: o = 0, lse = -inf
             out.zero_()
             if lse is not None:
                 lse.fill_(-math.inf)
             return (out, lse) if return_lse else out
+        if (qp | kp | vp | op) & 15:  # pointers are never cached: the checks name the tensor
+            self._q_info(cfg, q)
+            self._out_info(cfg, out, rows)
+            raise ValueError("k / v: data must be 16-byte aligned (data_ptr "
+                             f"0x{kp:x} / 0x{vp:x})")
         vs = 1.0
         if q_scale is not None or k_scale is not None or v_scale is not None:
             qs, ks, vs = (_float_scale(q_scale, "q_scale"), _float_scale(k_scale, "k_scale"),
