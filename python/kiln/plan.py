@@ -14,6 +14,7 @@ creating a Plan raises KilnLibraryError saying so; the rest of the package still
 import array
 import ctypes
 import dataclasses
+import sys
 
 from . import _check, _lib
 from .errors import KilnError, check, error_for
@@ -42,25 +43,24 @@ def host_ints(x, name, lo=_check.INT_MIN, hi=_check.INT_MAX):
     return host_array(x, name, lo, hi)[0]
 
 
-_INT_TENSOR_DTYPES = ("torch.int32", "torch.int64", "torch.int16", "torch.int8", "torch.uint8")
-
-
 def host_array(x, name, lo=_check.INT_MIN, hi=_check.INT_MAX):
     """(values, source): host_ints(x) as a list, and where C can read them as int32: a
     contiguous int32 CPU tensor (x itself, or its host copy) or an array.array("i"); see
-    c_address. Checked with builtins over the whole list (one type set, min, max); only a list
-    that fails them is walked entry by entry, for the message naming the entry."""
+    c_address. Checked with builtins over the whole list (one type set, min, max; none for an
+    int32 tensor against the C int range); only a list that fails them is walked entry by
+    entry, for the message naming the entry."""
     tensor = hasattr(x, "tolist") and not isinstance(x, (list, tuple))
     if tensor and hasattr(x, "detach"):  # torch: to the host once
-        x = x.detach()
-        if getattr(x, "is_cuda", False):
+        if x.requires_grad:
+            x = x.detach()
+        if x.is_cuda:
             x = x.cpu()
-        dtype = str(x.dtype)
-        if x.dim() == 1 and dtype in _INT_TENSOR_DTYPES:
+        width = _int_widths(x).get(x.dtype)
+        if width is not None and x.dim() == 1:
             values = x.tolist()  # Python ints
-            narrow = dtype != "torch.int64" and lo <= _check.INT_MIN and _check.INT_MAX <= hi
+            narrow = width <= 32 and lo <= _check.INT_MIN and _check.INT_MAX <= hi
             if narrow or not values or (lo <= min(values) and max(values) <= hi):
-                if dtype == "torch.int32" and x.is_contiguous() and x.device.type == "cpu":
+                if width == 32 and x.is_cpu and x.is_contiguous():
                     return values, x
                 return values, array.array("i", values)
             return _checked(values, name, lo, hi)
@@ -73,6 +73,17 @@ def host_array(x, name, lo=_check.INT_MIN, hi=_check.INT_MAX):
             not values or (lo <= min(values) and max(values) <= hi)):
         return values, array.array("i", values)
     return _checked(values, name, lo, hi)
+
+
+_INT_WIDTHS = {}  # torch's signed integer dtypes (and uint8) -> bits, once torch is loaded
+
+
+def _int_widths(t):
+    if not _INT_WIDTHS:
+        torch = sys.modules[type(t).__module__.split(".")[0]]
+        _INT_WIDTHS.update({torch.int64: 64, torch.int32: 32, torch.int16: 16, torch.int8: 8,
+                            torch.uint8: 8})
+    return _INT_WIDTHS
 
 
 _INT_ONLY = frozenset((int,))
