@@ -302,6 +302,7 @@ class _BatchWrapper:
         self._workspace_ptr = buf.data_ptr()
         self.device = getattr(buf, "device", None)
         self._device_index = getattr(self.device, "index", None)
+        self._device_name = str(self.device)  # the workspace claims' key
 
     @property
     def is_cuda_graph_enabled(self):
@@ -315,6 +316,7 @@ class _BatchWrapper:
         self._plans.clear()
         self._configs.clear()
         self._lse_scratch = None
+        self._torch = None  # the next plan checks the new buffer
         self._state = None
 
     def end_forward(self):
@@ -450,25 +452,8 @@ class _BatchWrapper:
         batch = len(kv_indptr) - 1
         total_qo = batch if qo_indptr is None else qo_indptr[-1]
         if self._use_cuda_graph:
-            if batch > self._max_batch:
-                raise ValueError(f"batch {batch} exceeds {self._max_batch}, the bound the CUDA-"
-                                 "graph buffers given to the constructor set")
-            if self._op == "prefill" and not self._max_qo_tokens:
-                self._max_qo_tokens = max(total_qo, 1)  # FlashInfer: the first plan bounds it
-            if self._op == "prefill" and total_qo > self._max_qo_tokens:
-                raise ValueError(f"{total_qo} query rows exceed {self._max_qo_tokens}, the bound "
-                                 "of CUDA-graph mode (the first plan's, or max_qo_tokens=)")
-        torch = self._torch or _torch()
-        buf = self._float_workspace_buffer
-        if not isinstance(buf, torch.Tensor):
-            raise ValueError(f"float_workspace_buffer must be a CUDA tensor, got "
-                             f"{type(buf).__name__}")
-        _require_cuda(self.device, "float_workspace_buffer")
-        if self._torch is None:
-            self._torch, self._cuda = torch, _cuda_calls(torch)
-            _KEY_TYPES.add(torch.dtype)
-            if self._device_index is None:
-                self._device_index = self._cuda[0]()
+            self._check_bounds(batch, total_qo)
+        torch = self._torch or self._take_torch()
         self._ready(torch, cfg)
         plan = cfg.plan
         if self._use_cuda_graph:
@@ -514,7 +499,34 @@ class _BatchWrapper:
         a.kv_indices = dev_indices.data_ptr() if dev_indices is not None else 0
         a.mask_bits = mask_bits.data_ptr() if mask_bits is not None else 0
         self._state = st
-        _CLAIMS.claim(self, str(self.device), self._workspace_ptr, self._workspace_bytes)
+        _CLAIMS.claim(self, self._device_name, self._workspace_ptr, self._workspace_bytes)
+
+    def _check_bounds(self, batch, total_qo):
+        """A CUDA-graph plan stays within the constructor's buffers (and prefill within the
+        first plan's rows, or max_qo_tokens)."""
+        if batch > self._max_batch:
+            raise ValueError(f"batch {batch} exceeds {self._max_batch}, the bound the CUDA-"
+                             "graph buffers given to the constructor set")
+        if self._op == "prefill" and not self._max_qo_tokens:
+            self._max_qo_tokens = max(total_qo, 1)  # FlashInfer: the first plan bounds it
+        if self._op == "prefill" and total_qo > self._max_qo_tokens:
+            raise ValueError(f"{total_qo} query rows exceed {self._max_qo_tokens}, the bound "
+                             "of CUDA-graph mode (the first plan's, or max_qo_tokens=)")
+
+    def _take_torch(self):
+        """torch and its CUDA calls for this wrapper, once its workspace proves a CUDA
+        tensor."""
+        torch = _torch()
+        buf = self._float_workspace_buffer
+        if not isinstance(buf, torch.Tensor):
+            raise ValueError(f"float_workspace_buffer must be a CUDA tensor, got "
+                             f"{type(buf).__name__}")
+        _require_cuda(self.device, "float_workspace_buffer")
+        self._torch, self._cuda = torch, _cuda_calls(torch)
+        _KEY_TYPES.add(torch.dtype)
+        if self._device_index is None:
+            self._device_index = self._cuda[0]()
+        return torch
 
     def _scratch_lse(self, torch, cfg, total_qo):
         """Where a kernel with lse=1 writes the LSE no run asked for: one float32 buffer per
@@ -607,6 +619,27 @@ class _BatchWrapper:
             raise ValueError(f"out must be {(rows, cfg.H, cfg.D)}, got {tuple(out.shape)}")
         return (rows, _stride(out, 0), _stride(out, 1))
 
+    def _given_out(self, cfg, out, rows):
+        """The strides of a caller's out (checked once per metadata)."""
+        try:
+            key = _meta(out)
+        except AttributeError:
+            key = None
+        info = cfg.seen_out.get(key)
+        if info is None or info[0] != rows:
+            info = _remember(cfg.seen_out, key, self._out_info(cfg, out, rows))
+        return info
+
+    def _given_lse(self, cfg, lse, rows):
+        """The pointer of a caller's lse (checked once per metadata)."""
+        try:
+            key = _meta(lse)
+        except AttributeError:
+            key = None
+        if cfg.seen_lse.get(key) != rows:
+            _remember(cfg.seen_lse, key, self._lse_ok(cfg, lse, rows))
+        return lse.data_ptr()
+
     def _lse_ok(self, cfg, lse, rows):
         torch = self._torch
         if (not isinstance(lse, torch.Tensor) or tuple(lse.shape) != (rows, cfg.H)
@@ -645,24 +678,12 @@ class _BatchWrapper:
             if o_info is None:
                 o_info = _remember(cfg.out_info, rows, self._out_info(cfg, out, rows))
         else:
-            try:
-                okey = _meta(out)
-            except AttributeError:
-                okey = None
-            o_info = cfg.seen_out.get(okey)
-            if o_info is None or o_info[0] != rows:
-                o_info = _remember(cfg.seen_out, okey, self._out_info(cfg, out, rows))
+            o_info = self._given_out(cfg, out, rows)
         op = out.data_ptr()
         if return_lse and not cfg.lse:
             raise ValueError("return_lse=True, but plan() was called with lse=False")
         if lse is not None:
-            try:
-                lkey = _meta(lse)
-            except AttributeError:
-                lkey = None
-            if cfg.seen_lse.get(lkey) != rows:
-                _remember(cfg.seen_lse, lkey, self._lse_ok(cfg, lse, rows))
-            lp = lse.data_ptr()
+            lp = self._given_lse(cfg, lse, rows)
         elif return_lse:
             lse = torch.empty((rows, cfg.H), dtype=torch.float32, device=self.device)
             lp = lse.data_ptr()

@@ -7,9 +7,12 @@ so porting an engine is a change of import. plan() copies the index arrays to th
 checks them, builds the kiln variant the arguments call for (batch_variant: kv=paged|ragged,
 op, dtypes, head_dim, group, layout, mask, window, logits, lse, rope), gets its kernel from the
 wrapper's Context (compiled once per spec, memoised here), and makes a kiln_plan on the
-caller's float_workspace_buffer (plan.py). run() checks the tensors and launches
-kiln_batch_run on torch's current stream: no allocation but the outputs, no synchronisation,
-so a run can be captured in a CUDA graph and replayed after a new plan().
+caller's float_workspace_buffer (plan.py); all of that once per set of scalar arguments
+(_wrapper.py keeps it). run() checks the tensors (once per tensor metadata) and launches
+kiln_batch_run on torch's current stream: no allocation but the outputs asked for, no
+synchronisation, so a run can be captured in a CUDA graph and replayed after a new plan().
+The deprecated forward() / forward_return_lse() take FlashInfer's attention arguments and plan
+the batch again when they change it. A batch without keys returns o = 0, lse = -inf.
 
 Differences from FlashInfer are listed in docs/python.md: the LSE is base 2 by default like
 FlashInfer's (lse_base="e" gives kiln's natural log), fp8 KV scales go to the kernel, the
