@@ -345,7 +345,7 @@ class _Hold:
     def __enter__(self):
         ctx = self._ctx
         tid = threading.get_ident()
-        with ctx._cv:
+        with ctx._lock:
             if ctx._handle is None or ctx._closing:
                 raise error_for(_lib.STATUS["INVALID_ARGUMENT"], _CLOSED)
             ctx._busy += 1
@@ -362,12 +362,12 @@ class _Hold:
     def __exit__(self, *exc):
         ctx = self._ctx
         tid = threading.get_ident()
-        with ctx._cv:
+        with ctx._lock:
             ctx._busy -= 1
             n = ctx._holders.pop(tid) - 1
             if n:
                 ctx._holders[tid] = n
-            if not ctx._busy:
+            if not ctx._busy and ctx._closing:  # close() waits (it sets _closing first)
                 ctx._cv.notify_all()
         return False
 
@@ -401,7 +401,8 @@ class Context:
         self._handle = None
         # An RLock: a Plan collected by the garbage collector inside close() re-enters _use on
         # this thread (and finds the context closing) instead of deadlocking.
-        self._cv = threading.Condition(threading.RLock())
+        self._lock = threading.RLock()  # the condition's lock, taken bare by every call
+        self._cv = threading.Condition(self._lock)
         self._busy = 0  # calls into the C context in progress (see _use)
         self._holders = {}  # thread ident -> its calls in progress (close() refuses to self-wait)
         self._closing = False
@@ -664,7 +665,7 @@ class Kernel:
         self._launch("kiln_single_prefill", args, _lib.kiln_attn_args, stream)
 
     def prefill_mask_plan_size(self, qo_len, kv_len):
-        """kiln_prefill_mask_plan_size: bytes of the tile map a single prefill of this shape
+        """kiln_prefill_tile_map_size: bytes of the tile map a single prefill of this shape
         needs (a prefill with a mask snippet or mask data; 0 otherwise)."""
         L_Q = _check.integer(qo_len, "prefill_mask_plan_size: qo_len")
         L_KV = _check.integer(kv_len, "prefill_mask_plan_size: kv_len")
@@ -674,7 +675,7 @@ class Kernel:
         return n.value
 
     def prefill_mask_plan(self, args, stream=None):
-        """kiln_prefill_mask_plan: fill args.tile_map (args.tile_map_bytes from
+        """kiln_prefill_tile_map: fill args.tile_map (args.tile_map_bytes from
         prefill_mask_plan_size) for the mask in `args`, on `stream`; a later single_prefill with
         the same args skips the tiles it marks hidden."""
         self._launch("kiln_prefill_tile_map", args, _lib.kiln_attn_args, stream)

@@ -2,7 +2,7 @@
 
 A Plan belongs to one loaded batch kernel (kv=ragged or kv=paged) and one device workspace.
 plan() takes the batch as host integer sequences (lists, tuples, or anything with .tolist()),
-checks them, and calls kiln_batch_plan, which writes the schedule into the workspace with one
+checks them, and calls kiln_plan_schedule, which writes the schedule into the workspace with one
 asynchronous copy on the stream; run() launches kiln_batch_run with a filled kiln.BatchArgs.
 Nothing here needs torch: device memory is passed as integer pointers. batch.py builds the
 torch wrappers on top of it.
@@ -11,8 +11,10 @@ The batch functions are bound lazily (_lib.fn): with a libkiln.so older than the
 creating a Plan raises KilnLibraryError saying so; the rest of the package still works.
 """
 
+import array
 import ctypes
 import dataclasses
+import sys
 
 from . import _check, _lib
 from .errors import KilnError, check, error_for
@@ -38,22 +40,125 @@ def host_ints(x, name, lo=_check.INT_MIN, hi=_check.INT_MAX):
     (_check.integer: no floats, bools or strings). None stays None."""
     if x is None:
         return None
-    if hasattr(x, "tolist") and not isinstance(x, (list, tuple)):
-        if hasattr(x, "detach"):  # torch: to the host once
+    return host_array(x, name, lo, hi)[0]
+
+
+def host_array(x, name, lo=_check.INT_MIN, hi=_check.INT_MAX):
+    """(values, source): host_ints(x) as a list, and where C can read them as int32: a
+    contiguous int32 CPU tensor (x itself, or its host copy) or an array.array("i"); see
+    c_address. Checked with builtins over the whole list (one type set, min, max; none for an
+    int32 tensor against the C int range); only a list that fails them is walked entry by
+    entry, for the message naming the entry."""
+    tensor = hasattr(x, "tolist") and not isinstance(x, (list, tuple))
+    if tensor and hasattr(x, "detach"):  # torch: to the host once
+        if x.requires_grad:
             x = x.detach()
-            if getattr(x, "is_cuda", False):
-                x = x.cpu()
+        if x.is_cuda:
+            x = x.cpu()
+        width = _int_widths(x).get(x.dtype)
+        if width is not None and x.dim() == 1:
+            values = x.tolist()  # Python ints
+            narrow = width <= 32 and lo <= _check.INT_MIN and _check.INT_MAX <= hi
+            if narrow or not values or (lo <= min(values) and max(values) <= hi):
+                if width == 32 and x.is_cpu and x.is_contiguous():
+                    return values, x
+                return values, array.array("i", values)
+            return _checked(values, name, lo, hi)
+    if tensor:
         x = x.tolist()
     if isinstance(x, (str, bytes, bytearray)) or not hasattr(x, "__iter__"):
         raise TypeError(f"{name} must be a 1-D sequence of integers, not {type(x).__name__}")
-    return [_check.integer(v, f"{name}[{i}]", lo, hi) for i, v in enumerate(x)]
+    values = x if isinstance(x, list) else list(x)
+    if set(map(type, values)) <= _INT_ONLY and (
+            not values or (lo <= min(values) and max(values) <= hi)):
+        return values, array.array("i", values)
+    return _checked(values, name, lo, hi)
 
 
-def _c_ints(values):
-    if values is None:
-        return None
-    arr = (ctypes.c_int * max(len(values), 1))(*values)
-    return arr
+_INT_WIDTHS = {}  # torch's signed integer dtypes (and uint8) -> bits, once torch is loaded
+
+
+def _int_widths(t):
+    if not _INT_WIDTHS:
+        torch = sys.modules[type(t).__module__.split(".")[0]]
+        _INT_WIDTHS.update({torch.int64: 64, torch.int32: 32, torch.int16: 16, torch.int8: 8,
+                            torch.uint8: 8})
+    return _INT_WIDTHS
+
+
+_INT_ONLY = frozenset((int,))
+
+
+def _checked(values, name, lo, hi):
+    """host_array's slow path: each entry through _check.integer (raises naming it)."""
+    values = [_check.integer(v, f"{name}[{i}]", lo, hi) for i, v in enumerate(values)]
+    return values, array.array("i", values)
+
+
+_NO_INTS = (ctypes.c_int * 1)()  # what an empty array points at (never NULL, as C expects)
+
+
+def c_address(source):
+    """The address of the ints C reads from a host_array source (0, NULL, for None). The
+    source must stay alive across the call."""
+    if source is None:
+        return 0
+    if isinstance(source, array.array):
+        addr, n = source.buffer_info()
+    else:  # a contiguous int32 CPU tensor
+        addr, n = source.data_ptr(), source.numel()
+    return addr if n else ctypes.addressof(_NO_INTS)
+
+
+# ---- host checks of the index arrays (the batch wrappers') -----------------------------------------------------------
+
+
+def _request_kv_lens(kv_indptr, last_page_len, page_size):
+    """Keys of each request: the indptr's differences (ragged), or (pages - 1) * page_size +
+    last page's length (paged; last_page_len given)."""
+    n = [kv_indptr[b + 1] - kv_indptr[b] for b in range(len(kv_indptr) - 1)]
+    if last_page_len is None:
+        return n
+    return [(p - 1) * page_size + last_page_len[b] if p else 0 for b, p in enumerate(n)]
+
+
+def check_indptr(name, values, batch=None):
+    """indptr arrays: batch + 1 entries, starting at 0, never decreasing."""
+    if not values:
+        raise ValueError(f"{name} is empty: it needs batch + 1 entries (at least [0])")
+    if batch is not None and len(values) != batch + 1:
+        raise ValueError(f"{name} has {len(values)} entries; batch {batch} needs {batch + 1}")
+    if values[0] != 0:
+        raise ValueError(f"{name}[0] = {values[0]}: must be 0")
+    if values == sorted(values):  # never decreasing (one pass in C)
+        return
+    for b in range(1, len(values)):
+        if values[b] < values[b - 1]:
+            raise ValueError(
+                f"{name}[{b}] = {values[b]} < {name}[{b - 1}] = {values[b - 1]}: an indptr "
+                f"never decreases (request {b - 1})"
+            )
+
+
+def check_last_page_len(name, last, indptr, page_size):
+    """Each request with pages holds 1..page_size tokens in its last page."""
+    if len(last) != len(indptr) - 1:
+        raise ValueError(f"{name} has {len(last)} entries; the batch is {len(indptr) - 1}")
+    if not last or (min(last) >= 1 and max(last) <= page_size):
+        return
+    for b, n in enumerate(last):
+        if indptr[b + 1] > indptr[b] and not 1 <= n <= page_size:
+            raise ValueError(
+                f"{name}[{b}] = {n}: request {b} has pages, so its last page holds 1.."
+                f"{page_size} tokens (page_size)"
+            )
+
+
+def _count(x):
+    """Entries of a 1-D tensor or sequence, without copying a device tensor."""
+    if hasattr(x, "numel"):
+        return int(x.numel())
+    return len(x)
 
 
 class Plan:
@@ -64,6 +169,9 @@ class Plan:
     mode, fixed_split > 0 batch-invariant mode. Not thread-safe (like kiln_plan); alive as long
     as its kernel's context.
     """
+
+    _handle = None
+    _sizes = None  # (batch, total_qo) -> kiln_plan_workspace_size's answer
 
     def __init__(self, kernel, num_qo_heads, page_size=0, max_batch=0, max_qo_tokens=0,
                  fixed_split=0, no_split=False):
@@ -82,6 +190,15 @@ class Plan:
         )
         create = _lib.fn("kiln_plan_create")
         _lib.fn("kiln_plan_destroy")  # both or neither
+        # the calls of every plan() and run(), bound once
+        self._fn_plan = _lib.batch_fn("plan")
+        self._fn_run = _lib.batch_fn("run")
+        self._shape = shape = _lib.kiln_batch_shape()  # refilled by each plan()
+        self._shape_ref = ctypes.byref(shape)
+        # its three int * fields as plain addresses, set without a ctypes.cast each
+        self._shape_ptrs = [ctypes.c_void_p.from_buffer(shape, getattr(type(shape), f).offset)
+                            for f in ("qo_indptr", "kv_indptr", "kv_last_page_len")]
+        self._sizes = {}
         out = ctypes.c_void_p()
         with kernel._use() as (p, h):
             check(create(p, ctypes.byref(self.opts), ctypes.byref(out)), h)
@@ -97,6 +214,16 @@ class Plan:
         if self._handle is None:
             raise error_for(_lib.STATUS["INVALID_ARGUMENT"], "kiln: the plan is destroyed")
         return self._handle, h
+
+    def _call(self, fn, *args):
+        """fn(plan handle, *args) with the context held; raises on a failed status."""
+        with self.kernel.context._use() as h:
+            handle = self._handle
+            if handle is None:
+                raise error_for(_lib.STATUS["INVALID_ARGUMENT"], "kiln: the plan is destroyed")
+            status = fn(handle, *args)
+            if status:
+                check(status, h)
 
     def close(self):
         """kiln_plan_destroy. Idempotent. Only when no run of this plan is still in flight
@@ -125,10 +252,21 @@ class Plan:
         b = _check.integer(batch, "workspace_size: batch", 0, _check.INT_MAX)
         total = b if total_qo is None else _check.integer(total_qo, "workspace_size: total_qo",
                                                           0, _check.INT_MAX)
-        n = ctypes.c_size_t()
-        with self._use() as (p, h):
-            check(_lib.fn("kiln_plan_workspace_size")(p, b, total, ctypes.byref(n)), h)
-        return n.value
+        return self._workspace_size(b, total)
+
+    def _workspace_size(self, batch, total_qo):
+        """workspace_size on checked ints, asked of C once per (batch, total_qo)."""
+        sizes = self._sizes
+        n = sizes.get((batch, total_qo)) if sizes is not None else None
+        if n is None:
+            out = ctypes.c_size_t()
+            self._call(_lib.fn("kiln_plan_workspace_size"), batch, total_qo, ctypes.byref(out))
+            n = out.value
+            if sizes is not None:
+                if len(sizes) > 256:
+                    sizes.clear()
+                sizes[(batch, total_qo)] = n
+        return n
 
     def plan(self, kv_indptr, workspace, workspace_bytes, stream=None, qo_indptr=None,
              kv_last_page_len=None):
@@ -136,9 +274,10 @@ class Plan:
         page ids), qo_indptr [B + 1] (prefill; None for decode), kv_last_page_len [B] (paged);
         host sequences. workspace is a device pointer (int) of workspace_bytes bytes; the
         schedule is copied there asynchronously on `stream`."""
-        kv = host_ints(kv_indptr, "kv_indptr")
-        qo = host_ints(qo_indptr, "qo_indptr")
-        last = host_ints(kv_last_page_len, "kv_last_page_len")
+        kv, kv_src = host_array(kv_indptr, "kv_indptr")
+        qo, qo_src = (None, None) if qo_indptr is None else host_array(qo_indptr, "qo_indptr")
+        last, last_src = ((None, None) if kv_last_page_len is None
+                          else host_array(kv_last_page_len, "kv_last_page_len"))
         if not kv:
             raise ValueError("kv_indptr must have batch + 1 entries (at least one)")
         batch = len(kv) - 1
@@ -147,18 +286,18 @@ class Plan:
                              f"so {batch + 1}")
         if last is not None and len(last) != batch:
             raise ValueError(f"kv_last_page_len has {len(last)} entries; the batch is {batch}")
-        arrays = [_c_ints(qo), _c_ints(kv), _c_ints(last)]  # alive across the call
-        shape = _lib.kiln_batch_shape(batch=batch)
-        if arrays[0] is not None:
-            shape.qo_indptr = ctypes.cast(arrays[0], ctypes.POINTER(ctypes.c_int))
-        shape.kv_indptr = ctypes.cast(arrays[1], ctypes.POINTER(ctypes.c_int))
-        if arrays[2] is not None:
-            shape.kv_last_page_len = ctypes.cast(arrays[2], ctypes.POINTER(ctypes.c_int))
         ws = _check.integer(workspace, "plan: workspace", 0, _check.UINT64_MAX)
         ws_bytes = _check.integer(workspace_bytes, "plan: workspace_bytes", 0, _check.UINT64_MAX)
         s = _check.stream(stream, "plan: stream")
-        with self._use() as (p, h):
-            check(_lib.fn("kiln_plan_schedule")(p, ctypes.byref(shape), ws, ws_bytes, s), h)
+        self._plan_sources(batch, qo_src, kv_src, last_src, ws, ws_bytes, s)
+
+    def _plan_sources(self, batch, qo, kv, last, workspace, workspace_bytes, stream):
+        """kiln_batch_plan on checked values: host_array sources (alive across the call, which
+        reads them), an int workspace pointer and size, a CUstream int or None."""
+        self._shape.batch = batch
+        p_qo, p_kv, p_last = self._shape_ptrs
+        p_qo.value, p_kv.value, p_last.value = c_address(qo), c_address(kv), c_address(last)
+        self._call(self._fn_plan, self._shape_ref, workspace, workspace_bytes, stream)
 
     @property
     def info(self):
@@ -175,8 +314,7 @@ class Plan:
         synchronisation: safe inside a CUDA graph capture)."""
         _check.instance(args, "run: args", _lib.kiln_batch_args)
         s = _check.stream(stream, "run: stream")
-        with self._use() as (p, h):
-            check(_lib.fn("kiln_plan_run")(p, ctypes.byref(args), s), h)
+        self._call(self._fn_run, ctypes.byref(args), s)
 
     def __repr__(self):
         o = self.opts

@@ -1,0 +1,451 @@
+"""test_wrapper_semantics.py — the batch wrappers' FlashInfer semantics and hot path, written
+from FlashInfer's documented behaviour (v0.6): plan()'s data_type / q_data_type / kv_data_type,
+the deprecated forward() / forward_return_lse(), a batch with no keys at all, run() without an
+LSE asked for, and the run-time tensor checks the hot path keeps by tensor metadata.
+
+Most cases run on the CPU: the libkiln.so calls that need a GPU are replaced by recording
+stubs (the "fake device" below; its kiln_batch_run writes a known natural-log LSE into the
+host memory it is pointed at), torch tensors live on the CPU and the wrappers' CUDA check is
+lifted. They skip without torch. TestOnGpu runs the same semantics on a real GPU against a
+float32 reference and skips cleanly without one.
+"""
+
+import ctypes
+import math
+import os
+import sys
+import tempfile
+import unittest
+
+_SRC = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # python/
+if os.environ.get("KILN_TEST_INSTALLED") != "1" and os.path.isdir(os.path.join(_SRC, "kiln")):
+    sys.path.insert(0, _SRC)
+
+import kiln  # noqa: E402
+from kiln import _lib, _wrapper  # noqa: E402
+
+try:
+    import torch
+except ImportError:
+    torch = None
+
+HAVE_TORCH = torch is not None
+H, H_KV, D, P = 8, 2, 64, 16
+NATURAL_LSE = 0.75  # what the fake kiln_batch_run writes into every LSE entry
+
+
+def _set(ref, value):
+    ref._obj.value = value
+    return 0
+
+
+class FakeDevice:
+    """Stubs for the GPU calls of libkiln.so (the rest is the real library), CPU tensors in
+    place of CUDA ones. Records every kiln_batch_plan (batch, kv_indptr) and kiln_batch_run
+    (a copy of its kiln_batch_args)."""
+
+    def __init__(self):
+        self.plans, self.runs, self.kernels = [], [], []  # kernels: kiln_kernel_get calls
+        self.lse_count = 0  # floats the fake run writes at args.lse
+
+        def kernel_get(ctx, variant, out):
+            self.kernels.append(variant)
+            return _set(out, 0x1000 + 0x10 * len(self.kernels))
+
+        def batch_plan(plan, shape, ws, nbytes, stream):
+            s = shape._obj
+            self.plans.append((s.batch, [s.kv_indptr[i] for i in range(s.batch + 1)]))
+            return 0
+
+        def batch_run(plan, args, stream):
+            a = _lib.kiln_batch_args()
+            ctypes.memmove(ctypes.byref(a), ctypes.byref(args._obj), ctypes.sizeof(a))
+            self.runs.append(a)
+            if a.lse and self.lse_count:
+                vals = (ctypes.c_float * self.lse_count)(*([NATURAL_LSE] * self.lse_count))
+                ctypes.memmove(a.lse, vals, ctypes.sizeof(vals))
+            return 0
+
+        self.stubs = {
+            "kiln_kernel_get": kernel_get,
+            "kiln_plan_create": lambda kernel, opts, out: _set(out, 0x2000),
+            "kiln_plan_destroy": lambda plan: None,
+            "kiln_plan_workspace_size": lambda plan, b, t, out: _set(out, 4096),
+            "kiln_batch_plan": batch_plan,
+            "kiln_plan_plan": batch_plan,
+            "kiln_batch_run": batch_run,
+            "kiln_plan_run": batch_run,
+            "kiln_plan_describe": lambda plan, info: 0,
+        }
+
+    def __getattr__(self, name):  # the library object the package sees
+        stubs = self.__dict__.get("stubs", {})
+        if name in stubs:
+            return stubs[name]
+        return getattr(self.__dict__["real"], name)
+
+    def __enter__(self):
+        self.real = _lib.lib()
+        self.saved = (_lib._lib, _wrapper._require_cuda, torch._C._cuda_getDevice,
+                      getattr(torch._C, "_cuda_getCurrentRawStream", None))
+        _lib._lib = self
+        _wrapper._require_cuda = lambda device, what: None
+        torch._C._cuda_getDevice = lambda: 0
+        torch._C._cuda_getCurrentRawStream = lambda index: 0
+        self.ctx = kiln.Context(no_device=True, no_cache=True)
+        return self
+
+    def __exit__(self, *exc):
+        self.ctx.close()  # destroys its plans through the stubs, before they go
+        _lib._lib, _wrapper._require_cuda, torch._C._cuda_getDevice, raw = self.saved
+        if raw is not None:
+            torch._C._cuda_getCurrentRawStream = raw
+        return False
+
+
+def pages_for(lens):
+    """indptr, last_page_len, page count for requests of these key counts (page P)."""
+    indptr, last = [0], []
+    for n in lens:
+        pages = (n + P - 1) // P
+        indptr.append(indptr[-1] + pages)
+        last.append(n - (pages - 1) * P if pages else 0)
+    return indptr, last, indptr[-1]
+
+
+@unittest.skipUnless(HAVE_TORCH, "needs torch (CPU is enough)")
+class CpuCase(unittest.TestCase):
+    def setUp(self):
+        self.dev = FakeDevice().__enter__()
+
+    def tearDown(self):
+        self.dev.__exit__(None, None, None)
+
+    def ws(self):
+        return torch.empty(1 << 16, dtype=torch.uint8)
+
+    def decode(self, lens=(20, 33), dtype=None, kv_dtype=None, **plan_kw):
+        """A planned decode wrapper and its q, paged (k, v) (float16 unless said)."""
+        dtype = dtype or torch.float16
+        w = kiln.BatchDecodeWithPagedKVCacheWrapper(self.ws(), "NHD", context=self.dev.ctx)
+        indptr, last, pages = pages_for(lens)
+        w.plan(torch.tensor(indptr, dtype=torch.int32), torch.arange(pages, dtype=torch.int32),
+               torch.tensor(last, dtype=torch.int32), H, H_KV, D, P, **plan_kw)
+        kv_dtype = kv_dtype or dtype
+        k = torch.zeros((max(pages, 1), P, H_KV, D), dtype=kv_dtype)
+        return w, torch.zeros((len(lens), H, D), dtype=dtype), (k, k.clone())
+
+
+class TestDataTypes(CpuCase):
+    """FlashInfer's plan(): kv_data_type and o_data_type default to q's; the deprecated
+    data_type fills only the dtypes passed as None (q_data_type's default is "float16")."""
+
+    def test_data_type_fills_kv_and_keeps_q(self):
+        w, _, _ = self.decode(data_type=torch.float8_e4m3fn, q_data_type=torch.float16)
+        self.assertEqual((w.variant.q_dtype, w.variant.kv_dtype, w.variant.out_dtype),
+                         ("f16", "e4m3", "f16"))
+
+    def test_data_type_fills_q_when_none(self):
+        w, _, _ = self.decode(data_type="bfloat16", q_data_type=None)
+        self.assertEqual((w.variant.q_dtype, w.variant.kv_dtype), ("bf16", "bf16"))
+        w, _, _ = self.decode(data_type=torch.bfloat16, q_data_type=None,
+                              kv_data_type=torch.float8_e5m2)
+        self.assertEqual((w.variant.q_dtype, w.variant.kv_dtype), ("bf16", "e5m2"))
+
+    def test_kv_defaults_to_q(self):
+        w, _, _ = self.decode(q_data_type=torch.bfloat16)
+        self.assertEqual((w.variant.q_dtype, w.variant.kv_dtype, w.variant.out_dtype),
+                         ("bf16", "bf16", "bf16"))
+
+    def test_kiln_refuses_what_it_cannot_run(self):
+        # FlashInfer would take fp16 queries over a bf16 cache here; kiln has no such kernel
+        with self.assertRaises(ValueError) as cm:
+            self.decode(data_type=torch.bfloat16)
+        self.assertIn("kv_data_type", str(cm.exception))
+        with self.assertRaises(ValueError) as cm:
+            self.decode(q_data_type=None)
+        self.assertIn("data_type", str(cm.exception))
+
+    def test_run_checks_the_planned_dtypes(self):
+        w, q, kv = self.decode(data_type=torch.float8_e4m3fn, q_data_type=torch.float16,
+                               kv_dtype=torch.float8_e4m3fn)
+        w.run(q, kv)
+        with self.assertRaises(ValueError) as cm:
+            w.run(q.bfloat16(), kv)
+        self.assertIn("dtype", str(cm.exception))
+        with self.assertRaises(ValueError) as cm:
+            w.run(q, (kv[0].half(), kv[1].half()))
+        self.assertIn("k_cache has dtype torch.float16", str(cm.exception))
+
+
+class TestEmptyBatch(CpuCase):
+    """Requests with no keys attend to nothing: o = 0 and lse = -inf, without a launch."""
+
+    def test_decode_without_pages(self):
+        w, q, kv = self.decode(lens=(0, 0, 0))
+        q.fill_(1.0)
+        o = w.run(q, kv)
+        self.assertEqual(tuple(o.shape), (3, H, D))
+        self.assertTrue(bool((o == 0).all()))
+        o, lse = w.run(q, kv, return_lse=True)
+        self.assertTrue(bool((lse == -math.inf).all()))
+        self.assertEqual(lse.dtype, torch.float32)
+        self.assertEqual(self.dev.runs, [])  # no launch, no refusal
+
+    def test_prefill_without_keys(self):
+        w = kiln.BatchPrefillWithRaggedKVCacheWrapper(self.ws(), context=self.dev.ctx)
+        w.plan([0, 3, 5], [0, 0, 0], H, H_KV, D)
+        k = torch.zeros((0, H_KV, D), dtype=torch.float16)
+        o, lse = w.run(torch.ones((5, H, D), dtype=torch.float16), k, k, return_lse=True)
+        self.assertTrue(bool((o == 0).all()) and bool((lse == -math.inf).all()))
+        pw = kiln.BatchPrefillWithPagedKVCacheWrapper(self.ws(), context=self.dev.ctx)
+        pw.plan([0, 4], [0, 0], torch.zeros(0, dtype=torch.int32), [0], H, H_KV, D, P,
+                causal=True)
+        pool = torch.zeros((1, P, H_KV, D), dtype=torch.float16)
+        o = pw.run(torch.ones((4, H, D), dtype=torch.float16), (pool, pool))
+        self.assertTrue(bool((o == 0).all()))
+        self.assertEqual(self.dev.runs, [])
+
+    def test_a_batch_with_keys_launches(self):
+        w, q, kv = self.decode(lens=(0, 5))
+        w.run(q, kv)
+        self.assertEqual(len(self.dev.runs), 1)
+
+
+class TestLse(CpuCase):
+    """run(return_lse=False) returns o alone and converts nothing; return_lse=True gives
+    FlashInfer's base-2 LSE."""
+
+    def test_no_lse_asked(self):
+        w, q, kv = self.decode()
+        self.dev.lse_count = 2 * H
+        o = w.run(q, kv)
+        self.assertIsInstance(o, torch.Tensor)
+        scratch = self.dev.runs[-1].lse
+        self.assertNotEqual(scratch, 0)  # the kernel's LSE goes to the wrapper's scratch
+        w.run(q, kv)
+        self.assertEqual(self.dev.runs[-1].lse, scratch)  # no new buffer per call
+        written = (ctypes.c_float * (2 * H)).from_address(scratch)
+        self.assertEqual(list(written), [NATURAL_LSE] * (2 * H))  # and no conversion pass
+
+    def test_lse_base_two(self):
+        w, q, kv = self.decode()
+        self.dev.lse_count = 2 * H
+        o, lse = w.run(q, kv, return_lse=True)
+        self.assertEqual(tuple(lse.shape), (2, H))
+        self.assertAlmostEqual(float(lse[1, 3]), NATURAL_LSE * kiln.LOG2E, places=5)
+        o, lse = w.run_return_lse(q, kv)
+        self.assertAlmostEqual(float(lse[0, 0]), NATURAL_LSE * kiln.LOG2E, places=5)
+        mine = torch.empty((2, H), dtype=torch.float32)
+        o2 = w.run(q, kv, lse=mine)  # a given lse is written (and converted) even unasked
+        self.assertIsInstance(o2, torch.Tensor)
+        self.assertAlmostEqual(float(mine[0, 1]), NATURAL_LSE * kiln.LOG2E, places=5)
+
+    def test_lse_false_plan(self):
+        w, q, kv = self.decode(lse=False)
+        w.run(q, kv)
+        self.assertEqual(self.dev.runs[-1].lse, 0)
+        with self.assertRaises(ValueError):
+            w.run(q, kv, return_lse=True)
+
+
+class TestForward(CpuCase):
+    """FlashInfer's deprecated forward(): its attention arguments (defaults included) replace
+    the plan's, for this call and later runs; forward_return_lse() returns (o, lse)."""
+
+    def test_same_arguments_do_not_replan(self):
+        w, q, kv = self.decode()
+        o = w.forward(q, kv)
+        self.assertIsInstance(o, torch.Tensor)
+        self.assertEqual(len(self.dev.plans), 1)
+
+    def test_new_arguments_replan_and_stay(self):
+        w, q, kv = self.decode(sm_scale=0.25)
+        w.forward(q, kv)  # sm_scale=None: FlashInfer's default 1/sqrt(D) replaces 0.25
+        self.assertEqual(len(self.dev.plans), 2)
+        self.assertAlmostEqual(self.dev.runs[-1].params.sm_scale, 1 / math.sqrt(D), places=6)
+        w.forward(q, kv, "NONE", None, None, None, -1, 30.0, 0.5)  # FlashInfer's order
+        self.assertEqual(w.variant.logits, "softcap")
+        self.assertAlmostEqual(self.dev.runs[-1].params.softcap, 30.0)
+        self.assertAlmostEqual(self.dev.runs[-1].params.sm_scale, 0.5)
+        w.run(q, kv)  # later runs keep forward's arguments
+        self.assertAlmostEqual(self.dev.runs[-1].params.softcap, 30.0)
+        self.assertEqual(self.dev.plans[-1], self.dev.plans[0])  # the same batch, re-planned
+
+    def test_forward_return_lse(self):
+        w, q, kv = self.decode()
+        o, lse = w.forward_return_lse(q, kv, q_scale=2.0)
+        self.assertEqual(tuple(lse.shape), (2, H))
+        self.assertAlmostEqual(self.dev.runs[-1].params.sm_scale, 2.0 / math.sqrt(D), places=6)
+
+    def test_prefill_forward(self):
+        pw = kiln.BatchPrefillWithPagedKVCacheWrapper(self.ws(), context=self.dev.ctx)
+        pw.plan([0, 4], [0, 1], [0], [8], H, H_KV, D, P)
+        q = torch.zeros((4, H, D), dtype=torch.float16)
+        pool = torch.zeros((1, P, H_KV, D), dtype=torch.float16)
+        pw.forward(q, (pool, pool), causal=True)
+        self.assertEqual(pw.variant.mask, "causal")
+        o, lse = pw.forward_return_lse(q, (pool, pool))  # causal=False by default
+        self.assertEqual(pw.variant.mask, "none")
+        rw = kiln.BatchPrefillWithRaggedKVCacheWrapper(self.ws(), context=self.dev.ctx)
+        rw.plan([0, 4], [0, 6], H, H_KV, D, causal=True)
+        k = torch.zeros((6, H_KV, D), dtype=torch.float16)
+        rw.forward(q, k, k, True)
+        self.assertEqual((rw.variant.mask, len(self.dev.plans)), ("causal", 4))  # no re-plan
+        o, lse = rw.forward_return_lse(q, k, k, True, logits_soft_cap=5.0)
+        self.assertEqual(rw.variant.logits, "softcap")
+
+
+class TestHotPathChecks(CpuCase):
+    """What run() remembers of a tensor is its metadata; the pointer is read every call."""
+
+    def test_pointers_follow_the_tensors(self):
+        w, q, kv = self.decode()
+        w.run(q, kv)
+        q2 = q.clone()
+        w.run(q2, kv)
+        self.assertEqual(self.dev.runs[-2].q, q.data_ptr())
+        self.assertEqual(self.dev.runs[-1].q, q2.data_ptr())
+        pool = torch.zeros((kv[0].shape[0], 2, P, H_KV, D), dtype=torch.float16)
+        w.run(q, pool)  # one [pages, 2, ...] tensor: v at its offset
+        a = self.dev.runs[-1]
+        self.assertEqual((a.k, a.v), (pool[:, 0].data_ptr(), pool[:, 1].data_ptr()))
+        self.assertEqual(a.k_stride_page, pool.stride(0))
+
+    def test_checks_still_bite_after_a_good_call(self):
+        w, q, kv = self.decode()
+        w.run(q, kv)
+        bad = torch.zeros((2, H, 2 * D), dtype=torch.float16)[:, :, ::2]
+        with self.assertRaises(ValueError) as cm:
+            w.run(bad, kv)
+        self.assertIn("contiguous", str(cm.exception))
+        flat = torch.zeros(2 * H * D + 1, dtype=torch.float16)
+        shifted = flat[1:].view(2, H, D)  # q's metadata exactly, a 2-byte aligned pointer
+        with self.assertRaises(ValueError) as cm:
+            w.run(shifted, kv)
+        self.assertIn("16-byte aligned", str(cm.exception))
+        with self.assertRaises(ValueError) as cm:
+            w.run(q[:1], kv)
+        self.assertIn("rows", str(cm.exception))
+        with self.assertRaises(TypeError):
+            w.run(q.tolist(), kv)
+        w.run(q, kv)  # and the good tensor still runs
+        self.assertEqual(len(self.dev.runs), 2)
+
+    def test_plan_arrays_from_every_form(self):
+        w = kiln.BatchDecodeWithPagedKVCacheWrapper(self.ws(), context=self.dev.ctx)
+        for indptr in ([0, 2, 3], (0, 2, 3), torch.tensor([0, 2, 3]),
+                       torch.tensor([0, 2, 3], dtype=torch.int32)):
+            w.plan(indptr, torch.arange(3, dtype=torch.int32), [5, 1], H, H_KV, D, P)
+            self.assertEqual(self.dev.plans[-1], (2, [0, 2, 3]))
+        with self.assertRaises(ValueError) as cm:
+            w.plan(torch.tensor([0, 2**33]), [0], [1], H, H_KV, D, P)
+        self.assertIn("indptr[1]", str(cm.exception))
+        with self.assertRaises(TypeError):
+            w.plan([0, True], [0], [1], H, H_KV, D, P)
+        with self.assertRaises(RuntimeError):  # a failed plan leaves nothing to run
+            w.run(torch.zeros((2, H, D), dtype=torch.float16), (None, None))
+
+
+# ---- on a GPU --------------------------------------------------------------------------------
+
+HAVE_GPU = HAVE_TORCH and torch.cuda.is_available()
+
+
+def _have_batch_api():
+    try:
+        return _lib.has("kiln_batch_run")
+    except kiln.KilnLibraryError:
+        return False
+
+
+def reference_decode(q, k_pool, v_pool, indptr, last, sm_scale, k_scale=1.0, v_scale=1.0):
+    """o [B, H, D], natural-log lse [B, H], float32, for paged NHD pools."""
+    B = q.shape[0]
+    o = torch.zeros(q.shape, dtype=torch.float32, device=q.device)
+    lse = torch.full((B, H), -math.inf, dtype=torch.float32, device=q.device)
+    for b in range(B):
+        pages = list(range(indptr[b], indptr[b + 1]))
+        if not pages:
+            continue
+        n = (len(pages) - 1) * P + last[b]
+        k = k_pool[pages].float().reshape(-1, H_KV, D)[:n] * k_scale
+        v = v_pool[pages].float().reshape(-1, H_KV, D)[:n] * v_scale
+        k = k.repeat_interleave(H // H_KV, dim=1)
+        v = v.repeat_interleave(H // H_KV, dim=1)
+        s = torch.einsum("hd,nhd->hn", q[b].float(), k) * sm_scale
+        lse[b] = torch.logsumexp(s, dim=1)
+        o[b] = torch.einsum("hn,nhd->hd", s.softmax(dim=1), v)
+    return o, lse
+
+
+@unittest.skipUnless(HAVE_GPU and _have_batch_api(),
+                     "needs torch, a CUDA GPU and a libkiln.so with the batch API")
+class TestOnGpu(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        cls.tmp = tempfile.TemporaryDirectory(prefix="kiln-py-semantics-")
+        cache = os.environ.get("KILN_TEST_CACHE") or cls.tmp.name
+        cls.ctx = kiln.Context(cache_dir=cache)
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.tmp.cleanup()  # the context stays open: launches may still be in flight
+
+    def setUp(self):
+        torch.manual_seed(15)
+
+    def wrapper(self):
+        ws = torch.empty(128 << 20, dtype=torch.uint8, device="cuda")
+        return kiln.BatchDecodeWithPagedKVCacheWrapper(ws, "NHD", context=self.ctx)
+
+    def batch(self, lens, kv_dtype=None):
+        indptr, last, pages = pages_for(lens)
+        pool = torch.randn((2, max(pages, 1), P, H_KV, D), device="cuda")
+        pool = pool.to(kv_dtype or torch.float16)
+        q = torch.randn((len(lens), H, D), device="cuda", dtype=torch.float16)
+        return q, pool[0], pool[1], indptr, last, pages
+
+    def close(self, got, want, what, atol=2e-2, rtol=2e-2):
+        err = (got.float() - want).abs() - (atol + rtol * want.abs())
+        self.assertLessEqual(float(err.max()), 0.0, f"{what}: max excess {float(err.max())}")
+
+    def test_fp8_kv_with_data_type_and_q_data_type(self):
+        q, k, v, indptr, last, pages = self.batch([100, 7, 300], torch.float8_e4m3fn)
+        w = self.wrapper()
+        w.plan(torch.tensor(indptr, dtype=torch.int32),
+               torch.arange(pages, dtype=torch.int32, device="cuda"),
+               torch.tensor(last, dtype=torch.int32), H, H_KV, D, P,
+               data_type=torch.float8_e4m3fn, q_data_type=torch.float16)
+        o, lse = w.run(q, (k, v), k_scale=0.5, v_scale=2.0, return_lse=True)
+        ro, rl = reference_decode(q, k, v, indptr, last, 1 / math.sqrt(D), 0.5, 2.0)
+        self.assertEqual(o.dtype, torch.float16)
+        self.close(o, ro, "o")
+        self.close(lse, rl * kiln.LOG2E, "lse (base 2)", 1e-3, 1e-3)
+
+    def test_empty_batch(self):
+        q, k, v, indptr, last, pages = self.batch([0, 0])
+        w = self.wrapper()
+        w.plan(torch.tensor(indptr, dtype=torch.int32),
+               torch.zeros(0, dtype=torch.int32, device="cuda"),
+               torch.tensor(last, dtype=torch.int32), H, H_KV, D, P)
+        o, lse = w.run(q, (k, v), return_lse=True)
+        self.assertTrue(bool((o == 0).all()) and bool((lse == -math.inf).all()))
+
+    def test_forward_and_lse_free_run(self):
+        q, k, v, indptr, last, pages = self.batch([40, 129])
+        w = self.wrapper()
+        w.plan(indptr, torch.arange(pages, dtype=torch.int32, device="cuda"), last, H, H_KV, D,
+               P, sm_scale=0.3)
+        ro, rl = reference_decode(q, k, v, indptr, last, 0.3)
+        self.close(w.run(q, (k, v)), ro, "run, no lse")
+        o, lse = w.forward_return_lse(q, (k, v), sm_scale=0.3)
+        self.close(o, ro, "forward_return_lse o")
+        self.close(lse, rl * kiln.LOG2E, "forward_return_lse lse", 1e-3, 1e-3)
+        ro2, _ = reference_decode(q, k, v, indptr, last, 1 / math.sqrt(D))
+        self.close(w.forward(q, (k, v)), ro2, "forward with FlashInfer's default sm_scale")
+        torch.cuda.synchronize()
+
+
+if __name__ == "__main__":
+    unittest.main()

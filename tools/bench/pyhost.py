@@ -1,0 +1,162 @@
+"""pyhost.py — the Python layer's own cost per plan() / run() of kiln's batch decode wrapper.
+
+What it measures: the wall clock of BatchDecodeWithPagedKVCacheWrapper.plan() and .run() with
+every libkiln.so call that needs a GPU replaced by a Python stub that returns OK (kernel get,
+plan create / workspace size / plan / run / describe) and torch's CUDA queries (current
+stream, current device, capture state) answered without a GPU, on torch CPU tensors. The
+shape is the referee's host suite (tools/bench/referee.py --only host): decode paged, H 32,
+H_KV 8, D 128, page 16, bf16, lengths 512..8192, indptr and last_page_len as int32 CPU
+tensors, plan() then run() back to back.
+
+What it does not measure: the ctypes calls into the real library (a stub is cheaper than a
+foreign call), the CUDA driver's launch, torch's CUDA caching allocator (torch.empty here is
+a CPU allocation), nor a real device's synchronisation. The GPU figure is the referee's:
+tools/bench/referee.py --only host on the H200.
+
+    KILN_LIB=build/lib/libkiln.so python tools/bench/pyhost.py [--calls N] [--rounds R]
+
+The package is imported from python/ next to this file unless $PYHOST_PACKAGE names another
+directory holding a kiln package (to measure an older tree the same way).
+"""
+
+import argparse
+import os
+import statistics
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.environ.get("PYHOST_PACKAGE") or os.path.join(HERE, "..", "..", "python"))
+
+import torch  # noqa: E402
+
+import kiln  # noqa: E402
+from kiln import _lib  # noqa: E402
+
+H, H_KV, PAGE, D = 32, 8, 16, 128
+
+
+def _set_out(ref, value):
+    """Write value into the object a ctypes.byref() points at (an output parameter)."""
+    ref._obj.value = value
+    return 0
+
+
+# The C calls that need a GPU, by name (old and new spellings of the plan calls).
+STUBS = {
+    "kiln_kernel_get": lambda ctx, variant, out: _set_out(out, 0x1000),
+    "kiln_plan_create": lambda kernel, opts, out: _set_out(out, 0x2000),
+    "kiln_plan_destroy": lambda plan: None,
+    "kiln_plan_workspace_size": lambda plan, batch, total, out: _set_out(out, 1 << 20),
+    "kiln_batch_plan": lambda plan, shape, ws, nbytes, stream: 0,
+    "kiln_plan_plan": lambda plan, shape, ws, nbytes, stream: 0,
+    "kiln_batch_run": lambda plan, args, stream: 0,
+    "kiln_plan_run": lambda plan, args, stream: 0,
+    "kiln_plan_describe": lambda plan, info: 0,
+}
+
+
+class StubbedLib:
+    """The real libkiln.so for every call but the ones in STUBS."""
+
+    def __init__(self, real):
+        self._real = real
+
+    def __getattr__(self, name):
+        if name in STUBS:
+            return STUBS[name]
+        return getattr(self._real, name)
+
+
+class FakeStream:
+    cuda_stream = 0
+
+
+def install_stubs():
+    real = _lib.lib()
+    _lib._lib = StubbedLib(real)
+    torch.cuda.current_stream = lambda device=None: FakeStream()
+    torch.cuda.current_device = lambda: 0
+    torch.cuda.is_current_stream_capturing = lambda: False
+    torch._C._cuda_getCurrentRawStream = lambda index: 0
+    torch._C._cuda_getDevice = lambda: 0
+    torch._C._cuda_isCurrentStreamCapturing = lambda: False
+    # the wrappers accept a CPU workspace once their CUDA check is stubbed (an older tree has
+    # none to stub: PYHOST_PACKAGE points at a copy whose check admits "cpu")
+    import importlib
+
+    for name in ("kiln._wrapper", "kiln.batch"):
+        try:
+            mod = importlib.import_module(name)
+        except ImportError:
+            continue
+        if hasattr(mod, "_require_cuda"):
+            mod._require_cuda = lambda device, what: None
+
+
+def setup(B):
+    lens = [512 + (b * 7919) % 7681 for b in range(B)]
+    npages = [(n + PAGE - 1) // PAGE for n in lens]
+    indptr = [0]
+    for n in npages:
+        indptr.append(indptr[-1] + n)
+    last = [n - (p - 1) * PAGE for n, p in zip(lens, npages)]
+    total = indptr[-1]
+    ctx = kiln.Context(no_device=True, no_cache=True)
+    ws = torch.empty(16 << 20, dtype=torch.uint8)
+    w = kiln.BatchDecodeWithPagedKVCacheWrapper(ws, "NHD", context=ctx)
+    indptr_h = torch.tensor(indptr, dtype=torch.int32)
+    last_h = torch.tensor(last, dtype=torch.int32)
+    indices = torch.randperm(total).to(torch.int32)
+    k = torch.empty((total, PAGE, H_KV, D), dtype=torch.bfloat16)
+    v = torch.empty((total, PAGE, H_KV, D), dtype=torch.bfloat16)
+    q = torch.empty((B, H, D), dtype=torch.bfloat16)
+
+    def plan():
+        w.plan(indptr_h, indices, last_h, H, H_KV, D, PAGE, q_data_type=torch.bfloat16,
+               kv_data_type=torch.bfloat16)
+
+    def run():
+        return w.run(q, (k, v))
+
+    return ctx, plan, run
+
+
+def measure(calls, rounds, B):
+    ctx, plan, run = setup(B)
+    plan()
+    run()  # warm: kernels, plan objects, caches
+    tp, tr = [], []
+    for _ in range(rounds):
+        for _ in range(calls):
+            t0 = time.perf_counter()
+            plan()
+            t1 = time.perf_counter()
+            run()
+            t2 = time.perf_counter()
+            tp.append((t1 - t0) * 1e6)
+            tr.append((t2 - t1) * 1e6)
+    ctx.close()
+    return tp, tr
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--calls", type=int, default=200, help="plan + run pairs per round")
+    ap.add_argument("--rounds", type=int, default=5)
+    a = ap.parse_args()
+    install_stubs()
+    print(f"kiln package: {os.path.dirname(kiln.__file__)}; torch {torch.__version__}, CPU tensors, "
+          "GPU calls stubbed (Python layer only)")
+    print("| call | B | median µs | min µs | p90 µs |")
+    print("|---|---|---|---|---|")
+    for B in (1, 256):
+        tp, tr = measure(a.calls, a.rounds, B)
+        for name, ts in (("plan", tp), ("run", tr)):
+            ts.sort()
+            print(f"| {name} | {B} | {statistics.median(ts):.1f} | {ts[0]:.1f} | "
+                  f"{ts[len(ts) * 9 // 10]:.1f} |", flush=True)
+
+
+if __name__ == "__main__":
+    main()
