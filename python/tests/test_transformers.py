@@ -166,12 +166,13 @@ class TestMapping(unittest.TestCase):
         self.assertEqual((c.plan["page_size"], c.plan["causal"], c.plan["sm_scale"],
                           c.plan["logits_soft_cap"]), (5, True, 0.2, 30.0))
         self.assertNotIn("custom_mask", c.plan)
+        self.assertEqual(c.plan["head_dim_qk"], D)  # the prefill wrapper's name for it
         self.assertFalse(kt.map_call(_Module(), q, k, k, None, is_causal=False).plan["causal"])
         # decode with a cache: one query row, every cached key, no mask
         kc = torch.randn(B, H_KV, 40, D, dtype=torch.bfloat16)
         c = kt.map_call(_Module(), q[:, :, :1], kc, kc, None)
-        self.assertEqual((c.kind, tuple(c.q.shape), c.plan["page_size"]),
-                         ("decode", (B, H, D), 40))
+        self.assertEqual((c.kind, tuple(c.q.shape), c.plan["page_size"], c.plan["head_dim"]),
+                         ("decode", (B, H, D), 40, D))
         self.assertIs(c.k_pages, kc)  # the cache itself: one page per batch row, no copy
         # a padded decode: the mask goes to the prefill wrapper as a custom mask
         m = torch.ones(B, 1, 1, 40, dtype=torch.bool)
@@ -233,8 +234,8 @@ class TestModelsGPU(unittest.TestCase):
             ref = _logits_over_steps(base, ids, mask, steps=4)
             sdpa = _rel(_logits_over_steps(low, ids, mask, steps=4), ref)
             got = _rel(_logits_over_steps(ours, ids, mask, steps=4), ref)
-            print(f"\n{kind} {name}: rel-L2 vs float32 sdpa: kiln bf16 {got:.3e}, "
-                  f"sdpa bf16 {sdpa:.3e}", file=sys.stderr)
+            print(f"\n{kind} {name}: rel-L2 vs float32 sdpa: kiln bf16 {got:.6e}, "
+                  f"sdpa bf16 {sdpa:.6e}", file=sys.stderr)
             self.assertLessEqual(got, 1.5 * sdpa + 1e-3, f"{kind} {name}")
 
     def test_llama_gqa_d128(self):

@@ -112,6 +112,7 @@ def map_call(module, query, key, value, attention_mask, dropout=0.0, scaling=Non
                   sm_scale=scaling, logits_soft_cap=softcap if softcap else None,
                   q_data_type=query.dtype, lse=False)
     if c.kind == "prefill":
+        c.plan["head_dim_qk"] = c.plan.pop("head_dim")
         c.plan["causal"] = causal
         if mask is not None:
             c.plan["custom_mask"] = mask.expand(B, 1, L_Q, L_KV).reshape(-1)
@@ -125,21 +126,21 @@ class _Runner:
 
     def __init__(self, device):
         self.device = device
-        self.wrappers = {}  # kind -> wrapper
+        self.wrappers = {}  # kind -> (wrapper, its float workspace)
         self.planned = {}  # kind -> (Call.key, weakref to the mask or None, mask version)
         self.pages = {}  # B -> int32 arange(B) on the device: the page of batch row b is b
 
     def wrapper(self, kind):
-        w = self.wrappers.get(kind)
-        if w is None:
+        pair = self.wrappers.get(kind)
+        if pair is None:
             ws = torch.empty(WORKSPACE_BYTES, dtype=torch.uint8, device=self.device)
             cls = (_batch.BatchDecodeWithPagedKVCacheWrapper if kind == "decode"
                    else _batch.BatchPrefillWithPagedKVCacheWrapper)
-            w = self.wrappers[kind] = cls(ws, kv_layout="HND")
-        return w
+            pair = self.wrappers[kind] = (cls(ws, kv_layout="HND"), ws)
+        return pair
 
     def run(self, c):
-        w = self.wrapper(c.kind)
+        w, ws = self.wrapper(c.kind)
         mask_ref = None if c.mask is None else (c.mask, c.mask._version)
         kept = self.planned.get(c.kind)
         same = kept is not None and kept[0] == c.key and (
@@ -153,6 +154,10 @@ class _Runner:
                 pages = self.pages[B] = torch.arange(B, dtype=torch.int32, device=self.device)
             indptr = list(range(B + 1))
             last = [c.plan["page_size"]] * B
+            if kept is not None and kept[0][3] != c.key[3]:
+                # a new page size (L_KV grows every decode step): drop the wrapper's plan
+                # objects, which it keeps one per page size
+                w.reset_workspace_buffer(ws)
             self.planned.pop(c.kind, None)
             if c.kind == "decode":
                 w.plan(indptr, pages, last, **c.plan)
