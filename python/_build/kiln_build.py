@@ -4,7 +4,7 @@ It exists so that `pip install ./python` works as the README says, offline, with
 pip: it needs no setuptools, no wheel package and no download (get_requires_* return []), and
 it puts the library in the wheel. What a wheel holds:
 
-  kiln/*.py        the package (pure Python, ctypes)
+  kiln/**.py       the package and its subpackages (pure Python, ctypes)
   kiln/libkiln.so  the first of: $KILN_WHEEL_LIB (a path; an error when it is not a file),
                    python/kiln/libkiln.so, <tree>/build/lib/libkiln.so of the kiln source tree
                    this directory sits in (what `make` writes). None found: the wheel is pure
@@ -81,10 +81,14 @@ def metadata():
 
 
 def _package_files():
-    """(archive name, path) of every module of kiln/."""
+    """(archive name, path) of every module of kiln/ and of its subpackages (kiln/integrations)."""
     pkg = os.path.join(HERE, "kiln")
-    return [(f"kiln/{n}", os.path.join(pkg, n)) for n in sorted(os.listdir(pkg))
-            if n.endswith(".py")]
+    files = []
+    for top, dirs, names in os.walk(pkg):
+        dirs[:] = sorted(d for d in dirs if os.path.isfile(os.path.join(top, d, "__init__.py")))
+        rel = os.path.relpath(top, HERE).replace(os.sep, "/")
+        files += [(f"{rel}/{n}", os.path.join(top, n)) for n in sorted(names) if n.endswith(".py")]
+    return files
 
 
 def _platform_tag():

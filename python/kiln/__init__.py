@@ -70,6 +70,15 @@ from .cascade import (
 )
 
 
+def __getattr__(name):
+    """kiln.ops (torch.library operators) and kiln.integrations load on first use (torch)."""
+    if name in ("ops", "integrations"):
+        import importlib
+
+        return importlib.import_module(f".{name}", __name__)
+    raise AttributeError(f"module 'kiln' has no attribute {name!r}")
+
+
 def library_path():
     """Path of the libkiln.so this process loaded (loads it; KilnLibraryError if none)."""
     from . import _lib
