@@ -88,3 +88,50 @@ def check_close(tc, got, want, atol, rtol, what):
                 for i in idx]
         tc.fail(f"{what}: {int(bad.sum())} mismatches (atol {atol}, rtol {rtol}); first "
                 + "; ".join(rows))
+
+
+class FakeBuffer:
+    """What the wrappers read of a workspace before they need torch or a GPU."""
+
+    device = None
+
+    def __init__(self, nbytes=1 << 20):
+        self.nbytes = nbytes
+
+    def data_ptr(self):
+        return 0x10000
+
+    def numel(self):
+        return self.nbytes
+
+    def element_size(self):
+        return 1
+
+
+def paged_cache(lens, P, H_KV, D, dtype, layout, seed, spare=3):
+    """A random page pool holding requests of `lens` tokens in shuffled pages. Returns (k_pool,
+    v_pool, indptr, indices, last_page_len, tokens) with tokens[b] = (k [len, H_KV, D],
+    v [len, H_KV, D]) gathered back for the reference."""
+    import random as _random
+
+    rng = _random.Random(seed)
+    pages = [-(-n // P) for n in lens]
+    total = sum(pages) + spare
+    perm = list(range(total))
+    rng.shuffle(perm)
+    shape = (total, P, H_KV, D) if layout == "NHD" else (total, H_KV, P, D)
+    k_pool = torch.randn(shape, dtype=dtype, device="cuda")
+    v_pool = torch.randn(shape, dtype=dtype, device="cuda")
+    indptr, indices, last, tokens = [0], [], [], []
+    for n, p in zip(lens, pages):
+        ids = perm[len(indices):len(indices) + p]
+        indices += ids
+        indptr.append(len(indices))
+        last.append((n - 1) % P + 1 if n else 0)
+        got = []
+        for pool in (k_pool, v_pool):
+            t = pool[ids] if layout == "NHD" else pool[ids].transpose(1, 2)
+            got.append(t.reshape(-1, H_KV, D)[:n])
+        tokens.append(tuple(got))
+    as_int = lambda x: torch.tensor(x, dtype=torch.int32, device="cuda")  # noqa: E731
+    return k_pool, v_pool, as_int(indptr), as_int(indices), as_int(last), tokens
