@@ -156,9 +156,6 @@ class BlockSparseAttentionWrapper:
         MB, NB = -(-M // R), N // C
         rows = self._check_bsr(ptr, cols, MB, NB)
         torch = _torch()
-        if self.device.type != "cuda":
-            raise ValueError(f"float_workspace_buffer must be a CUDA tensor, got one on "
-                             f"{self.device}")
         if paged:
             self._plan_paged(torch, ptr, indices, M, R, C, num_qo_heads, num_kv_heads, head_dim,
                              mask, packed_mask, causal and not masked, pos_encoding_mode,
@@ -242,6 +239,9 @@ class BlockSparseAttentionWrapper:
         """The plain route: the BSR arrays on the device and the tile map of this pattern."""
         from .core import Variant
 
+        if getattr(self.device, "type", None) != "cuda":
+            raise ValueError(f"float_workspace_buffer must be a CUDA tensor, got one on "
+                             f"{self.device}")
         v = Variant(op="prefill", q_dtype=variant.q_dtype, kv_dtype=variant.kv_dtype,
                     out_dtype=variant.out_dtype, head_dim=variant.head_dim,
                     group=variant.group, layout="nhd", mask="none", window=False,

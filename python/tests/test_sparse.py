@@ -262,3 +262,123 @@ class TestSparseArguments(unittest.TestCase):
 
 if __name__ == "__main__":
     unittest.main()
+
+
+class FakePagedPrefill:
+    """FlashInfer's batch paged prefill as its documentation defines it, in float64 on the CPU:
+    request b has query rows qo[b] .. qo[b + 1] and the tokens of pages indices[kv[b] ..
+    kv[b + 1]) (page_size P, the last page holding last[b]); custom_mask is the requests'
+    [qo_len, kv_len] masks flattened back to back, packed_custom_mask each request's mask
+    packed from a byte boundary (bitorder "little"); causal is bottom-right aligned per
+    request; lse base 2. It stands in for kiln's wrapper so that the block-sparse wrappers'
+    mapping onto it is checked without a GPU."""
+
+    def plan(self, qo, kv, indices, last, H, H_KV, D, P, custom_mask=None,
+             packed_custom_mask=None, causal=False, sm_scale=None, o_data_type=None, **_):
+        self.qo, self.kv, self.last, self.P = list(qo), list(kv), list(last), P
+        self.indices = torch.as_tensor(indices).tolist()
+        self.causal, self.sm_scale = causal, sm_scale
+        self.o_dtype = {"float16": torch.float16, "bfloat16": torch.bfloat16}.get(
+            str(o_data_type).replace("torch.", ""), o_data_type)
+        self.masks = []
+        at = 0
+        for b in range(len(self.qo) - 1):
+            n = (self.qo[b + 1] - self.qo[b]) * self.kv_len(b)
+            if packed_custom_mask is not None:
+                nbytes = (n + 7) // 8
+                raw = packed_custom_mask[at:at + nbytes].tolist()
+                bits = [(raw[i // 8] >> (i % 8)) & 1 for i in range(n)]
+                self.masks.append(torch.tensor(bits, dtype=torch.bool))
+                at += nbytes
+            elif custom_mask is not None:
+                self.masks.append(custom_mask[at:at + n].cpu())
+                at += n
+            else:
+                self.masks.append(None)
+
+    def kv_len(self, b):
+        pages = self.kv[b + 1] - self.kv[b]
+        return (pages - 1) * self.P + self.last[b] if pages else 0
+
+    def run(self, q, paged_kv_cache, out=None, lse=None, return_lse=False):
+        k_pool, v_pool = paged_kv_cache
+        o = torch.zeros(q.shape, dtype=torch.float64)
+        s = torch.full(q.shape[:2], float("-inf"), dtype=torch.float64)
+        for b in range(len(self.qo) - 1):
+            rows = slice(self.qo[b], self.qo[b + 1])
+            n_q, n_kv = self.qo[b + 1] - self.qo[b], self.kv_len(b)
+            if not n_q or not n_kv:
+                continue
+            ids = self.indices[self.kv[b]:self.kv[b + 1]]
+            k = k_pool[ids].reshape(-1, *k_pool.shape[2:])[:n_kv]
+            v = v_pool[ids].reshape(-1, *v_pool.shape[2:])[:n_kv]
+            i = torch.arange(n_q)[:, None]
+            j = torch.arange(n_kv)[None, :]
+            vis = (j <= i + n_kv - n_q) if self.causal else torch.ones(n_q, n_kv).bool()
+            if self.masks[b] is not None:
+                vis = vis & self.masks[b].reshape(n_q, n_kv)
+            o[rows], s[rows] = attend(q[rows], k, v, vis, self.sm_scale)
+        o = o.to(self.o_dtype or q.dtype)
+        s = s.float()
+        if out is not None:
+            out.copy_(o)
+            o = out
+        return (o, s) if return_lse else o
+
+
+@unittest.skipUnless(torch is not None, "needs torch")
+class TestSparseMappingCPU(unittest.TestCase):
+    """The wrappers' mapping onto the batch prefill (requests, pages, masks, q / o regrouping)
+    against the references, with FakePagedPrefill in place of kiln's kernel."""
+
+    def test_block_sparse_paged_route(self):
+        for seed, (M, N, R, C, causal, with_mask, packed) in enumerate([
+                (40, 48, 8, 16, True, False, False), (37, 32, 8, 8, False, True, False),
+                (30, 64, 16, 8, True, True, True)]):
+            rng = random.Random(seed)
+            torch.manual_seed(seed)
+            MB = -(-M // R)
+            ptr, cols = random_bsr(rng, MB, N // C, 0.5, shuffle=not causal)
+            q, k, v = (torch.randn(n, h, 64) for n, h in ((M, 4), (N, 2), (N, 2)))
+            mask = torch.rand(len(cols), R, C) < 0.6 if with_mask else None
+            packed_mask = None
+            if packed:
+                rows = [min((r + 1) * R, M) - r * R for r in range(MB)]
+                flat = torch.cat([mask[ptr[r]:ptr[r + 1]].transpose(0, 1).reshape(R, -1)
+                                  [:rows[r]].reshape(-1) for r in range(MB)])
+                seg = [0]
+                for r in range(MB):
+                    seg.append(seg[-1] + rows[r] * (ptr[r + 1] - ptr[r]) * C)
+                packed_mask, _ = kiln.segment_packbits(flat, torch.tensor(seg), "little")
+            w = kiln.BlockSparseAttentionWrapper(torch.empty(8, dtype=torch.uint8))
+            w._paged = FakePagedPrefill()
+            w.plan(ptr, cols, M, N, R, C, 4, 2, 64, mask=None if packed else mask,
+                   packed_mask=packed_mask, causal=causal)
+            self.assertIsNone(w._bsr)
+            o, lse = w.run(q.half(), k.half(), v.half(), return_lse=True)
+            ro, rl = bsr_reference(q.half(), k.half(), v.half(), ptr, cols, R, C, causal=causal,
+                                   mask=mask)
+            what = f"seed={seed} causal={causal} mask={with_mask} packed={packed}"
+            check_close(self, o, ro, 2e-3, 2e-3, f"o {what}")
+            check_close(self, lse, rl, 1e-6, 1e-6, f"lse {what}")
+
+    def test_variable_mapping(self):
+        rows = [[3, 5, 0, 8], [8, 4, 4, 0]]
+        cols = [[10, 6, 4], [4, 4, 12]]
+        for seed, (H, causal) in enumerate([(4, False), (6, True), (2, True)]):
+            rng = random.Random(seed)
+            torch.manual_seed(seed)
+            mask = [[[rng.random() < 0.6 for _ in range(3)] for _ in range(4)] for _ in range(2)]
+            q = torch.randn(H, 16, 16).half()
+            k = torch.randn(2, 20, 16).half()
+            v = torch.randn(2, 20, 16).half()
+            w = kiln.VariableBlockSparseAttentionWrapper(torch.empty(8, dtype=torch.uint8))
+            w._paged = FakePagedPrefill()
+            w.plan(torch.tensor(mask), torch.tensor(rows), torch.tensor(cols), H, 2, 16,
+                   causal=causal)
+            out = torch.empty(H, 16, 16, dtype=torch.float16)
+            o, lse = w.run(q, k, v, out=out, return_lse=True)
+            self.assertIs(o, out)
+            ro, rl = variable_reference(q, k, v, mask, rows, cols, causal)
+            check_close(self, o, ro, 2e-3, 2e-3, f"o seed={seed} H={H} causal={causal}")
+            check_close(self, lse, rl, 1e-6, 1e-6, f"lse seed={seed}")
