@@ -5,9 +5,9 @@ and BatchPrefillWithSharedPrefixPagedKVCacheWrapper.
 A batch whose requests share one prefix keeps that prefix once, in plain k_shared / v_shared
 tensors, and each request's own tokens in a paged cache. forward() is two attentions and one
 merge, as FlashInfer's:
-    q [n, H, D] x (k_shared, v_shared) [L_shared, H_KV, D]   single prefill, not causal -> (V_s, S_s)
-    q [n, H, D] x request's pages                            the batch wrapper          -> (V_u, S_u)
-    merge_state_in_place(V_s, S_s, V_u, S_u)                                             -> V_s
+    q [n, H, D] x (k_shared, v_shared) [L_shared, H_KV, D]  single prefill, not causal -> V_s, S_s
+    q [n, H, D] x each request's own pages                  the batch wrapper          -> V_u, S_u
+    merge_state_in_place(V_s, S_s, V_u, S_u)                                            -> V_s
 The LSEs stay in kiln's natural log throughout (lse_base="e"), so nothing is converted.
 """
 

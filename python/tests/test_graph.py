@@ -19,7 +19,7 @@ def setUpModule():
 
 
 H, H_KV, D, P = 8, 2, 128, 16
-TOL = (2e-3, 2e-3)
+TOL = (2e-3, 5e-3)  # float16, as test_torch.py
 
 
 def decode_reference(q, tokens):
@@ -44,9 +44,12 @@ class TestCUDAGraphDecodeGPU(unittest.TestCase):
                                                              last_buf)
         self.assertTrue(w.is_cuda_graph_enabled)
         self.assertIs(w._paged_kv_indices_buf, indices_buf)
-        kp, vp, indptr, indices, last, tokens = paged_cache([40, 3, 100, 17, 64, 1, 9, 30], P,
-                                                            H_KV, D, torch.float16, "NHD", 1,
-                                                            spare=20)
+        def cache(lens, seed):  # every pool max_pages pages, so replans reuse one pool
+            used = sum(-(-n // P) for n in lens)
+            return paged_cache(lens, P, H_KV, D, torch.float16, "NHD", seed,
+                               spare=max_pages - used)
+
+        kp, vp, indptr, indices, last, tokens = cache([40, 3, 100, 17, 64, 1, 9, 30], 1)
         q = torch.randn(max_batch, H, D, dtype=torch.float16, device="cuda")
         w.plan(indptr, indices, last, H, H_KV, D, P)
         self.assertEqual(indptr_buf.tolist(), indptr.tolist())
@@ -60,10 +63,7 @@ class TestCUDAGraphDecodeGPU(unittest.TestCase):
         graph.replay()
         check_close(self, o, decode_reference(q, tokens), *TOL, "first plan")
         for seed, lens in ((2, [1, 90, 5, 33, 2, 70, 12, 4]), (3, [60, 0, 7, 120, 1])):
-            kp2, vp2, indptr, indices, last, tokens = paged_cache(lens, P, H_KV, D,
-                                                                  torch.float16, "NHD", seed,
-                                                                  spare=64 - sum(
-                                                                      -(-n // P) for n in lens))
+            kp2, vp2, indptr, indices, last, tokens = cache(lens, seed)
             kp.copy_(kp2)
             vp.copy_(vp2)
             w.plan(indptr, indices, last, H, H_KV, D, P)
@@ -83,7 +83,7 @@ class TestCUDAGraphDecodeGPU(unittest.TestCase):
             kiln.fast_decode_plan(w, indptr, indices, last, H, H_KV, D, page_size,
                                   data_type=torch.bfloat16,
                                   global_override_indptr_cpu=indptr.cpu())
-            check_close(self, w.run(q, (kp, vp)), decode_reference(q, tokens), 1.6e-2, 1.6e-2,
+            check_close(self, w.run(q, (kp, vp)), decode_reference(q, tokens), 1.5e-2, 2e-2,
                         f"fast_decode_plan page_size={page_size}")
 
     def test_fast_decode_plan_in_graph_mode_copies_nothing(self):

@@ -29,7 +29,8 @@ def shared_reference(q_rows, k_s, v_s, k_u, v_u, causal, sm_scale=None):
     return o
 
 
-TOL = {torch.float16: (2e-3, 2e-3), torch.bfloat16: (1.6e-2, 1.6e-2)} if torch else {}
+# (atol, rtol) as test_torch.py has them
+TOL = {torch.float16: (2e-3, 5e-3), torch.bfloat16: (1.5e-2, 2e-2)} if torch else {}
 
 
 def shared_kv(L_s, H_KV, D, dtype, layout):

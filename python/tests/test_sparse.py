@@ -56,7 +56,8 @@ def random_bsr(rng, MB, NB, density, shuffle=True):
     return ptr, cols
 
 
-TOL = {torch.float16: (2e-3, 2e-3), torch.bfloat16: (1.6e-2, 1.6e-2)} if torch else {}
+# (atol, rtol) as test_torch.py has them
+TOL = {torch.float16: (2e-3, 5e-3), torch.bfloat16: (1.5e-2, 2e-2)} if torch else {}
 
 
 @unittest.skipUnless(RUN_GPU, WHY)
@@ -104,7 +105,7 @@ class TestBlockSparseGPU(unittest.TestCase):
         what = f"seed={seed} M={M} N={N} R={R} C={C} causal={causal} mask={with_mask}"
         atol, rtol = TOL[o_dtype if o_dtype == torch.bfloat16 else dtype]
         check_close(self, o, ro, atol, rtol, f"o {what}")
-        check_close(self, lse, rl, 1e-3, 1e-3, f"lse {what}")
+        check_close(self, lse, rl, 1e-2, 1e-3, f"lse {what}")
         return w
 
     def test_plain_bsr_route(self):
@@ -196,7 +197,7 @@ class TestVariableBlockSparseGPU(unittest.TestCase):
             atol, rtol = TOL[dtype]
             what = f"seed={seed} H={H} H_KV={H_KV} causal={causal}"
             check_close(self, o, ro, atol, rtol, f"o {what}")
-            check_close(self, lse, rl, 1e-3, 1e-3, f"lse {what}")
+            check_close(self, lse, rl, 1e-2, 1e-3, f"lse {what}")
 
 
 @unittest.skipUnless(torch is not None, "needs torch")
