@@ -6,7 +6,8 @@ and compile-only kernels for any arch (Context.compile), kernel inspection (sour
 key material, cubin, resources), the variant a batch plan needs (batch_variant). With torch and
 a CUDA GPU: FlashInfer-shaped single-request decode and prefill, the batch wrappers (paged
 decode, paged and ragged prefill: plan/run, CUDA graphs), merge_state(s) and multi-level
-cascade on torch tensors. See docs/python.md.
+cascade on torch tensors; FlashInfer's block-sparse, shared-prefix and CUDA-graph decode
+wrappers, fast_decode_plan, the page utilities and packbits. See docs/python.md.
 
     import kiln
     v = kiln.Variant("op=decode dtype=bf16 head_dim=128 group=4")
@@ -68,6 +69,14 @@ from .cascade import (
     merge_state_in_place,
     merge_states,
 )
+from .page import append_paged_kv_cache, get_batch_indices_positions, get_seq_lens
+from .quantization import packbits, segment_packbits
+from .graph import CUDAGraphBatchDecodeWithPagedKVCacheWrapper, fast_decode_plan
+from .prefix import (
+    BatchDecodeWithSharedPrefixPagedKVCacheWrapper,
+    BatchPrefillWithSharedPrefixPagedKVCacheWrapper,
+)
+from .sparse import BlockSparseAttentionWrapper, VariableBlockSparseAttentionWrapper
 
 
 def __getattr__(name):
