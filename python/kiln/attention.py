@@ -21,8 +21,6 @@ LOG2E = 1.4426950408889634  # log2(e): natural-log LSE * LOG2E = base-2 LSE
 _lock = threading.Lock()
 _contexts = {}  # CUDA ordinal -> Context (the default contexts, never closed)
 _kernels = {}  # (ordinal, variant fields) -> Kernel
-_workspaces = {}  # (ordinal, CUstream) -> torch.uint8 tensor, grown on demand
-_slopes = {}  # (ordinal, H) -> FlashInfer's default ALiBi slopes, float32 [H]
 
 
 def _torch():
@@ -186,14 +184,8 @@ def _logits(torch, device, H, mode, logits_soft_cap, slopes):
         )
     if not alibi:
         return ("softcap" if cap > 0 else "none"), cap, None
-    if slopes is None:
-        capturing = torch.cuda.is_current_stream_capturing()
-        key = (device.index, H)
-        slopes = None if capturing else _slopes.get(key)
-        if slopes is None:
-            slopes = alibi_slopes(H, device)
-            if not capturing:  # values computed inside a capture exist only at replay
-                _slopes[key] = slopes
+    if slopes is None:  # computed on the device for each call, never kept (see _workspace)
+        slopes = alibi_slopes(H, device)
     else:
         slopes = _as_tensor(torch, slopes, "alibi_slopes")
         if tuple(slopes.shape) != (H,):
@@ -204,19 +196,13 @@ def _logits(torch, device, H, mode, logits_soft_cap, slopes):
     return "alibi", cap, slopes
 
 
-def _workspace(torch, device, stream, nbytes):
-    """A decode workspace of at least nbytes for this device and stream: cached per (device,
-    stream) and grown when needed, so concurrent streams never share one; during CUDA graph
-    capture a fresh allocation from the graph's pool instead."""
-    if torch.cuda.is_current_stream_capturing():
-        return torch.empty(nbytes, dtype=torch.uint8, device=device)
-    key = (device.index, stream)
-    buf = _workspaces.get(key)
-    if buf is None or buf.numel() < nbytes:
-        size = max(nbytes, 2 * buf.numel() if buf is not None else 0)
-        buf = torch.empty(size, dtype=torch.uint8, device=device)
-        _workspaces[key] = buf
-    return buf
+def _workspace(torch, device, nbytes):
+    """A decode workspace of nbytes, allocated for this call from torch's caching allocator (on
+    the current stream, so a later call's reuse of the block is stream-ordered) and never kept:
+    a buffer kept across calls would, when first made during torch.compile's CUDA-graph warm-up,
+    live in the graph's memory pool untracked, and torch then refuses to record the graph
+    (FlashInfer's issue #541)."""
+    return torch.empty(nbytes, dtype=torch.uint8, device=device)
 
 
 # ---- the launch shared by decode and prefill ---------------------------------------------------
@@ -374,7 +360,7 @@ def _attention(op, q, k, v, *, causal, kv_layout, sm_scale, logits_soft_cap, win
         if decode:
             need = kern.workspace_size(H, L_KV)
             if need:
-                ws = _workspace(torch, device, stream, need)
+                ws = _workspace(torch, device, need)
                 a.workspace, a.workspace_bytes = ws.data_ptr(), ws.numel()
             kern.single_decode(a, stream)
         else:
