@@ -4,7 +4,7 @@ the deprecated forward() / forward_return_lse(), a batch with no keys at all, ru
 LSE asked for, and the run-time tensor checks the hot path keeps by tensor metadata.
 
 Most cases run on the CPU: the libkiln.so calls that need a GPU are replaced by recording
-stubs (the "fake device" below; its kiln_batch_run writes a known natural-log LSE into the
+stubs (the "fake device" below; its kiln_plan_run writes a known natural-log LSE into the
 host memory it is pointed at), torch tensors live on the CPU and the wrappers' CUDA check is
 lifted. They skip without torch. TestOnGpu runs the same semantics on a real GPU against a
 float32 reference and skips cleanly without one.
@@ -31,7 +31,7 @@ except ImportError:
 
 HAVE_TORCH = torch is not None
 H, H_KV, D, P = 8, 2, 64, 16
-NATURAL_LSE = 0.75  # what the fake kiln_batch_run writes into every LSE entry
+NATURAL_LSE = 0.75  # what the fake kiln_plan_run writes into every LSE entry
 
 
 def _set(ref, value):
@@ -41,7 +41,7 @@ def _set(ref, value):
 
 class FakeDevice:
     """Stubs for the GPU calls of libkiln.so (the rest is the real library), CPU tensors in
-    place of CUDA ones. Records every kiln_batch_plan (batch, kv_indptr) and kiln_batch_run
+    place of CUDA ones. Records every kiln_plan_schedule (batch, kv_indptr) and kiln_plan_run
     (a copy of its kiln_batch_args)."""
 
     def __init__(self):
@@ -72,7 +72,7 @@ class FakeDevice:
             "kiln_plan_destroy": lambda plan: None,
             "kiln_plan_workspace_size": lambda plan, b, t, out: _set(out, 4096),
             "kiln_batch_plan": batch_plan,
-            "kiln_plan_plan": batch_plan,
+            "kiln_plan_schedule": batch_plan,
             "kiln_batch_run": batch_run,
             "kiln_plan_run": batch_run,
             "kiln_plan_describe": lambda plan, info: 0,
@@ -354,7 +354,7 @@ HAVE_GPU = HAVE_TORCH and torch.cuda.is_available()
 
 def _have_batch_api():
     try:
-        return _lib.has("kiln_batch_run")
+        return _lib.has("kiln_plan_run")
     except kiln.KilnLibraryError:
         return False
 
