@@ -1,33 +1,73 @@
 #!/bin/bash
 # device_tests.sh — what a GPU lease runs to check kiln, logs under $OUT (default /tmp/kiln-out):
-# `kiln info`, the GPU tests (kiln-tests --gpu), the Python tests on the GPU, and make demo's tour.
+# `kiln info`, the GPU tests, the Python tests on the GPU, and make demo's tour.
 # Run from the repository root on the GPU machine after `. .gpu/env.sh`, with build/ built.
 # The speed figures are tools/bench/referee.sh's job (docs/perf.md).
+#
+# A cold cache spends most of a serial suite compiling one variant after another, so every GPU
+# test runs in a process of its own and every Python test file in another, $KILN_JOBS (default
+# 16) at a time, sharing one cache (its compile leases keep two processes from building one
+# kernel). Each GPU test records the kernels it asked for; $OUT/gpu.manifest is their union, for
+# `kiln warm` on a later machine. KILN_JOBS=1 runs them one after another.
+#   KILN_SEED_CACHE=FILE.tar.xz  unpack a carried cache (kernels.db, e.g. warmed here with
+#                                `kiln warm --arch sm_90a`) into $KILN_CACHE_DIR first
+#   KILN_TEST_TIMEOUT=S          the limit for one test process (default 300)
+#   KILN_DEMO=0                  skip the demo
 set -u
 OUT=${OUT:-/tmp/kiln-out}
-mkdir -p "$OUT"
+JOBS=${KILN_JOBS:-16}
+LIMIT=${KILN_TEST_TIMEOUT:-300}
+mkdir -p "$OUT/gpu" "$OUT/python"
+OUT=$(cd "$OUT" && pwd)
 export KILN_CACHE_DIR=${KILN_CACHE_DIR:-/tmp/kiln-cache} KILN_TEST_CACHE=${KILN_TEST_CACHE:-/tmp/kiln-cache}
-export PYTHONUNBUFFERED=1
+export PYTHONUNBUFFERED=1 KILN_LIB=$PWD/build/lib/libkiln.so PYTHONPATH=$PWD/python${PYTHONPATH:+:$PYTHONPATH}
 mkdir -p "$KILN_CACHE_DIR"
-build/bin/kiln info > "$OUT/info.log" 2>&1
-# A cold cache spends most of the suite compiling one variant after another: first run every GPU
-# test in a process of its own, $KILN_PREWARM (default 16) at a time, into the shared cache (its
-# compile leases keep two processes from building one kernel), each recording the kernels it asked
-# for; gpu.manifest is their union, for `kiln warm` on a later machine. KILN_PREWARM=0 skips it.
-if [ "${KILN_PREWARM:-16}" != 0 ]; then
-    mkdir -p "$OUT/prewarm"
-    t0=$SECONDS
-    build/bin/kiln-tests --gpu --list | sed -n 's/ (gpu)$//p' |
-        xargs -P "${KILN_PREWARM:-16}" -I{} sh -c \
-            'KILN_RECORD="$1/prewarm/$2.manifest" timeout 300 build/bin/kiln-tests --gpu "$2" \
-                > "$1/prewarm/$2.log" 2>&1' sh "$OUT" {}
-    cat "$OUT"/prewarm/*.manifest 2> /dev/null | grep -v '^#' | sort -u > "$OUT/gpu.manifest"
-    echo "prewarm: $((SECONDS - t0)) s, $(wc -l < "$OUT/gpu.manifest") kernels recorded"
+if [ -n "${KILN_SEED_CACHE:-}" ]; then
+    python3 -c 'import lzma, shutil, sys, tarfile
+with tarfile.open(fileobj=lzma.open(sys.argv[1])) as t: t.extractall(sys.argv[2])' \
+        "$KILN_SEED_CACHE" "$KILN_CACHE_DIR" && echo "seed cache: $(du -sh "$KILN_CACHE_DIR" | cut -f1)"
 fi
-timeout 330 build/bin/kiln-tests --gpu > "$OUT/gpu_tests.log" 2>&1
-echo "gpu tests: $(tail -1 "$OUT/gpu_tests.log")"
-KILN_LIB=$PWD/build/lib/libkiln.so timeout 120 python3 -m unittest discover -s python/tests > "$OUT/python.log" 2>&1
-echo "python: $(tail -1 "$OUT/python.log")"
-timeout 90 tools/scripts/demo.sh build/bin/kiln > "$OUT/demo.log" 2>&1
-echo "demo: exit $?"
-grep -E "^    [a-z].*(cases|variants|diff)" "$OUT/gpu_tests.log"
+build/bin/kiln info > "$OUT/info.log" 2>&1
+t0=$SECONDS
+
+# The C GPU tests: "N passed, N failed" closes each log.
+build/bin/kiln-tests --gpu --list | sed -n 's/ (gpu)$//p' > "$OUT/gpu/cases.txt"
+xargs -P "$JOBS" -I{} sh -c 'KILN_RECORD="$1/gpu/$2.manifest" timeout "$3" \
+        build/bin/kiln-tests --gpu "$2" > "$1/gpu/$2.log" 2>&1' sh "$OUT" "$LIMIT" {} \
+    < "$OUT/gpu/cases.txt" &
+c_pid=$!
+# The Python test files, each its own unittest process.
+ls python/tests/test_*.py | xargs -n1 basename | sed 's/\.py$//' > "$OUT/python/files.txt"
+xargs -P "$JOBS" -I{} sh -c 'cd python/tests && timeout "$2" python3 -m unittest -v "$3" \
+        > "$1/python/$3.log" 2>&1; echo "rc=$?" >> "$1/python/$3.log"' sh "$OUT" "$LIMIT" {} \
+    < "$OUT/python/files.txt" &
+wait $c_pid
+cat "$OUT"/gpu/*.manifest 2> /dev/null | grep -v '^#' | sort -u > "$OUT/gpu.manifest"
+passed=0 failed=0
+while read -r c; do
+    last=$(tail -1 "$OUT/gpu/$c.log" 2> /dev/null)
+    if [[ $last =~ ^([0-9]+)\ passed,\ ([0-9]+)\ failed$ ]]; then
+        passed=$((passed + BASH_REMATCH[1])) failed=$((failed + BASH_REMATCH[2]))
+        [ "${BASH_REMATCH[2]}" = 0 ] || echo "gpu FAIL: $c"
+    else
+        failed=$((failed + 1))
+        echo "gpu FAIL: $c (no summary line: timed out or crashed)"
+    fi
+done < "$OUT/gpu/cases.txt"
+[ -s "$OUT/gpu/cases.txt" ] || { failed=1; echo "gpu FAIL: no GPU test listed ($(head -1 "$OUT/info.log"); see info.log)"; }
+echo "gpu tests: $passed passed, $failed failed ($((SECONDS - t0)) s, $(wc -l < "$OUT/gpu.manifest") kernels recorded)"
+wait
+pyok=0 pybad=0
+while read -r f; do
+    if grep -q '^rc=0$' "$OUT/python/$f.log"; then pyok=$((pyok + 1)); else
+        pybad=$((pybad + 1))
+        echo "python FAIL: $f: $(grep -E '^(FAILED|OK|Ran)' "$OUT/python/$f.log" | tr '\n' ' ')"
+    fi
+done < "$OUT/python/files.txt"
+echo "python: $pyok files OK, $pybad failed ($(cat "$OUT"/python/*.log | grep -c '\.\.\. ok$') tests ok," \
+    "$(cat "$OUT"/python/*.log | grep -c '\.\.\. skipped') skipped; $((SECONDS - t0)) s)"
+if [ "${KILN_DEMO:-1}" != 0 ]; then
+    timeout 90 tools/scripts/demo.sh build/bin/kiln > "$OUT/demo.log" 2>&1
+    echo "demo: exit $?"
+fi
+cat "$OUT"/gpu/*.log 2> /dev/null | grep -E "^    [a-z].*(cases|variants|diff)"
