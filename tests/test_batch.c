@@ -1,5 +1,5 @@
 /*
- * test_batch.c — the batch kernels (kv=ragged|paged, kiln_batch_plan / kiln_batch_run), the
+ * test_batch.c — the batch kernels (kv=ragged|paged, kiln_plan_schedule / kiln_plan_run), the
  * state merges and cascades on the GPU against the float64 references of tools/check_batch.c
  * (whose own pieces test_batch_check.c tests on the CPU), and the grid's cases checked on the
  * CPU.

@@ -34,7 +34,7 @@ static unsigned rnd(unsigned *s)
     return *s >> 8;
 }
 
-/* A batch: lengths and the index arrays kiln_batch_plan reads. */
+/* A batch: lengths and the index arrays kiln_plan_schedule reads. */
 typedef struct batch {
     int B;
     int qo[300], kv[300];
@@ -221,7 +221,7 @@ KT_TEST(plan_schedules_cover_and_balance)
             kiln_batch_shape sh = shape_of(b, decode);
             char what[128];
             snprintf(what, sizeof what, "%s trial %d B=%d", specs[si], trial, b->B);
-            if (kiln_batch_plan(pl, &sh, 0, 0, NULL) != KILN_STATUS_OK) {
+            if (kiln_plan_schedule(pl, &sh, 0, 0, NULL) != KILN_STATUS_OK) {
                 kt_fail(__FILE__, __LINE__, "%s: %s", what, kiln_ctx_errmsg(ctx));
             } else {
                 check_schedule(pl, b, decode, decode ? 1 : k->cfg.block_m, causal, what);
@@ -266,7 +266,7 @@ KT_TEST(plan_split_decisions)
     b->kv[0] = 32768;
     build(b, 1, 16);
     kiln_batch_shape sh = shape_of(b, 1);
-    KT_OK(kiln_batch_plan(pl, &sh, 0, 0, NULL), kiln_ctx_errmsg(ctx));
+    KT_OK(kiln_plan_schedule(pl, &sh, 0, 0, NULL), kiln_ctx_errmsg(ctx));
     kiln_plan_info info;
     kiln_plan_describe(pl, &info);
     KT_CHECK(info.items >= 8 && info.items * 8 <= 2 * SMS); /* split, about one wave */
@@ -275,7 +275,7 @@ KT_TEST(plan_split_decisions)
     for (int r = 0; r < 64; r++) b->kv[r] = 4096;
     build(b, 1, 16);
     sh = shape_of(b, 1);
-    KT_OK(kiln_batch_plan(pl, &sh, 0, 0, NULL), kiln_ctx_errmsg(ctx));
+    KT_OK(kiln_plan_schedule(pl, &sh, 0, 0, NULL), kiln_ctx_errmsg(ctx));
     kiln_plan_describe(pl, &info);
     KT_EQ_INT(info.merge_tasks, 0); /* 512 CTAs already fill 132 slots */
     KT_EQ_INT(info.items, 64);
@@ -307,7 +307,7 @@ KT_TEST(plan_fixed_split_invariant)
         b->kv[trial == 0 ? 0 : 7] = 5000; /* the request we follow */
         build(b, 1, 16);
         kiln_batch_shape sh = shape_of(b, 1);
-        KT_OK(kiln_batch_plan(pl, &sh, 0, 0, NULL), kiln_ctx_errmsg(ctx));
+        KT_OK(kiln_plan_schedule(pl, &sh, 0, 0, NULL), kiln_ctx_errmsg(ctx));
         int io, ro, to, n = 0, ranges[64][2] = {{0}};
         const int *w = kiln__plan_last_schedule(pl, &io, &ro, &to);
         for (int i = 0; i < w[0]; i++) {
@@ -349,7 +349,7 @@ KT_TEST(plan_degenerate_and_refused)
     KT_OK(kiln__plan_create_host(kp, &o, SMS, 2, &pp), "plan host");
     batch *b = calloc(1, sizeof *b);
     kiln_batch_shape sh = {0};
-    KT_OK(kiln_batch_plan(pd, &sh, 0, 0, NULL), "empty batch");
+    KT_OK(kiln_plan_schedule(pd, &sh, 0, 0, NULL), "empty batch");
     kiln_plan_info info;
     kiln_plan_describe(pd, &info);
     KT_EQ_INT(info.items, 0);
@@ -364,12 +364,12 @@ KT_TEST(plan_degenerate_and_refused)
     b->qo[2] = 0;
     build(b, 1, 16);
     sh = shape_of(b, 1);
-    KT_OK(kiln_batch_plan(pd, &sh, 0, 0, NULL), kiln_ctx_errmsg(ctx));
+    KT_OK(kiln_plan_schedule(pd, &sh, 0, 0, NULL), kiln_ctx_errmsg(ctx));
     check_schedule(pd, b, 1, 1, 0, "decode with empty requests");
     kiln_plan_describe(pd, &info);
     KT_EQ_INT(info.items, 3);
     sh = shape_of(b, 0);
-    KT_OK(kiln_batch_plan(pp, &sh, 0, 0, NULL), kiln_ctx_errmsg(ctx));
+    KT_OK(kiln_plan_schedule(pp, &sh, 0, 0, NULL), kiln_ctx_errmsg(ctx));
     check_schedule(pp, b, 0, kp->cfg.block_m, 1, "prefill with rows but no keys");
     kiln_plan_describe(pp, &info);
     KT_EQ_INT(info.items, 1); /* request 0's tile; requests 1 and 2 have no rows */
@@ -377,21 +377,22 @@ KT_TEST(plan_degenerate_and_refused)
     /* refusals name the request and the value */
     b->last[1] = 17;
     sh = shape_of(b, 1);
-    KT_STATUS(kiln_batch_plan(pd, &sh, 0, 0, NULL), KILN_STATUS_INVALID_ARGUMENT, "last page");
+    KT_STATUS(kiln_plan_schedule(pd, &sh, 0, 0, NULL), KILN_STATUS_INVALID_ARGUMENT, "last page");
     KT_CONTAINS(kiln_ctx_errmsg(ctx), "request 1: kv_last_page_len=17 must be in 1..page_size=16");
     build(b, 1, 16);
     b->kv_indptr[3] = 1; /* 0, 0, 3, 1 */
-    KT_STATUS(kiln_batch_plan(pd, &sh, 0, 0, NULL), KILN_STATUS_INVALID_ARGUMENT, "indptr");
+    KT_STATUS(kiln_plan_schedule(pd, &sh, 0, 0, NULL), KILN_STATUS_INVALID_ARGUMENT, "indptr");
     KT_CONTAINS(kiln_ctx_errmsg(ctx), "request 2: kv_indptr decreases (3 then 1)");
     build(b, 1, 16);
     b->qo_indptr[0] = 2;
     sh = shape_of(b, 0);
-    KT_STATUS(kiln_batch_plan(pp, &sh, 0, 0, NULL), KILN_STATUS_INVALID_ARGUMENT, "qo indptr");
+    KT_STATUS(kiln_plan_schedule(pp, &sh, 0, 0, NULL), KILN_STATUS_INVALID_ARGUMENT, "qo indptr");
     KT_CONTAINS(kiln_ctx_errmsg(ctx), "must be 0");
     sh.batch = -1;
-    KT_STATUS(kiln_batch_plan(pp, &sh, 0, 0, NULL), KILN_STATUS_INVALID_ARGUMENT, "negative batch");
+    KT_STATUS(kiln_plan_schedule(pp, &sh, 0, 0, NULL), KILN_STATUS_INVALID_ARGUMENT,
+              "negative batch");
     KT_CONTAINS(kiln_ctx_errmsg(ctx), "batch=-1 < 0");
-    KT_STATUS(kiln_batch_plan(pp, NULL, 0, 0, NULL), KILN_STATUS_INVALID_ARGUMENT, "NULL shape");
+    KT_STATUS(kiln_plan_schedule(pp, NULL, 0, 0, NULL), KILN_STATUS_INVALID_ARGUMENT, "NULL shape");
 
     /* graph mode bounds */
     kiln_plan *pg = NULL;
@@ -399,10 +400,11 @@ KT_TEST(plan_degenerate_and_refused)
     KT_OK(kiln__plan_create_host(kd, &o, SMS, 1, &pg), "plan host");
     build(b, 1, 16);
     sh = shape_of(b, 1);
-    KT_STATUS(kiln_batch_plan(pg, &sh, 0, 0, NULL), KILN_STATUS_INVALID_ARGUMENT, "over max_batch");
+    KT_STATUS(kiln_plan_schedule(pg, &sh, 0, 0, NULL), KILN_STATUS_INVALID_ARGUMENT,
+              "over max_batch");
     KT_CONTAINS(kiln_ctx_errmsg(ctx), "batch=3 exceeds the plan's max_batch=2");
     sh.batch = 2;
-    KT_OK(kiln_batch_plan(pg, &sh, 0, 0, NULL), kiln_ctx_errmsg(ctx));
+    KT_OK(kiln_plan_schedule(pg, &sh, 0, 0, NULL), kiln_ctx_errmsg(ctx));
     kiln_plan_describe(pg, &info);
     KT_CHECK(info.grid >= info.items && info.grid > 2); /* padded for any batch up to 2 */
     size_t s1 = 0, s2 = 0;
@@ -492,7 +494,7 @@ KT_TEST(plan_mask_data_offsets)
     }
     build(b, 0, 16);
     kiln_batch_shape sh = shape_of(b, 0);
-    KT_OK(kiln_batch_plan(pl, &sh, 0, 0, NULL), kiln_ctx_errmsg(ctx));
+    KT_OK(kiln_plan_schedule(pl, &sh, 0, 0, NULL), kiln_ctx_errmsg(ctx));
     int io, ro, to;
     const int *w = kiln__plan_last_schedule(pl, &io, &ro, &to);
     static const long long bit0[5] = {0, 63, 63, 63, 193};

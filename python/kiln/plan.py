@@ -3,7 +3,7 @@
 A Plan belongs to one loaded batch kernel (kv=ragged or kv=paged) and one device workspace.
 plan() takes the batch as host integer sequences (lists, tuples, or anything with .tolist()),
 checks them, and calls kiln_plan_schedule, which writes the schedule into the workspace with one
-asynchronous copy on the stream; run() launches kiln_batch_run with a filled kiln.BatchArgs.
+asynchronous copy on the stream; run() launches kiln_plan_run with a filled kiln.BatchArgs.
 Nothing here needs torch: device memory is passed as integer pointers. batch.py builds the
 torch wrappers on top of it.
 
@@ -270,7 +270,7 @@ class Plan:
 
     def plan(self, kv_indptr, workspace, workspace_bytes, stream=None, qo_indptr=None,
              kv_last_page_len=None):
-        """kiln_batch_plan: kv_indptr [B + 1] (ragged: token offsets; paged: offsets into the
+        """kiln_plan_schedule: kv_indptr [B + 1] (ragged: token offsets; paged: offsets into the
         page ids), qo_indptr [B + 1] (prefill; None for decode), kv_last_page_len [B] (paged);
         host sequences. workspace is a device pointer (int) of workspace_bytes bytes; the
         schedule is copied there asynchronously on `stream`."""
@@ -292,7 +292,7 @@ class Plan:
         self._plan_sources(batch, qo_src, kv_src, last_src, ws, ws_bytes, s)
 
     def _plan_sources(self, batch, qo, kv, last, workspace, workspace_bytes, stream):
-        """kiln_batch_plan on checked values: host_array sources (alive across the call, which
+        """kiln_plan_schedule on checked values: host_array sources (alive across the call, which
         reads them), an int workspace pointer and size, a CUstream int or None."""
         self._shape.batch = batch
         p_qo, p_kv, p_last = self._shape_ptrs
@@ -310,7 +310,7 @@ class Plan:
                         max_item_keys=i.max_item_keys, total_keys=i.total_keys)
 
     def run(self, args, stream=None):
-        """kiln_batch_run with a filled kiln.BatchArgs on `stream` (no allocation, no
+        """kiln_plan_run with a filled kiln.BatchArgs on `stream` (no allocation, no
         synchronisation: safe inside a CUDA graph capture)."""
         _check.instance(args, "run: args", _lib.kiln_batch_args)
         s = _check.stream(stream, "run: stream")

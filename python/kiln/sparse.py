@@ -7,7 +7,7 @@ indices[indptr[r] .. indptr[r + 1])). FlashInfer runs it as a paged prefill: blo
 request of R query rows whose pages are its listed column blocks (page_size C), so causal,
 RoPE and ALiBi positions are those of the *gathered* keys. kiln takes two routes:
   - plain (not causal, no per-block mask, no position encoding): one single-request prefill
-    with kiln's BSR mask data (mask_data=bsr) and a tile map from kiln_prefill_mask_plan, so
+    with kiln's BSR mask data (mask_data=bsr) and a tile map from kiln_prefill_tile_map, so
     unlisted blocks are skipped; the visible keys are exactly FlashInfer's;
   - causal, mask / packed_mask, ROPE_LLAMA, ALIBI: FlashInfer's own mapping onto
     BatchPrefillWithPagedKVCacheWrapper (which reproduces its gathered-position semantics;

@@ -25,7 +25,7 @@ HAVE_TORCH = torch is not None
 
 def _have_batch_api():
     try:
-        return _lib.has("kiln_batch_run")
+        return _lib.has("kiln_plan_run")
     except kiln.KilnLibraryError:
         return False
 

@@ -57,7 +57,7 @@ class TestPrototypes(unittest.TestCase):
         with open(HEADER) as f:
             text = re.sub(r"/\*.*?\*/", "", f.read(), flags=re.S)
         declared = set(re.findall(r"^[A-Za-z_][\w \*]*?\b(kiln_\w+)\s*\(", text, flags=re.M))
-        self.assertIn("kiln_batch_run", declared)
+        self.assertIn("kiln_plan_run", declared)
         self.assertGreater(len(declared), 30)
         mirrored = set(_lib._PROTOTYPES) | set(_lib._OPTIONAL_PROTOTYPES)
         self.assertEqual(sorted(declared - mirrored), [], "kiln.h functions without a prototype")
@@ -65,7 +65,7 @@ class TestPrototypes(unittest.TestCase):
 
     def test_batch_api_is_optional(self):
         for name in ("kiln_plan_create", "kiln_plan_destroy", "kiln_plan_workspace_size",
-                     "kiln_batch_plan", "kiln_plan_describe", "kiln_batch_run",
+                     "kiln_plan_schedule", "kiln_plan_describe", "kiln_plan_run",
                      "kiln_merge_state", "kiln_merge_state_in_place", "kiln_merge_states"):
             self.assertIn(name, _lib._OPTIONAL_PROTOTYPES)
             self.assertNotIn(name, _lib._PROTOTYPES)
@@ -76,12 +76,12 @@ class TestPrototypes(unittest.TestCase):
         self.assertIn("kiln_no_such_function", str(cm.exception))
         self.assertIn("batch API", str(cm.exception))
         self.assertIn(_lib.lib_path(), str(cm.exception))
-        if not _lib.has("kiln_batch_run"):  # a library from before the batch API still loads
+        if not _lib.has("kiln_plan_run"):  # a library from before the batch API still loads
             with self.assertRaises(kiln.KilnLibraryError) as cm:
-                _lib.fn("kiln_batch_run")
+                _lib.fn("kiln_plan_run")
             self.assertIn("rebuild", str(cm.exception))
         else:
-            self.assertIsNotNone(_lib.fn("kiln_batch_run").argtypes)
+            self.assertIsNotNone(_lib.fn("kiln_plan_run").argtypes)
 
     def test_struct_fields(self):
         # Field order of the new mirrors, as kiln.h has it (sizes: test_basic.TestABI).

@@ -20,7 +20,7 @@ WS_BYTES = 128 << 20  # FlashInfer's advice
 
 def _have_batch_api():
     try:
-        return _lib.has("kiln_batch_run")
+        return _lib.has("kiln_plan_run")
     except kiln.KilnLibraryError:
         return False
 

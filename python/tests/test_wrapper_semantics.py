@@ -71,9 +71,9 @@ class FakeDevice:
             "kiln_plan_create": lambda kernel, opts, out: _set(out, 0x2000),
             "kiln_plan_destroy": lambda plan: None,
             "kiln_plan_workspace_size": lambda plan, b, t, out: _set(out, 4096),
-            "kiln_batch_plan": batch_plan,
             "kiln_plan_schedule": batch_plan,
-            "kiln_batch_run": batch_run,
+            "kiln_plan_schedule": batch_plan,
+            "kiln_plan_run": batch_run,
             "kiln_plan_run": batch_run,
             "kiln_plan_describe": lambda plan, info: 0,
         }

@@ -178,8 +178,8 @@ kiln_status bplan_make(bench_env *env, kiln_kernel *k, const bshape *s, bbufs *b
     }
     B_TRY(env->cu->cuMemAlloc(&b->ws, b->ws_bytes ? b->ws_bytes : 16), "alloc workspace");
     kiln_batch_shape bs = {s->B, s->qo_indptr, s->kv_indptr, s->paged ? s->last : NULL};
-    if ((st = kiln_batch_plan(*plan, &bs, b->ws, b->ws_bytes, NULL))) {
-        snprintf(msg, cap, "kiln_batch_plan: %s", kiln_ctx_errmsg(env->ctx));
+    if ((st = kiln_plan_schedule(*plan, &bs, b->ws, b->ws_bytes, NULL))) {
+        snprintf(msg, cap, "kiln_plan_schedule: %s", kiln_ctx_errmsg(env->ctx));
         return st;
     }
     return KILN_STATUS_OK;
@@ -367,7 +367,7 @@ kiln_status brun_step(void *user, int copy)
     const brun *rc = user;
     kiln_batch_args a;
     bbufs_args(rc->b, rc->s, copy, &a);
-    return kiln_batch_run(rc->plan, &a, NULL);
+    return kiln_plan_run(rc->plan, &a, NULL);
 }
 
 int bench_on(const bench_env *env, const char *name)

@@ -22,7 +22,7 @@
 #define FP8           "q_dtype=bf16 kv_dtype=e4m3 out_dtype=bf16"
 #define PRE(kv, mask) "op=prefill dtype=bf16 head_dim=128 group=4" mask " kv=" kv
 
-/* A batch on the host: per-request lengths and the arrays kiln_batch_plan reads. */
+/* A batch on the host: per-request lengths and the arrays kiln_plan_schedule reads. */
 typedef struct bshape {
     int B, paged;
     int *qo_len, *kv_len;              /* [B] */
@@ -51,7 +51,7 @@ typedef struct brun {
     const bbufs *b;
     const bshape *s;
 } brun;
-/* The step of a brun (user): kiln_batch_run of copy `copy` of its buffers. */
+/* The step of a brun (user): kiln_plan_run of copy `copy` of its buffers. */
 kiln_status brun_step(void *user, int copy);
 
 /* B requests; qo_len[b] = qo (0: decode, one row each) and kv_len[b] = kvl[b]. 0 or -1 (no

@@ -2,7 +2,7 @@
  * cascade.c — kiln-bench --batch's last two suites: a shared prefix decoded as a cascade (one
  * prefill of the prefix over every request's query row, a decode of the private parts, a
  * merge of the two softmax states) against a plain paged decode whose page tables all start
- * with the prefix's pages; and the host overhead of kiln_batch_plan / kiln_batch_run.
+ * with the prefix's pages; and the host overhead of kiln_plan_schedule / kiln_plan_run.
  */
 #include <math.h>
 #include <stdlib.h>
@@ -303,7 +303,7 @@ static double now_us(void)
 /* The lengths of the host-overhead batch (referee.py's host suite uses the same formula): 512 .. 8192. */
 static int host_len(int b) { return 512 + (b * 7919) % 7681; }
 
-/* Wall clock of kiln_batch_plan and kiln_batch_run around each call, no sync inside the timed
+/* Wall clock of kiln_plan_schedule and kiln_plan_run around each call, no sync inside the timed
  * region (the stream is drained every HOST_SYNC_EVERY calls, untimed, so a call never waits
  * for earlier GPU work); median and p90 of HOST_CALLS calls. */
 static void host_point(bench_env *env, const char *what, const char *spec, int qo)
@@ -340,9 +340,9 @@ static void host_point(bench_env *env, const char *what, const char *spec, int q
     bbufs_args(&b, &s, 0, &a);
     for (int i = 0; i < HOST_CALLS + 10 && !st; i++) {
         double t0 = now_us();
-        st = kiln_batch_plan(plan, &bs, b.ws, b.ws_bytes, NULL);
+        st = kiln_plan_schedule(plan, &bs, b.ws, b.ws_bytes, NULL);
         double t1 = now_us();
-        if (!st) st = kiln_batch_run(plan, &a, NULL);
+        if (!st) st = kiln_plan_run(plan, &a, NULL);
         double t2 = now_us();
         if (i >= 10) {
             t_plan[i - 10] = t1 - t0;
@@ -361,10 +361,10 @@ static void host_point(bench_env *env, const char *what, const char *spec, int q
     kiln_plan_info pi = {0};
     kiln_plan_describe(plan, &pi);
     const double p50 = t_plan[HOST_CALLS / 2], r50 = t_run[HOST_CALLS / 2];
-    printf("| %s | kiln_batch_plan | %d | %.1f | %.1f | %.1f | %d items, grid %d, chunk %d |\n",
+    printf("| %s | kiln_plan_schedule | %d | %.1f | %.1f | %.1f | %d items, grid %d, chunk %d |\n",
            what, HOST_B, p50, t_plan[0], t_plan[HOST_CALLS * 9 / 10], pi.items, pi.grid,
            pi.kv_chunk);
-    printf("| %s | kiln_batch_run | %d | %.1f | %.1f | %.1f | |\n", what, HOST_B, r50, t_run[0],
+    printf("| %s | kiln_plan_run | %d | %.1f | %.1f | %.1f | |\n", what, HOST_B, r50, t_run[0],
            t_run[HOST_CALLS * 9 / 10]);
     char name[96];
     snprintf(name, sizeof name, "host plan %s", what);

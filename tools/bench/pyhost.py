@@ -48,9 +48,9 @@ STUBS = {
     "kiln_plan_create": lambda kernel, opts, out: _set_out(out, 0x2000),
     "kiln_plan_destroy": lambda plan: None,
     "kiln_plan_workspace_size": lambda plan, batch, total, out: _set_out(out, 1 << 20),
-    "kiln_batch_plan": lambda plan, shape, ws, nbytes, stream: 0,
     "kiln_plan_schedule": lambda plan, shape, ws, nbytes, stream: 0,
-    "kiln_batch_run": lambda plan, args, stream: 0,
+    "kiln_plan_schedule": lambda plan, shape, ws, nbytes, stream: 0,
+    "kiln_plan_run": lambda plan, args, stream: 0,
     "kiln_plan_run": lambda plan, args, stream: 0,
     "kiln_plan_describe": lambda plan, info: 0,
 }

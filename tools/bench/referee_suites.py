@@ -355,7 +355,7 @@ def suite_host(a, suite):
         try:
             r = subprocess.run([kb, "--batch", "--only", "host overhead"], capture_output=True, text=True, timeout=120)
             for line in r.stdout.splitlines():
-                m = re.match(r"\| (decode paged|prefill paged causal) \| (kiln_batch_plan|kiln_batch_run) \| (\d+) \| "
+                m = re.match(r"\| (decode paged|prefill paged causal) \| (kiln_plan_schedule|kiln_plan_run) \| (\d+) \| "
                              r"([\d.]+) \| ([\d.]+) \| ([\d.]+) \|", line)
                 if m:
                     RES.add(dict(suite=suite, point=f"{m[1]} B{m[3]} {m[2][11:]}", lib="kiln C API", unit="µs",

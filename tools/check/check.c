@@ -294,7 +294,7 @@ static kiln_status alloc_scratch(kiln_ctx *ctx, kiln_kernel *k, const problem *p
     const kiln__cu *cu = ctx->cu;
     kiln_status st;
     if (p->shape->use_tile_map && k->v.op == KILN_OP_PREFILL) {
-        if ((st = kiln_prefill_mask_plan_size(k, p->L_Q, p->L_KV, &b->tile_map_bytes))) {
+        if ((st = kiln_prefill_tile_map_size(k, p->L_Q, p->L_KV, &b->tile_map_bytes))) {
             *e = ctx->err;
             return st;
         }
@@ -362,7 +362,7 @@ static kiln_status run_once(kiln_ctx *ctx, kiln_kernel *k, problem *p, const dev
     CU_RET(cu->cuMemsetD8(b->lse, 0xff, lse_bytes + 16), "poison lse");
     kiln_attn_args a;
     fill_args(p, b, 0, &a);
-    if ((b->tile_map && (st = kiln_prefill_mask_plan(k, &a, NULL))) || (st = launch(k, &a))) {
+    if ((b->tile_map && (st = kiln_prefill_tile_map(k, &a, NULL))) || (st = launch(k, &a))) {
         *e = ctx->err;
         return st;
     }

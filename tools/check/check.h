@@ -40,7 +40,7 @@ typedef struct kiln_check_shape {
     const unsigned char *mask_bits_host;
     const int *bsr_indptr_host, *bsr_indices_host;
     int bsr_rows, bsr_nnz, bsr_r, bsr_c;
-    int use_tile_map; /* prefill with element masks: run kiln_prefill_mask_plan first */
+    int use_tile_map; /* prefill with element masks: run kiln_prefill_tile_map first */
 } kiln_check_shape;
 
 typedef struct kiln_check_result {
@@ -107,12 +107,12 @@ void kiln_check_rope(double *x, int D, double pos, double scale, double theta);
  * A batch check builds one logical batch of B requests from a seed (q rows, keys and values
  * per request), stores it the way the variant says (kv=ragged: [total_kv, H_KV, D] or HND via
  * strides; kv=paged: a pool of pages bigger than needed, pages in random order, odd last
- * pages), runs kiln_plan_create → kiln_batch_plan → kiln_batch_run, and compares every row
+ * pages), runs kiln_plan_create → kiln_plan_schedule → kiln_plan_run, and compares every row
  * of every request with a float64 reference of the header's batch semantics (bottom-right
  * aligned positions per request, causal, window, softcap, alibi, RoPE, fp8 scales, -inf lse
  * and zero o for rows that see no key). */
 
-/* Index arrays of a batch, as kiln_batch_plan reads them (all malloc'd; free with
+/* Index arrays of a batch, as kiln_plan_schedule reads them (all malloc'd; free with
  * kiln_check_index_free). */
 typedef struct kiln_check_index {
     int batch;          /* B */
@@ -163,7 +163,7 @@ typedef struct kiln_check_batch {
     int max_qo_tokens;  /* plan option (graph prefill) */
     int fixed_split;    /* plan option: batch-invariant chunks */
     int no_split;       /* plan option */
-    int graph;          /* 1: capture kiln_batch_run in a CUDA graph on a stream, replay it, then
+    int graph;          /* 1: capture kiln_plan_run in a CUDA graph on a stream, replay it, then
                             plan a second batch of other lengths (same bounds) into the same
                             workspace, replay again and check both */
     uint64_t seed;      /* 0 picks one from the clock */
@@ -174,10 +174,10 @@ typedef struct kiln_check_batch {
 
 typedef struct kiln_check_batch_result {
     kiln_check_result r; /* over every row of every request (and the graph's second batch) */
-    kiln_plan_info plan; /* what the (first) kiln_batch_plan decided */
+    kiln_plan_info plan; /* what the (first) kiln_plan_schedule decided */
     int bad_request;     /* first request with a mismatch (-1: none) */
     int batches;         /* batches checked (2 in graph mode) */
-    double plan_ms;      /* host time of the first kiln_batch_plan call */
+    double plan_ms;      /* host time of the first kiln_plan_schedule call */
     uint64_t seed;       /* the seed used */
 } kiln_check_batch_result;
 

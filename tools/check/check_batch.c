@@ -1,7 +1,7 @@
 /*
  * check_batch.c — the batch checker: one logical batch of requests drawn from a seed, stored
  * ragged or paged (pool bigger than needed, pages shuffled, odd last pages, optional padded
- * strides), run through kiln_plan_create → kiln_batch_plan → kiln_batch_run (optionally
+ * strides), run through kiln_plan_create → kiln_plan_schedule → kiln_plan_run (optionally
  * captured in a CUDA graph and replayed after a re-plan), and compared row by row with a
  * float64 reference of the header's batch semantics. Also the paged ≡ ragged and batch
  * invariance checks. See check.h.

@@ -45,8 +45,8 @@ typedef struct cb_store {
 typedef struct cb_out {
     uint16_t *o;              /* [total_qo][H][D] out_dtype bits */
     float *lse;               /* [total_qo][H] */
-    kiln_plan_info info;      /* kiln_plan_describe after its kiln_batch_plan */
-    double plan_ms;           /* host time of kiln_batch_plan */
+    kiln_plan_info info;      /* kiln_plan_describe after its kiln_plan_schedule */
+    double plan_ms;           /* host time of kiln_plan_schedule */
     double kernel_ms, min_ms; /* timed runs (median, fastest) */
 } cb_out;
 

@@ -271,7 +271,7 @@ static kiln_status run_upload(run_state *rs, int i, kiln__err *e)
     return KILN_STATUS_OK;
 }
 
-/* kiln_batch_plan of batch i into the shared plan (host time and what it decided into out). */
+/* kiln_plan_schedule of batch i into the shared plan (host time and what it decided into out). */
 static kiln_status run_replan(run_state *rs, int i, cb_out *out, kiln__err *e)
 {
     kiln_ctx *ctx = rs->ctx;
@@ -283,25 +283,25 @@ static kiln_status run_replan(run_state *rs, int i, cb_out *out, kiln__err *e)
     shape.kv_indptr = L->v.kv == KILN_KV_PAGED ? x->page_indptr : x->kv_indptr;
     shape.kv_last_page_len = L->v.kv == KILN_KV_PAGED ? x->last_page_len : NULL;
     double t0 = now_ms();
-    KILN_RET(kiln_batch_plan(rs->plan, &shape, rs->d.ws, rs->d.ws_bytes, rs->stream));
+    KILN_RET(kiln_plan_schedule(rs->plan, &shape, rs->d.ws, rs->d.ws_bytes, rs->stream));
     out->plan_ms = now_ms() - t0;
     KILN_RET(kiln_plan_describe(rs->plan, &out->info));
     return KILN_STATUS_OK;
 }
 
-/* Run batch i: kiln_batch_run, or in graph mode the graph (captured from the first batch's run,
+/* Run batch i: kiln_plan_run, or in graph mode the graph (captured from the first batch's run,
  * then replayed for every batch). */
 static kiln_status run_launch(run_state *rs, int i, const kiln_batch_args *a, kiln__err *e)
 {
     kiln_ctx *ctx = rs->ctx;
     if (!rs->ro->graph) {
-        KILN_RET(kiln_batch_run(rs->plan, a, rs->stream));
+        KILN_RET(kiln_plan_run(rs->plan, a, rs->stream));
         return KILN_STATUS_OK;
     }
     if (i == 0) {
         CU_RET(rs->ga.cuStreamBeginCapture(rs->stream, CU_STREAM_CAPTURE_MODE_THREAD_LOCAL),
                "begin capture");
-        kiln_status run = kiln_batch_run(rs->plan, a, rs->stream);
+        kiln_status run = kiln_plan_run(rs->plan, a, rs->stream);
         CUresult cr = rs->ga.cuStreamEndCapture(rs->stream, &rs->graph);
         if (run)
             return kiln__fail(e, run, "check batch: run under capture: %s", kiln_ctx_errmsg(ctx));
@@ -344,7 +344,7 @@ static kiln_status run_time(run_state *rs, const kiln_batch_args *a, cb_out *out
     for (int t = -3; t < reps; t++) { /* three warm-up runs */
         CU_RET(cu->cuEventRecord(rs->ev[0], rs->stream), "event record");
         if (rs->exec) CU_RET(rs->ga.cuGraphLaunch(rs->exec, rs->stream), "launch graph");
-        else KILN_RET(kiln_batch_run(rs->plan, a, rs->stream));
+        else KILN_RET(kiln_plan_run(rs->plan, a, rs->stream));
         CU_RET(cu->cuEventRecord(rs->ev[1], rs->stream), "event record");
         CU_RET(cu->cuEventSynchronize(rs->ev[1]), "timed run");
         float f = 0;
