@@ -1,16 +1,39 @@
 /*
  * config.c — the tile configuration of each kernel family, derived from the variant and the
  * target arch only, so that the runtime can recompute the launch geometry of a cached kernel.
- * The shared-memory arithmetic here mirrors decode_layout / prefill_layout in templates/.
+ * The shared-memory formulas are the contract's (templates/common/params.h), which the
+ * templates' layouts use too.
  */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "jit.h"
+#include "params.h"
+
+/* expand.c writes the public enum values into kiln_cfg; the templates switch on the contract's */
+#define SAME_ID(pub, id) ((int)(pub) == (int)(id))
+_Static_assert(SAME_ID(KILN_KV_CONTIGUOUS, KILN_ID_KV_CONTIGUOUS) &&
+                   SAME_ID(KILN_KV_RAGGED, KILN_ID_KV_RAGGED) &&
+                   SAME_ID(KILN_KV_PAGED, KILN_ID_KV_PAGED),
+               "kv storage ids");
+_Static_assert(SAME_ID(KILN_DTYPE_F16, KILN_ID_F16) && SAME_ID(KILN_DTYPE_BF16, KILN_ID_BF16) &&
+                   SAME_ID(KILN_DTYPE_F16, KILN_ID_KV_F16) &&
+                   SAME_ID(KILN_DTYPE_BF16, KILN_ID_KV_BF16) &&
+                   SAME_ID(KILN_DTYPE_E4M3, KILN_ID_KV_E4M3) &&
+                   SAME_ID(KILN_DTYPE_E5M2, KILN_ID_KV_E5M2),
+               "dtype ids");
+_Static_assert(SAME_ID(KILN_LOGITS_NONE, KILN_ID_LOGITS_NONE) &&
+                   SAME_ID(KILN_LOGITS_SOFTCAP, KILN_ID_LOGITS_SOFTCAP) &&
+                   SAME_ID(KILN_LOGITS_ALIBI, KILN_ID_LOGITS_ALIBI),
+               "logits ids");
+_Static_assert(SAME_ID(KILN_MASK_DATA_NONE, KILN_ID_MASK_DATA_NONE) &&
+                   SAME_ID(KILN_MASK_DATA_BITMASK, KILN_ID_MASK_DATA_BITMASK) &&
+                   SAME_ID(KILN_MASK_DATA_BSR, KILN_ID_MASK_DATA_BSR),
+               "mask data ids");
+#undef SAME_ID
 
 enum {
-    DECODE_TILE = 32,  /* keys per warp tile: one per lane */
     DECODE_MAX_GB = 8, /* query heads per decode CTA (register bound) */
     MAX_WARPS = 16,
 };
@@ -32,24 +55,16 @@ int kiln__smem_limit(int sm)
 
 static int is_fp8(kiln_dtype t) { return t == KILN_DTYPE_E4M3 || t == KILN_DTYPE_E5M2; }
 
-/* Mirrors decode_layout in templates/decode.cuh. */
 static int decode_smem(const kiln_variant *v, int gb, int warps, int stages)
 {
-    const int d = v->head_dim, fp8 = is_fp8(v->kv_dtype), es = fp8 ? 1 : 2;
-    int q = gb * d * 4, pbuf = warps * gb * DECODE_TILE * 4;
-    int offs = v->kv == KILN_KV_PAGED ? warps * DECODE_TILE * 16 : 0;
-    int freq = v->rope ? d / 2 * 4 : 0;
-    int kv = warps * stages * (DECODE_TILE * (d * es + 16) + DECODE_TILE * d * es);
-    int combine = warps * gb * (d + 2) * 4;
-    return q + pbuf + offs + freq + (kv > combine ? kv : combine);
+    return kiln_decode_smem_bytes(v->head_dim, is_fp8(v->kv_dtype) ? 1 : 2, gb, warps, stages,
+                                  v->kv == KILN_KV_PAGED, v->rope);
 }
 
-/* Mirrors prefill_layout in templates/prefill.cuh. */
 static int prefill_smem(const kiln_variant *v, int warps, int mt, int bn, int stages)
 {
-    const int d = v->head_dim, fp8 = is_fp8(v->kv_dtype), es = fp8 ? 1 : 2;
-    return warps * mt * 16 * d * 2 + 2 * stages * bn * d * es + (fp8 ? 2 * bn * d * 2 : 0) +
-           (v->rope ? d / 2 * 4 : 0) + (v->kv == KILN_KV_PAGED ? 2 * bn * 8 : 0);
+    return kiln_prefill_smem_bytes(v->head_dim, is_fp8(v->kv_dtype) ? 1 : 2, warps * mt * 16, bn,
+                                   stages, v->kv == KILN_KV_PAGED, v->rope);
 }
 
 /* Apply "key=value" overrides from KILN_TUNE. */
@@ -195,7 +210,7 @@ kiln_status kiln__config_pick(const kiln_variant *v, int sm, kiln__config *c, ki
         c->gb = 1;
         for (int g = 1; g <= DECODE_MAX_GB && g <= v->group; g++)
             if (v->group % g == 0) c->gb = g;
-        c->block_n = DECODE_TILE;
+        c->block_n = KILN_DECODE_TILE;
         /* Four warps, double-buffered; where that does not fit (d256 on sm_90, d128 on 99 KiB
          * parts) four single-buffered warps beat two double-buffered ones (measured on H200:
          * d256 2.7 vs 1.6 TB/s at L_KV 32768), then fewer warps. */
@@ -208,10 +223,10 @@ kiln_status kiln__config_pick(const kiln_variant *v, int sm, kiln__config *c, ki
         if (decode_smem(v, c->gb, c->warps, c->stages) > limit) c->stages = 1;
         while (c->warps > 1 && decode_smem(v, c->gb, c->warps, c->stages) > limit) c->warps /= 2;
         if ((st = apply_tune(c, e))) return st;
-        if (c->block_n != DECODE_TILE || c->mt || c->q_in_regs)
+        if (c->block_n != KILN_DECODE_TILE || c->mt || c->q_in_regs)
             return kiln__fail(e, KILN_STATUS_UNSUPPORTED,
                               "config: decode takes bn=%d only and no mt/qregs (KILN_TUNE)",
-                              DECODE_TILE);
+                              KILN_DECODE_TILE);
         c->block_m = c->gb;
         c->smem_bytes = decode_smem(v, c->gb, c->warps, c->stages);
         c->merge_threads = d;
