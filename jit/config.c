@@ -6,39 +6,53 @@
  * class, with a one-line reason; the measurements behind the rows are in docs/perf/notes.md
  * ("Tile configuration: the measurements behind jit/config.c"). KILN_TUNE overrides fields after
  * the table, then every field is validated.
+ *
+ * The shared-memory formulas are the contract's (templates/common/params.h), which the
+ * templates' layouts use too.
  */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "jit.h"
+#include "params.h"
 
-/* ---- tile constants and shared-memory formulas (the templates' layouts) --------------------- */
+/* expand.c writes the public enum values into kiln_cfg; the templates switch on the contract's */
+#define SAME_ID(pub, id) ((int)(pub) == (int)(id))
+_Static_assert(SAME_ID(KILN_KV_CONTIGUOUS, KILN_ID_KV_CONTIGUOUS) &&
+                   SAME_ID(KILN_KV_RAGGED, KILN_ID_KV_RAGGED) &&
+                   SAME_ID(KILN_KV_PAGED, KILN_ID_KV_PAGED),
+               "kv storage ids");
+_Static_assert(SAME_ID(KILN_DTYPE_F16, KILN_ID_F16) && SAME_ID(KILN_DTYPE_BF16, KILN_ID_BF16) &&
+                   SAME_ID(KILN_DTYPE_F16, KILN_ID_KV_F16) &&
+                   SAME_ID(KILN_DTYPE_BF16, KILN_ID_KV_BF16) &&
+                   SAME_ID(KILN_DTYPE_E4M3, KILN_ID_KV_E4M3) &&
+                   SAME_ID(KILN_DTYPE_E5M2, KILN_ID_KV_E5M2),
+               "dtype ids");
+_Static_assert(SAME_ID(KILN_LOGITS_NONE, KILN_ID_LOGITS_NONE) &&
+                   SAME_ID(KILN_LOGITS_SOFTCAP, KILN_ID_LOGITS_SOFTCAP) &&
+                   SAME_ID(KILN_LOGITS_ALIBI, KILN_ID_LOGITS_ALIBI),
+               "logits ids");
+_Static_assert(SAME_ID(KILN_MASK_DATA_NONE, KILN_ID_MASK_DATA_NONE) &&
+                   SAME_ID(KILN_MASK_DATA_BITMASK, KILN_ID_MASK_DATA_BITMASK) &&
+                   SAME_ID(KILN_MASK_DATA_BSR, KILN_ID_MASK_DATA_BSR),
+               "mask data ids");
+#undef SAME_ID
 
-enum {
-    DECODE_TILE = 32, /* keys per warp tile: one per lane */
-};
+/* ---- shared-memory formulas (the contract's, templates/common/params.h) ------------------ */
 
 static int is_fp8(kiln_dtype t) { return t == KILN_DTYPE_E4M3 || t == KILN_DTYPE_E5M2; }
 
-/* Mirrors decode_layout in templates/decode.cuh. */
 static int decode_smem(const kiln_variant *v, int gb, int warps, int stages)
 {
-    const int d = v->head_dim, fp8 = is_fp8(v->kv_dtype), es = fp8 ? 1 : 2;
-    int q = gb * d * 4, pbuf = warps * gb * DECODE_TILE * 4;
-    int offs = v->kv == KILN_KV_PAGED ? warps * DECODE_TILE * 16 : 0;
-    int freq = v->rope ? d / 2 * 4 : 0;
-    int kv = warps * stages * (DECODE_TILE * (d * es + 16) + DECODE_TILE * d * es);
-    int combine = warps * gb * (d + 2) * 4;
-    return q + pbuf + offs + freq + (kv > combine ? kv : combine);
+    return kiln_decode_smem_bytes(v->head_dim, is_fp8(v->kv_dtype) ? 1 : 2, gb, warps, stages,
+                                  v->kv == KILN_KV_PAGED, v->rope);
 }
 
-/* Mirrors prefill_layout in templates/prefill.cuh. */
 static int prefill_smem(const kiln_variant *v, int warps, int mt, int bn, int stages)
 {
-    const int d = v->head_dim, fp8 = is_fp8(v->kv_dtype), es = fp8 ? 1 : 2;
-    return warps * mt * 16 * d * 2 + 2 * stages * bn * d * es + (fp8 ? 2 * bn * d * 2 : 0) +
-           (v->rope ? d / 2 * 4 : 0) + (v->kv == KILN_KV_PAGED ? 2 * bn * 8 : 0);
+    return kiln_prefill_smem_bytes(v->head_dim, is_fp8(v->kv_dtype) ? 1 : 2, warps * mt * 16, bn,
+                                   stages, v->kv == KILN_KV_PAGED, v->rope);
 }
 
 /* ---- limits --------------------------------------------------------------------------------- */
@@ -120,13 +134,13 @@ static const tile_row tile_rows[] = {
      "as d64: measured best at both; 2 warps or 64-key tiles lose CTAs per SM"},
     {FAM_PACKED_DECODE, 256, ANY,           ALWAYS, 1,    1, 16,          2,     0,
      "as d128 with 16-key tiles, 2 stages: more keys or stages cost CTAs per SM"},
-    {FAM_SIMT_DECODE,   0,   SINGLE_OR_FP8, FITS,   4,    0, DECODE_TILE, 2,     0,
+    {FAM_SIMT_DECODE,   0,   SINGLE_OR_FP8, FITS,   4,    0, KILN_DECODE_TILE, 2,     0,
      "four warps, double-buffered"},
-    {FAM_SIMT_DECODE,   0,   ANY,           FITS,   4,    0, DECODE_TILE, 1,     0,
+    {FAM_SIMT_DECODE,   0,   ANY,           FITS,   4,    0, KILN_DECODE_TILE, 1,     0,
      "batches of 16-bit KV: 3 CTAs share an SM; else 4 warps x 1 stage beat 2 warps x 2"},
-    {FAM_SIMT_DECODE,   0,   ANY,           FITS,   2,    0, DECODE_TILE, 1,     0,
+    {FAM_SIMT_DECODE,   0,   ANY,           FITS,   2,    0, KILN_DECODE_TILE, 1,     0,
      "where four warps do not fit: two"},
-    {FAM_SIMT_DECODE,   0,   ANY,           ALWAYS, 1,    0, DECODE_TILE, 1,     0,
+    {FAM_SIMT_DECODE,   0,   ANY,           ALWAYS, 1,    0, KILN_DECODE_TILE, 1,     0,
      "then one"},
 };
 /* clang-format on */
@@ -259,10 +273,10 @@ static kiln_status pick_simt_decode(const kiln_variant *v, int smem_limit, kiln_
         if (v->group % g == 0) c->gb = g;
     kiln_status st = pick_row(FAM_SIMT_DECODE, v, smem_limit, c, e);
     if (st || (st = apply_tune(c, e))) return st;
-    if (c->block_n != DECODE_TILE || c->mt || c->q_in_regs)
+    if (c->block_n != KILN_DECODE_TILE || c->mt || c->q_in_regs)
         return kiln__fail(e, KILN_STATUS_UNSUPPORTED,
                           "config: decode takes bn=%d only and no mt/qregs (KILN_TUNE)",
-                          DECODE_TILE);
+                          KILN_DECODE_TILE);
     c->block_m = c->gb;
     c->smem_bytes = decode_smem(v, c->gb, c->warps, c->stages);
     c->merge_threads = v->head_dim;

@@ -167,11 +167,17 @@ kiln_status kiln__expand(const kiln_variant *v, const kiln__config *cfg, const c
     const int batch = v->kv != KILN_KV_CONTIGUOUS;
     /* decode on tensor cores (cfg->pack) is the prefill kernel with the group packed into rows */
     const int cuda_core_decode = decode && !cfg->pack;
-    const char *family = merge ? "merge.cuh" : cuda_core_decode ? "decode.cuh" : "prefill.cuh";
-    const kiln__template *t = find_template(family, strlen(family));
-    if (!t)
-        return kiln__fail(e, KILN_STATUS_UNSUPPORTED, "expand: template %s is not embedded",
-                          family);
+    const char *family = merge              ? "merge.cuh"
+                         : cuda_core_decode ? "simt_decode.cuh"
+                                            : "mma_attention.cuh";
+    /* the tile map kernel of a prefill's element masks comes with its own template */
+    const int tile_map = !decode && !merge && kiln__variant_has_element_mask(v);
+    const char *roots[2] = {family, tile_map ? "tile_map.cuh" : NULL};
+    const kiln__template *t[2] = {NULL, NULL};
+    for (int i = 0; i < 2 && roots[i]; i++)
+        if (!(t[i] = find_template(roots[i], strlen(roots[i]))))
+            return kiln__fail(e, KILN_STATUS_UNSUPPORTED, "expand: template %s is not embedded",
+                              roots[i]);
 
     kiln__str s = {0};
     kiln__str_printf(&s,
@@ -184,10 +190,12 @@ kiln_status kiln__expand(const kiln_variant *v, const kiln__config *cfg, const c
         kiln__str_free(&s);
         return kiln__fail(e, KILN_STATUS_UNSUPPORTED, "expand: too many templates");
     }
-    kiln_status st = inline_template(&s, t, seen, 0, e);
-    if (st) {
-        kiln__str_free(&s);
-        return st;
+    for (int i = 0; i < 2 && t[i]; i++) {
+        kiln_status st = inline_template(&s, t[i], seen, 0, e);
+        if (st) {
+            kiln__str_free(&s);
+            return st;
+        }
     }
     kiln__str_printf(&s,
                      "\n/* ---- instantiation ---- */\n"
@@ -211,7 +219,7 @@ kiln_status kiln__expand(const kiln_variant *v, const kiln__config *cfg, const c
                                                 "kiln::merge_states_kernel<kiln_cfg>(p)"};
             kiln__str_printf(&s,
                              "\nextern \"C\" __global__ void __launch_bounds__(%d)\n"
-                             "%s(const __grid_constant__ kiln::merge_params p)\n{\n    %s;\n}\n",
+                             "%s(const __grid_constant__ kiln_merge_params p)\n{\n    %s;\n}\n",
                              cfg->threads, entry[i], body[i]);
         }
         *source = kiln__str_take(&s);
@@ -226,13 +234,12 @@ kiln_status kiln__expand(const kiln_variant *v, const kiln__config *cfg, const c
                          "    static constexpr int MT = %d, BN = %d, Q_IN_REGS = %d, PACK = %d;\n",
                          cfg->mt, cfg->block_n, cfg->q_in_regs, cfg->pack);
     kiln__str_printf(&s,
-                     "};\nstatic_assert(sizeof(kiln_launch_params) == KILN_LAUNCH_PARAMS_SIZE, "
-                     "\"params layout\");\n\n"
+                     "};\n\n"
                      "extern \"C\" __global__ void __launch_bounds__(%d, %d)\n"
                      "%s(const __grid_constant__ kiln_launch_params p)\n{\n"
                      "    kiln::%s_kernel<kiln_cfg>(p);\n}\n",
                      cfg->threads, cfg->min_blocks, KILN__ENTRY_MAIN,
-                     cuda_core_decode ? "decode" : "prefill");
+                     cuda_core_decode ? "simt_decode" : "mma_attention");
     if (batch)
         kiln__str_printf(&s,
                          "\nextern \"C\" __global__ void __launch_bounds__(%d)\n"
@@ -245,11 +252,11 @@ kiln_status kiln__expand(const kiln_variant *v, const kiln__config *cfg, const c
                          "%s(const __grid_constant__ kiln_launch_params p)\n{\n"
                          "    kiln::decode_merge_kernel<kiln_cfg>(p);\n}\n",
                          cfg->merge_threads, KILN__ENTRY_MERGE);
-    if (!decode && kiln__variant_has_element_mask(v))
+    if (tile_map)
         kiln__str_printf(&s,
                          "\nextern \"C\" __global__ void __launch_bounds__(%d)\n"
                          "%s(const __grid_constant__ kiln_launch_params p)\n{\n"
-                         "    kiln::prefill_tile_map_kernel<kiln_cfg>(p);\n}\n",
+                         "    kiln::tile_map_kernel<kiln_cfg>(p);\n}\n",
                          KILN__TILE_MAP_THREADS, KILN__ENTRY_TILE_MAP);
     *source = kiln__str_take(&s);
     if (!*source) return kiln__fail(e, KILN_STATUS_NO_MEMORY, "expand: out of memory");

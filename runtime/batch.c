@@ -11,8 +11,9 @@
  * when anything may be split, the merge kernel: pure host arithmetic and two launches.
  *
  * Workspace (offsets fixed by the plan's bounds, so a graph-mode run keeps them): an int
- * region (header [items, tasks, B, 0], items of 8 ints, requests of 8, tasks of 4), then the
- * partial states: float lse [slots][H][rows], float o [slots][H][rows][D].
+ * region (kiln_work_header, kiln_work_item[], kiln_work_req[], kiln_merge_task[]: the contract
+ * in templates/common/params.h), then the partial states: float lse [slots][H][rows], float o
+ * [slots][H][rows][D].
  */
 #include <math.h>
 #include <stdlib.h>
@@ -21,12 +22,12 @@
 #include "params.h"
 #include "runtime.h"
 
+/* the schedule's records (templates/common/params.h), in ints */
 enum {
-    DECODE_TILE = 32,
-    ITEM_INTS = 8,
-    REQ_INTS = 8, /* q_start, qo_len, kv_start, kv_len, mask bit0 (low, high), bsr row0, 0 */
-    TASK_INTS = 4,
-    HEADER_INTS = 4,
+    ITEM_INTS = sizeof(kiln_work_item) / sizeof(int),
+    REQ_INTS = sizeof(kiln_work_req) / sizeof(int),
+    TASK_INTS = sizeof(kiln_merge_task) / sizeof(int),
+    HEADER_INTS = sizeof(kiln_work_header) / sizeof(int),
     /* per-CTA fixed cost in keys: pipeline fill, q load, the final combine */
     CTA_OVERHEAD_KEYS = 256,
     /* extra cost of a split query tile: its partial write and the merge */
@@ -136,7 +137,7 @@ static kiln_plan *plan_new(kiln_kernel *k, const kiln_plan_opts *opts, int slots
     const int pack = k->cfg.pack, G = v->group;
     pl->hpi = pack ? pl->H / G : pl->decode ? (pl->H / G) * (G / k->cfg.gb) : pl->H;
     pl->rows = pl->decode ? 1 : pack ? k->cfg.block_m / G : k->cfg.block_m;
-    pl->gran = pl->decode && !pack ? DECODE_TILE * k->cfg.warps : k->cfg.block_n;
+    pl->gran = pl->decode && !pack ? KILN_DECODE_TILE * k->cfg.warps : k->cfg.block_n;
     pl->slots = slots;
     if (pl->o.fixed_split > 0) /* chunks stay aligned to the kernel's key tiles */
         pl->o.fixed_split = (pl->o.fixed_split + pl->gran - 1) / pl->gran * pl->gran;
@@ -526,23 +527,23 @@ static kiln_status write_requests(const kiln_plan *pl, const kiln_batch_shape *s
     const int B = s->batch;
     /* the records end before the tasks: B is within the bound the layout was made for */
     KILN__ASSERT_LE(L->reqs_off + (int64_t)B * REQ_INTS, L->tasks_off);
-    int *req = w + L->reqs_off;
+    kiln_work_req *req = (kiln_work_req *)(w + L->reqs_off);
     /* requests; mask data of request b starts after the earlier requests' (bits: their
      * L_Q x L_KV matrices; bsr: their block rows) */
     int64_t bit0 = 0, row0 = 0;
     const int R = pl->o.bsr_r > 0 ? pl->o.bsr_r : 1;
     for (int b = 0; b < B; b++) {
-        int *q = req + (size_t)b * REQ_INTS;
+        kiln_work_req *q = req + b;
         const int qo = pl->decode ? 1 : s->qo_indptr[b + 1] - s->qo_indptr[b],
                   kv = req_kv_len(pl, s, b);
-        q[0] = pl->decode ? b : s->qo_indptr[b];
-        q[1] = qo;
-        q[2] = s->kv_indptr[b];
-        q[3] = kv;
-        q[4] = (int)(uint32_t)(uint64_t)bit0;
-        q[5] = (int)(uint32_t)((uint64_t)bit0 >> 32);
-        q[6] = (int)row0;
-        q[7] = 0;
+        q->q_start = pl->decode ? b : s->qo_indptr[b];
+        q->qo_len = qo;
+        q->kv_start = s->kv_indptr[b];
+        q->kv_len = kv;
+        q->mask_bit0_lo = (int)(uint32_t)(uint64_t)bit0;
+        q->mask_bit0_hi = (int)(uint32_t)((uint64_t)bit0 >> 32);
+        q->bsr_row0 = (int)row0;
+        q->pad = 0;
         bit0 += (int64_t)qo * kv;
         row0 += R == 1 ? qo : ceil_div(qo, R); /* no division on the plan's path without bsr */
     }
@@ -564,7 +565,8 @@ static void write_items(kiln_plan *pl, int ntiles, int64_t chunk, const layout *
                         sched_counts *out)
 {
     /* the schedule, heaviest items first: bucket by the bit length of the item's keys */
-    int *item = w + L->items_off, *task = w + L->tasks_off;
+    kiln_work_item *item = (kiln_work_item *)(w + L->items_off);
+    kiln_merge_task *task = (kiln_merge_task *)(w + L->tasks_off);
     const int *tile_b = pl->order, *tile_m = pl->order + pl->scratch_cap;
     int nitems = 0, ntasks = 0, nslot = 0;
     int64_t total_keys = 0, longest = 0;
@@ -597,30 +599,31 @@ static void write_items(kiln_plan *pl, int ntiles, int64_t chunk, const layout *
         KILN__ASSERT(n == 1 || ((n - 1) * chunk < keys && keys <= n * chunk));
         KILN__ASSERT(n == 1 || (slot0 >= 0 && slot0 + n <= L->slots && ntasks < L->tasks));
         for (int64_t c = 0; c < n; c++) {
-            int *it = item + (size_t)nitems * ITEM_INTS;
-            it[0] = tile_b[t];
-            it[1] = tile_m[t];
-            it[2] = n > 1 ? (int)(c * chunk) : 0;
-            it[3] = n > 1 ? (int)((c + 1) * chunk < keys ? (c + 1) * chunk : keys) : keys;
-            it[4] = n > 1 ? slot0 + (int)c : -1;
-            it[5] = it[6] = it[7] = 0;
+            kiln_work_item *it = item + nitems;
+            it->b = tile_b[t];
+            it->m = tile_m[t];
+            it->kv_lo = n > 1 ? (int)(c * chunk) : 0;
+            it->kv_hi = n > 1 ? (int)((c + 1) * chunk < keys ? (c + 1) * chunk : keys) : keys;
+            it->slot = n > 1 ? slot0 + (int)c : -1;
+            it->pad[0] = it->pad[1] = it->pad[2] = 0;
             nitems++;
         }
         if (n > 1) {
-            task[ntasks * 4 + 0] = tile_b[t];
-            task[ntasks * 4 + 1] = tile_m[t];
-            task[ntasks * 4 + 2] = slot0;
-            task[ntasks * 4 + 3] = (int)n;
+            task[ntasks].b = tile_b[t];
+            task[ntasks].m = tile_m[t];
+            task[ntasks].slot0 = slot0;
+            task[ntasks].nslots = (int)n;
             ntasks++;
             nslot += (int)n;
         }
         total_keys += keys;
         if (size > longest) longest = size;
     }
-    w[0] = nitems;
-    w[1] = ntasks;
-    w[2] = B;
-    w[3] = 0;
+    kiln_work_header *hdr = (kiln_work_header *)w;
+    hdr->items = nitems;
+    hdr->tasks = ntasks;
+    hdr->reqs = B;
+    hdr->pad = 0;
     *out = (sched_counts){nitems, ntasks, nslot, total_keys, longest};
 }
 

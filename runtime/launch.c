@@ -11,10 +11,6 @@
 #include "params.h"
 #include "runtime.h"
 
-_Static_assert(sizeof(kiln_launch_params) == KILN_LAUNCH_PARAMS_SIZE, "params layout");
-
-#define DECODE_TILE 32
-
 static kiln_status fail(kiln_kernel *k, kiln_status st, kiln__err *e)
 {
     return kiln__ctx_error(k ? k->ctx : NULL, st, e);
@@ -333,7 +329,7 @@ kiln_status kiln__batch_prepare(kiln_kernel *k, const kiln_batch_args *b, int H,
 static int decode_split_bound(const kiln_kernel *k, int H, int n)
 {
     const kiln__config *c = &k->cfg;
-    const int per_split_min = DECODE_TILE * c->warps; /* every warp gets a tile */
+    const int per_split_min = KILN_DECODE_TILE * c->warps; /* every warp gets a tile */
     const int base = (H / k->v.group) * (k->v.group / c->gb);
     const int sms = k->ctx->info.sm_count > 0 ? k->ctx->info.sm_count : 1;
     const int slots = sms * (k->ctas_per_sm > 0 ? k->ctas_per_sm : 1);
@@ -348,7 +344,7 @@ static int decode_split_bound(const kiln_kernel *k, int H, int n)
 static void decode_split(const kiln_kernel *k, int H, int L_KV, int window, int window_left,
                          int *kv_begin, int *chunk, int *splits)
 {
-    const int per_split_min = DECODE_TILE * k->cfg.warps;
+    const int per_split_min = KILN_DECODE_TILE * k->cfg.warps;
     const int begin = window ? (L_KV - 1 - window_left > 0 ? L_KV - 1 - window_left : 0) : 0;
     const int n = L_KV - begin;
     const int want = decode_split_bound(k, H, n);

@@ -10,14 +10,8 @@
  */
 #include <string.h>
 
+#include "params.h"
 #include "runtime.h"
-
-/* Mirrors kiln::merge_params in templates/merge.cuh. */
-typedef struct merge_params {
-    unsigned long long v_a, lse_a, v_b, lse_b, v_out, lse_out, mask, v_all, lse_all;
-    long long v_stride_n, v_stride_h;
-    int num_states, rows, num_heads, pad;
-} merge_params;
 
 static kiln_status merge_launch(kiln_kernel *k, const kiln_merge_args *a, int which, void *stream)
 {
@@ -61,7 +55,7 @@ static kiln_status merge_launch(kiln_kernel *k, const kiln_merge_args *a, int wh
                                           what, k->spec),
                                &e);
     if (a->rows == 0) return KILN_STATUS_OK;
-    merge_params p;
+    kiln_merge_params p;
     memset(&p, 0, sizeof p);
     p.v_a = a->v_a;
     p.lse_a = a->lse_a;

@@ -172,7 +172,9 @@ def main():
             text = text.replace("--arch all", "--arch sm_80,sm_90a")
             p = subprocess.run(["bash", "-c", text], cwd=scratch, env=env, capture_output=True, text=True)
         else:
-            words = [subst(w) for w in words]
+            # an option's number (--limit 2) is no key prefix, however hex it looks
+            words = [w if i and words[i - 1].startswith("--") and w.isdigit() else subst(w)
+                     for i, w in enumerate(words)]
             for j, w in enumerate(words):
                 if w == "all" and j and words[j - 1] == "--arch":
                     words[j] = "sm_80,sm_90a"

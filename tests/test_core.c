@@ -31,7 +31,7 @@ KT_TEST(core_expand_self_contained)
     KT_REQUIRE(src);
     KT_CONTAINS(src, "generated source, do not edit");
     KT_CONTAINS(src, "spec:      op=prefill dtype=bf16 head_dim=128 group=4");
-    KT_CONTAINS(src, "templates/prefill.cuh");
+    KT_CONTAINS(src, "templates/mma_attention.cuh");
     KT_CONTAINS(src, "templates/common/params.h");
     KT_CHECK(strstr(src, "#include") == NULL);
     KT_CONTAINS(src, "extern \"C\" __global__");
@@ -145,8 +145,8 @@ KT_TEST(core_decode_kernel_choice)
         KT_OK(kiln__expand(&v, &cfg, "sm_90a", &src, &e), e.msg);
         KT_REQUIRE(src);
         const int mma = cfg.pack || v.op == KILN_OP_PREFILL;
-        KT_CHECK(strstr(src, mma ? "kiln::prefill_kernel<kiln_cfg>"
-                                 : "kiln::decode_kernel<kiln_cfg>") != NULL);
+        KT_CHECK(strstr(src, mma ? "kiln::mma_attention_kernel<kiln_cfg>"
+                                 : "kiln::simt_decode_kernel<kiln_cfg>") != NULL);
         free(src);
         src = NULL;
     }

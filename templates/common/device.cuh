@@ -1,7 +1,8 @@
 /*
  * device.cuh — the small vocabulary every kiln kernel is written in: 16-bit element types and
- * their conversions, 16-byte async copies (cp.async), ldmatrix, the m16n8k16 tensor-core MMA,
- * fast exp2 / tanh, and the logits transform and mask hooks shared by decode and prefill.
+ * their conversions, fast exp2 / log2 / tanh, 16-byte async copies (cp.async), ldmatrix, the
+ * m16n8k16 tensor-core MMA, fp8 widening and the RoPE rotation. The type ids (F16, BF16,
+ * KV_E4M3, ...) come from the contract header, common/params.h.
  *
  * No CUDA header is included: the generated source is self-contained and compiles with
  * NVRTC -minimal. 16-bit values are carried as raw bits (unsigned short / packed unsigned int).
@@ -9,6 +10,8 @@
  */
 #ifndef KILN_DEVICE_CUH
 #define KILN_DEVICE_CUH
+
+#include "common/params.h"
 
 namespace kiln {
 
@@ -22,8 +25,6 @@ constexpr float LN2 = 0.6931471805599453f;    /* ln(2): ln(x) = log2(x) * LN2 */
 /* -infinity (no constexpr form without headers). */
 __device__ __forceinline__ float neg_inf() { return __int_as_float(0xff800000); }
 constexpr int WARP = 32;
-
-enum dtype_id { F16 = 0, BF16 = 1 };
 
 /* ---- 16-bit conversions ---- */
 
@@ -160,78 +161,10 @@ __device__ __forceinline__ void mma16816<F16>(float (&d)[4], const u32 (&a)[4], 
                  : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
-/* ---- the logits transform ----
- * x = sm_scale * q.k, then the variant's builtin transform, in natural units. LOGITS: 0 none,
- * 1 soft-cap, 2 ALiBi. rel = j - (i + L_KV - L_Q) is the key's distance from the query's
- * diagonal (<= 0 for visible causal keys). */
-template <int LOGITS>
-__device__ __forceinline__ float logit_nat(float qk, float sm_scale, float cap, float slope, int rel)
-{
-    float x = qk * sm_scale;
-    if (LOGITS == 1) x = cap * tanh_fast(x * (1.0f / cap));
-    if (LOGITS == 2) x += slope * (float)rel;
-    return x;
-}
-
-/* The full logit in log2 units (times LOG2E, for exp2): the builtin transform, then the
- * variant's logits snippet when it has one (Cfg::logits_expr, generated from the user's
- * validated expression). i, j: query row and key index; h, hk: query and KV head; b, L_Q,
- * L_KV: the request (0 and the launch's lengths for a single request). */
-template <class Cfg, class P>
-__device__ __forceinline__ float logit_full(float qk, const P &p, float slope, int i, int j, int h,
-                                            int hk, int b, int L_Q, int L_KV)
-{
-    float x = logit_nat<Cfg::LOGITS>(qk, p.sm_scale, p.softcap, slope, j - (i + L_KV - L_Q));
-    if constexpr (Cfg::HAS_LOGITS_EXPR) x = Cfg::logits_expr(x, b, i, j, h, hk, L_Q, L_KV, p);
-    return x * LOG2E;
-}
-
-/* Where one request's mask data starts: its first bit (bitmask) and first block row (bsr).
- * Zero for a single request; a batch's plan stores them per request (load_req_mask). */
-struct mask_base {
-    i64 bit0;
-    int row0;
-};
-
-/* The run-time mask data (Cfg::MASK_DATA 1 bitmask, 2 bsr) at query row i, key j of a request
- * with L_KV keys whose data starts at mb. */
-template <class Cfg, class P>
-__device__ __forceinline__ bool mask_data(const P &p, const mask_base &mb, int L_KV, int i, int j)
-{
-    if constexpr (Cfg::MASK_DATA == 1) {
-        const i64 bit = mb.bit0 + (i64)i * L_KV + j;
-        return (reinterpret_cast<const unsigned char *>(p.mask_bits)[bit >> 3] >> (bit & 7)) & 1;
-    } else if constexpr (Cfg::MASK_DATA == 2) {
-        const int *indptr = reinterpret_cast<const int *>(p.bsr_indptr);
-        const int *cols = reinterpret_cast<const int *>(p.bsr_indices);
-        const int rb = mb.row0 + i / p.bsr_r, cb = j / p.bsr_c;
-        int lo = indptr[rb], hi = indptr[rb + 1]; /* binary search in a sorted row */
-        while (lo < hi) {
-            const int mid = (lo + hi) >> 1;
-            const int c = cols[mid];
-            if (c == cb) return true;
-            if (c < cb) lo = mid + 1;
-            else hi = mid;
-        }
-        return false;
-    }
-    return true;
-}
-
-/* The variant's mask snippet (true: visible); always true without one. */
-template <class Cfg, class P>
-__device__ __forceinline__ bool mask_user(const P &p, int i, int j, int h, int hk, int b, int L_Q,
-                                          int L_KV)
-{
-    if constexpr (Cfg::HAS_MASK_EXPR) return Cfg::mask_expr(b, i, j, h, hk, L_Q, L_KV, p);
-    return true;
-}
-
 /* ---- fp8 KV ----
  * Four fp8 values (one 32-bit word, byte 0 first) to floats through f16 bits: e5m2 is the top
  * byte of an f16; e4m3's exponent and mantissa shifted into an f16 give the value times 2^-8
  * (normal and subnormal alike), a factor the host folds into k_scale / v_scale. */
-enum kv_dtype_id { KV_F16 = 0, KV_BF16 = 1, KV_E4M3 = 2, KV_E5M2 = 3 };
 
 __device__ __forceinline__ void half2_to_f(u32 w, float &lo, float &hi)
 {
@@ -282,55 +215,6 @@ __device__ __forceinline__ void rope_rotate(float &x0, float &x1, float angle)
     const float a = x0 * c - x1 * s, b = x1 * c + x0 * s;
     x0 = a;
     x1 = b;
-}
-
-/* ---- batches ---- */
-
-/* One work item of a batch plan: request b, query tile m, keys [kv_lo, kv_hi), and the
- * partial-state slot it writes (-1: it owns its rows and writes o directly). */
-struct work_item {
-    int b, m, kv_lo, kv_hi, slot;
-};
-/* One request: its query rows start at q_start in q/o, its keys at kv_start (ragged: token
- * row; paged: offset into kv_indices). */
-struct work_req {
-    int q_start, qo_len, kv_start, kv_len;
-};
-
-template <class P> __device__ __forceinline__ work_item load_item(const P &p, int i)
-{
-    const int *w = reinterpret_cast<const int *>(p.work) + p.items_off + i * 8;
-    const int4 a = *reinterpret_cast<const int4 *>(w);
-    return work_item{a.x, a.y, a.z, a.w, w[4]};
-}
-/* A request: 8 ints (q_start, qo_len, kv_start, kv_len, mask bit0 low and high word, mask
- * block row0, 0). */
-template <class P> __device__ __forceinline__ work_req load_req(const P &p, int b)
-{
-    const int4 a = *reinterpret_cast<const int4 *>(reinterpret_cast<const int *>(p.work) + p.reqs_off + b * 8);
-    return work_req{a.x, a.y, a.z, a.w};
-}
-template <class P> __device__ __forceinline__ mask_base load_req_mask(const P &p, int b)
-{
-    const int4 a = *reinterpret_cast<const int4 *>(reinterpret_cast<const int *>(p.work) + p.reqs_off + b * 8 + 4);
-    return mask_base{(i64)(((unsigned long long)(unsigned)a.y << 32) | (unsigned)a.x), a.z};
-}
-template <class P> __device__ __forceinline__ int num_items(const P &p)
-{
-    return reinterpret_cast<const int *>(p.work)[0];
-}
-
-/* Element offset of key j of a request (KV = 0 contiguous, 1 ragged, 2 paged) from the base
- * pointer of its KV head, for a tensor with the given token and page strides. */
-template <int KV, class P>
-__device__ __forceinline__ i64 kv_row_offset(const P &p, int kv_start, int j, i64 stride_n, i64 stride_page)
-{
-    if (KV == 0) return (i64)j * stride_n;
-    if (KV == 1) return (i64)(kv_start + j) * stride_n;
-    const int ps = p.page_size;
-    const int pg = j / ps;
-    const int page = reinterpret_cast<const int *>(p.kv_indices)[kv_start + pg];
-    return (i64)page * stride_page + (i64)(j - pg * ps) * stride_n;
 }
 
 } /* namespace kiln */

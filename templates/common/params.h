@@ -1,12 +1,68 @@
 /*
- * params.h — the one argument block every kiln kernel receives, by value.
+ * params.h — the host <-> device contract: everything the C host writes and a kernel reads,
+ * declared once. Included by the host (runtime/, jit/config.c, as C11) and by every template
+ * (the generated source, as CUDA C++ under NVRTC):
+ *   - kiln_launch_params, the argument block of every attention kernel (passed by value);
+ *   - kiln_merge_params, the argument block of the op=merge kernels;
+ *   - the batch schedule in the workspace: header, work items, requests, merge tasks;
+ *   - the values of the variant fields the templates switch on (kiln_cfg's KV, KV_DT, DT,
+ *     LOGITS, MASK_DATA) and of the tile-map classes;
+ *   - the tile constants and the shared-memory formulas of both kernel families.
  *
- * Shared verbatim by the host (runtime/, as C) and the device (the generated source, as CUDA
- * C++): only fixed-size scalar types, ordered widest first, so both compilers lay it out the
- * same way (a static assertion on each side checks the size). Strides are in elements.
+ * Only fixed-size scalar types, ordered widest first, so both compilers lay the structs out
+ * the same way; the static assertions at the end check sizes and offsets on each side.
+ * Strides are in elements.
  */
 #ifndef KILN_PARAMS_H
 #define KILN_PARAMS_H
+
+#if defined(__CUDACC_RTC__) || defined(__CUDACC__)
+/* device side: usable in constant expressions (the templates' layout constants) */
+#define KILN_CONTRACT_FN static constexpr __host__ __device__ __forceinline__
+#define KILN_CONTRACT_ASSERT(c, msg) static_assert(c, msg)
+#else
+#define KILN_CONTRACT_FN static inline
+#define KILN_CONTRACT_ASSERT(c, msg) _Static_assert(c, msg)
+#endif
+
+/* ---- the variant fields the templates switch on ----
+ * expand.c writes the public enum values of kiln.h (kiln_kv_storage, kiln_dtype, kiln_logits,
+ * kiln_mask_data) into kiln_cfg; jit/config.c asserts they equal these. The templates see the
+ * short names inside namespace kiln (KV_PAGED), the host the prefixed ones (KILN_ID_KV_PAGED). */
+#ifdef __cplusplus
+namespace kiln {
+#define KILN_ID(name) name
+#else
+#define KILN_ID(name) KILN_ID_##name
+#endif
+
+/* kiln_cfg::KV: where the keys of a request are */
+enum kv_layout_id { KILN_ID(KV_CONTIGUOUS) = 0, KILN_ID(KV_RAGGED) = 1, KILN_ID(KV_PAGED) = 2 };
+/* kiln_cfg::DT / OUT_DT (16-bit types), KV_DT (also fp8; every value >= KV_E4M3 is fp8) */
+enum dtype_id { KILN_ID(F16) = 0, KILN_ID(BF16) = 1 };
+enum kv_dtype_id { KILN_ID(KV_F16) = 0, KILN_ID(KV_BF16) = 1, KILN_ID(KV_E4M3) = 2, KILN_ID(KV_E5M2) = 3 };
+/* kiln_cfg::LOGITS: the builtin logits transform */
+enum logits_id { KILN_ID(LOGITS_NONE) = 0, KILN_ID(LOGITS_SOFTCAP) = 1, KILN_ID(LOGITS_ALIBI) = 2 };
+/* kiln_cfg::MASK_DATA: the run-time mask data */
+enum mask_data_id { KILN_ID(MASK_DATA_NONE) = 0, KILN_ID(MASK_DATA_BITMASK) = 1, KILN_ID(MASK_DATA_BSR) = 2 };
+/* one byte of a prefill tile map (kiln_prefill_mask_plan) per (query tile, key tile) */
+enum tile_class_id {
+    KILN_ID(TILE_HIDDEN) = 0, /* no key visible: the tile is skipped */
+    KILN_ID(TILE_MIXED) = 1,  /* the element masks are evaluated per element */
+    KILN_ID(TILE_FULL) = 2    /* the element masks show every in-range key */
+};
+
+#ifdef __cplusplus
+} /* namespace kiln */
+#endif
+#undef KILN_ID
+
+/* ---- tile constants ---- */
+enum {
+    KILN_DECODE_TILE = 32, /* CUDA-core decode: keys per warp tile, one per lane */
+};
+
+/* ---- the argument blocks ---- */
 
 typedef struct kiln_launch_params {
     unsigned long long q;           /* decode [H, D]; prefill [L_Q, H, D] */
@@ -36,18 +92,18 @@ typedef struct kiln_launch_params {
     unsigned long long mask_bits;   /* bitmask: u8 packed, bit i * L_KV + j, little-endian */
     unsigned long long bsr_indptr;  /* bsr: int [ceil(L_Q / bsr_r) + 1] */
     unsigned long long bsr_indices; /* bsr: int column-block indices, sorted per row */
-    unsigned long long tile_map;    /* prefill: u8 [q tiles][kv_tiles]; 0 = none */
+    unsigned long long tile_map;    /* prefill: u8 [q tiles][kv_tiles] tile_class_id; 0 = none */
     int bsr_r, bsr_c;               /* bsr block shape */
     int kv_tiles;                   /* prefill: key tiles per query tile (row stride of the map) */
     int pad2;
     /* batches (kv=ragged / kv=paged): the plan's schedule lives in the workspace */
     unsigned long long kv_indices;  /* paged: int page ids */
-    unsigned long long work;        /* int: [0] items, [1] merge tasks, then the arrays below */
+    unsigned long long work;        /* the schedule: kiln_work_header, then the arrays below */
     unsigned long long rope_offsets; /* int [B] position offsets, or 0 */
     long long k_stride_page, v_stride_page; /* paged: elements between pages */
-    int items_off;   /* int offset in work of the items: 8 ints each (b, m, kv_lo, kv_hi, slot) */
-    int reqs_off;    /* int offset of the requests: 8 ints each (q_start, qo_len, kv_start, kv_len, mask bit0 lo/hi, bsr row0, 0) */
-    int tasks_off;   /* int offset of the merge tasks: 4 ints each (b, m, slot0, nslots) */
+    int items_off;   /* int offset in work of the kiln_work_item array */
+    int reqs_off;    /* int offset of the kiln_work_req array */
+    int tasks_off;   /* int offset of the kiln_merge_task array */
     int page_size;   /* paged: tokens per page */
     int slot_rows;   /* rows of one partial slot per head: decode 1, prefill BM */
     float k_scale;   /* fp8: effective scale of stored k (e4m3 includes 2^8, see device.cuh) */
@@ -58,5 +114,127 @@ typedef struct kiln_launch_params {
 } kiln_launch_params;
 
 #define KILN_LAUNCH_PARAMS_SIZE 368
+
+/* The op=merge kernels' block: kiln_merge_state(_in_place) read v_a/lse_a, v_b/lse_b (and mask
+ * in place), kiln_merge_states v_all [rows, S, H, D] / lse_all [rows, S, H]. */
+typedef struct kiln_merge_params {
+    unsigned long long v_a, lse_a, v_b, lse_b, v_out, lse_out, mask, v_all, lse_all;
+    long long v_stride_n, v_stride_h;
+    int num_states, rows, num_heads, pad;
+} kiln_merge_params;
+
+#define KILN_MERGE_PARAMS_SIZE 104
+
+/* ---- the batch schedule (int words at kiln_launch_params.work) ----
+ * header | items [items_off ..] | requests [reqs_off ..] | merge tasks [tasks_off ..]; every
+ * array starts at a multiple of 4 ints, so the kernels read the first four words of a record
+ * with one 16-byte load. */
+typedef struct kiln_work_header {
+    int items; /* work items (the main grid may be padded past it) */
+    int tasks; /* merge tasks (likewise for the merge grid) */
+    int reqs;  /* requests B */
+    int pad;
+} kiln_work_header;
+
+/* int indices of the fields the kernels read as words (the host checks them below) */
+#define KILN_WORK_HEADER_ITEMS_AT 0
+#define KILN_WORK_HEADER_TASKS_AT 1
+
+/* One work item, one CTA of the main kernel: request b, query tile m, keys [kv_lo, kv_hi),
+ * and the partial-state slot it writes (-1: it owns its rows and writes o directly). */
+typedef struct kiln_work_item {
+    int b, m, kv_lo, kv_hi;
+    int slot;
+    int pad[3];
+} kiln_work_item;
+
+#define KILN_WORK_ITEM_SLOT_AT 4
+
+/* One request: its query rows start at q_start in q/o, its keys at kv_start (ragged: token
+ * row; paged: offset into kv_indices); its mask data at bit mask_bit0 (two 32-bit halves)
+ * and bsr block row bsr_row0. */
+typedef struct kiln_work_req {
+    int q_start, qo_len, kv_start, kv_len;
+    int mask_bit0_lo, mask_bit0_hi, bsr_row0; /* at int KILN_WORK_REQ_MASK_AT: one 16-byte load */
+    int pad;
+} kiln_work_req;
+
+#define KILN_WORK_REQ_MASK_AT 4
+
+/* One merge task, one CTA x of the merge kernel: request b, query tile m, partial slots
+ * slot0 .. slot0 + nslots. */
+typedef struct kiln_merge_task {
+    int b, m, slot0, nslots;
+} kiln_merge_task;
+
+/* ---- shared memory of the CUDA-core decode (templates/simt_decode.cuh) ----
+ * es: bytes per stored K/V element (2, fp8 1); gb query heads per CTA. Layout:
+ * q float [gb][d] | p float [warps][gb][TILE] | paged row offsets | RoPE freq | a region that
+ * holds the K/V stages [warps][stages] and, once they are done, the warps' combine. */
+KILN_CONTRACT_FN int kiln_decode_krow(int d, int es) { return d * es + 16; } /* padded K row */
+KILN_CONTRACT_FN int kiln_decode_vrow(int d, int es) { return d * es; }
+KILN_CONTRACT_FN int kiln_decode_stage_bytes(int d, int es) /* one K + one V tile */
+{
+    return KILN_DECODE_TILE * kiln_decode_krow(d, es) + KILN_DECODE_TILE * kiln_decode_vrow(d, es);
+}
+KILN_CONTRACT_FN int kiln_decode_q_bytes(int d, int gb) { return gb * d * 4; }
+KILN_CONTRACT_FN int kiln_decode_p_bytes(int gb, int warps) { return warps * gb * KILN_DECODE_TILE * 4; }
+KILN_CONTRACT_FN int kiln_decode_off_bytes(int warps, int paged) { return paged ? warps * KILN_DECODE_TILE * 16 : 0; }
+KILN_CONTRACT_FN int kiln_rope_freq_bytes(int d, int rope) { return rope ? d / 2 * 4 : 0; }
+KILN_CONTRACT_FN int kiln_decode_head_bytes(int d, int gb, int warps, int paged, int rope)
+{
+    return kiln_decode_q_bytes(d, gb) + kiln_decode_p_bytes(gb, warps) + kiln_decode_off_bytes(warps, paged) +
+           kiln_rope_freq_bytes(d, rope);
+}
+KILN_CONTRACT_FN int kiln_decode_region_bytes(int d, int es, int gb, int warps, int stages)
+{
+    const int kv = warps * stages * kiln_decode_stage_bytes(d, es);
+    const int combine = warps * gb * (d + 2) * 4;
+    return kv > combine ? kv : combine;
+}
+KILN_CONTRACT_FN int kiln_decode_smem_bytes(int d, int es, int gb, int warps, int stages, int paged, int rope)
+{
+    return kiln_decode_head_bytes(d, gb, warps, paged, rope) + kiln_decode_region_bytes(d, es, gb, warps, stages);
+}
+
+/* ---- shared memory of the tensor-core kernels (templates/mma_attention.cuh) ----
+ * bm query rows, bn keys per tile. Layout: Q [bm][d] 16-bit | K stages | V stages (as loaded,
+ * es bytes an element) | fp8: one converted 16-bit K and V tile | RoPE freq | paged: the byte
+ * offsets of the next tile's K and V rows. */
+KILN_CONTRACT_FN int kiln_prefill_q_bytes(int d, int bm) { return bm * d * 2; }
+KILN_CONTRACT_FN int kiln_prefill_stage_tile(int d, int es, int bn) { return bn * d * es; }
+KILN_CONTRACT_FN int kiln_prefill_conv_bytes(int d, int es, int bn) { return es == 1 ? 2 * bn * d * 2 : 0; }
+KILN_CONTRACT_FN int kiln_prefill_tab_bytes(int bn, int paged) { return paged ? 2 * bn * 8 : 0; }
+KILN_CONTRACT_FN int kiln_prefill_smem_bytes(int d, int es, int bm, int bn, int stages, int paged, int rope)
+{
+    return kiln_prefill_q_bytes(d, bm) + 2 * stages * kiln_prefill_stage_tile(d, es, bn) +
+           kiln_prefill_conv_bytes(d, es, bn) + kiln_rope_freq_bytes(d, rope) + kiln_prefill_tab_bytes(bn, paged);
+}
+
+/* ---- layout checks ----
+ * Sizes on both sides; field offsets on the host only (NVRTC has no offsetof): with fixed-size
+ * fields ordered widest first, equal sizes leave no room for a different layout. */
+KILN_CONTRACT_ASSERT(sizeof(kiln_launch_params) == KILN_LAUNCH_PARAMS_SIZE, "kiln_launch_params size");
+KILN_CONTRACT_ASSERT(sizeof(kiln_merge_params) == KILN_MERGE_PARAMS_SIZE, "kiln_merge_params size");
+KILN_CONTRACT_ASSERT(sizeof(kiln_work_header) == 4 * sizeof(int), "kiln_work_header: 4 ints");
+KILN_CONTRACT_ASSERT(sizeof(kiln_work_item) == 8 * sizeof(int), "kiln_work_item: 8 ints");
+KILN_CONTRACT_ASSERT(sizeof(kiln_work_req) == 8 * sizeof(int), "kiln_work_req: 8 ints");
+KILN_CONTRACT_ASSERT(sizeof(kiln_merge_task) == 4 * sizeof(int), "kiln_merge_task: 4 ints");
+#if !defined(__CUDACC_RTC__) && !defined(__CUDACC__)
+#define KILN_CONTRACT_AT(t, f, at) _Static_assert(__builtin_offsetof(t, f) == (at), #t "." #f " at " #at)
+KILN_CONTRACT_AT(kiln_launch_params, qo_len, 128);
+KILN_CONTRACT_AT(kiln_launch_params, user, 176);
+KILN_CONTRACT_AT(kiln_launch_params, kv_indices, 288);
+KILN_CONTRACT_AT(kiln_launch_params, items_off, 328);
+KILN_CONTRACT_AT(kiln_merge_params, v_stride_n, 72);
+KILN_CONTRACT_AT(kiln_merge_params, num_states, 88);
+KILN_CONTRACT_AT(kiln_work_header, items, KILN_WORK_HEADER_ITEMS_AT * 4);
+KILN_CONTRACT_AT(kiln_work_header, tasks, KILN_WORK_HEADER_TASKS_AT * 4);
+KILN_CONTRACT_AT(kiln_work_item, slot, KILN_WORK_ITEM_SLOT_AT * 4);
+KILN_CONTRACT_AT(kiln_work_req, mask_bit0_lo, KILN_WORK_REQ_MASK_AT * 4);
+KILN_CONTRACT_AT(kiln_work_req, bsr_row0, 24);
+KILN_CONTRACT_AT(kiln_merge_task, nslots, 12);
+#undef KILN_CONTRACT_AT
+#endif
 
 #endif /* KILN_PARAMS_H */

@@ -1,0 +1,99 @@
+/*
+ * variant.cuh — what a variant changes in the math of every kernel family: the logits
+ * transform (builtin soft-cap / ALiBi, then the user's logits snippet) and the element masks
+ * (run-time mask data, then the user's mask snippet). The snippets are members of the
+ * generated config struct (Cfg::logits_expr, Cfg::mask_expr), called only when
+ * Cfg::HAS_LOGITS_EXPR / HAS_MASK_EXPR say they exist.
+ *
+ * Index letters: i query row, j key, h / hk query and KV head, b request; L_Q, L_KV the
+ * request's lengths (a single request: b = 0 and the launch's lengths).
+ */
+#ifndef KILN_VARIANT_CUH
+#define KILN_VARIANT_CUH
+
+#include "common/device.cuh"
+#include "common/params.h"
+
+namespace kiln {
+
+/* ---- the logits transform ----
+ * x = sm_scale * q.k, then the variant's builtin transform, in natural units. rel = j - (i +
+ * L_KV - L_Q) is the key's distance from the query's diagonal (<= 0 for visible causal keys). */
+template <int LOGITS>
+__device__ __forceinline__ float logit_nat(float qk, float sm_scale, float cap, float slope, int rel)
+{
+    float x = qk * sm_scale;
+    if (LOGITS == LOGITS_SOFTCAP) x = cap * tanh_fast(x * (1.0f / cap));
+    if (LOGITS == LOGITS_ALIBI) x += slope * (float)rel;
+    return x;
+}
+
+/* The full logit in log2 units (times LOG2E, for exp2): the builtin transform, then the
+ * variant's logits snippet when it has one. */
+template <class Cfg, class P>
+__device__ __forceinline__ float logit_full(float qk, const P &p, float slope, int i, int j, int h,
+                                            int hk, int b, int L_Q, int L_KV)
+{
+    float x = logit_nat<Cfg::LOGITS>(qk, p.sm_scale, p.softcap, slope, j - (i + L_KV - L_Q));
+    if constexpr (Cfg::HAS_LOGITS_EXPR) x = Cfg::logits_expr(x, b, i, j, h, hk, L_Q, L_KV, p);
+    return x * LOG2E;
+}
+
+/* The ALiBi slope of query head h (0 without ALiBi). */
+template <class Cfg> __device__ __forceinline__ float alibi_slope(const kiln_launch_params &p, int h)
+{
+    return Cfg::LOGITS == LOGITS_ALIBI ? reinterpret_cast<const float *>(p.alibi)[h] : 0.f;
+}
+
+/* ---- element masks ---- */
+
+/* Where one request's mask data starts: its first bit (bitmask) and first block row (bsr).
+ * Zero for a single request; a batch's plan stores them per request (load_req_mask). */
+struct mask_base {
+    i64 bit0;
+    int row0;
+};
+
+/* The run-time mask data at query row i, key j of a request with L_KV keys whose data starts
+ * at mb. */
+template <class Cfg, class P>
+__device__ __forceinline__ bool mask_data(const P &p, const mask_base &mb, int L_KV, int i, int j)
+{
+    if constexpr (Cfg::MASK_DATA == MASK_DATA_BITMASK) {
+        const i64 bit = mb.bit0 + (i64)i * L_KV + j;
+        return (reinterpret_cast<const unsigned char *>(p.mask_bits)[bit >> 3] >> (bit & 7)) & 1;
+    } else if constexpr (Cfg::MASK_DATA == MASK_DATA_BSR) {
+        const int *indptr = reinterpret_cast<const int *>(p.bsr_indptr);
+        const int *cols = reinterpret_cast<const int *>(p.bsr_indices);
+        const int rb = mb.row0 + i / p.bsr_r, cb = j / p.bsr_c;
+        int lo = indptr[rb], hi = indptr[rb + 1]; /* binary search in a sorted row */
+        while (lo < hi) {
+            const int mid = (lo + hi) >> 1;
+            const int c = cols[mid];
+            if (c == cb) return true;
+            if (c < cb) lo = mid + 1;
+            else hi = mid;
+        }
+        return false;
+    }
+    return true;
+}
+
+/* The variant's mask snippet (true: visible); always true without one. */
+template <class Cfg, class P>
+__device__ __forceinline__ bool mask_user(const P &p, int i, int j, int h, int hk, int b, int L_Q,
+                                          int L_KV)
+{
+    if constexpr (Cfg::HAS_MASK_EXPR) return Cfg::mask_expr(b, i, j, h, hk, L_Q, L_KV, p);
+    return true;
+}
+
+/* Whether the variant has an element mask at all (a snippet or mask data). */
+template <class Cfg> __host__ __device__ constexpr bool has_element_mask()
+{
+    return Cfg::HAS_MASK_EXPR || Cfg::MASK_DATA != MASK_DATA_NONE;
+}
+
+} /* namespace kiln */
+
+#endif /* KILN_VARIANT_CUH */

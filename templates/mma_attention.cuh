@@ -1,0 +1,587 @@
+/*
+ * mma_attention.cuh — attention on tensor cores (mma.sync m16n8k16, f32 accumulate),
+ * FlashAttention-2 style: one CTA per (query tile, query head), K/V tiles streamed through a
+ * cp.async pipeline, online softmax in registers. One kernel serves single-request prefill,
+ * batch prefill and append (kv=ragged / kv=paged, one CTA per planned work item), and, with
+ * PACK, kiln's tensor-core decode.
+ *
+ * Computes, for every query row i < L_Q and head h (KV head h / G):
+ *     o[i, h] = sum_j softmax_j(s(i, j)) v[j, h/G],   lse[i, h] = ln sum_j exp(s(i, j))
+ * over the keys the mask leaves visible: causal keeps j <= i + L_KV - L_Q (bottom-right
+ * aligned), the window keeps j >= i + L_KV - L_Q - window_left.
+ *
+ * Shapes (elements, strides at run time; D contiguous):
+ *   q [L_Q, H, D]   k, v [L_KV, H_KV, D] (nhd) or [H_KV, L_KV, D] (hnd)   o [L_Q, H, D]
+ *   lse [L_Q, H] float
+ *
+ * Per CTA and key tile:  Q [BM, D] . K^T [D, BN] = S [BM, BN] -> logits, mask -> online softmax
+ *                        -> P [BM, BN] . V [BN, D] += O [BM, D]  -> rows of o (or a partial).
+ *
+ * Template parameters (Cfg): D in {64,128,256}; G; DT / OUT_DT in {F16, BF16}; KV_DT (also
+ * fp8); KV (kv_layout_id); LOGITS (logits_id); CAUSAL, WINDOW, LSE, ROPE in {0,1}; WARPS; MT
+ * m16 tiles per warp; BN keys per tile (multiple of 16); STAGES of the K/V pipeline; Q_IN_REGS
+ * keeps Q's fragments in registers; HAS_LOGITS_EXPR / HAS_MASK_EXPR with Cfg::logits_expr /
+ * Cfg::mask_expr, the user snippets; MASK_DATA (mask_data_id); MASK_USES_HEAD (the mask
+ * snippet reads a head index). Element masks (snippet, data) are evaluated per element in
+ * every tile unless a tile map from tile_map_kernel (tile_map.cuh) says a tile is hidden
+ * (skipped) or fully visible (no element work). BM = WARPS * MT * 16 query rows per CTA.
+ *
+ * PACK (batches only; G divides 16): one CTA per (query tile, KV head) whose rows are the G
+ * query heads of each query token, row R = token R / G, head hk * G + R % G, so every K/V tile
+ * is loaded once for the whole group. This is kiln's tensor-core decode (a decode request is
+ * one token, its G heads are G rows of the m16 MMA) and an option of batch prefill.
+ *
+ * Launch: grid (ceil(L_Q / BM), H), WARPS*32 threads, smem kiln_prefill_smem_bytes (params.h)
+ * (batches: grid (work items, H); PACK: (work items, H_KV)).
+ *
+ * Checked against the float64 CPU reference in tools/check.c (tests/test_gpu.c, kiln check).
+ */
+#ifndef KILN_MMA_ATTENTION_CUH
+#define KILN_MMA_ATTENTION_CUH
+
+#include "common/device.cuh"
+#include "common/fragment.cuh"
+#include "common/params.h"
+#include "common/schedule.cuh"
+#include "common/variant.cuh"
+#include "merge.cuh"
+#include "mma_tiles.cuh"
+
+namespace kiln {
+
+/* The shape of a CTA's work, in the MMA's terms. */
+template <class Cfg> struct mma_shape {
+    static constexpr int D = Cfg::D, BN = Cfg::BN, BM = prefill_layout<Cfg>::BM, MT = Cfg::MT;
+    static constexpr int NT = BN / 8;  /* n8 tiles of S */
+    static constexpr int DTN = D / 8;  /* n8 tiles of O */
+    static constexpr int KD = D / 16;  /* k16 steps over D */
+    static constexpr int PG = Cfg::PACK ? Cfg::G : 1; /* rows per query token */
+    static constexpr int ROW_BYTES = D * 2;
+    static constexpr bool ELEM = has_element_mask<Cfg>();
+    /* With no logits transform the row max is taken on raw q.k (sm_scale > 0 keeps the order)
+     * and c2 = sm_scale * log2(e) turns it into exp2 units inside one FFMA per element */
+    static constexpr bool RAW = Cfg::LOGITS == LOGITS_NONE && !Cfg::HAS_LOGITS_EXPR;
+    static_assert(BN % 16 == 0 && D % 64 == 0, "tile shape");
+    static_assert(!Cfg::PACK || (Cfg::KV != KV_CONTIGUOUS && BM % Cfg::G == 0), "PACK: batches, G divides BM");
+};
+
+/* What one CTA covers: a query tile of the single request (heaviest causal tiles first), or
+ * one planned work item; and the key tiles [t_first, t_end) it visits. */
+struct mma_work {
+    int m_block, b, L_Q, L_KV, q_start, kv_start, slot;
+    mask_base mb;
+    int off;          /* L_KV - L_Q: the diagonal of query row i is key i + off */
+    int m0, rows_hi;  /* first (packed) row of the tile, (packed) rows of the request */
+    int tq0, tq1;     /* first and last query token of the tile */
+    int key_hi;       /* keys at or past it are masked (the item's end) */
+    int t_first, t_end;
+};
+
+template <class Cfg> __device__ __forceinline__ mma_work mma_load_work(const kiln_launch_params &p)
+{
+    using S = mma_shape<Cfg>;
+    mma_work w;
+    w.b = w.q_start = w.kv_start = 0;
+    w.slot = -1;
+    w.mb = mask_base{0, 0};
+    int it_lo = 0, it_hi;
+    if constexpr (Cfg::KV != KV_CONTIGUOUS) {
+        const work_item it = load_item(p, blockIdx.x);
+        const work_req r = load_req(p, it.b);
+        if constexpr (Cfg::MASK_DATA != MASK_DATA_NONE) w.mb = load_req_mask(p, it.b);
+        w.b = it.b;
+        w.m_block = it.m;
+        w.L_Q = r.qo_len;
+        w.L_KV = r.kv_len;
+        w.q_start = r.q_start;
+        w.kv_start = r.kv_start;
+        w.slot = it.slot;
+        it_lo = it.kv_lo;
+        it_hi = it.kv_hi;
+    } else {
+        w.m_block = gridDim.x - 1 - blockIdx.x;
+        w.L_Q = p.qo_len;
+        w.L_KV = p.kv_len;
+        it_hi = w.L_KV;
+    }
+    w.off = w.L_KV - w.L_Q;
+    w.m0 = w.m_block * S::BM;
+    w.rows_hi = w.L_Q * S::PG;
+    w.tq0 = w.m0 / S::PG;
+    w.tq1 = (w.m0 + S::BM - 1) / S::PG;
+    int kv_hi = min(w.L_KV, it_hi), kv_lo = it_lo;
+    w.key_hi = kv_hi;
+    if (Cfg::CAUSAL) kv_hi = min(kv_hi, w.tq1 + 1 + w.off);
+    if (Cfg::WINDOW) kv_lo = max(kv_lo, w.tq0 + w.off - p.window_left);
+    kv_lo = max(kv_lo, 0);
+    w.t_first = kv_lo / S::BN;
+    w.t_end = kv_hi > kv_lo ? (kv_hi + S::BN - 1) / S::BN : w.t_first;
+    return w;
+}
+
+/* The K/V pipeline of a CTA: STAGES tiles in flight (pend[], oldest first; t_next the next to
+ * load), tiles the tile map hides skipped, and for paged KV the row-offset table refilled a
+ * tile ahead (page_rows). */
+template <class Cfg> struct kv_pipeline {
+    using L = prefill_layout<Cfg>;
+    static constexpr int STAGES = Cfg::STAGES, BN = Cfg::BN, THREADS = L::THREADS;
+    unsigned char *k_in, *v_in; /* [STAGES] loaded K, V tiles */
+    i64 *tab_s;
+    const unsigned char *kg, *vg;
+    const int *pages;
+    const unsigned char *map; /* this query tile's row of the tile map, or null */
+    int t_end, L_KV, tid;
+    int pend[STAGES];
+    int t_next;
+    page_rows<Cfg> pr;
+
+    /* next_tile and issue are plain inline functions, not __forceinline__: inlined late (as
+     * the lambdas they replace were), they keep the main loop's SASS and registers as before */
+    __device__ __forceinline__ int next_tile(int t) const
+    {
+        if (mma_shape<Cfg>::ELEM && map)
+            while (t < t_end && map[t] == TILE_HIDDEN) t++;
+        return t;
+    }
+    __device__ __forceinline__ void issue(const kiln_launch_params &p, int st, int t)
+    {
+        load_kv_rows<Cfg, BN, THREADS>(k_in + st * L::STAGE_TILE, kg, p.k_stride_n, tab_s, t * BN, L_KV, tid);
+        load_kv_rows<Cfg, BN, THREADS>(v_in + st * L::STAGE_TILE, vg, p.v_stride_n, tab_s + BN, t * BN, L_KV, tid);
+    }
+    /* the first STAGES - 1 tiles, then the table of the first tile of the loop and the page ids
+     * of the tile after it, whose table the first iteration writes */
+    __device__ __forceinline__ void prologue(const kiln_launch_params &p)
+    {
+#pragma unroll
+        for (int s = 0; s < STAGES - 1; s++) {
+            pend[s] = t_next;
+            if (t_next < t_end) {
+                if constexpr (L::PAGED) { /* the prologue fills each table in place */
+                    pr.page_ids(p, pages, t_next, L_KV, tid);
+                    pr.write(tab_s, p, tid);
+                    __syncthreads();
+                }
+                issue(p, s, t_next);
+                t_next = next_tile(t_next + 1);
+                if constexpr (L::PAGED) __syncthreads();
+            }
+            cp_async_commit();
+        }
+        if constexpr (L::PAGED) {
+            if (t_next < t_end) {
+                pr.page_ids(p, pages, t_next, L_KV, tid);
+                pr.write(tab_s, p, tid);
+                pr.page_ids(p, pages, next_tile(t_next + 1), L_KV, tid);
+            }
+            __syncthreads();
+        }
+    }
+    /* Issue the next tile into the stage freed last iteration; returns the tile to compute now
+     * (t_end or past: the loop is done). */
+    __device__ __forceinline__ int issue_next(const kiln_launch_params &p, int idx)
+    {
+        pend[STAGES - 1] = t_next;
+        if (t_next < t_end) {
+            issue(p, (idx + STAGES - 1) % STAGES, t_next);
+            t_next = next_tile(t_next + 1);
+        }
+        cp_async_commit();
+        return pend[0];
+    }
+    /* Wait for the oldest tile; paged: every thread has issued from the table, refill it for
+     * the next iteration's tile (the barrier at the end of this iteration publishes it). */
+    __device__ __forceinline__ void wait(const kiln_launch_params &p)
+    {
+        cp_async_wait<STAGES - 1>();
+        __syncthreads();
+        if constexpr (L::PAGED)
+            if (t_next < t_end) {
+                pr.write(tab_s, p, tid); /* ids loaded an iteration ago */
+                pr.page_ids(p, pages, next_tile(t_next + 1), L_KV, tid);
+            }
+    }
+    __device__ __forceinline__ void retire()
+    {
+#pragma unroll
+        for (int s = 0; s < STAGES - 1; s++) pend[s] = pend[s + 1];
+    }
+};
+
+/* The query token, head and ALiBi slope of each of this lane's accumulator rows (mt, r). */
+template <class Cfg> struct mma_rows {
+    static constexpr int MT = Cfg::MT;
+    int i[MT][2], h[MT][2];
+    float slope[MT][2];
+
+    __device__ __forceinline__ void init(const kiln_launch_params &p, int m0, int wrow, int h0, int lane)
+    {
+        constexpr int PG = mma_shape<Cfg>::PG;
+#pragma unroll
+        for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+            for (int r = 0; r < 2; r++) {
+                const int R = m0 + wrow + mt * 16 + acc_row(lane, r);
+                i[mt][r] = R / PG;
+                h[mt][r] = h0 + R % PG;
+                slope[mt][r] = alibi_slope<Cfg>(p, h[mt][r]);
+            }
+    }
+};
+
+/* ldmatrix addresses. Every row a lane reads has (row & 7) == (lane & 7), and the 16-byte
+ * chunk it reads is 8q + (2 rem + b) for a per-operand bit b, so the swizzled chunk is
+ * 8q + ((2 rem + b) ^ (lane & 7)): four per-lane offsets per operand, the rest immediates. */
+struct mma_addrs {
+    u32 q, k, v;
+    u32 xq[4], xk[4], xv[4];
+};
+
+template <class Cfg>
+__device__ __forceinline__ mma_addrs mma_frag_addrs(const u16 *q_s, const void *k_tiles, const void *v_tiles, int wrow,
+                                                    int lane)
+{
+    constexpr int ROW_BYTES = mma_shape<Cfg>::ROW_BYTES;
+    const int r7 = lane & 7;
+    const int bq = lane >> 4, bk = (lane >> 3) & 1, bv = lane >> 4;
+    mma_addrs a;
+    a.q = smem_addr(q_s) + (u32)((wrow + (lane & 15)) * ROW_BYTES);
+    a.k = smem_addr(k_tiles) + (u32)(((lane >> 4) * 8 + r7) * ROW_BYTES);
+    a.v = smem_addr(v_tiles) + (u32)((((lane >> 3) & 1) * 8 + r7) * ROW_BYTES);
+#pragma unroll
+    for (int rem = 0; rem < 4; rem++) {
+        a.xq[rem] = (u32)(((2 * rem + bq) ^ r7) << 4);
+        a.xk[rem] = (u32)(((2 * rem + bk) ^ r7) << 4);
+        a.xv[rem] = (u32)(((2 * rem + bv) ^ r7) << 4);
+    }
+    return a;
+}
+
+/* The online softmax state of this warp's rows: o [MT][DTN] accumulators, row max m and this
+ * lane's part of the row sum l (the quad sum completes it at the store). */
+template <class Cfg> struct mma_state {
+    static constexpr int MT = Cfg::MT, DTN = mma_shape<Cfg>::DTN;
+    float o[MT][DTN][4];
+    float m[MT][2], l[MT][2];
+
+    __device__ __forceinline__ void init()
+    {
+#pragma unroll
+        for (int mt = 0; mt < MT; mt++) {
+#pragma unroll
+            for (int r = 0; r < 2; r++) {
+                m[mt][r] = neg_inf();
+                l[mt][r] = 0.f;
+            }
+            fill(o[mt], 0.f);
+        }
+    }
+};
+
+/* Q's A fragments into registers, once (Q_IN_REGS). */
+template <class Cfg>
+__device__ __forceinline__ void load_q_frags(u32 (&qf)[Cfg::MT][mma_shape<Cfg>::KD][4], const mma_addrs &a)
+{
+    using S = mma_shape<Cfg>;
+#pragma unroll
+    for (int mt = 0; mt < S::MT; mt++)
+#pragma unroll
+        for (int kk = 0; kk < S::KD; kk++)
+            ldmatrix_x4(a.q + mt * 16 * S::ROW_BYTES + (kk >> 2) * 128 + a.xq[kk & 3], qf[mt][kk][0], qf[mt][kk][1],
+                        qf[mt][kk][2], qf[mt][kk][3]);
+}
+
+/* S = Q K^T for this warp's rows and the BN keys of the K tile at ks. */
+template <class Cfg, class QF>
+__device__ __forceinline__ void qk_tile(float (&s)[Cfg::MT][mma_shape<Cfg>::NT][4], const QF &qf, const mma_addrs &a,
+                                        u32 ks)
+{
+    using S = mma_shape<Cfg>;
+    constexpr int MT = S::MT, NT = S::NT, KD = S::KD, ROW_BYTES = S::ROW_BYTES, DT = Cfg::DT;
+#pragma unroll
+    for (int mt = 0; mt < MT; mt++) fill(s[mt], 0.f);
+    /* Fully unrolled, the scheduler hoists every K fragment load and runs out of
+     * registers at MT=2; with Q in registers the kk index must stay compile-time. */
+#pragma unroll(Cfg::Q_IN_REGS ? KD / 4 : 1)
+    for (int kq = 0; kq < KD / 4; kq++)
+#pragma unroll
+    for (int rem = 0; rem < 4; rem++) {
+        const int kk = kq * 4 + rem;
+        u32 af[MT][4];
+#pragma unroll
+        for (int mt = 0; mt < MT; mt++) {
+            if (Cfg::Q_IN_REGS) {
+#pragma unroll
+                for (int e = 0; e < 4; e++) af[mt][e] = qf[Cfg::Q_IN_REGS ? mt : 0][Cfg::Q_IN_REGS ? kk : 0][e];
+            } else {
+                ldmatrix_x4(a.q + mt * 16 * ROW_BYTES + kq * 128 + a.xq[rem], af[mt][0], af[mt][1], af[mt][2],
+                            af[mt][3]);
+            }
+        }
+#pragma unroll
+        for (int np = 0; np < NT / 2; np++) {
+            u32 b0, b1, b2, b3;
+            ldmatrix_x4(ks + np * 16 * ROW_BYTES + kq * 128 + a.xk[rem], b0, b1, b2, b3);
+#pragma unroll
+            for (int mt = 0; mt < MT; mt++) {
+                mma16816<DT>(s[mt][2 * np], af[mt], b0, b1);
+                mma16816<DT>(s[mt][2 * np + 1], af[mt], b2, b3);
+            }
+        }
+    }
+}
+
+/* Logits: the variant's transform of every element of S (log2 units), keys from j0. */
+template <class Cfg>
+__device__ __forceinline__ void logits_tile(float (&s)[Cfg::MT][mma_shape<Cfg>::NT][4], const kiln_launch_params &p,
+                                            const mma_work &w, const mma_rows<Cfg> &rows, float ksc, int hk, int j0,
+                                            int lane)
+{
+    using S = mma_shape<Cfg>;
+#pragma unroll
+    for (int mt = 0; mt < S::MT; mt++)
+#pragma unroll
+        for (int r = 0; r < 2; r++)
+#pragma unroll
+            for (int nt = 0; nt < S::NT; nt++)
+#pragma unroll
+                for (int c = 0; c < 2; c++) {
+                    const int j = j0 + acc_col(lane, nt, c);
+                    float &x = s[mt][nt][r * 2 + c];
+                    x = logit_full<Cfg>(x * ksc, p, rows.slope[mt][r], rows.i[mt][r], j, rows.h[mt][r], hk, w.b,
+                                        w.L_Q, w.L_KV);
+                }
+}
+
+/* Whether the key tile at j0 needs the mask pass: element masks in a mixed tile, or the
+ * tile crosses the item's end, the causal diagonal or the window's edge. */
+template <class Cfg>
+__device__ __forceinline__ bool tile_needs_mask(const kiln_launch_params &p, const mma_work &w, bool elem, int j0)
+{
+    constexpr int BN = Cfg::BN;
+    return elem || j0 + BN > w.key_hi || (Cfg::CAUSAL && j0 + BN - 1 > w.tq0 + w.off) ||
+           (Cfg::WINDOW && j0 < w.tq1 + w.off - p.window_left);
+}
+
+/* The mask: hidden elements of S to -inf (builtin masks, then the element masks when elem). */
+template <class Cfg>
+__device__ __forceinline__ void mask_tile(float (&s)[Cfg::MT][mma_shape<Cfg>::NT][4], const kiln_launch_params &p,
+                                          const mma_work &w, const mma_rows<Cfg> &rows, bool elem, int hk, int j0,
+                                          int lane)
+{
+    using S = mma_shape<Cfg>;
+#pragma unroll
+    for (int mt = 0; mt < S::MT; mt++)
+#pragma unroll
+        for (int r = 0; r < 2; r++) {
+            const int i = rows.i[mt][r], hr = rows.h[mt][r];
+#pragma unroll
+            for (int nt = 0; nt < S::NT; nt++)
+#pragma unroll
+                for (int c = 0; c < 2; c++) {
+                    const int j = j0 + acc_col(lane, nt, c);
+                    bool vis = j < w.key_hi;
+                    if (Cfg::CAUSAL) vis = vis && j <= i + w.off;
+                    if (Cfg::WINDOW) vis = vis && j >= i + w.off - p.window_left;
+                    if (S::ELEM && elem)
+                        vis = vis && mask_data<Cfg>(p, w.mb, w.L_KV, i, j) &&
+                              mask_user<Cfg>(p, i, j, hr, hk, w.b, w.L_Q, w.L_KV);
+                    if (!vis) s[mt][nt][r * 2 + c] = neg_inf();
+                }
+        }
+}
+
+/* Online softmax: per row, the new max, S -> P = exp2(S c2 - m c2), the state rescaled. */
+template <class Cfg>
+__device__ __forceinline__ void online_softmax(mma_state<Cfg> &st, float (&s)[Cfg::MT][mma_shape<Cfg>::NT][4],
+                                               float c2)
+{
+#pragma unroll
+    for (int mt = 0; mt < Cfg::MT; mt++) {
+#pragma unroll
+        for (int r = 0; r < 2; r++) {
+            const float m_new = max_f(st.m[mt][r], row_max(s[mt], r));
+            const float m_use = m_new == neg_inf() ? 0.f : m_new; /* a hidden row: keep exp2 finite */
+            const float m_scaled = m_use * c2;
+            const float scale = exp2_fast((st.m[mt][r] - m_use) * c2);
+            st.m[mt][r] = m_new;
+            const float rsum = exp2_row(s[mt], r, c2, m_scaled);
+            st.l[mt][r] = st.l[mt][r] * scale + rsum;
+            scale_row(st.o[mt], r, scale);
+        }
+    }
+}
+
+/* O += P V: P's accumulator layout is the A-fragment layout of the next MMA. */
+template <class Cfg>
+__device__ __forceinline__ void pv_tile(mma_state<Cfg> &st, const float (&s)[Cfg::MT][mma_shape<Cfg>::NT][4],
+                                        const mma_addrs &a, u32 vs)
+{
+    using S = mma_shape<Cfg>;
+    constexpr int MT = S::MT, DTN = S::DTN, ROW_BYTES = S::ROW_BYTES, DT = Cfg::DT;
+#pragma unroll
+    for (int kk = 0; kk < Cfg::BN / 16; kk++) {
+        u32 af[MT][4];
+#pragma unroll
+        for (int mt = 0; mt < MT; mt++) acc_to_a<DT>(s[mt], kk, af[mt]);
+#pragma unroll
+        for (int dp = 0; dp < DTN / 2; dp++) {
+            u32 b0, b1, b2, b3;
+            ldmatrix_x4_trans(vs + kk * 16 * ROW_BYTES + (dp >> 2) * 128 + a.xv[dp & 3], b0, b1, b2, b3);
+#pragma unroll
+            for (int mt = 0; mt < MT; mt++) {
+                mma16816<DT>(st.o[mt][2 * dp], af[mt], b0, b1);
+                mma16816<DT>(st.o[mt][2 * dp + 1], af[mt], b2, b3);
+            }
+        }
+    }
+}
+
+/* Normalise and store: o rows (and lse) directly, or a partial state of the item's slot. */
+template <class Cfg>
+__device__ __forceinline__ void store_rows(const mma_state<Cfg> &st, const mma_rows<Cfg> &rows,
+                                           const kiln_launch_params &p, const mma_work &w, float c2, int wrow,
+                                           int lane)
+{
+    using S = mma_shape<Cfg>;
+    constexpr int D = Cfg::D;
+    u16 *og = reinterpret_cast<u16 *>(p.o) + (i64)w.q_start * p.o_stride_n;
+    const float vsc = prefill_layout<Cfg>::FP8 ? p.v_scale : 1.0f;
+#pragma unroll
+    for (int mt = 0; mt < Cfg::MT; mt++) {
+#pragma unroll
+        for (int r = 0; r < 2; r++) {
+            const float lr = quad_sum(st.l[mt][r]);
+            const float inv = lr > 0.f ? vsc / lr : 0.f;
+            const int i = rows.i[mt][r], hr = rows.h[mt][r];
+            const bool in = w.m0 + wrow + mt * 16 + acc_row(lane, r) < w.rows_hi;
+            const float lse2 = lr > 0.f ? st.m[mt][r] * c2 + log2_fast(lr) : neg_inf();
+            if (in && w.slot < 0) {
+                u16 *orow = og + (i64)i * p.o_stride_n + (i64)hr * p.o_stride_h;
+#pragma unroll
+                for (int dt = 0; dt < S::DTN; dt++) {
+                    const int d = acc_col(lane, dt, 0);
+                    *reinterpret_cast<u32 *>(orow + d) =
+                        pack2<Cfg::OUT_DT>(st.o[mt][dt][r * 2] * inv, st.o[mt][dt][r * 2 + 1] * inv);
+                }
+                if (Cfg::LSE && lane % 4 == 0)
+                    reinterpret_cast<float *>(p.lse)[((i64)w.q_start + i) * p.num_qo_heads + hr] = lse2 * LN2;
+            } else if (in) { /* slot rows are the tile's query tokens */
+                const i64 at = ((i64)w.slot * p.num_qo_heads + hr) * p.slot_rows + (i - w.tq0);
+                float *prow = reinterpret_cast<float *>(p.partial_o) + at * D;
+#pragma unroll
+                for (int dt = 0; dt < S::DTN; dt++) {
+                    const int d = acc_col(lane, dt, 0);
+                    float2 f2;
+                    f2.x = st.o[mt][dt][r * 2] * inv;
+                    f2.y = st.o[mt][dt][r * 2 + 1] * inv;
+                    *reinterpret_cast<float2 *>(prow + d) = f2;
+                }
+                if (lane % 4 == 0) reinterpret_cast<float *>(p.partial_lse)[at] = lse2;
+            }
+        }
+    }
+}
+
+template <class Cfg> __device__ void mma_attention_kernel(const kiln_launch_params &p)
+{
+    using L = prefill_layout<Cfg>;
+    using S = mma_shape<Cfg>;
+    constexpr int D = Cfg::D, BN = Cfg::BN, MT = Cfg::MT, STAGES = Cfg::STAGES, THREADS = L::THREADS;
+    constexpr int ES = L::ES;
+    constexpr bool BATCH = Cfg::KV != KV_CONTIGUOUS, XFORM = L::FP8 || Cfg::ROPE;
+
+    extern __shared__ __align__(128) unsigned char smem[];
+    u16 *q_s = reinterpret_cast<u16 *>(smem);
+    unsigned char *k_in = smem + L::K_AT;                       /* [STAGES] loaded K tiles */
+    unsigned char *v_in = smem + L::V_AT;                       /* [STAGES] loaded V tiles */
+    u16 *kc_s = reinterpret_cast<u16 *>(smem + L::CONV_AT);     /* fp8: converted K, V */
+    u16 *vc_s = kc_s + BN * D;
+    float *freq_s = reinterpret_cast<float *>(smem + L::FREQ_AT);
+
+    const int tid = threadIdx.x, warp = tid / WARP, lane = tid % WARP;
+    /* h is the CTA's (PACK: first) query head */
+    const int hk = Cfg::PACK ? (int)blockIdx.y : (int)blockIdx.y / Cfg::G;
+    const int h = Cfg::PACK ? hk * Cfg::G : (int)blockIdx.y;
+    if (BATCH && (int)blockIdx.x >= num_items(p)) return; /* padding of a graph-sized grid */
+    const mma_work w = mma_load_work<Cfg>(p);
+
+    const u16 *qg = reinterpret_cast<const u16 *>(p.q) + (i64)w.q_start * p.q_stride_n + (i64)h * p.q_stride_h;
+    const unsigned char *kg = reinterpret_cast<const unsigned char *>(p.k) + (i64)hk * p.k_stride_h * ES;
+    const unsigned char *vg = reinterpret_cast<const unsigned char *>(p.v) + (i64)hk * p.v_stride_h * ES;
+    if constexpr (Cfg::KV == KV_RAGGED) { /* ragged: the request's rows start at kv_start */
+        kg += (i64)w.kv_start * p.k_stride_n * ES;
+        vg += (i64)w.kv_start * p.v_stride_n * ES;
+    }
+    const int rope_off = Cfg::ROPE && BATCH && p.rope_offsets ? reinterpret_cast<const int *>(p.rope_offsets)[w.b] : 0;
+    if constexpr (Cfg::ROPE) {
+        for (int d = tid; d < D / 2; d += THREADS) freq_s[d] = rope_freq(d, D, p.rope_rcp_scale, p.rope_log2_theta);
+        /* the first barrier of the main loop orders these writes before any read */
+    }
+    /* fp8 K: its scale joins the raw product (c2, or the transform's input) */
+    const float ksc = L::FP8 ? p.k_scale : 1.0f;
+    const float c2 = S::RAW ? p.sm_scale * LOG2E * ksc : 1.0f;
+
+    kv_pipeline<Cfg> pipe;
+    pipe.k_in = k_in;
+    pipe.v_in = v_in;
+    pipe.tab_s = reinterpret_cast<i64 *>(smem + L::TAB_AT);
+    pipe.kg = kg;
+    pipe.vg = vg;
+    pipe.pages = L::PAGED ? reinterpret_cast<const int *>(p.kv_indices) + w.kv_start : nullptr;
+    pipe.map = S::ELEM && p.tile_map ? reinterpret_cast<const unsigned char *>(p.tile_map) + (i64)w.m_block * p.kv_tiles
+                                     : nullptr;
+    pipe.t_end = w.t_end;
+    pipe.L_KV = w.L_KV;
+    pipe.tid = tid;
+    pipe.t_next = pipe.next_tile(w.t_first);
+    load_q_tile<Cfg>(q_s, qg, p, w.m0, w.L_Q, tid);
+    pipe.prologue(p);
+
+    const int wrow = warp * MT * 16; /* this warp's first row in the CTA tile */
+    mma_rows<Cfg> rows;
+    rows.init(p, w.m0, wrow, h, lane);
+    /* fp8 reads the converted tiles (one buffer), 16-bit the pipeline's stages */
+    const mma_addrs a = mma_frag_addrs<Cfg>(q_s, L::FP8 ? (void *)kc_s : (void *)k_in, L::FP8 ? (void *)vc_s : (void *)v_in,
+                                            wrow, lane);
+    u32 qf[Cfg::Q_IN_REGS ? MT : 1][Cfg::Q_IN_REGS ? S::KD : 1][4];
+    mma_state<Cfg> st;
+    st.init();
+
+    for (int idx = 0;; idx++) {
+        const int t = pipe.issue_next(p, idx);
+        if (t >= w.t_end) break;
+        pipe.wait(p);
+        if constexpr (XFORM) { /* RoPE of Q (once), fp8 / RoPE of this K/V tile */
+            if (Cfg::ROPE && idx == 0) rope_q_tile<Cfg>(q_s, freq_s, w.m0, w.off + rope_off, tid);
+            const int sti = idx % STAGES;
+            u16 *kdst = L::FP8 ? kc_s : reinterpret_cast<u16 *>(k_in + sti * L::STAGE_TILE);
+            prefill_transform<Cfg, THREADS>(k_in + sti * L::STAGE_TILE, v_in + sti * L::STAGE_TILE, kdst, vc_s, freq_s,
+                                            t * BN, rope_off, tid);
+            __syncthreads();
+        }
+        if constexpr (Cfg::Q_IN_REGS)
+            if (idx == 0) load_q_frags<Cfg>(qf, a);
+        const u32 stage = L::FP8 ? 0u : (u32)((idx % STAGES) * BN * S::ROW_BYTES);
+
+        float s[MT][S::NT][4];
+        qk_tile<Cfg>(s, qf, a, a.k + stage);
+        const int j0 = t * BN;
+        const bool elem = S::ELEM && (!pipe.map || pipe.map[t] == TILE_MIXED);
+        /* The transform, then the mask in a pass of its own behind a warp-uniform branch:
+         * interleaved with the row max, the compiler predicated the mask's compares and
+         * selects into every tile (about 200 instructions per tile and warp) instead of only
+         * the few tiles that need them. */
+        if constexpr (!S::RAW) logits_tile<Cfg>(s, p, w, rows, ksc, hk, j0, lane);
+        if (tile_needs_mask<Cfg>(p, w, elem, j0)) mask_tile<Cfg>(s, p, w, rows, elem, hk, j0, lane);
+        online_softmax<Cfg>(st, s, c2);
+        pv_tile<Cfg>(st, s, a, a.v + stage);
+        __syncthreads(); /* the stage read here is refilled by the next iteration */
+        pipe.retire();
+    }
+    cp_async_wait<0>();
+    store_rows<Cfg>(st, rows, p, w, c2, wrow, lane);
+}
+
+} /* namespace kiln */
+
+#endif /* KILN_MMA_ATTENTION_CUH */
