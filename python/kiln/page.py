@@ -15,6 +15,7 @@ quantization).
 """
 
 from . import _check
+from ._wrapper import _unpack_paged
 
 
 def _torch():
@@ -85,33 +86,6 @@ def _layout(kv_layout):
     return _check.choice(kv_layout, "kv_layout", ("NHD", "HND"), fold="upper")
 
 
-def unpack_paged_kv_cache(torch, paged_kv_cache, layout):
-    """(k_cache, v_cache), 4-D views, from FlashInfer's forms: a (k, v) tuple of 4-D tensors
-    (3-D: page_size 1) or one [pages, 2, ...] 5-D tensor (4-D: page_size 1)."""
-    page_dim = -3 if layout == "NHD" else -2
-    if isinstance(paged_kv_cache, (tuple, list)):
-        if len(paged_kv_cache) != 2:
-            raise ValueError(f"paged_kv_cache as a tuple must be (k_cache, v_cache), got "
-                             f"{len(paged_kv_cache)} items")
-        out = []
-        for name, t in zip(("k_cache", "v_cache"), paged_kv_cache):
-            if not isinstance(t, torch.Tensor) or t.dim() not in (3, 4):
-                raise ValueError(f"{name} must be a 4-D tensor (3-D for page_size 1), got "
-                                 f"{getattr(t, 'shape', type(t).__name__)}")
-            out.append(t if t.dim() == 4 else t.unsqueeze(page_dim))
-        return out[0], out[1]
-    if isinstance(paged_kv_cache, torch.Tensor):
-        t = paged_kv_cache
-        if t.dim() not in (4, 5) or t.size(1) != 2:
-            raise ValueError(f"paged_kv_cache as one tensor must be [pages, 2, ...] with 5 dims "
-                             f"(4 for page_size 1), got shape {tuple(t.shape)}")
-        if t.dim() == 4:
-            t = t.unsqueeze(page_dim)
-        return t[:, 0], t[:, 1]
-    raise TypeError(f"paged_kv_cache must be a tensor or a (k_cache, v_cache) tuple, not "
-                    f"{type(paged_kv_cache).__name__}")
-
-
 def _scatter(torch, cache, layout, page, slot, src, valid, j0):
     """cache[page[i], slot[i]] = src[i] for the valid rows. Invalid rows repeat row j0's write
     (the first valid row: the same index and the same value, so the result is the same in any
@@ -136,7 +110,7 @@ def append_paged_kv_cache(append_key, append_value, batch_indices, positions, pa
     synchronisation."""
     layout = _layout(kv_layout)
     torch = _torch()
-    k_cache, v_cache = unpack_paged_kv_cache(torch, paged_kv_cache, layout)
+    k_cache, v_cache = _unpack_paged(torch, paged_kv_cache, layout)
     _tensor(torch, append_key, "append_key", 3)
     _tensor(torch, append_value, "append_value", 3)
     for name, t in (("batch_indices", batch_indices), ("positions", positions),
