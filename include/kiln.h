@@ -472,8 +472,11 @@ typedef struct kiln_plan_opts {
 KILN_API kiln_status kiln_plan_create(kiln_kernel *k, const kiln_plan_opts *opts, kiln_plan **out);
 KILN_API void kiln_plan_destroy(kiln_plan *plan);
 
-/* Bytes of device workspace a plan of `batch` requests and `total_qo` query rows may need
- * (decode: total_qo = batch). Never decreases with either argument. Pure host arithmetic. */
+/* Bytes of device workspace a plan of `batch` requests and `total_qo` query rows uses at most
+ * (decode: total_qo = batch): room for every split the planner may choose. A smaller workspace
+ * works too: kiln_plan_schedule then splits into no more partial states than fit (down to none,
+ * with the same results), and refuses only one too small for the schedule itself (its message
+ * names that size). Never decreases with either argument. Pure host arithmetic. */
 KILN_API kiln_status kiln_plan_workspace_size(const kiln_plan *plan, int batch, int total_qo,
                                               size_t *bytes);
 
@@ -489,8 +492,8 @@ typedef struct kiln_batch_shape {
 } kiln_batch_shape;
 
 /* Schedule a batch: validates the arrays (every problem names the request and the value), picks
- * the split, writes the schedule to the workspace (256-byte aligned, at least
- * kiln_plan_workspace_size bytes) with one async copy on stream, and returns. The schedule is
+ * the split (within what the workspace holds: see kiln_plan_workspace_size), writes the schedule
+ * to the workspace (256-byte aligned) with one async copy on stream, and returns. The schedule is
  * staged in one of four pinned host buffers used in turn: a call waits only for the copy out
  * of the buffer it reuses (queued four calls ago), and a batch larger than any before grows
  * them (after waiting for every pending copy). A request with no keys gets o = 0 and

@@ -95,9 +95,12 @@ static int64_t tile_bound(const kiln_plan *pl, int batch, int64_t total_qo)
 
 static int round4(int64_t x) { return (int)((x + 3) / 4 * 4); }
 
-static int layout_for(const kiln_plan *pl, int batch, int64_t total_qo, layout *L)
+/* The layout of a batch with at most max_slots partial slots (-1: the split bound's). */
+static int layout_for(const kiln_plan *pl, int batch, int64_t total_qo, int64_t max_slots,
+                      layout *L)
 {
-    const int64_t slots = split_bound(pl, batch);
+    int64_t slots = split_bound(pl, batch);
+    if (max_slots >= 0 && slots > max_slots) slots = max_slots;
     L->slots = slots;
     L->items = tile_bound(pl, batch, total_qo) + slots;
     L->tasks = slots;
@@ -275,7 +278,7 @@ kiln_status kiln_plan_workspace_size(const kiln_plan *pl, int batch, int total_q
         if (!pl->decode && total_qo < pl->o.max_qo_tokens) total_qo = pl->o.max_qo_tokens;
     }
     layout L;
-    if (layout_for(pl, batch, pl->decode ? batch : total_qo, &L)) {
+    if (layout_for(pl, batch, pl->decode ? batch : total_qo, -1, &L)) {
         kiln__fail(&e, KILN_STATUS_INVALID_ARGUMENT,
                    "workspace size %s: batch=%d total_qo=%d is too large", pl->k->spec, batch,
                    total_qo);
@@ -394,14 +397,36 @@ static kiln_status lay_out(const kiln_plan *pl, int B, int64_t total_qo, kiln_de
         lb = pl->o.max_batch;
         if (!pl->decode) lq = pl->o.max_qo_tokens;
     }
-    if (layout_for(pl, lb, pl->decode ? lb : lq, L))
+    if (pl->decode) lq = lb;
+    if (layout_for(pl, lb, lq, -1, L))
         return kiln__fail(e, KILN_STATUS_INVALID_ARGUMENT, "plan %s: batch too large", pl->k->spec);
-    if (!pl->host_only && (!workspace || workspace_bytes < L->bytes || workspace % 256))
+    /* A workspace smaller than kiln_plan_workspace_size holds fewer partial slots: the most that
+     * fit (the split then cuts fewer chunks; the results are the same). Below the layout with
+     * none, the schedule itself does not fit. A host-only plan (tests) lays out for
+     * workspace_bytes when it is given. */
+    const size_t full = L->bytes;
+    layout t;
+    if (workspace_bytes > 0 && workspace_bytes < full && !layout_for(pl, lb, lq, 0, &t) &&
+        t.bytes <= workspace_bytes) {
+        int64_t lo = 0, hi = L->slots;
+        while (lo < hi) { /* the largest slot count whose layout fits */
+            const int64_t mid = lo + (hi - lo + 1) / 2;
+            if (!layout_for(pl, lb, lq, mid, &t) && t.bytes <= workspace_bytes) lo = mid;
+            else hi = mid - 1;
+        }
+        layout_for(pl, lb, lq, lo, L);
+        KILN__ASSERT_LE(L->bytes, workspace_bytes);
+    }
+    if (!pl->host_only && (!workspace || workspace_bytes < L->bytes || workspace % 256)) {
+        layout none;
+        layout_for(pl, lb, lq, 0, &none);
         return kiln__fail(e, KILN_STATUS_WORKSPACE,
-                          "plan %s: the workspace holds %zu bytes at 0x%llx; this batch needs %zu, "
-                          "256-byte aligned (kiln_plan_workspace_size)",
+                          "plan %s: the workspace holds %zu bytes at 0x%llx; this batch needs at "
+                          "least %zu (no split; %zu for every split kiln_plan_workspace_size "
+                          "allows), 256-byte aligned",
                           pl->k->spec, workspace ? workspace_bytes : 0,
-                          (unsigned long long)workspace, L->bytes);
+                          (unsigned long long)workspace, none.bytes, full);
+    }
     return KILN_STATUS_OK;
 }
 

@@ -284,6 +284,52 @@ KT_TEST(plan_split_decisions)
     kiln_ctx_destroy(ctx);
 }
 
+/* A workspace smaller than kiln_plan_workspace_size holds fewer partial slots: the schedule
+ * splits into no more chunks than fit, down to none; below the layout with none it is refused. */
+KT_TEST(plan_fits_smaller_workspace)
+{
+    kiln_ctx *ctx = KT_CTX(kt_tmpdir(), 0);
+    KT_REQUIRE(ctx);
+    kiln_kernel *k = compile(ctx, "op=decode dtype=bf16 head_dim=128 group=4 kv=paged");
+    KT_REQUIRE(k);
+    kiln_plan_opts o = {0};
+    o.num_qo_heads = 32;
+    o.page_size = 16;
+    kiln_plan *pl = NULL;
+    KT_OK(kiln__plan_create_host(k, &o, SMS, 1, &pl), "plan host");
+    batch *b = calloc(1, sizeof *b);
+    b->B = 1;
+    b->kv[0] = 32768;
+    build(b, 1, 16);
+    kiln_batch_shape sh = shape_of(b, 1);
+    size_t full = 0;
+    KT_OK(kiln_plan_workspace_size(pl, 1, 1, &full), "size");
+    kiln_plan_info info;
+    KT_OK(kiln_plan_schedule(pl, &sh, 0, full, NULL), kiln_ctx_errmsg(ctx));
+    kiln_plan_describe(pl, &info);
+    const int all = info.split_items;
+    KT_CHECK(all >= 8);
+    /* halving the workspace never adds splits, some size splits less, and 1 KiB (the schedule
+     * of one request and no partial slot) splits none */
+    int last = all, middle = 0;
+    for (size_t ws = full / 2; ws >= 1024; ws /= 2) {
+        KT_OK(kiln_plan_schedule(pl, &sh, 0, ws, NULL), kiln_ctx_errmsg(ctx));
+        kiln_plan_describe(pl, &info);
+        KT_CHECK(info.split_items <= last);
+        KT_CHECK(info.split_items == 0 ? info.merge_tasks == 0 : info.merge_tasks == 1);
+        middle |= info.split_items > 1 && info.split_items < all;
+        last = info.split_items;
+    }
+    KT_CHECK(middle);
+    KT_OK(kiln_plan_schedule(pl, &sh, 0, 1024, NULL), kiln_ctx_errmsg(ctx));
+    kiln_plan_describe(pl, &info);
+    KT_EQ_INT(info.split_items, 0);
+    KT_EQ_INT(info.items, 1);
+    kiln_plan_destroy(pl);
+    free(b);
+    kiln_ctx_destroy(ctx);
+}
+
 /* fixed_split: a request's items do not depend on the rest of the batch. */
 KT_TEST(plan_fixed_split_invariant)
 {

@@ -456,19 +456,6 @@ class _BatchWrapper:
         torch = self._torch or self._take_torch()
         self._ready(torch, cfg)
         plan = cfg.plan
-        if self._use_cuda_graph:
-            need_b = self._max_batch
-            need_q = self._max_batch if self._op == "decode" else self._max_qo_tokens
-        else:
-            need_b, need_q = batch, total_qo
-        need = plan._workspace_size(need_b, need_q)
-        if need > self._workspace_bytes:
-            raise KilnWorkspaceError(
-                _lib.STATUS["WORKSPACE"],
-                f"kiln: {self._op} plan of {need_b} requests and {need_q} query rows on "
-                f"{cfg.variant.spec}: float_workspace_buffer has {self._workspace_bytes} bytes, "
-                f"kiln_plan_workspace_size says {need}",
-            )
         dev_indices = None
         if self._kv == "paged":
             dev_indices = self._device_indices(torch, indices, kv_indptr[-1])

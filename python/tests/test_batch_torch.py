@@ -233,7 +233,27 @@ class TestBatchDecode(Base):
             torch.empty(64, dtype=torch.uint8, device="cuda"))
         with self.assertRaises(kiln.KilnWorkspaceError) as cm:
             w.plan(b.indptr, b.indices, b.last, 64, 8, 128, 16, q_data_type="bfloat16")
-        self.assertIn("float_workspace_buffer has 64 bytes", str(cm.exception))
+        self.assertIn("the workspace holds 64 bytes", str(cm.exception))
+
+    def test_small_workspace_splits_less(self):
+        # FlashInfer's tests pass 16 MB to a 1-request paged prefill: a workspace smaller than
+        # kiln_plan_workspace_size holds fewer partial slots, so the schedule splits less, with
+        # the same result
+        b = PagedBatch([30000], [12], 8, 128, 16, "NHD", torch.bfloat16)
+        q = self.rand(12, 32, 128)
+        runs = []
+        for nbytes in (512 << 20, 16 << 20, 1 << 20):
+            w = kiln.BatchPrefillWithPagedKVCacheWrapper(
+                torch.empty(nbytes, dtype=torch.uint8, device="cuda"))
+            w.plan([0, 12], b.indptr, b.indices, b.last, 32, 8, 128, 16, causal=True,
+                   q_data_type="bfloat16")
+            runs.append((w.plan_info.split_items, w.run(q, (b.k, b.v)).float()))
+        (split0, ref), rest = runs[0], runs[1:]
+        self.assertGreater(split0, 0)
+        for split, o in rest:
+            self.assertLessEqual(split, split0)
+            self.assertClose(o, ref, 2e-2, 2e-2, "a smaller workspace splits less, same result")
+        self.assertLess(rest[-1][0], split0)
 
     def test_run_checks(self):
         b = PagedBatch([20, 30], [1, 1], 2, 64, 16, "NHD", torch.float16)
