@@ -61,6 +61,8 @@ TOL = {torch.float16: (2e-3, 5e-3), torch.bfloat16: (1.5e-2, 2e-2)} if torch els
 
 
 @unittest.skipUnless(RUN_GPU, WHY)
+@unittest.skip("the block-sparse wrappers' device paths are disabled (kiln.sparse._disabled): "
+               "CUDA error 717 on the H200, 2026-12-01; re-enable with the fix")
 class TestBlockSparseGPU(unittest.TestCase):
     def setUp(self):
         self.ws = torch.empty(128 << 20, dtype=torch.uint8, device="cuda")
@@ -174,6 +176,8 @@ def variable_reference(q, k, v, mask, rows, cols, causal):
 
 
 @unittest.skipUnless(RUN_GPU, WHY)
+@unittest.skip("the block-sparse wrappers' device paths are disabled (kiln.sparse._disabled): "
+               "CUDA error 717 on the H200, 2026-12-01; re-enable with the fix")
 class TestVariableBlockSparseGPU(unittest.TestCase):
     def test_against_reference(self):
         ws = torch.empty(128 << 20, dtype=torch.uint8, device="cuda")
@@ -210,6 +214,13 @@ class TestSparseArguments(unittest.TestCase):
                     num_kv_heads=2, head_dim=64)
         args.update(kw)
         kiln.BlockSparseAttentionWrapper(FakeBuffer()).plan(**args)
+
+    def test_device_paths_disabled(self):
+        # the block-sparse device paths raise (kiln.sparse._disabled) until their GPU tests pass
+        with self.assertRaisesRegex(NotImplementedError, "block-sparse wrappers are disabled"):
+            self.plan()
+        with self.assertRaisesRegex(NotImplementedError, "block-sparse wrappers are disabled"):
+            self.plan(causal=True)
 
     def test_n_not_a_multiple_of_c(self):
         with self.assertRaisesRegex(ValueError, "N=30 must be a multiple of C=16"):
