@@ -32,6 +32,8 @@ typedef struct cli_global {
     const char *base_dir;  /* --base-cache DIR; NULL: $KILN_BASE_CACHE_DIR */
     int64_t max_size;      /* --max-size N (bytes) when max_size_set */
     int max_size_set;
+    const struct cli_cmd *commands; /* the command table (set by main), for `completion` */
+    int ncommands;
 } cli_global;
 
 /* Set the global option name ("--cache", "--base-cache", "--max-size") to val. 0, or
@@ -207,9 +209,6 @@ int cli_cmd_export(cli_global *g, const cli_cmd *cmd, int argc, char **argv);
 int cli_cmd_stats(cli_global *g, const cli_cmd *cmd, int argc, char **argv);
 int cli_cmd_clear(cli_global *g, const cli_cmd *cmd, int argc, char **argv);
 int cli_cmd_completion(cli_global *g, const cli_cmd *cmd, int argc, char **argv);
-
-/* The command table (kiln.c): *n rows. */
-const cli_cmd *cli_commands(int *n);
 
 /* Append t as a JSON string literal to s: quotes, backslashes and control characters escaped,
  * a byte that is not part of well-formed UTF-8 written as U+FFFD. */

@@ -554,10 +554,8 @@ int cli_cmd_completion(cli_global *g, const cli_cmd *cmd, int argc, char **argv)
     if (rc) return rc < 0 ? CLI_OK : rc;
     if (npos != 1 || (strcmp(argv[0], "bash") && strcmp(argv[0], "zsh")))
         return cli_fail(cmd->name, CLI_USAGE, "expected 'bash' or 'zsh'");
-    int n = 0;
-    const cli_cmd *cmds = cli_commands(&n);
     kiln__str s = {0};
-    if (!strcmp(argv[0], "bash")) completion_bash(&s, cmds, n);
-    else completion_zsh(&s, cmds, n);
+    if (!strcmp(argv[0], "bash")) completion_bash(&s, g->commands, g->ncommands);
+    else completion_zsh(&s, g->commands, g->ncommands);
     return cli_json_print(cmd->name, &s);
 }

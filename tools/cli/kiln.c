@@ -233,12 +233,6 @@ static const cli_cmd commands[] = {
 
 #define NCOMMANDS ((int)(sizeof commands / sizeof commands[0]))
 
-const cli_cmd *cli_commands(int *n)
-{
-    *n = NCOMMANDS;
-    return commands;
-}
-
 static void print_main_usage(FILE *f)
 {
     fprintf(f,
@@ -297,7 +291,7 @@ static int cmd_help(cli_global *g, const cli_cmd *cmd, int argc, char **argv)
 
 int main(int argc, char **argv)
 {
-    cli_global g = {0};
+    cli_global g = {.commands = commands, .ncommands = NCOMMANDS};
     int i = 1;
     for (; i < argc && argv[i][0] == '-'; i++) {
         const char *w = argv[i];

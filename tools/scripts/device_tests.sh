@@ -32,8 +32,8 @@ t0=$SECONDS
 
 # The C GPU tests: "N passed, N failed" closes each log.
 build/bin/kiln-tests --gpu --list | sed -n 's/ (gpu)$//p' > "$OUT/gpu/cases.txt"
-xargs -P "$JOBS" -I{} sh -c 'KILN_RECORD="$1/gpu/$2.manifest" timeout "$3" \
-        build/bin/kiln-tests --gpu "$2" > "$1/gpu/$2.log" 2>&1' sh "$OUT" "$LIMIT" {} \
+xargs -P "$JOBS" -I{} sh -c 'KILN_RECORD="$1/gpu/$3.manifest" timeout "$2" \
+        build/bin/kiln-tests --gpu "$3" > "$1/gpu/$3.log" 2>&1' sh "$OUT" "$LIMIT" {} \
     < "$OUT/gpu/cases.txt" &
 c_pid=$!
 # The Python test files, each its own unittest process.
