@@ -7,7 +7,9 @@ key material, cubin, resources), the variant a batch plan needs (batch_variant).
 a CUDA GPU: FlashInfer-shaped single-request decode and prefill, the batch wrappers (paged
 decode, paged and ragged prefill: plan/run, CUDA graphs), merge_state(s) and multi-level
 cascade on torch tensors; FlashInfer's block-sparse, shared-prefix and CUDA-graph decode
-wrappers, fast_decode_plan, the page utilities and packbits. See docs/python.md.
+wrappers, fast_decode_plan, the page utilities and packbits. FlashInfer's module paths work
+too: kiln.decode, kiln.prefill, kiln.cascade, kiln.page, kiln.sparse, kiln.utils. See
+docs/python.md.
 
     import kiln
     v = kiln.Variant("op=decode dtype=bf16 head_dim=128 group=4")
@@ -80,8 +82,9 @@ from .sparse import BlockSparseAttentionWrapper, VariableBlockSparseAttentionWra
 
 
 def __getattr__(name):
-    """kiln.ops (torch.library operators) and kiln.integrations load on first use (torch)."""
-    if name in ("ops", "integrations"):
+    """kiln.ops (torch.library operators), kiln.integrations and FlashInfer's module paths
+    kiln.decode / kiln.prefill / kiln.utils load on first use."""
+    if name in ("ops", "integrations", "decode", "prefill", "utils"):
         import importlib
 
         return importlib.import_module(f".{name}", __name__)

@@ -22,7 +22,8 @@ import threading
 import weakref
 
 from . import _check, _lib
-from .attention import LOG2E, _stride, alibi_slopes, default_context, request_mask_bits
+from .attention import (LOG2E, _stride, alibi_slopes, default_context, pos_encoding,
+                        request_mask_bits)
 from .core import Context
 from .errors import KilnWorkspaceError
 from .plan import Plan, _count, _request_kv_lens, host_ints
@@ -178,6 +179,83 @@ def _float_scale(value, name):
     return f
 
 
+# ---- FlashInfer's read-back attributes and what a re-plan compares -----------------------------
+
+# plan() arguments a FlashInfer wrapper keeps as wrapper._<name> after plan() / forward()
+_READBACK = ("causal", "pos_encoding_mode", "use_fp16_qk_reduction", "window_left",
+             "logits_soft_cap", "sm_scale", "rope_scale", "rope_theta")
+
+
+def _readback(scalars):
+    """The read-back values of a plan's scalar arguments, as FlashInfer's plan() keeps them:
+    as given, but logits_soft_cap None as 0.0."""
+    out = {name: scalars[name] for name in _READBACK if name in scalars}
+    if "logits_soft_cap" in out and out["logits_soft_cap"] is None:
+        out["logits_soft_cap"] = 0.0
+    return out
+
+
+class _PlanValue:
+    """wrapper._sm_scale and its kin: what the last plan() (or forward()) was given, read as
+    FlashInfer's wrappers expose it (AttributeError before a plan). Assigning raises: in kiln
+    the value is part of the planned kernel, so writing it would change nothing."""
+
+    def __set_name__(self, owner, name):
+        self.name = name
+
+    def __get__(self, obj, owner=None):
+        if obj is None:
+            return self
+        try:
+            return obj._planned[self.name[1:]]
+        except KeyError:
+            raise AttributeError(f"{type(obj).__name__}.{self.name}: no plan() yet") from None
+
+    def __set__(self, obj, value):
+        raise AttributeError(
+            f"{type(obj).__name__}.{self.name} is read-only in kiln: the value is part of the "
+            "planned kernel; pass it to plan() (or kiln.fast_decode_plan) instead")
+
+
+def _effective(scalars, D):
+    """What a plan's attention arguments mean, defaults resolved (FlashInfer's: sm_scale None
+    is 1/sqrt(head_dim), logits_soft_cap None is 0, window_left None or < 0 is no window,
+    rope_scale / rope_theta None are 1 / 1e4 and matter only with ROPE_LLAMA): equal tuples
+    plan the same kernel with the same parameters."""
+    mode = pos_encoding(scalars["pos_encoding_mode"])
+    scale = _check.real(scalars["sm_scale"], "sm_scale", none=True)
+    cap = _check.real(scalars["logits_soft_cap"], "logits_soft_cap", none=True)
+    window = _check.integer(scalars["window_left"], "window_left", none=True)
+    rope = (None, None)
+    if mode == "ROPE_LLAMA":
+        rs = _check.real(scalars["rope_scale"], "rope_scale", none=True)
+        rt = _check.real(scalars["rope_theta"], "rope_theta", none=True)
+        rope = (1.0 if rs is None else rs, 1e4 if rt is None else rt)
+    return (_check.flag(scalars.get("causal", False), "causal"), mode,
+            1.0 / math.sqrt(D) if scale is None else scale, cap or 0.0,
+            -1 if window is None or window < 0 else window) + rope
+
+
+def _capturing(torch):
+    """Whether the current stream is capturing a CUDA graph (False where CUDA is absent)."""
+    return torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
+
+
+def _copy_into(torch, buf, values, name):
+    """buf[:n] = values (a tensor on any device, or a sequence), asynchronously when it can be;
+    nothing when values is buf's own memory."""
+    if isinstance(values, torch.Tensor):
+        src = values.reshape(-1)
+        if src.device == buf.device and src.data_ptr() == buf.data_ptr():
+            return
+    else:
+        src = torch.tensor([int(x) for x in values], dtype=torch.int32)
+    n = src.numel()
+    if n > buf.numel():
+        raise ValueError(f"{name}: {n} entries exceed the {buf.numel()} of its CUDA-graph buffer")
+    buf[:n].copy_(src, non_blocking=True)
+
+
 # ---- the shared machinery ----------------------------------------------------------------------
 
 
@@ -234,7 +312,7 @@ class _Config:
                  "rope_scale", "rope_theta", "split", "no_split", "lse", "fp8", "plan",
                  "q_dtype", "kv_dtype", "o_dtype", "slopes", "args", "args_ref", "scaled",
                  "seen_q", "seen_kv", "seen_out", "seen_lse", "out_info", "last_q", "last_kv",
-                 "last_out")
+                 "last_out", "readback")
 
     def set_params(self, qs=1.0, ks=1.0, vs=1.0):
         """The run-time parameters of args for these q / k / v scales (FlashInfer's meaning:
@@ -265,6 +343,17 @@ class _BatchWrapper:
     _op = None  # "decode" | "prefill"
     _kv = None  # "paged" | "ragged"
     _q_doc = "[total_qo, H, D]"
+    # FlashInfer's CUDA-graph buffer attributes a graph-mode plan() copies (kv indptr, qo
+    # indptr, last_page_len; None: the wrapper has none) and whether plan() copies them
+    # (fast_decode_plan does not)
+    _graph_bufs = (None, None, None)
+    _copy_buffers = True
+    _pos_encoding_mode = _PlanValue()
+    _window_left = _PlanValue()
+    _logits_soft_cap = _PlanValue()
+    _sm_scale = _PlanValue()
+    _rope_scale = _PlanValue()
+    _rope_theta = _PlanValue()
 
     def __init__(self, float_workspace_buffer, kv_layout, use_cuda_graph, indices_buf,
                  max_batch, max_qo_tokens, context, lse_base):
@@ -272,8 +361,11 @@ class _BatchWrapper:
         self._lse_base = _lse_base(lse_base)
         self._use_cuda_graph = _check.flag(use_cuda_graph, "use_cuda_graph")
         self._context_arg = _check.instance(context, "context", Context, none=True)
-        self._indices_buf = indices_buf
+        if self._kv == "paged":  # FlashInfer's name: engines read and write the page ids there
+            self._paged_kv_indices_buf = indices_buf
         self._max_batch = max(int(max_batch or 0), 0)  # a buffer's length, not an argument
+        self._fixed_batch_size = self._max_batch if self._use_cuda_graph else 0  # FlashInfer's
+        self._planned = {}  # the read-back values of the last plan (_PlanValue)
         self._max_qo_tokens = _check.integer(max_qo_tokens, "max_qo_tokens", 0, _check.INT_MAX,
                                              none=True) or 0
         self._kernels = {}  # Variant -> kiln.Kernel (compiled once per spec)
@@ -361,6 +453,7 @@ class _BatchWrapper:
         cfg = self._configs.get(key) if key is not None else None
         if cfg is None:
             cfg = self._make_config(**scalars)
+            cfg.readback = _readback(scalars)
             if key is not None:
                 if len(self._configs) >= 32:
                     self._configs.clear()
@@ -486,7 +579,18 @@ class _BatchWrapper:
         a.kv_indices = dev_indices.data_ptr() if dev_indices is not None else 0
         a.mask_bits = mask_bits.data_ptr() if mask_bits is not None else 0
         self._state = st
+        self._planned = cfg.readback
         _CLAIMS.claim(self, self._device_name, self._workspace_ptr, self._workspace_bytes)
+
+    def _fill_graph_buffers(self, kv_indptr, qo_indptr, last_page_len):
+        """What FlashInfer's graph-mode plan() does with its fixed buffers: the plan's indptr
+        (and qo indptr, last_page_len) copied into their first entries (the page ids are
+        copied by _device_indices). kiln's kernels read only the page ids and the workspace;
+        the copies are for engines that read the buffers back."""
+        for attr, values in zip(self._graph_bufs, (kv_indptr, qo_indptr, last_page_len)):
+            buf = getattr(self, attr) if attr is not None else None
+            if buf is not None and values is not None:
+                _copy_into(self._torch, buf, values, attr[1:-4])
 
     def _check_bounds(self, batch, total_qo):
         """A CUDA-graph plan stays within the constructor's buffers (and prefill within the
@@ -551,7 +655,7 @@ class _BatchWrapper:
             t = torch.tensor(host_ints(indices, "indices"), dtype=torch.int32, device=self.device)
         if not self._use_cuda_graph:
             return t
-        buf = self._indices_buf
+        buf = self._paged_kv_indices_buf
         if used > buf.numel():
             raise ValueError(f"{used} page ids exceed the {buf.numel()} of the CUDA-graph "
                              "indices buffer")
@@ -560,12 +664,19 @@ class _BatchWrapper:
         return buf
 
     def _replan(self, **changes):
-        """Plan the last plan()'s batch again with some scalar arguments changed (forward());
-        nothing happens when none changes."""
+        """Plan the last plan()'s batch again with some attention arguments changed (forward());
+        nothing happens when their effective values (_effective) are the planned ones. A
+        re-plan while the current stream captures a CUDA graph raises RuntimeError."""
         st = self._require_plan()
         scalars = dict(st.scalars, **changes)
-        if scalars == st.scalars:
+        if _effective(scalars, st.cfg.D) == _effective(st.scalars, st.cfg.D):
             return st
+        if _capturing(self._torch):
+            raise RuntimeError(
+                f"{type(self).__name__}.forward(): its attention arguments differ from the "
+                "plan's, so the batch must be planned again, and a plan cannot run inside a "
+                "CUDA-graph capture (it copies to the host): plan() with these arguments before "
+                "capturing, and call run()")
         cfg = self._config(scalars)
         kv = (st.kv_indptr, array.array("i", st.kv_indptr))
         qo = None if st.qo_indptr is None else (st.qo_indptr, array.array("i", st.qo_indptr))
@@ -773,4 +884,7 @@ class _BatchWrapper:
         stay for later runs, as in FlashInfer), re-planning the batch when they change what
         was planned; then run()."""
         self._replan(**changes)
+        planned = dict(self._planned)  # FlashInfer's forward() keeps the values as given
+        planned.update((k, v) for k, v in changes.items() if k in _READBACK)
+        self._planned = planned
         return run(*args, **kwargs)

@@ -26,8 +26,8 @@ work without it.
 import functools
 
 from . import _check
-from ._wrapper import (FP8, _BatchWrapper, _check_tensor, _layout, _meta, _positive_int,
-                       _remember, dtype_word)
+from ._wrapper import (FP8, _BatchWrapper, _check_tensor, _layout, _meta, _PlanValue,
+                       _positive_int, _remember, dtype_word)
 from ._wrapper import _WorkspaceClaims  # noqa: F401 (kiln.batch._WorkspaceClaims, tested)
 from .attention import _stride, mask_data_name, pos_encoding
 from .core import Variant
@@ -115,6 +115,7 @@ class BatchDecodeWithPagedKVCacheWrapper(_BatchWrapper):
 
     _op, _kv = "decode", "paged"
     _q_doc = "[B, H, D]"
+    _graph_bufs = ("_paged_kv_indptr_buf", None, "_paged_kv_last_page_len_buf")
 
     def __init__(self, float_workspace_buffer, kv_layout="NHD", use_cuda_graph=False,
                  use_tensor_cores=False, paged_kv_indptr_buffer=None,
@@ -131,6 +132,9 @@ class BatchDecodeWithPagedKVCacheWrapper(_BatchWrapper):
             elif paged_kv_indptr_buffer is not None:
                 max_batch = _count(paged_kv_indptr_buffer) - 1
         self.use_tensor_cores = use_tensor_cores
+        # FlashInfer's names for the CUDA-graph buffers (engines read them; None when not given)
+        self._paged_kv_indptr_buf = paged_kv_indptr_buffer
+        self._paged_kv_last_page_len_buf = paged_kv_last_page_len_buffer
         super().__init__(float_workspace_buffer, kv_layout, use_cuda_graph,
                          paged_kv_indices_buffer, max_batch, 0, context, lse_base)
 
@@ -151,8 +155,20 @@ class BatchDecodeWithPagedKVCacheWrapper(_BatchWrapper):
         rope_theta) | "ALIBI". fixed_split_size (in pages) cuts every request's keys into
         chunks of that many pages whatever the batch (batch-invariant output);
         disable_split_kv never splits. lse=False (kiln extra) drops the LSE output from the
-        kernel. Not supported: block_tables / seq_lens, q_len_per_req != 1, window_right != 0
-        (NotImplementedError)."""
+        kernel. In CUDA-graph mode indptr and last_page_len are also copied into the
+        constructor's buffers (FlashInfer's _paged_kv_indptr_buf, _paged_kv_last_page_len_buf),
+        the page ids into _paged_kv_indices_buf. After a plan, _pos_encoding_mode, _window_left,
+        _logits_soft_cap, _sm_scale, _rope_scale and _rope_theta read back its arguments, as in
+        FlashInfer. The positional order is FlashInfer 0.6's (o_data_type before data_type): an
+        older order is refused (TypeError). Not supported: block_tables / seq_lens,
+        q_len_per_req != 1, window_right != 0 (NotImplementedError)."""
+        if _older_order(data_type, rope_theta, seq_lens, fixed_split_size):
+            raise TypeError(
+                "BatchDecodeWithPagedKVCacheWrapper.plan(): these positional arguments follow an "
+                "older FlashInfer order (data_type 13th, before sm_scale); kiln follows FlashInfer "
+                "0.6's positional order (o_data_type 13th, data_type 14th, then sm_scale, "
+                "rope_scale, rope_theta, non_blocking, block_tables, seq_lens, fixed_split_size, "
+                "disable_split_kv): pass every argument after page_size by keyword")
         if block_tables is not None or seq_lens is not None:
             raise NotImplementedError("block_tables / seq_lens (trtllm-gen's form) are not "
                                       "supported: pass indptr, indices and last_page_len")
@@ -176,6 +192,8 @@ class BatchDecodeWithPagedKVCacheWrapper(_BatchWrapper):
         check_last_page_len("last_page_len", last[0], kv[0], cfg.page_size)
         self._plan_batch(cfg, cfg_args, kv=kv, qo=None, last=last, indices=indices,
                          total_kv=None)
+        if self._use_cuda_graph and self._copy_buffers:
+            self._fill_graph_buffers(indptr, None, last_page_len)
 
     begin_forward = plan
 
@@ -252,6 +270,8 @@ class _PrefillWrapper(_BatchWrapper):
     """What the two prefill wrappers share: their plan() scalar arguments and forward()."""
 
     _op = "prefill"
+    _causal = _PlanValue()
+    _use_fp16_qk_reduction = _PlanValue()
 
     def _make_config(self, *, num_qo_heads, num_kv_heads, head_dim_qk, page_size, head_dim_vo,
                      masked, causal, pos_encoding_mode, use_fp16_qk_reduction, sm_scale,
@@ -316,6 +336,7 @@ class BatchPrefillWithPagedKVCacheWrapper(_PrefillWrapper):
     """
 
     _kv = "paged"
+    _graph_bufs = ("_paged_kv_indptr_buf", "_qo_indptr_buf", "_paged_kv_last_page_len_buf")
 
     def __init__(self, float_workspace_buffer, kv_layout="NHD", use_cuda_graph=False,
                  qo_indptr_buf=None, paged_kv_indptr_buf=None, paged_kv_indices_buf=None,
@@ -336,6 +357,10 @@ class BatchPrefillWithPagedKVCacheWrapper(_PrefillWrapper):
                 max_batch = _count(qo_indptr_buf) - 1
             elif paged_kv_last_page_len_buf is not None:
                 max_batch = _count(paged_kv_last_page_len_buf)
+        # FlashInfer's names for the CUDA-graph buffers (engines read them; None when not given)
+        self._qo_indptr_buf = qo_indptr_buf
+        self._paged_kv_indptr_buf = paged_kv_indptr_buf
+        self._paged_kv_last_page_len_buf = paged_kv_last_page_len_buf
         super().__init__(float_workspace_buffer, kv_layout, use_cuda_graph,
                          paged_kv_indices_buf, max_batch, max_qo_tokens, context, lse_base)
 
@@ -371,6 +396,8 @@ class BatchPrefillWithPagedKVCacheWrapper(_PrefillWrapper):
         self._plan_batch(cfg, scalars, kv=kv, qo=qo, last=last, indices=paged_kv_indices,
                          total_kv=None, custom_mask=custom_mask,
                          packed_custom_mask=packed_custom_mask)
+        if self._use_cuda_graph:
+            self._fill_graph_buffers(paged_kv_indptr, qo_indptr, paged_kv_last_page_len)
 
     begin_forward = plan
 
@@ -425,6 +452,7 @@ class BatchPrefillWithRaggedKVCacheWrapper(_PrefillWrapper):
     """
 
     _kv = "ragged"
+    _graph_bufs = ("_kv_indptr_buf", "_qo_indptr_buf", None)
 
     def __init__(self, float_workspace_buffer, kv_layout="NHD", use_cuda_graph=False,
                  qo_indptr_buf=None, kv_indptr_buf=None, custom_mask_buf=None,
@@ -439,6 +467,7 @@ class BatchPrefillWithRaggedKVCacheWrapper(_PrefillWrapper):
         if use_cuda_graph:
             buf = qo_indptr_buf if qo_indptr_buf is not None else kv_indptr_buf
             max_batch = _count(buf) - 1 if buf is not None else 0
+        self._qo_indptr_buf, self._kv_indptr_buf = qo_indptr_buf, kv_indptr_buf  # FlashInfer's
         super().__init__(float_workspace_buffer, kv_layout, use_cuda_graph, None, max_batch,
                          max_qo_tokens, context, lse_base)
 
@@ -465,6 +494,8 @@ class BatchPrefillWithRaggedKVCacheWrapper(_PrefillWrapper):
         self._plan_batch(cfg, scalars, kv=kv, qo=qo, last=None, indices=None,
                          total_kv=kv[0][-1], custom_mask=custom_mask,
                          packed_custom_mask=packed_custom_mask)
+        if self._use_cuda_graph:
+            self._fill_graph_buffers(kv_indptr, qo_indptr, None)
 
     begin_forward = plan
 
@@ -519,6 +550,17 @@ class BatchPrefillWithRaggedKVCacheWrapper(_PrefillWrapper):
         return self._forward(self.run, self._forward_changes(
             causal, pos_encoding_mode, use_fp16_qk_reduction, window_left, logits_soft_cap,
             sm_scale, rope_scale, rope_theta), q, k, v, return_lse=True)
+
+
+def _older_order(data_type, rope_theta, seq_lens, fixed_split_size):
+    """Whether decode plan() arguments look shifted by an older FlashInfer positional order
+    (vLLM's 21: data_type 13th, so sm_scale lands on data_type, non_blocking on rope_theta,
+    fixed_split_size on seq_lens, disable_split_kv on fixed_split_size)."""
+    def number(x):
+        return isinstance(x, (bool, int, float))
+
+    return (number(data_type) or isinstance(rope_theta, bool) or number(seq_lens)
+            or isinstance(fixed_split_size, bool))
 
 
 # FlashInfer prefill plan() keywords kiln has no use for: refused unless None / 0 / False.

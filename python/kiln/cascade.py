@@ -10,7 +10,8 @@ temporaries, so the caller's tensors only change where FlashInfer's do); lse_bas
 gives kiln's natural-log LSE with no conversion.
 
 MultiLevelCascadeAttentionWrapper runs each level as a BatchPrefillWithPagedKVCacheWrapper with
-LSE (the workspace split between the levels) and merges them in place.
+LSE (the workspace split between the levels) and merges them in place. The shared-prefix
+wrappers FlashInfer keeps in flashinfer.cascade live in prefix.py and are reachable here too.
 """
 
 from . import _check, _lib
@@ -279,3 +280,15 @@ class MultiLevelCascadeAttentionWrapper:
 
     def end_forward(self):
         """Nothing to release (FlashInfer's old API)."""
+
+
+def __getattr__(name):
+    """kiln.cascade.BatchDecodeWithSharedPrefixPagedKVCacheWrapper and
+    BatchPrefillWithSharedPrefixPagedKVCacheWrapper, as in flashinfer.cascade (prefix.py,
+    which imports this module, holds them)."""
+    if name in ("BatchDecodeWithSharedPrefixPagedKVCacheWrapper",
+                "BatchPrefillWithSharedPrefixPagedKVCacheWrapper"):
+        from . import prefix
+
+        return getattr(prefix, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

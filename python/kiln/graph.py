@@ -2,17 +2,15 @@
 and fast_decode_plan.
 
 CUDAGraphBatchDecodeWithPagedKVCacheWrapper is BatchDecodeWithPagedKVCacheWrapper in CUDA-graph
-mode with the three fixed buffers given to the constructor, as FlashInfer's subclass is:
-plan() copies indptr, the page ids and last_page_len into those buffers (the page ids are what
-the captured kernel reads; indptr and last_page_len are copied because engines read the
-buffers back), and a run() captured once replays after any later plan within the buffers'
-bounds. The buffers are also kept under FlashInfer's attribute names (_paged_kv_indptr_buf,
-_paged_kv_indices_buf, _paged_kv_last_page_len_buf), which engines such as SGLang read.
+mode with the three fixed buffers given to the constructor, as FlashInfer's subclass is (the
+base wrapper keeps them under FlashInfer's attribute names and its graph-mode plan() copies
+into them), and a run() captured once replays after any later plan within the buffers'
+bounds.
 
 fast_decode_plan(wrapper, ...) is FlashInfer's faster decode plan (SGLang binds it to its
-wrappers): it skips the copies into the CUDA-graph buffers (the caller has written them), takes
-the host indptr from global_override_indptr_cpu when given (no device-to-host copy), and builds
-last_page_len on the host when page_size is 1.
+wrappers): it skips the copies of indptr and last_page_len into the CUDA-graph buffers (the
+caller has written them), takes the host indptr from global_override_indptr_cpu when given (no
+device-to-host copy), and builds last_page_len on the host when page_size is 1.
 """
 
 from . import _check
@@ -28,21 +26,6 @@ def _int32_buffer(torch, t, name):
         raise ValueError(f"{name} must be a 1-D int32 CUDA tensor, got {tuple(t.shape)} "
                          f"{t.dtype} on {t.device}")
     return t
-
-
-def _copy_into(torch, buf, values, name):
-    """buf[:n] = values (a tensor on any device, or a sequence), asynchronously when it can be;
-    nothing when values is buf's own memory."""
-    if isinstance(values, torch.Tensor):
-        src = values.reshape(-1)
-        if src.device == buf.device and src.data_ptr() == buf.data_ptr():
-            return
-    else:
-        src = torch.tensor([int(x) for x in values], dtype=torch.int32)
-    n = src.numel()
-    if n > buf.numel():
-        raise ValueError(f"{name}: {n} entries exceed the {buf.numel()} of its CUDA-graph buffer")
-    buf[:n].copy_(src, non_blocking=True)
 
 
 class CUDAGraphBatchDecodeWithPagedKVCacheWrapper(BatchDecodeWithPagedKVCacheWrapper):
@@ -71,22 +54,6 @@ class CUDAGraphBatchDecodeWithPagedKVCacheWrapper(BatchDecodeWithPagedKVCacheWra
                          paged_kv_indices_buffer=indices_buffer,
                          paged_kv_last_page_len_buffer=last_page_len_buffer, context=context,
                          lse_base=lse_base)
-        # FlashInfer's names: engines read (and write) these buffers directly
-        self._paged_kv_indptr_buf = indptr_buffer
-        self._paged_kv_indices_buf = indices_buffer
-        self._paged_kv_last_page_len_buf = last_page_len_buffer
-        self._fixed_batch_size = last_page_len_buffer.numel()
-
-    def plan(self, indptr, indices, last_page_len, *args, **kwargs):
-        """BatchDecodeWithPagedKVCacheWrapper.plan, then indptr and last_page_len copied into
-        their fixed buffers (the page ids are copied by the plan itself), as FlashInfer's
-        graph-mode plan does."""
-        super().plan(indptr, indices, last_page_len, *args, **kwargs)
-        torch = _torch()
-        _copy_into(torch, self._paged_kv_indptr_buf, indptr, "indptr")
-        _copy_into(torch, self._paged_kv_last_page_len_buf, last_page_len, "last_page_len")
-
-    begin_forward = plan
 
 
 def _batch_of(last_page_len):
@@ -113,17 +80,23 @@ def fast_decode_plan(self, indptr, indices, last_page_len, num_qo_heads, num_kv_
                      page_size, pos_encoding_mode="NONE", window_left=-1, logits_soft_cap=None,
                      q_data_type=None, kv_data_type=None, data_type=None, sm_scale=None,
                      rope_scale=None, rope_theta=None, non_blocking=True, fixed_split_size=None,
-                     disable_split_kv=False, global_override_indptr_cpu=None):
+                     disable_split_kv=False, global_override_indptr_cpu=None, q_len_per_req=1):
     """FlashInfer's fast_decode_plan(wrapper, ...): a decode plan for `self` (a
     BatchDecodeWithPagedKVCacheWrapper, CUDA-graph or not) that copies nothing into the
     CUDA-graph buffers and reads no device memory when global_override_indptr_cpu is given and
     page_size is 1. Dtypes as FlashInfer resolves them here: data_type fills a missing
     q_data_type / kv_data_type, q_data_type defaults to float16, kv_data_type to q_data_type.
     In CUDA-graph mode pass the indices buffer itself (as SGLang does); other page ids are
-    copied into it (FlashInfer would run on whatever the buffer holds)."""
+    copied into it (FlashInfer would run on whatever the buffer holds). q_len_per_req (FlashInfer's
+    default 1) other than 1 raises NotImplementedError."""
     if not isinstance(self, BatchDecodeWithPagedKVCacheWrapper):
         raise TypeError("fast_decode_plan: self must be a kiln.BatchDecodeWithPagedKVCacheWrapper, "
                         f"not {type(self).__name__}")
+    if _check.integer(q_len_per_req, "fast_decode_plan: q_len_per_req", 1, _check.INT_MAX) != 1:
+        raise NotImplementedError(
+            f"fast_decode_plan(q_len_per_req={q_len_per_req}): kiln's decode kernels take one "
+            "query row per request; plan several rows per request on "
+            "BatchPrefillWithPagedKVCacheWrapper")
     page_size = _check.integer(page_size, "page_size", 1, _check.INT_MAX)
     if data_type is not None:
         q_data_type = data_type if q_data_type is None else q_data_type
@@ -136,10 +109,14 @@ def fast_decode_plan(self, indptr, indices, last_page_len, num_qo_heads, num_kv_
     batch = _batch_of(last_page_len)
     host_indptr = _host_indptr(torch, indptr, global_override_indptr_cpu, batch)
     host_last = [1] * batch if page_size == 1 else last_page_len
-    BatchDecodeWithPagedKVCacheWrapper.plan(
-        self, host_indptr, indices, host_last, num_qo_heads, num_kv_heads, head_dim, page_size,
-        pos_encoding_mode=pos_encoding_mode, window_left=window_left,
-        logits_soft_cap=logits_soft_cap, q_data_type=q_data_type, kv_data_type=kv_data_type,
-        sm_scale=sm_scale, rope_scale=rope_scale, rope_theta=rope_theta,
-        non_blocking=non_blocking, fixed_split_size=fixed_split_size,
-        disable_split_kv=disable_split_kv)
+    self._copy_buffers = False  # the caller has written indptr and last_page_len
+    try:
+        BatchDecodeWithPagedKVCacheWrapper.plan(
+            self, host_indptr, indices, host_last, num_qo_heads, num_kv_heads, head_dim,
+            page_size, pos_encoding_mode=pos_encoding_mode, window_left=window_left,
+            logits_soft_cap=logits_soft_cap, q_data_type=q_data_type,
+            kv_data_type=kv_data_type, sm_scale=sm_scale, rope_scale=rope_scale,
+            rope_theta=rope_theta, non_blocking=non_blocking,
+            fixed_split_size=fixed_split_size, disable_split_kv=disable_split_kv)
+    finally:
+        del self._copy_buffers

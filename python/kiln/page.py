@@ -9,7 +9,8 @@ new token (get_batch_indices_positions, from the ragged append_indptr and the se
 after the append), then a scatter into the pages (append_paged_kv_cache).
 
 These are torch operations on the tensors' device (a searchsorted, a gather and an index_put
-per cache), not fused kernels; none synchronises with the host. The module also holds
+per cache), not fused kernels; none synchronises with the host. _get_range_buf is FlashInfer's
+cached int32 arange (vLLM imports it from flashinfer.decode). The module also holds
 _torch(), the lazy torch import of the FlashInfer-surface modules (sparse, prefix, graph,
 quantization).
 """
@@ -24,6 +25,23 @@ def _torch():
     except ImportError as exc:  # pragma: no cover - exercised only without torch
         raise ImportError("kiln's FlashInfer utilities need torch") from exc
     return torch
+
+
+_range_bufs = {}  # (power of two, device) -> int32 arange, shared by every caller
+
+
+def _get_range_buf(seq_len, device):
+    """FlashInfer's _get_range_buf (flashinfer.utils, re-exported by flashinfer.decode):
+    torch.arange(seq_len, dtype=int32) on `device`, a view of one cached arange whose length
+    is the next power of two (callers must not write it)."""
+    seq_len = _check.integer(seq_len, "_get_range_buf: seq_len", 0, _check.INT_MAX)
+    torch = _torch()
+    n = 1 << max(seq_len - 1, 0).bit_length()
+    key = (n, str(torch.device(device)))
+    buf = _range_bufs.get(key)
+    if buf is None:
+        buf = _range_bufs[key] = torch.arange(n, dtype=torch.int32, device=device)
+    return buf[:seq_len]
 
 
 def _tensor(torch, t, name, ndim=1):
