@@ -26,9 +26,10 @@ work without it.
 import functools
 
 from . import _check
-from ._wrapper import (FP8, _BatchWrapper, _check_tensor, _layout, _meta, _PlanValue,
-                       _positive_int, _remember, dtype_word)
-from ._wrapper import _WorkspaceClaims  # noqa: F401 (kiln.batch._WorkspaceClaims, tested)
+from ._planvalue import _PlanValue
+from ._wrapper import (FP8, _BatchWrapper, _check_tensor, _layout, _meta, _positive_int,
+                       _remember, dtype_word)
+from ._claims import _WorkspaceClaims  # noqa: F401 (kiln.batch._WorkspaceClaims, tested)
 from .attention import _stride, mask_data_name, pos_encoding
 from .core import Variant
 from .plan import _count, check_indptr, check_last_page_len, host_array
