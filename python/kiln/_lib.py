@@ -416,15 +416,6 @@ def candidate_paths():
     return paths
 
 
-# A plan's two calls, by verb: the kiln_plan_* names first, then the deprecated kiln_batch_*
-# aliases a 0.1 library exports. The batch wrappers and kiln.Plan reach these calls only through
-# batch_fn().
-BATCH_NAMES = {
-    "plan": ("kiln_plan_schedule", "kiln_batch_plan"),
-    "run": ("kiln_plan_run", "kiln_batch_run"),
-}
-
-
 def _declare(lib):
     for name, (restype, argtypes) in _PROTOTYPES.items():
         fn = getattr(lib, name)
@@ -490,18 +481,6 @@ def fn(name):
             "newer build",
         )
     return f
-
-
-def batch_fn(verb):
-    """The library function for a plan's `verb` ("plan" | "run") under whichever name this
-    build exports (BATCH_NAMES); KilnLibraryError naming the first when it has none."""
-    names = BATCH_NAMES[verb]
-    lib_ = lib()
-    for name in names:
-        f = getattr(lib_, name, None)
-        if f is not None:
-            return f
-    return fn(names[-1])
 
 
 def lib_path():

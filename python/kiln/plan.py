@@ -171,7 +171,6 @@ class Plan:
     """
 
     _handle = None
-    _sizes = None  # (batch, total_qo) -> kiln_plan_workspace_size's answer
 
     def __init__(self, kernel, num_qo_heads, page_size=0, max_batch=0, max_qo_tokens=0,
                  fixed_split=0, no_split=False):
@@ -191,14 +190,13 @@ class Plan:
         create = _lib.fn("kiln_plan_create")
         _lib.fn("kiln_plan_destroy")  # both or neither
         # the calls of every plan() and run(), bound once
-        self._fn_plan = _lib.batch_fn("plan")
-        self._fn_run = _lib.batch_fn("run")
+        self._fn_plan = _lib.fn("kiln_plan_schedule")
+        self._fn_run = _lib.fn("kiln_plan_run")
         self._shape = shape = _lib.kiln_batch_shape()  # refilled by each plan()
         self._shape_ref = ctypes.byref(shape)
         # its three int * fields as plain addresses, set without a ctypes.cast each
         self._shape_ptrs = [ctypes.c_void_p.from_buffer(shape, getattr(type(shape), f).offset)
                             for f in ("qo_indptr", "kv_indptr", "kv_last_page_len")]
-        self._sizes = {}
         out = ctypes.c_void_p()
         with kernel._use() as (p, h):
             check(create(p, ctypes.byref(self.opts), ctypes.byref(out)), h)
@@ -248,25 +246,13 @@ class Plan:
 
     def workspace_size(self, batch, total_qo=None):
         """kiln_plan_workspace_size: bytes of workspace a plan of `batch` requests and
-        `total_qo` query rows (decode: batch) may need."""
+        `total_qo` query rows (decode: batch) uses at most (a smaller one splits less)."""
         b = _check.integer(batch, "workspace_size: batch", 0, _check.INT_MAX)
         total = b if total_qo is None else _check.integer(total_qo, "workspace_size: total_qo",
                                                           0, _check.INT_MAX)
-        return self._workspace_size(b, total)
-
-    def _workspace_size(self, batch, total_qo):
-        """workspace_size on checked ints, asked of C once per (batch, total_qo)."""
-        sizes = self._sizes
-        n = sizes.get((batch, total_qo)) if sizes is not None else None
-        if n is None:
-            out = ctypes.c_size_t()
-            self._call(_lib.fn("kiln_plan_workspace_size"), batch, total_qo, ctypes.byref(out))
-            n = out.value
-            if sizes is not None:
-                if len(sizes) > 256:
-                    sizes.clear()
-                sizes[(batch, total_qo)] = n
-        return n
+        out = ctypes.c_size_t()
+        self._call(_lib.fn("kiln_plan_workspace_size"), b, total, ctypes.byref(out))
+        return out.value
 
     def plan(self, kv_indptr, workspace, workspace_bytes, stream=None, qo_indptr=None,
              kv_last_page_len=None):
