@@ -249,23 +249,35 @@ KT_TEST(plan_schedules_cover_and_balance)
     kiln_ctx_destroy(ctx);
 }
 
+/* A host plan of the paged bf16 d128 group-4 decode (32 query heads, pages of 16) and a batch of
+ * one request of 32768 keys, which the planner splits over the device. */
+static kiln_plan *long_decode(kiln_ctx *ctx, batch **b_out, kiln_batch_shape *sh)
+{
+    kiln_kernel *k = compile(ctx, "op=decode dtype=bf16 head_dim=128 group=4 kv=paged");
+    KT_CHECK(k);
+    kiln_plan_opts o = {0};
+    o.num_qo_heads = 32;
+    o.page_size = 16;
+    kiln_plan *pl = NULL;
+    if (!k || kiln__plan_create_host(k, &o, SMS, 1, &pl) != KILN_STATUS_OK) return NULL;
+    batch *b = calloc(1, sizeof *b);
+    b->B = 1;
+    b->kv[0] = 32768;
+    build(b, 1, 16);
+    *sh = shape_of(b, 1);
+    *b_out = b;
+    return pl;
+}
+
 /* A long single decode is split over the device; a batch that fills the device is not. */
 KT_TEST(plan_split_decisions)
 {
     kiln_ctx *ctx = KT_CTX(kt_tmpdir(), 0);
     KT_REQUIRE(ctx);
-    kiln_kernel *k = compile(ctx, "op=decode dtype=bf16 head_dim=128 group=4 kv=paged");
-    KT_REQUIRE(k);
-    kiln_plan_opts o = {0};
-    o.num_qo_heads = 32;
-    o.page_size = 16;
-    kiln_plan *pl = NULL;
-    KT_OK(kiln__plan_create_host(k, &o, SMS, 1, &pl), "plan host");
-    batch *b = calloc(1, sizeof *b);
-    b->B = 1;
-    b->kv[0] = 32768;
-    build(b, 1, 16);
-    kiln_batch_shape sh = shape_of(b, 1);
+    batch *b = NULL;
+    kiln_batch_shape sh;
+    kiln_plan *pl = long_decode(ctx, &b, &sh);
+    KT_REQUIRE(pl);
     KT_OK(kiln_plan_schedule(pl, &sh, 0, 0, NULL), kiln_ctx_errmsg(ctx));
     kiln_plan_info info;
     kiln_plan_describe(pl, &info);
@@ -285,23 +297,16 @@ KT_TEST(plan_split_decisions)
 }
 
 /* A workspace smaller than kiln_plan_workspace_size holds fewer partial slots: the schedule
- * splits into no more chunks than fit, down to none; below the layout with none it is refused. */
+ * splits into no more chunks than fit, down to none (a host-only plan lays out for the size
+ * given and refuses nothing; a device plan refuses a workspace below the layout with none). */
 KT_TEST(plan_fits_smaller_workspace)
 {
     kiln_ctx *ctx = KT_CTX(kt_tmpdir(), 0);
     KT_REQUIRE(ctx);
-    kiln_kernel *k = compile(ctx, "op=decode dtype=bf16 head_dim=128 group=4 kv=paged");
-    KT_REQUIRE(k);
-    kiln_plan_opts o = {0};
-    o.num_qo_heads = 32;
-    o.page_size = 16;
-    kiln_plan *pl = NULL;
-    KT_OK(kiln__plan_create_host(k, &o, SMS, 1, &pl), "plan host");
-    batch *b = calloc(1, sizeof *b);
-    b->B = 1;
-    b->kv[0] = 32768;
-    build(b, 1, 16);
-    kiln_batch_shape sh = shape_of(b, 1);
+    batch *b = NULL;
+    kiln_batch_shape sh;
+    kiln_plan *pl = long_decode(ctx, &b, &sh);
+    KT_REQUIRE(pl);
     size_t full = 0;
     KT_OK(kiln_plan_workspace_size(pl, 1, 1, &full), "size");
     kiln_plan_info info;
