@@ -36,6 +36,36 @@ DTYPES = {"f16": torch.float16, "bf16": torch.bfloat16} if HAVE_TORCH else {}
 _tmp_cache = None
 
 
+def have_batch_api():
+    """Whether the loaded libkiln.so has the batch API (plans, batch runs, merges)."""
+    try:
+        return kiln._lib.has("kiln_plan_run")
+    except kiln.KilnLibraryError:
+        return False
+
+
+RUN_BATCH_GPU = HAVE_GPU and have_batch_api()
+WHY_BATCH = "needs torch, a CUDA GPU and a libkiln.so with the batch API"
+
+
+class FakeBuffer:
+    """What the wrappers read of a workspace before they need torch or a GPU."""
+
+    device = None
+
+    def __init__(self, nbytes=1 << 20):
+        self.nbytes = nbytes
+
+    def data_ptr(self):
+        return 0x10000
+
+    def numel(self):
+        return self.nbytes
+
+    def element_size(self):
+        return 1
+
+
 def set_up_module(prefix):
     """Kernels compile into $KILN_TEST_CACHE when set (reused across runs, like the C GPU
     tests), else into a fresh temporary cache named prefix...: never the user's default cache.

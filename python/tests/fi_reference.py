@@ -4,48 +4,17 @@ from the definition, with FlashInfer's base-2 LSE. Not a test module (unittest c
 test*.py only)."""
 
 import math
-import os
-import sys
-import tempfile
 
-_SRC = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # python/
-if os.environ.get("KILN_TEST_INSTALLED") != "1" and os.path.isdir(os.path.join(_SRC, "kiln")):
-    sys.path.insert(0, _SRC)
-
-import kiln  # noqa: E402
-from kiln import _lib  # noqa: E402
-
-try:
-    import torch
-except ImportError:
-    torch = None
-
-HAVE_TORCH = torch is not None
-
-
-def _have_batch_api():
-    try:
-        return _lib.has("kiln_plan_run")
-    except kiln.KilnLibraryError:
-        return False
-
-
-RUN_GPU = HAVE_TORCH and torch.cuda.is_available() and _have_batch_api()
-WHY = "needs torch, a CUDA GPU and a libkiln.so with the batch API"
-_cache = None
+from _reference import RUN_BATCH_GPU as RUN_GPU
+from _reference import WHY_BATCH as WHY  # noqa: F401 (for the test files)
+from _reference import FakeBuffer, HAVE_TORCH, kiln, set_up_module, torch  # noqa: F401
 
 
 def use_temp_cache():
     """Kernels compile into $KILN_TEST_CACHE when set, else a fresh temporary cache (call from
-    setUpModule, before the first default context)."""
-    global _cache
-    if not RUN_GPU:
-        return
-    path = os.environ.get("KILN_TEST_CACHE")
-    if not path:
-        _cache = tempfile.TemporaryDirectory(prefix="kiln-py-fi-")
-        path = _cache.name
-    os.environ["KILN_CACHE_DIR"] = path
+    setUpModule, before the first default context); nothing without a GPU to run on."""
+    if RUN_GPU:
+        set_up_module("kiln-py-fi-")
 
 
 def attend(q, k, v, visible, sm_scale=None, softcap=None):
@@ -88,24 +57,6 @@ def check_close(tc, got, want, atol, rtol, what):
                 for i in idx]
         tc.fail(f"{what}: {int(bad.sum())} mismatches (atol {atol}, rtol {rtol}); first "
                 + "; ".join(rows))
-
-
-class FakeBuffer:
-    """What the wrappers read of a workspace before they need torch or a GPU."""
-
-    device = None
-
-    def __init__(self, nbytes=1 << 20):
-        self.nbytes = nbytes
-
-    def data_ptr(self):
-        return 0x10000
-
-    def numel(self):
-        return self.nbytes
-
-    def element_size(self):
-        return 1
 
 
 def paged_cache(lens, P, H_KV, D, dtype, layout, seed, spare=3):

@@ -20,6 +20,7 @@ if os.environ.get("KILN_TEST_INSTALLED") != "1" and os.path.isdir(os.path.join(_
 import kiln  # noqa: E402
 from kiln import _lib, batch  # noqa: E402
 from kiln.plan import host_ints  # noqa: E402
+from _reference import FakeBuffer  # noqa: E402 (the shared stand-in workspace)
 
 HEADER = os.path.join(os.path.dirname(_SRC), "include", "kiln.h")
 
@@ -31,23 +32,6 @@ except ImportError:
     HAVE_TORCH = False
 
 BASE = "layout=nhd mask=none window=0 logits=none lse=1"
-
-
-class FakeBuffer:
-    """What the wrappers read of a workspace before they need torch."""
-
-    def __init__(self, nbytes=1 << 20):
-        self.nbytes = nbytes
-        self.device = None
-
-    def data_ptr(self):
-        return 0x10000
-
-    def numel(self):
-        return self.nbytes
-
-    def element_size(self):
-        return 1
 
 
 class TestPrototypes(unittest.TestCase):

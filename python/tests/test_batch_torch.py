@@ -10,23 +10,13 @@ $KILN_TEST_CACHE when set, else a fresh temporary cache.
 
 import unittest
 
+from _reference import RUN_BATCH_GPU as RUN_GPU
+from _reference import WHY_BATCH as WHY
 from _reference import (DTYPES, HAVE_GPU, HAVE_TORCH, GpuCase, attention, gather,  # noqa: F401
                         kiln, packbits_little, rope, set_up_module, tear_down_module, tolerance,
                         torch)
-from kiln import _lib
 
 WS_BYTES = 128 << 20  # FlashInfer's advice
-
-
-def _have_batch_api():
-    try:
-        return _lib.has("kiln_plan_run")
-    except kiln.KilnLibraryError:
-        return False
-
-
-RUN_GPU = HAVE_GPU and _have_batch_api()
-WHY = "needs torch, a CUDA GPU and a libkiln.so with the batch API"
 
 
 def setUpModule():
