@@ -16,7 +16,6 @@ and the batch decode wrapper's run under reduce-overhead replaying after a re-pl
 import math
 import os
 import sys
-import tempfile
 import unittest
 
 _SRC = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # python/
@@ -24,6 +23,7 @@ if os.environ.get("KILN_TEST_INSTALLED") != "1" and os.path.isdir(os.path.join(_
     sys.path.insert(0, _SRC)
 
 import kiln  # noqa: E402
+from _reference import set_up_module, tear_down_module  # noqa: E402
 
 try:
     import torch
@@ -33,25 +33,18 @@ except ImportError:  # the whole file skips
 
 HAVE_TORCH = torch is not None
 HAVE_GPU = HAVE_TORCH and torch.cuda.is_available()
-_tmp_cache = None
 
 
 def setUpModule():
-    global _tmp_cache
     if not HAVE_TORCH:
         return
     _register_cpu_kernels()
-    if HAVE_GPU and not os.environ.get("KILN_CACHE_DIR"):
-        cache = os.environ.get("KILN_TEST_CACHE")
-        if not cache:
-            _tmp_cache = tempfile.TemporaryDirectory(prefix="kiln-py-ops-")
-            cache = _tmp_cache.name
-        os.environ["KILN_CACHE_DIR"] = cache
+    if HAVE_GPU:
+        set_up_module("kiln-py-ops-")
 
 
 def tearDownModule():
-    if _tmp_cache is not None:
-        _tmp_cache.cleanup()
+    tear_down_module()
 
 
 # ---- the reference ---------------------------------------------------------------------------

@@ -15,13 +15,14 @@ import copy
 import math
 import os
 import sys
-import tempfile
 import unittest
 from unittest import mock
 
 _SRC = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # python/
 if os.environ.get("KILN_TEST_INSTALLED") != "1" and os.path.isdir(os.path.join(_SRC, "kiln")):
     sys.path.insert(0, _SRC)
+
+from _reference import set_up_module, tear_down_module  # noqa: E402
 
 try:
     import torch
@@ -32,22 +33,15 @@ except ImportError:  # the whole file skips
 
 HAVE = kt is not None
 HAVE_GPU = HAVE and torch.cuda.is_available()
-_tmp_cache = None
 
 
 def setUpModule():
-    global _tmp_cache
-    if HAVE_GPU and not os.environ.get("KILN_CACHE_DIR"):
-        cache = os.environ.get("KILN_TEST_CACHE")
-        if not cache:
-            _tmp_cache = tempfile.TemporaryDirectory(prefix="kiln-py-hf-")
-            cache = _tmp_cache.name
-        os.environ["KILN_CACHE_DIR"] = cache
+    if HAVE_GPU:
+        set_up_module("kiln-py-hf-")
 
 
 def tearDownModule():
-    if _tmp_cache is not None:
-        _tmp_cache.cleanup()
+    tear_down_module()
 
 
 class _Module:
