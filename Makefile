@@ -51,7 +51,7 @@ TESTS  := $(BUILD)/bin/kiln-tests
 BENCH  := $(BUILD)/bin/kiln-bench
 EMBED  := $(BUILD)/bin/kiln-embed
 
-.PHONY: gpu-seed all deps test test-gpu test-full demo bench-gpu help check asan ubsan format format-check tidy compdb clean
+.PHONY: probe gpu-seed all deps test test-gpu test-full demo bench-gpu help check asan ubsan format format-check tidy compdb clean
 all: $(LIB_A) $(LIB_SO) $(CHECK_A) $(KILN) $(TESTS) $(BENCH)
 
 help:
@@ -65,6 +65,7 @@ help:
 	@echo "make test-full  CPU tests plus the full NVRTC grid (slow)"
 	@echo "make demo       build, warm docs/demo.manifest into the default cache, list it,"
 	@echo "                and run 'kiln check' on each variant when a GPU is present"
+	@echo "make probe      build/bin/wgmma-probe (nvcc): checks the wgmma descriptor forms on an sm_90 GPU"
 	@echo "make gpu-seed   compile the GPU tests' kernels (tests/gpu.manifest) for sm_90a into"
 	@echo "                .seed/cache.tar.xz, for a GPU lease to carry (KILN_SEED_CACHE)"
 	@echo "make bench-gpu  on a GPU machine: the referee (tools/bench/referee.sh all; FlashInfer from .whl/),"
@@ -148,9 +149,18 @@ bench-gpu: all
 	tools/bench/referee.sh all
 
 # The GPU tests' kernels compiled for sm_90a here (no GPU needed), packed for a GPU lease to carry.
+# the wgmma probe (tools/probe/wgmma_probe.cu): nvcc for sm_90a; run build/bin/wgmma-probe on an H100 / H200
+probe: $(BUILD)/bin/wgmma-probe
+$(BUILD)/bin/wgmma-probe: tools/probe/wgmma_probe.cu templates/common/hopper.cuh templates/common/wgmma.cuh templates/common/device.cuh
+	@mkdir -p $(dir $@)
+	$(CUDA_HOME)/bin/nvcc -std=c++17 -O2 -gencode arch=compute_90a,code=sm_90a -Itemplates -o $@ $<
+
 gpu-seed: all
 	rm -rf $(BUILD)/seed && mkdir -p $(BUILD)/seed .seed
 	KILN_CACHE_DIR=$(BUILD)/seed $(KILN) warm --arch sm_90a --jobs $$(nproc) tests/gpu.manifest
+	# the gpu_mma_sync_* tests run the prefill grids once more on the mma.sync family
+	grep op=prefill tests/gpu.manifest | KILN_TUNE=wgmma=0 KILN_CACHE_DIR=$(BUILD)/seed \
+	    $(KILN) warm --arch sm_90a --jobs $$(nproc) -
 	python3 -c "import sqlite3, sys; sqlite3.connect(sys.argv[1]).execute('PRAGMA wal_checkpoint(TRUNCATE)')" $(BUILD)/seed/kernels.db
 	tar -C $(BUILD)/seed -cf - kernels.db nvrtc-version | xz -6 -T0 > .seed/cache.tar.xz
 	@ls -l .seed/cache.tar.xz

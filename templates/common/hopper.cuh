@@ -1,0 +1,101 @@
+/*
+ * hopper.cuh — the sm_90a vocabulary of the warp-specialized kernels: shared-memory matrix
+ * descriptors of the 128-byte swizzle, the wgmma fences and groups, mbarriers (the producer /
+ * consumer handshake of a shared-memory ring), named barriers, register reallocation
+ * (setmaxnreg) and the async-proxy fence. Requires --gpu-architecture=sm_90a.
+ *
+ * The 128-byte swizzled tile (swz128_at): a [rows][64] block of 16-bit elements, 128 bytes a
+ * row, its 16-byte chunk c of row r stored at chunk c ^ (r % 8); a [rows][D] matrix is D / 64
+ * such blocks one after another. The block base must be 1024-byte aligned (the swizzle is
+ * taken from address bits 4-6 and 7-9).
+ */
+#ifndef KILN_HOPPER_CUH
+#define KILN_HOPPER_CUH
+
+#include "common/device.cuh"
+
+namespace kiln {
+
+/* Byte offset of 16-byte chunk `chunk` (0 .. D/8 - 1) of row `row` in a swizzled [rows][D]. */
+__device__ __forceinline__ u32 swz128_at(int rows, int row, int chunk)
+{
+    return (u32)((chunk >> 3) * rows * 128 + row * 128 + (((chunk & 7) ^ (row & 7)) << 4));
+}
+
+/* ---- matrix descriptors ----
+ * bits 0-13 start address / 16, 16-29 leading byte offset / 16, 32-45 stride byte offset / 16,
+ * 62-63 swizzle (1: 128 bytes). K-major (S = Q K^T): rows 128 bytes apart, 8-row groups 1024
+ * apart (stride), the leading offset unused. N-major (V of P V): 8 keys a 1024-byte group
+ * (stride), the next 64 columns one block further (leading: rows * 128). */
+__device__ __forceinline__ u64 smem_desc(u32 addr, u32 lead, u32 stride)
+{
+    return (u64)((addr & 0x3ffff) >> 4) | ((u64)((lead >> 4) & 0x3fff) << 16) |
+           ((u64)((stride >> 4) & 0x3fff) << 32) | (1ull << 62);
+}
+
+/* ---- wgmma groups ---- */
+__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
+template <int N> __device__ __forceinline__ void wgmma_wait()
+{
+    asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
+}
+/* Pin the accumulators in place across a wait: no access moves over it. */
+template <int NT> __device__ __forceinline__ void reg_fence(float (&d)[NT][4])
+{
+#pragma unroll
+    for (int i = 0; i < NT; i++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) asm volatile("" : "+f"(d[i][e])::"memory");
+}
+
+/* ---- mbarriers ---- */
+__device__ __forceinline__ void mbar_init(u32 bar, int count)
+{
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count));
+}
+/* make the initialised barriers visible to the other threads and to the async proxy */
+__device__ __forceinline__ void mbar_init_fence() { asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory"); }
+__device__ __forceinline__ void mbar_arrive(u32 bar)
+{
+    asm volatile("{\n.reg .b64 st;\nmbarrier.arrive.shared::cta.b64 st, [%0];\n}\n" ::"r"(bar) : "memory");
+}
+/* An arrival on bar once this thread's earlier cp.async copies have landed (counted in the
+ * barrier's expected arrivals: .noinc). The copies are generic-proxy writes: a reader that
+ * hands them to wgmma fences them first (fence_proxy_async after its wait). */
+__device__ __forceinline__ void cp_async_arrive(u32 bar)
+{
+    asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(bar) : "memory");
+}
+/* Wait until the phase of the given parity has completed. */
+__device__ __forceinline__ void mbar_wait(u32 bar, int parity)
+{
+    asm volatile("{\n.reg .pred done;\nWAIT_%=:\n"
+                 "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
+                 "@!done bra WAIT_%=;\n}\n" ::"r"(bar),
+                 "r"(parity)
+                 : "memory");
+}
+
+/* ---- fences and barriers ---- */
+/* order this thread's generic-proxy shared-memory writes before async-proxy reads (wgmma) */
+__device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
+/* a barrier among `threads` threads of the CTA, by id (0 is __syncthreads') */
+__device__ __forceinline__ void named_sync(int id, int threads)
+{
+    asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
+
+/* arrive at barrier id without waiting: `threads` counts the arrivals and the waiters */
+__device__ __forceinline__ void named_arrive(int id, int threads)
+{
+    asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
+
+/* ---- register reallocation (one branch per warpgroup role) ---- */
+template <int R> __device__ __forceinline__ void regs_inc() { asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(R)); }
+template <int R> __device__ __forceinline__ void regs_dec() { asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(R)); }
+
+} /* namespace kiln */
+
+#endif /* KILN_HOPPER_CUH */
