@@ -390,10 +390,11 @@ __device__ __forceinline__ void mask_tile(float (&s)[Cfg::MT][mma_shape<Cfg>::NT
         }
 }
 
-/* Online softmax: per row, the new max, S -> P = exp2(S c2 - m c2), the state rescaled. */
+/* Online softmax, the rows' part: per row the new max, S -> P = exp2(S c2 - m c2) in place,
+ * the row sum; scale[mt][r] is the factor O must take for the new max (rescale_rows). */
 template <class Cfg>
-__device__ __forceinline__ void online_softmax(mma_state<Cfg> &st, float (&s)[Cfg::MT][mma_shape<Cfg>::NT][4],
-                                               float c2)
+__device__ __forceinline__ void softmax_rows(mma_state<Cfg> &st, float (&s)[Cfg::MT][mma_shape<Cfg>::NT][4], float c2,
+                                             float (&scale)[Cfg::MT][2])
 {
 #pragma unroll
     for (int mt = 0; mt < Cfg::MT; mt++) {
@@ -402,13 +403,31 @@ __device__ __forceinline__ void online_softmax(mma_state<Cfg> &st, float (&s)[Cf
             const float m_new = max_f(st.m[mt][r], row_max(s[mt], r));
             const float m_use = m_new == neg_inf() ? 0.f : m_new; /* a hidden row: keep exp2 finite */
             const float m_scaled = m_use * c2;
-            const float scale = exp2_fast((st.m[mt][r] - m_use) * c2);
+            scale[mt][r] = exp2_fast((st.m[mt][r] - m_use) * c2);
             st.m[mt][r] = m_new;
             const float rsum = exp2_row(s[mt], r, c2, m_scaled);
-            st.l[mt][r] = st.l[mt][r] * scale + rsum;
-            scale_row(st.o[mt], r, scale);
+            st.l[mt][r] = st.l[mt][r] * scale[mt][r] + rsum;
         }
     }
+}
+
+/* O *= scale, row by row. */
+template <class Cfg> __device__ __forceinline__ void rescale_rows(mma_state<Cfg> &st, const float (&scale)[Cfg::MT][2])
+{
+#pragma unroll
+    for (int mt = 0; mt < Cfg::MT; mt++)
+#pragma unroll
+        for (int r = 0; r < 2; r++) scale_row(st.o[mt], r, scale[mt][r]);
+}
+
+/* Online softmax: the rows' new max, P and sum, then the state rescaled. */
+template <class Cfg>
+__device__ __forceinline__ void online_softmax(mma_state<Cfg> &st, float (&s)[Cfg::MT][mma_shape<Cfg>::NT][4],
+                                               float c2)
+{
+    float scale[Cfg::MT][2];
+    softmax_rows<Cfg>(st, s, c2, scale);
+    rescale_rows<Cfg>(st, scale);
 }
 
 /* O += P V: P's accumulator layout is the A-fragment layout of the next MMA. */

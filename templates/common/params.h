@@ -211,6 +211,24 @@ KILN_CONTRACT_FN int kiln_prefill_smem_bytes(int d, int es, int bm, int bn, int 
            kiln_prefill_conv_bytes(d, es, bn) + kiln_rope_freq_bytes(d, rope) + kiln_prefill_tab_bytes(bn, paged);
 }
 
+/* ---- shared memory of the warp-specialized Hopper kernel (templates/wgmma_attention.cuh) ----
+ * Layout, from the first 1024-byte boundary of the dynamic window (the 128-byte swizzle needs
+ * it; KILN_WGMMA_ALIGN bytes are reserved for the shift): Q [bm][d] | K stages | V stages (each
+ * [bn][d], 16-bit, as D / 64 swizzled 64-column blocks) | the mbarriers: full[stages],
+ * empty[stages], Q's. */
+enum {
+    KILN_WGMMA_ALIGN = 1024,
+    KILN_WGMMA_BM = 128,               /* query rows per CTA: two consumer warpgroups of 64 */
+    KILN_WGMMA_PRODUCER_THREADS = 128, /* one producer warpgroup */
+    KILN_WGMMA_PRODUCER_REGS = 56,     /* setmaxnreg: 128 x 56 + 256 x 224 <= 65536 */
+    KILN_WGMMA_CONSUMER_REGS = 224,
+};
+KILN_CONTRACT_FN int kiln_wgmma_bar_bytes(int stages) { return (2 * stages + 1) * 8; }
+KILN_CONTRACT_FN int kiln_wgmma_smem_bytes(int d, int bm, int bn, int stages)
+{
+    return KILN_WGMMA_ALIGN + bm * d * 2 + 2 * stages * bn * d * 2 + kiln_wgmma_bar_bytes(stages);
+}
+
 /* ---- layout checks ----
  * Sizes on both sides; field offsets on the host only (NVRTC has no offsetof): with fixed-size
  * fields ordered widest first, equal sizes leave no room for a different layout. */

@@ -1,0 +1,337 @@
+/*
+ * wgmma_attention.cuh — attention on Hopper's warpgroup MMA (sm_90a), warp-specialized:
+ * one producer warpgroup moves Q and the K/V tiles into a ring of shared-memory stages, two
+ * consumer warpgroups of 64 query rows each compute S = Q K^T (wgmma, both operands in shared
+ * memory), the logits, mask and online softmax in registers, and O += P V (wgmma, P from
+ * registers). One CTA per (128-row query tile, query head), or per planned work item of a
+ * batch: single-request prefill, batch prefill and append (kv=ragged / kv=paged).
+ *
+ * Computes what mma_attention.cuh computes (the same math, masks, logits transforms, LSE and
+ * partial states, written by the same stage functions over the same accumulator layout: a
+ * wgmma m64nN accumulator is, per warp of its warpgroup, an m16 x N mma.sync accumulator).
+ *
+ * The ring: stage s holds one K and one V tile [BN][D] in the 128-byte swizzle (hopper.cuh).
+ * full[s] completes when the copies of the producer's 128 threads into it have landed
+ * (cp.async, each thread's arrival triggered by its copies: cp_async_arrive); a consumer
+ * fences them for the async proxy (wgmma) after its wait. empty[s] completes when the 256
+ * consumer threads are done reading the stage. Tile n uses stage n % STAGES and phase
+ * n / STAGES of both barriers. The producer gives registers up (setmaxnreg) to the consumers.
+ *
+ * Cfg as mma_attention.cuh's, with WARPS = 8 (the consumer warps), MT = 1, PACK = 0, and
+ * neither RoPE nor fp8 KV (jit/config.c keeps those on the mma.sync family). Launch: grid
+ * (ceil(L_Q / 128), H) or (work items, H), 384 threads, kiln_wgmma_smem_bytes (params.h).
+ *
+ * Checked against the float64 CPU reference in tools/check/ (tests/test_gpu.c, kiln check).
+ */
+#ifndef KILN_WGMMA_ATTENTION_CUH
+#define KILN_WGMMA_ATTENTION_CUH
+
+#include "common/hopper.cuh"
+#include "common/wgmma.cuh"
+#include "mma_attention.cuh"
+
+namespace kiln {
+
+template <class Cfg> struct wg_layout {
+    static constexpr int D = Cfg::D, BN = Cfg::BN, STAGES = Cfg::STAGES, BM = KILN_WGMMA_BM;
+    static constexpr int Q_BYTES = BM * D * 2, TILE = BN * D * 2;
+    static constexpr int Q_AT = 0, K_AT = Q_BYTES, V_AT = K_AT + STAGES * TILE, BAR_AT = V_AT + STAGES * TILE;
+    static constexpr int PRODUCER = KILN_WGMMA_PRODUCER_THREADS, CONSUMERS = Cfg::WARPS * WARP;
+    static constexpr int BYTES = kiln_wgmma_smem_bytes(D, BM, BN, STAGES);
+    static_assert(Cfg::WARPS == 8 && Cfg::MT == 1 && !Cfg::PACK, "two consumer warpgroups of 64 rows");
+    static_assert(prefill_layout<Cfg>::BM == BM, "the work items' tile is the CTA's");
+    static_assert(!Cfg::ROPE && Cfg::KV_DT < KV_E4M3, "16-bit K/V, no RoPE");
+    static_assert(D % 64 == 0 && BN % 64 == 0, "whole 64-column swizzle blocks");
+    static_assert(BYTES == KILN_WGMMA_ALIGN + BAR_AT + kiln_wgmma_bar_bytes(STAGES), "the regions fill the layout");
+};
+
+/* The shared-memory addresses of one CTA: the tiles and the barriers. */
+struct wg_smem {
+    u32 q, k, v, bar;
+    int stages;
+    __device__ __forceinline__ u32 full(int s) const { return bar + 8 * s; }
+    __device__ __forceinline__ u32 empty(int s) const { return bar + 8 * (stages + s); }
+    __device__ __forceinline__ u32 q_full() const { return bar + 16 * stages; }
+};
+
+/* The key tiles a CTA visits, in order: [t_first, t_end), less those the tile map hides. */
+template <class Cfg> struct wg_tiles {
+    const unsigned char *map;
+    int t_end;
+    __device__ __forceinline__ int next(int t) const
+    {
+        if (mma_shape<Cfg>::ELEM && map)
+            while (t < t_end && map[t] == TILE_HIDDEN) t++;
+        return t;
+    }
+};
+
+/* ---- the producer ---- */
+
+/* cp.async of rows [row0, row0 + ROWS) of a 16-bit [*, D] matrix into a swizzled tile: row j
+ * from byte row_at(j) of g, rows at or past row_hi zero-filled. Two ways, by Cfg::LOAD:
+ *   0 (the default, checked on the H200): one row (ROWS = 64: half a row) per producer thread,
+ *     its address worked out once (a paged row: one page-table read); a warp instruction
+ *     touches 32 rows, 16 bytes of each.
+ *   1 (KILN_TUNE load=1, not yet run on a GPU): each producer warp takes ROWS / 4 rows, lane l
+ *     works out the address of its row l, and the warp copies whole rows an instruction at a
+ *     time (512 contiguous bytes where rows are contiguous), each row's address passed by
+ *     shuffle: half the L2 sectors of way 0 per byte moved. */
+template <int LOAD, int D, int ROWS, class RowAt>
+__device__ __forceinline__ void wg_load_rows(u32 dst, const unsigned char *g, const RowAt &row_at, int row0,
+                                             int row_hi, int tid)
+{
+    constexpr int CH = D / 8; /* 16-byte chunks per row */
+    if constexpr (LOAD == 0) {
+        constexpr int TPR = KILN_WGMMA_PRODUCER_THREADS / ROWS, CPT = CH / TPR;
+        static_assert(ROWS * TPR == KILN_WGMMA_PRODUCER_THREADS && CPT * TPR == CH, "load shape");
+        const int r = tid / TPR, c0 = tid % TPR * CPT, j = row0 + r;
+        const bool ok = j < row_hi;
+        const unsigned char *src = ok ? g + row_at(j) : g;
+        const u32 row = dst + (u32)(r * 128);
+#pragma unroll
+        for (int u = 0; u < CPT; u++) {
+            const int c = c0 + u;
+            cp_async16(row + (u32)((c >> 3) * ROWS * 128 + (((c & 7) ^ (r & 7)) << 4)), src + c * 16,
+                       ok ? 16 : 0);
+        }
+    } else {
+        constexpr int LPR = CH < WARP ? CH : WARP; /* lanes per row in one instruction */
+        constexpr int RPI = WARP / LPR;            /* rows per instruction */
+        constexpr int RW = ROWS / (KILN_WGMMA_PRODUCER_THREADS / WARP); /* rows per warp */
+        static_assert(CH <= WARP && RW <= WARP && RW % RPI == 0, "load shape");
+        const int lane = tid % WARP, rw0 = tid / WARP * RW, ch = lane % LPR;
+        const int jl = row0 + rw0 + lane;
+        const i64 own = lane < RW && jl < row_hi ? row_at(jl) : -1; /* -1: zero-fill */
+        const int own_lo = (int)(unsigned)(own & 0xffffffff), own_hi = (int)(own >> 32);
+#pragma unroll 4
+        for (int i = 0; i < RW / RPI; i++) {
+            const int rl = i * RPI + lane / LPR, r = rw0 + rl;
+            const i64 off = ((i64)__shfl_sync(0xffffffffu, own_hi, rl) << 32) |
+                            (i64)(unsigned)__shfl_sync(0xffffffffu, own_lo, rl);
+            const bool ok = off >= 0;
+            cp_async16(dst + (u32)((ch >> 3) * ROWS * 128 + r * 128 + (((ch & 7) ^ (r & 7)) << 4)),
+                       ok ? g + off + ch * 16 : g, ok ? 16 : 0);
+        }
+    }
+}
+
+template <class Cfg>
+__device__ __forceinline__ void wg_produce(const kiln_launch_params &p, const mma_work &w, const wg_tiles<Cfg> &tiles,
+                                           const wg_smem &sm, int h, int hk, int tid)
+{
+    using L = wg_layout<Cfg>;
+    constexpr int D = Cfg::D, BN = Cfg::BN, STAGES = Cfg::STAGES;
+    const unsigned char *qg =
+        reinterpret_cast<const unsigned char *>(p.q) + ((i64)w.q_start * p.q_stride_n + (i64)h * p.q_stride_h) * 2;
+    const i64 qs = p.q_stride_n * 2;
+    wg_load_rows<Cfg::LOAD, D, L::BM>(sm.q, qg, [&](int j) { return (i64)j * qs; }, w.m0, w.L_Q, tid);
+    cp_async_arrive(sm.q_full());
+
+    const unsigned char *kg = reinterpret_cast<const unsigned char *>(p.k) + (i64)hk * p.k_stride_h * 2;
+    const unsigned char *vg = reinterpret_cast<const unsigned char *>(p.v) + (i64)hk * p.v_stride_h * 2;
+    if constexpr (Cfg::KV == KV_RAGGED) { /* ragged: the request's rows start at kv_start */
+        kg += (i64)w.kv_start * p.k_stride_n * 2;
+        vg += (i64)w.kv_start * p.v_stride_n * 2;
+    }
+    const i64 ks = p.k_stride_n * 2, vs = p.v_stride_n * 2;
+    const int *pages = Cfg::KV == KV_PAGED ? reinterpret_cast<const int *>(p.kv_indices) + w.kv_start : nullptr;
+    /* paged: the byte offset of key j's row within the cache, through its page */
+    auto paged_at = [&](int j, long long stride_page, i64 stride) {
+        const int pg = j / p.page_size;
+        return ((i64)pages[pg] * stride_page) * 2 + (i64)(j - pg * p.page_size) * stride;
+    };
+    int n = 0;
+    for (int t = tiles.next(w.t_first); t < w.t_end; t = tiles.next(t + 1), n++) {
+        const int s = n % STAGES;
+        if (n >= STAGES) mbar_wait(sm.empty(s), (n / STAGES - 1) & 1);
+        const u32 kd = sm.k + s * L::TILE, vd = sm.v + s * L::TILE;
+        if constexpr (Cfg::KV == KV_PAGED) {
+            wg_load_rows<Cfg::LOAD, D, BN>(kd, kg, [&](int j) { return paged_at(j, p.k_stride_page, ks); }, t * BN, w.L_KV, tid);
+            wg_load_rows<Cfg::LOAD, D, BN>(vd, vg, [&](int j) { return paged_at(j, p.v_stride_page, vs); }, t * BN, w.L_KV, tid);
+        } else {
+            wg_load_rows<Cfg::LOAD, D, BN>(kd, kg, [&](int j) { return (i64)j * ks; }, t * BN, w.L_KV, tid);
+            wg_load_rows<Cfg::LOAD, D, BN>(vd, vg, [&](int j) { return (i64)j * vs; }, t * BN, w.L_KV, tid);
+        }
+        cp_async_arrive(sm.full(s));
+    }
+    cp_async_wait<0>(); /* no copy outlives its thread */
+}
+
+/* ---- the consumers ----
+ * Two overlaps (FlashAttention-3's): the warpgroups take turns issuing their matrix work (a
+ * named barrier each, ping-pong), so that one group's softmax runs while the other's MMAs
+ * do; and within a group, S of tile n = Q K^T is issued together with O += P V of tile n - 1,
+ * so that the softmax of tile n runs while P V of tile n - 1 is still on the tensor cores. */
+
+/* Issue S = Q K^T for this warpgroup's 64 rows (q_rows) and the K tile at k_tile. */
+template <class Cfg> __device__ __forceinline__ void wg_issue_qk(float (&s)[Cfg::BN / 8][4], u32 q_rows, u32 k_tile)
+{
+    constexpr int D = Cfg::D, BN = Cfg::BN, BM = KILN_WGMMA_BM;
+#pragma unroll
+    for (int kk = 0; kk < D / 16; kk++) {
+        const u64 da = smem_desc(q_rows + (kk / 4) * BM * 128 + (kk % 4) * 32, 16, 1024);
+        const u64 db = smem_desc(k_tile + (kk / 4) * BN * 128 + (kk % 4) * 32, 16, 1024);
+        wgmma_ss<Cfg::DT, BN>(s, da, db, kk > 0);
+    }
+    wgmma_commit();
+}
+
+/* Issue O += P V: P in registers (the A fragments of the softmax'd S), V of the tile at v_tile. */
+template <class Cfg>
+__device__ __forceinline__ void wg_issue_pv(float (&o)[Cfg::D / 8][4], const u32 (&pf)[Cfg::BN / 16][4], u32 v_tile)
+{
+    constexpr int BN = Cfg::BN;
+#pragma unroll
+    for (int kk = 0; kk < BN / 16; kk++)
+        wgmma_rs<Cfg::DT, Cfg::D>(o, pf[kk], smem_desc(v_tile + kk * 16 * 128, BN * 128, 1024), 1);
+    wgmma_commit();
+}
+
+/* Logits, mask and the rows' softmax of the S tile of key tile t (O's factor in scale). */
+template <class Cfg>
+__device__ __forceinline__ void wg_softmax_rows(mma_state<Cfg> &st, float (&sc)[1][Cfg::BN / 8][4],
+                                                const kiln_launch_params &p, const mma_work &w,
+                                                const mma_rows<Cfg> &rows, const wg_tiles<Cfg> &tiles, float c2,
+                                                int hk, int t, int lane, float (&scale)[1][2])
+{
+    using S = mma_shape<Cfg>;
+    const int j0 = t * Cfg::BN;
+    const bool elem = S::ELEM && (!tiles.map || tiles.map[t] == TILE_MIXED);
+    if constexpr (!S::RAW) logits_tile<Cfg>(sc, p, w, rows, 1.0f, hk, j0, lane);
+    if (tile_needs_mask<Cfg>(p, w, elem, j0)) mask_tile<Cfg>(sc, p, w, rows, elem, hk, j0, lane);
+    softmax_rows<Cfg>(st, sc, c2, scale);
+}
+
+/* The first tile's: O is still zero, so its factor is not applied. */
+template <class Cfg>
+__device__ __forceinline__ void wg_softmax_tile(mma_state<Cfg> &st, float (&sc)[1][Cfg::BN / 8][4],
+                                                const kiln_launch_params &p, const mma_work &w,
+                                                const mma_rows<Cfg> &rows, const wg_tiles<Cfg> &tiles, float c2,
+                                                int hk, int t, int lane)
+{
+    float scale[1][2];
+    wg_softmax_rows<Cfg>(st, sc, p, w, rows, tiles, c2, hk, t, lane, scale);
+}
+
+/* P, the softmax'd S, as the A fragments of P V. */
+template <class Cfg>
+__device__ __forceinline__ void wg_to_p(const float (&sc)[Cfg::BN / 8][4], u32 (&pf)[Cfg::BN / 16][4])
+{
+#pragma unroll
+    for (int kk = 0; kk < Cfg::BN / 16; kk++) acc_to_a<Cfg::DT>(sc, kk, pf[kk]);
+}
+
+/* The turns of the two warpgroups: group c waits on barrier 1 + c, then lets the other go. */
+__device__ __forceinline__ void wg_turn_wait(int c) { named_sync(1 + c, 2 * 128); }
+__device__ __forceinline__ void wg_turn_pass(int c) { named_arrive(2 - c, 2 * 128); }
+
+template <class Cfg>
+__device__ __forceinline__ void wg_consume(const kiln_launch_params &p, const mma_work &w, const wg_tiles<Cfg> &tiles,
+                                           const wg_smem &sm, int h, int hk, int tid)
+{
+    using L = wg_layout<Cfg>;
+    using S = mma_shape<Cfg>;
+    constexpr int STAGES = Cfg::STAGES, BN = Cfg::BN;
+    const int c = tid / 128 - 1, lane = tid % WARP;
+    const int wrow = c * 64 + (tid / WARP) % 4 * 16; /* this warp's first row in the CTA tile */
+    mma_rows<Cfg> rows;
+    rows.init(p, w.m0, wrow, h, lane);
+    mma_state<Cfg> st;
+    st.init();
+    const float c2 = S::RAW ? p.sm_scale * LOG2E : 1.0f;
+    const u32 q_rows = sm.q + c * 64 * 128;
+    if (c == 1) wg_turn_pass(c); /* group 0 takes the first turn */
+
+    float sc[1][BN / 8][4];
+    u32 pf[BN / 16][4]; /* P of the previous tile */
+    int t = tiles.next(w.t_first);
+    if (t < w.t_end) {
+        mbar_wait(sm.q_full(), 0);
+        /* the first tile: S, softmax, P */
+        mbar_wait(sm.full(0), 0);
+        fence_proxy_async(); /* the producer's cp.async writes (and Q's), for the tensor cores */
+        wg_turn_wait(c);
+        wgmma_fence();
+        wg_issue_qk<Cfg>(sc[0], q_rows, sm.k);
+        wg_turn_pass(c);
+        wgmma_wait<0>();
+        reg_fence(sc[0]);
+        wg_softmax_tile<Cfg>(st, sc, p, w, rows, tiles, c2, hk, t, lane);
+        wg_to_p<Cfg>(sc[0], pf);
+        int prev = 0, n = 1;
+        for (t = tiles.next(t + 1); t < w.t_end; t = tiles.next(t + 1), n++) {
+            const int s = n % STAGES;
+            mbar_wait(sm.full(s), (n / STAGES) & 1);
+            fence_proxy_async();
+            wg_turn_wait(c);
+            wgmma_fence();
+            wg_issue_qk<Cfg>(sc[0], q_rows, sm.k + s * L::TILE);
+            wg_issue_pv<Cfg>(st.o[0], pf, sm.v + prev * L::TILE);
+            wg_turn_pass(c);
+            wgmma_wait<1>(); /* S; P V of the previous tile may still run */
+            reg_fence(sc[0]);
+            float scale[1][2];
+            wg_softmax_rows<Cfg>(st, sc, p, w, rows, tiles, c2, hk, t, lane, scale);
+            wgmma_wait<0>(); /* P V of the previous tile: O and its stage are free */
+            reg_fence(st.o[0]);
+            mbar_arrive(sm.empty(prev));
+            rescale_rows<Cfg>(st, scale);
+            wg_to_p<Cfg>(sc[0], pf);
+            prev = s;
+        }
+        /* P V of the last tile */
+        wgmma_fence();
+        wg_issue_pv<Cfg>(st.o[0], pf, sm.v + prev * L::TILE);
+        wgmma_wait<0>();
+        reg_fence(st.o[0]);
+        mbar_arrive(sm.empty(prev));
+    }
+    if (c == 0) wg_turn_wait(c); /* the other group's last pass, so that both barriers end even */
+    store_rows<Cfg>(st, rows, p, w, c2, wrow, lane);
+}
+
+template <class Cfg> __device__ void wgmma_attention_kernel(const kiln_launch_params &p)
+{
+    using L = wg_layout<Cfg>;
+    constexpr bool BATCH = Cfg::KV != KV_CONTIGUOUS;
+    extern __shared__ __align__(1024) unsigned char smem[];
+    const u32 raw = smem_addr(smem);
+    const u32 base = (raw + (KILN_WGMMA_ALIGN - 1)) & ~(u32)(KILN_WGMMA_ALIGN - 1);
+    wg_smem sm;
+    sm.q = base + L::Q_AT;
+    sm.k = base + L::K_AT;
+    sm.v = base + L::V_AT;
+    sm.bar = base + L::BAR_AT;
+    sm.stages = Cfg::STAGES;
+
+    const int tid = threadIdx.x;
+    const int h = blockIdx.y, hk = h / Cfg::G;
+    if (BATCH && (int)blockIdx.x >= num_items(p)) return; /* padding of a graph-sized grid */
+    const mma_work w = mma_load_work<Cfg>(p);
+    wg_tiles<Cfg> tiles;
+    tiles.map = mma_shape<Cfg>::ELEM && p.tile_map
+                    ? reinterpret_cast<const unsigned char *>(p.tile_map) + (i64)w.m_block * p.kv_tiles
+                    : nullptr;
+    tiles.t_end = w.t_end;
+    if (tid == 0) {
+        for (int s = 0; s < Cfg::STAGES; s++) {
+            mbar_init(sm.full(s), L::PRODUCER);
+            mbar_init(sm.empty(s), L::CONSUMERS);
+        }
+        mbar_init(sm.q_full(), L::PRODUCER);
+        mbar_init_fence();
+    }
+    __syncthreads();
+    if (tid < L::PRODUCER) {
+        regs_dec<KILN_WGMMA_PRODUCER_REGS>();
+        wg_produce<Cfg>(p, w, tiles, sm, h, hk, tid);
+    } else {
+        regs_inc<KILN_WGMMA_CONSUMER_REGS>();
+        wg_consume<Cfg>(p, w, tiles, sm, h, hk, tid);
+    }
+}
+
+} /* namespace kiln */
+
+#endif /* KILN_WGMMA_ATTENTION_CUH */
