@@ -49,6 +49,11 @@ static int decode_smem(const kiln_variant *v, int gb, int warps, int stages)
                                   v->kv == KILN_KV_PAGED, v->rope);
 }
 
+static int wgmma_smem(const kiln_variant *v, int bn, int stages)
+{
+    return kiln_wgmma_smem_bytes(v->head_dim, KILN_WGMMA_BM, bn, stages);
+}
+
 static int prefill_smem(const kiln_variant *v, int warps, int mt, int bn, int stages)
 {
     return kiln_prefill_smem_bytes(v->head_dim, is_fp8(v->kv_dtype) ? 1 : 2, warps * mt * 16, bn,
@@ -85,6 +90,7 @@ typedef enum family {
     FAM_PREFILL,       /* prefill.cuh: prefill, batch prefill and append */
     FAM_PACKED_DECODE, /* prefill.cuh with pack=1: batch decode on tensor cores */
     FAM_SIMT_DECODE,   /* decode.cuh: decode on CUDA cores */
+    FAM_WGMMA,         /* wgmma_attention.cuh: prefill, batch prefill and append on sm_90a */
 } family;
 
 /* Which variants of a family and head dim a row serves. */
@@ -92,6 +98,7 @@ typedef enum when {
     ANY,           /* all of them */
     PLAIN,         /* plain attention (prefill_plain), not packed by KILN_TUNE pack=1 */
     SINGLE_OR_FP8, /* a single request (contiguous KV) or fp8 KV: not a batch of 16-bit KV */
+    ELEMENT_MASK,  /* a mask snippet or mask data (evaluated per element in mixed tiles) */
 } when;
 
 /* The shared-memory class a row needs. */
@@ -142,6 +149,14 @@ static const tile_row tile_rows[] = {
      "where four warps do not fit: two"},
     {FAM_SIMT_DECODE,   0,   ANY,           ALWAYS, 1,    0, KILN_DECODE_TILE, 1,     0,
      "then one"},
+    {FAM_WGMMA,         0,   ELEMENT_MASK,  FITS,   8,    1, 64,          4,     0,
+     "64-key tiles: a 64-column mask block keeps whole tiles hidden or full in the tile map"},
+    {FAM_WGMMA,         64,  ANY,           ALWAYS, 8,    1, 128,         3,     0,
+     "two 64-row consumer warpgroups, 128-key tiles, three stages: 113 KiB"},
+    {FAM_WGMMA,         128, ANY,           ALWAYS, 8,    1, 128,         3,     0,
+     "three 128-key stages keep the producer a tile ahead: 225 KiB of the 227"},
+    {FAM_WGMMA,         256, ANY,           ALWAYS, 8,    1, 64,          2,     0,
+     "64-key tiles, two stages: 193 KiB"},
 };
 /* clang-format on */
 
@@ -170,6 +185,8 @@ static int row_serves(const tile_row *r, const kiln_variant *v, int pack)
             return prefill_plain(v) && !pack;
         case SINGLE_OR_FP8:
             return v->kv == KILN_KV_CONTIGUOUS || is_fp8(v->kv_dtype);
+        case ELEMENT_MASK:
+            return kiln__variant_has_element_mask(v);
         default:
             return 1;
     }
@@ -178,8 +195,14 @@ static int row_serves(const tile_row *r, const kiln_variant *v, int pack)
 /* Shared memory of a row's tiles for v (gb: decode's query heads per CTA). */
 static int row_smem(const tile_row *r, const kiln_variant *v, int gb)
 {
-    return r->fam == FAM_SIMT_DECODE ? decode_smem(v, gb, r->warps, r->stages)
-                                     : prefill_smem(v, r->warps, r->mt, r->bn, r->stages);
+    switch (r->fam) {
+        case FAM_SIMT_DECODE:
+            return decode_smem(v, gb, r->warps, r->stages);
+        case FAM_WGMMA:
+            return wgmma_smem(v, r->bn, r->stages);
+        default:
+            return prefill_smem(v, r->warps, r->mt, r->bn, r->stages);
+    }
 }
 
 /* Copy the table's choice for (fam, v) into c (c->pack and, for decode, c->gb are set). */
@@ -228,11 +251,13 @@ static kiln_status apply_tune(kiln__config *c, kiln__err *e)
         else if (!strcmp(tok, "gb")) c->gb = val;
         else if (!strcmp(tok, "minb")) c->min_blocks = val;
         else if (!strcmp(tok, "pack")) c->pack = val;
+        else if (!strcmp(tok, "wgmma")) c->wgmma = val;
+        else if (!strcmp(tok, "load")) c->load = val;
         else
-            return kiln__fail(
-                e, KILN_STATUS_INVALID_ARGUMENT,
-                "KILN_TUNE: unknown field '%s' (warps, mt, bn, stages, qregs, gb, minb, pack)",
-                tok);
+            return kiln__fail(e, KILN_STATUS_INVALID_ARGUMENT,
+                              "KILN_TUNE: unknown field '%s' (warps, mt, bn, stages, qregs, gb, "
+                              "minb, pack, wgmma, load)",
+                              tok);
     }
     return KILN_STATUS_OK;
 }
@@ -261,6 +286,47 @@ static kiln_status pick_mma(const kiln_variant *v, int smem_limit, kiln__config 
             "config: pack=1 needs a batch (kv=ragged|paged) and a group dividing the %d rows "
             "of a CTA tile (group=%d)",
             c->block_m, v->group);
+    return KILN_STATUS_OK;
+}
+
+const char *kiln__wgmma_refusal(const kiln_variant *v, int sm, int *can)
+{
+    *can = 0;
+    if (sm != 90) return "wgmma needs sm_90a";
+    if (v->op != KILN_OP_PREFILL) return "decode keeps its own kernels";
+    if (is_fp8(v->kv_dtype)) return "fp8 KV is not on the wgmma family yet";
+    if (v->rope) return "RoPE is not on the wgmma family yet";
+    if (v->head_dim != 64 && v->head_dim != 128 && v->head_dim != 256)
+        return "the wgmma family has head dims 64, 128 and 256";
+    /* it can run these, but measured slower on the H200 (docs/perf/notes.md, "The first
+     * Hopper family"): KILN_TUNE wgmma=1 still takes it */
+    *can = 1;
+    if (v->mask_data != KILN_MASK_DATA_NONE)
+        return "mask data keeps 64-row tiles, whole 64-row blocks in the tile map (BSR 26 %: "
+               "3983 us on wgmma, 271 on mma.sync)";
+    if (v->head_dim != 128)
+        return "wgmma measured slower at head dims 64 and 256 (4 x 4096 causal: 237 and 245 "
+               "TFLOP/s, mma.sync 304 and 303)";
+    return NULL;
+}
+
+/* The warp-specialized Hopper kernel: two consumer warpgroups of 64 rows and a producer. */
+static kiln_status pick_wgmma(const kiln_variant *v, int smem_limit, kiln__config *c, kiln__err *e)
+{
+    kiln_status st = pick_row(FAM_WGMMA, v, smem_limit, c, e);
+    if (st || (st = apply_tune(c, e))) return st;
+    if (c->warps != 8 || c->mt != 1 || c->q_in_regs || c->gb || c->pack || c->min_blocks != 1 ||
+        (c->block_n != 64 && c->block_n != 128) || c->stages < 1 || c->stages > 4 ||
+        (c->load != 0 && c->load != 1))
+        return kiln__fail(e, KILN_STATUS_UNSUPPORTED,
+                          "config: the wgmma family takes warps=8 mt=1 qregs=0 minb=1, bn 64 or "
+                          "128, 1-4 stages and load 0 or 1 (got warps=%d mt=%d qregs=%d minb=%d "
+                          "bn=%d stages=%d load=%d)",
+                          c->warps, c->mt, c->q_in_regs, c->min_blocks, c->block_n, c->stages,
+                          c->load);
+    c->block_m = KILN_WGMMA_BM;
+    c->merge_threads = v->kv != KILN_KV_CONTIGUOUS ? 128 : 0;
+    c->smem_bytes = wgmma_smem(v, c->block_n, c->stages);
     return KILN_STATUS_OK;
 }
 
@@ -294,14 +360,20 @@ kiln_status kiln__config_pick(const kiln_variant *v, int sm, kiln__config *c, ki
     memset(c, 0, sizeof *c);
     c->min_blocks = 1;
     const int d = v->head_dim, limit = kiln__smem_limit(sm);
-    /* pack first: it decides which kernel family the other fields describe */
+    /* pack and wgmma first: they decide which kernel family the other fields describe */
     c->pack = v->op == KILN_OP_DECODE && decode_packs(v);
+    int wgmma_can;
+    const char *no_wgmma = kiln__wgmma_refusal(v, sm, &wgmma_can);
+    c->wgmma = -1; /* unless KILN_TUNE names it: the Hopper family where it serves, not packed */
     kiln_status st = apply_tune(c, e);
     if (st) return st;
-    const int pack = c->pack;
+    const int pack = c->pack, wgmma = c->wgmma < 0 ? !no_wgmma && !pack : c->wgmma;
+    if (wgmma && !wgmma_can)
+        return kiln__fail(e, KILN_STATUS_UNSUPPORTED, "config: wgmma=1 (KILN_TUNE): %s", no_wgmma);
     memset(c, 0, sizeof *c);
     c->min_blocks = 1;
     c->pack = pack;
+    c->wgmma = wgmma;
     if (v->op == KILN_OP_MERGE) { /* one thread per element of a row, no tiles, no KILN_TUNE */
         c->warps = d / 32;
         c->threads = d;
@@ -310,9 +382,13 @@ kiln_status kiln__config_pick(const kiln_variant *v, int sm, kiln__config *c, ki
         return KILN_STATUS_OK;
     }
     if (v->op == KILN_OP_DECODE && !c->pack) st = pick_simt_decode(v, limit, c, e);
+    else if (c->wgmma) st = pick_wgmma(v, limit, c, e);
     else st = pick_mma(v, limit, c, e);
     if (st) return st;
-    c->threads = c->warps * 32;
+    if (c->load && !c->wgmma)
+        return kiln__fail(e, KILN_STATUS_UNSUPPORTED,
+                          "config: load= (KILN_TUNE) is the wgmma family's producer");
+    c->threads = c->warps * 32 + (c->wgmma ? KILN_WGMMA_PRODUCER_THREADS : 0);
     if (c->min_blocks < 1 || c->min_blocks * c->threads > 2048)
         return kiln__fail(e, KILN_STATUS_UNSUPPORTED, "config: minb=%d is not valid for %d threads",
                           c->min_blocks, c->threads);
@@ -330,4 +406,11 @@ void kiln__config_format(const kiln__config *c, char *buf, size_t cap)
              "minb=%d merge=%d pack=%d",
              c->threads, c->smem_bytes, c->block_m, c->block_n, c->warps, c->stages, c->mt,
              c->q_in_regs, c->gb, c->min_blocks, c->merge_threads, c->pack);
+    /* the Hopper family only, so that the other families' configs (key material) stay as
+     * they were */
+    if (c->wgmma) {
+        const size_t n = strlen(buf);
+        if (n < cap && c->load) snprintf(buf + n, cap - n, " wgmma=1 load=%d", c->load);
+        else if (n < cap) snprintf(buf + n, cap - n, " wgmma=1");
+    }
 }

@@ -169,6 +169,7 @@ kiln_status kiln__expand(const kiln_variant *v, const kiln__config *cfg, const c
     const int cuda_core_decode = decode && !cfg->pack;
     const char *family = merge              ? "merge.cuh"
                          : cuda_core_decode ? "simt_decode.cuh"
+                         : cfg->wgmma       ? "wgmma_attention.cuh"
                                             : "mma_attention.cuh";
     /* the tile map kernel of a prefill's element masks comes with its own template */
     const int tile_map = !decode && !merge && kiln__variant_has_element_mask(v);
@@ -233,13 +234,16 @@ kiln_status kiln__expand(const kiln_variant *v, const kiln__config *cfg, const c
         kiln__str_printf(&s,
                          "    static constexpr int MT = %d, BN = %d, Q_IN_REGS = %d, PACK = %d;\n",
                          cfg->mt, cfg->block_n, cfg->q_in_regs, cfg->pack);
+    if (cfg->wgmma) kiln__str_printf(&s, "    static constexpr int LOAD = %d;\n", cfg->load);
     kiln__str_printf(&s,
                      "};\n\n"
                      "extern \"C\" __global__ void __launch_bounds__(%d, %d)\n"
                      "%s(const __grid_constant__ kiln_launch_params p)\n{\n"
                      "    kiln::%s_kernel<kiln_cfg>(p);\n}\n",
                      cfg->threads, cfg->min_blocks, KILN__ENTRY_MAIN,
-                     cuda_core_decode ? "simt_decode" : "mma_attention");
+                     cuda_core_decode ? "simt_decode"
+                     : cfg->wgmma     ? "wgmma_attention"
+                                      : "mma_attention");
     if (batch)
         kiln__str_printf(&s,
                          "\nextern \"C\" __global__ void __launch_bounds__(%d)\n"

@@ -81,7 +81,17 @@ typedef struct kiln__config {
                           single-request prefill); op=merge: D */
     int pack;          /* the G query heads of a token are G rows of one CTA tile: for decode
                           this is the tensor-core kernel (prefill.cuh), else CUDA cores */
+    int wgmma;         /* the warp-specialized Hopper family (wgmma_attention.cuh, sm_90a):
+                          warps counts the consumer warps, threads adds the producer's 128 */
+    int load;          /* wgmma family: how the producer copies rows (wgmma_attention.cuh's
+                          wg_load_rows; 0 a row per thread, 1 whole rows per warp) */
 } kiln__config;
+
+/* Why the warp-specialized Hopper family (wgmma_attention.cuh) is not v's family on sm_<sm>,
+ * or NULL when it is (then kiln__config_pick takes it unless KILN_TUNE says wgmma=0). *can is
+ * 1 where the family could run v all the same (it measured slower there: KILN_TUNE wgmma=1
+ * takes it), 0 where it cannot. */
+const char *kiln__wgmma_refusal(const kiln_variant *v, int sm, int *can);
 
 /* Largest dynamic shared memory per block on an arch (bytes). */
 int kiln__smem_limit(int sm);

@@ -192,6 +192,13 @@ KT_TEST(batch_grid_cases_valid)
 
 KT_GPU_TEST(gpu_batch_decode_grid) { run_grid(KILN_OP_DECODE); }
 KT_GPU_TEST(gpu_batch_prefill_grid) { run_grid(KILN_OP_PREFILL); }
+/* On sm_90 the wgmma family serves the batch prefill grid; once more on the mma.sync family */
+KT_GPU_TEST(gpu_mma_sync_batch_prefill_grid)
+{
+    setenv("KILN_TUNE", "wgmma=0", 1);
+    run_grid(KILN_OP_PREFILL);
+    unsetenv("KILN_TUNE");
+}
 
 /* Mask data per request: bitmask and bsr, decode on CUDA cores (G 1) and tensor cores (G 4)
  * and prefill, ragged and paged, with a causal mask on prefill and a graph replay on one. */

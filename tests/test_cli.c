@@ -136,6 +136,29 @@ KT_TEST(cli_bad_spec_and_arch)
 
 /* ---- compile -------------------------------------------------------------------------------- */
 
+/* compile and show name the kernel family, and show says why a prefill is not on wgmma. */
+KT_TEST(cli_compile_names_family)
+{
+    if (!KT_HAVE_KILN()) return;
+    kt_out r;
+    const char *pre = "op=prefill dtype=bf16 head_dim=128 group=1";
+    KT_EQ_INT(RUN(&r, "compile", "--arch", "sm_90a,sm_80", pre), 0);
+    KT_EQ_INT(count_lines(r.out), 2);
+    KT_CONTAINS(r.out, " sm_90a compiled ");
+    KT_CONTAINS(r.out, " family=wgmma op=prefill");
+    KT_CONTAINS(r.out, " family=mma.sync op=prefill");
+    kt_out_free(&r);
+    KT_EQ_INT(RUN(&r, "compile", "--arch", "sm_90a", KT_SPEC_0), 0);
+    KT_CONTAINS(r.out, " family=simt op=decode");
+    kt_out_free(&r);
+    KT_EQ_INT(RUN(&r, "show", "--arch", "sm_80", pre), 0);
+    KT_CONTAINS(r.out, "family:      mma.sync (not wgmma: wgmma needs sm_90a)");
+    kt_out_free(&r);
+    KT_EQ_INT(RUN(&r, "show", "--arch", "sm_90a", pre), 0);
+    KT_CONTAINS(r.out, "family:      wgmma\n");
+    kt_out_free(&r);
+}
+
 KT_TEST(cli_compile_cached)
 {
     if (!KT_HAVE_KILN()) return;

@@ -144,9 +144,11 @@ KT_TEST(core_decode_kernel_choice)
             kt_fail(__FILE__, __LINE__, "%s: pack=%d", cases[i].spec, cfg.pack);
         KT_OK(kiln__expand(&v, &cfg, "sm_90a", &src, &e), e.msg);
         KT_REQUIRE(src);
-        const int mma = cfg.pack || v.op == KILN_OP_PREFILL;
-        KT_CHECK(strstr(src, mma ? "kiln::mma_attention_kernel<kiln_cfg>"
-                                 : "kiln::simt_decode_kernel<kiln_cfg>") != NULL);
+        /* on sm_90a a prefill is the wgmma family's (core_wgmma_family_choice) */
+        const char *entry = v.op == KILN_OP_PREFILL ? "kiln::wgmma_attention_kernel<kiln_cfg>"
+                            : cfg.pack              ? "kiln::mma_attention_kernel<kiln_cfg>"
+                                                    : "kiln::simt_decode_kernel<kiln_cfg>";
+        KT_CHECK(strstr(src, entry) != NULL);
         free(src);
         src = NULL;
     }
@@ -165,6 +167,91 @@ KT_TEST(core_decode_kernel_choice)
     parse("op=decode dtype=bf16 head_dim=128 group=3 kv=paged", &v);
     KT_CHECK(kiln__config_pick(&v, 90, &cfg, &e) == KILN_STATUS_UNSUPPORTED);
     KT_CONTAINS(e.msg, "group=3");
+    unsetenv("KILN_TUNE");
+}
+
+/* Prefill on sm_90 takes the warp-specialized wgmma family at head dim 128 without mask data;
+ * where it measured slower (head dims 64 / 256, mask data) it could still run, where it cannot
+ * (RoPE, fp8 KV, decode, other archs) the other families stay; kiln__wgmma_refusal says why.
+ * KILN_TUNE wgmma=0 forces the mma.sync family; wgmma=1 takes wgmma where it can run, and is
+ * refused where it cannot. */
+KT_TEST(core_wgmma_family_choice)
+{
+    static const struct {
+        const char *spec;
+        int sm, wgmma, can;
+        const char *why; /* part of the reason, or NULL */
+    } cases[] = {
+        {"op=prefill dtype=bf16 head_dim=128 group=4 mask=causal", 90, 1, 1, NULL},
+        {"op=prefill dtype=f16 head_dim=128 group=1 kv=paged lse=1", 90, 1, 1, NULL},
+        {"op=prefill dtype=bf16 head_dim=128 group=8 kv=ragged logits=softcap window=1", 90, 1, 1,
+         NULL},
+        {"op=prefill dtype=f16 head_dim=64 group=1 kv=paged lse=1", 90, 0, 1, "head dims 64"},
+        {"op=prefill dtype=bf16 head_dim=256 group=8 kv=ragged", 90, 0, 1, "head dims 64 and 256"},
+        {"op=prefill dtype=bf16 head_dim=128 group=4 mask_data=bsr", 90, 0, 1, "mask data"},
+        {"op=prefill dtype=bf16 head_dim=128 group=4 mask=causal", 80, 0, 0, "sm_90a"},
+        {"op=prefill dtype=bf16 head_dim=128 group=4 mask=causal", 100, 0, 0, "sm_90a"},
+        {"op=prefill dtype=bf16 head_dim=128 group=4 rope=1 kv=ragged", 90, 0, 0, "RoPE"},
+        {"op=prefill q_dtype=bf16 kv_dtype=e4m3 out_dtype=bf16 head_dim=128 group=4 kv=paged", 90,
+         0, 0, "fp8"},
+        {"op=decode dtype=bf16 head_dim=128 group=4 kv=paged", 90, 0, 0, "decode"},
+    };
+    kiln_variant v;
+    kiln__config cfg;
+    kiln__err e;
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        parse(cases[i].spec, &v);
+        KT_OK(kiln__config_pick(&v, cases[i].sm, &cfg, &e), e.msg);
+        if (cfg.wgmma != cases[i].wgmma)
+            kt_fail(__FILE__, __LINE__, "%s sm_%d: wgmma=%d", cases[i].spec, cases[i].sm,
+                    cfg.wgmma);
+        int can = -1;
+        const char *why = kiln__wgmma_refusal(&v, cases[i].sm, &can);
+        KT_CHECK(!why == !cases[i].why);
+        KT_EQ_INT(can, cases[i].can);
+        if (why && cases[i].why) KT_CONTAINS(why, cases[i].why);
+        char conf[256];
+        kiln__config_format(&cfg, conf, sizeof conf);
+        KT_CHECK(!strstr(conf, "wgmma=1") == !cfg.wgmma);
+        /* where it could run, KILN_TUNE wgmma=1 takes it */
+        if (can && !cfg.wgmma) {
+            setenv("KILN_TUNE", "wgmma=1", 1);
+            KT_OK(kiln__config_pick(&v, cases[i].sm, &cfg, &e), e.msg);
+            unsetenv("KILN_TUNE");
+            KT_CHECK(cfg.wgmma == 1);
+        }
+        if (cfg.wgmma) {
+            KT_CHECK(cfg.threads == 384 && cfg.block_m == 128 && cfg.warps == 8 && cfg.mt == 1);
+            KT_CHECK(cfg.smem_bytes <= kiln__smem_limit(90));
+            char *src = NULL;
+            KT_OK(kiln__expand(&v, &cfg, "sm_90a", &src, &e), e.msg);
+            KT_REQUIRE(src);
+            KT_CHECK(strstr(src, "kiln::wgmma_attention_kernel<kiln_cfg>") != NULL);
+            KT_CHECK(strstr(src, "__launch_bounds__(384, 1)") != NULL);
+            free(src);
+        }
+    }
+    parse("op=prefill dtype=bf16 head_dim=128 group=4 mask=causal", &v);
+    setenv("KILN_TUNE", "wgmma=0", 1);
+    KT_OK(kiln__config_pick(&v, 90, &cfg, &e), e.msg);
+    KT_CHECK(cfg.wgmma == 0 && cfg.threads == cfg.warps * 32);
+    setenv("KILN_TUNE", "wgmma=1", 1);
+    KT_CHECK(kiln__config_pick(&v, 80, &cfg, &e) == KILN_STATUS_UNSUPPORTED);
+    KT_CONTAINS(e.msg, "wgmma needs sm_90a");
+    setenv("KILN_TUNE", "wgmma=1,bn=96", 1);
+    KT_CHECK(kiln__config_pick(&v, 90, &cfg, &e) == KILN_STATUS_UNSUPPORTED);
+    KT_CONTAINS(e.msg, "bn 64 or 128");
+    setenv("KILN_TUNE", "bn=64,stages=4", 1);
+    KT_OK(kiln__config_pick(&v, 90, &cfg, &e), e.msg);
+    KT_CHECK(cfg.wgmma && cfg.block_n == 64 && cfg.stages == 4);
+    /* the producer's other row copy: its own key, and only on the wgmma family */
+    char conf[256];
+    setenv("KILN_TUNE", "load=1", 1);
+    KT_OK(kiln__config_pick(&v, 90, &cfg, &e), e.msg);
+    kiln__config_format(&cfg, conf, sizeof conf);
+    KT_CONTAINS(conf, " wgmma=1 load=1");
+    KT_CHECK(kiln__config_pick(&v, 80, &cfg, &e) == KILN_STATUS_UNSUPPORTED);
+    KT_CONTAINS(e.msg, "load=");
     unsetenv("KILN_TUNE");
 }
 

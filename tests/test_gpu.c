@@ -18,7 +18,9 @@
 
 #include "check.h"
 #include "grid.h"
+#include "jit.h"
 #include "kt.h"
+#include "params.h"
 
 #define MAX_VARIANTS KT_GRID_MAX
 
@@ -135,16 +137,29 @@ KT_GPU_TEST(gpu_decode_grid)
     kiln_ctx_destroy(ctx);
 }
 
-KT_GPU_TEST(gpu_prefill_grid)
+/* The prefill grid on the context's default kernel family (on sm_90 the wgmma family, for
+ * every variant it serves; the check says so), or with KILN_TUNE=wgmma=0 the mma.sync family. */
+static void prefill_grid(const char *tune)
 {
     static grid g;
     build_grid(KILN_OP_PREFILL, &g);
+    if (tune) setenv("KILN_TUNE", tune, 1);
     kiln_ctx *ctx = KT_CTX(kt_cache_dir(), 1);
-    KT_REQUIRE(ctx);
+    if (!ctx) goto out;
+    kiln_device_info dev;
+    KT_CHECK(kiln_ctx_device(ctx, &dev) == KILN_STATUS_OK);
     warm(ctx, &g);
     tally t = {0};
+    int wgmma = 0, served = 0;
     for (int i = 0; i < g.n; i++) {
         const kiln_variant *v = &g.v[i];
+        int can;
+        served += !kiln__wgmma_refusal(v, dev.sm, &can);
+        kiln_kernel *k = NULL;
+        kiln_kernel_info info;
+        if (kiln_kernel_get(ctx, v, &k) == KILN_STATUS_OK &&
+            kiln_kernel_describe(k, &info) == KILN_STATUS_OK)
+            wgmma += info.threads == 8 * 32 + KILN_WGMMA_PRODUCER_THREADS;
         const int H = 2 * v->group;
         const int full = v->group == 4 && v->logits == KILN_LOGITS_NONE && !quick();
         if (full) {
@@ -162,10 +177,22 @@ KT_GPU_TEST(gpu_prefill_grid)
             run_case(ctx, v, H, 200 + i, 577, 0, &t);
         }
     }
-    printf("    prefill: %d variants, %d cases, %d bad, worst rel_l2 %.3g\n", g.n, t.cases, t.bad,
-           t.worst_rel);
+    /* on sm_90 the variants the wgmma family serves (head dim 128) run on it, unless KILN_TUNE
+     * turned it off; never silently fewer */
+    KT_EQ_INT(wgmma, tune ? 0 : served);
+    KT_CHECK(dev.sm != 90 || served > 0);
+    printf("    prefill (%s): %d variants, %d cases, %d bad, worst rel_l2 %.3g\n",
+           wgmma ? "wgmma family" : "mma.sync family", g.n, t.cases, t.bad, t.worst_rel);
     kiln_ctx_destroy(ctx);
+out:
+    if (tune) unsetenv("KILN_TUNE");
 }
+
+KT_GPU_TEST(gpu_prefill_grid) { prefill_grid(NULL); }
+
+/* On sm_90 the grid once more on the mma.sync family, which the wgmma family replaced there
+ * (it stays the family of sm_80 - sm_89 and of what the wgmma family does not serve). */
+KT_GPU_TEST(gpu_mma_sync_prefill_grid) { prefill_grid("wgmma=0"); }
 
 /* The same launch twice gives bitwise equal output, and a wrong call is refused cleanly. */
 KT_GPU_TEST(gpu_launch_errors)

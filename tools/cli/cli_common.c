@@ -287,6 +287,24 @@ int cli_cache_open(const cli_global *g, const char *cmd, kiln__cache **out)
     return cli_cache_open_opt(g, cmd, NULL, 0, out);
 }
 
+const char *cli_family(const char *source, const char *spec, const char *arch, char *why,
+                       size_t cap)
+{
+    why[0] = 0;
+    if (!source) return "-";
+    if (strstr(source, "kiln::wgmma_attention_kernel<")) return "wgmma";
+    if (strstr(source, "kiln::simt_decode_kernel<")) return "simt";
+    if (strstr(source, "kiln::merge_state_kernel<")) return "merge";
+    if (!strstr(source, "kiln::mma_attention_kernel<")) return "-";
+    kiln_variant v;
+    if (spec && arch && kiln_variant_parse(spec, &v) == KILN_STATUS_OK && v.op == KILN_OP_PREFILL) {
+        int can;
+        const char *r = kiln__wgmma_refusal(&v, kiln__arch_sm(arch), &can);
+        snprintf(why, cap, "%s", r ? r : "KILN_TUNE wgmma=0");
+    }
+    return "mma.sync";
+}
+
 int cli_key(const kiln_variant *v, const char *arch, char key[33])
 {
     kiln__config cfg;

@@ -30,8 +30,11 @@ static int compile_one(kiln_ctx *ctx, const kiln_variant *v, const char *arch)
     if (kiln_kernel_describe(k, &ki)) return cli_fail("compile", CLI_FAIL, "%s", kiln_errmsg());
     char regs[16] = "-";
     if (ki.registers >= 0) snprintf(regs, sizeof regs, "%d", ki.registers);
-    printf("%s %s %s %.1f ms regs=%s smem=%d spill=%d %s\n", ki.key, ki.arch,
-           ki.from_cache ? "cached" : "compiled", ms, regs, ki.smem_bytes, ki.spill_bytes, ki.spec);
+    char why[128];
+    const char *fam = cli_family(kiln_kernel_source(k), ki.spec, ki.arch, why, sizeof why);
+    printf("%s %s %s %.1f ms regs=%s smem=%d spill=%d family=%s %s\n", ki.key, ki.arch,
+           ki.from_cache ? "cached" : "compiled", ms, regs, ki.smem_bytes, ki.spill_bytes, fam,
+           ki.spec);
     fflush(stdout);
     return CLI_OK;
 }
@@ -181,6 +184,10 @@ static int view_print(const view *w, const show_opts *o, const kiln__cache *c)
     printf("arch:        %s\n", cli_safe(w->arch, b[1], sizeof b[1]));
     printf("spec:        %s\n", cli_safe(w->spec, b[2], sizeof b[2]));
     printf("nvrtc:       %s\n", cli_safe(w->nvrtc, b[3], sizeof b[3]));
+    char why[128];
+    const char *fam = cli_family(w->source, w->spec, w->arch, why, sizeof why);
+    if (why[0]) printf("family:      %s (not wgmma: %s)\n", fam, why);
+    else printf("family:      %s\n", fam);
     if (w->regs >= 0) printf("registers:   %d\n", w->regs);
     else
         printf(
