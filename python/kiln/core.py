@@ -622,6 +622,21 @@ class Kernel:
         return self._text("kiln_kernel_source")
 
     @property
+    def family(self):
+        """The kernel family, by the generated source's entry point: "wgmma" (the
+        warp-specialized Hopper prefill, sm_90a), "mma.sync", "simt" (decode on CUDA cores) or
+        "merge" — as `kiln compile` prints it; `kiln show` also says why a prefill is not on
+        wgmma."""
+        src = self.source
+        for family, entry in (("wgmma", "kiln::wgmma_attention_kernel<"),
+                              ("simt", "kiln::simt_decode_kernel<"),
+                              ("merge", "kiln::merge_state_kernel<"),
+                              ("mma.sync", "kiln::mma_attention_kernel<")):
+            if entry in src:
+                return family
+        return "-"
+
+    @property
     def log(self):
         """The NVRTC log, with ptxas' resource report."""
         return self._text("kiln_kernel_log")
