@@ -17,8 +17,10 @@
  * consumer threads are done reading the stage. Tile n uses stage n % STAGES and phase
  * n / STAGES of both barriers. The producer gives registers up (setmaxnreg) to the consumers.
  *
- * Cfg as mma_attention.cuh's, with WARPS = 8 (the consumer warps), MT = 1, PACK = 0, and
- * neither RoPE nor fp8 KV (jit/config.c keeps those on the mma.sync family). Launch: grid
+ * Cfg as mma_attention.cuh's, with WARPS = 8 (the consumer warps), MT = 1, PACK = 0, LOAD (the
+ * producer's row copy, wg_load_rows), and neither RoPE nor fp8 KV (jit/config.c keeps those
+ * on the mma.sync family, and head dims 64 / 256 and mask data unless KILN_TUNE says
+ * wgmma=1: measured slower). Launch: grid
  * (ceil(L_Q / 128), H) or (work items, H), 384 threads, kiln_wgmma_smem_bytes (params.h).
  *
  * Checked against the float64 CPU reference in tools/check/ (tests/test_gpu.c, kiln check).

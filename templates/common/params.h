@@ -233,6 +233,9 @@ KILN_CONTRACT_FN int kiln_wgmma_smem_bytes(int d, int bm, int bn, int stages)
  * Sizes on both sides; field offsets on the host only (NVRTC has no offsetof): with fixed-size
  * fields ordered widest first, equal sizes leave no room for a different layout. */
 KILN_CONTRACT_ASSERT(sizeof(kiln_launch_params) == KILN_LAUNCH_PARAMS_SIZE, "kiln_launch_params size");
+KILN_CONTRACT_ASSERT(KILN_WGMMA_PRODUCER_THREADS * KILN_WGMMA_PRODUCER_REGS + 2 * 128 * KILN_WGMMA_CONSUMER_REGS <= 65536 &&
+                         KILN_WGMMA_PRODUCER_REGS % 8 == 0 && KILN_WGMMA_CONSUMER_REGS % 8 == 0,
+                     "setmaxnreg: the warpgroups' registers fit the SM's 64K, in steps of 8");
 KILN_CONTRACT_ASSERT(sizeof(kiln_merge_params) == KILN_MERGE_PARAMS_SIZE, "kiln_merge_params size");
 KILN_CONTRACT_ASSERT(sizeof(kiln_work_header) == 4 * sizeof(int), "kiln_work_header: 4 ints");
 KILN_CONTRACT_ASSERT(sizeof(kiln_work_item) == 8 * sizeof(int), "kiln_work_item: 8 ints");
