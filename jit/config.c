@@ -316,11 +316,12 @@ static kiln_status pick_wgmma(const kiln_variant *v, int smem_limit, kiln__confi
     kiln_status st = pick_row(FAM_WGMMA, v, smem_limit, c, e);
     if (st || (st = apply_tune(c, e))) return st;
     if (c->warps != 8 || c->mt != 1 || c->q_in_regs || c->gb || c->pack || c->min_blocks != 1 ||
-        (c->block_n != 64 && c->block_n != 128) || c->stages < 1 || c->stages > 4 ||
+        (c->block_n != 64 && c->block_n != 128) || c->stages < 2 || c->stages > 4 ||
         (c->load != 0 && c->load != 1))
         return kiln__fail(e, KILN_STATUS_UNSUPPORTED,
                           "config: the wgmma family takes warps=8 mt=1 qregs=0 minb=1, bn 64 or "
-                          "128, 1-4 stages and load 0 or 1 (got warps=%d mt=%d qregs=%d minb=%d "
+                          "128, 2-4 stages (a consumer frees a stage only once the next tile has "
+                          "landed) and load 0 or 1 (got warps=%d mt=%d qregs=%d minb=%d "
                           "bn=%d stages=%d load=%d)",
                           c->warps, c->mt, c->q_in_regs, c->min_blocks, c->block_n, c->stages,
                           c->load);

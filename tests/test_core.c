@@ -241,6 +241,10 @@ KT_TEST(core_wgmma_family_choice)
     setenv("KILN_TUNE", "wgmma=1,bn=96", 1);
     KT_CHECK(kiln__config_pick(&v, 90, &cfg, &e) == KILN_STATUS_UNSUPPORTED);
     KT_CONTAINS(e.msg, "bn 64 or 128");
+    setenv("KILN_TUNE", "stages=1",
+           1); /* would deadlock: stage n - 1 is freed after tile n lands */
+    KT_CHECK(kiln__config_pick(&v, 90, &cfg, &e) == KILN_STATUS_UNSUPPORTED);
+    KT_CONTAINS(e.msg, "2-4 stages");
     setenv("KILN_TUNE", "bn=64,stages=4", 1);
     KT_OK(kiln__config_pick(&v, 90, &cfg, &e), e.msg);
     KT_CHECK(cfg.wgmma && cfg.block_n == 64 && cfg.stages == 4);
