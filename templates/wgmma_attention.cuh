@@ -48,12 +48,11 @@ template <class Cfg> struct wg_layout {
 };
 
 /* The shared-memory addresses of one CTA: the tiles and the barriers. */
-struct wg_smem {
+template <int STAGES> struct wg_smem {
     u32 q, k, v, bar;
-    int stages;
     __device__ __forceinline__ u32 full(int s) const { return bar + 8 * s; }
-    __device__ __forceinline__ u32 empty(int s) const { return bar + 8 * (stages + s); }
-    __device__ __forceinline__ u32 q_full() const { return bar + 16 * stages; }
+    __device__ __forceinline__ u32 empty(int s) const { return bar + 8 * (STAGES + s); }
+    __device__ __forceinline__ u32 q_full() const { return bar + 16 * STAGES; }
 };
 
 /* The key tiles a CTA visits, in order: [t_first, t_end), less those the tile map hides. */
@@ -120,7 +119,7 @@ __device__ __forceinline__ void wg_load_rows(u32 dst, const unsigned char *g, co
 
 template <class Cfg>
 __device__ __forceinline__ void wg_produce(const kiln_launch_params &p, const mma_work &w, const wg_tiles<Cfg> &tiles,
-                                           const wg_smem &sm, int h, int hk, int tid)
+                                           const wg_smem<Cfg::STAGES> &sm, int h, int hk, int tid)
 {
     using L = wg_layout<Cfg>;
     constexpr int D = Cfg::D, BN = Cfg::BN, STAGES = Cfg::STAGES;
@@ -205,17 +204,6 @@ __device__ __forceinline__ void wg_softmax_rows(mma_state<Cfg> &st, float (&sc)[
     softmax_rows<Cfg>(st, sc, c2, scale);
 }
 
-/* The first tile's: O is still zero, so its factor is not applied. */
-template <class Cfg>
-__device__ __forceinline__ void wg_softmax_tile(mma_state<Cfg> &st, float (&sc)[1][Cfg::BN / 8][4],
-                                                const kiln_launch_params &p, const mma_work &w,
-                                                const mma_rows<Cfg> &rows, const wg_tiles<Cfg> &tiles, float c2,
-                                                int hk, int t, int lane)
-{
-    float scale[1][2];
-    wg_softmax_rows<Cfg>(st, sc, p, w, rows, tiles, c2, hk, t, lane, scale);
-}
-
 /* P, the softmax'd S, as the A fragments of P V. */
 template <class Cfg>
 __device__ __forceinline__ void wg_to_p(const float (&sc)[Cfg::BN / 8][4], u32 (&pf)[Cfg::BN / 16][4])
@@ -230,7 +218,7 @@ __device__ __forceinline__ void wg_turn_pass(int c) { named_arrive(2 - c, 2 * 12
 
 template <class Cfg>
 __device__ __forceinline__ void wg_consume(const kiln_launch_params &p, const mma_work &w, const wg_tiles<Cfg> &tiles,
-                                           const wg_smem &sm, int h, int hk, int tid)
+                                           const wg_smem<Cfg::STAGES> &sm, int h, int hk, int tid)
 {
     using L = wg_layout<Cfg>;
     using S = mma_shape<Cfg>;
@@ -259,7 +247,8 @@ __device__ __forceinline__ void wg_consume(const kiln_launch_params &p, const mm
         wg_turn_pass(c);
         wgmma_wait<0>();
         reg_fence(sc[0]);
-        wg_softmax_tile<Cfg>(st, sc, p, w, rows, tiles, c2, hk, t, lane);
+        float scale[1][2]; /* O is still zero: its factor is not applied */
+        wg_softmax_rows<Cfg>(st, sc, p, w, rows, tiles, c2, hk, t, lane, scale);
         wg_to_p<Cfg>(sc[0], pf);
         int prev = 0, n = 1;
         for (t = tiles.next(t + 1); t < w.t_end; t = tiles.next(t + 1), n++) {
@@ -273,7 +262,6 @@ __device__ __forceinline__ void wg_consume(const kiln_launch_params &p, const mm
             wg_turn_pass(c);
             wgmma_wait<1>(); /* S; P V of the previous tile may still run */
             reg_fence(sc[0]);
-            float scale[1][2];
             wg_softmax_rows<Cfg>(st, sc, p, w, rows, tiles, c2, hk, t, lane, scale);
             wgmma_wait<0>(); /* P V of the previous tile: O and its stage are free */
             reg_fence(st.o[0]);
@@ -300,12 +288,11 @@ template <class Cfg> __device__ void wgmma_attention_kernel(const kiln_launch_pa
     extern __shared__ __align__(1024) unsigned char smem[];
     const u32 raw = smem_addr(smem);
     const u32 base = (raw + (KILN_WGMMA_ALIGN - 1)) & ~(u32)(KILN_WGMMA_ALIGN - 1);
-    wg_smem sm;
+    wg_smem<Cfg::STAGES> sm;
     sm.q = base + L::Q_AT;
     sm.k = base + L::K_AT;
     sm.v = base + L::V_AT;
     sm.bar = base + L::BAR_AT;
-    sm.stages = Cfg::STAGES;
 
     const int tid = threadIdx.x;
     const int h = blockIdx.y, hk = h / Cfg::G;
