@@ -383,6 +383,9 @@ KILN_API kiln_status kiln_kernel_describe(const kiln_kernel *k, kiln_kernel_info
 KILN_API const char *kiln_kernel_source(const kiln_kernel *k);
 KILN_API const char *kiln_kernel_spec(const kiln_kernel *k);
 KILN_API const char *kiln_kernel_log(const kiln_kernel *k);
+/* The kernel family, a static string: "wgmma" (the warp-specialized Hopper prefill, sm_90a),
+ * "mma.sync", "simt" (decode on CUDA cores) or "merge" — what `kiln compile` prints. */
+KILN_API const char *kiln_kernel_family(const kiln_kernel *k);
 KILN_API const char *kiln_kernel_key_material(const kiln_kernel *k);
 /* The cubin, alive as long as the context. */
 KILN_API const void *kiln_kernel_cubin(const kiln_kernel *k, size_t *size);

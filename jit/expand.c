@@ -155,6 +155,19 @@ static const char *dt_const(kiln_dtype t)
     return t == KILN_DTYPE_BF16 ? "kiln::BF16" : "kiln::F16";
 }
 
+const char *kiln__source_family(const char *source)
+{
+    static const struct {
+        const char *family, *entry; /* the kernel template each family's main entry calls */
+    } families[] = {{"wgmma", "kiln::wgmma_attention_kernel<"},
+                    {"simt", "kiln::simt_decode_kernel<"},
+                    {"merge", "kiln::merge_state_kernel<"},
+                    {"mma.sync", "kiln::mma_attention_kernel<"}};
+    for (size_t i = 0; source && i < sizeof families / sizeof families[0]; i++)
+        if (strstr(source, families[i].entry)) return families[i].family;
+    return "-";
+}
+
 kiln_status kiln__expand(const kiln_variant *v, const kiln__config *cfg, const char *arch,
                          char **source, kiln__err *e)
 {

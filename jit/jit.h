@@ -117,6 +117,10 @@ extern const int kiln__templates_count;
 extern const char kiln__templates_digest[]; /* 32 hex chars of XXH3-128 over names+texts */
 
 /* Write the self-contained CUDA source for (v, cfg, arch). Returns malloc'd text. */
+/* The kernel family of a source kiln__expand wrote, by the entry point it calls: "wgmma",
+ * "mma.sync", "simt" (the CUDA-core decode), "merge", or "-" (NULL or not such a source). */
+const char *kiln__source_family(const char *source);
+
 kiln_status kiln__expand(const kiln_variant *v, const kiln__config *cfg, const char *arch,
                          char **source, kiln__err *e);
 

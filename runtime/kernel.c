@@ -490,6 +490,11 @@ kiln_status kiln_kernel_describe(const kiln_kernel *k, kiln_kernel_info *out)
 const char *kiln_kernel_source(const kiln_kernel *k) { return k && k->source ? k->source : ""; }
 const char *kiln_kernel_spec(const kiln_kernel *k) { return k ? k->spec : ""; }
 const char *kiln_kernel_log(const kiln_kernel *k) { return k && k->log ? k->log : ""; }
+
+const char *kiln_kernel_family(const kiln_kernel *k)
+{
+    return kiln__source_family(k ? k->source : NULL);
+}
 const char *kiln_kernel_key_material(const kiln_kernel *k)
 {
     return k && k->key_material ? k->key_material : "";

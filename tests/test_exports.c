@@ -30,6 +30,7 @@ static const char *const public_api[] = {
     "kiln_kernel_source",
     "kiln_kernel_spec",
     "kiln_kernel_log",
+    "kiln_kernel_family",
     "kiln_kernel_key_material",
     "kiln_kernel_cubin",
     "kiln_decode_workspace_size",

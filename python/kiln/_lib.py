@@ -337,6 +337,7 @@ _PROTOTYPES = {
     "kiln_kernel_source": (ctypes.c_char_p, [_kernel_p]),
     "kiln_kernel_spec": (ctypes.c_char_p, [_kernel_p]),
     "kiln_kernel_log": (ctypes.c_char_p, [_kernel_p]),
+    "kiln_kernel_family": (ctypes.c_char_p, [_kernel_p]),
     "kiln_kernel_key_material": (ctypes.c_char_p, [_kernel_p]),
     "kiln_kernel_cubin": (ctypes.c_void_p, [_kernel_p, _p(ctypes.c_size_t)]),
     "kiln_decode_workspace_size": (

@@ -626,15 +626,8 @@ class Kernel:
         """The kernel family, by the generated source's entry point: "wgmma" (the
         warp-specialized Hopper prefill, sm_90a), "mma.sync", "simt" (decode on CUDA cores) or
         "merge" — as `kiln compile` prints it; `kiln show` also says why a prefill is not on
-        wgmma."""
-        src = self.source
-        for family, entry in (("wgmma", "kiln::wgmma_attention_kernel<"),
-                              ("simt", "kiln::simt_decode_kernel<"),
-                              ("merge", "kiln::merge_state_kernel<"),
-                              ("mma.sync", "kiln::mma_attention_kernel<")):
-            if entry in src:
-                return family
-        return "-"
+        wgmma (kiln_kernel_family)."""
+        return self._text("kiln_kernel_family")
 
     @property
     def log(self):

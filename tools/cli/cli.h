@@ -183,12 +183,13 @@ void cli_put_text(FILE *f, const char *s);
 
 /* The key v has for arch (computed; nothing compiled) into key[33]: 0, or -1 ("" in key) when
  * its configuration or key material cannot be made. */
-/* The kernel family of a generated source, by its entry point: "wgmma" (the warp-specialized
+int cli_key(const kiln_variant *v, const char *arch, char key[33]);
+
+/* The kernel family of a generated source (kiln__source_family): "wgmma" (the warp-specialized
  * Hopper family), "mma.sync", "simt" (the CUDA-core decode), "merge", or "-". why gets, for a
  * prefill not on the wgmma family, the reason (from the spec and arch), else "". */
 const char *cli_family(const char *source, const char *spec, const char *arch, char *why,
                        size_t cap);
-int cli_key(const kiln_variant *v, const char *arch, char key[33]);
 
 /* Milliseconds on the monotonic clock. */
 double cli_now_ms(void);

@@ -291,11 +291,8 @@ const char *cli_family(const char *source, const char *spec, const char *arch, c
                        size_t cap)
 {
     why[0] = 0;
-    if (!source) return "-";
-    if (strstr(source, "kiln::wgmma_attention_kernel<")) return "wgmma";
-    if (strstr(source, "kiln::simt_decode_kernel<")) return "simt";
-    if (strstr(source, "kiln::merge_state_kernel<")) return "merge";
-    if (!strstr(source, "kiln::mma_attention_kernel<")) return "-";
+    const char *family = kiln__source_family(source);
+    if (strcmp(family, "mma.sync")) return family;
     kiln_variant v;
     if (spec && arch && kiln_variant_parse(spec, &v) == KILN_STATUS_OK && v.op == KILN_OP_PREFILL) {
         int can;
