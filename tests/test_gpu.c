@@ -20,7 +20,6 @@
 #include "grid.h"
 #include "jit.h"
 #include "kt.h"
-#include "params.h"
 
 #define MAX_VARIANTS KT_GRID_MAX
 
@@ -156,10 +155,8 @@ static void prefill_grid(const char *tune)
         int can;
         served += !kiln__wgmma_refusal(v, dev.sm, &can);
         kiln_kernel *k = NULL;
-        kiln_kernel_info info;
-        if (kiln_kernel_get(ctx, v, &k) == KILN_STATUS_OK &&
-            kiln_kernel_describe(k, &info) == KILN_STATUS_OK)
-            wgmma += info.threads == 8 * 32 + KILN_WGMMA_PRODUCER_THREADS;
+        if (kiln_kernel_get(ctx, v, &k) == KILN_STATUS_OK)
+            wgmma += !strcmp(kiln_kernel_family(k), "wgmma");
         const int H = 2 * v->group;
         const int full = v->group == 4 && v->logits == KILN_LOGITS_NONE && !quick();
         if (full) {
