@@ -253,10 +253,11 @@ static kiln_status apply_tune(kiln__config *c, kiln__err *e)
         else if (!strcmp(tok, "pack")) c->pack = val;
         else if (!strcmp(tok, "wgmma")) c->wgmma = val;
         else if (!strcmp(tok, "load")) c->load = val;
+        else if (!strcmp(tok, "persist")) c->persist = val;
         else
             return kiln__fail(e, KILN_STATUS_INVALID_ARGUMENT,
                               "KILN_TUNE: unknown field '%s' (warps, mt, bn, stages, qregs, gb, "
-                              "minb, pack, wgmma, load)",
+                              "minb, pack, wgmma, load, persist)",
                               tok);
     }
     return KILN_STATUS_OK;
@@ -314,17 +315,26 @@ const char *kiln__wgmma_refusal(const kiln_variant *v, int sm, int *can)
 static kiln_status pick_wgmma(const kiln_variant *v, int smem_limit, kiln__config *c, kiln__err *e)
 {
     kiln_status st = pick_row(FAM_WGMMA, v, smem_limit, c, e);
-    if (st || (st = apply_tune(c, e))) return st;
+    if (st) return st;
+    /* the producer's copies: TMA where K and V are one tensor each, whole rows per warp from
+     * a page table (4 x 4096 ragged on the H200, docs/perf/notes.md "The first Hopper family":
+     * causal 321 -> 489 TFLOP/s a row per thread -> rows per warp) */
+    const int paged = v->kv == KILN_KV_PAGED;
+    c->load = c->persist = -1;
+    if ((st = apply_tune(c, e))) return st;
+    if (c->load < 0) c->load = paged ? KILN_WGMMA_LOAD_WARP : KILN_WGMMA_LOAD_TMA;
+    if (c->persist < 0) c->persist = KILN_WGMMA_PERSIST_DEFAULT;
     if (c->warps != 8 || c->mt != 1 || c->q_in_regs || c->gb || c->pack || c->min_blocks != 1 ||
         (c->block_n != 64 && c->block_n != 128) || c->stages < 2 || c->stages > 4 ||
-        (c->load != 0 && c->load != 1))
+        c->load > KILN_WGMMA_LOAD_TMA || (paged && c->load == KILN_WGMMA_LOAD_TMA) ||
+        c->persist > 1)
         return kiln__fail(e, KILN_STATUS_UNSUPPORTED,
                           "config: the wgmma family takes warps=8 mt=1 qregs=0 minb=1, bn 64 or "
                           "128, 2-4 stages (a consumer frees a stage only once the next tile has "
-                          "landed) and load 0 or 1 (got warps=%d mt=%d qregs=%d minb=%d "
-                          "bn=%d stages=%d load=%d)",
+                          "landed), load 0, 1 or 2 (TMA: not for kv=paged) and persist 0 or 1 (got "
+                          "warps=%d mt=%d qregs=%d minb=%d bn=%d stages=%d load=%d persist=%d%s)",
                           c->warps, c->mt, c->q_in_regs, c->min_blocks, c->block_n, c->stages,
-                          c->load);
+                          c->load, c->persist, paged ? " kv=paged" : "");
     c->block_m = KILN_WGMMA_BM;
     c->merge_threads = v->kv != KILN_KV_CONTIGUOUS ? 128 : 0;
     c->smem_bytes = wgmma_smem(v, c->block_n, c->stages);
@@ -386,9 +396,9 @@ kiln_status kiln__config_pick(const kiln_variant *v, int sm, kiln__config *c, ki
     else if (c->wgmma) st = pick_wgmma(v, limit, c, e);
     else st = pick_mma(v, limit, c, e);
     if (st) return st;
-    if (c->load && !c->wgmma)
+    if ((c->load || c->persist) && !c->wgmma)
         return kiln__fail(e, KILN_STATUS_UNSUPPORTED,
-                          "config: load= (KILN_TUNE) is the wgmma family's producer");
+                          "config: load= and persist= (KILN_TUNE) are the wgmma family's");
     c->threads = c->warps * 32 + (c->wgmma ? KILN_WGMMA_PRODUCER_THREADS : 0);
     if (c->min_blocks < 1 || c->min_blocks * c->threads > 2048)
         return kiln__fail(e, KILN_STATUS_UNSUPPORTED, "config: minb=%d is not valid for %d threads",
@@ -411,7 +421,6 @@ void kiln__config_format(const kiln__config *c, char *buf, size_t cap)
      * they were */
     if (c->wgmma) {
         const size_t n = strlen(buf);
-        if (n < cap && c->load) snprintf(buf + n, cap - n, " wgmma=1 load=%d", c->load);
-        else if (n < cap) snprintf(buf + n, cap - n, " wgmma=1");
+        if (n < cap) snprintf(buf + n, cap - n, " wgmma=1 load=%d persist=%d", c->load, c->persist);
     }
 }

@@ -10,6 +10,7 @@
 #include <string.h>
 
 #include "jit.h"
+#include "params.h"
 
 static const kiln__template *find_template(const char *name, size_t len)
 {
@@ -247,16 +248,24 @@ kiln_status kiln__expand(const kiln_variant *v, const kiln__config *cfg, const c
         kiln__str_printf(&s,
                          "    static constexpr int MT = %d, BN = %d, Q_IN_REGS = %d, PACK = %d;\n",
                          cfg->mt, cfg->block_n, cfg->q_in_regs, cfg->pack);
-    if (cfg->wgmma) kiln__str_printf(&s, "    static constexpr int LOAD = %d;\n", cfg->load);
+    if (cfg->wgmma)
+        kiln__str_printf(&s, "    static constexpr int LOAD = %d, PERSIST = %d;\n", cfg->load,
+                         cfg->persist);
+    /* the wgmma family takes its kernel's arguments and, loading by TMA, the tensor maps */
+    const int tma = cfg->wgmma && cfg->load == KILN_WGMMA_LOAD_TMA;
     kiln__str_printf(&s,
                      "};\n\n"
                      "extern \"C\" __global__ void __launch_bounds__(%d, %d)\n"
-                     "%s(const __grid_constant__ kiln_launch_params p)\n{\n"
-                     "    kiln::%s_kernel<kiln_cfg>(p);\n}\n",
+                     "%s(const __grid_constant__ kiln_launch_params p%s)\n{\n"
+                     "    kiln::%s_kernel<kiln_cfg>(p%s);\n}\n",
                      cfg->threads, cfg->min_blocks, KILN__ENTRY_MAIN,
+                     tma ? ", const __grid_constant__ kiln_tma_maps m" : "",
                      cuda_core_decode ? "simt_decode"
                      : cfg->wgmma     ? "wgmma_attention"
-                                      : "mma_attention");
+                                      : "mma_attention",
+                     tma          ? ", &m"
+                     : cfg->wgmma ? ", nullptr"
+                                  : "");
     if (batch)
         kiln__str_printf(&s,
                          "\nextern \"C\" __global__ void __launch_bounds__(%d)\n"

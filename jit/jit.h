@@ -83,8 +83,10 @@ typedef struct kiln__config {
                           this is the tensor-core kernel (prefill.cuh), else CUDA cores */
     int wgmma;         /* the warp-specialized Hopper family (wgmma_attention.cuh, sm_90a):
                           warps counts the consumer warps, threads adds the producer's 128 */
-    int load;          /* wgmma family: how the producer copies rows (wgmma_attention.cuh's
-                          wg_load_rows; 0 a row per thread, 1 whole rows per warp) */
+    int load;          /* wgmma family: how the producer copies rows (KILN_WGMMA_LOAD_*,
+                          params.h: 0 a row per thread, 1 whole rows per warp, 2 TMA) */
+    int persist;       /* wgmma family: 1 = a persistent grid (at most one CTA per SM's worth,
+                          each looping over work tiles, heaviest first), 0 = a CTA per tile */
 } kiln__config;
 
 /* Why the warp-specialized Hopper family (wgmma_attention.cuh) is not v's family on sm_<sm>,

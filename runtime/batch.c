@@ -763,12 +763,24 @@ kiln_status kiln_plan_run(kiln_plan *pl, const kiln_batch_args *a, void *stream)
     if (pl->grid == 0) return KILN_STATUS_OK; /* an empty batch (eager mode) */
 
     const kiln__cu *cu = k->ctx->cu;
-    void *args[] = {&p};
+    kiln_tma_maps maps;
+    void *args[] = {&p, &maps};
+    /* the maps' rows: any bound past the batch's (whole tiles inside a request are all the
+     * kernel copies by TMA), so that one captured run serves every later schedule */
+    if (k->cfg.wgmma && k->cfg.load == KILN_WGMMA_LOAD_TMA &&
+        (st = kiln__tma_maps(k, &p, "run", INT32_MAX, INT32_MAX, &maps, &e)))
+        return plan_fail(pl, st, &e);
     CUresult r;
     if (pl->decode && !k->cfg.pack) {
         const unsigned hk = (unsigned)(pl->H / k->v.group), gz = (unsigned)(k->v.group / k->cfg.gb);
         r = cu->cuLaunchKernel(k->fn_main, (unsigned)pl->grid, hk, gz, (unsigned)k->cfg.threads, 1,
                                1, (unsigned)k->cfg.smem_bytes, (CUstream)stream, args, NULL);
+    } else if (k->cfg.wgmma && k->cfg.persist) {
+        /* persistent: the CTAs loop over the items x H jobs of whatever schedule the
+         * workspace holds (graph mode: pl->grid bounds the items of any later one) */
+        r = cu->cuLaunchKernel(k->fn_main, kiln__persistent_grid(k, (int64_t)pl->grid * pl->hpi), 1,
+                               1, (unsigned)k->cfg.threads, 1, 1, (unsigned)k->cfg.smem_bytes,
+                               (CUstream)stream, args, NULL);
     } else {
         r = cu->cuLaunchKernel(k->fn_main, (unsigned)pl->grid, (unsigned)pl->hpi, 1,
                                (unsigned)k->cfg.threads, 1, 1, (unsigned)k->cfg.smem_bytes,

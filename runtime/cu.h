@@ -53,7 +53,8 @@
     X(cuOccupancyMaxActiveBlocksPerMultiprocessor) \
     X(cuMemHostAlloc)                              \
     X(cuMemFreeHost)                               \
-    X(cuMemcpyHtoDAsync)
+    X(cuMemcpyHtoDAsync)                           \
+    X(cuTensorMapEncodeTiled)
 /* clang-format on */
 
 typedef struct kiln__cu {

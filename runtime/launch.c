@@ -423,6 +423,13 @@ kiln_status kiln_single_decode(kiln_kernel *k, const kiln_attn_args *a, void *st
     return launched(k, r, "single decode", &e);
 }
 
+unsigned kiln__persistent_grid(const kiln_kernel *k, int64_t jobs)
+{
+    const int64_t slots = (int64_t)(k->ctx->info.sm_count > 0 ? k->ctx->info.sm_count : 1) *
+                          (k->ctas_per_sm > 0 ? k->ctas_per_sm : 1);
+    return (unsigned)(jobs < 1 ? 1 : jobs < slots ? jobs : slots);
+}
+
 kiln_status kiln_single_prefill(kiln_kernel *k, const kiln_attn_args *a, void *stream)
 {
     kiln__err e;
@@ -431,11 +438,19 @@ kiln_status kiln_single_prefill(kiln_kernel *k, const kiln_attn_args *a, void *s
     if (st) return st;
     if (a->qo_len == 0) return KILN_STATUS_OK; /* an empty request: nothing to write */
     const unsigned mblocks = q_tiles(k, a->qo_len);
-    void *args[] = {&p};
+    kiln_tma_maps maps;
+    void *args[] = {&p, &maps};
+    if (k->cfg.wgmma && k->cfg.load == KILN_WGMMA_LOAD_TMA &&
+        (st = kiln__tma_maps(k, &p, "single prefill", a->qo_len, a->kv_len, &maps, &e)))
+        return fail(k, st, &e);
+    /* persistent: the CTAs loop over the mblocks x H tiles (wgmma_attention.cuh, wg_jobs) */
+    const int persist = k->cfg.wgmma && k->cfg.persist;
+    const unsigned gx = persist ? kiln__persistent_grid(k, (int64_t)mblocks * a->num_qo_heads)
+                                : mblocks,
+                   gy = persist ? 1 : (unsigned)a->num_qo_heads;
     CUresult r =
-        k->ctx->cu->cuLaunchKernel(k->fn_main, mblocks, (unsigned)a->num_qo_heads, 1,
-                                   (unsigned)k->cfg.threads, 1, 1, (unsigned)k->cfg.smem_bytes,
-                                   (CUstream)stream, args, NULL);
+        k->ctx->cu->cuLaunchKernel(k->fn_main, gx, gy, 1, (unsigned)k->cfg.threads, 1, 1,
+                                   (unsigned)k->cfg.smem_bytes, (CUstream)stream, args, NULL);
     return launched(k, r, "single prefill", &e);
 }
 

@@ -119,4 +119,15 @@ kiln_status kiln__plan_create_host(kiln_kernel *k, const kiln_plan_opts *opts, i
 const int *kiln__plan_last_schedule(const kiln_plan *pl, int *items_off, int *reqs_off,
                                     int *tasks_off);
 
+/* launch.c: CTAs along x of a persistent wgmma kernel (cfg.persist) with `jobs` work tiles:
+ * as many as fit on the GPU at once, at most one per job (and at least 1). */
+unsigned kiln__persistent_grid(const kiln_kernel *k, int64_t jobs);
+
+/* tma.c: the Q, K and V tensor maps of a wgmma kernel that loads by TMA (cfg.load ==
+ * KILN_WGMMA_LOAD_TMA) for the tensors of p; q_rows and kv_rows bound the rows each map covers
+ * (the kernel copies only whole tiles by TMA, inside a request). `what` names the call in
+ * messages. */
+kiln_status kiln__tma_maps(const kiln_kernel *k, const kiln_launch_params *p, const char *what,
+                           int64_t q_rows, int64_t kv_rows, kiln_tma_maps *m, kiln__err *e);
+
 #endif /* KILN_RUNTIME_H */

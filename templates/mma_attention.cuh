@@ -66,7 +66,8 @@ template <class Cfg> struct mma_shape {
 };
 
 /* What one CTA covers: a query tile of the single request (heaviest causal tiles first), or
- * one planned work item; and the key tiles [t_first, t_end) it visits. */
+ * one planned work item; and the key tiles [t_first, t_end) it visits. Work x of nx (the
+ * CTA's blockIdx.x of gridDim.x, or a persistent CTA's x-th tile of nx). */
 struct mma_work {
     int m_block, b, L_Q, L_KV, q_start, kv_start, slot;
     mask_base mb;
@@ -77,7 +78,7 @@ struct mma_work {
     int t_first, t_end;
 };
 
-template <class Cfg> __device__ __forceinline__ mma_work mma_load_work(const kiln_launch_params &p)
+template <class Cfg> __device__ __forceinline__ mma_work mma_load_work(const kiln_launch_params &p, int x, int nx)
 {
     using S = mma_shape<Cfg>;
     mma_work w;
@@ -86,7 +87,7 @@ template <class Cfg> __device__ __forceinline__ mma_work mma_load_work(const kil
     w.mb = mask_base{0, 0};
     int it_lo = 0, it_hi;
     if constexpr (Cfg::KV != KV_CONTIGUOUS) {
-        const work_item it = load_item(p, blockIdx.x);
+        const work_item it = load_item(p, x);
         const work_req r = load_req(p, it.b);
         if constexpr (Cfg::MASK_DATA != MASK_DATA_NONE) w.mb = load_req_mask(p, it.b);
         w.b = it.b;
@@ -99,7 +100,7 @@ template <class Cfg> __device__ __forceinline__ mma_work mma_load_work(const kil
         it_lo = it.kv_lo;
         it_hi = it.kv_hi;
     } else {
-        w.m_block = gridDim.x - 1 - blockIdx.x;
+        w.m_block = nx - 1 - x;
         w.L_Q = p.qo_len;
         w.L_KV = p.kv_len;
         it_hi = w.L_KV;
@@ -522,7 +523,7 @@ template <class Cfg> __device__ void mma_attention_kernel(const kiln_launch_para
     const int hk = Cfg::PACK ? (int)blockIdx.y : (int)blockIdx.y / Cfg::G;
     const int h = Cfg::PACK ? hk * Cfg::G : (int)blockIdx.y;
     if (BATCH && (int)blockIdx.x >= num_items(p)) return; /* padding of a graph-sized grid */
-    const mma_work w = mma_load_work<Cfg>(p);
+    const mma_work w = mma_load_work<Cfg>(p, blockIdx.x, gridDim.x);
 
     const u16 *qg = reinterpret_cast<const u16 *>(p.q) + (i64)w.q_start * p.q_stride_n + (i64)h * p.q_stride_h;
     const unsigned char *kg = reinterpret_cast<const unsigned char *>(p.k) + (i64)hk * p.k_stride_h * ES;

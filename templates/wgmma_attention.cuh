@@ -11,17 +11,21 @@
  * wgmma m64nN accumulator is, per warp of its warpgroup, an m16 x N mma.sync accumulator).
  *
  * The ring: stage s holds one K and one V tile [BN][D] in the 128-byte swizzle (hopper.cuh).
- * full[s] completes when the copies of the producer's 128 threads into it have landed
- * (cp.async, each thread's arrival triggered by its copies: cp_async_arrive); a consumer
- * fences them for the async proxy (wgmma) after its wait. empty[s] completes when the 256
- * consumer threads are done reading the stage. Tile n uses stage n % STAGES and phase
- * n / STAGES of both barriers. The producer gives registers up (setmaxnreg) to the consumers.
+ * full[s] completes when each of the producer's 128 threads has arrived and the copies have
+ * landed: by TMA (LOAD_TMA, a whole tile: one thread's expect_tx and copies, the others'
+ * plain arrivals), or by cp.async (each thread's arrival triggered by its copies:
+ * cp_async_arrive; a consumer fences them for the async proxy after its wait). empty[s]
+ * completes when the 256 consumer threads are done reading the stage. Tile n uses stage
+ * n % STAGES and phase n / STAGES of both barriers; Q has its own full / empty pair, phase
+ * `it` (the CTA's job count). The producer gives registers up (setmaxnreg) to the consumers.
  *
  * Cfg as mma_attention.cuh's, with WARPS = 8 (the consumer warps), MT = 1, PACK = 0, LOAD (the
- * producer's row copy, wg_load_rows), and neither RoPE nor fp8 KV (jit/config.c keeps those
- * on the mma.sync family, and head dims 64 / 256 and mask data unless KILN_TUNE says
- * wgmma=1: measured slower). Launch: grid
- * (ceil(L_Q / 128), H) or (work items, H), 384 threads, kiln_wgmma_smem_bytes (params.h).
+ * producer's copies, KILN_WGMMA_LOAD_*), PERSIST (a persistent grid: wg_each_job), and
+ * neither RoPE nor fp8 KV (jit/config.c keeps those on the mma.sync family, and head dims
+ * 64 / 256 and mask data unless KILN_TUNE says wgmma=1: measured slower). Launch: 384
+ * threads, kiln_wgmma_smem_bytes (params.h), grid (ceil(L_Q / 128), H) or (work items, H),
+ * with PERSIST (kiln__persistent_grid(jobs), 1); with LOAD_TMA the second argument is the
+ * kiln_tma_maps of Q, K and V (runtime/tma.c).
  *
  * Checked against the float64 CPU reference in tools/check/ (tests/test_gpu.c, kiln check).
  */
@@ -53,6 +57,7 @@ template <int STAGES> struct wg_smem {
     __device__ __forceinline__ u32 full(int s) const { return bar + 8 * s; }
     __device__ __forceinline__ u32 empty(int s) const { return bar + 8 * (STAGES + s); }
     __device__ __forceinline__ u32 q_full() const { return bar + 16 * STAGES; }
+    __device__ __forceinline__ u32 q_empty() const { return bar + 16 * STAGES + 8; }
 };
 
 /* The key tiles a CTA visits, in order: [t_first, t_end), less those the tile map hides. */
@@ -66,6 +71,18 @@ template <class Cfg> struct wg_tiles {
         return t;
     }
 };
+
+/* The key tiles of work w: its row of the tile map, if any. */
+template <class Cfg>
+__device__ __forceinline__ wg_tiles<Cfg> wg_job_tiles(const kiln_launch_params &p, const mma_work &w)
+{
+    wg_tiles<Cfg> tiles;
+    tiles.map = mma_shape<Cfg>::ELEM && p.tile_map
+                    ? reinterpret_cast<const unsigned char *>(p.tile_map) + (i64)w.m_block * p.kv_tiles
+                    : nullptr;
+    tiles.t_end = w.t_end;
+    return tiles;
+}
 
 /* ---- the producer ---- */
 
@@ -117,24 +134,65 @@ __device__ __forceinline__ void wg_load_rows(u32 dst, const unsigned char *g, co
     }
 }
 
+/* TMA of one 16-bit tile [ROWS][D] (D / 64 boxes of 64 columns, each ROWS x 128 bytes in the
+ * 128-byte swizzle: the layout wg_load_rows writes) from row `row` of head `head` of map. */
+template <int D, int ROWS>
+__device__ __forceinline__ void wg_tma_tile(u32 dst, const kiln_tma_map *map, u32 bar, int head, int row)
+{
+#pragma unroll
+    for (int cb = 0; cb < D / 64; cb++) tma_load_3d(dst + (u32)(cb * ROWS * 128), map, bar, cb * 64, head, row);
+}
+
+/* The copies of one tile of ROWS rows from row0 (of row_hi) into dst, and the producer's
+ * arrivals on bar (each of its threads arrives once). With LOAD_TMA a whole tile is one
+ * thread's TMA (map, rows from map_row of head `head`), the rest arrive at once; a partial
+ * tile (past row_hi: zeros, never the next request's rows) is copied by cp.async as with
+ * LOAD_WARP. */
+template <class Cfg, int ROWS, class RowAt>
+__device__ __forceinline__ void wg_produce_tile(u32 dst, u32 bar, const unsigned char *g, const RowAt &row_at,
+                                                int row0, int row_hi, const kiln_tma_map *map, int head,
+                                                int map_row, int tid)
+{
+    constexpr int D = Cfg::D;
+    if constexpr (Cfg::LOAD == KILN_WGMMA_LOAD_TMA) {
+        if (row0 + ROWS <= row_hi) {
+            if (tid == 0) {
+                mbar_arrive_expect_tx(bar, ROWS * D * 2);
+                wg_tma_tile<D, ROWS>(dst, map, bar, head, map_row);
+            } else {
+                mbar_arrive(bar);
+            }
+            return;
+        }
+        wg_load_rows<KILN_WGMMA_LOAD_WARP, D, ROWS>(dst, g, row_at, row0, row_hi, tid);
+    } else {
+        wg_load_rows<Cfg::LOAD, D, ROWS>(dst, g, row_at, row0, row_hi, tid);
+    }
+    cp_async_arrive(bar);
+}
+
+/* The copies of one job (work tile `it` of this CTA): Q once the consumers are done with the
+ * previous job's, then its K/V tiles into the ring, whose count n runs on across jobs. */
 template <class Cfg>
-__device__ __forceinline__ void wg_produce(const kiln_launch_params &p, const mma_work &w, const wg_tiles<Cfg> &tiles,
-                                           const wg_smem<Cfg::STAGES> &sm, int h, int hk, int tid)
+__device__ __forceinline__ void wg_produce(const kiln_launch_params &p, const kiln_tma_maps *maps, const mma_work &w,
+                                           const wg_tiles<Cfg> &tiles, const wg_smem<Cfg::STAGES> &sm, int h, int hk,
+                                           int tid, int it, int &n)
 {
     using L = wg_layout<Cfg>;
     constexpr int D = Cfg::D, BN = Cfg::BN, STAGES = Cfg::STAGES;
+    constexpr bool TMA = Cfg::LOAD == KILN_WGMMA_LOAD_TMA;
     const unsigned char *qg =
         reinterpret_cast<const unsigned char *>(p.q) + ((i64)w.q_start * p.q_stride_n + (i64)h * p.q_stride_h) * 2;
     const i64 qs = p.q_stride_n * 2;
-    wg_load_rows<Cfg::LOAD, D, L::BM>(sm.q, qg, [&](int j) { return (i64)j * qs; }, w.m0, w.L_Q, tid);
-    cp_async_arrive(sm.q_full());
+    if (it > 0) mbar_wait(sm.q_empty(), (it - 1) & 1);
+    wg_produce_tile<Cfg, L::BM>(sm.q, sm.q_full(), qg, [&](int j) { return (i64)j * qs; }, w.m0, w.L_Q,
+                                TMA ? &maps->q : nullptr, h, w.q_start + w.m0, tid);
 
     const unsigned char *kg = reinterpret_cast<const unsigned char *>(p.k) + (i64)hk * p.k_stride_h * 2;
     const unsigned char *vg = reinterpret_cast<const unsigned char *>(p.v) + (i64)hk * p.v_stride_h * 2;
-    if constexpr (Cfg::KV == KV_RAGGED) { /* ragged: the request's rows start at kv_start */
-        kg += (i64)w.kv_start * p.k_stride_n * 2;
-        vg += (i64)w.kv_start * p.v_stride_n * 2;
-    }
+    const int kv_row0 = Cfg::KV == KV_RAGGED ? w.kv_start : 0; /* the request's first row */
+    kg += (i64)kv_row0 * p.k_stride_n * 2;
+    vg += (i64)kv_row0 * p.v_stride_n * 2;
     const i64 ks = p.k_stride_n * 2, vs = p.v_stride_n * 2;
     const int *pages = Cfg::KV == KV_PAGED ? reinterpret_cast<const int *>(p.kv_indices) + w.kv_start : nullptr;
     /* paged: the byte offset of key j's row within the cache, through its page */
@@ -142,21 +200,36 @@ __device__ __forceinline__ void wg_produce(const kiln_launch_params &p, const mm
         const int pg = j / p.page_size;
         return ((i64)pages[pg] * stride_page) * 2 + (i64)(j - pg * p.page_size) * stride;
     };
-    int n = 0;
     for (int t = tiles.next(w.t_first); t < w.t_end; t = tiles.next(t + 1), n++) {
-        const int s = n % STAGES;
+        const int s = n % STAGES, j0 = t * BN;
         if (n >= STAGES) mbar_wait(sm.empty(s), (n / STAGES - 1) & 1);
         const u32 kd = sm.k + s * L::TILE, vd = sm.v + s * L::TILE;
         if constexpr (Cfg::KV == KV_PAGED) {
-            wg_load_rows<Cfg::LOAD, D, BN>(kd, kg, [&](int j) { return paged_at(j, p.k_stride_page, ks); }, t * BN, w.L_KV, tid);
-            wg_load_rows<Cfg::LOAD, D, BN>(vd, vg, [&](int j) { return paged_at(j, p.v_stride_page, vs); }, t * BN, w.L_KV, tid);
+            static_assert(!TMA, "paged K/V: rows through the page table, not one tensor map");
+            wg_load_rows<Cfg::LOAD, D, BN>(kd, kg, [&](int j) { return paged_at(j, p.k_stride_page, ks); }, j0, w.L_KV, tid);
+            wg_load_rows<Cfg::LOAD, D, BN>(vd, vg, [&](int j) { return paged_at(j, p.v_stride_page, vs); }, j0, w.L_KV, tid);
+            cp_async_arrive(sm.full(s));
+        } else if constexpr (TMA) {
+            /* K and V of a whole tile: one expect_tx of both (two tiles of bytes) */
+            if (j0 + BN <= w.L_KV) {
+                if (tid == 0) {
+                    mbar_arrive_expect_tx(sm.full(s), 2 * L::TILE);
+                    wg_tma_tile<D, BN>(kd, &maps->k, sm.full(s), hk, kv_row0 + j0);
+                    wg_tma_tile<D, BN>(vd, &maps->v, sm.full(s), hk, kv_row0 + j0);
+                } else {
+                    mbar_arrive(sm.full(s));
+                }
+            } else {
+                wg_load_rows<KILN_WGMMA_LOAD_WARP, D, BN>(kd, kg, [&](int j) { return (i64)j * ks; }, j0, w.L_KV, tid);
+                wg_load_rows<KILN_WGMMA_LOAD_WARP, D, BN>(vd, vg, [&](int j) { return (i64)j * vs; }, j0, w.L_KV, tid);
+                cp_async_arrive(sm.full(s));
+            }
         } else {
-            wg_load_rows<Cfg::LOAD, D, BN>(kd, kg, [&](int j) { return (i64)j * ks; }, t * BN, w.L_KV, tid);
-            wg_load_rows<Cfg::LOAD, D, BN>(vd, vg, [&](int j) { return (i64)j * vs; }, t * BN, w.L_KV, tid);
+            wg_load_rows<Cfg::LOAD, D, BN>(kd, kg, [&](int j) { return (i64)j * ks; }, j0, w.L_KV, tid);
+            wg_load_rows<Cfg::LOAD, D, BN>(vd, vg, [&](int j) { return (i64)j * vs; }, j0, w.L_KV, tid);
+            cp_async_arrive(sm.full(s));
         }
-        cp_async_arrive(sm.full(s));
     }
-    cp_async_wait<0>(); /* no copy outlives its thread */
 }
 
 /* ---- the consumers ----
@@ -216,9 +289,10 @@ __device__ __forceinline__ void wg_to_p(const float (&sc)[Cfg::BN / 8][4], u32 (
 __device__ __forceinline__ void wg_turn_wait(int c) { named_sync(1 + c, 2 * 128); }
 __device__ __forceinline__ void wg_turn_pass(int c) { named_arrive(2 - c, 2 * 128); }
 
+/* One job (work tile `it`) of the consumers: Q's phase it, K/V tiles from ring count n on. */
 template <class Cfg>
 __device__ __forceinline__ void wg_consume(const kiln_launch_params &p, const mma_work &w, const wg_tiles<Cfg> &tiles,
-                                           const wg_smem<Cfg::STAGES> &sm, int h, int hk, int tid)
+                                           const wg_smem<Cfg::STAGES> &sm, int h, int hk, int tid, int it, int &n)
 {
     using L = wg_layout<Cfg>;
     using S = mma_shape<Cfg>;
@@ -235,24 +309,26 @@ __device__ __forceinline__ void wg_consume(const kiln_launch_params &p, const mm
 
     float sc[1][BN / 8][4];
     u32 pf[BN / 16][4]; /* P of the previous tile */
+    mbar_wait(sm.q_full(), it & 1);
     int t = tiles.next(w.t_first);
     if (t < w.t_end) {
-        mbar_wait(sm.q_full(), 0);
         /* the first tile: S, softmax, P */
-        mbar_wait(sm.full(0), 0);
+        int s = n % STAGES;
+        mbar_wait(sm.full(s), (n / STAGES) & 1);
         fence_proxy_async(); /* the producer's cp.async writes (and Q's), for the tensor cores */
         wg_turn_wait(c);
         wgmma_fence();
-        wg_issue_qk<Cfg>(sc[0], q_rows, sm.k);
+        wg_issue_qk<Cfg>(sc[0], q_rows, sm.k + s * L::TILE);
         wg_turn_pass(c);
         wgmma_wait<0>();
         reg_fence(sc[0]);
         float scale[1][2]; /* O is still zero: its factor is not applied */
         wg_softmax_rows<Cfg>(st, sc, p, w, rows, tiles, c2, hk, t, lane, scale);
         wg_to_p<Cfg>(sc[0], pf);
-        int prev = 0, n = 1;
+        int prev = s;
+        n++;
         for (t = tiles.next(t + 1); t < w.t_end; t = tiles.next(t + 1), n++) {
-            const int s = n % STAGES;
+            s = n % STAGES;
             mbar_wait(sm.full(s), (n / STAGES) & 1);
             fence_proxy_async();
             wg_turn_wait(c);
@@ -270,21 +346,49 @@ __device__ __forceinline__ void wg_consume(const kiln_launch_params &p, const mm
             wg_to_p<Cfg>(sc[0], pf);
             prev = s;
         }
+        mbar_arrive(sm.q_empty()); /* every S is done: the producer may load the next job's Q */
         /* P V of the last tile */
         wgmma_fence();
         wg_issue_pv<Cfg>(st.o[0], pf, sm.v + prev * L::TILE);
         wgmma_wait<0>();
         reg_fence(st.o[0]);
         mbar_arrive(sm.empty(prev));
+    } else {
+        mbar_arrive(sm.q_empty());
     }
     if (c == 0) wg_turn_wait(c); /* the other group's last pass, so that both barriers end even */
     store_rows<Cfg>(st, rows, p, w, c2, wrow, lane);
 }
 
-template <class Cfg> __device__ void wgmma_attention_kernel(const kiln_launch_params &p)
+/* The jobs of a CTA: (work x of nx, query head h). One job, (blockIdx.x, blockIdx.y), with a
+ * CTA per tile; with PERSIST, jobs blockIdx.x, + gridDim.x, ... of all nx x H, heads
+ * innermost, so that the first wave takes the heaviest causal tiles of every head (x = 0 is
+ * the last query tile of a single request) and a KV head's G query heads run side by side.
+ * Only the job index stays live across a job (the consumers have no register to spare):
+ * nx and H are read again from the parameters and the schedule's header. */
+template <class Cfg> __device__ __forceinline__ int wg_nx(const kiln_launch_params &p)
+{
+    if constexpr (Cfg::KV != KV_CONTIGUOUS) return num_items(p);
+    else return Cfg::PERSIST ? (p.qo_len + KILN_WGMMA_BM - 1) / KILN_WGMMA_BM : (int)gridDim.x;
+}
+
+/* Run role(w, h, it) for each job of this CTA: it counts them (Q's phase). */
+template <class Cfg, class Role> __device__ __forceinline__ void wg_each_job(const kiln_launch_params &p, const Role &role)
+{
+    if constexpr (!Cfg::PERSIST) {
+        const int nx = wg_nx<Cfg>(p);
+        if ((int)blockIdx.x < nx) role(mma_load_work<Cfg>(p, blockIdx.x, nx), (int)blockIdx.y, 0);
+    } else {
+        const int H = p.num_qo_heads;
+        int it = 0;
+        for (int i = blockIdx.x; i < wg_nx<Cfg>(p) * H; i += gridDim.x, it++)
+            role(mma_load_work<Cfg>(p, i / H, wg_nx<Cfg>(p)), i % H, it);
+    }
+}
+
+template <class Cfg> __device__ void wgmma_attention_kernel(const kiln_launch_params &p, const kiln_tma_maps *maps)
 {
     using L = wg_layout<Cfg>;
-    constexpr bool BATCH = Cfg::KV != KV_CONTIGUOUS;
     extern __shared__ __align__(1024) unsigned char smem[];
     const u32 raw = smem_addr(smem);
     const u32 base = (raw + (KILN_WGMMA_ALIGN - 1)) & ~(u32)(KILN_WGMMA_ALIGN - 1);
@@ -295,29 +399,30 @@ template <class Cfg> __device__ void wgmma_attention_kernel(const kiln_launch_pa
     sm.bar = base + L::BAR_AT;
 
     const int tid = threadIdx.x;
-    const int h = blockIdx.y, hk = h / Cfg::G;
-    if (BATCH && (int)blockIdx.x >= num_items(p)) return; /* padding of a graph-sized grid */
-    const mma_work w = mma_load_work<Cfg>(p);
-    wg_tiles<Cfg> tiles;
-    tiles.map = mma_shape<Cfg>::ELEM && p.tile_map
-                    ? reinterpret_cast<const unsigned char *>(p.tile_map) + (i64)w.m_block * p.kv_tiles
-                    : nullptr;
-    tiles.t_end = w.t_end;
+    if (Cfg::KV != KV_CONTIGUOUS && !Cfg::PERSIST && (int)blockIdx.x >= num_items(p)) return; /* padding of a graph-sized grid */
     if (tid == 0) {
         for (int s = 0; s < Cfg::STAGES; s++) {
             mbar_init(sm.full(s), L::PRODUCER);
             mbar_init(sm.empty(s), L::CONSUMERS);
         }
         mbar_init(sm.q_full(), L::PRODUCER);
+        mbar_init(sm.q_empty(), L::CONSUMERS);
         mbar_init_fence();
     }
     __syncthreads();
+    /* one branch per role (setmaxnreg), each going through the same jobs */
+    int n = 0; /* K/V tiles through the ring so far */
     if (tid < L::PRODUCER) {
         regs_dec<KILN_WGMMA_PRODUCER_REGS>();
-        wg_produce<Cfg>(p, w, tiles, sm, h, hk, tid);
+        wg_each_job<Cfg>(p, [&](const mma_work &w, int h, int it) {
+            wg_produce<Cfg>(p, maps, w, wg_job_tiles<Cfg>(p, w), sm, h, h / Cfg::G, tid, it, n);
+        });
+        cp_async_wait<0>(); /* no copy outlives its thread */
     } else {
         regs_inc<KILN_WGMMA_CONSUMER_REGS>();
-        wg_consume<Cfg>(p, w, tiles, sm, h, hk, tid);
+        wg_each_job<Cfg>(p, [&](const mma_work &w, int h, int it) {
+            wg_consume<Cfg>(p, w, wg_job_tiles<Cfg>(p, w), sm, h, h / Cfg::G, tid, it, n);
+        });
     }
 }
 

@@ -67,6 +67,21 @@ __device__ __forceinline__ void cp_async_arrive(u32 bar)
 {
     asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(bar) : "memory");
 }
+/* Arrive on bar and add `bytes` to the transaction count of its phase (the bytes the TMA
+ * copies that complete on it will write). */
+__device__ __forceinline__ void mbar_arrive_expect_tx(u32 bar, u32 bytes)
+{
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
+}
+/* TMA: the box at (c0, c1, c2) of the 3-D tensor map (a __grid_constant__ parameter's address)
+ * into shared memory at dst, completing `box bytes` of bar's transactions. */
+__device__ __forceinline__ void tma_load_3d(u32 dst, const void *map, u32 bar, int c0, int c1, int c2)
+{
+    asm volatile("cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
+                 " [%0], [%1, {%2, %3, %4}], [%5];\n" ::"r"(dst),
+                 "l"(map), "r"(c0), "r"(c1), "r"(c2), "r"(bar)
+                 : "memory");
+}
 /* Wait until the phase of the given parity has completed. */
 __device__ __forceinline__ void mbar_wait(u32 bar, int parity)
 {

@@ -215,7 +215,7 @@ KILN_CONTRACT_FN int kiln_prefill_smem_bytes(int d, int es, int bm, int bn, int 
  * Layout, from the first 1024-byte boundary of the dynamic window (the 128-byte swizzle needs
  * it; KILN_WGMMA_ALIGN bytes are reserved for the shift): Q [bm][d] | K stages | V stages (each
  * [bn][d], 16-bit, as D / 64 swizzled 64-column blocks) | the mbarriers: full[stages],
- * empty[stages], Q's. */
+ * empty[stages], Q's full and empty. */
 enum {
     KILN_WGMMA_ALIGN = 1024,
     KILN_WGMMA_BM = 128,               /* query rows per CTA: two consumer warpgroups of 64 */
@@ -223,7 +223,30 @@ enum {
     KILN_WGMMA_PRODUCER_REGS = 56,     /* setmaxnreg: 128 x 56 + 256 x 224 <= 65536 */
     KILN_WGMMA_CONSUMER_REGS = 224,
 };
-KILN_CONTRACT_FN int kiln_wgmma_bar_bytes(int stages) { return (2 * stages + 1) * 8; }
+/* The wgmma family's second kernel argument when it loads by TMA (KILN_WGMMA_LOAD_TMA): the
+ * tensor maps of Q, K and V (CUtensorMap, opaque, 64-byte aligned), encoded by the host for each
+ * launch (runtime/tma.c) with cuTensorMapEncodeTiled: 16-bit elements over [rows, heads, D]
+ * (D innermost, then the head stride, then the row stride), boxes of 64 columns x 1 head x
+ * the tile's rows, the 128-byte swizzle. */
+#ifdef __cplusplus
+#define KILN_ALIGN64 alignas(64)
+#else
+#define KILN_ALIGN64 _Alignas(64)
+#endif
+typedef struct kiln_tma_map {
+    KILN_ALIGN64 unsigned long long opaque[16];
+} kiln_tma_map;
+typedef struct kiln_tma_maps {
+    kiln_tma_map q, k, v;
+} kiln_tma_maps;
+/* kiln_cfg::LOAD of the wgmma family: how the producer fills Q and the K/V stages */
+enum {
+    KILN_WGMMA_LOAD_ROWS = 0, /* cp.async, a row per producer thread */
+    KILN_WGMMA_LOAD_WARP = 1, /* cp.async, whole rows per warp instruction */
+    KILN_WGMMA_LOAD_TMA = 2,  /* TMA for whole tiles, LOAD_WARP for the partial last ones */
+    KILN_WGMMA_PERSIST_DEFAULT = 0, /* kiln_cfg::PERSIST unless KILN_TUNE says persist= */
+};
+KILN_CONTRACT_FN int kiln_wgmma_bar_bytes(int stages) { return (2 * stages + 2) * 8; }
 KILN_CONTRACT_FN int kiln_wgmma_smem_bytes(int d, int bm, int bn, int stages)
 {
     return KILN_WGMMA_ALIGN + bm * d * 2 + 2 * stages * bn * d * 2 + kiln_wgmma_bar_bytes(stages);
@@ -236,6 +259,7 @@ KILN_CONTRACT_ASSERT(sizeof(kiln_launch_params) == KILN_LAUNCH_PARAMS_SIZE, "kil
 KILN_CONTRACT_ASSERT(KILN_WGMMA_PRODUCER_THREADS * KILN_WGMMA_PRODUCER_REGS + 2 * 128 * KILN_WGMMA_CONSUMER_REGS <= 65536 &&
                          KILN_WGMMA_PRODUCER_REGS % 8 == 0 && KILN_WGMMA_CONSUMER_REGS % 8 == 0,
                      "setmaxnreg: the warpgroups' registers fit the SM's 64K, in steps of 8");
+KILN_CONTRACT_ASSERT(sizeof(kiln_tma_maps) == 3 * 128, "kiln_tma_maps: three CUtensorMaps");
 KILN_CONTRACT_ASSERT(sizeof(kiln_merge_params) == KILN_MERGE_PARAMS_SIZE, "kiln_merge_params size");
 KILN_CONTRACT_ASSERT(sizeof(kiln_work_header) == 4 * sizeof(int), "kiln_work_header: 4 ints");
 KILN_CONTRACT_ASSERT(sizeof(kiln_work_item) == 8 * sizeof(int), "kiln_work_item: 8 ints");
