@@ -12,6 +12,7 @@
 #include "grid.h"
 #include "jit.h"
 #include "kt.h"
+#include "params.h"
 
 static void parse(const char *spec, kiln_variant *v)
 {
@@ -228,6 +229,14 @@ KT_TEST(core_wgmma_family_choice)
             KT_REQUIRE(src);
             KT_CHECK(strstr(src, "kiln::wgmma_attention_kernel<kiln_cfg>") != NULL);
             KT_CHECK(strstr(src, "__launch_bounds__(384, 1)") != NULL);
+            /* TMA where K and V are one tensor each (the maps are the second argument),
+             * whole rows per warp through a page table */
+            const int paged = v.kv == KILN_KV_PAGED;
+            KT_EQ_INT(cfg.load, paged ? KILN_WGMMA_LOAD_WARP : KILN_WGMMA_LOAD_TMA);
+            KT_CHECK((strstr(src, "const __grid_constant__ kiln_tma_maps m") == NULL) == paged);
+            KT_CHECK(cfg.persist == KILN_WGMMA_PERSIST_DEFAULT);
+            kiln__config_format(&cfg, conf, sizeof conf);
+            KT_CONTAINS(conf, paged ? " wgmma=1 load=1 persist=" : " wgmma=1 load=2 persist=");
             free(src);
         }
     }
@@ -256,6 +265,26 @@ KT_TEST(core_wgmma_family_choice)
     KT_CONTAINS(conf, " wgmma=1 load=1");
     KT_CHECK(kiln__config_pick(&v, 80, &cfg, &e) == KILN_STATUS_UNSUPPORTED);
     KT_CONTAINS(e.msg, "load=");
+    /* a persistent grid: its own key; the wgmma family's only */
+    char plain[256];
+    unsetenv("KILN_TUNE");
+    KT_OK(kiln__config_pick(&v, 90, &cfg, &e), e.msg);
+    kiln__config_format(&cfg, plain, sizeof plain);
+    setenv("KILN_TUNE", "persist=1", 1);
+    KT_OK(kiln__config_pick(&v, 90, &cfg, &e), e.msg);
+    kiln__config_format(&cfg, conf, sizeof conf);
+    KT_CHECK(cfg.persist == 1 && strcmp(conf, plain) != 0);
+    KT_CONTAINS(conf, " persist=1");
+    KT_CHECK(kiln__config_pick(&v, 80, &cfg, &e) == KILN_STATUS_UNSUPPORTED);
+    KT_CONTAINS(e.msg, "persist=");
+    setenv("KILN_TUNE", "persist=2", 1);
+    KT_CHECK(kiln__config_pick(&v, 90, &cfg, &e) == KILN_STATUS_UNSUPPORTED);
+    KT_CONTAINS(e.msg, "persist 0 or 1");
+    /* TMA needs one tensor for K and one for V: not a page table */
+    parse("op=prefill dtype=bf16 head_dim=128 group=4 kv=paged", &v);
+    setenv("KILN_TUNE", "load=2", 1);
+    KT_CHECK(kiln__config_pick(&v, 90, &cfg, &e) == KILN_STATUS_UNSUPPORTED);
+    KT_CONTAINS(e.msg, "TMA: not for kv=paged");
     unsetenv("KILN_TUNE");
 }
 
