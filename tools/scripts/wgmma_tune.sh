@@ -14,7 +14,7 @@ export KILN_CACHE_DIR=${KILN_CACHE_DIR:-/tmp/kiln-cache}
 shapes=("--heads 132 --qo-len 128 --kv-len 16384"
         "mask=causal kv=ragged --batch 4 --heads 32 --qo-len 4096 --kv-len 4096"
         "kv=ragged --batch 4 --heads 32 --qo-len 4096 --kv-len 4096")
-for tune in ${KILN_TUNES:-"wgmma=0" "" "load=1" "stages=2" "bn=64,stages=4"}; do
+for tune in ${KILN_TUNES:-"wgmma=0" "" "load=1" "persist=1" "stages=2"}; do
     for sh in "${shapes[@]}"; do
         set -- $sh
         spec="op=prefill dtype=bf16 head_dim=${HEAD_DIM:-128} group=4"
