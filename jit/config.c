@@ -317,8 +317,9 @@ static kiln_status pick_wgmma(const kiln_variant *v, int smem_limit, kiln__confi
     kiln_status st = pick_row(FAM_WGMMA, v, smem_limit, c, e);
     if (st) return st;
     /* the producer's copies: TMA where K and V are one tensor each, whole rows per warp from
-     * a page table (4 x 4096 ragged on the H200, docs/perf/notes.md "The first Hopper family":
-     * causal 321 -> 489 TFLOP/s a row per thread -> rows per warp) */
+     * a page table (4 x 4096 ragged on the H200, docs/perf/notes.md "The producer's copies
+     * were the limit": causal 321 -> 489 TFLOP/s a row per thread -> rows per warp, 562 by
+     * TMA); TMA per page (load=2 with kv=paged) is built but not yet run on a GPU */
     const int paged = v->kv == KILN_KV_PAGED;
     c->load = c->persist = -1;
     if ((st = apply_tune(c, e))) return st;
@@ -326,15 +327,14 @@ static kiln_status pick_wgmma(const kiln_variant *v, int smem_limit, kiln__confi
     if (c->persist < 0) c->persist = KILN_WGMMA_PERSIST_DEFAULT;
     if (c->warps != 8 || c->mt != 1 || c->q_in_regs || c->gb || c->pack || c->min_blocks != 1 ||
         (c->block_n != 64 && c->block_n != 128) || c->stages < 2 || c->stages > 4 ||
-        c->load > KILN_WGMMA_LOAD_TMA || (paged && c->load == KILN_WGMMA_LOAD_TMA) ||
-        c->persist > 1)
+        c->load > KILN_WGMMA_LOAD_TMA || c->persist > 1)
         return kiln__fail(e, KILN_STATUS_UNSUPPORTED,
                           "config: the wgmma family takes warps=8 mt=1 qregs=0 minb=1, bn 64 or "
                           "128, 2-4 stages (a consumer frees a stage only once the next tile has "
-                          "landed), load 0, 1 or 2 (TMA: not for kv=paged) and persist 0 or 1 (got "
-                          "warps=%d mt=%d qregs=%d minb=%d bn=%d stages=%d load=%d persist=%d%s)",
+                          "landed), load 0, 1 or 2 and persist 0 or 1 (got warps=%d mt=%d qregs=%d "
+                          "minb=%d bn=%d stages=%d load=%d persist=%d)",
                           c->warps, c->mt, c->q_in_regs, c->min_blocks, c->block_n, c->stages,
-                          c->load, c->persist, paged ? " kv=paged" : "");
+                          c->load, c->persist);
     c->block_m = KILN_WGMMA_BM;
     c->merge_threads = v->kv != KILN_KV_CONTIGUOUS ? 128 : 0;
     c->smem_bytes = wgmma_smem(v, c->block_n, c->stages);

@@ -2,7 +2,8 @@
  * tma.c — the tensor maps of a wgmma kernel that loads by TMA (kiln__config.load ==
  * KILN_WGMMA_LOAD_TMA, templates/wgmma_attention.cuh): one per tensor (Q, K, V), encoded on the
  * host for each launch with the driver's cuTensorMapEncodeTiled and passed by value as the
- * kernel's second argument (kiln_tma_maps, params.h). Pure host work: no device call, so a
+ * kernel's second argument (kiln_tma_maps, params.h). A paged cache's K and V maps are 4-D
+ * (one box per page, kiln_wgmma_tma_page_rows). Pure host work: no device call, so a
  * launch stays capturable in a CUDA graph (the maps are copied into the graph's node with the
  * other arguments).
  */
@@ -44,16 +45,66 @@ static kiln_status encode(const kiln_kernel *k, const char *what, const char *na
     return KILN_STATUS_OK;
 }
 
+/* A paged pool's map: [pages, page_size, heads, D] by its strides, boxes of 64 columns x 1 head x
+ * box_rows rows x 1 page. */
+static kiln_status encode_paged(const kiln_kernel *k, const char *what, const char *name,
+                                unsigned long long base, long long stride_page, long long stride_n,
+                                long long stride_h, int page_size, int heads, int box_rows,
+                                kiln_tma_map *out, kiln__err *e)
+{
+    const int D = k->v.head_dim;
+    if (stride_page <= 0 || stride_n <= 0 || stride_h < 0)
+        return kiln__fail(e, KILN_STATUS_INVALID_ARGUMENT,
+                          "%s %s: %s's strides (page %lld, n %lld, h %lld elements) must be "
+                          "positive for the wgmma family's TMA loads (KILN_TUNE load=1 copies "
+                          "without them)",
+                          what, k->spec, name, stride_page, stride_n, stride_h);
+    CUtensorMap map;
+    const cuuint64_t dim[4] = {(cuuint64_t)D, (cuuint64_t)heads, (cuuint64_t)page_size,
+                               (cuuint64_t)INT32_MAX};
+    const cuuint64_t stride[3] = {(cuuint64_t)(stride_h ? stride_h : D) * 2,
+                                  (cuuint64_t)stride_n * 2, (cuuint64_t)stride_page * 2};
+    const cuuint32_t box[4] = {64, 1, (cuuint32_t)box_rows, 1}, unit[4] = {1, 1, 1, 1};
+    CUresult r = k->ctx->cu->cuTensorMapEncodeTiled(&map, CU_TENSOR_MAP_DATA_TYPE_UINT16, 4,
+                                                    (void *)(uintptr_t)base, dim, stride, box, unit,
+                                                    CU_TENSOR_MAP_INTERLEAVE_NONE,
+                                                    CU_TENSOR_MAP_SWIZZLE_128B,
+                                                    CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                                                    CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+    if (r != CUDA_SUCCESS)
+        return kiln__cu_fail(e, r,
+                             "%s %s: the TMA map of the paged %s (base 0x%llx, pages of %d rows, "
+                             "strides page %lld, n %lld, h %lld elements)",
+                             what, k->spec, name, base, page_size, stride_page, stride_n, stride_h);
+    memcpy(out, &map, sizeof map);
+    return KILN_STATUS_OK;
+}
+
 kiln_status kiln__tma_maps(const kiln_kernel *k, const kiln_launch_params *p, const char *what,
                            int64_t q_rows, int64_t kv_rows, kiln_tma_maps *m, kiln__err *e)
 {
     kiln_status st = encode(k, what, "q", p->q, p->q_stride_n, p->q_stride_h, q_rows,
                             p->num_qo_heads, KILN_WGMMA_BM, &m->q, e);
+    if (st || k->v.kv != KILN_KV_PAGED) {
+        if (!st)
+            st = encode(k, what, "k", p->k, p->k_stride_n, p->k_stride_h, kv_rows, p->num_kv_heads,
+                        k->cfg.block_n, &m->k, e);
+        if (!st)
+            st = encode(k, what, "v", p->v, p->v_stride_n, p->v_stride_h, kv_rows, p->num_kv_heads,
+                        k->cfg.block_n, &m->v, e);
+        return st;
+    }
+    /* pages the kernel cannot copy by boxes go by rows: their maps are never read */
+    const int rows = kiln_wgmma_tma_page_rows(p->page_size, k->cfg.block_n);
+    if (!rows) {
+        memset(&m->k, 0, sizeof m->k);
+        memset(&m->v, 0, sizeof m->v);
+        return KILN_STATUS_OK;
+    }
+    st = encode_paged(k, what, "k", p->k, p->k_stride_page, p->k_stride_n, p->k_stride_h,
+                      p->page_size, p->num_kv_heads, rows, &m->k, e);
     if (!st)
-        st = encode(k, what, "k", p->k, p->k_stride_n, p->k_stride_h, kv_rows, p->num_kv_heads,
-                    k->cfg.block_n, &m->k, e);
-    if (!st)
-        st = encode(k, what, "v", p->v, p->v_stride_n, p->v_stride_h, kv_rows, p->num_kv_heads,
-                    k->cfg.block_n, &m->v, e);
+        st = encode_paged(k, what, "v", p->v, p->v_stride_page, p->v_stride_n, p->v_stride_h,
+                          p->page_size, p->num_kv_heads, rows, &m->v, e);
     return st;
 }

@@ -205,10 +205,31 @@ __device__ __forceinline__ void wg_produce(const kiln_launch_params &p, const ki
         if (n >= STAGES) mbar_wait(sm.empty(s), (n / STAGES - 1) & 1);
         const u32 kd = sm.k + s * L::TILE, vd = sm.v + s * L::TILE;
         if constexpr (Cfg::KV == KV_PAGED) {
-            static_assert(!TMA, "paged K/V: rows through the page table, not one tensor map");
-            wg_load_rows<Cfg::LOAD, D, BN>(kd, kg, [&](int j) { return paged_at(j, p.k_stride_page, ks); }, j0, w.L_KV, tid);
-            wg_load_rows<Cfg::LOAD, D, BN>(vd, vg, [&](int j) { return paged_at(j, p.v_stride_page, vs); }, j0, w.L_KV, tid);
-            cp_async_arrive(sm.full(s));
+            if (TMA && kiln_wgmma_tma_page_rows(p.page_size, BN) && j0 + BN <= w.L_KV) {
+                /* a whole tile from pages of a multiple of 8 rows: one box per page (or per
+                 * tile of a larger page), lane b of warp 0 the b-th, from its page-table
+                 * entry; lane 0's expect_tx first, for both tiles' bytes */
+                const int rows = kiln_wgmma_tma_page_rows(p.page_size, BN);
+                if (tid < WARP) {
+                    if (tid == 0) mbar_arrive_expect_tx(sm.full(s), 2 * L::TILE);
+                    __syncwarp();
+                    if (tid < BN / rows) {
+                        const int j = j0 + tid * rows, pg = pages[j / p.page_size], r = j % p.page_size;
+#pragma unroll
+                        for (int cb = 0; cb < D / 64; cb++) {
+                            const u32 at = (u32)(cb * BN * 128 + tid * rows * 128);
+                            tma_load_4d(kd + at, &maps->k, sm.full(s), cb * 64, hk, r, pg);
+                            tma_load_4d(vd + at, &maps->v, sm.full(s), cb * 64, hk, r, pg);
+                        }
+                    }
+                }
+                if (tid != 0) mbar_arrive(sm.full(s));
+            } else {
+                constexpr int ROWS_LOAD = TMA ? KILN_WGMMA_LOAD_WARP : Cfg::LOAD;
+                wg_load_rows<ROWS_LOAD, D, BN>(kd, kg, [&](int j) { return paged_at(j, p.k_stride_page, ks); }, j0, w.L_KV, tid);
+                wg_load_rows<ROWS_LOAD, D, BN>(vd, vg, [&](int j) { return paged_at(j, p.v_stride_page, vs); }, j0, w.L_KV, tid);
+                cp_async_arrive(sm.full(s));
+            }
         } else if constexpr (TMA) {
             /* K and V of a whole tile: one expect_tx of both (two tiles of bytes) */
             if (j0 + BN <= w.L_KV) {

@@ -280,12 +280,29 @@ KT_TEST(core_wgmma_family_choice)
     setenv("KILN_TUNE", "persist=2", 1);
     KT_CHECK(kiln__config_pick(&v, 90, &cfg, &e) == KILN_STATUS_UNSUPPORTED);
     KT_CONTAINS(e.msg, "persist 0 or 1");
-    /* TMA needs one tensor for K and one for V: not a page table */
+    /* TMA per page (KILN_TUNE only): the maps become the kernel's second argument */
     parse("op=prefill dtype=bf16 head_dim=128 group=4 kv=paged", &v);
     setenv("KILN_TUNE", "load=2", 1);
+    KT_OK(kiln__config_pick(&v, 90, &cfg, &e), e.msg);
+    KT_EQ_INT(cfg.load, KILN_WGMMA_LOAD_TMA);
+    char *src = NULL;
+    KT_OK(kiln__expand(&v, &cfg, "sm_90a", &src, &e), e.msg);
+    KT_REQUIRE(src);
+    KT_CHECK(strstr(src, "const __grid_constant__ kiln_tma_maps m") != NULL);
+    free(src);
+    setenv("KILN_TUNE", "load=3", 1);
     KT_CHECK(kiln__config_pick(&v, 90, &cfg, &e) == KILN_STATUS_UNSUPPORTED);
-    KT_CONTAINS(e.msg, "TMA: not for kv=paged");
+    KT_CONTAINS(e.msg, "load 0, 1 or 2");
     unsetenv("KILN_TUNE");
+    /* the box rows of a page: whole pages of 8k rows nesting with the tile, else 0 (by rows) */
+    KT_EQ_INT(kiln_wgmma_tma_page_rows(16, 128), 16);
+    KT_EQ_INT(kiln_wgmma_tma_page_rows(128, 128), 128);
+    KT_EQ_INT(kiln_wgmma_tma_page_rows(256, 128), 128);
+    KT_EQ_INT(kiln_wgmma_tma_page_rows(8, 64), 8);
+    KT_EQ_INT(kiln_wgmma_tma_page_rows(1, 128), 0);
+    KT_EQ_INT(kiln_wgmma_tma_page_rows(4, 128), 0);
+    KT_EQ_INT(kiln_wgmma_tma_page_rows(24, 128), 0);
+    KT_EQ_INT(kiln_wgmma_tma_page_rows(0, 128), 0);
 }
 
 /* Compile one kernel of each family for sm_90a and sm_80 through the public API; a second

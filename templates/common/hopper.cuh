@@ -82,6 +82,14 @@ __device__ __forceinline__ void tma_load_3d(u32 dst, const void *map, u32 bar, i
                  "l"(map), "r"(c0), "r"(c1), "r"(c2), "r"(bar)
                  : "memory");
 }
+/* The same from a 4-D tensor map (a paged cache: D, head, row in page, page). */
+__device__ __forceinline__ void tma_load_4d(u32 dst, const void *map, u32 bar, int c0, int c1, int c2, int c3)
+{
+    asm volatile("cp.async.bulk.tensor.4d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
+                 " [%0], [%1, {%2, %3, %4, %5}], [%6];\n" ::"r"(dst),
+                 "l"(map), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(bar)
+                 : "memory");
+}
 /* Wait until the phase of the given parity has completed. */
 __device__ __forceinline__ void mbar_wait(u32 bar, int parity)
 {

@@ -243,9 +243,18 @@ typedef struct kiln_tma_maps {
 enum {
     KILN_WGMMA_LOAD_ROWS = 0, /* cp.async, a row per producer thread */
     KILN_WGMMA_LOAD_WARP = 1, /* cp.async, whole rows per warp instruction */
-    KILN_WGMMA_LOAD_TMA = 2,  /* TMA for whole tiles, LOAD_WARP for the partial last ones */
+    KILN_WGMMA_LOAD_TMA = 2,  /* TMA for whole tiles, LOAD_WARP for the partial last ones (and
+                                 kv=paged pages that are not a multiple of 8 rows) */
     KILN_WGMMA_PERSIST_DEFAULT = 0, /* kiln_cfg::PERSIST unless KILN_TUNE says persist= */
 };
+/* kv=paged with LOAD_TMA: the rows of one TMA box of a K/V tile of bn keys from pages of
+ * page_size rows (a page, or a tile-sized part of a larger one), or 0 where pages cannot be
+ * copied by boxes (a box must start on a 1024-byte swizzle boundary: 8 rows; pages and tiles
+ * must nest): those tiles are copied by rows. The host encodes the maps with it. */
+KILN_CONTRACT_FN int kiln_wgmma_tma_page_rows(int page_size, int bn)
+{
+    return page_size <= 0 || page_size % 8 ? 0 : bn % page_size == 0 ? page_size : page_size % bn == 0 ? bn : 0;
+}
 KILN_CONTRACT_FN int kiln_wgmma_bar_bytes(int stages) { return (2 * stages + 2) * 8; }
 KILN_CONTRACT_FN int kiln_wgmma_smem_bytes(int d, int bm, int bn, int stages)
 {
