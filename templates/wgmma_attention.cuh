@@ -343,6 +343,9 @@ __device__ __forceinline__ void wg_consume(const kiln_launch_params &p, const mm
         wg_turn_pass(c);
         wgmma_wait<0>();
         reg_fence(sc[0]);
+        /* the last S of the job is done with Q: a persistent producer may load the next
+         * job's (one job per CTA: nothing waits, and the test would cost a register) */
+        if (Cfg::PERSIST && tiles.next(t + 1) >= w.t_end) mbar_arrive(sm.q_empty());
         float scale[1][2]; /* O is still zero: its factor is not applied */
         wg_softmax_rows<Cfg>(st, sc, p, w, rows, tiles, c2, hk, t, lane, scale);
         wg_to_p<Cfg>(sc[0], pf);
@@ -359,6 +362,7 @@ __device__ __forceinline__ void wg_consume(const kiln_launch_params &p, const mm
             wg_turn_pass(c);
             wgmma_wait<1>(); /* S; P V of the previous tile may still run */
             reg_fence(sc[0]);
+            if (Cfg::PERSIST && tiles.next(t + 1) >= w.t_end) mbar_arrive(sm.q_empty());
             wg_softmax_rows<Cfg>(st, sc, p, w, rows, tiles, c2, hk, t, lane, scale);
             wgmma_wait<0>(); /* P V of the previous tile: O and its stage are free */
             reg_fence(st.o[0]);
@@ -367,7 +371,7 @@ __device__ __forceinline__ void wg_consume(const kiln_launch_params &p, const mm
             wg_to_p<Cfg>(sc[0], pf);
             prev = s;
         }
-        mbar_arrive(sm.q_empty()); /* every S is done: the producer may load the next job's Q */
+        if (!Cfg::PERSIST) mbar_arrive(sm.q_empty());
         /* P V of the last tile */
         wgmma_fence();
         wg_issue_pv<Cfg>(st.o[0], pf, sm.v + prev * L::TILE);
@@ -434,13 +438,13 @@ template <class Cfg> __device__ void wgmma_attention_kernel(const kiln_launch_pa
     /* one branch per role (setmaxnreg), each going through the same jobs */
     int n = 0; /* K/V tiles through the ring so far */
     if (tid < L::PRODUCER) {
-        regs_dec<KILN_WGMMA_PRODUCER_REGS>();
+        regs_dec<Cfg::PERSIST ? KILN_WGMMA_PRODUCER_REGS_PERSIST : KILN_WGMMA_PRODUCER_REGS>();
         wg_each_job<Cfg>(p, [&](const mma_work &w, int h, int it) {
             wg_produce<Cfg>(p, maps, w, wg_job_tiles<Cfg>(p, w), sm, h, h / Cfg::G, tid, it, n);
         });
         cp_async_wait<0>(); /* no copy outlives its thread */
     } else {
-        regs_inc<KILN_WGMMA_CONSUMER_REGS>();
+        regs_inc<Cfg::PERSIST ? KILN_WGMMA_CONSUMER_REGS_PERSIST : KILN_WGMMA_CONSUMER_REGS>();
         wg_each_job<Cfg>(p, [&](const mma_work &w, int h, int it) {
             wg_consume<Cfg>(p, w, wg_job_tiles<Cfg>(p, w), sm, h, h / Cfg::G, tid, it, n);
         });

@@ -220,8 +220,16 @@ enum {
     KILN_WGMMA_ALIGN = 1024,
     KILN_WGMMA_BM = 128,               /* query rows per CTA: two consumer warpgroups of 64 */
     KILN_WGMMA_PRODUCER_THREADS = 128, /* one producer warpgroup */
-    KILN_WGMMA_PRODUCER_REGS = 56,     /* setmaxnreg: 128 x 56 + 256 x 224 <= 65536 */
+    /* setmaxnreg moves registers between the warpgroups of a CTA, within what the launch gave
+     * it: 384 threads x the kernel's count, at most 65536 / 384 rounded down to 8 = 168
+     * (KILN_WGMMA_LAUNCH_REGS). A split over that blocks the consumers' setmaxnreg.inc for
+     * ever (seen on the H200: 240 / 32 hung). The persistent grid's consumers keep a job loop
+     * live and need 240 not to spill; the producer then has 24. */
+    KILN_WGMMA_LAUNCH_REGS = 168,
+    KILN_WGMMA_PRODUCER_REGS = 56,
     KILN_WGMMA_CONSUMER_REGS = 224,
+    KILN_WGMMA_PRODUCER_REGS_PERSIST = 24,
+    KILN_WGMMA_CONSUMER_REGS_PERSIST = 240,
 };
 /* The wgmma family's second kernel argument when it loads by TMA (KILN_WGMMA_LOAD_TMA): the
  * tensor maps of Q, K and V (CUtensorMap, opaque, 64-byte aligned), encoded by the host for each
@@ -265,9 +273,15 @@ KILN_CONTRACT_FN int kiln_wgmma_smem_bytes(int d, int bm, int bn, int stages)
  * Sizes on both sides; field offsets on the host only (NVRTC has no offsetof): with fixed-size
  * fields ordered widest first, equal sizes leave no room for a different layout. */
 KILN_CONTRACT_ASSERT(sizeof(kiln_launch_params) == KILN_LAUNCH_PARAMS_SIZE, "kiln_launch_params size");
-KILN_CONTRACT_ASSERT(KILN_WGMMA_PRODUCER_THREADS * KILN_WGMMA_PRODUCER_REGS + 2 * 128 * KILN_WGMMA_CONSUMER_REGS <= 65536 &&
-                         KILN_WGMMA_PRODUCER_REGS % 8 == 0 && KILN_WGMMA_CONSUMER_REGS % 8 == 0,
-                     "setmaxnreg: the warpgroups' registers fit the SM's 64K, in steps of 8");
+KILN_CONTRACT_ASSERT(KILN_WGMMA_LAUNCH_REGS * (KILN_WGMMA_PRODUCER_THREADS + 256) <= 65536 &&
+                         KILN_WGMMA_PRODUCER_THREADS * KILN_WGMMA_PRODUCER_REGS + 256 * KILN_WGMMA_CONSUMER_REGS <=
+                             KILN_WGMMA_LAUNCH_REGS * (KILN_WGMMA_PRODUCER_THREADS + 256) &&
+                         KILN_WGMMA_PRODUCER_THREADS * KILN_WGMMA_PRODUCER_REGS_PERSIST +
+                                 256 * KILN_WGMMA_CONSUMER_REGS_PERSIST <=
+                             KILN_WGMMA_LAUNCH_REGS * (KILN_WGMMA_PRODUCER_THREADS + 256) &&
+                         KILN_WGMMA_PRODUCER_REGS % 8 == 0 && KILN_WGMMA_CONSUMER_REGS % 8 == 0 &&
+                         KILN_WGMMA_PRODUCER_REGS_PERSIST % 8 == 0 && KILN_WGMMA_CONSUMER_REGS_PERSIST % 8 == 0,
+                     "setmaxnreg: the warpgroups' registers fit the launch's 384 x 168, in steps of 8");
 KILN_CONTRACT_ASSERT(sizeof(kiln_tma_maps) == 3 * 128, "kiln_tma_maps: three CUtensorMaps");
 KILN_CONTRACT_ASSERT(sizeof(kiln_merge_params) == KILN_MERGE_PARAMS_SIZE, "kiln_merge_params size");
 KILN_CONTRACT_ASSERT(sizeof(kiln_work_header) == 4 * sizeof(int), "kiln_work_header: 4 ints");
