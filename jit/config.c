@@ -299,15 +299,14 @@ const char *kiln__wgmma_refusal(const kiln_variant *v, int sm, int *can)
     if (v->rope) return "RoPE is not on the wgmma family yet";
     if (v->head_dim != 64 && v->head_dim != 128 && v->head_dim != 256)
         return "the wgmma family has head dims 64, 128 and 256";
-    /* it can run these, but measured slower on the H200 (docs/perf/notes.md, "The first
-     * Hopper family"): KILN_TUNE wgmma=1 still takes it */
+    /* it can run mask data, but measured slower on the H200 (docs/perf/notes.md, "The first
+     * Hopper family"): KILN_TUNE wgmma=1 still takes it. Head dims 64 and 256 measured slower
+     * with the first producer and faster with TMA ("The producer's copies were the limit":
+     * 4 x 4096 causal 371 and 451 TFLOP/s, mma.sync 282 and 294), so they are on it. */
     *can = 1;
     if (v->mask_data != KILN_MASK_DATA_NONE)
         return "mask data keeps 64-row tiles, whole 64-row blocks in the tile map (BSR 26 %: "
                "3983 us on wgmma, 271 on mma.sync)";
-    if (v->head_dim != 128)
-        return "wgmma measured slower at head dims 64 and 256 with its first producer (4 x 4096 "
-               "causal: 237 and 245 TFLOP/s, mma.sync 304 and 303; not yet timed with TMA)";
     return NULL;
 }
 
@@ -316,14 +315,13 @@ static kiln_status pick_wgmma(const kiln_variant *v, int smem_limit, kiln__confi
 {
     kiln_status st = pick_row(FAM_WGMMA, v, smem_limit, c, e);
     if (st) return st;
-    /* the producer's copies: TMA where K and V are one tensor each, whole rows per warp from
-     * a page table (4 x 4096 ragged on the H200, docs/perf/notes.md "The producer's copies
-     * were the limit": causal 321 -> 489 TFLOP/s a row per thread -> rows per warp, 562 by
-     * TMA); TMA per page (load=2 with kv=paged) is built but not yet run on a GPU */
-    const int paged = v->kv == KILN_KV_PAGED;
+    /* the producer's copies: TMA (4 x 4096 ragged on the H200, docs/perf/notes.md "The
+     * producer's copies were the limit": causal 321 -> 489 TFLOP/s a row per thread -> rows
+     * per warp, 562 by TMA), with kv=paged one box per page where pages are a multiple of 8
+     * rows, rows per warp otherwise (page 16: 380 -> 403 TFLOP/s over rows per warp) */
     c->load = c->persist = -1;
     if ((st = apply_tune(c, e))) return st;
-    if (c->load < 0) c->load = paged ? KILN_WGMMA_LOAD_WARP : KILN_WGMMA_LOAD_TMA;
+    if (c->load < 0) c->load = KILN_WGMMA_LOAD_TMA;
     if (c->persist < 0) c->persist = KILN_WGMMA_PERSIST_DEFAULT;
     if (c->warps != 8 || c->mt != 1 || c->q_in_regs || c->gb || c->pack || c->min_blocks != 1 ||
         (c->block_n != 64 && c->block_n != 128) || c->stages < 2 || c->stages > 4 ||

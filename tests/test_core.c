@@ -171,8 +171,8 @@ KT_TEST(core_decode_kernel_choice)
     unsetenv("KILN_TUNE");
 }
 
-/* Prefill on sm_90 takes the warp-specialized wgmma family at head dim 128 without mask data;
- * where it measured slower (head dims 64 / 256, mask data) it could still run, where it cannot
+/* Prefill on sm_90 takes the warp-specialized wgmma family at head dims 64, 128 and 256 without
+ * mask data; where it measured slower (mask data) it could still run, where it cannot
  * (RoPE, fp8 KV, decode, other archs) the other families stay; kiln__wgmma_refusal says why.
  * KILN_TUNE wgmma=0 forces the mma.sync family; wgmma=1 takes wgmma where it can run, and is
  * refused where it cannot. */
@@ -187,8 +187,8 @@ KT_TEST(core_wgmma_family_choice)
         {"op=prefill dtype=f16 head_dim=128 group=1 kv=paged lse=1", 90, 1, 1, NULL},
         {"op=prefill dtype=bf16 head_dim=128 group=8 kv=ragged logits=softcap window=1", 90, 1, 1,
          NULL},
-        {"op=prefill dtype=f16 head_dim=64 group=1 kv=paged lse=1", 90, 0, 1, "head dims 64"},
-        {"op=prefill dtype=bf16 head_dim=256 group=8 kv=ragged", 90, 0, 1, "head dims 64 and 256"},
+        {"op=prefill dtype=f16 head_dim=64 group=1 kv=paged lse=1", 90, 1, 1, NULL},
+        {"op=prefill dtype=bf16 head_dim=256 group=8 kv=ragged", 90, 1, 1, NULL},
         {"op=prefill dtype=bf16 head_dim=128 group=4 mask_data=bsr", 90, 0, 1, "mask data"},
         {"op=prefill dtype=bf16 head_dim=128 group=4 mask=causal", 80, 0, 0, "sm_90a"},
         {"op=prefill dtype=bf16 head_dim=128 group=4 mask=causal", 100, 0, 0, "sm_90a"},
@@ -229,14 +229,12 @@ KT_TEST(core_wgmma_family_choice)
             KT_REQUIRE(src);
             KT_CHECK(strstr(src, "kiln::wgmma_attention_kernel<kiln_cfg>") != NULL);
             KT_CHECK(strstr(src, "__launch_bounds__(384, 1)") != NULL);
-            /* TMA where K and V are one tensor each (the maps are the second argument),
-             * whole rows per warp through a page table */
-            const int paged = v.kv == KILN_KV_PAGED;
-            KT_EQ_INT(cfg.load, paged ? KILN_WGMMA_LOAD_WARP : KILN_WGMMA_LOAD_TMA);
-            KT_CHECK((strstr(src, "const __grid_constant__ kiln_tma_maps m") == NULL) == paged);
+            /* TMA (through a page table: a box per page), the maps the second argument */
+            KT_EQ_INT(cfg.load, KILN_WGMMA_LOAD_TMA);
+            KT_CHECK(strstr(src, "const __grid_constant__ kiln_tma_maps m") != NULL);
             KT_CHECK(cfg.persist == KILN_WGMMA_PERSIST_DEFAULT);
             kiln__config_format(&cfg, conf, sizeof conf);
-            KT_CONTAINS(conf, paged ? " wgmma=1 load=1 persist=" : " wgmma=1 load=2 persist=");
+            KT_CONTAINS(conf, " wgmma=1 load=2 persist=");
             free(src);
         }
     }
@@ -280,15 +278,15 @@ KT_TEST(core_wgmma_family_choice)
     setenv("KILN_TUNE", "persist=2", 1);
     KT_CHECK(kiln__config_pick(&v, 90, &cfg, &e) == KILN_STATUS_UNSUPPORTED);
     KT_CONTAINS(e.msg, "persist 0 or 1");
-    /* TMA per page (KILN_TUNE only): the maps become the kernel's second argument */
+    /* rows per warp through a page table (KILN_TUNE load=1): no maps argument */
     parse("op=prefill dtype=bf16 head_dim=128 group=4 kv=paged", &v);
-    setenv("KILN_TUNE", "load=2", 1);
+    setenv("KILN_TUNE", "load=1", 1);
     KT_OK(kiln__config_pick(&v, 90, &cfg, &e), e.msg);
-    KT_EQ_INT(cfg.load, KILN_WGMMA_LOAD_TMA);
+    KT_EQ_INT(cfg.load, KILN_WGMMA_LOAD_WARP);
     char *src = NULL;
     KT_OK(kiln__expand(&v, &cfg, "sm_90a", &src, &e), e.msg);
     KT_REQUIRE(src);
-    KT_CHECK(strstr(src, "const __grid_constant__ kiln_tma_maps m") != NULL);
+    KT_CHECK(strstr(src, "const __grid_constant__ kiln_tma_maps m") == NULL);
     free(src);
     setenv("KILN_TUNE", "load=3", 1);
     KT_CHECK(kiln__config_pick(&v, 90, &cfg, &e) == KILN_STATUS_UNSUPPORTED);

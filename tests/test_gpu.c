@@ -174,7 +174,7 @@ static void prefill_grid(const char *tune)
             run_case(ctx, v, H, 200 + i, 577, 0, &t);
         }
     }
-    /* on sm_90 the variants the wgmma family serves (head dim 128) run on it, unless KILN_TUNE
+    /* on sm_90 the variants the wgmma family serves (head dims 64, 128, 256 without mask data) run on it, unless KILN_TUNE
      * turned it off; never silently fewer */
     KT_EQ_INT(wgmma, tune ? 0 : served);
     KT_CHECK(dev.sm != 90 || served > 0);
