@@ -578,6 +578,19 @@ static kiln_status write_requests(const kiln_plan *pl, const kiln_batch_shape *s
     return KILN_STATUS_OK;
 }
 
+/* The order of the work items: sizes by eighths of an octave (sizes under 16 exactly), so that
+ * the items of a causal prefill, (m + 1) tiles for query tile m, go out nearly longest first
+ * (a list schedule, and the persistent grid's static round robin, stay balanced); bit lengths
+ * alone put tiles 16 .. 31 of a 4096-row request in one bucket in their own order. Monotone:
+ * a larger size never has a smaller bucket. */
+enum { SIZE_BUCKETS = 16 + 28 * 8 };
+static int size_bucket(unsigned size)
+{
+    if (size < 16) return (int)size;
+    const int bits = 32 - __builtin_clz(size); /* 5 .. 32 */
+    return 16 + (bits - 5) * 8 + (int)((size >> (bits - 4)) & 7);
+}
+
 /* What the items and tasks written add up to. */
 typedef struct sched_counts {
     int items, tasks, slots;
@@ -589,22 +602,22 @@ typedef struct sched_counts {
 static void write_items(kiln_plan *pl, int ntiles, int64_t chunk, const layout *L, int B, int *w,
                         sched_counts *out)
 {
-    /* the schedule, heaviest items first: bucket by the bit length of the item's keys */
+    /* the schedule, heaviest items first */
     kiln_work_item *item = (kiln_work_item *)(w + L->items_off);
     kiln_merge_task *task = (kiln_merge_task *)(w + L->tasks_off);
     const int *tile_b = pl->order, *tile_m = pl->order + pl->scratch_cap;
     int nitems = 0, ntasks = 0, nslot = 0;
     int64_t total_keys = 0, longest = 0;
-    /* counting sort of the tiles by the bit length of their items' keys, longest first */
+    /* counting sort of the tiles by their items' keys, longest first */
     int *tile_bits = pl->order + 2 * pl->scratch_cap, *sorted = pl->order + 3 * pl->scratch_cap;
-    int count[34] = {0};
+    int count[SIZE_BUCKETS] = {0};
     for (int t = 0; t < ntiles; t++) {
         const int keys = pl->tile_keys[t];
         const int64_t size = chunk > 0 && keys > chunk ? chunk : keys;
-        tile_bits[t] = size ? 32 - __builtin_clz((unsigned)size) : 0;
+        tile_bits[t] = size_bucket((unsigned)size);
         count[tile_bits[t]]++;
     }
-    for (int b = 32, at = 0; b >= 0; b--) {
+    for (int b = SIZE_BUCKETS - 1, at = 0; b >= 0; b--) {
         const int n = count[b];
         count[b] = at;
         at += n;
