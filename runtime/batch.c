@@ -609,20 +609,20 @@ static void write_items(kiln_plan *pl, int ntiles, int64_t chunk, const layout *
     int nitems = 0, ntasks = 0, nslot = 0;
     int64_t total_keys = 0, longest = 0;
     /* counting sort of the tiles by their items' keys, longest first */
-    int *tile_bits = pl->order + 2 * pl->scratch_cap, *sorted = pl->order + 3 * pl->scratch_cap;
+    int *tile_bucket = pl->order + 2 * pl->scratch_cap, *sorted = pl->order + 3 * pl->scratch_cap;
     int count[SIZE_BUCKETS] = {0};
     for (int t = 0; t < ntiles; t++) {
         const int keys = pl->tile_keys[t];
         const int64_t size = chunk > 0 && keys > chunk ? chunk : keys;
-        tile_bits[t] = size_bucket((unsigned)size);
-        count[tile_bits[t]]++;
+        tile_bucket[t] = size_bucket((unsigned)size);
+        count[tile_bucket[t]]++;
     }
     for (int b = SIZE_BUCKETS - 1, at = 0; b >= 0; b--) {
         const int n = count[b];
         count[b] = at;
         at += n;
     }
-    for (int t = 0; t < ntiles; t++) sorted[count[tile_bits[t]]++] = t;
+    for (int t = 0; t < ntiles; t++) sorted[count[tile_bucket[t]]++] = t;
     for (int x = 0; x < ntiles; x++) {
         const int t = sorted[x];
         const int keys = pl->tile_keys[t];
