@@ -517,6 +517,9 @@ kiln_status kiln_check_batch_run(kiln_ctx *ctx, kiln_kernel *k, const kiln_check
         second_lens(&k->v, s, seed ^ 0x2ba7c4, lens2, lens2 + s->batch + 1, &s2.batch);
         s2.qo_lens = lens2;
         s2.kv_lens = lens2 + s->batch + 1;
+        /* the graph holds the first batch's parameters: its window, not a default drawn
+         * from the second batch's lengths */
+        s2.window_left = L[0].window_left;
         if ((st = kiln__cb_make(&k->v, &s2, seed + 1, &L[1]))) {
             kiln__fail(e, st, "check batch: out of host memory");
             goto done;
