@@ -310,6 +310,19 @@ const char *kiln__wgmma_refusal(const kiln_variant *v, int sm, int *can)
     return NULL;
 }
 
+/* The wgmma family's grid unless KILN_TUNE says persist=: a batch (kv=ragged / kv=paged) at
+ * head dim 64 or 128 takes the persistent grid with claimed jobs, the rest a CTA per tile.
+ * Measured in one H200 lease (kiln check --time, H 32 / H_KV 8, docs/perf/notes.md "The
+ * persistent grid's job slot"): causal d128 16 x 1024 368 -> 421 TFLOP/s, 4 x 4096 589 -> 598,
+ * 64 x 128 75 -> 104, paged 16 x 1024 289 -> 319, soft-cap 4 x 4096 439 -> 475, d64 389 -> 396;
+ * slower at d256 (463 -> 441) and for one long request (1 x 16384 H 8 with the round robin:
+ * 665 -> 600; a single request has no schedule to hold the claim counter). */
+static int wgmma_persist_default(const kiln_variant *v)
+{
+    return v->kv != KILN_KV_CONTIGUOUS && v->head_dim <= 128 ? KILN_WGMMA_PERSIST_DYNAMIC
+                                                             : KILN_WGMMA_PERSIST_NONE;
+}
+
 /* The warp-specialized Hopper kernel: two consumer warpgroups of 64 rows and a producer. */
 static kiln_status pick_wgmma(const kiln_variant *v, int smem_limit, kiln__config *c, kiln__err *e)
 {
@@ -322,17 +335,21 @@ static kiln_status pick_wgmma(const kiln_variant *v, int smem_limit, kiln__confi
     c->load = c->persist = -1;
     if ((st = apply_tune(c, e))) return st;
     if (c->load < 0) c->load = KILN_WGMMA_LOAD_TMA;
-    if (c->persist < 0) c->persist = KILN_WGMMA_PERSIST_DEFAULT;
+    if (c->persist < 0) c->persist = wgmma_persist_default(v);
     if (c->warps != 8 || c->mt != 1 || c->q_in_regs || c->gb || c->pack || c->min_blocks != 1 ||
         (c->block_n != 64 && c->block_n != 128) || c->stages < 2 || c->stages > 4 ||
-        c->load > KILN_WGMMA_LOAD_TMA || c->persist > 1)
+        c->load > KILN_WGMMA_LOAD_TMA || c->persist > KILN_WGMMA_PERSIST_DYNAMIC)
         return kiln__fail(e, KILN_STATUS_UNSUPPORTED,
                           "config: the wgmma family takes warps=8 mt=1 qregs=0 minb=1, bn 64 or "
                           "128, 2-4 stages (a consumer frees a stage only once the next tile has "
-                          "landed), load 0, 1 or 2 and persist 0 or 1 (got warps=%d mt=%d qregs=%d "
-                          "minb=%d bn=%d stages=%d load=%d persist=%d)",
+                          "landed), load 0, 1 or 2 and persist 0, 1 or 2 (got warps=%d mt=%d "
+                          "qregs=%d minb=%d bn=%d stages=%d load=%d persist=%d)",
                           c->warps, c->mt, c->q_in_regs, c->min_blocks, c->block_n, c->stages,
                           c->load, c->persist);
+    if (c->persist == KILN_WGMMA_PERSIST_DYNAMIC && v->kv == KILN_KV_CONTIGUOUS)
+        return kiln__fail(e, KILN_STATUS_UNSUPPORTED,
+                          "config: persist=2 claims jobs from a batch schedule's counter; a "
+                          "single-request prefill (kv=contiguous) has none: persist=1 there");
     c->block_m = KILN_WGMMA_BM;
     c->merge_threads = v->kv != KILN_KV_CONTIGUOUS ? 128 : 0;
     c->smem_bytes = wgmma_smem(v, c->block_n, c->stages);

@@ -85,8 +85,10 @@ typedef struct kiln__config {
                           warps counts the consumer warps, threads adds the producer's 128 */
     int load;          /* wgmma family: how the producer copies rows (KILN_WGMMA_LOAD_*,
                           params.h: 0 a row per thread, 1 whole rows per warp, 2 TMA) */
-    int persist;       /* wgmma family: 1 = a persistent grid (at most one CTA per SM's worth,
-                          each looping over work tiles, heaviest first), 0 = a CTA per tile */
+    int persist;       /* wgmma family (KILN_WGMMA_PERSIST_*): 0 a CTA per tile; 1 a
+                          persistent grid (one CTA per SM's worth, each looping over work
+                          tiles, heaviest first, round robin); 2 the same, later jobs claimed
+                          from a counter in the batch's schedule */
 } kiln__config;
 
 /* Why the warp-specialized Hopper family (wgmma_attention.cuh) is not v's family on sm_<sm>,

@@ -661,7 +661,7 @@ static void write_items(kiln_plan *pl, int ntiles, int64_t chunk, const layout *
     hdr->items = nitems;
     hdr->tasks = ntasks;
     hdr->reqs = B;
-    hdr->pad = 0;
+    hdr->next_job = 0;
     *out = (sched_counts){nitems, ntasks, nslot, total_keys, longest};
 }
 

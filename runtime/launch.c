@@ -443,7 +443,7 @@ kiln_status kiln_single_prefill(kiln_kernel *k, const kiln_attn_args *a, void *s
     if (k->cfg.wgmma && k->cfg.load == KILN_WGMMA_LOAD_TMA &&
         (st = kiln__tma_maps(k, &p, "single prefill", a->qo_len, a->kv_len, &maps, &e)))
         return fail(k, st, &e);
-    /* persistent: the CTAs loop over the mblocks x H tiles (wgmma_attention.cuh, wg_jobs) */
+    /* persistent: the CTAs loop over the mblocks x H tiles (wgmma_attention.cuh, wg_produce_jobs) */
     const int persist = k->cfg.wgmma && k->cfg.persist;
     const unsigned gx = persist ? kiln__persistent_grid(k, (int64_t)mblocks * a->num_qo_heads)
                                 : mblocks,

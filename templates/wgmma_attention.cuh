@@ -17,10 +17,12 @@
  * cp_async_arrive; a consumer fences them for the async proxy after its wait). empty[s]
  * completes when the 256 consumer threads are done reading the stage. Tile n uses stage
  * n % STAGES and phase n / STAGES of both barriers; Q has its own full / empty pair, phase
- * `it` (the CTA's job count). The producer gives registers up (setmaxnreg) to the consumers.
+ * `it` (the CTA's job count), and with PERSIST the job slot its job_full (wg_job_put). The
+ * producer gives registers up (setmaxnreg) to the consumers.
  *
  * Cfg as mma_attention.cuh's, with WARPS = 8 (the consumer warps), MT = 1, PACK = 0, LOAD (the
- * producer's copies, KILN_WGMMA_LOAD_*), PERSIST (a persistent grid: wg_each_job), and
+ * producer's copies, KILN_WGMMA_LOAD_*), PERSIST (a persistent grid, KILN_WGMMA_PERSIST_*:
+ * wg_produce_jobs), and
  * neither RoPE nor fp8 KV (jit/config.c keeps those on the mma.sync family, and head dims
  * 64 / 256 and mask data unless KILN_TUNE says wgmma=1: measured slower). Launch: 384
  * threads, kiln_wgmma_smem_bytes (params.h), grid (ceil(L_Q / 128), H) or (work items, H),
@@ -42,13 +44,14 @@ template <class Cfg> struct wg_layout {
     static constexpr int D = Cfg::D, BN = Cfg::BN, STAGES = Cfg::STAGES, BM = KILN_WGMMA_BM;
     static constexpr int Q_BYTES = BM * D * 2, TILE = BN * D * 2;
     static constexpr int Q_AT = 0, K_AT = Q_BYTES, V_AT = K_AT + STAGES * TILE, BAR_AT = V_AT + STAGES * TILE;
+    static constexpr int JOB_AT = BAR_AT + kiln_wgmma_bar_bytes(STAGES);
     static constexpr int PRODUCER = KILN_WGMMA_PRODUCER_THREADS, CONSUMERS = Cfg::WARPS * WARP;
     static constexpr int BYTES = kiln_wgmma_smem_bytes(D, BM, BN, STAGES);
     static_assert(Cfg::WARPS == 8 && Cfg::MT == 1 && !Cfg::PACK, "two consumer warpgroups of 64 rows");
     static_assert(prefill_layout<Cfg>::BM == BM, "the work items' tile is the CTA's");
     static_assert(!Cfg::ROPE && Cfg::KV_DT < KV_E4M3, "16-bit K/V, no RoPE");
     static_assert(D % 64 == 0 && BN % 64 == 0, "whole 64-column swizzle blocks");
-    static_assert(BYTES == KILN_WGMMA_ALIGN + BAR_AT + kiln_wgmma_bar_bytes(STAGES), "the regions fill the layout");
+    static_assert(BYTES == KILN_WGMMA_ALIGN + JOB_AT + KILN_WGMMA_JOB_BYTES, "the regions fill the layout");
 };
 
 /* The shared-memory addresses of one CTA: the tiles and the barriers. */
@@ -58,7 +61,40 @@ template <int STAGES> struct wg_smem {
     __device__ __forceinline__ u32 empty(int s) const { return bar + 8 * (STAGES + s); }
     __device__ __forceinline__ u32 q_full() const { return bar + 16 * STAGES; }
     __device__ __forceinline__ u32 q_empty() const { return bar + 16 * STAGES + 8; }
+    __device__ __forceinline__ u32 job_full() const { return bar + 16 * STAGES + 16; }
+    __device__ __forceinline__ u32 job() const { return bar + kiln_wgmma_bar_bytes(STAGES); } /* the slot */
 };
+
+/* The persistent grid's job slot (shared memory, after the barriers): producer thread 0 writes
+ * each job's work and query head (h < 0: no more jobs) and arrives on job_full; the consumers
+ * copy it after their wait on job_full, and so before their arrival on q_empty, which the
+ * producer waits for before it writes the next: one slot serves every job, and the consumers
+ * read no schedule of their own. By shared address (a generic pointer would hold two more
+ * registers through the producer's 40): the work's words, h, then next[2], which hands a
+ * claimed job index (KILN_WGMMA_PERSIST_DYNAMIC) from producer thread 0 to the others, by
+ * job parity. */
+constexpr int WG_WORK_WORDS = sizeof(mma_work) / 4;
+constexpr int WG_JOB_H = WG_WORK_WORDS, WG_JOB_NEXT = WG_WORK_WORDS + 1;
+static_assert(sizeof(mma_work) % 4 == 0 && (WG_JOB_NEXT + 2) * 4 <= KILN_WGMMA_JOB_BYTES, "the job slot");
+
+__device__ __forceinline__ void wg_job_put(u32 slot, const mma_work &w, int h)
+{
+    int v[WG_WORK_WORDS];
+    memcpy(v, &w, sizeof w);
+#pragma unroll
+    for (int i = 0; i < WG_WORK_WORDS; i++) st_shared(slot + 4 * i, v[i]);
+    st_shared(slot + 4 * WG_JOB_H, h);
+}
+__device__ __forceinline__ mma_work wg_job_get(u32 slot)
+{
+    int v[WG_WORK_WORDS];
+#pragma unroll
+    for (int i = 0; i < WG_WORK_WORDS; i++) v[i] = ld_shared(slot + 4 * i);
+    mma_work w;
+    memcpy(&w, v, sizeof w);
+    return w;
+}
+constexpr int WG_PRODUCER_BAR = 3; /* named barrier of the producer's threads (1, 2: the turns) */
 
 /* The key tiles a CTA visits, in order: [t_first, t_end), less those the tile map hides. */
 template <class Cfg> struct wg_tiles {
@@ -171,12 +207,12 @@ __device__ __forceinline__ void wg_produce_tile(u32 dst, u32 bar, const unsigned
     cp_async_arrive(bar);
 }
 
-/* The copies of one job (work tile `it` of this CTA): Q once the consumers are done with the
- * previous job's, then its K/V tiles into the ring, whose count n runs on across jobs. */
+/* The copies of one job: Q (the consumers are done with the previous job's: wg_produce_jobs
+ * waited), then its K/V tiles into the ring, whose count n runs on across jobs. */
 template <class Cfg>
 __device__ __forceinline__ void wg_produce(const kiln_launch_params &p, const kiln_tma_maps *maps, const mma_work &w,
                                            const wg_tiles<Cfg> &tiles, const wg_smem<Cfg::STAGES> &sm, int h, int hk,
-                                           int tid, int it, int &n)
+                                           int tid, int &n)
 {
     using L = wg_layout<Cfg>;
     constexpr int D = Cfg::D, BN = Cfg::BN, STAGES = Cfg::STAGES;
@@ -184,7 +220,6 @@ __device__ __forceinline__ void wg_produce(const kiln_launch_params &p, const ki
     const unsigned char *qg =
         reinterpret_cast<const unsigned char *>(p.q) + ((i64)w.q_start * p.q_stride_n + (i64)h * p.q_stride_h) * 2;
     const i64 qs = p.q_stride_n * 2;
-    if (it > 0) mbar_wait(sm.q_empty(), (it - 1) & 1);
     wg_produce_tile<Cfg, L::BM>(sm.q, sm.q_full(), qg, [&](int j) { return (i64)j * qs; }, w.m0, w.L_Q,
                                 TMA ? &maps->q : nullptr, h, w.q_start + w.m0, tid);
 
@@ -310,6 +345,16 @@ __device__ __forceinline__ void wg_to_p(const float (&sc)[Cfg::BN / 8][4], u32 (
 __device__ __forceinline__ void wg_turn_wait(int c) { named_sync(1 + c, 2 * 128); }
 __device__ __forceinline__ void wg_turn_pass(int c) { named_arrive(2 - c, 2 * 128); }
 
+/* With PERSIST, the consumers let Q go after the job's last S (tile t the last one): the
+ * producer loads the next job's Q under this job's softmax, last P V and store. One job per
+ * CTA: nothing waits (and the test would cost a register), Q is let go at the end. */
+template <class Cfg>
+__device__ __forceinline__ void wg_q_done(const wg_tiles<Cfg> &tiles, const mma_work &w, const wg_smem<Cfg::STAGES> &sm,
+                                          int t)
+{
+    if (Cfg::PERSIST && tiles.next(t + 1) >= w.t_end) mbar_arrive(sm.q_empty());
+}
+
 /* One job (work tile `it`) of the consumers: Q's phase it, K/V tiles from ring count n on. */
 template <class Cfg>
 __device__ __forceinline__ void wg_consume(const kiln_launch_params &p, const mma_work &w, const wg_tiles<Cfg> &tiles,
@@ -343,9 +388,7 @@ __device__ __forceinline__ void wg_consume(const kiln_launch_params &p, const mm
         wg_turn_pass(c);
         wgmma_wait<0>();
         reg_fence(sc[0]);
-        /* the last S of the job is done with Q: a persistent producer may load the next
-         * job's (one job per CTA: nothing waits, and the test would cost a register) */
-        if (Cfg::PERSIST && tiles.next(t + 1) >= w.t_end) mbar_arrive(sm.q_empty());
+        wg_q_done<Cfg>(tiles, w, sm, t);
         float scale[1][2]; /* O is still zero: its factor is not applied */
         wg_softmax_rows<Cfg>(st, sc, p, w, rows, tiles, c2, hk, t, lane, scale);
         wg_to_p<Cfg>(sc[0], pf);
@@ -362,7 +405,7 @@ __device__ __forceinline__ void wg_consume(const kiln_launch_params &p, const mm
             wg_turn_pass(c);
             wgmma_wait<1>(); /* S; P V of the previous tile may still run */
             reg_fence(sc[0]);
-            if (Cfg::PERSIST && tiles.next(t + 1) >= w.t_end) mbar_arrive(sm.q_empty());
+            wg_q_done<Cfg>(tiles, w, sm, t);
             wg_softmax_rows<Cfg>(st, sc, p, w, rows, tiles, c2, hk, t, lane, scale);
             wgmma_wait<0>(); /* P V of the previous tile: O and its stage are free */
             reg_fence(st.o[0]);
@@ -386,28 +429,72 @@ __device__ __forceinline__ void wg_consume(const kiln_launch_params &p, const mm
 }
 
 /* The jobs of a CTA: (work x of nx, query head h). One job, (blockIdx.x, blockIdx.y), with a
- * CTA per tile; with PERSIST, jobs blockIdx.x, + gridDim.x, ... of all nx x H, heads
- * innermost, so that the first wave takes the heaviest causal tiles of every head (x = 0 is
- * the last query tile of a single request) and a KV head's G query heads run side by side.
- * Only the job index stays live across a job (the consumers have no register to spare):
- * nx and H are read again from the parameters and the schedule's header. */
+ * CTA per tile; with PERSIST, job i of all nx x H is (i / H, i % H), heads innermost, so that
+ * the first wave takes the heaviest causal tiles of every head (x = 0 is the last query tile
+ * of a single request, a batch's items are longest first) and a KV head's G query heads run
+ * side by side. CTA b takes job b, then b + gridDim.x, ... (STATIC), or claims each later one
+ * from the schedule's counter (DYNAMIC: the CTA that frees first takes the next). */
 template <class Cfg> __device__ __forceinline__ int wg_nx(const kiln_launch_params &p)
 {
     if constexpr (Cfg::KV != KV_CONTIGUOUS) return num_items(p);
-    else return Cfg::PERSIST ? (p.qo_len + KILN_WGMMA_BM - 1) / KILN_WGMMA_BM : (int)gridDim.x;
+    else return (p.qo_len + KILN_WGMMA_BM - 1) / KILN_WGMMA_BM;
 }
 
-/* Run role(w, h, it) for each job of this CTA: it counts them (Q's phase). */
-template <class Cfg, class Role> __device__ __forceinline__ void wg_each_job(const kiln_launch_params &p, const Role &role)
+/* The persistent producer: for each job, its work (read while the ring still holds the last
+ * job's tiles), the job slot once the consumers let the last Q go, then the job's copies; at
+ * the end a slot with h = -1. DYNAMIC: after job `it`'s copies thread 0 claims the next,
+ * index v + gridDim.x of the counter's value v. Each CTA with a first job claims until its
+ * claim is past the end, so a run makes exactly nx x H claims: the one that draws the last
+ * value resets the counter (no other claim follows it). */
+template <class Cfg>
+__device__ __forceinline__ void wg_produce_jobs(const kiln_launch_params &p, const kiln_tma_maps *maps,
+                                                const wg_smem<Cfg::STAGES> &sm, int tid)
 {
-    if constexpr (!Cfg::PERSIST) {
-        const int nx = wg_nx<Cfg>(p);
-        if ((int)blockIdx.x < nx) role(mma_load_work<Cfg>(p, blockIdx.x, nx), (int)blockIdx.y, 0);
-    } else {
+    /* nx and H are read again where used (a parameter, a schedule word): the producer's
+     * registers hold the current job's copies */
+    int n = 0; /* K/V tiles through the ring so far */
+    for (int i = blockIdx.x, it = 0;; it++) {
         const int H = p.num_qo_heads;
-        int it = 0;
-        for (int i = blockIdx.x; i < wg_nx<Cfg>(p) * H; i += gridDim.x, it++)
-            role(mma_load_work<Cfg>(p, i / H, wg_nx<Cfg>(p)), i % H, it);
+        const bool more = i < wg_nx<Cfg>(p) * H;
+        mma_work w;
+        if (more) w = mma_load_work<Cfg>(p, i / H, wg_nx<Cfg>(p));
+        if (it > 0) mbar_wait(sm.q_empty(), (it - 1) & 1);
+        if (tid == 0) {
+            if (more) wg_job_put(sm.job(), w, i % H);
+            else st_shared(sm.job() + 4 * WG_JOB_H, -1);
+            mbar_arrive(sm.job_full());
+        }
+        if (!more) return;
+        const int h = i % H;
+        wg_produce<Cfg>(p, maps, w, wg_job_tiles<Cfg>(p, w), sm, h, h / Cfg::G, tid, n);
+        if constexpr (Cfg::PERSIST == KILN_WGMMA_PERSIST_DYNAMIC) {
+            static_assert(Cfg::KV != KV_CONTIGUOUS, "the counter lives in a batch's schedule");
+            const u32 next = sm.job() + 4 * (WG_JOB_NEXT + (it & 1));
+            if (tid == 0) {
+                int *counter = reinterpret_cast<int *>(p.work) + KILN_WORK_HEADER_NEXT_AT;
+                const int v = atomicAdd(counter, 1);
+                if (v == wg_nx<Cfg>(p) * p.num_qo_heads - 1) atomicExch(counter, 0);
+                st_shared(next, v + (int)gridDim.x);
+            }
+            named_sync(WG_PRODUCER_BAR, KILN_WGMMA_PRODUCER_THREADS);
+            i = ld_shared(next);
+        } else {
+            i += gridDim.x;
+        }
+    }
+}
+
+/* The persistent consumers: each job as the slot gives it, until h = -1. */
+template <class Cfg>
+__device__ __forceinline__ void wg_consume_jobs(const kiln_launch_params &p, const wg_smem<Cfg::STAGES> &sm, int tid)
+{
+    int n = 0;
+    for (int it = 0;; it++) {
+        mbar_wait(sm.job_full(), it & 1);
+        const int h = ld_shared(sm.job() + 4 * WG_JOB_H);
+        if (h < 0) return;
+        const mma_work w = wg_job_get(sm.job());
+        wg_consume<Cfg>(p, w, wg_job_tiles<Cfg>(p, w), sm, h, h / Cfg::G, tid, it, n);
     }
 }
 
@@ -432,22 +519,32 @@ template <class Cfg> __device__ void wgmma_attention_kernel(const kiln_launch_pa
         }
         mbar_init(sm.q_full(), L::PRODUCER);
         mbar_init(sm.q_empty(), L::CONSUMERS);
+        mbar_init(sm.job_full(), 1);
         mbar_init_fence();
     }
     __syncthreads();
     /* one branch per role (setmaxnreg), each going through the same jobs */
-    int n = 0; /* K/V tiles through the ring so far */
     if (tid < L::PRODUCER) {
         regs_dec<Cfg::PERSIST ? KILN_WGMMA_PRODUCER_REGS_PERSIST : KILN_WGMMA_PRODUCER_REGS>();
-        wg_each_job<Cfg>(p, [&](const mma_work &w, int h, int it) {
-            wg_produce<Cfg>(p, maps, w, wg_job_tiles<Cfg>(p, w), sm, h, h / Cfg::G, tid, it, n);
-        });
+        if constexpr (Cfg::PERSIST) {
+            wg_produce_jobs<Cfg>(p, maps, sm, tid);
+        } else {
+            int n = 0;
+            const mma_work w = mma_load_work<Cfg>(p, blockIdx.x, gridDim.x); /* a CTA per tile */
+            const int h = blockIdx.y;
+            wg_produce<Cfg>(p, maps, w, wg_job_tiles<Cfg>(p, w), sm, h, h / Cfg::G, tid, n);
+        }
         cp_async_wait<0>(); /* no copy outlives its thread */
     } else {
         regs_inc<Cfg::PERSIST ? KILN_WGMMA_CONSUMER_REGS_PERSIST : KILN_WGMMA_CONSUMER_REGS>();
-        wg_each_job<Cfg>(p, [&](const mma_work &w, int h, int it) {
-            wg_consume<Cfg>(p, w, wg_job_tiles<Cfg>(p, w), sm, h, h / Cfg::G, tid, it, n);
-        });
+        if constexpr (Cfg::PERSIST) {
+            wg_consume_jobs<Cfg>(p, sm, tid);
+        } else {
+            int n = 0;
+            const mma_work w = mma_load_work<Cfg>(p, blockIdx.x, gridDim.x);
+            const int h = blockIdx.y;
+            wg_consume<Cfg>(p, w, wg_job_tiles<Cfg>(p, w), sm, h, h / Cfg::G, tid, 0, n);
+        }
     }
 }
 

@@ -232,7 +232,10 @@ KT_TEST(core_wgmma_family_choice)
             /* TMA (through a page table: a box per page), the maps the second argument */
             KT_EQ_INT(cfg.load, KILN_WGMMA_LOAD_TMA);
             KT_CHECK(strstr(src, "const __grid_constant__ kiln_tma_maps m") != NULL);
-            KT_CHECK(cfg.persist == KILN_WGMMA_PERSIST_DEFAULT);
+            /* the grid: claimed jobs for a batch at d64 / d128, a CTA per tile otherwise */
+            KT_EQ_INT(cfg.persist, v.kv != KILN_KV_CONTIGUOUS && v.head_dim <= 128
+                                       ? KILN_WGMMA_PERSIST_DYNAMIC
+                                       : KILN_WGMMA_PERSIST_NONE);
             kiln__config_format(&cfg, conf, sizeof conf);
             KT_CONTAINS(conf, " wgmma=1 load=2 persist=");
             free(src);
@@ -275,9 +278,20 @@ KT_TEST(core_wgmma_family_choice)
     KT_CONTAINS(conf, " persist=1");
     KT_CHECK(kiln__config_pick(&v, 80, &cfg, &e) == KILN_STATUS_UNSUPPORTED);
     KT_CONTAINS(e.msg, "persist=");
+    /* the dynamic grid claims jobs from a batch schedule's counter: refused for a single
+     * request, its own key for a batch; persist=3 is no grid */
     setenv("KILN_TUNE", "persist=2", 1);
     KT_CHECK(kiln__config_pick(&v, 90, &cfg, &e) == KILN_STATUS_UNSUPPORTED);
-    KT_CONTAINS(e.msg, "persist 0 or 1");
+    KT_CONTAINS(e.msg, "kv=contiguous");
+    setenv("KILN_TUNE", "persist=3", 1);
+    KT_CHECK(kiln__config_pick(&v, 90, &cfg, &e) == KILN_STATUS_UNSUPPORTED);
+    KT_CONTAINS(e.msg, "persist 0, 1 or 2");
+    parse("op=prefill dtype=bf16 head_dim=128 group=4 kv=ragged", &v);
+    setenv("KILN_TUNE", "persist=2", 1);
+    KT_OK(kiln__config_pick(&v, 90, &cfg, &e), e.msg);
+    kiln__config_format(&cfg, conf, sizeof conf);
+    KT_CHECK(cfg.persist == KILN_WGMMA_PERSIST_DYNAMIC);
+    KT_CONTAINS(conf, " persist=2");
     /* rows per warp through a page table (KILN_TUNE load=1): no maps argument */
     parse("op=prefill dtype=bf16 head_dim=128 group=4 kv=paged", &v);
     setenv("KILN_TUNE", "load=1", 1);

@@ -1,7 +1,8 @@
 /*
  * hopper.cuh — the sm_90a vocabulary of the warp-specialized kernels: shared-memory matrix
- * descriptors of the 128-byte swizzle, the wgmma fences and groups, mbarriers (the producer /
- * consumer handshake of a shared-memory ring), named barriers, register reallocation
+ * descriptors of the 128-byte swizzle, the wgmma fences and groups, shared-memory words by
+ * address, mbarriers (the producer / consumer handshake of a shared-memory ring), named
+ * barriers, register reallocation
  * (setmaxnreg) and the async-proxy fence. Requires --gpu-architecture=sm_90a.
  *
  * The 128-byte swizzled tile (swz128_at): a [rows][64] block of 16-bit elements, 128 bytes a
@@ -47,6 +48,18 @@ template <int NT> __device__ __forceinline__ void reg_fence(float (&d)[NT][4])
     for (int i = 0; i < NT; i++)
 #pragma unroll
         for (int e = 0; e < 4; e++) asm volatile("" : "+f"(d[i][e])::"memory");
+}
+
+/* ---- shared-memory words by address (a slot the warpgroups hand over, no generic pointer) ---- */
+__device__ __forceinline__ void st_shared(u32 at, int v)
+{
+    asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(at), "r"(v) : "memory");
+}
+__device__ __forceinline__ int ld_shared(u32 at)
+{
+    int v;
+    asm volatile("ld.shared.b32 %0, [%1];\n" : "=r"(v) : "r"(at) : "memory");
+    return v;
 }
 
 /* ---- mbarriers ---- */

@@ -133,12 +133,15 @@ typedef struct kiln_work_header {
     int items; /* work items (the main grid may be padded past it) */
     int tasks; /* merge tasks (likewise for the merge grid) */
     int reqs;  /* requests B */
-    int pad;
+    int next_job; /* the wgmma family's dynamic persistent grid (KILN_WGMMA_PERSIST_DYNAMIC):
+                     jobs claimed past the first wave; 0 at plan, and reset to 0 by the run's
+                     last claim, so that every replay of a captured run starts from 0 */
 } kiln_work_header;
 
 /* int indices of the fields the kernels read as words (the host checks them below) */
 #define KILN_WORK_HEADER_ITEMS_AT 0
 #define KILN_WORK_HEADER_TASKS_AT 1
+#define KILN_WORK_HEADER_NEXT_AT 3
 
 /* One work item, one CTA of the main kernel: request b, query tile m, keys [kv_lo, kv_hi),
  * and the partial-state slot it writes (-1: it owns its rows and writes o directly). */
@@ -214,8 +217,8 @@ KILN_CONTRACT_FN int kiln_prefill_smem_bytes(int d, int es, int bm, int bn, int 
 /* ---- shared memory of the warp-specialized Hopper kernel (templates/wgmma_attention.cuh) ----
  * Layout, from the first 1024-byte boundary of the dynamic window (the 128-byte swizzle needs
  * it; KILN_WGMMA_ALIGN bytes are reserved for the shift): Q [bm][d] | K stages | V stages (each
- * [bn][d], 16-bit, as D / 64 swizzled 64-column blocks) | the mbarriers: full[stages],
- * empty[stages], Q's full and empty. */
+ * [bn][d], 16-bit, as D / 64 swizzled 64-column blocks) | the mbarriers (kiln_wgmma_bar_bytes) |
+ * the persistent grid's job slot (KILN_WGMMA_JOB_BYTES). */
 enum {
     KILN_WGMMA_ALIGN = 1024,
     KILN_WGMMA_BM = 128,               /* query rows per CTA: two consumer warpgroups of 64 */
@@ -224,12 +227,13 @@ enum {
      * it: 384 threads x the kernel's count, at most 65536 / 384 rounded down to 8 = 168
      * (KILN_WGMMA_LAUNCH_REGS). A split over that blocks the consumers' setmaxnreg.inc for
      * ever (seen on the H200: 240 / 32 hung). The persistent grid's consumers keep a job loop
-     * live and need 240 not to spill; the producer then has 24. */
+     * live and spill at 224, not at 232 (the producer hands them each job's work); its
+     * producer spills 88-136 bytes at 40, 336 at 24. */
     KILN_WGMMA_LAUNCH_REGS = 168,
     KILN_WGMMA_PRODUCER_REGS = 56,
     KILN_WGMMA_CONSUMER_REGS = 224,
-    KILN_WGMMA_PRODUCER_REGS_PERSIST = 24,
-    KILN_WGMMA_CONSUMER_REGS_PERSIST = 240,
+    KILN_WGMMA_PRODUCER_REGS_PERSIST = 40,
+    KILN_WGMMA_CONSUMER_REGS_PERSIST = 232,
 };
 /* The wgmma family's second kernel argument when it loads by TMA (KILN_WGMMA_LOAD_TMA): the
  * tensor maps of Q, K and V (CUtensorMap, opaque, 64-byte aligned), encoded by the host for each
@@ -253,7 +257,16 @@ enum {
     KILN_WGMMA_LOAD_WARP = 1, /* cp.async, whole rows per warp instruction */
     KILN_WGMMA_LOAD_TMA = 2,  /* TMA for whole tiles, LOAD_WARP for the partial last ones (and
                                  kv=paged pages that are not a multiple of 8 rows) */
-    KILN_WGMMA_PERSIST_DEFAULT = 0, /* kiln_cfg::PERSIST unless KILN_TUNE says persist= */
+};
+/* kiln_cfg::PERSIST of the wgmma family: the grid */
+enum {
+    KILN_WGMMA_PERSIST_NONE = 0,    /* a CTA per (tile, head) job */
+    KILN_WGMMA_PERSIST_STATIC = 1,  /* a CTA per SM, jobs blockIdx.x, + gridDim.x, ... */
+    KILN_WGMMA_PERSIST_DYNAMIC = 2, /* a CTA per SM, the first wave as STATIC, each later job
+                                       claimed from the schedule's next_job (batches only;
+                                       jit/config.c says which variants take which) */
+    /* the persistent grid's job slot after the barriers (wgmma_attention.cuh, wg_job) */
+    KILN_WGMMA_JOB_BYTES = 96,
 };
 /* kv=paged with LOAD_TMA: the rows of one TMA box of a K/V tile of bn keys from pages of
  * page_size rows (a page, or a tile-sized part of a larger one), or 0 where pages cannot be
@@ -263,24 +276,29 @@ KILN_CONTRACT_FN int kiln_wgmma_tma_page_rows(int page_size, int bn)
 {
     return page_size <= 0 || page_size % 8 ? 0 : bn % page_size == 0 ? page_size : page_size % bn == 0 ? bn : 0;
 }
-KILN_CONTRACT_FN int kiln_wgmma_bar_bytes(int stages) { return (2 * stages + 2) * 8; }
+/* full[stages], empty[stages], Q's full and empty, the job slot's full, one spare: a multiple
+ * of 16 bytes, so that the job slot after them is 16-byte aligned */
+KILN_CONTRACT_FN int kiln_wgmma_bar_bytes(int stages) { return (2 * stages + 4) * 8; }
 KILN_CONTRACT_FN int kiln_wgmma_smem_bytes(int d, int bm, int bn, int stages)
 {
-    return KILN_WGMMA_ALIGN + bm * d * 2 + 2 * stages * bn * d * 2 + kiln_wgmma_bar_bytes(stages);
+    return KILN_WGMMA_ALIGN + bm * d * 2 + 2 * stages * bn * d * 2 + kiln_wgmma_bar_bytes(stages) +
+           KILN_WGMMA_JOB_BYTES;
 }
+
+/* Whether a setmaxnreg split (the producer's 128 threads at prod registers, the consumers' 256
+ * at cons) fits what the launch gives the CTA, in setmaxnreg's steps of 8 (a macro: C's
+ * _Static_assert takes no function call). */
+#define KILN_WGMMA_LAUNCH_TOTAL (KILN_WGMMA_LAUNCH_REGS * (KILN_WGMMA_PRODUCER_THREADS + 256))
+#define KILN_WGMMA_SPLIT_FITS(prod, cons)                                                               \
+    (KILN_WGMMA_LAUNCH_TOTAL <= 65536 && KILN_WGMMA_PRODUCER_THREADS * (prod) + 256 * (cons) <= KILN_WGMMA_LAUNCH_TOTAL && \
+     (prod) % 8 == 0 && (cons) % 8 == 0)
 
 /* ---- layout checks ----
  * Sizes on both sides; field offsets on the host only (NVRTC has no offsetof): with fixed-size
  * fields ordered widest first, equal sizes leave no room for a different layout. */
 KILN_CONTRACT_ASSERT(sizeof(kiln_launch_params) == KILN_LAUNCH_PARAMS_SIZE, "kiln_launch_params size");
-KILN_CONTRACT_ASSERT(KILN_WGMMA_LAUNCH_REGS * (KILN_WGMMA_PRODUCER_THREADS + 256) <= 65536 &&
-                         KILN_WGMMA_PRODUCER_THREADS * KILN_WGMMA_PRODUCER_REGS + 256 * KILN_WGMMA_CONSUMER_REGS <=
-                             KILN_WGMMA_LAUNCH_REGS * (KILN_WGMMA_PRODUCER_THREADS + 256) &&
-                         KILN_WGMMA_PRODUCER_THREADS * KILN_WGMMA_PRODUCER_REGS_PERSIST +
-                                 256 * KILN_WGMMA_CONSUMER_REGS_PERSIST <=
-                             KILN_WGMMA_LAUNCH_REGS * (KILN_WGMMA_PRODUCER_THREADS + 256) &&
-                         KILN_WGMMA_PRODUCER_REGS % 8 == 0 && KILN_WGMMA_CONSUMER_REGS % 8 == 0 &&
-                         KILN_WGMMA_PRODUCER_REGS_PERSIST % 8 == 0 && KILN_WGMMA_CONSUMER_REGS_PERSIST % 8 == 0,
+KILN_CONTRACT_ASSERT(KILN_WGMMA_SPLIT_FITS(KILN_WGMMA_PRODUCER_REGS, KILN_WGMMA_CONSUMER_REGS) &&
+                         KILN_WGMMA_SPLIT_FITS(KILN_WGMMA_PRODUCER_REGS_PERSIST, KILN_WGMMA_CONSUMER_REGS_PERSIST),
                      "setmaxnreg: the warpgroups' registers fit the launch's 384 x 168, in steps of 8");
 KILN_CONTRACT_ASSERT(sizeof(kiln_tma_maps) == 3 * 128, "kiln_tma_maps: three CUtensorMaps");
 KILN_CONTRACT_ASSERT(sizeof(kiln_merge_params) == KILN_MERGE_PARAMS_SIZE, "kiln_merge_params size");
@@ -298,6 +316,7 @@ KILN_CONTRACT_AT(kiln_merge_params, v_stride_n, 72);
 KILN_CONTRACT_AT(kiln_merge_params, num_states, 88);
 KILN_CONTRACT_AT(kiln_work_header, items, KILN_WORK_HEADER_ITEMS_AT * 4);
 KILN_CONTRACT_AT(kiln_work_header, tasks, KILN_WORK_HEADER_TASKS_AT * 4);
+KILN_CONTRACT_AT(kiln_work_header, next_job, KILN_WORK_HEADER_NEXT_AT * 4);
 KILN_CONTRACT_AT(kiln_work_item, slot, KILN_WORK_ITEM_SLOT_AT * 4);
 KILN_CONTRACT_AT(kiln_work_req, mask_bit0_lo, KILN_WORK_REQ_MASK_AT * 4);
 KILN_CONTRACT_AT(kiln_work_req, bsr_row0, 24);
