@@ -99,32 +99,28 @@ static kiln_status load_module(kiln_ctx *ctx, kiln_kernel *k, kiln__err *e)
         r = cu->cuOccupancyMaxActiveBlocksPerMultiprocessor(&k->ctas_per_sm, k->fn_main,
                                                             k->cfg.threads,
                                                             (size_t)k->cfg.smem_bytes);
-    if (r != CUDA_SUCCESS) {
-        cu->cuModuleUnload(k->module);
-        k->module = NULL;
-        return kiln__cu_fail(e, r, "prepare %s (%s) on device %d", k->key, k->spec,
-                             ctx->info.ordinal);
-    }
-    if (k->ctas_per_sm < 1) {
-        cu->cuModuleUnload(k->module);
-        k->module = NULL;
-        return kiln__fail(
+    /* the wgmma family's setmaxnreg split must fit what the launch gives the CTA (threads x
+     * the kernel's count): one that does not blocks the consumers for ever (params.h) */
+    int regs = KILN_WGMMA_LAUNCH_REGS;
+    if (r == CUDA_SUCCESS && k->cfg.wgmma)
+        r = cu->cuFuncGetAttribute(&regs, CU_FUNC_ATTRIBUTE_NUM_REGS, k->fn_main);
+    if (r != CUDA_SUCCESS)
+        st =
+            kiln__cu_fail(e, r, "prepare %s (%s) on device %d", k->key, k->spec, ctx->info.ordinal);
+    else if (k->ctas_per_sm < 1)
+        st = kiln__fail(
             e, KILN_STATUS_UNSUPPORTED,
             "kernel %s (%s) cannot run on device %d: %d threads, %d bytes of shared memory", k->key,
             k->spec, ctx->info.ordinal, k->cfg.threads, k->cfg.smem_bytes);
-    }
-    /* The wgmma family's setmaxnreg split must fit what the launch gives the CTA (threads x
-     * the kernel's count): one that does not blocks the consumers for ever (params.h). */
-    int regs = 0;
-    if (k->cfg.wgmma &&
-        (cu->cuFuncGetAttribute(&regs, CU_FUNC_ATTRIBUTE_NUM_REGS, k->fn_main) != CUDA_SUCCESS ||
-         regs < KILN_WGMMA_LAUNCH_REGS)) {
+    else if (regs < KILN_WGMMA_LAUNCH_REGS)
+        st = kiln__fail(e, KILN_STATUS_UNSUPPORTED,
+                        "kernel %s (%s): %d registers per thread, not the %d its warpgroups' "
+                        "setmaxnreg split assumes: it would hang",
+                        k->key, k->spec, regs, KILN_WGMMA_LAUNCH_REGS);
+    if (st) {
         cu->cuModuleUnload(k->module);
         k->module = NULL;
-        return kiln__fail(e, KILN_STATUS_UNSUPPORTED,
-                          "kernel %s (%s): %d registers per thread, not the %d its warpgroups' "
-                          "setmaxnreg split assumes: it would hang",
-                          k->key, k->spec, regs, KILN_WGMMA_LAUNCH_REGS);
+        return st;
     }
     k->loaded = 1;
     return KILN_STATUS_OK;
