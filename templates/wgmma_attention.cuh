@@ -69,10 +69,9 @@ template <int STAGES> struct wg_smem {
  * each job's work and query head (h < 0: no more jobs) and arrives on job_full; the consumers
  * copy it after their wait on job_full, and so before their arrival on q_empty, which the
  * producer waits for before it writes the next: one slot serves every job, and the consumers
- * read no schedule of their own. By shared address (a generic pointer would hold two more
- * registers through the producer's 40): the work's words, h, then next[2], which hands a
- * claimed job index (KILN_WGMMA_PERSIST_DYNAMIC) from producer thread 0 to the others, by
- * job parity. */
+ * read no schedule of their own. Words by shared address: the work's, h, then next[2], which
+ * hands a claimed job index (KILN_WGMMA_PERSIST_DYNAMIC) from producer thread 0 to the
+ * others, by job parity. */
 constexpr int WG_WORK_WORDS = sizeof(mma_work) / 4;
 constexpr int WG_JOB_H = WG_WORK_WORDS, WG_JOB_NEXT = WG_WORK_WORDS + 1;
 static_assert(sizeof(mma_work) % 4 == 0 && (WG_JOB_NEXT + 2) * 4 <= KILN_WGMMA_JOB_BYTES, "the job slot");
