@@ -236,19 +236,25 @@ __device__ __forceinline__ void wg_produce(const kiln_launch_params &p, const ki
     };
     for (int t = tiles.next(w.t_first); t < w.t_end; t = tiles.next(t + 1), n++) {
         const int s = n % STAGES, j0 = t * BN;
+        /* paged by TMA, a whole tile: lane b of warp 0 reads the page-table entry of the
+         * tile's b-th box before the wait for the stage, so that the read's latency hides
+         * under it (after the wait it came before every tile's copies) */
+        const int box_rows = TMA && Cfg::KV == KV_PAGED && j0 + BN <= w.L_KV ? kiln_wgmma_tma_page_rows(p.page_size, BN) : 0;
+        int box_page = 0;
+        if (box_rows && tid < BN / box_rows) box_page = pages[(j0 + tid * box_rows) / p.page_size];
         if (n >= STAGES) mbar_wait(sm.empty(s), (n / STAGES - 1) & 1);
         const u32 kd = sm.k + s * L::TILE, vd = sm.v + s * L::TILE;
         if constexpr (Cfg::KV == KV_PAGED) {
-            if (TMA && kiln_wgmma_tma_page_rows(p.page_size, BN) && j0 + BN <= w.L_KV) {
+            if (box_rows) {
                 /* a whole tile from pages of a multiple of 8 rows: one box per page (or per
                  * tile of a larger page), lane b of warp 0 the b-th, from its page-table
                  * entry; lane 0's expect_tx first, for both tiles' bytes */
-                const int rows = kiln_wgmma_tma_page_rows(p.page_size, BN);
+                const int rows = box_rows;
                 if (tid < WARP) {
                     if (tid == 0) mbar_arrive_expect_tx(sm.full(s), 2 * L::TILE);
                     __syncwarp();
                     if (tid < BN / rows) {
-                        const int j = j0 + tid * rows, pg = pages[j / p.page_size], r = j % p.page_size;
+                        const int j = j0 + tid * rows, pg = box_page, r = j % p.page_size;
 #pragma unroll
                         for (int cb = 0; cb < D / 64; cb++) {
                             const u32 at = (u32)(cb * BN * 128 + tid * rows * 128);
