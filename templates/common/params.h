@@ -228,7 +228,7 @@ enum {
      * (KILN_WGMMA_LAUNCH_REGS). A split over that blocks the consumers' setmaxnreg.inc for
      * ever (seen on the H200: 240 / 32 hung). The persistent grid's consumers keep a job loop
      * live and spill at 224, not at 232 (the producer hands them each job's work); its
-     * producer spills 88-136 bytes at 40, 336 at 24. */
+     * producer spills 128-136 bytes at 40, 336 at 24. */
     KILN_WGMMA_LAUNCH_REGS = 168,
     KILN_WGMMA_PRODUCER_REGS = 56,
     KILN_WGMMA_CONSUMER_REGS = 224,
@@ -265,7 +265,7 @@ enum {
     KILN_WGMMA_PERSIST_DYNAMIC = 2, /* a CTA per SM, the first wave as STATIC, each later job
                                        claimed from the schedule's next_job (batches only;
                                        jit/config.c says which variants take which) */
-    /* the persistent grid's job slot after the barriers (wgmma_attention.cuh, wg_job) */
+    /* the persistent grid's job slot after the barriers (wgmma_attention.cuh, wg_job_put) */
     KILN_WGMMA_JOB_BYTES = 96,
 };
 /* kv=paged with LOAD_TMA: the rows of one TMA box of a K/V tile of bn keys from pages of
