@@ -477,7 +477,8 @@ KT_TEST(plan_degenerate_and_refused)
 
 /* NVRTC compiles the batch kernels for sm_80 and sm_90a without spills, except the 128-row
  * plain prefill kernels (jit/config.c: faster than the 64-row ones with up to ~170 B of spills
- * at 255 registers), held to 256 B. */
+ * at 255 registers), held to 256 B, and the wgmma family's persistent grid, whose producer
+ * spills 128-136 B at its 40 registers (its consumers none: params.h), held to 160 B. */
 KT_TEST(plan_batch_kernels_compile)
 {
     kiln_ctx *ctx = KT_CTX(kt_tmpdir(), 0);
@@ -507,7 +508,9 @@ KT_TEST(plan_batch_kernels_compile)
             kiln__config cfg;
             kiln__err e = {0};
             KT_OK(kiln__config_pick(&v, a ? 80 : 90, &cfg, &e), e.msg);
-            const int allowed = cfg.mt == 2 && v.op == KILN_OP_PREFILL ? 256 : 0;
+            const int allowed = cfg.mt == 2 && v.op == KILN_OP_PREFILL ? 256
+                                : cfg.wgmma && cfg.persist             ? 160
+                                                                       : 0;
             if (info.spill_bytes > allowed)
                 kt_fail(__FILE__, __LINE__, "%s (%s, mt=%d): %d bytes spilled (at most %d)",
                         specs[i], info.arch, cfg.mt, info.spill_bytes, allowed);
