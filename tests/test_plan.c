@@ -69,6 +69,10 @@ static void check_schedule(kiln_plan *pl, const batch *b, int decode, int rows, 
     const int nitems = w[0], ntasks = w[1];
     KT_EQ_INT(nitems, info.items);
     KT_EQ_INT(ntasks, info.merge_tasks);
+    /* the header's request count, and the wgmma persistent grid's claim counter at 0 in every
+     * schedule (its kernel claims jobs from it and its last claim resets it) */
+    KT_EQ_INT(w[2], b->B);
+    KT_EQ_INT(w[KILN_WORK_HEADER_NEXT_AT], 0);
     /* requests, with where their mask data starts: bits after the earlier requests' L_Q x L_KV
      * matrices, bsr block rows (of the plan's bsr_r, 1 when unset) after theirs */
     int64_t bit0 = 0, row0 = 0;
