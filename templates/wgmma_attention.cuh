@@ -50,7 +50,8 @@ template <class Cfg> struct wg_layout {
     static_assert(Cfg::WARPS == 8 && Cfg::MT == 1 && !Cfg::PACK, "two consumer warpgroups of 64 rows");
     static_assert(prefill_layout<Cfg>::BM == BM, "the work items' tile is the CTA's");
     static_assert(!Cfg::ROPE && Cfg::KV_DT < KV_E4M3, "16-bit K/V, no RoPE");
-    static_assert(D % 64 == 0 && BN % 64 == 0, "whole 64-column swizzle blocks");
+    static_assert(D % 64 == 0, "whole 64-column swizzle blocks");
+    static_assert(BN % 16 == 0 && BN >= 64 && BN <= 256, "key tiles of whole k16 slices of P V, an m64nBN S");
     static_assert(BYTES == KILN_WGMMA_ALIGN + JOB_AT + KILN_WGMMA_JOB_BYTES, "the regions fill the layout");
 };
 
@@ -95,6 +96,13 @@ __device__ __forceinline__ mma_work wg_job_get(u32 slot)
 }
 constexpr int WG_PRODUCER_BAR = 3; /* named barrier of the producer's threads (1, 2: the turns) */
 
+/* The works of a CTA's jobs: planned items (a batch), or query tiles (a single request). */
+template <class Cfg> __device__ __forceinline__ int wg_nx(const kiln_launch_params &p)
+{
+    if constexpr (Cfg::KV != KV_CONTIGUOUS) return num_items(p);
+    else return (p.qo_len + KILN_WGMMA_BM - 1) / KILN_WGMMA_BM;
+}
+
 /* The key tiles a CTA visits, in order: [t_first, t_end), less those the tile map hides. */
 template <class Cfg> struct wg_tiles {
     const unsigned char *map;
@@ -127,9 +135,10 @@ __device__ __forceinline__ wg_tiles<Cfg> wg_job_tiles(const kiln_launch_params &
  *     producer thread, its address worked out once (a paged row: one page-table read); a warp
  *     instruction touches 32 rows, 16 bytes of each: every 32-byte L2 sector is fetched twice.
  *   LOAD_WARP (kv=paged's default, and TMA's partial tiles): each producer warp takes
- *     ROWS / 4 rows, lane l works out the address of its row l, and the warp copies whole rows
- *     an instruction at a time (512 contiguous bytes where rows are contiguous), each row's
- *     address passed by shuffle: 1.5x the first version's speed on the H200. */
+ *     ROWS / 4 rows, 32 at a time, lane l works out the address of its row l, and the warp
+ *     copies whole rows an instruction at a time (512 contiguous bytes where rows are
+ *     contiguous), each row's address passed by shuffle: 1.5x the first version's speed on
+ *     the H200. */
 template <int LOAD, int D, int ROWS, class RowAt>
 __device__ __forceinline__ void wg_load_rows(u32 dst, const unsigned char *g, const RowAt &row_at, int row0,
                                              int row_hi, int tid)
@@ -152,19 +161,24 @@ __device__ __forceinline__ void wg_load_rows(u32 dst, const unsigned char *g, co
         constexpr int LPR = CH < WARP ? CH : WARP; /* lanes per row in one instruction */
         constexpr int RPI = WARP / LPR;            /* rows per instruction */
         constexpr int RW = ROWS / (KILN_WGMMA_PRODUCER_THREADS / WARP); /* rows per warp */
-        static_assert(CH <= WARP && RW <= WARP && RW % RPI == 0, "load shape");
+        static_assert(CH <= WARP && RW * (KILN_WGMMA_PRODUCER_THREADS / WARP) == ROWS && RW % RPI == 0,
+                      "load shape");
         const int lane = tid % WARP, rw0 = tid / WARP * RW, ch = lane % LPR;
-        const int jl = row0 + rw0 + lane;
-        const i64 own = lane < RW && jl < row_hi ? row_at(jl) : -1; /* -1: zero-fill */
-        const int own_lo = (int)(unsigned)(own & 0xffffffff), own_hi = (int)(own >> 32);
+        /* a warp's rows in rounds of up to 32 (a lane's row each) */
+#pragma unroll
+        for (int q0 = 0; q0 < RW; q0 += WARP) {
+            const int qn = RW - q0 < WARP ? RW - q0 : WARP, jl = row0 + rw0 + q0 + lane;
+            const i64 own = lane < qn && jl < row_hi ? row_at(jl) : -1; /* -1: zero-fill */
+            const int own_lo = (int)(unsigned)(own & 0xffffffff), own_hi = (int)(own >> 32);
 #pragma unroll 4
-        for (int i = 0; i < RW / RPI; i++) {
-            const int rl = i * RPI + lane / LPR, r = rw0 + rl;
-            const i64 off = ((i64)__shfl_sync(0xffffffffu, own_hi, rl) << 32) |
-                            (i64)(unsigned)__shfl_sync(0xffffffffu, own_lo, rl);
-            const bool ok = off >= 0;
-            cp_async16(dst + (u32)((ch >> 3) * ROWS * 128 + r * 128 + (((ch & 7) ^ (r & 7)) << 4)),
-                       ok ? g + off + ch * 16 : g, ok ? 16 : 0);
+            for (int i = 0; i < qn / RPI; i++) {
+                const int rl = i * RPI + lane / LPR, r = rw0 + q0 + rl;
+                const i64 off = ((i64)__shfl_sync(0xffffffffu, own_hi, rl) << 32) |
+                                (i64)(unsigned)__shfl_sync(0xffffffffu, own_lo, rl);
+                const bool ok = off >= 0;
+                cp_async16(dst + (u32)((ch >> 3) * ROWS * 128 + r * 128 + (((ch & 7) ^ (r & 7)) << 4)),
+                           ok ? g + off + ch * 16 : g, ok ? 16 : 0);
+            }
         }
     }
 }
@@ -206,21 +220,26 @@ __device__ __forceinline__ void wg_produce_tile(u32 dst, u32 bar, const unsigned
     cp_async_arrive(bar);
 }
 
-/* The copies of one job: Q (the consumers are done with the previous job's: wg_produce_jobs
- * waited), then its K/V tiles into the ring, whose count n runs on across jobs. */
-template <class Cfg>
+/* The copies of one job: its first K/V tile into the ring (whose count n runs on across jobs),
+ * then Q once q_turn() returns (the consumers are done with the previous job's Q), then the
+ * other tiles; filled() once the ring holds the job's first STAGES tiles (or all of them):
+ * the producer is then a ring ahead, and a pause costs the consumers nothing. */
+template <class Cfg, class QTurn, class Filled>
 __device__ __forceinline__ void wg_produce(const kiln_launch_params &p, const kiln_tma_maps *maps, const mma_work &w,
                                            const wg_tiles<Cfg> &tiles, const wg_smem<Cfg::STAGES> &sm, int h, int hk,
-                                           int tid, int &n)
+                                           int tid, int &n, const QTurn &q_turn, const Filled &filled)
 {
     using L = wg_layout<Cfg>;
     constexpr int D = Cfg::D, BN = Cfg::BN, STAGES = Cfg::STAGES;
     constexpr bool TMA = Cfg::LOAD == KILN_WGMMA_LOAD_TMA;
-    const unsigned char *qg =
-        reinterpret_cast<const unsigned char *>(p.q) + ((i64)w.q_start * p.q_stride_n + (i64)h * p.q_stride_h) * 2;
-    const i64 qs = p.q_stride_n * 2;
-    wg_produce_tile<Cfg, L::BM>(sm.q, sm.q_full(), qg, [&](int j) { return (i64)j * qs; }, w.m0, w.L_Q,
-                                TMA ? &maps->q : nullptr, h, w.q_start + w.m0, tid);
+    auto produce_q = [&] {
+        q_turn();
+        const unsigned char *qg = reinterpret_cast<const unsigned char *>(p.q) +
+                                  ((i64)w.q_start * p.q_stride_n + (i64)h * p.q_stride_h) * 2;
+        const i64 qs = p.q_stride_n * 2;
+        wg_produce_tile<Cfg, L::BM>(sm.q, sm.q_full(), qg, [&](int j) { return (i64)j * qs; }, w.m0, w.L_Q,
+                                    TMA ? &maps->q : nullptr, h, w.q_start + w.m0, tid);
+    };
 
     const unsigned char *kg = reinterpret_cast<const unsigned char *>(p.k) + (i64)hk * p.k_stride_h * 2;
     const unsigned char *vg = reinterpret_cast<const unsigned char *>(p.v) + (i64)hk * p.v_stride_h * 2;
@@ -234,6 +253,7 @@ __device__ __forceinline__ void wg_produce(const kiln_launch_params &p, const ki
         const int pg = j / p.page_size;
         return ((i64)pages[pg] * stride_page) * 2 + (i64)(j - pg * p.page_size) * stride;
     };
+    const int n0 = n;
     for (int t = tiles.next(w.t_first); t < w.t_end; t = tiles.next(t + 1), n++) {
         const int s = n % STAGES, j0 = t * BN;
         /* paged by TMA, a whole tile: lane b of warp 0 reads the page-table entry of the
@@ -290,6 +310,30 @@ __device__ __forceinline__ void wg_produce(const kiln_launch_params &p, const ki
             wg_load_rows<Cfg::LOAD, D, BN>(vd, vg, [&](int j) { return (i64)j * vs; }, j0, w.L_KV, tid);
             cp_async_arrive(sm.full(s));
         }
+        if (n == n0) produce_q();
+        if (n == n0 + STAGES - 1) filled();
+    }
+    if (n == n0) produce_q(); /* a job without key tiles */
+    if (n - n0 < STAGES) filled();
+}
+
+/* Job i's Q rows into L2 (its TMA boxes: no barrier, no shared memory), i past the last job:
+ * nothing. The item and request words it reads are then in cache for mma_load_work. */
+template <class Cfg>
+__device__ __forceinline__ void wg_prefetch_q(const kiln_launch_params &p, const kiln_tma_maps *maps, int i)
+{
+    if constexpr (Cfg::LOAD == KILN_WGMMA_LOAD_TMA) {
+        const int H = p.num_qo_heads;
+        if (i >= wg_nx<Cfg>(p) * H) return;
+        int row;
+        if constexpr (Cfg::KV != KV_CONTIGUOUS) {
+            const work_item it = load_item(p, i / H);
+            row = load_req(p, it.b).q_start + it.m * KILN_WGMMA_BM;
+        } else {
+            row = (wg_nx<Cfg>(p) - 1 - i / H) * KILN_WGMMA_BM; /* mma_load_work's m_block */
+        }
+#pragma unroll
+        for (int cb = 0; cb < Cfg::D / 64; cb++) tma_prefetch_3d(&maps->q, cb * 64, i % H, row);
     }
 }
 
@@ -346,9 +390,24 @@ __device__ __forceinline__ void wg_to_p(const float (&sc)[Cfg::BN / 8][4], u32 (
     for (int kk = 0; kk < Cfg::BN / 16; kk++) acc_to_a<Cfg::DT>(sc, kk, pf[kk]);
 }
 
-/* The turns of the two warpgroups: group c waits on barrier 1 + c, then lets the other go. */
+/* The turns of the two warpgroups: group c waits on barrier 1 + c, issues, then lets the
+ * other go, so that their issues alternate and every arrival on a barrier is waited for
+ * before its group arrives there again (a group's next arrival follows its own wait, which
+ * needs the other group's pass, which follows that group's wait). The turns run on across a
+ * CTA's jobs: group 1 gives group 0 its first turn (wg_turns_begin); each job ends with one
+ * more turn each, the last P V's (or none, without tiles), so that group 1's pass after its
+ * last P V is group 0's first turn of the next job, which group 0 starts while group 1 still
+ * stores; group 0 takes the last one in wg_turns_end. */
 __device__ __forceinline__ void wg_turn_wait(int c) { named_sync(1 + c, 2 * 128); }
 __device__ __forceinline__ void wg_turn_pass(int c) { named_arrive(2 - c, 2 * 128); }
+__device__ __forceinline__ void wg_turns_begin(int c)
+{
+    if (c == 1) wg_turn_pass(c);
+}
+__device__ __forceinline__ void wg_turns_end(int c)
+{
+    if (c == 0) wg_turn_wait(c);
+}
 
 /* With PERSIST, the consumers let Q go after the job's last S (tile t the last one): the
  * producer loads the next job's Q under this job's softmax, last P V and store. One job per
@@ -376,7 +435,6 @@ __device__ __forceinline__ void wg_consume(const kiln_launch_params &p, const mm
     st.init();
     const float c2 = S::RAW ? p.sm_scale * LOG2E : 1.0f;
     const u32 q_rows = sm.q + c * 64 * 128;
-    if (c == 1) wg_turn_pass(c); /* group 0 takes the first turn */
 
     float sc[1][BN / 8][4];
     u32 pf[BN / 16][4]; /* P of the previous tile */
@@ -420,16 +478,19 @@ __device__ __forceinline__ void wg_consume(const kiln_launch_params &p, const mm
             prev = s;
         }
         if (!Cfg::PERSIST) mbar_arrive(sm.q_empty());
-        /* P V of the last tile */
+        /* P V of the last tile, a turn of its own */
+        wg_turn_wait(c);
         wgmma_fence();
         wg_issue_pv<Cfg>(st.o[0], pf, sm.v + prev * L::TILE);
+        wg_turn_pass(c);
         wgmma_wait<0>();
         reg_fence(st.o[0]);
         mbar_arrive(sm.empty(prev));
     } else {
         mbar_arrive(sm.q_empty());
+        wg_turn_wait(c); /* the job's last turn, without an issue */
+        wg_turn_pass(c);
     }
-    if (c == 0) wg_turn_wait(c); /* the other group's last pass, so that both barriers end even */
     store_rows<Cfg>(st, rows, p, w, c2, wrow, lane);
 }
 
@@ -439,18 +500,15 @@ __device__ __forceinline__ void wg_consume(const kiln_launch_params &p, const mm
  * of a single request, a batch's items are longest first) and a KV head's G query heads run
  * side by side. CTA b takes job b, then b + gridDim.x, ... (STATIC), or claims each later one
  * from the schedule's counter (DYNAMIC: the CTA that frees first takes the next). */
-template <class Cfg> __device__ __forceinline__ int wg_nx(const kiln_launch_params &p)
-{
-    if constexpr (Cfg::KV != KV_CONTIGUOUS) return num_items(p);
-    else return (p.qo_len + KILN_WGMMA_BM - 1) / KILN_WGMMA_BM;
-}
 
 /* The persistent producer: for each job, its work (read while the ring still holds the last
- * job's tiles), the job slot once the consumers let the last Q go, then the job's copies; at
- * the end a slot with h = -1. DYNAMIC: after job `it`'s copies thread 0 claims the next,
- * index v + gridDim.x of the counter's value v. Each CTA with a first job claims until its
- * claim is past the end, so a run makes exactly nx x H claims: the one that draws the last
- * value resets the counter (no other claim follows it). */
+ * job's tiles), its first K/V tile, the job slot once the consumers let the last Q go, then Q
+ * and the other tiles; at the end a slot with h = -1. Once the job's tiles fill the ring,
+ * thread 0 takes the next job and fetches its Q into L2 (wg_prefetch_q), under the wait for
+ * a free stage: DYNAMIC claims it, index v + gridDim.x of the counter's value v. Each CTA
+ * with a first job claims once per job it runs, the last claim past the end, so a run makes
+ * exactly nx x H claims: the one that draws the last value resets the counter (no other
+ * claim follows it). */
 template <class Cfg>
 __device__ __forceinline__ void wg_produce_jobs(const kiln_launch_params &p, const kiln_tma_maps *maps,
                                                 const wg_smem<Cfg::STAGES> &sm, int tid)
@@ -461,26 +519,40 @@ __device__ __forceinline__ void wg_produce_jobs(const kiln_launch_params &p, con
     for (int i = blockIdx.x, it = 0;; it++) {
         const int H = p.num_qo_heads;
         const bool more = i < wg_nx<Cfg>(p) * H;
-        mma_work w;
-        if (more) w = mma_load_work<Cfg>(p, i / H, wg_nx<Cfg>(p));
-        if (it > 0) mbar_wait(sm.q_empty(), (it - 1) & 1);
-        if (tid == 0) {
-            if (more) wg_job_put(sm.job(), w, i % H);
-            else st_shared(sm.job() + 4 * WG_JOB_H, -1);
-            mbar_arrive(sm.job_full());
-        }
-        if (!more) return;
-        const int h = i % H;
-        wg_produce<Cfg>(p, maps, w, wg_job_tiles<Cfg>(p, w), sm, h, h / Cfg::G, tid, n);
-        if constexpr (Cfg::PERSIST == KILN_WGMMA_PERSIST_DYNAMIC) {
-            static_assert(Cfg::KV != KV_CONTIGUOUS, "the counter lives in a batch's schedule");
-            const u32 next = sm.job() + 4 * (WG_JOB_NEXT + (it & 1));
+        if (!more) { /* the slot's end, once the consumers let the last job's Q go */
+            if (it > 0) mbar_wait(sm.q_empty(), (it - 1) & 1);
             if (tid == 0) {
-                int *counter = reinterpret_cast<int *>(p.work) + KILN_WORK_HEADER_NEXT_AT;
-                const int v = atomicAdd(counter, 1);
-                if (v == wg_nx<Cfg>(p) * p.num_qo_heads - 1) atomicExch(counter, 0);
-                st_shared(next, v + (int)gridDim.x);
+                st_shared(sm.job() + 4 * WG_JOB_H, -1);
+                mbar_arrive(sm.job_full());
             }
+            return;
+        }
+        const mma_work w = mma_load_work<Cfg>(p, i / H, wg_nx<Cfg>(p));
+        const int h = i % H;
+        const u32 next = sm.job() + 4 * (WG_JOB_NEXT + (it & 1));
+        wg_produce<Cfg>(
+            p, maps, w, wg_job_tiles<Cfg>(p, w), sm, h, h / Cfg::G, tid, n,
+            [&] { /* the job slot, once the consumers let the last job's Q go */
+                if (it > 0) mbar_wait(sm.q_empty(), (it - 1) & 1);
+                if (tid == 0) {
+                    wg_job_put(sm.job(), w, h);
+                    mbar_arrive(sm.job_full());
+                }
+            },
+            [&] { /* the ring is full: the next job, and its Q into L2 */
+                if (tid != 0) return;
+                int j = i + (int)gridDim.x;
+                if constexpr (Cfg::PERSIST == KILN_WGMMA_PERSIST_DYNAMIC) {
+                    static_assert(Cfg::KV != KV_CONTIGUOUS, "the counter lives in a batch's schedule");
+                    int *counter = reinterpret_cast<int *>(p.work) + KILN_WORK_HEADER_NEXT_AT;
+                    const int v = atomicAdd(counter, 1);
+                    if (v == wg_nx<Cfg>(p) * p.num_qo_heads - 1) atomicExch(counter, 0);
+                    j = v + (int)gridDim.x;
+                    st_shared(next, j);
+                }
+                wg_prefetch_q<Cfg>(p, maps, j);
+            });
+        if constexpr (Cfg::PERSIST == KILN_WGMMA_PERSIST_DYNAMIC) {
             named_sync(WG_PRODUCER_BAR, KILN_WGMMA_PRODUCER_THREADS);
             i = ld_shared(next);
         } else {
@@ -493,11 +565,16 @@ __device__ __forceinline__ void wg_produce_jobs(const kiln_launch_params &p, con
 template <class Cfg>
 __device__ __forceinline__ void wg_consume_jobs(const kiln_launch_params &p, const wg_smem<Cfg::STAGES> &sm, int tid)
 {
+    const int c = tid / 128 - 1;
+    wg_turns_begin(c);
     int n = 0;
     for (int it = 0;; it++) {
         mbar_wait(sm.job_full(), it & 1);
         const int h = ld_shared(sm.job() + 4 * WG_JOB_H);
-        if (h < 0) return;
+        if (h < 0) {
+            wg_turns_end(c);
+            return;
+        }
         const mma_work w = wg_job_get(sm.job());
         wg_consume<Cfg>(p, w, wg_job_tiles<Cfg>(p, w), sm, h, h / Cfg::G, tid, it, n);
     }
@@ -529,26 +606,31 @@ template <class Cfg> __device__ void wgmma_attention_kernel(const kiln_launch_pa
     }
     __syncthreads();
     /* one branch per role (setmaxnreg), each going through the same jobs */
-    if (tid < L::PRODUCER) {
-        regs_dec<Cfg::PERSIST ? KILN_WGMMA_PRODUCER_REGS_PERSIST : KILN_WGMMA_PRODUCER_REGS>();
-        if constexpr (Cfg::PERSIST) {
+    if constexpr (Cfg::PERSIST) {
+        if (tid < L::PRODUCER) {
+            regs_dec<KILN_WGMMA_PRODUCER_REGS>();
             wg_produce_jobs<Cfg>(p, maps, sm, tid);
+            cp_async_wait<0>(); /* no copy outlives its thread */
         } else {
-            int n = 0;
-            const mma_work w = mma_load_work<Cfg>(p, blockIdx.x, gridDim.x); /* a CTA per tile */
-            const int h = blockIdx.y;
-            wg_produce<Cfg>(p, maps, w, wg_job_tiles<Cfg>(p, w), sm, h, h / Cfg::G, tid, n);
-        }
-        cp_async_wait<0>(); /* no copy outlives its thread */
-    } else {
-        regs_inc<Cfg::PERSIST ? KILN_WGMMA_CONSUMER_REGS_PERSIST : KILN_WGMMA_CONSUMER_REGS>();
-        if constexpr (Cfg::PERSIST) {
+            regs_inc<KILN_WGMMA_CONSUMER_REGS>();
             wg_consume_jobs<Cfg>(p, sm, tid);
-        } else {
-            int n = 0;
+        }
+    } else { /* a CTA per (tile, head) job; each role reads the work after its setmaxnreg
+                (read before it, the work's registers cost the consumers spills) */
+        const int h = blockIdx.y;
+        int n = 0;
+        if (tid < L::PRODUCER) {
+            regs_dec<KILN_WGMMA_PRODUCER_REGS>();
             const mma_work w = mma_load_work<Cfg>(p, blockIdx.x, gridDim.x);
-            const int h = blockIdx.y;
+            wg_produce<Cfg>(p, maps, w, wg_job_tiles<Cfg>(p, w), sm, h, h / Cfg::G, tid, n, [] {}, [] {});
+            cp_async_wait<0>();
+        } else {
+            regs_inc<KILN_WGMMA_CONSUMER_REGS>();
+            const mma_work w = mma_load_work<Cfg>(p, blockIdx.x, gridDim.x);
+            const int c = tid / 128 - 1;
+            wg_turns_begin(c);
             wg_consume<Cfg>(p, w, wg_job_tiles<Cfg>(p, w), sm, h, h / Cfg::G, tid, 0, n);
+            wg_turns_end(c);
         }
     }
 }

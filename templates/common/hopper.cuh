@@ -103,6 +103,14 @@ __device__ __forceinline__ void tma_load_4d(u32 dst, const void *map, u32 bar, i
                  "l"(map), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(bar)
                  : "memory");
 }
+/* Fetch the box at (c0, c1, c2) of a 3-D tensor map into L2 only (no barrier, no shared
+ * memory): a later TMA of the box then reads L2 instead of DRAM. */
+__device__ __forceinline__ void tma_prefetch_3d(const void *map, int c0, int c1, int c2)
+{
+    asm volatile("cp.async.bulk.prefetch.tensor.3d.L2.global.tile [%0, {%1, %2, %3}];\n" ::"l"(map), "r"(c0),
+                 "r"(c1), "r"(c2)
+                 : "memory");
+}
 /* Wait until the phase of the given parity has completed. */
 __device__ __forceinline__ void mbar_wait(u32 bar, int parity)
 {

@@ -226,14 +226,13 @@ enum {
     /* setmaxnreg moves registers between the warpgroups of a CTA, within what the launch gave
      * it: 384 threads x the kernel's count, at most 65536 / 384 rounded down to 8 = 168
      * (KILN_WGMMA_LAUNCH_REGS). A split over that blocks the consumers' setmaxnreg.inc for
-     * ever (seen on the H200: 240 / 32 hung). The persistent grid's consumers keep a job loop
-     * live and spill at 224, not at 232 (the producer hands them each job's work); its
-     * producer spills 128-136 bytes at 40, 336 at 24. */
+     * ever (seen on the H200: 240 / 32 hung). Both grids split 40 / 232: the persistent
+     * grid's consumers keep a job loop live and spill at 224, and d256's 80-key tiles spill
+     * at 224 in a CTA per job; the producer spills nothing at 40 once it reads each job's
+     * work after its first tile is under way (336 bytes at 24). */
     KILN_WGMMA_LAUNCH_REGS = 168,
-    KILN_WGMMA_PRODUCER_REGS = 56,
-    KILN_WGMMA_CONSUMER_REGS = 224,
-    KILN_WGMMA_PRODUCER_REGS_PERSIST = 40,
-    KILN_WGMMA_CONSUMER_REGS_PERSIST = 232,
+    KILN_WGMMA_PRODUCER_REGS = 40,
+    KILN_WGMMA_CONSUMER_REGS = 232,
 };
 /* The wgmma family's second kernel argument when it loads by TMA (KILN_WGMMA_LOAD_TMA): the
  * tensor maps of Q, K and V (CUtensorMap, opaque, 64-byte aligned), encoded by the host for each
@@ -297,8 +296,7 @@ KILN_CONTRACT_FN int kiln_wgmma_smem_bytes(int d, int bm, int bn, int stages)
  * Sizes on both sides; field offsets on the host only (NVRTC has no offsetof): with fixed-size
  * fields ordered widest first, equal sizes leave no room for a different layout. */
 KILN_CONTRACT_ASSERT(sizeof(kiln_launch_params) == KILN_LAUNCH_PARAMS_SIZE, "kiln_launch_params size");
-KILN_CONTRACT_ASSERT(KILN_WGMMA_SPLIT_FITS(KILN_WGMMA_PRODUCER_REGS, KILN_WGMMA_CONSUMER_REGS) &&
-                         KILN_WGMMA_SPLIT_FITS(KILN_WGMMA_PRODUCER_REGS_PERSIST, KILN_WGMMA_CONSUMER_REGS_PERSIST),
+KILN_CONTRACT_ASSERT(KILN_WGMMA_SPLIT_FITS(KILN_WGMMA_PRODUCER_REGS, KILN_WGMMA_CONSUMER_REGS),
                      "setmaxnreg: the warpgroups' registers fit the launch's 384 x 168, in steps of 8");
 KILN_CONTRACT_ASSERT(sizeof(kiln_tma_maps) == 3 * 128, "kiln_tma_maps: three CUtensorMaps");
 KILN_CONTRACT_ASSERT(sizeof(kiln_merge_params) == KILN_MERGE_PARAMS_SIZE, "kiln_merge_params size");
