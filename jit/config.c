@@ -99,6 +99,7 @@ typedef enum when {
     PLAIN,         /* plain attention (prefill_plain), not packed by KILN_TUNE pack=1 */
     SINGLE_OR_FP8, /* a single request (contiguous KV) or fp8 KV: not a batch of 16-bit KV */
     ELEMENT_MASK,  /* a mask snippet or mask data (evaluated per element in mixed tiles) */
+    NO_ALIBI,      /* no ALiBi bias (its slopes and positions add live registers) */
 } when;
 
 /* The shared-memory class a row needs. */
@@ -155,8 +156,13 @@ static const tile_row tile_rows[] = {
      "two 64-row consumer warpgroups, 128-key tiles, three stages: 113 KiB"},
     {FAM_WGMMA,         128, ANY,           ALWAYS, 8,    1, 128,         3,     0,
      "three 128-key stages keep the producer a tile ahead: 225 KiB of the 227"},
+    {FAM_WGMMA,         256, ELEMENT_MASK,  FITS,   8,    1, 64,          2,     0,
+     "as above where four stages do not fit: two"},
+    {FAM_WGMMA,         256, NO_ALIBI,      ALWAYS, 8,    1, 80,          2,     0,
+     "80-key tiles, two stages: 225 KiB; S = Q K^T on m64n80 reads less shared memory a FLOP "
+     "than m64n64 (4 x 4096 causal 451 -> 475 TFLOP/s, non-causal 466 -> 495)"},
     {FAM_WGMMA,         256, ANY,           ALWAYS, 8,    1, 64,          2,     0,
-     "64-key tiles, two stages: 193 KiB"},
+     "ALiBi: 64-key tiles, two stages (193 KiB); at 80 keys its consumers spill 150-200 bytes"},
 };
 /* clang-format on */
 
@@ -187,6 +193,8 @@ static int row_serves(const tile_row *r, const kiln_variant *v, int pack)
             return v->kv == KILN_KV_CONTIGUOUS || is_fp8(v->kv_dtype);
         case ELEMENT_MASK:
             return kiln__variant_has_element_mask(v);
+        case NO_ALIBI:
+            return v->logits != KILN_LOGITS_ALIBI;
         default:
             return 1;
     }
@@ -323,6 +331,18 @@ static int wgmma_persist_default(const kiln_variant *v)
                                                              : KILN_WGMMA_PERSIST_NONE;
 }
 
+/* The key tiles the wgmma family has an S = Q K^T instruction for (m64nBNk16: the shapes
+ * tools/build/gen_wgmma.py writes into templates/common/wgmma.cuh). Copying rows a thread
+ * each (load=0) takes 64 or 128. */
+static int wgmma_bn_ok(int bn, int load)
+{
+    static const int shapes[] = {64, 80, 128, 176, 192, 256};
+    if (load == KILN_WGMMA_LOAD_ROWS && bn != 64 && bn != 128) return 0;
+    for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++)
+        if (shapes[i] == bn) return 1;
+    return 0;
+}
+
 /* The warp-specialized Hopper kernel: two consumer warpgroups of 64 rows and a producer. */
 static kiln_status pick_wgmma(const kiln_variant *v, int smem_limit, kiln__config *c, kiln__err *e)
 {
@@ -337,12 +357,13 @@ static kiln_status pick_wgmma(const kiln_variant *v, int smem_limit, kiln__confi
     if (c->load < 0) c->load = KILN_WGMMA_LOAD_TMA;
     if (c->persist < 0) c->persist = wgmma_persist_default(v);
     if (c->warps != 8 || c->mt != 1 || c->q_in_regs || c->gb || c->pack || c->min_blocks != 1 ||
-        (c->block_n != 64 && c->block_n != 128) || c->stages < 2 || c->stages > 4 ||
+        !wgmma_bn_ok(c->block_n, c->load) || c->stages < 2 || c->stages > 4 ||
         c->load > KILN_WGMMA_LOAD_TMA || c->persist > KILN_WGMMA_PERSIST_DYNAMIC)
         return kiln__fail(e, KILN_STATUS_UNSUPPORTED,
-                          "config: the wgmma family takes warps=8 mt=1 qregs=0 minb=1, bn 64 or "
-                          "128, 2-4 stages (a consumer frees a stage only once the next tile has "
-                          "landed), load 0, 1 or 2 and persist 0, 1 or 2 (got warps=%d mt=%d "
+                          "config: the wgmma family takes warps=8 mt=1 qregs=0 minb=1, bn 64, 80, "
+                          "128, 176, 192 or 256 (64 or 128 with load=0), 2-4 stages (a consumer "
+                          "frees a stage only once the next tile has landed), load 0, 1 or 2 and "
+                          "persist 0, 1 or 2 (got warps=%d mt=%d "
                           "qregs=%d minb=%d bn=%d stages=%d load=%d persist=%d)",
                           c->warps, c->mt, c->q_in_regs, c->min_blocks, c->block_n, c->stages,
                           c->load, c->persist);

@@ -250,7 +250,16 @@ KT_TEST(core_wgmma_family_choice)
     KT_CONTAINS(e.msg, "wgmma needs sm_90a");
     setenv("KILN_TUNE", "wgmma=1,bn=96", 1);
     KT_CHECK(kiln__config_pick(&v, 90, &cfg, &e) == KILN_STATUS_UNSUPPORTED);
-    KT_CONTAINS(e.msg, "bn 64 or 128");
+    KT_CONTAINS(e.msg, "bn 64, 80, 128, 176, 192 or 256");
+    setenv("KILN_TUNE", "wgmma=1,bn=176,load=0", 1); /* a row a thread: 64 or 128 keys */
+    KT_CHECK(kiln__config_pick(&v, 90, &cfg, &e) == KILN_STATUS_UNSUPPORTED);
+    KT_CONTAINS(e.msg, "64 or 128 with load=0");
+    setenv("KILN_TUNE", "wgmma=1,bn=176,stages=2", 1); /* an m64n176 S: 209 KiB */
+    KT_OK(kiln__config_pick(&v, 90, &cfg, &e), e.msg);
+    KT_CHECK(cfg.wgmma && cfg.block_n == 176 && cfg.stages == 2);
+    setenv("KILN_TUNE", "wgmma=1,bn=176,stages=3", 1); /* 297 KiB: over sm_90's 227 */
+    KT_CHECK(kiln__config_pick(&v, 90, &cfg, &e) == KILN_STATUS_UNSUPPORTED);
+    KT_CONTAINS(e.msg, "shared memory");
     setenv("KILN_TUNE", "stages=1",
            1); /* would deadlock: stage n - 1 is freed after tile n lands */
     KT_CHECK(kiln__config_pick(&v, 90, &cfg, &e) == KILN_STATUS_UNSUPPORTED);
