@@ -89,6 +89,9 @@ typedef struct kiln__config {
                           persistent grid (one CTA per SM's worth, each looping over work
                           tiles, heaviest first, round robin); 2 the same, later jobs claimed
                           from a counter in the batch's schedule */
+    int fused_merge;   /* batch decode: the split CTAs merge their task's partial states (the
+                          last of each task to finish, merge.cuh merge_task_if_last) and
+                          kiln_plan_run launches no merge kernel; 0: the merge kernel does */
 } kiln__config;
 
 /* Why the warp-specialized Hopper family (wgmma_attention.cuh) is not v's family on sm_<sm>,
