@@ -104,10 +104,10 @@ const char *kiln__wgmma_refusal(const kiln_variant *v, int sm, int *can);
 int kiln__smem_limit(int sm);
 
 /* Pick the tile configuration for a checked variant: the table in jit/config.c, then the
- * environment variable KILN_TUNE ("warps=8 mt=2 bn=64 stages=3 qregs=0 minb=2", also gb= and
- * pack=), which overrides fields for tuning (op=merge takes none but pack); the config is part of
- * the key material, so an override never aliases a cached kernel. Fails when an override is
- * malformed or does not fit. */
+ * environment variable KILN_TUNE ("warps=8 mt=2 bn=64 stages=3 qregs=0 minb=2", also gb=,
+ * pack= and merge=), which overrides fields for tuning (op=merge takes none but pack); the
+ * config is part of the key material, so an override never aliases a cached kernel. Fails when
+ * an override is malformed or does not fit. */
 kiln_status kiln__config_pick(const kiln_variant *v, int sm, kiln__config *cfg, kiln__err *e);
 /* One-line text of a config (part of the key material). */
 void kiln__config_format(const kiln__config *cfg, char *buf, size_t cap);
