@@ -104,10 +104,13 @@ template <class Cfg> __device__ void batch_merge_kernel(const kiln_launch_params
  *
  * Memory order: each thread's partial stores, then its __threadfence (a device-scope fence),
  * then the block barrier, then thread 0's atomicAdd: a CTA's whole partial is visible device
- * wide before its count is. The last CTA's thread 0 fences again after its atomicAdd (acquire)
- * before __syncthreads_or hands the outcome to every thread (no shared memory), and the merge
- * reads the partials with __ldcg from L2. The counter's reset needs no fence: no CTA adds to it
- * again in this run, and the next run (a graph replay) starts after this kernel ends. */
+ * wide before its count is. Thread 0 also fences between the barrier and its atomicAdd: a
+ * fence is cumulative, so that one orders every store the barrier made visible to thread 0 (the
+ * whole CTA's partial) before the count in the memory model's own terms, not only in the
+ * hardware's. The last CTA's thread 0 fences again after its atomicAdd (acquire) before
+ * __syncthreads_or hands the outcome to every thread (no shared memory), and the merge reads
+ * the partials with __ldcg from L2. The counter's reset needs no fence: no CTA adds to it again
+ * in this run, and the next run (a graph replay) starts after this kernel ends. */
 template <class Cfg> __device__ __forceinline__ void merge_task_if_last(const kiln_launch_params &p, int task, int h0, int nh)
 {
     constexpr int D = Cfg::D;
@@ -118,6 +121,7 @@ template <class Cfg> __device__ __forceinline__ void merge_task_if_last(const ki
     int last = 0;
     if (threadIdx.x == 0) {
         int *count = task_counter(p, task, scope, scopes);
+        __threadfence();
         last = atomicAdd(count, 1) == t.nslots - 1;
         if (last) {
             *count = 0;
