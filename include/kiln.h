@@ -512,7 +512,8 @@ typedef struct kiln_plan_info {
     int grid;              /* CTAs along x of the main launch (>= items in graph mode) */
     int kv_chunk;          /* keys per split (0: no request was split) */
     int split_items;       /* items that write partial states merged afterwards */
-    int merge_tasks;       /* (request, query tile) groups the merge kernel combines */
+    int merge_tasks;       /* (request, query tile) groups of split items merged: by the merge
+                              kernel, or in the batch decode kernels by each group's last CTA */
     int64_t max_item_keys; /* keys of the longest item */
     int64_t total_keys;    /* keys over all query tiles, for one head (each item runs once per
                               head or head group) */
@@ -553,7 +554,9 @@ typedef struct kiln_batch_args {
 } kiln_batch_args;
 
 /* Run the last scheduled batch on stream: no allocation, no synchronisation, no host reads of device
- * memory. Safe to capture in a CUDA graph. */
+ * memory. Safe to capture in a CUDA graph. One launch for a batch decode (its split CTAs merge
+ * their own results; KILN_TUNE merge=0 takes a merge kernel instead), two for a prefill whose
+ * schedule may split (the main kernel, then the merge kernel). */
 KILN_API kiln_status kiln_plan_run(kiln_plan *plan, const kiln_batch_args *a, void *stream);
 
 /* ---- softmax states ----

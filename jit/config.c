@@ -262,10 +262,11 @@ static kiln_status apply_tune(kiln__config *c, kiln__err *e)
         else if (!strcmp(tok, "wgmma")) c->wgmma = val;
         else if (!strcmp(tok, "load")) c->load = val;
         else if (!strcmp(tok, "persist")) c->persist = val;
+        else if (!strcmp(tok, "merge")) c->fused_merge = val;
         else
             return kiln__fail(e, KILN_STATUS_INVALID_ARGUMENT,
                               "KILN_TUNE: unknown field '%s' (warps, mt, bn, stages, qregs, gb, "
-                              "minb, pack, wgmma, load, persist)",
+                              "minb, pack, wgmma, load, persist, merge)",
                               tok);
     }
     return KILN_STATUS_OK;
@@ -400,6 +401,20 @@ static kiln_status pick_simt_decode(const kiln_variant *v, int smem_limit, kiln_
     return KILN_STATUS_OK;
 }
 
+/* Why the main kernel of v cannot merge its own splits (kiln__config.fused_merge), or NULL when
+ * it can: the batch decode kernels (CUDA-core and tensor-core) can, and do by default. */
+static const char *fused_merge_refusal(const kiln_variant *v)
+{
+    if (v->op == KILN_OP_MERGE) return "op=merge kernels have no splits to merge";
+    if (v->op != KILN_OP_DECODE)
+        return "only the batch decode kernels merge their own splits; prefill keeps the merge "
+               "kernel";
+    if (v->kv == KILN_KV_CONTIGUOUS)
+        return "a single decode (kv=contiguous) keeps the merge kernel: its partial states are "
+               "in the caller's workspace, which holds no counters the library zeroes";
+    return NULL;
+}
+
 /* ---- internal API --------------------------------------------------------------------------- */
 
 kiln_status kiln__config_pick(const kiln_variant *v, int sm, kiln__config *c, kiln__err *e)
@@ -412,11 +427,20 @@ kiln_status kiln__config_pick(const kiln_variant *v, int sm, kiln__config *c, ki
     int wgmma_can;
     const char *no_wgmma = kiln__wgmma_refusal(v, sm, &wgmma_can);
     c->wgmma = -1; /* unless KILN_TUNE names it: the Hopper family where it serves, not packed */
+    c->fused_merge = -1; /* likewise merge=: fused wherever the kernel can merge its splits */
     kiln_status st = apply_tune(c, e);
     if (st) return st;
     const int pack = c->pack, wgmma = c->wgmma < 0 ? !no_wgmma && !pack : c->wgmma;
     if (wgmma && !wgmma_can)
         return kiln__fail(e, KILN_STATUS_UNSUPPORTED, "config: wgmma=1 (KILN_TUNE): %s", no_wgmma);
+    const char *no_fuse = fused_merge_refusal(v);
+    if (c->fused_merge > 1 || (c->fused_merge == 1 && no_fuse))
+        return kiln__fail(e, KILN_STATUS_UNSUPPORTED, "config: merge=%d (KILN_TUNE): %s",
+                          c->fused_merge,
+                          c->fused_merge > 1 ? "merge is 0 (the merge kernel) or 1 (the split "
+                                               "CTAs merge)"
+                                             : no_fuse);
+    const int fused_merge = c->fused_merge < 0 ? !no_fuse : c->fused_merge;
     memset(c, 0, sizeof *c);
     c->min_blocks = 1;
     c->pack = pack;
@@ -432,6 +456,7 @@ kiln_status kiln__config_pick(const kiln_variant *v, int sm, kiln__config *c, ki
     else if (c->wgmma) st = pick_wgmma(v, limit, c, e);
     else st = pick_mma(v, limit, c, e);
     if (st) return st;
+    c->fused_merge = fused_merge; /* the family's apply_tune wrote KILN_TUNE's value again */
     if ((c->load || c->persist) && !c->wgmma)
         return kiln__fail(e, KILN_STATUS_UNSUPPORTED,
                           "config: load= and persist= (KILN_TUNE) are the wgmma family's");
@@ -458,5 +483,10 @@ void kiln__config_format(const kiln__config *c, char *buf, size_t cap)
     if (c->wgmma) {
         const size_t n = strlen(buf);
         if (n < cap) snprintf(buf + n, cap - n, " wgmma=1 load=%d persist=%d", c->load, c->persist);
+    }
+    /* likewise the fused merge: only the kernels that merge their own splits say so */
+    if (c->fused_merge) {
+        const size_t n = strlen(buf);
+        if (n < cap) snprintf(buf + n, cap - n, " fused_merge=1");
     }
 }

@@ -251,6 +251,8 @@ kiln_status kiln__expand(const kiln_variant *v, const kiln__config *cfg, const c
     if (cfg->wgmma)
         kiln__str_printf(&s, "    static constexpr int LOAD = %d, PERSIST = %d;\n", cfg->load,
                          cfg->persist);
+    else /* the families that can merge their own splits (jit/config.c: batch decode) */
+        kiln__str_printf(&s, "    static constexpr int FUSED_MERGE = %d;\n", cfg->fused_merge);
     /* the wgmma family takes its kernel's arguments and, loading by TMA, the tensor maps */
     const int tma = cfg->wgmma && cfg->load == KILN_WGMMA_LOAD_TMA;
     kiln__str_printf(&s,

@@ -89,6 +89,9 @@ typedef struct kiln__config {
                           persistent grid (one CTA per SM's worth, each looping over work
                           tiles, heaviest first, round robin); 2 the same, later jobs claimed
                           from a counter in the batch's schedule */
+    int fused_merge;   /* batch decode: the split CTAs merge their task's partial states (the
+                          last of each task to finish, merge.cuh merge_task_if_last) and
+                          kiln_plan_run launches no merge kernel; 0: the merge kernel does */
 } kiln__config;
 
 /* Why the warp-specialized Hopper family (wgmma_attention.cuh) is not v's family on sm_<sm>,
@@ -101,10 +104,10 @@ const char *kiln__wgmma_refusal(const kiln_variant *v, int sm, int *can);
 int kiln__smem_limit(int sm);
 
 /* Pick the tile configuration for a checked variant: the table in jit/config.c, then the
- * environment variable KILN_TUNE ("warps=8 mt=2 bn=64 stages=3 qregs=0 minb=2", also gb= and
- * pack=), which overrides fields for tuning (op=merge takes none but pack); the config is part of
- * the key material, so an override never aliases a cached kernel. Fails when an override is
- * malformed or does not fit. */
+ * environment variable KILN_TUNE ("warps=8 mt=2 bn=64 stages=3 qregs=0 minb=2", also gb=,
+ * pack= and merge=), which overrides fields for tuning (op=merge takes none but pack); the
+ * config is part of the key material, so an override never aliases a cached kernel. Fails when
+ * an override is malformed or does not fit. */
 kiln_status kiln__config_pick(const kiln_variant *v, int sm, kiln__config *cfg, kiln__err *e);
 /* One-line text of a config (part of the key material). */
 void kiln__config_format(const kiln__config *cfg, char *buf, size_t cap);

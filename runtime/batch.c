@@ -8,11 +8,19 @@
  * heaviest down (the hardware dispatches CTAs in blockIdx order, so this is a list schedule),
  * and copies the schedule into the caller's workspace with one cuMemcpyHtoDAsync from a
  * pinned buffer. kiln_plan_run fills the parameter block and launches the main kernel and,
- * when anything may be split, the merge kernel: pure host arithmetic and two launches.
+ * when anything may be split and the kernel does not merge its own splits, the merge kernel:
+ * pure host arithmetic and one or two launches.
+ *
+ * The batch decode kernels merge their own splits (kiln__config.fused_merge, the default): the
+ * last CTA of each merge task to finish merges the task's slots (templates/merge.cuh,
+ * merge_task_if_last), counting arrivals on one int per (task, head scope) after the tasks.
+ * Those counters are 0 in every upload (the schedule's tasks' counters are written with it) and
+ * the last CTA of each task puts its counter back to 0, so a captured run replays from 0.
  *
  * Workspace (offsets fixed by the plan's bounds, so a graph-mode run keeps them): an int
- * region (kiln_work_header, kiln_work_item[], kiln_work_req[], kiln_merge_task[]: the contract
- * in templates/common/params.h), then the partial states: float lse [slots][H][rows], float o
+ * region (kiln_work_header, kiln_work_item[], kiln_work_req[], kiln_merge_task[], and with a
+ * fused merge the arrival counters int [task bound][head scopes]: the contract in
+ * templates/common/params.h), then the partial states: float lse [slots][H][rows], float o
  * [slots][H][rows][D].
  */
 #include <math.h>
@@ -38,11 +46,12 @@ enum {
 };
 
 /* The workspace of one schedule: the bounds it was sized for (items, tasks, partial slots), the
- * int region (header, items, requests, tasks; offsets in ints, int_bytes rounded up to 256) and
- * the partial states (byte offsets); bytes in all. */
+ * int region (header, items, requests, tasks, the fused merge's counters: `counters` ints, 0
+ * without it; offsets in ints, int_bytes rounded up to 256) and the partial states (byte
+ * offsets); bytes in all. */
 typedef struct layout {
-    int64_t items, tasks, slots;
-    int items_off, reqs_off, tasks_off;
+    int64_t items, tasks, slots, counters;
+    int items_off, reqs_off, tasks_off, counters_off;
     size_t int_bytes, plse_off, po_off, bytes;
 } layout;
 
@@ -50,10 +59,12 @@ struct kiln_plan {
     kiln_kernel *k;
     kiln_plan_opts o;
     int decode, H, hpi, rows, D, gran, slots;
+    int fused; /* the kernel merges its own splits: counters in the layout, no merge launch */
     /* the last plan */
     kiln_plan_info info;
     int grid, tasks_grid;
     layout lay;
+    size_t uploaded; /* bytes of the int region the last upload copied */
     kiln_devptr ws;
     size_t ws_bytes;
     int scheduled; /* 1 once a schedule was written: run and describe need one */
@@ -104,12 +115,16 @@ static int layout_for(const kiln_plan *pl, int batch, int64_t total_qo, int64_t 
     L->slots = slots;
     L->items = tile_bound(pl, batch, total_qo) + slots;
     L->tasks = slots;
+    /* the fused merge's arrival counters: one per (task, head scope), a head scope being the
+     * query heads of one of an item's hpi CTAs */
+    L->counters = pl->fused ? L->tasks * pl->hpi : 0;
     const int64_t ints = HEADER_INTS + L->items * ITEM_INTS + round4((int64_t)batch * REQ_INTS) +
-                         L->tasks * TASK_INTS;
+                         L->tasks * TASK_INTS + L->counters;
     if (ints > (int64_t)1 << 30) return -1;
     L->items_off = HEADER_INTS;
     L->reqs_off = (int)(L->items_off + L->items * ITEM_INTS);
     L->tasks_off = L->reqs_off + round4((int64_t)batch * REQ_INTS);
+    L->counters_off = (int)(L->tasks_off + L->tasks * TASK_INTS);
     L->int_bytes = (size_t)ints * sizeof(int);
     L->int_bytes = (L->int_bytes + 255) / 256 * 256;
     const size_t per_slot_lse = (size_t)pl->H * pl->rows * sizeof(float);
@@ -117,7 +132,8 @@ static int layout_for(const kiln_plan *pl, int batch, int64_t total_qo, int64_t 
     L->po_off = L->plse_off + ((size_t)slots * per_slot_lse + 255) / 256 * 256;
     L->bytes = L->po_off + (size_t)slots * per_slot_lse * pl->D;
     /* the regions follow one another without overlap */
-    KILN__ASSERT_LE(L->tasks_off + L->tasks * TASK_INTS, ints);
+    KILN__ASSERT_LE(L->tasks_off + L->tasks * TASK_INTS, L->counters_off);
+    KILN__ASSERT_LE(L->counters_off + L->counters, ints);
     KILN__ASSERT_LE((int64_t)ints * (int64_t)sizeof(int), (int64_t)L->plse_off);
     KILN__ASSERT_LE(L->plse_off + (size_t)slots * per_slot_lse, L->po_off);
     return 0;
@@ -142,6 +158,7 @@ static kiln_plan *plan_new(kiln_kernel *k, const kiln_plan_opts *opts, int slots
     pl->rows = pl->decode ? 1 : pack ? k->cfg.block_m / G : k->cfg.block_m;
     pl->gran = pl->decode && !pack ? KILN_DECODE_TILE * k->cfg.warps : k->cfg.block_n;
     pl->slots = slots;
+    pl->fused = k->cfg.fused_merge;
     if (pl->o.fixed_split > 0) /* chunks stay aligned to the kernel's key tiles */
         pl->o.fixed_split = (pl->o.fixed_split + pl->gran - 1) / pl->gran * pl->gran;
     return pl;
@@ -237,6 +254,19 @@ const int *kiln__plan_last_schedule(const kiln_plan *pl, int *items_off, int *re
     *reqs_off = pl->lay.reqs_off;
     *tasks_off = pl->lay.tasks_off;
     return pl->host;
+}
+
+void kiln__plan_last_layout(const kiln_plan *pl, kiln__plan_layout *out)
+{
+    const layout *L = &pl->lay;
+    *out = (kiln__plan_layout){.items_off = L->items_off,
+                               .reqs_off = L->reqs_off,
+                               .tasks_off = L->tasks_off,
+                               .counters_off = L->counters_off,
+                               .task_bound = (int)L->tasks,
+                               .scopes = pl->fused ? pl->hpi : 0,
+                               .int_bytes = L->int_bytes,
+                               .uploaded = pl->uploaded};
 }
 
 void kiln_plan_destroy(kiln_plan *pl)
@@ -598,7 +628,8 @@ typedef struct sched_counts {
 } sched_counts;
 
 /* Phase 4c, the work items (ITEM_INTS each, at items_off) heaviest first, the merge tasks
- * (TASK_INTS each, at tasks_off) of the split tiles, and the header. */
+ * (TASK_INTS each, at tasks_off) of the split tiles, each split item naming its task, the
+ * fused merge's counters of those tasks at 0, and the header. */
 static void write_items(kiln_plan *pl, int ntiles, int64_t chunk, const layout *L, int B, int *w,
                         sched_counts *out)
 {
@@ -643,7 +674,8 @@ static void write_items(kiln_plan *pl, int ntiles, int64_t chunk, const layout *
             it->kv_lo = n > 1 ? (int)(c * chunk) : 0;
             it->kv_hi = n > 1 ? (int)((c + 1) * chunk < keys ? (c + 1) * chunk : keys) : keys;
             it->slot = n > 1 ? slot0 + (int)c : -1;
-            it->pad[0] = it->pad[1] = it->pad[2] = 0;
+            it->task = n > 1 ? ntasks : -1;
+            it->pad[0] = it->pad[1] = 0;
             nitems++;
         }
         if (n > 1) {
@@ -657,6 +689,12 @@ static void write_items(kiln_plan *pl, int ntiles, int64_t chunk, const layout *
         total_keys += keys;
         if (size > longest) longest = size;
     }
+    /* the counters the run's tasks use start from 0 (the staging buffer holds an older
+     * schedule's words); the kernel puts each back to 0 after its task's merge */
+    if (pl->fused) {
+        KILN__ASSERT_LE((int64_t)ntasks * pl->hpi, L->counters);
+        memset(w + L->counters_off, 0, (size_t)ntasks * (size_t)pl->hpi * sizeof(int));
+    }
     kiln_work_header *hdr = (kiln_work_header *)w;
     hdr->items = nitems;
     hdr->tasks = ntasks;
@@ -665,14 +703,17 @@ static void write_items(kiln_plan *pl, int ntiles, int64_t chunk, const layout *
     *out = (sched_counts){nitems, ntasks, nslot, total_keys, longest};
 }
 
-/* Phase 5, the upload: one copy of the int region actually used (header .. last task) into
- * the workspace, and the event the ring waits on before it reuses the buffer. */
+/* Phase 5, the upload: one copy of the int region actually used (header .. last task, or with
+ * a fused merge and tasks, .. the last task's counters: the unused task records between go
+ * too) into the workspace, and the event the ring waits on before it reuses the buffer. */
 static kiln_status upload(kiln_plan *pl, const layout *L, const int *w, int ntasks, int slot,
                           kiln_devptr workspace, void *stream, kiln__err *e)
 {
-    /* one copy of the int region actually used (header .. last task) */
-    const size_t used = (size_t)(L->tasks_off + ntasks * TASK_INTS) * sizeof(int);
+    const int64_t end = pl->fused && ntasks > 0 ? L->counters_off + (int64_t)ntasks * pl->hpi
+                                                : L->tasks_off + (int64_t)ntasks * TASK_INTS;
+    const size_t used = (size_t)end * sizeof(int);
     KILN__ASSERT_LE(used, L->int_bytes); /* inside the int region the workspace was sized for */
+    pl->uploaded = used;
     if (!pl->host_only) {
         const kiln__cu *cu = pl->k->ctx->cu;
         CUresult r = cu->cuMemcpyHtoDAsync(workspace, w, used, (CUstream)stream);
@@ -770,6 +811,7 @@ kiln_status kiln_plan_run(kiln_plan *pl, const kiln_batch_args *a, void *stream)
     p.items_off = pl->lay.items_off;
     p.reqs_off = pl->lay.reqs_off;
     p.tasks_off = pl->lay.tasks_off;
+    p.counters_off = pl->lay.counters_off;
     p.slot_rows = pl->rows;
     p.partial_lse = pl->ws + pl->lay.plse_off;
     p.partial_o = pl->ws + pl->lay.po_off;
@@ -799,7 +841,8 @@ kiln_status kiln_plan_run(kiln_plan *pl, const kiln_batch_args *a, void *stream)
                                (unsigned)k->cfg.threads, 1, 1, (unsigned)k->cfg.smem_bytes,
                                (CUstream)stream, args, NULL);
     }
-    if (r == CUDA_SUCCESS && pl->tasks_grid > 0)
+    /* the merge kernel, unless the main kernel's split CTAs merged their tasks already */
+    if (r == CUDA_SUCCESS && pl->tasks_grid > 0 && !pl->fused)
         r = cu->cuLaunchKernel(k->fn_merge, (unsigned)pl->tasks_grid, (unsigned)pl->H, 1,
                                (unsigned)k->cfg.merge_threads, 1, 1, 0, (CUstream)stream, args,
                                NULL);

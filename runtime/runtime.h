@@ -118,6 +118,16 @@ kiln_status kiln__plan_create_host(kiln_kernel *k, const kiln_plan_opts *opts, i
  * next kiln_plan_schedule or kiln_plan_destroy. */
 const int *kiln__plan_last_schedule(const kiln_plan *pl, int *items_off, int *reqs_off,
                                     int *tasks_off);
+/* Tests: where the last schedule's records and the fused merge's counters lie, in ints from the
+ * start of the int region: counters int [task_bound][scopes] at counters_off (scopes 0: the
+ * kernel does not merge its splits, no counters); the region's bytes, and the bytes the last
+ * upload copied from its start. */
+typedef struct kiln__plan_layout {
+    int items_off, reqs_off, tasks_off, counters_off;
+    int task_bound, scopes;
+    size_t int_bytes, uploaded;
+} kiln__plan_layout;
+void kiln__plan_last_layout(const kiln_plan *pl, kiln__plan_layout *out);
 
 /* launch.c: CTAs along x of a persistent wgmma kernel (cfg.persist) with `jobs` work tiles:
  * as many as fit on the GPU at once, at most one per job (and at least 1). */

@@ -1,12 +1,21 @@
 /*
  * merge.cuh — the merge kernels, all over state_merge (common/state_merge.cuh): the split-KV
- * merge of a single decode, the split merge of a batch plan, and the public merge_state /
- * merge_state_in_place / merge_states kernels (op=merge variants).
+ * merge of a single decode, the split merge of a batch plan (a kernel of its own, or fused into
+ * the batch decode kernels' epilogue), and the public merge_state / merge_state_in_place /
+ * merge_states kernels (op=merge variants).
  *
  * Split partials (written by decode / prefill CTAs and items with a slot) are float, in log2
  * units: a single decode's partial_o [splits][H][D], partial_lse [splits][H]; a batch's
  * partial_o [slot][H][slot_rows][D], partial_lse [slot][H][slot_rows]. Public states are in
  * the variant's dtype with natural-log lse: v [rows, H, D] (strides at run time), lse [rows, H].
+ *
+ * A batch plan's splits are merged one of two ways, element by element with the same function
+ * (merge_split_element), so both write the same bits:
+ *   - batch_merge_kernel, the second launch of kiln_plan_run: grid (tasks, H), any thread count;
+ *   - with kiln_cfg::FUSED_MERGE (the batch decode kernels), merge_task_if_last at the end of
+ *     the main kernel: the last CTA of a merge task to finish its partial merges the task's
+ *     slots for the heads it covers, and kiln_plan_run launches nothing more. It counts the
+ *     CTAs on the schedule's arrival counters (common/params.h).
  */
 #ifndef KILN_MERGE_CUH
 #define KILN_MERGE_CUH
@@ -40,6 +49,40 @@ template <class Cfg> __device__ void decode_merge_kernel(const kiln_launch_param
     }
 }
 
+/* A partial-state word: FRESH reads it from L2 (ld.global.cg), for a reader in the kernel whose
+ * other CTAs wrote it (their stores reach L2; this SM's L1 is not kept coherent with them). */
+template <bool FRESH> __device__ __forceinline__ float load_partial(const float *at)
+{
+    if constexpr (FRESH) return __ldcg(at);
+    else return *at;
+}
+
+/* Element d of row rr (of the task's query tile) of head h of merge task t of request r: the
+ * merge of the partial states of slots slot0 .. slot0 + nslots - 1, in that order, into o and,
+ * for d == 0, lse (natural log). The one per-element merge of a batch plan's splits, for the
+ * merge kernel and the fused epilogue alike. */
+template <class Cfg, bool FRESH>
+__device__ __forceinline__ void merge_split_element(const kiln_launch_params &p, const kiln_merge_task &t,
+                                                    const work_req &r, int h, int rr, int d)
+{
+    constexpr int D = Cfg::D;
+    const int H = p.num_qo_heads, R = p.slot_rows, ns = t.nslots;
+    const float *plse = reinterpret_cast<const float *>(p.partial_lse);
+    const float *po = reinterpret_cast<const float *>(p.partial_o);
+    float M = neg_inf();
+    for (int s = 0; s < ns; s++) M = max_f(M, load_partial<FRESH>(plse + ((i64)(t.slot0 + s) * H + h) * R + rr));
+    state_merge acc(M);
+    for (int s = 0; s < ns; s++) {
+        const i64 at = ((i64)(t.slot0 + s) * H + h) * R + rr;
+        const float ls = load_partial<FRESH>(plse + at);
+        const float wgt = acc.weight(ls);
+        acc.add(wgt, load_partial<FRESH>(po + at * D + d));
+    }
+    const i64 row = (i64)r.q_start + t.m * R + rr;
+    reinterpret_cast<u16 *>(p.o)[row * p.o_stride_n + (i64)h * p.o_stride_h + d] = from_float<Cfg::OUT_DT>(acc.out());
+    if (Cfg::LSE && d == 0) reinterpret_cast<float *>(p.lse)[row * H + h] = acc.lse_nat_of_log2();
+}
+
 /* One merge task of a batch plan per CTA x (padded grid: tasks past the count return), one
  * query head per CTA y: the slots of the task's query tile into its rows of o. */
 template <class Cfg> __device__ void batch_merge_kernel(const kiln_launch_params &p)
@@ -48,24 +91,49 @@ template <class Cfg> __device__ void batch_merge_kernel(const kiln_launch_params
     if ((int)blockIdx.x >= num_tasks(p)) return;
     const kiln_merge_task t = load_task(p, blockIdx.x);
     const work_req r = load_req(p, t.b);
-    const int h = blockIdx.y, H = p.num_qo_heads, R = p.slot_rows;
-    const int row0 = t.m * R, nrows = min(R, r.qo_len - row0), slot0 = t.slot0, ns = t.nslots;
-    const float *plse = reinterpret_cast<const float *>(p.partial_lse);
-    const float *po = reinterpret_cast<const float *>(p.partial_o);
-    for (int e = threadIdx.x; e < nrows * D; e += blockDim.x) {
-        const int rr = e / D, d = e % D;
-        float M = neg_inf();
-        for (int s = 0; s < ns; s++) M = max_f(M, plse[((i64)(slot0 + s) * H + h) * R + rr]);
-        state_merge acc(M);
-        for (int s = 0; s < ns; s++) {
-            const i64 at = ((i64)(slot0 + s) * H + h) * R + rr;
-            const float ls = plse[at];
-            const float wgt = acc.weight(ls);
-            acc.add(wgt, po[at * D + d]);
+    const int h = blockIdx.y, R = p.slot_rows, nrows = min(R, r.qo_len - t.m * R);
+    for (int e = threadIdx.x; e < nrows * D; e += blockDim.x) merge_split_element<Cfg, false>(p, t, r, h, e / D, e % D);
+}
+
+/* The fused merge (kiln_cfg::FUSED_MERGE): called by every thread of a split CTA of a batch
+ * plan once its partial state of query heads h0 .. h0 + nh - 1 is written; those heads are its
+ * head scope, scope blockIdx.y * gridDim.z + blockIdx.z of the grid's y x z. The CTA counts
+ * itself on the (task, scope) counter; the one that draws nslots - 1 (every other CTA of the
+ * task has written its partial of these heads) puts the counter back to 0 and merges the
+ * task's slots for its heads into o and lse, element by element as batch_merge_kernel does.
+ *
+ * Memory order: each thread's partial stores, then its __threadfence (a device-scope fence),
+ * then the block barrier, then thread 0's atomicAdd: a CTA's whole partial is visible device
+ * wide before its count is. Thread 0 also fences between the barrier and its atomicAdd: a
+ * fence is cumulative, so that one orders every store the barrier made visible to thread 0 (the
+ * whole CTA's partial) before the count in the memory model's own terms, not only in the
+ * hardware's. The last CTA's thread 0 fences again after its atomicAdd (acquire) before
+ * __syncthreads_or hands the outcome to every thread (no shared memory), and the merge reads
+ * the partials with __ldcg from L2. The counter's reset needs no fence: no CTA adds to it again
+ * in this run, and the next run (a graph replay) starts after this kernel ends. */
+template <class Cfg> __device__ __forceinline__ void merge_task_if_last(const kiln_launch_params &p, int task, int h0, int nh)
+{
+    constexpr int D = Cfg::D;
+    const int scopes = gridDim.y * gridDim.z, scope = blockIdx.y * gridDim.z + blockIdx.z;
+    const kiln_merge_task t = load_task(p, (unsigned)task);
+    __threadfence();
+    __syncthreads();
+    int last = 0;
+    if (threadIdx.x == 0) {
+        int *count = task_counter(p, task, scope, scopes);
+        __threadfence();
+        last = atomicAdd(count, 1) == t.nslots - 1;
+        if (last) {
+            *count = 0;
+            __threadfence();
         }
-        const i64 row = (i64)r.q_start + row0 + rr;
-        reinterpret_cast<u16 *>(p.o)[row * p.o_stride_n + (i64)h * p.o_stride_h + d] = from_float<Cfg::OUT_DT>(acc.out());
-        if (Cfg::LSE && d == 0) reinterpret_cast<float *>(p.lse)[row * H + h] = acc.lse_nat_of_log2();
+    }
+    if (!__syncthreads_or(last)) return;
+    const work_req r = load_req(p, t.b);
+    const int R = p.slot_rows, nrows = min(R, r.qo_len - t.m * R), per_head = nrows * D;
+    for (int e = threadIdx.x; e < nh * per_head; e += blockDim.x) {
+        const int hh = e / per_head, rd = e % per_head;
+        merge_split_element<Cfg, true>(p, t, r, h0 + hh, rd / D, rd % D);
     }
 }
 

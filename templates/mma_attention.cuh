@@ -22,7 +22,8 @@
  * m16 tiles per warp; BN keys per tile (multiple of 16); STAGES of the K/V pipeline; Q_IN_REGS
  * keeps Q's fragments in registers; HAS_LOGITS_EXPR / HAS_MASK_EXPR with Cfg::logits_expr /
  * Cfg::mask_expr, the user snippets; MASK_DATA (mask_data_id); MASK_USES_HEAD (the mask
- * snippet reads a head index). Element masks (snippet, data) are evaluated per element in
+ * snippet reads a head index); FUSED_MERGE in {0,1} (batches: a split CTA's task is merged by
+ * its last CTA, merge_task_if_last). Element masks (snippet, data) are evaluated per element in
  * every tile unless a tile map from tile_map_kernel (tile_map.cuh) says a tile is hidden
  * (skipped) or fully visible (no element work). BM = WARPS * MT * 16 query rows per CTA.
  *
@@ -32,7 +33,8 @@
  * one token, its G heads are G rows of the m16 MMA) and an option of batch prefill.
  *
  * Launch: grid (ceil(L_Q / BM), H), WARPS*32 threads, smem kiln_prefill_smem_bytes (params.h)
- * (batches: grid (work items, H); PACK: (work items, H_KV)).
+ * (batches: grid (work items, H); PACK: (work items, H_KV)). A CTA's head scope, the heads of
+ * its fused merge, is its blockIdx.y: one query head, or with PACK the G of its KV head.
  *
  * Checked against the float64 CPU reference in tools/check.c (tests/test_gpu.c, kiln check).
  */
@@ -600,6 +602,8 @@ template <class Cfg> __device__ void mma_attention_kernel(const kiln_launch_para
     }
     cp_async_wait<0>();
     store_rows<Cfg>(st, rows, p, w, c2, wrow, lane);
+    if constexpr (BATCH && Cfg::FUSED_MERGE)
+        if (w.slot >= 0) merge_task_if_last<Cfg>(p, load_item(p, blockIdx.x).task, h, S::PG);
 }
 
 } /* namespace kiln */

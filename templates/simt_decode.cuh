@@ -1,7 +1,8 @@
 /*
  * simt_decode.cuh — decode on CUDA cores, split over the KV length: a single request (split-KV,
  * merged by decode_merge_kernel) or the items of a batch plan (kv=ragged / kv=paged, merged by
- * batch_merge_kernel) whose group does not run on tensor cores (mma_attention.cuh).
+ * batch_merge_kernel, or with FUSED_MERGE by the last CTA of each merge task) whose group does
+ * not run on tensor cores (mma_attention.cuh).
  *
  * Computes, for every query head h (one query token):
  *     o[h] = sum_j softmax_j(s(q[h], k[j])) v[j],   lse[h] = ln sum_j exp(s(q[h], k[j]))
@@ -17,14 +18,17 @@
  * (divides G, <= 8); DT / OUT_DT in {F16, BF16}; KV_DT (also fp8); KV (kv_layout_id); LOGITS
  * (logits_id); WINDOW, LSE, ROPE in {0,1}; WARPS per CTA; STAGES of the per-warp cp.async
  * pipeline; TILE = KILN_DECODE_TILE; HAS_LOGITS_EXPR / HAS_MASK_EXPR with Cfg::logits_expr /
- * Cfg::mask_expr, the user snippets; MASK_DATA (mask_data_id; the query is row 0 of the mask).
+ * Cfg::mask_expr, the user snippets; MASK_DATA (mask_data_id; the query is row 0 of the mask);
+ * FUSED_MERGE in {0,1} (batches only: the split CTAs merge their task's slots themselves).
  *
  * Launch: main grid (num_splits, H_KV, G/GB) (batches: (work items, H_KV, G/GB)), WARPS*32
  * threads, smem kiln_decode_smem_bytes (params.h). Each CTA covers keys [kv_begin +
  * split*kv_chunk, +kv_chunk) ∩ [0, L_KV). Every warp runs its own pipeline over tiles of TILE
  * keys (lane = key for q.k, lane = slice of D for p.v), keeps an online softmax state, and the
  * CTA combines its warps at the end. With one split the CTA writes o directly; otherwise it
- * writes a normalised partial (o, log2-sum-exp) that merge.cuh combines.
+ * writes a normalised partial (o, log2-sum-exp) that merge.cuh combines: in a kernel of its
+ * own, or (FUSED_MERGE) here, by the task's last CTA to finish, for the GB heads of its head
+ * scope blockIdx.y * gridDim.z + blockIdx.z (merge_task_if_last).
  *
  * Per CTA:  q [GB, D] -> per warp, per tile: s [GB, TILE] = q k^T -> p = softmax state update
  *           -> o [GB, D] += p v -> warps combined -> o [GB, D] (or a partial).
@@ -163,13 +167,13 @@ __device__ __forceinline__ int decode_row_page(const kiln_launch_params &p, cons
 
 /* What one CTA covers: a split of the single request, or one planned work item. */
 struct decode_work {
-    int b, L_KV, lo, hi, slot, q_row, kv_start;
+    int b, L_KV, lo, hi, slot, task, q_row, kv_start;
     mask_base mb;
 };
 
 template <class Cfg> __device__ __forceinline__ decode_work decode_load_work(const kiln_launch_params &p)
 {
-    decode_work w{0, 0, 0, 0, 0, 0, 0, mask_base{0, 0}};
+    decode_work w{0, 0, 0, 0, 0, -1, 0, 0, mask_base{0, 0}};
     if constexpr (Cfg::KV != KV_CONTIGUOUS) {
         const work_item it = load_item(p, blockIdx.x);
         const work_req r = load_req(p, it.b);
@@ -179,6 +183,7 @@ template <class Cfg> __device__ __forceinline__ decode_work decode_load_work(con
         w.q_row = r.q_start;
         w.kv_start = r.kv_start;
         w.slot = it.slot;
+        w.task = it.task;
         w.lo = it.kv_lo;
         w.hi = min(w.L_KV, it.kv_hi);
         if (Cfg::WINDOW) w.lo = max(w.lo, w.L_KV - 1 - p.window_left);
@@ -487,6 +492,8 @@ template <class Cfg> __device__ void simt_decode_kernel(const kiln_launch_params
     decode_publish<Cfg>(st, cm, warp, lane);
     __syncthreads();
     decode_store<Cfg>(cm, p, w, hk, g0, tid);
+    if constexpr (BATCH && Cfg::FUSED_MERGE)
+        if (w.slot >= 0) merge_task_if_last<Cfg>(p, w.task, hk * Cfg::G + g0, GB);
 }
 
 } /* namespace kiln */

@@ -414,6 +414,66 @@ KT_GPU_TEST(gpu_batch_invariance)
     kiln_ctx_destroy(ctx);
 }
 
+/* The split merge fused into the batch decode kernels (the default, KILN_TUNE merge=1: the last
+ * CTA of each merge task merges it) writes the bits the merge kernel writes (merge=0), on both
+ * decode families: tensor cores (G 4, paged and ragged), CUDA cores (G 1, and fp8 KV at G 4).
+ * A batch of odd lengths (1, 17, 1000, 4097, 0), pages of 16, lse on, split by fixed_split and
+ * by the planner, run eagerly and from a CUDA graph (kiln_check_batch_same: in graph mode each
+ * schedule's graph is launched twice, the second time on the counters the first put back, and
+ * a second schedule of other lengths is replayed the same way); the fused kernel is then
+ * checked against the float64 reference in the same modes. */
+KT_GPU_TEST(gpu_batch_fused_merge)
+{
+    kiln_ctx *c0 = KT_CTX(kt_cache_dir(), 1), *c1 = KT_CTX(kt_cache_dir(), 1);
+    KT_REQUIRE(c0 && c1);
+    static const char *const specs[] = {
+        "op=decode dtype=bf16 head_dim=128 group=4 kv=paged lse=1",
+        "op=decode dtype=f16 head_dim=64 group=4 kv=ragged lse=1 logits=softcap",
+        "op=decode dtype=bf16 head_dim=128 group=1 kv=paged lse=1",
+        "op=decode q_dtype=f16 kv_dtype=e4m3 out_dtype=f16 head_dim=256 group=4 kv=paged lse=1",
+    };
+    static const int kv[5] = {1, 17, 1000, 4097, 0};
+    for (size_t i = 0; i < sizeof specs / sizeof specs[0]; i++) {
+        kiln_variant v;
+        if (kiln_variant_parse(specs[i], &v) != KILN_STATUS_OK) {
+            kt_fail(__FILE__, __LINE__, "%s: %s", specs[i], kiln_errmsg());
+            continue;
+        }
+        /* KILN_TUNE is read when a kernel is built; each context memoises its own */
+        setenv("KILN_TUNE", "merge=0", 1);
+        kiln_kernel *k0 = get(c0, &v);
+        unsetenv("KILN_TUNE");
+        kiln_kernel *k1 = get(c1, &v);
+        if (!k0 || !k1) continue;
+        KT_CHECK(k0->cfg.fused_merge == 0 && k1->cfg.fused_merge == 1);
+        KT_EQ_INT(k1->cfg.pack, v.group == 4 && v.kv_dtype != KILN_DTYPE_E4M3);
+        for (int mode = 0; mode < 4; mode++) { /* planner / fixed split, eager / graph */
+            kiln_check_batch s = {.batch = 5,
+                                  .kv_lens = kv,
+                                  .num_qo_heads = v.group == 1 ? 8 : 4 * v.group,
+                                  .page_size = 16,
+                                  .window_left = -1,
+                                  .fixed_split = mode & 1 ? 256 : 0,
+                                  .graph = mode >> 1,
+                                  .seed = 81u + (uint64_t)(i * 4 + mode)};
+            kiln_check_pair p;
+            char msg[1024];
+            if (kiln_check_batch_same(k0, k1, &s, &p, msg, sizeof msg) != KILN_STATUS_OK)
+                kt_fail(__FILE__, __LINE__, "%s mode %d: %s", specs[i], mode, msg);
+            /* the same split both ways, and one with tasks: the fused merge ran */
+            KT_CHECK(p.same_split && p.b.merge_tasks > 0);
+            kiln_check_batch_result r;
+            if (kiln_check_batch_run(c1, k1, &s, 0, &r, msg, sizeof msg) != KILN_STATUS_OK)
+                kt_fail(__FILE__, __LINE__, "%s mode %d (fused, reference): %s (request %d)",
+                        specs[i], mode, msg, r.bad_request);
+            printf("    %s mode %d: %d items, %d merge tasks, %s\n", specs[i], mode, p.b.items,
+                   p.b.merge_tasks, p.bitwise ? "bitwise equal" : "DIFFERENT");
+        }
+    }
+    kiln_ctx_destroy(c1);
+    kiln_ctx_destroy(c0);
+}
+
 /* Unused pool slots and padding full of NaN must not leak into any output. */
 KT_GPU_TEST(gpu_batch_nan_pool)
 {

@@ -171,6 +171,113 @@ KT_TEST(core_decode_kernel_choice)
     unsetenv("KILN_TUNE");
 }
 
+/* The batch decode kernels merge their own splits by default (the last CTA of each merge task,
+ * fused_merge), on both decode families; prefill, single decode and op=merge do not.
+ * KILN_TUNE merge=0 takes the merge kernel (its own key), merge=1 where the kernel cannot
+ * merge is refused with the reason, and merge=2 is no value. */
+KT_TEST(core_fused_merge_choice)
+{
+    static const struct {
+        const char *spec;
+        int sm, fused;
+        const char *family; /* the main entry the source calls */
+    } cases[] = {
+        {"op=decode dtype=bf16 head_dim=128 group=4 kv=paged lse=1", 90, 1, "mma_attention"},
+        {"op=decode dtype=f16 head_dim=64 group=8 kv=ragged", 80, 1, "mma_attention"},
+        {"op=decode dtype=bf16 head_dim=128 group=1 kv=paged lse=1", 90, 1, "simt_decode"},
+        {"op=decode q_dtype=bf16 kv_dtype=e4m3 out_dtype=bf16 head_dim=256 group=4 kv=ragged", 90,
+         1, "simt_decode"},
+        {"op=decode dtype=bf16 head_dim=128 group=4", 90, 0, "simt_decode"},
+        {"op=prefill dtype=bf16 head_dim=128 group=4 kv=paged", 90, 0, "wgmma_attention"},
+        {"op=prefill dtype=bf16 head_dim=128 group=4 kv=ragged", 80, 0, "mma_attention"},
+        {"op=merge dtype=bf16 head_dim=128", 90, 0, "merge_state"},
+    };
+    kiln_variant v;
+    kiln__config cfg;
+    kiln__err e;
+    char conf[256], plain[256], *src = NULL;
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        parse(cases[i].spec, &v);
+        KT_OK(kiln__config_pick(&v, cases[i].sm, &cfg, &e), e.msg);
+        if (cfg.fused_merge != cases[i].fused)
+            kt_fail(__FILE__, __LINE__, "%s sm_%d: fused_merge=%d", cases[i].spec, cases[i].sm,
+                    cfg.fused_merge);
+        kiln__config_format(&cfg, conf, sizeof conf);
+        KT_CHECK(!strstr(conf, " fused_merge=1") == !cases[i].fused);
+        KT_OK(kiln__expand(&v, &cfg, cases[i].sm == 90 ? "sm_90a" : "sm_80", &src, &e), e.msg);
+        KT_REQUIRE(src);
+        char entry[64];
+        snprintf(entry, sizeof entry, "kiln::%s_kernel<kiln_cfg>", cases[i].family);
+        KT_CONTAINS(src, entry);
+        /* kiln_cfg says it to the families that can merge (not wgmma, not op=merge), and the
+         * merge kernel stays in every batch module (merge=0 launches it) */
+        const int can = v.op != KILN_OP_MERGE && !cfg.wgmma;
+        KT_CHECK(!strstr(src, "static constexpr int FUSED_MERGE = 1;") == !cases[i].fused);
+        KT_CHECK(!strstr(src, "static constexpr int FUSED_MERGE") == !can);
+        if (v.kv != KILN_KV_CONTIGUOUS && v.op != KILN_OP_MERGE)
+            KT_CONTAINS(src, "kiln::batch_merge_kernel<kiln_cfg>(p);");
+        free(src);
+        src = NULL;
+    }
+    /* merge=0: the merge kernel, a config (and so a key) of its own; merge=1 is the default */
+    parse("op=decode dtype=bf16 head_dim=128 group=4 kv=paged", &v);
+    KT_OK(kiln__config_pick(&v, 90, &cfg, &e), e.msg);
+    kiln__config_format(&cfg, plain, sizeof plain);
+    setenv("KILN_TUNE", "merge=0", 1);
+    KT_OK(kiln__config_pick(&v, 90, &cfg, &e), e.msg);
+    KT_EQ_INT(cfg.fused_merge, 0);
+    KT_EQ_INT(cfg.pack, 1);
+    kiln__config_format(&cfg, conf, sizeof conf);
+    KT_CHECK(strcmp(conf, plain) != 0 && !strstr(conf, "fused_merge"));
+    char *m0 = NULL, *m1 = NULL;
+    KT_OK(kiln__key_material(&v, &cfg, "sm_90a", &m0, &e), e.msg);
+    setenv("KILN_TUNE", "merge=1", 1);
+    KT_OK(kiln__config_pick(&v, 90, &cfg, &e), e.msg);
+    kiln__config_format(&cfg, conf, sizeof conf);
+    KT_EQ_STR(conf, plain);
+    KT_OK(kiln__key_material(&v, &cfg, "sm_90a", &m1, &e), e.msg);
+    KT_REQUIRE(m0 && m1);
+    char k0[33], k1[33];
+    kiln__key_hash(m0, k0);
+    kiln__key_hash(m1, k1);
+    KT_CHECK(strcmp(k0, k1) != 0);
+    free(m0);
+    free(m1);
+    /* with the other decode family too (pack=0: CUDA cores), and the options combine */
+    setenv("KILN_TUNE", "pack=0,merge=0", 1);
+    KT_OK(kiln__config_pick(&v, 90, &cfg, &e), e.msg);
+    KT_CHECK(cfg.pack == 0 && cfg.gb == 4 && cfg.fused_merge == 0);
+    setenv("KILN_TUNE", "pack=0", 1);
+    KT_OK(kiln__config_pick(&v, 90, &cfg, &e), e.msg);
+    KT_CHECK(cfg.pack == 0 && cfg.fused_merge == 1);
+    /* refusals say why */
+    setenv("KILN_TUNE", "merge=1", 1);
+    parse("op=prefill dtype=bf16 head_dim=128 group=4 kv=paged", &v);
+    KT_STATUS(kiln__config_pick(&v, 90, &cfg, &e), KILN_STATUS_UNSUPPORTED, "prefill merge=1");
+    KT_CONTAINS(e.msg, "merge=1 (KILN_TUNE): only the batch decode kernels merge their own "
+                       "splits; prefill keeps the merge kernel");
+    setenv("KILN_TUNE", "merge=1,wgmma=0", 1);
+    KT_STATUS(kiln__config_pick(&v, 90, &cfg, &e), KILN_STATUS_UNSUPPORTED, "mma prefill merge=1");
+    KT_CONTAINS(e.msg, "prefill keeps the merge kernel");
+    setenv("KILN_TUNE", "merge=1", 1);
+    parse("op=decode dtype=bf16 head_dim=128 group=4", &v);
+    KT_STATUS(kiln__config_pick(&v, 90, &cfg, &e), KILN_STATUS_UNSUPPORTED, "single merge=1");
+    KT_CONTAINS(e.msg, "a single decode (kv=contiguous) keeps the merge kernel");
+    parse("op=merge dtype=bf16 head_dim=128", &v);
+    KT_STATUS(kiln__config_pick(&v, 90, &cfg, &e), KILN_STATUS_UNSUPPORTED, "op=merge merge=1");
+    KT_CONTAINS(e.msg, "no splits to merge");
+    setenv("KILN_TUNE", "merge=2", 1);
+    parse("op=decode dtype=bf16 head_dim=128 group=4 kv=paged", &v);
+    KT_STATUS(kiln__config_pick(&v, 90, &cfg, &e), KILN_STATUS_UNSUPPORTED, "merge=2");
+    KT_CONTAINS(e.msg, "merge is 0 (the merge kernel) or 1");
+    /* merge=0 is accepted wherever: it is what the other kernels do anyway */
+    setenv("KILN_TUNE", "merge=0", 1);
+    parse("op=prefill dtype=bf16 head_dim=128 group=4 kv=paged", &v);
+    KT_OK(kiln__config_pick(&v, 90, &cfg, &e), e.msg);
+    KT_EQ_INT(cfg.fused_merge, 0);
+    unsetenv("KILN_TUNE");
+}
+
 /* Prefill on sm_90 takes the warp-specialized wgmma family at head dims 64, 128 and 256 without
  * mask data; where it measured slower (mask data) it could still run, where it cannot
  * (RoPE, fp8 KV, decode, other archs) the other families stay; kiln__wgmma_refusal says why.

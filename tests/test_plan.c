@@ -2,7 +2,9 @@
  * test_plan.c — the batch planner on the host (no GPU): every schedule covers each (request,
  * query tile, key) exactly once, slots and merge tasks agree, no item is far longer than the
  * average work per CTA slot, the workspace size bounds every plan, fixed splits are batch
- * invariant, and degenerate batches are handled or refused with a message naming the request.
+ * invariant, degenerate batches are handled or refused with a message naming the request, and
+ * the fused merge's arrival counters lie in the uploaded int region, zeroed, one per (task,
+ * head scope).
  *
  * Plans are made with kiln__plan_create_host (runtime.h) for kernels compiled for sm_90a on a
  * 132-SM device running 1 (decode) or 2 (prefill) CTAs per SM, like an H200.
@@ -150,6 +152,21 @@ static void check_schedule(kiln_plan *pl, const batch *b, int decode, int rows, 
             break;
         }
     }
+    /* every split item names the task whose slots hold its slot (that task is its tile's), an
+     * unsplit one -1; the item's last two words are 0 */
+    for (int i = 0; i < nitems; i++) {
+        const int *it = w + io + i * 8;
+        const int *tk = it[5] >= 0 && it[5] < ntasks ? w + to + it[5] * 4 : NULL;
+        const int ok = it[4] < 0 ? it[5] == -1
+                                 : tk && tk[0] == it[0] && tk[1] == it[1] && tk[2] <= it[4] &&
+                                       it[4] < tk[2] + tk[3];
+        if (!ok || it[6] || it[7]) {
+            kt_fail(__FILE__, __LINE__,
+                    "%s: item %d (request %d tile %d slot %d) names task %d of %d, pad %d %d", what,
+                    i, it[0], it[1], it[4], it[5], ntasks, it[6], it[7]);
+            break;
+        }
+    }
     /* tasks: each names a split tile, its slots are that tile's items' slots */
     for (int t = 0; t < ntasks; t++) {
         const int *tk = w + to + t * 4;
@@ -172,6 +189,49 @@ static void check_schedule(kiln_plan *pl, const batch *b, int decode, int rows, 
     KT_EQ_INT((int)info.max_item_keys, (int)longest);
     free(slot_seen);
     (void)work;
+}
+
+/* The heads one CTA of a work item covers form a head scope; the kernel's CTAs per item. */
+static int head_scopes(const kiln_kernel *k, int H)
+{
+    const int G = k->v.group;
+    return k->cfg.pack ? H / G : k->v.op == KILN_OP_DECODE ? (H / G) * (G / k->cfg.gb) : H;
+}
+
+/* The fused merge's counters of the last schedule of pl (kernel k, H query heads): none unless
+ * the kernel merges its splits; else int [task bound][head scopes] right after the tasks'
+ * bound, inside the int region, the schedule's tasks' counters 0 and uploaded with it. */
+static void check_counters(const kiln_plan *pl, const kiln_kernel *k, int H, const char *what)
+{
+    kiln__plan_layout lay;
+    kiln__plan_last_layout(pl, &lay);
+    int io, ro, to;
+    const int *w = kiln__plan_last_schedule(pl, &io, &ro, &to);
+    const int ntasks = w[1];
+    KT_EQ_INT(lay.tasks_off, to);
+    KT_CHECK(ntasks <= lay.task_bound);
+    KT_EQ_INT(lay.counters_off, lay.tasks_off + lay.task_bound * 4);
+    KT_CHECK(lay.counters_off % 4 == 0);
+    if (!k->cfg.fused_merge) {
+        KT_EQ_INT(lay.scopes, 0);
+        KT_CHECK(lay.uploaded == (size_t)(to + ntasks * 4) * sizeof(int));
+        return;
+    }
+    KT_EQ_INT(lay.scopes, head_scopes(k, H));
+    const int64_t end = (int64_t)lay.counters_off + (int64_t)lay.task_bound * lay.scopes;
+    if (end * (int64_t)sizeof(int) > (int64_t)lay.int_bytes)
+        kt_fail(__FILE__, __LINE__, "%s: counters end at int %lld, past the %zu-byte int region",
+                what, (long long)end, lay.int_bytes);
+    /* the upload ends after the last task's counters (after the tasks when there are none) */
+    const int64_t up = ntasks ? lay.counters_off + (int64_t)ntasks * lay.scopes : to;
+    KT_CHECK(lay.uploaded == (size_t)up * sizeof(int) && lay.uploaded <= lay.int_bytes);
+    for (int64_t c = 0; c < (int64_t)ntasks * lay.scopes; c++)
+        if (w[lay.counters_off + c]) {
+            kt_fail(__FILE__, __LINE__, "%s: counter %lld (task %lld, scope %lld) is %d, not 0",
+                    what, (long long)c, (long long)(c / lay.scopes), (long long)(c % lay.scopes),
+                    w[lay.counters_off + c]);
+            break;
+        }
 }
 
 /* Balance bound: no item is longer than twice the average work per CTA slot, unless it is a
@@ -229,20 +289,17 @@ KT_TEST(plan_schedules_cover_and_balance)
                 kt_fail(__FILE__, __LINE__, "%s: %s", what, kiln_ctx_errmsg(ctx));
             } else {
                 check_schedule(pl, b, decode, decode ? 1 : k->cfg.block_m, causal, what);
-                const int G = k->v.group, pack = k->cfg.pack;
-                check_balance(pl,
-                              pack     ? H / G
-                              : decode ? (H / G) * (G / k->cfg.gb)
-                                       : H,
-                              SMS * (decode ? 1 : 2),
+                check_counters(pl, k, H, what);
+                const int pack = k->cfg.pack;
+                check_balance(pl, head_scopes(k, H), SMS * (decode ? 1 : 2),
                               decode && !pack ? 32 * k->cfg.warps : k->cfg.block_n, what);
                 /* the workspace size bounds the plan */
                 size_t need = 0;
                 KT_OK(kiln_plan_workspace_size(pl, b->B, decode ? b->B : b->qo_indptr[b->B], &need),
                       "size");
-                int io, ro, to;
-                const int *w = kiln__plan_last_schedule(pl, &io, &ro, &to);
-                KT_CHECK((size_t)(to + w[1] * 4) * sizeof(int) <= need);
+                kiln__plan_layout lay;
+                kiln__plan_last_layout(pl, &lay);
+                KT_CHECK(lay.uploaded <= need && lay.int_bytes <= need);
                 plans++;
             }
             kiln_plan_destroy(pl);
@@ -479,10 +536,85 @@ KT_TEST(plan_degenerate_and_refused)
     kiln_ctx_destroy(ctx);
 }
 
+/* The fused merge's counters, on both decode families (G 4 on tensor cores, G 1 and fp8 G 4 on
+ * CUDA cores) and a prefill (none): a batch of odd lengths cut by fixed_split and by the
+ * planner, in eager and graph mode. Between schedules the staging buffer's counter words are
+ * overwritten with garbage (what an older schedule or a pinned buffer may hold): every
+ * schedule still uploads its tasks' counters as 0. KILN_TUNE merge=0 lays out none. */
+KT_TEST(plan_fused_merge_counters)
+{
+    static const char *const specs[] = {
+        "op=decode dtype=bf16 head_dim=128 group=4 kv=paged lse=1",
+        "op=decode dtype=bf16 head_dim=128 group=1 kv=paged lse=1",
+        "op=decode q_dtype=bf16 kv_dtype=e4m3 out_dtype=bf16 head_dim=64 group=4 kv=ragged",
+        "op=prefill dtype=bf16 head_dim=128 group=4 kv=paged lse=1",
+    };
+    static const int lens[5] = {1, 17, 1000, 4097, 0};
+    for (int merge0 = 0; merge0 < 2; merge0++) {
+        /* a context of its own per KILN_TUNE: the memo is keyed by the variant alone */
+        if (merge0) setenv("KILN_TUNE", "merge=0", 1);
+        kiln_ctx *ctx = KT_CTX(kt_tmpdir(), 0);
+        KT_REQUIRE(ctx);
+        for (int si = 0; si < 4; si++) {
+            kiln_kernel *k = compile(ctx, specs[si]);
+            if (!k) continue;
+            const int decode = k->v.op == KILN_OP_DECODE, H = 8;
+            KT_EQ_INT(k->cfg.fused_merge, decode && !merge0);
+            for (int mode = 0; mode < 4; mode++) { /* planner / fixed split, eager / graph */
+                batch *b = calloc(1, sizeof *b);
+                KT_REQUIRE(b);
+                b->B = 5;
+                for (int r = 0; r < 5; r++) {
+                    b->kv[r] = lens[r];
+                    b->qo[r] = decode ? 1 : 1 + lens[r] % 37;
+                }
+                build(b, k->v.kv == KILN_KV_PAGED, 16);
+                kiln_plan_opts o = {0};
+                o.num_qo_heads = H;
+                o.page_size = 16;
+                o.fixed_split = mode & 1 ? 256 : 0;
+                o.max_total_kv = mode & 1 ? 1 << 16 : 0;
+                o.max_batch = mode & 2 ? 8 : 0;
+                o.max_qo_tokens = mode & 2 ? 512 : 0;
+                kiln_plan *pl = NULL;
+                KT_OK(kiln__plan_create_host(k, &o, SMS, decode ? 1 : 2, &pl), "plan host");
+                kiln_batch_shape sh = shape_of(b, decode);
+                char what[160];
+                for (int again = 0; again < 2; again++) {
+                    snprintf(what, sizeof what, "%s merge=%d mode %d schedule %d", specs[si],
+                             !merge0, mode, again);
+                    if (kiln_plan_schedule(pl, &sh, 0, 0, NULL) != KILN_STATUS_OK) {
+                        kt_fail(__FILE__, __LINE__, "%s: %s", what, kiln_ctx_errmsg(ctx));
+                        break;
+                    }
+                    check_schedule(pl, b, decode, decode ? 1 : k->cfg.block_m, 0, what);
+                    check_counters(pl, k, H, what);
+                    kiln_plan_info info;
+                    kiln_plan_describe(pl, &info);
+                    if (decode) KT_CHECK(info.merge_tasks >= 1); /* 4097 keys are split */
+                    /* garbage where the counters lie, for the next schedule to overwrite */
+                    kiln__plan_layout lay;
+                    kiln__plan_last_layout(pl, &lay);
+                    int io, ro, to;
+                    int *w = (int *)kiln__plan_last_schedule(pl, &io, &ro, &to);
+                    for (int64_t c = 0; c < (int64_t)lay.task_bound * lay.scopes; c++)
+                        w[lay.counters_off + c] = 0x5a5a5a5a;
+                }
+                kiln_plan_destroy(pl);
+                free(b);
+            }
+        }
+        kiln_ctx_destroy(ctx);
+        unsetenv("KILN_TUNE");
+    }
+}
+
 /* NVRTC compiles the batch kernels for sm_80 and sm_90a without spills, except the 128-row
  * plain prefill kernels (jit/config.c: faster than the 64-row ones with up to ~170 B of spills
  * at 255 registers), held to 256 B, and the wgmma family's persistent grid, whose producer
- * spills 128-136 B at its 40 registers (its consumers none: params.h), held to 160 B. */
+ * spills 128-136 B at its 40 registers (its consumers none: params.h), held to 160 B. The batch
+ * decode kernels are the ones that merge their own splits (the default, fused_merge) on both
+ * decode families: CUDA cores at G 1 (16-bit and fp8 KV), tensor cores at G 4 and 8. */
 KT_TEST(plan_batch_kernels_compile)
 {
     kiln_ctx *ctx = KT_CTX(kt_tmpdir(), 0);
@@ -492,13 +624,16 @@ KT_TEST(plan_batch_kernels_compile)
         "op=decode dtype=f16 head_dim=64 group=8 kv=ragged lse=1 logits=softcap window=1",
         "op=decode q_dtype=bf16 kv_dtype=e4m3 out_dtype=bf16 head_dim=256 group=1 kv=paged",
         "op=decode dtype=bf16 head_dim=128 group=4 kv=paged rope=1",
+        "op=decode dtype=bf16 head_dim=128 group=1 kv=ragged lse=1",
+        "op=decode dtype=bf16 head_dim=256 group=4 kv=paged lse=1",
         "op=prefill dtype=bf16 head_dim=128 group=4 mask=causal kv=paged lse=1",
         "op=prefill q_dtype=f16 kv_dtype=e5m2 out_dtype=f16 head_dim=64 group=1 kv=ragged "
         "logits=alibi",
         "op=prefill dtype=bf16 head_dim=256 group=8 mask=causal kv=paged rope=1 window=1",
         "op=merge dtype=bf16 head_dim=128",
     };
-    for (int i = 0; i < 8; i++)
+    const int n = (int)(sizeof specs / sizeof specs[0]);
+    for (int i = 0; i < n; i++)
         for (int a = 0; a < 2; a++) {
             kiln_variant v;
             KT_OK(kiln_variant_parse(specs[i], &v), kiln_errmsg());
@@ -512,6 +647,8 @@ KT_TEST(plan_batch_kernels_compile)
             kiln__config cfg;
             kiln__err e = {0};
             KT_OK(kiln__config_pick(&v, a ? 80 : 90, &cfg, &e), e.msg);
+            KT_EQ_INT(cfg.fused_merge, v.op == KILN_OP_DECODE);
+            KT_EQ_INT(k->cfg.fused_merge, cfg.fused_merge); /* the kernel compiled is that one */
             const int allowed = cfg.mt == 2 && v.op == KILN_OP_PREFILL ? 256
                                 : cfg.wgmma && cfg.persist             ? 160
                                                                        : 0;

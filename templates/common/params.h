@@ -110,7 +110,7 @@ typedef struct kiln_launch_params {
     float v_scale;   /* fp8: effective scale of stored v */
     float rope_rcp_scale; /* rope: 1 / rope_scale */
     float rope_log2_theta; /* rope: log2(rope_theta) */
-    int pad3;
+    int counters_off; /* int offset of the fused merge's arrival counters (kiln_cfg::FUSED_MERGE) */
 } kiln_launch_params;
 
 #define KILN_LAUNCH_PARAMS_SIZE 368
@@ -126,9 +126,19 @@ typedef struct kiln_merge_params {
 #define KILN_MERGE_PARAMS_SIZE 104
 
 /* ---- the batch schedule (int words at kiln_launch_params.work) ----
- * header | items [items_off ..] | requests [reqs_off ..] | merge tasks [tasks_off ..]; every
- * array starts at a multiple of 4 ints, so the kernels read the first four words of a record
- * with one 16-byte load. */
+ * header | items [items_off ..] | requests [reqs_off ..] | merge tasks [tasks_off ..] |
+ * arrival counters [counters_off ..]; every array starts at a multiple of 4 ints, so the
+ * kernels read the first four words of a record with one 16-byte load.
+ *
+ * The arrival counters are there only for a kernel that merges its own splits
+ * (kiln_cfg::FUSED_MERGE): one int per (merge task, head scope), task-major, int
+ * [task bound][scopes], where a head scope is the query heads one CTA of an item covers (the
+ * main grid's y x z CTAs of an item: the CUDA-core decode's (H_KV, G / GB), the tensor-core
+ * decode's H_KV) and the task bound is the layout's. Each split CTA adds 1 to its (task,
+ * scope) counter once its partial state is written; the one that draws nslots - 1 merges the
+ * task's slots for its heads and puts the counter back to 0. The host writes the counters of
+ * the schedule's tasks as 0 in the same upload as the records, so a schedule starts from 0 and
+ * so does every replay of a captured run. */
 typedef struct kiln_work_header {
     int items; /* work items (the main grid may be padded past it) */
     int tasks; /* merge tasks (likewise for the merge grid) */
@@ -144,14 +154,17 @@ typedef struct kiln_work_header {
 #define KILN_WORK_HEADER_NEXT_AT 3
 
 /* One work item, one CTA of the main kernel: request b, query tile m, keys [kv_lo, kv_hi),
- * and the partial-state slot it writes (-1: it owns its rows and writes o directly). */
+ * the partial-state slot it writes (-1: it owns its rows and writes o directly) and, for a
+ * split item, the merge task whose slots hold its slot (-1 when unsplit). */
 typedef struct kiln_work_item {
     int b, m, kv_lo, kv_hi;
     int slot;
-    int pad[3];
+    int task;
+    int pad[2];
 } kiln_work_item;
 
 #define KILN_WORK_ITEM_SLOT_AT 4
+#define KILN_WORK_ITEM_TASK_AT 5
 
 /* One request: its query rows start at q_start in q/o, its keys at kv_start (ragged: token
  * row; paged: offset into kv_indices); its mask data at bit mask_bit0 (two 32-bit halves)
@@ -310,12 +323,14 @@ KILN_CONTRACT_AT(kiln_launch_params, qo_len, 128);
 KILN_CONTRACT_AT(kiln_launch_params, user, 176);
 KILN_CONTRACT_AT(kiln_launch_params, kv_indices, 288);
 KILN_CONTRACT_AT(kiln_launch_params, items_off, 328);
+KILN_CONTRACT_AT(kiln_launch_params, counters_off, 364);
 KILN_CONTRACT_AT(kiln_merge_params, v_stride_n, 72);
 KILN_CONTRACT_AT(kiln_merge_params, num_states, 88);
 KILN_CONTRACT_AT(kiln_work_header, items, KILN_WORK_HEADER_ITEMS_AT * 4);
 KILN_CONTRACT_AT(kiln_work_header, tasks, KILN_WORK_HEADER_TASKS_AT * 4);
 KILN_CONTRACT_AT(kiln_work_header, next_job, KILN_WORK_HEADER_NEXT_AT * 4);
 KILN_CONTRACT_AT(kiln_work_item, slot, KILN_WORK_ITEM_SLOT_AT * 4);
+KILN_CONTRACT_AT(kiln_work_item, task, KILN_WORK_ITEM_TASK_AT * 4);
 KILN_CONTRACT_AT(kiln_work_req, mask_bit0_lo, KILN_WORK_REQ_MASK_AT * 4);
 KILN_CONTRACT_AT(kiln_work_req, bsr_row0, 24);
 KILN_CONTRACT_AT(kiln_merge_task, nslots, 12);

@@ -1,9 +1,10 @@
 /*
  * schedule.cuh — the device side of a batch plan's schedule (kv=ragged / kv=paged): the
  * readers of the records runtime/batch.c writes into the workspace, laid out by the contract
- * header (common/params.h: kiln_work_header, kiln_work_item, kiln_work_req, kiln_merge_task).
- * Every record array starts at a multiple of 4 ints, so each reader takes the first four
- * words of a record with one 16-byte load.
+ * header (common/params.h: kiln_work_header, kiln_work_item, kiln_work_req, kiln_merge_task),
+ * and the address of the fused merge's arrival counters. Every record array starts at a
+ * multiple of 4 ints, so each reader takes the first four words of a record with one 16-byte
+ * load.
  */
 #ifndef KILN_SCHEDULE_CUH
 #define KILN_SCHEDULE_CUH
@@ -16,7 +17,7 @@ namespace kiln {
 
 /* The fields of kiln_work_item a kernel reads. */
 struct work_item {
-    int b, m, kv_lo, kv_hi, slot;
+    int b, m, kv_lo, kv_hi, slot, task;
 };
 /* The fields of kiln_work_req a kernel reads (its mask data through load_req_mask). */
 struct work_req {
@@ -43,10 +44,11 @@ template <class P> __device__ __forceinline__ int num_tasks(const P &p)
 
 template <class P> __device__ __forceinline__ work_item load_item(const P &p, int i)
 {
-    /* read as int words (kiln_work_item: b, m, kv_lo, kv_hi in one 16-byte load, then slot) */
+    /* read as int words (kiln_work_item: b, m, kv_lo, kv_hi in one 16-byte load, then slot and
+     * task; a kernel that does not merge its splits never reads task, and the load goes) */
     const int *w = work_ints(p) + p.items_off + i * ITEM_INTS;
     const int4 a = *reinterpret_cast<const int4 *>(w);
-    return work_item{a.x, a.y, a.z, a.w, w[KILN_WORK_ITEM_SLOT_AT]};
+    return work_item{a.x, a.y, a.z, a.w, w[KILN_WORK_ITEM_SLOT_AT], w[KILN_WORK_ITEM_TASK_AT]};
 }
 template <class P> __device__ __forceinline__ work_req load_req(const P &p, int b)
 {
@@ -65,6 +67,13 @@ template <class P> __device__ __forceinline__ kiln_merge_task load_task(const P 
 {
     const int4 t = *reinterpret_cast<const int4 *>(work_ints(p) + p.tasks_off + i * TASK_INTS);
     return kiln_merge_task{t.x, t.y, t.z, t.w};
+}
+
+/* The arrival counter of merge task `task` and head scope `scope` of `scopes` (params.h: int
+ * [task bound][scopes] at counters_off); written with atomics, so not const. */
+template <class P> __device__ __forceinline__ int *task_counter(const P &p, int task, int scope, int scopes)
+{
+    return reinterpret_cast<int *>(p.work) + p.counters_off + (i64)task * scopes + scope;
 }
 
 } /* namespace kiln */

@@ -165,7 +165,10 @@ typedef struct kiln_check_batch {
     int no_split;       /* plan option */
     int graph;          /* 1: capture kiln_plan_run in a CUDA graph on a stream, replay it, then
                             plan a second batch of other lengths (same bounds) into the same
-                            workspace, replay again and check both */
+                            workspace, replay again and check both; each batch's graph is
+                            launched twice, o and lse poisoned before the second launch, whose
+                            outputs are the ones checked (it runs on what the first left in
+                            the workspace, with no schedule between) */
     uint64_t seed;      /* 0 picks one from the clock */
     int skip_reference; /* 1: time only */
     int bsr_r, bsr_c;   /* mask_data=bsr: block shape (0: 7 rows by 40 keys); mask data is
@@ -214,6 +217,15 @@ kiln_status kiln_check_batch_equiv(kiln_ctx *ctx, kiln_kernel *k_paged, kiln_ker
 kiln_status kiln_check_batch_vs_single(kiln_ctx *ctx, kiln_kernel *k_batch, kiln_kernel *k_single,
                                        const kiln_check_batch *s, kiln_check_pair *p, char *msg,
                                        size_t cap);
+
+/* Two kernels of one variant whose configs differ (built under different KILN_TUNE, so from
+ * two contexts on one device: the memo is keyed by the variant), each run in its own context
+ * on the same batches of s (in graph mode both of kiln_check_batch_run's, replayed as there):
+ * their plans must split alike (the planner reads the kernel's CTAs per SM) and o and lse
+ * must be bitwise equal. p->a and p->b are k_a's and k_b's plans of the first batch. MISMATCH
+ * otherwise. */
+kiln_status kiln_check_batch_same(kiln_kernel *k_a, kiln_kernel *k_b, const kiln_check_batch *s,
+                                  kiln_check_pair *p, char *msg, size_t cap);
 
 /* Batch invariance (s->fixed_split > 0): request `req` of batch s, run alone and inside s,
  * gives bitwise identical o (and lse). MISMATCH otherwise. */

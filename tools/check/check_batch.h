@@ -52,7 +52,8 @@ typedef struct cb_out {
 
 typedef struct cb_run_opts {
     int strided;       /* padded strides */
-    int graph;         /* capture the first run in a CUDA graph; replay it for every batch */
+    int graph;         /* capture the first run in a CUDA graph; replay it twice for every
+                          batch, into poisoned outputs the second time (its outputs are kept) */
     kiln_plan_opts po; /* max_batch, max_qo_tokens, fixed_split, no_split (heads and page size
                           are filled in) */
     int time_reps;     /* > 0: time the last batch's run this many times */
@@ -78,6 +79,11 @@ void kiln__cb_compare(const cb_logical *L, const cb_out *out, const double *ref_
 kiln_status kiln__cb_run(kiln_ctx *ctx, kiln_kernel *k, const cb_logical *const *Ls, int n,
                          const cb_run_opts *ro, cb_out *outs, kiln__err *e);
 void kiln__cb_out_free(cb_out *o);
+/* The logical batches a check of s runs from seed: L[0], and in graph mode (s->graph) a second
+ * batch L[1] of other lengths within the first's bounds and its window, *n of them. *lens holds
+ * the second batch's lengths (malloc'd, or NULL): free it after L. */
+kiln_status kiln__cb_make_checked(const kiln_variant *v, const kiln_check_batch *s, uint64_t seed,
+                                  cb_logical L[2], int **lens, int *n, kiln__err *e);
 /* INVALID_ARGUMENT unless k is a batch kernel (op=decode or prefill, kv=ragged or paged). */
 kiln_status kiln__cb_batch_kernel(const kiln_kernel *k, kiln__err *e);
 /* The run options of s (strides, graph, plan options) with time_reps timed runs. */

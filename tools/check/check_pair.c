@@ -1,6 +1,7 @@
 /*
  * check_pair.c — the checks that compare two runs of one logical batch: paged ≡ ragged
- * (kiln_check_batch_equiv: bitwise when both plans split alike), batch ≡ single
+ * (kiln_check_batch_equiv: bitwise when both plans split alike), two configs of one variant
+ * (kiln_check_batch_same: bit for bit, e.g. the split merge fused or not), batch ≡ single
  * (kiln_check_batch_vs_single: every request alone through the single-request kernel) and batch
  * invariance (kiln_check_batch_invariance: a request alone and inside the batch, bit for bit).
  * See check.h.
@@ -110,6 +111,61 @@ done:
     kiln__cb_out_free(&orr);
     kiln__cb_free(&Lp);
     kiln__cb_free(&Lr);
+    return st;
+}
+
+kiln_status kiln_check_batch_same(kiln_kernel *k_a, kiln_kernel *k_b, const kiln_check_batch *s,
+                                  kiln_check_pair *p, char *msg, size_t cap)
+{
+    kiln__err err = {{0}}, *e = &err;
+    kiln_status st = KILN_STATUS_OK;
+    cb_logical L[2];
+    memset(L, 0, sizeof L);
+    cb_out oa[2] = {{0}}, ob[2] = {{0}};
+    int *lens2 = NULL, n = 0;
+    memset(p, 0, sizeof *p);
+    if ((st = kiln__cb_batch_kernel(k_a, e)) || (st = kiln__cb_batch_kernel(k_b, e))) goto done;
+    if (memcmp(&k_a->v, &k_b->v, sizeof k_a->v) != 0) {
+        st = kiln__fail(e, KILN_STATUS_INVALID_ARGUMENT,
+                        "check same: need two kernels of one variant (%s, %s)", k_a->spec,
+                        k_b->spec);
+        goto done;
+    }
+    if ((st = kiln__cb_make_checked(&k_a->v, s, kiln__cb_seed(s->seed), L, &lens2, &n, e)))
+        goto done;
+    const cb_logical *Ls[2] = {&L[0], &L[1]};
+    cb_run_opts ro = kiln__cb_run_opts(s, 0);
+    if ((st = kiln__cb_run(k_a->ctx, k_a, Ls, n, &ro, oa, e)) ||
+        (st = kiln__cb_run(k_b->ctx, k_b, Ls, n, &ro, ob, e)))
+        goto done;
+    p->a = oa[0].info;
+    p->b = ob[0].info;
+    p->same_split = oa[0].info.items == ob[0].info.items &&
+                    oa[0].info.kv_chunk == ob[0].info.kv_chunk &&
+                    oa[0].info.split_items == ob[0].info.split_items;
+    for (int i = 0; i < n; i++)
+        compare_pair(&k_a->v, L[i].H, L[i].D, &oa[i], 0, &ob[i], 0, L[i].ix.total_qo, 0, p);
+    if (!p->same_split) { /* the planner reads CTAs per SM: a config that changes them splits
+                             otherwise, and other splits round otherwise */
+        st = KILN_STATUS_MISMATCH;
+        kiln__fail(e, st,
+                   "%s vs %s: the plans differ (items %d vs %d, chunk %d vs %d; CTAs per SM %d "
+                   "vs %d), so the bits may too: %lld of %lld elements differ",
+                   k_a->key, k_b->key, p->a.items, p->b.items, p->a.kv_chunk, p->b.kv_chunk,
+                   k_a->ctas_per_sm, k_b->ctas_per_sm, p->differ, p->compared);
+    } else if (!p->bitwise) {
+        st = KILN_STATUS_MISMATCH;
+        kiln__fail(e, st, "%s vs %s (%d batch%s): %lld of %lld elements differ; first: %s",
+                   k_a->key, k_b->key, n, n > 1 ? "es" : "", p->differ, p->compared, p->first);
+    }
+done:
+    pair_message(st, e, msg, cap);
+    for (int i = 0; i < 2; i++) {
+        kiln__cb_out_free(&oa[i]);
+        kiln__cb_out_free(&ob[i]);
+        kiln__cb_free(&L[i]);
+    }
+    free(lens2);
     return st;
 }
 

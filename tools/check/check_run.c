@@ -1,8 +1,9 @@
 /*
  * check_run.c — the device half of the batch checker: uploads stored batches, plans and runs
- * them (directly, or captured once in a CUDA graph and replayed after each re-plan), times
- * runs with CUDA events, and kiln_check_batch_run on it (the pair checks are in check_pair.c).
- * See check.h.
+ * them (directly, or captured once in a CUDA graph and replayed twice after each re-plan, so
+ * that whatever a run leaves in the workspace for the next, such as the fused merge's
+ * counters, is checked too), times runs with CUDA events, and kiln_check_batch_run on it (the
+ * pair checks are in check_pair.c). See check.h.
  */
 #include <dlfcn.h>
 #include <math.h>
@@ -238,8 +239,19 @@ static kiln_status run_plan(run_state *rs, kiln__err *e)
     return KILN_STATUS_OK;
 }
 
-/* Batch i's stored inputs, page table, offsets and mask data uploaded; o and lse poisoned
- * (0xffff is NaN in f16 and bf16, 0xffffffff in f32). */
+/* o and lse poisoned (0xffff is NaN in f16 and bf16, 0xffffffff in f32), after whatever ran
+ * before on any stream and before whatever runs next. */
+static kiln_status run_poison(run_state *rs, kiln__err *e)
+{
+    const kiln__cu *cu = rs->cu;
+    CU_RET(cu->cuCtxSynchronize(), "run before the poison");
+    CU_RET(cu->cuMemsetD8(rs->d.o, 0xff, rs->q_elems * 2), "poison o");
+    CU_RET(cu->cuMemsetD8(rs->d.lse, 0xff, rs->lse_bytes), "poison lse");
+    CU_RET(cu->cuCtxSynchronize(), "poison");
+    return KILN_STATUS_OK;
+}
+
+/* Batch i's stored inputs, page table, offsets and mask data uploaded; o and lse poisoned. */
 static kiln_status run_upload(run_state *rs, int i, kiln__err *e)
 {
     const kiln__cu *cu = rs->cu;
@@ -265,10 +277,7 @@ static kiln_status run_upload(run_state *rs, int i, kiln__err *e)
             CU_RET(cu->cuMemcpyHtoD(d->bsr_ix, L->bsr_indices, sizeof(int) * (size_t)L->bsr_nnz),
                    "copy bsr_indices");
     }
-    CU_RET(cu->cuMemsetD8(d->o, 0xff, rs->q_elems * 2), "poison o");
-    CU_RET(cu->cuMemsetD8(d->lse, 0xff, rs->lse_bytes), "poison lse");
-    CU_RET(cu->cuCtxSynchronize(), "upload");
-    return KILN_STATUS_OK;
+    return run_poison(rs, e);
 }
 
 /* kiln_plan_schedule of batch i into the shared plan (host time and what it decided into out). */
@@ -290,7 +299,9 @@ static kiln_status run_replan(run_state *rs, int i, cb_out *out, kiln__err *e)
 }
 
 /* Run batch i: kiln_plan_run, or in graph mode the graph (captured from the first batch's run,
- * then replayed for every batch). */
+ * then replayed for every batch) twice, into poisoned outputs the second time: the second
+ * launch runs on what the first left in the workspace, with no schedule between (the fused
+ * merge must have put its counters back to 0), and its outputs are the ones checked. */
 static kiln_status run_launch(run_state *rs, int i, const kiln_batch_args *a, kiln__err *e)
 {
     kiln_ctx *ctx = rs->ctx;
@@ -309,6 +320,9 @@ static kiln_status run_launch(run_state *rs, int i, const kiln_batch_args *a, ki
         CU_RET(rs->ga.cuGraphInstantiateWithFlags(&rs->exec, rs->graph, 0), "instantiate graph");
     }
     CU_RET(rs->ga.cuGraphLaunch(rs->exec, rs->stream), "launch graph");
+    kiln_status st = run_poison(rs, e);
+    if (st) return st;
+    CU_RET(rs->ga.cuGraphLaunch(rs->exec, rs->stream), "launch graph again");
     return KILN_STATUS_OK;
 }
 
@@ -486,6 +500,32 @@ cb_run_opts kiln__cb_run_opts(const kiln_check_batch *s, int time_reps)
     return ro;
 }
 
+kiln_status kiln__cb_make_checked(const kiln_variant *v, const kiln_check_batch *s, uint64_t seed,
+                                  cb_logical L[2], int **lens, int *n, kiln__err *e)
+{
+    kiln_status st;
+    *n = 1;
+    *lens = NULL;
+    if ((st = kiln__cb_make(v, s, seed, &L[0])))
+        return kiln__fail(e, st, "check batch: bad shape (heads %d, group %d) or out of memory",
+                          s->num_qo_heads, v->group);
+    if (!s->graph) return KILN_STATUS_OK;
+    int *lens2 = malloc(sizeof(int) * (2 * (size_t)s->batch + 2));
+    if (!lens2) return kiln__fail(e, KILN_STATUS_NO_MEMORY, "check batch: out of host memory");
+    *lens = lens2;
+    kiln_check_batch s2 = *s;
+    second_lens(v, s, seed ^ 0x2ba7c4, lens2, lens2 + s->batch + 1, &s2.batch);
+    s2.qo_lens = lens2;
+    s2.kv_lens = lens2 + s->batch + 1;
+    /* the graph holds the first batch's parameters: its window, not a default drawn from the
+     * second batch's lengths */
+    s2.window_left = L[0].window_left;
+    if ((st = kiln__cb_make(v, &s2, seed + 1, &L[1])))
+        return kiln__fail(e, st, "check batch: out of host memory");
+    *n = 2;
+    return KILN_STATUS_OK;
+}
+
 kiln_status kiln_check_batch_run(kiln_ctx *ctx, kiln_kernel *k, const kiln_check_batch *s,
                                  int time_reps, kiln_check_batch_result *res, char *msg, size_t cap)
 {
@@ -502,30 +542,7 @@ kiln_status kiln_check_batch_run(kiln_ctx *ctx, kiln_kernel *k, const kiln_check
     const uint64_t seed = kiln__cb_seed(s->seed);
     res->seed = seed;
     int n = 1;
-    if ((st = kiln__cb_make(&k->v, s, seed, &L[0]))) {
-        kiln__fail(e, st, "check batch: bad shape (heads %d, group %d) or out of memory",
-                   s->num_qo_heads, k->v.group);
-        goto done;
-    }
-    if (s->graph) {
-        lens2 = malloc(sizeof(int) * (2 * (size_t)s->batch + 2));
-        if (!lens2) {
-            st = kiln__fail(e, KILN_STATUS_NO_MEMORY, "check batch: out of host memory");
-            goto done;
-        }
-        kiln_check_batch s2 = *s;
-        second_lens(&k->v, s, seed ^ 0x2ba7c4, lens2, lens2 + s->batch + 1, &s2.batch);
-        s2.qo_lens = lens2;
-        s2.kv_lens = lens2 + s->batch + 1;
-        /* the graph holds the first batch's parameters: its window, not a default drawn
-         * from the second batch's lengths */
-        s2.window_left = L[0].window_left;
-        if ((st = kiln__cb_make(&k->v, &s2, seed + 1, &L[1]))) {
-            kiln__fail(e, st, "check batch: out of host memory");
-            goto done;
-        }
-        n = 2;
-    }
+    if ((st = kiln__cb_make_checked(&k->v, s, seed, L, &lens2, &n, e))) goto done;
     const cb_logical *Ls[2] = {&L[0], &L[1]};
     cb_run_opts ro = kiln__cb_run_opts(s, time_reps);
     if ((st = kiln__cb_run(ctx, k, Ls, n, &ro, out, e))) goto done;
