@@ -161,12 +161,12 @@ gpu-seed: all
 	# the gpu_mma_sync_* tests run the prefill grids once more on the mma.sync family
 	grep op=prefill tests/gpu.manifest | KILN_TUNE=wgmma=0 KILN_CACHE_DIR=$(BUILD)/seed \
 	    $(KILN) warm --arch sm_90a --jobs $$(nproc) -
-	# gpu_batch_fused_merge runs its batch decode kernels with the merge kernel too (merge=0;
-	# the patterns match a few more decode kernels)
+	# gpu_batch_fused_merge runs its batch decode kernels fused too (merge=1; the patterns
+	# match a few more decode kernels)
 	grep -e 'group=4 layout=nhd mask=none window=0 logits=none lse=1 kv=paged arch' \
 	    -e 'group=1 layout=nhd mask=none window=0 logits=none lse=1 kv=paged arch' \
 	    -e 'head_dim=64 group=4 layout=nhd mask=none window=0 logits=softcap lse=1 kv=ragged arch' \
-	    tests/gpu.manifest | grep op=decode | KILN_TUNE=merge=0 KILN_CACHE_DIR=$(BUILD)/seed \
+	    tests/gpu.manifest | grep op=decode | KILN_TUNE=merge=1 KILN_CACHE_DIR=$(BUILD)/seed \
 	    $(KILN) warm --arch sm_90a --jobs $$(nproc) -
 	python3 -c "import sqlite3, sys; sqlite3.connect(sys.argv[1]).execute('PRAGMA wal_checkpoint(TRUNCATE)')" $(BUILD)/seed/kernels.db
 	tar -C $(BUILD)/seed -cf - kernels.db nvrtc-version | xz -6 -T0 > .seed/cache.tar.xz

@@ -554,9 +554,9 @@ typedef struct kiln_batch_args {
 } kiln_batch_args;
 
 /* Run the last scheduled batch on stream: no allocation, no synchronisation, no host reads of device
- * memory. Safe to capture in a CUDA graph. One launch for a batch decode (its split CTAs merge
- * their own results; KILN_TUNE merge=0 takes a merge kernel instead), two for a prefill whose
- * schedule may split (the main kernel, then the merge kernel). */
+ * memory. Safe to capture in a CUDA graph. Two launches when the schedule may split (the main
+ * kernel, then the merge kernel), one otherwise; with KILN_TUNE merge=1 a batch decode's split
+ * CTAs merge their own results, in one launch. */
 KILN_API kiln_status kiln_plan_run(kiln_plan *plan, const kiln_batch_args *a, void *stream);
 
 /* ---- softmax states ----

@@ -402,7 +402,11 @@ static kiln_status pick_simt_decode(const kiln_variant *v, int smem_limit, kiln_
 }
 
 /* Why the main kernel of v cannot merge its own splits (kiln__config.fused_merge), or NULL when
- * it can: the batch decode kernels (CUDA-core and tensor-core) can, and do by default. */
+ * it can: the batch decode kernels (CUDA-core and tensor-core) can, with KILN_TUNE merge=1.
+ * Not by default: on the H200 the fused merge measured far slower wherever a task has many
+ * slots (the last CTA of a task, one warp on tensor cores, merges them alone: B1 x 4096 paged
+ * decode 110 us against 17-19 with the merge kernel, B1 x 32768 139 against 47-49, B16 x 4096
+ * 81 against 71; even at B64; docs/perf/notes.md, session 27). */
 static const char *fused_merge_refusal(const kiln_variant *v)
 {
     if (v->op == KILN_OP_MERGE) return "op=merge kernels have no splits to merge";
@@ -427,7 +431,7 @@ kiln_status kiln__config_pick(const kiln_variant *v, int sm, kiln__config *c, ki
     int wgmma_can;
     const char *no_wgmma = kiln__wgmma_refusal(v, sm, &wgmma_can);
     c->wgmma = -1; /* unless KILN_TUNE names it: the Hopper family where it serves, not packed */
-    c->fused_merge = -1; /* likewise merge=: fused wherever the kernel can merge its splits */
+    c->fused_merge = -1; /* likewise merge=: the merge kernel unless KILN_TUNE says merge=1 */
     kiln_status st = apply_tune(c, e);
     if (st) return st;
     const int pack = c->pack, wgmma = c->wgmma < 0 ? !no_wgmma && !pack : c->wgmma;
@@ -440,7 +444,7 @@ kiln_status kiln__config_pick(const kiln_variant *v, int sm, kiln__config *c, ki
                           c->fused_merge > 1 ? "merge is 0 (the merge kernel) or 1 (the split "
                                                "CTAs merge)"
                                              : no_fuse);
-    const int fused_merge = c->fused_merge < 0 ? !no_fuse : c->fused_merge;
+    const int fused_merge = c->fused_merge < 0 ? 0 : c->fused_merge;
     memset(c, 0, sizeof *c);
     c->min_blocks = 1;
     c->pack = pack;

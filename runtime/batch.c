@@ -11,8 +11,9 @@
  * when anything may be split and the kernel does not merge its own splits, the merge kernel:
  * pure host arithmetic and one or two launches.
  *
- * The batch decode kernels merge their own splits (kiln__config.fused_merge, the default): the
- * last CTA of each merge task to finish merges the task's slots (templates/merge.cuh,
+ * With KILN_TUNE merge=1 the batch decode kernels merge their own splits (kiln__config.
+ * fused_merge; not the default: slower on the H200 where tasks have many slots): the last CTA
+ * of each merge task to finish merges the task's slots (templates/merge.cuh,
  * merge_task_if_last), counting arrivals on one int per (task, head scope) after the tasks.
  * Those counters are 0 in every upload (the schedule's tasks' counters are written with it) and
  * the last CTA of each task puts its counter back to 0, so a captured run replays from 0.

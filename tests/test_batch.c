@@ -414,8 +414,8 @@ KT_GPU_TEST(gpu_batch_invariance)
     kiln_ctx_destroy(ctx);
 }
 
-/* The split merge fused into the batch decode kernels (the default, KILN_TUNE merge=1: the last
- * CTA of each merge task merges it) writes the bits the merge kernel writes (merge=0), on both
+/* The split merge fused into the batch decode kernels (KILN_TUNE merge=1: the last CTA of each
+ * merge task merges it) writes the bits the merge kernel writes (the default), on both
  * decode families: tensor cores (G 4, paged and ragged), CUDA cores (G 1, and fp8 KV at G 4).
  * A batch of odd lengths (1, 17, 1000, 4097, 0), pages of 16, lse on, split by fixed_split and
  * by the planner, run eagerly and from a CUDA graph (kiln_check_batch_same: in graph mode each
@@ -440,10 +440,10 @@ KT_GPU_TEST(gpu_batch_fused_merge)
             continue;
         }
         /* KILN_TUNE is read when a kernel is built; each context memoises its own */
-        setenv("KILN_TUNE", "merge=0", 1);
         kiln_kernel *k0 = get(c0, &v);
-        unsetenv("KILN_TUNE");
+        setenv("KILN_TUNE", "merge=1", 1);
         kiln_kernel *k1 = get(c1, &v);
+        unsetenv("KILN_TUNE");
         if (!k0 || !k1) continue;
         KT_CHECK(k0->cfg.fused_merge == 0 && k1->cfg.fused_merge == 1);
         KT_EQ_INT(k1->cfg.pack, v.group == 4 && v.kv_dtype != KILN_DTYPE_E4M3);

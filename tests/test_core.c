@@ -171,15 +171,15 @@ KT_TEST(core_decode_kernel_choice)
     unsetenv("KILN_TUNE");
 }
 
-/* The batch decode kernels merge their own splits by default (the last CTA of each merge task,
- * fused_merge), on both decode families; prefill, single decode and op=merge do not.
- * KILN_TUNE merge=0 takes the merge kernel (its own key), merge=1 where the kernel cannot
- * merge is refused with the reason, and merge=2 is no value. */
+/* The batch decode kernels can merge their own splits (the last CTA of each merge task,
+ * fused_merge) with KILN_TUNE merge=1, on both decode families; by default they keep the merge
+ * kernel (measured faster). Prefill, single decode and op=merge cannot: merge=1 there is
+ * refused with the reason, and merge=2 is no value. Every config is a key of its own. */
 KT_TEST(core_fused_merge_choice)
 {
     static const struct {
         const char *spec;
-        int sm, fused;
+        int sm, can;
         const char *family; /* the main entry the source calls */
     } cases[] = {
         {"op=decode dtype=bf16 head_dim=128 group=4 kv=paged lse=1", 90, 1, "mma_attention"},
@@ -196,45 +196,52 @@ KT_TEST(core_fused_merge_choice)
     kiln__config cfg;
     kiln__err e;
     char conf[256], plain[256], *src = NULL;
-    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
-        parse(cases[i].spec, &v);
-        KT_OK(kiln__config_pick(&v, cases[i].sm, &cfg, &e), e.msg);
-        if (cfg.fused_merge != cases[i].fused)
-            kt_fail(__FILE__, __LINE__, "%s sm_%d: fused_merge=%d", cases[i].spec, cases[i].sm,
-                    cfg.fused_merge);
-        kiln__config_format(&cfg, conf, sizeof conf);
-        KT_CHECK(!strstr(conf, " fused_merge=1") == !cases[i].fused);
-        KT_OK(kiln__expand(&v, &cfg, cases[i].sm == 90 ? "sm_90a" : "sm_80", &src, &e), e.msg);
-        KT_REQUIRE(src);
-        char entry[64];
-        snprintf(entry, sizeof entry, "kiln::%s_kernel<kiln_cfg>", cases[i].family);
-        KT_CONTAINS(src, entry);
-        /* kiln_cfg says it to the families that can merge (not wgmma, not op=merge), and the
-         * merge kernel stays in every batch module (merge=0 launches it) */
-        const int can = v.op != KILN_OP_MERGE && !cfg.wgmma;
-        KT_CHECK(!strstr(src, "static constexpr int FUSED_MERGE = 1;") == !cases[i].fused);
-        KT_CHECK(!strstr(src, "static constexpr int FUSED_MERGE") == !can);
-        if (v.kv != KILN_KV_CONTIGUOUS && v.op != KILN_OP_MERGE)
-            KT_CONTAINS(src, "kiln::batch_merge_kernel<kiln_cfg>(p);");
-        free(src);
-        src = NULL;
+    for (int tuned = 0; tuned < 2; tuned++) {
+        if (tuned) setenv("KILN_TUNE", "merge=1", 1);
+        for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+            if (tuned && !cases[i].can) continue; /* refused: below */
+            const int fused = tuned;
+            parse(cases[i].spec, &v);
+            KT_OK(kiln__config_pick(&v, cases[i].sm, &cfg, &e), e.msg);
+            if (cfg.fused_merge != fused)
+                kt_fail(__FILE__, __LINE__, "%s sm_%d merge=%d: fused_merge=%d", cases[i].spec,
+                        cases[i].sm, tuned, cfg.fused_merge);
+            kiln__config_format(&cfg, conf, sizeof conf);
+            KT_CHECK(!strstr(conf, " fused_merge=1") == !fused);
+            KT_OK(kiln__expand(&v, &cfg, cases[i].sm == 90 ? "sm_90a" : "sm_80", &src, &e), e.msg);
+            KT_REQUIRE(src);
+            char entry[64];
+            snprintf(entry, sizeof entry, "kiln::%s_kernel<kiln_cfg>", cases[i].family);
+            KT_CONTAINS(src, entry);
+            /* kiln_cfg says it to the families that can merge (not wgmma, not op=merge), and
+             * the merge kernel stays in every batch module (merge=0 launches it) */
+            const int has = v.op != KILN_OP_MERGE && !cfg.wgmma;
+            KT_CHECK(!strstr(src, "static constexpr int FUSED_MERGE = 1;") == !fused);
+            KT_CHECK(!strstr(src, "static constexpr int FUSED_MERGE") == !has);
+            if (v.kv != KILN_KV_CONTIGUOUS && v.op != KILN_OP_MERGE)
+                KT_CONTAINS(src, "kiln::batch_merge_kernel<kiln_cfg>(p);");
+            free(src);
+            src = NULL;
+        }
     }
-    /* merge=0: the merge kernel, a config (and so a key) of its own; merge=1 is the default */
+    unsetenv("KILN_TUNE");
+    /* merge=0 is the default's config and key; merge=1 one of its own */
     parse("op=decode dtype=bf16 head_dim=128 group=4 kv=paged", &v);
     KT_OK(kiln__config_pick(&v, 90, &cfg, &e), e.msg);
     kiln__config_format(&cfg, plain, sizeof plain);
+    KT_CHECK(!strstr(plain, "fused_merge"));
     setenv("KILN_TUNE", "merge=0", 1);
     KT_OK(kiln__config_pick(&v, 90, &cfg, &e), e.msg);
     KT_EQ_INT(cfg.fused_merge, 0);
     KT_EQ_INT(cfg.pack, 1);
     kiln__config_format(&cfg, conf, sizeof conf);
-    KT_CHECK(strcmp(conf, plain) != 0 && !strstr(conf, "fused_merge"));
+    KT_EQ_STR(conf, plain);
     char *m0 = NULL, *m1 = NULL;
     KT_OK(kiln__key_material(&v, &cfg, "sm_90a", &m0, &e), e.msg);
     setenv("KILN_TUNE", "merge=1", 1);
     KT_OK(kiln__config_pick(&v, 90, &cfg, &e), e.msg);
     kiln__config_format(&cfg, conf, sizeof conf);
-    KT_EQ_STR(conf, plain);
+    KT_CHECK(strcmp(conf, plain) != 0 && strstr(conf, " fused_merge=1"));
     KT_OK(kiln__key_material(&v, &cfg, "sm_90a", &m1, &e), e.msg);
     KT_REQUIRE(m0 && m1);
     char k0[33], k1[33];
@@ -244,12 +251,12 @@ KT_TEST(core_fused_merge_choice)
     free(m0);
     free(m1);
     /* with the other decode family too (pack=0: CUDA cores), and the options combine */
-    setenv("KILN_TUNE", "pack=0,merge=0", 1);
+    setenv("KILN_TUNE", "pack=0,merge=1", 1);
     KT_OK(kiln__config_pick(&v, 90, &cfg, &e), e.msg);
-    KT_CHECK(cfg.pack == 0 && cfg.gb == 4 && cfg.fused_merge == 0);
+    KT_CHECK(cfg.pack == 0 && cfg.gb == 4 && cfg.fused_merge == 1);
     setenv("KILN_TUNE", "pack=0", 1);
     KT_OK(kiln__config_pick(&v, 90, &cfg, &e), e.msg);
-    KT_CHECK(cfg.pack == 0 && cfg.fused_merge == 1);
+    KT_CHECK(cfg.pack == 0 && cfg.fused_merge == 0);
     /* refusals say why */
     setenv("KILN_TUNE", "merge=1", 1);
     parse("op=prefill dtype=bf16 head_dim=128 group=4 kv=paged", &v);

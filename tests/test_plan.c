@@ -540,7 +540,8 @@ KT_TEST(plan_degenerate_and_refused)
  * CUDA cores) and a prefill (none): a batch of odd lengths cut by fixed_split and by the
  * planner, in eager and graph mode. Between schedules the staging buffer's counter words are
  * overwritten with garbage (what an older schedule or a pinned buffer may hold): every
- * schedule still uploads its tasks' counters as 0. KILN_TUNE merge=0 lays out none. */
+ * schedule still uploads its tasks' counters as 0. The default (the merge kernel) and the
+ * prefill lay out none. */
 KT_TEST(plan_fused_merge_counters)
 {
     static const char *const specs[] = {
@@ -550,16 +551,18 @@ KT_TEST(plan_fused_merge_counters)
         "op=prefill dtype=bf16 head_dim=128 group=4 kv=paged lse=1",
     };
     static const int lens[5] = {1, 17, 1000, 4097, 0};
-    for (int merge0 = 0; merge0 < 2; merge0++) {
+    for (int fused = 0; fused < 2; fused++) {
         /* a context of its own per KILN_TUNE: the memo is keyed by the variant alone */
-        if (merge0) setenv("KILN_TUNE", "merge=0", 1);
         kiln_ctx *ctx = KT_CTX(kt_tmpdir(), 0);
         KT_REQUIRE(ctx);
         for (int si = 0; si < 4; si++) {
+            /* KILN_TUNE merge=1 for the decode kernels (a prefill refuses it) */
+            if (fused && !strncmp(specs[si], "op=decode", 9)) setenv("KILN_TUNE", "merge=1", 1);
             kiln_kernel *k = compile(ctx, specs[si]);
+            unsetenv("KILN_TUNE");
             if (!k) continue;
             const int decode = k->v.op == KILN_OP_DECODE, H = 8;
-            KT_EQ_INT(k->cfg.fused_merge, decode && !merge0);
+            KT_EQ_INT(k->cfg.fused_merge, decode && fused);
             for (int mode = 0; mode < 4; mode++) { /* planner / fixed split, eager / graph */
                 batch *b = calloc(1, sizeof *b);
                 KT_REQUIRE(b);
@@ -581,8 +584,8 @@ KT_TEST(plan_fused_merge_counters)
                 kiln_batch_shape sh = shape_of(b, decode);
                 char what[160];
                 for (int again = 0; again < 2; again++) {
-                    snprintf(what, sizeof what, "%s merge=%d mode %d schedule %d", specs[si],
-                             !merge0, mode, again);
+                    snprintf(what, sizeof what, "%s merge=%d mode %d schedule %d", specs[si], fused,
+                             mode, again);
                     if (kiln_plan_schedule(pl, &sh, 0, 0, NULL) != KILN_STATUS_OK) {
                         kt_fail(__FILE__, __LINE__, "%s: %s", what, kiln_ctx_errmsg(ctx));
                         break;
@@ -605,7 +608,6 @@ KT_TEST(plan_fused_merge_counters)
             }
         }
         kiln_ctx_destroy(ctx);
-        unsetenv("KILN_TUNE");
     }
 }
 
@@ -613,12 +615,13 @@ KT_TEST(plan_fused_merge_counters)
  * plain prefill kernels (jit/config.c: faster than the 64-row ones with up to ~170 B of spills
  * at 255 registers), held to 256 B, and the wgmma family's persistent grid, whose producer
  * spills 128-136 B at its 40 registers (its consumers none: params.h), held to 160 B. The batch
- * decode kernels are the ones that merge their own splits (the default, fused_merge) on both
- * decode families: CUDA cores at G 1 (16-bit and fp8 KV), tensor cores at G 4 and 8. */
+ * decode kernels compile both ways, with the merge kernel (the default) and merging their own
+ * splits (KILN_TUNE merge=1, fused_merge) on both decode families: CUDA cores at G 1 (16-bit
+ * and fp8 KV), tensor cores at G 4 and 8. */
 KT_TEST(plan_batch_kernels_compile)
 {
-    kiln_ctx *ctx = KT_CTX(kt_tmpdir(), 0);
-    KT_REQUIRE(ctx);
+    kiln_ctx *ctx = KT_CTX(kt_tmpdir(), 0), *ctx1 = KT_CTX(kt_tmpdir(), 0);
+    KT_REQUIRE(ctx && ctx1);
     static const char *const specs[] = {
         "op=decode dtype=bf16 head_dim=128 group=4 kv=paged",
         "op=decode dtype=f16 head_dim=64 group=8 kv=ragged lse=1 logits=softcap window=1",
@@ -634,20 +637,28 @@ KT_TEST(plan_batch_kernels_compile)
     };
     const int n = (int)(sizeof specs / sizeof specs[0]);
     for (int i = 0; i < n; i++)
-        for (int a = 0; a < 2; a++) {
+        for (int a = 0; a < 4; a++) { /* sm_90a, sm_80; decode: then both with merge=1 */
             kiln_variant v;
             KT_OK(kiln_variant_parse(specs[i], &v), kiln_errmsg());
-            kiln_kernel *k = NULL;
-            if (kiln_kernel_compile(ctx, &v, a ? "sm_80" : "sm_90a", &k) != KILN_STATUS_OK) {
-                kt_fail(__FILE__, __LINE__, "%s: %s", specs[i], kiln_ctx_errmsg(ctx));
-                continue;
-            }
-            kiln_kernel_info info;
-            kiln_kernel_describe(k, &info);
+            const int fused = a >= 2;
+            if (fused && v.op != KILN_OP_DECODE) continue;
+            if (fused) setenv("KILN_TUNE", "merge=1", 1);
+            kiln_kernel *k = NULL; /* merge=1 in a context of its own: the memo is by variant */
+            const kiln_status cst =
+                kiln_kernel_compile(fused ? ctx1 : ctx, &v, a % 2 ? "sm_80" : "sm_90a", &k);
             kiln__config cfg;
             kiln__err e = {0};
-            KT_OK(kiln__config_pick(&v, a ? 80 : 90, &cfg, &e), e.msg);
-            KT_EQ_INT(cfg.fused_merge, v.op == KILN_OP_DECODE);
+            const kiln_status pst = kiln__config_pick(&v, a % 2 ? 80 : 90, &cfg, &e);
+            unsetenv("KILN_TUNE");
+            if (cst != KILN_STATUS_OK) {
+                kt_fail(__FILE__, __LINE__, "%s: %s", specs[i],
+                        kiln_ctx_errmsg(fused ? ctx1 : ctx));
+                continue;
+            }
+            KT_OK(pst, e.msg);
+            kiln_kernel_info info;
+            kiln_kernel_describe(k, &info);
+            KT_EQ_INT(cfg.fused_merge, fused);
             KT_EQ_INT(k->cfg.fused_merge, cfg.fused_merge); /* the kernel compiled is that one */
             const int allowed = cfg.mt == 2 && v.op == KILN_OP_PREFILL ? 256
                                 : cfg.wgmma && cfg.persist             ? 160
@@ -657,6 +668,7 @@ KT_TEST(plan_batch_kernels_compile)
                         specs[i], info.arch, cfg.mt, info.spill_bytes, allowed);
         }
     kiln_ctx_destroy(ctx);
+    kiln_ctx_destroy(ctx1);
 }
 
 /* Mask data in a batch: each request's bits start after the earlier requests' L_Q x L_KV

@@ -29,7 +29,7 @@ class PlanInfo:
     grid: int  # CTAs along x of the main launch (>= items in graph mode)
     kv_chunk: int  # keys per split (0: no request was split)
     split_items: int  # items writing partial states merged afterwards
-    merge_tasks: int  # (request, query tile) groups merged (batch decode: by their last CTA)
+    merge_tasks: int  # (request, query tile) groups merged (KILN_TUNE merge=1: by their last CTA)
     max_item_keys: int  # keys of the longest item
     total_keys: int  # keys over all items
 
