@@ -60,7 +60,6 @@ struct kiln_plan {
     kiln_kernel *k;
     kiln_plan_opts o;
     int decode, H, hpi, rows, D, gran, slots;
-    int fused; /* the kernel merges its own splits: counters in the layout, no merge launch */
     /* the last plan */
     kiln_plan_info info;
     int grid, tasks_grid;
@@ -118,7 +117,7 @@ static int layout_for(const kiln_plan *pl, int batch, int64_t total_qo, int64_t 
     L->tasks = slots;
     /* the fused merge's arrival counters: one per (task, head scope), a head scope being the
      * query heads of one of an item's hpi CTAs */
-    L->counters = pl->fused ? L->tasks * pl->hpi : 0;
+    L->counters = pl->k->cfg.fused_merge ? L->tasks * pl->hpi : 0;
     const int64_t ints = HEADER_INTS + L->items * ITEM_INTS + round4((int64_t)batch * REQ_INTS) +
                          L->tasks * TASK_INTS + L->counters;
     if (ints > (int64_t)1 << 30) return -1;
@@ -159,7 +158,6 @@ static kiln_plan *plan_new(kiln_kernel *k, const kiln_plan_opts *opts, int slots
     pl->rows = pl->decode ? 1 : pack ? k->cfg.block_m / G : k->cfg.block_m;
     pl->gran = pl->decode && !pack ? KILN_DECODE_TILE * k->cfg.warps : k->cfg.block_n;
     pl->slots = slots;
-    pl->fused = k->cfg.fused_merge;
     if (pl->o.fixed_split > 0) /* chunks stay aligned to the kernel's key tiles */
         pl->o.fixed_split = (pl->o.fixed_split + pl->gran - 1) / pl->gran * pl->gran;
     return pl;
@@ -265,7 +263,7 @@ void kiln__plan_last_layout(const kiln_plan *pl, kiln__plan_layout *out)
                                .tasks_off = L->tasks_off,
                                .counters_off = L->counters_off,
                                .task_bound = (int)L->tasks,
-                               .scopes = pl->fused ? pl->hpi : 0,
+                               .scopes = pl->k->cfg.fused_merge ? pl->hpi : 0,
                                .int_bytes = L->int_bytes,
                                .uploaded = pl->uploaded};
 }
@@ -692,7 +690,7 @@ static void write_items(kiln_plan *pl, int ntiles, int64_t chunk, const layout *
     }
     /* the counters the run's tasks use start from 0 (the staging buffer holds an older
      * schedule's words); the kernel puts each back to 0 after its task's merge */
-    if (pl->fused) {
+    if (pl->k->cfg.fused_merge) {
         KILN__ASSERT_LE((int64_t)ntasks * pl->hpi, L->counters);
         memset(w + L->counters_off, 0, (size_t)ntasks * (size_t)pl->hpi * sizeof(int));
     }
@@ -710,8 +708,9 @@ static void write_items(kiln_plan *pl, int ntiles, int64_t chunk, const layout *
 static kiln_status upload(kiln_plan *pl, const layout *L, const int *w, int ntasks, int slot,
                           kiln_devptr workspace, void *stream, kiln__err *e)
 {
-    const int64_t end = pl->fused && ntasks > 0 ? L->counters_off + (int64_t)ntasks * pl->hpi
-                                                : L->tasks_off + (int64_t)ntasks * TASK_INTS;
+    const int64_t end = pl->k->cfg.fused_merge && ntasks > 0
+                            ? L->counters_off + (int64_t)ntasks * pl->hpi
+                            : L->tasks_off + (int64_t)ntasks * TASK_INTS;
     const size_t used = (size_t)end * sizeof(int);
     KILN__ASSERT_LE(used, L->int_bytes); /* inside the int region the workspace was sized for */
     pl->uploaded = used;
@@ -843,7 +842,7 @@ kiln_status kiln_plan_run(kiln_plan *pl, const kiln_batch_args *a, void *stream)
                                (CUstream)stream, args, NULL);
     }
     /* the merge kernel, unless the main kernel's split CTAs merged their tasks already */
-    if (r == CUDA_SUCCESS && pl->tasks_grid > 0 && !pl->fused)
+    if (r == CUDA_SUCCESS && pl->tasks_grid > 0 && !pl->k->cfg.fused_merge)
         r = cu->cuLaunchKernel(k->fn_merge, (unsigned)pl->tasks_grid, (unsigned)pl->H, 1,
                                (unsigned)k->cfg.merge_threads, 1, 1, 0, (CUstream)stream, args,
                                NULL);
