@@ -263,10 +263,11 @@ static kiln_status apply_tune(kiln__config *c, kiln__err *e)
         else if (!strcmp(tok, "load")) c->load = val;
         else if (!strcmp(tok, "persist")) c->persist = val;
         else if (!strcmp(tok, "merge")) c->fused_merge = val;
+        else if (!strcmp(tok, "xjob")) c->xjob = val;
         else
             return kiln__fail(e, KILN_STATUS_INVALID_ARGUMENT,
                               "KILN_TUNE: unknown field '%s' (warps, mt, bn, stages, qregs, gb, "
-                              "minb, pack, wgmma, load, persist, merge)",
+                              "minb, pack, wgmma, load, persist, xjob, merge)",
                               tok);
     }
     return KILN_STATUS_OK;
@@ -353,10 +354,11 @@ static kiln_status pick_wgmma(const kiln_variant *v, int smem_limit, kiln__confi
      * producer's copies were the limit": causal 321 -> 489 TFLOP/s a row per thread -> rows
      * per warp, 562 by TMA), with kv=paged one box per page where pages are a multiple of 8
      * rows, rows per warp otherwise (page 16: 380 -> 403 TFLOP/s over rows per warp) */
-    c->load = c->persist = -1;
+    c->load = c->persist = c->xjob = -1;
     if ((st = apply_tune(c, e))) return st;
     if (c->load < 0) c->load = KILN_WGMMA_LOAD_TMA;
     if (c->persist < 0) c->persist = wgmma_persist_default(v);
+    if (c->xjob < 0) c->xjob = c->persist != KILN_WGMMA_PERSIST_NONE;
     if (c->warps != 8 || c->mt != 1 || c->q_in_regs || c->gb || c->pack || c->min_blocks != 1 ||
         !wgmma_bn_ok(c->block_n, c->load) || c->stages < 2 || c->stages > 4 ||
         c->load > KILN_WGMMA_LOAD_TMA || c->persist > KILN_WGMMA_PERSIST_DYNAMIC)
@@ -372,6 +374,11 @@ static kiln_status pick_wgmma(const kiln_variant *v, int smem_limit, kiln__confi
         return kiln__fail(e, KILN_STATUS_UNSUPPORTED,
                           "config: persist=2 claims jobs from a batch schedule's counter; a "
                           "single-request prefill (kv=contiguous) has none: persist=1 there");
+    if (c->xjob > 1 || (c->xjob && c->persist == KILN_WGMMA_PERSIST_NONE))
+        return kiln__fail(e, KILN_STATUS_UNSUPPORTED,
+                          "config: xjob=%d (KILN_TUNE): xjob is 0 or 1, and 1 (a job's last P V "
+                          "with the next job's first S) needs a persistent grid (persist=1 or 2)",
+                          c->xjob);
     c->block_m = KILN_WGMMA_BM;
     c->merge_threads = v->kv != KILN_KV_CONTIGUOUS ? 128 : 0;
     c->smem_bytes = wgmma_smem(v, c->block_n, c->stages);
@@ -461,9 +468,9 @@ kiln_status kiln__config_pick(const kiln_variant *v, int sm, kiln__config *c, ki
     else st = pick_mma(v, limit, c, e);
     if (st) return st;
     c->fused_merge = fused_merge; /* the family's apply_tune wrote KILN_TUNE's value again */
-    if ((c->load || c->persist) && !c->wgmma)
+    if ((c->load || c->persist || c->xjob) && !c->wgmma)
         return kiln__fail(e, KILN_STATUS_UNSUPPORTED,
-                          "config: load= and persist= (KILN_TUNE) are the wgmma family's");
+                          "config: load=, persist= and xjob= (KILN_TUNE) are the wgmma family's");
     c->threads = c->warps * 32 + (c->wgmma ? KILN_WGMMA_PRODUCER_THREADS : 0);
     if (c->min_blocks < 1 || c->min_blocks * c->threads > 2048)
         return kiln__fail(e, KILN_STATUS_UNSUPPORTED, "config: minb=%d is not valid for %d threads",
@@ -486,7 +493,9 @@ void kiln__config_format(const kiln__config *c, char *buf, size_t cap)
      * they were */
     if (c->wgmma) {
         const size_t n = strlen(buf);
-        if (n < cap) snprintf(buf + n, cap - n, " wgmma=1 load=%d persist=%d", c->load, c->persist);
+        if (n < cap)
+            snprintf(buf + n, cap - n, " wgmma=1 load=%d persist=%d xjob=%d", c->load, c->persist,
+                     c->xjob);
     }
     /* likewise the fused merge: only the kernels that merge their own splits say so */
     if (c->fused_merge) {

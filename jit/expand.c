@@ -249,8 +249,8 @@ kiln_status kiln__expand(const kiln_variant *v, const kiln__config *cfg, const c
                          "    static constexpr int MT = %d, BN = %d, Q_IN_REGS = %d, PACK = %d;\n",
                          cfg->mt, cfg->block_n, cfg->q_in_regs, cfg->pack);
     if (cfg->wgmma)
-        kiln__str_printf(&s, "    static constexpr int LOAD = %d, PERSIST = %d;\n", cfg->load,
-                         cfg->persist);
+        kiln__str_printf(&s, "    static constexpr int LOAD = %d, PERSIST = %d, XJOB = %d;\n",
+                         cfg->load, cfg->persist, cfg->xjob);
     else /* the families that can merge their own splits (jit/config.c: batch decode) */
         kiln__str_printf(&s, "    static constexpr int FUSED_MERGE = %d;\n", cfg->fused_merge);
     /* the wgmma family takes its kernel's arguments and, loading by TMA, the tensor maps */

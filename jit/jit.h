@@ -89,6 +89,9 @@ typedef struct kiln__config {
                           persistent grid (one CTA per SM's worth, each looping over work
                           tiles, heaviest first, round robin); 2 the same, later jobs claimed
                           from a counter in the batch's schedule */
+    int xjob;          /* wgmma family, persistent grid: a job's last P V is issued with the
+                          next job's first S (wgmma_attention.cuh, wg_consume), its O stored
+                          under that S's softmax; 0: the last P V is a turn of its own */
     int fused_merge;   /* batch decode: the split CTAs merge their task's partial states (the
                           last of each task to finish, merge.cuh merge_task_if_last) and
                           kiln_plan_run launches no merge kernel; 0: the merge kernel does */

@@ -397,7 +397,9 @@ __device__ __forceinline__ void wg_to_p(const float (&sc)[Cfg::BN / 8][4], u32 (
  * CTA's jobs: group 1 gives group 0 its first turn (wg_turns_begin); each job ends with one
  * more turn each, the last P V's (or none, without tiles), so that group 1's pass after its
  * last P V is group 0's first turn of the next job, which group 0 starts while group 1 still
- * stores; group 0 takes the last one in wg_turns_end. */
+ * stores; group 0 takes the last one in wg_turns_end. With XJOB a job's last P V is instead
+ * part of the next job's first turn where that job has a key tile (wg_consume); both groups
+ * go through the same jobs, so their turns still pair. */
 __device__ __forceinline__ void wg_turn_wait(int c) { named_sync(1 + c, 2 * 128); }
 __device__ __forceinline__ void wg_turn_pass(int c) { named_arrive(2 - c, 2 * 128); }
 __device__ __forceinline__ void wg_turns_begin(int c)
@@ -419,14 +421,39 @@ __device__ __forceinline__ void wg_q_done(const wg_tiles<Cfg> &tiles, const mma_
     if (Cfg::PERSIST && tiles.next(t + 1) >= w.t_end) mbar_arrive(sm.q_empty());
 }
 
-/* One job (work tile `it`) of the consumers: Q's phase it, K/V tiles from ring count n on. */
+/* What a consumer knows of its next job when one ends (PERSIST: the slot's; one job per CTA:
+ * none, h = -1): its head (h < 0: no more jobs), and with XJOB whether S of its first key tile
+ * is already in the S registers, issued in one turn with the ended job's last P V. */
+struct wg_next {
+    int h;
+    bool s_ready;
+};
+
+/* The key tiles of the job in the slot and its first one (t_first): the slot's other words
+ * are read again when the job starts, so that no register holds them across the turn. */
 template <class Cfg>
-__device__ __forceinline__ void wg_consume(const kiln_launch_params &p, const mma_work &w, const wg_tiles<Cfg> &tiles,
-                                           const wg_smem<Cfg::STAGES> &sm, int h, int hk, int tid, int it, int &n)
+__device__ __forceinline__ wg_tiles<Cfg> wg_slot_tiles(const kiln_launch_params &p, u32 slot, int &t_first)
+{
+    const mma_work w = wg_job_get(slot);
+    t_first = w.t_first;
+    return wg_job_tiles<Cfg>(p, w);
+}
+
+/* One job (work tile `it`) of the consumers: Q's phase it, K/V tiles from ring count n on.
+ * With s_ready, S of its first tile is in sc already (wg_next). With PERSIST it ends by
+ * taking the next job from the slot (job_full's phase it + 1); with XJOB, where that job has
+ * a key tile, its first S goes in one turn with this job's last P V (P V first: this job's O
+ * is stored while that S runs, and the next job's softmax follows; the S registers carry it
+ * over, so that no P or O registers live across the jobs). */
+template <class Cfg>
+__device__ __forceinline__ wg_next wg_consume(const kiln_launch_params &p, const mma_work &w, const wg_tiles<Cfg> &tiles,
+                                              const wg_smem<Cfg::STAGES> &sm, int h, int hk, int tid, int it, int &n,
+                                              float (&sc)[1][Cfg::BN / 8][4], bool s_ready)
 {
     using L = wg_layout<Cfg>;
     using S = mma_shape<Cfg>;
     constexpr int STAGES = Cfg::STAGES, BN = Cfg::BN;
+    static_assert(!Cfg::XJOB || Cfg::PERSIST, "a next job: the persistent grid's");
     const int c = tid / 128 - 1, lane = tid % WARP;
     const int wrow = c * 64 + (tid / WARP) % 4 * 16; /* this warp's first row in the CTA tile */
     mma_rows<Cfg> rows;
@@ -435,22 +462,25 @@ __device__ __forceinline__ void wg_consume(const kiln_launch_params &p, const mm
     st.init();
     const float c2 = S::RAW ? p.sm_scale * LOG2E : 1.0f;
     const u32 q_rows = sm.q + c * 64 * 128;
+    wg_next next = {-1, false};
+    bool taken = !Cfg::PERSIST; /* the next job (none with a CTA per job) */
 
-    float sc[1][BN / 8][4];
     u32 pf[BN / 16][4]; /* P of the previous tile */
-    mbar_wait(sm.q_full(), it & 1);
+    if (!s_ready) mbar_wait(sm.q_full(), it & 1);
     int t = tiles.next(w.t_first);
     if (t < w.t_end) {
-        /* the first tile: S, softmax, P */
+        /* the first tile: S (unless the last job's turn issued it), softmax, P */
         int s = n % STAGES;
-        mbar_wait(sm.full(s), (n / STAGES) & 1);
-        fence_proxy_async(); /* the producer's cp.async writes (and Q's), for the tensor cores */
-        wg_turn_wait(c);
-        wgmma_fence();
-        wg_issue_qk<Cfg>(sc[0], q_rows, sm.k + s * L::TILE);
-        wg_turn_pass(c);
-        wgmma_wait<0>();
-        reg_fence(sc[0]);
+        if (!s_ready) {
+            mbar_wait(sm.full(s), (n / STAGES) & 1);
+            fence_proxy_async(); /* the producer's cp.async writes (and Q's), for the tensor cores */
+            wg_turn_wait(c);
+            wgmma_fence();
+            wg_issue_qk<Cfg>(sc[0], q_rows, sm.k + s * L::TILE);
+            wg_turn_pass(c);
+            wgmma_wait<0>();
+            reg_fence(sc[0]);
+        }
         wg_q_done<Cfg>(tiles, w, sm, t);
         float scale[1][2]; /* O is still zero: its factor is not applied */
         wg_softmax_rows<Cfg>(st, sc, p, w, rows, tiles, c2, hk, t, lane, scale);
@@ -478,6 +508,33 @@ __device__ __forceinline__ void wg_consume(const kiln_launch_params &p, const mm
             prev = s;
         }
         if (!Cfg::PERSIST) mbar_arrive(sm.q_empty());
+        if constexpr (Cfg::XJOB) { /* the next job, and its first S with this last P V */
+            mbar_wait(sm.job_full(), (it + 1) & 1);
+            next.h = ld_shared(sm.job() + 4 * WG_JOB_H);
+            taken = true;
+            int t2 = 0;
+            const wg_tiles<Cfg> tiles2 = wg_slot_tiles<Cfg>(p, sm.job(), t2);
+            t2 = next.h >= 0 ? tiles2.next(t2) : tiles2.t_end;
+            if (t2 < tiles2.t_end) {
+                s = n % STAGES; /* the next job's first tile */
+                mbar_wait(sm.q_full(), (it + 1) & 1);
+                mbar_wait(sm.full(s), (n / STAGES) & 1);
+                fence_proxy_async();
+                wg_turn_wait(c);
+                wgmma_fence();
+                wg_issue_pv<Cfg>(st.o[0], pf, sm.v + prev * L::TILE);
+                wg_issue_qk<Cfg>(sc[0], q_rows, sm.k + s * L::TILE);
+                wg_turn_pass(c);
+                wgmma_wait<1>(); /* this job's O; the next job's S may still run */
+                reg_fence(st.o[0]);
+                mbar_arrive(sm.empty(prev));
+                store_rows<Cfg>(st, rows, p, w, c2, wrow, lane);
+                wgmma_wait<0>();
+                reg_fence(sc[0]);
+                next.s_ready = true;
+                return next;
+            }
+        }
         /* P V of the last tile, a turn of its own */
         wg_turn_wait(c);
         wgmma_fence();
@@ -492,6 +549,11 @@ __device__ __forceinline__ void wg_consume(const kiln_launch_params &p, const mm
         wg_turn_pass(c);
     }
     store_rows<Cfg>(st, rows, p, w, c2, wrow, lane);
+    if (!taken) {
+        mbar_wait(sm.job_full(), (it + 1) & 1);
+        next.h = ld_shared(sm.job() + 4 * WG_JOB_H);
+    }
+    return next;
 }
 
 /* The jobs of a CTA: (work x of nx, query head h). One job, (blockIdx.x, blockIdx.y), with a
@@ -568,16 +630,14 @@ __device__ __forceinline__ void wg_consume_jobs(const kiln_launch_params &p, con
     const int c = tid / 128 - 1;
     wg_turns_begin(c);
     int n = 0;
-    for (int it = 0;; it++) {
-        mbar_wait(sm.job_full(), it & 1);
-        const int h = ld_shared(sm.job() + 4 * WG_JOB_H);
-        if (h < 0) {
-            wg_turns_end(c);
-            return;
-        }
+    float sc[1][Cfg::BN / 8][4]; /* S, carried into the next job where its first S is issued early */
+    mbar_wait(sm.job_full(), 0);
+    wg_next job = {ld_shared(sm.job() + 4 * WG_JOB_H), false};
+    for (int it = 0; job.h >= 0; it++) {
         const mma_work w = wg_job_get(sm.job());
-        wg_consume<Cfg>(p, w, wg_job_tiles<Cfg>(p, w), sm, h, h / Cfg::G, tid, it, n);
+        job = wg_consume<Cfg>(p, w, wg_job_tiles<Cfg>(p, w), sm, job.h, job.h / Cfg::G, tid, it, n, sc, job.s_ready);
     }
+    wg_turns_end(c);
 }
 
 template <class Cfg> __device__ void wgmma_attention_kernel(const kiln_launch_params &p, const kiln_tma_maps *maps)
@@ -628,8 +688,9 @@ template <class Cfg> __device__ void wgmma_attention_kernel(const kiln_launch_pa
             regs_inc<KILN_WGMMA_CONSUMER_REGS>();
             const mma_work w = mma_load_work<Cfg>(p, blockIdx.x, gridDim.x);
             const int c = tid / 128 - 1;
+            float sc[1][Cfg::BN / 8][4];
             wg_turns_begin(c);
-            wg_consume<Cfg>(p, w, wg_job_tiles<Cfg>(p, w), sm, h, h / Cfg::G, tid, 0, n);
+            wg_consume<Cfg>(p, w, wg_job_tiles<Cfg>(p, w), sm, h, h / Cfg::G, tid, 0, n, sc, false);
             wg_turns_end(c);
         }
     }

@@ -391,6 +391,7 @@ KT_TEST(core_wgmma_family_choice)
     KT_CONTAINS(e.msg, "load=");
     /* a persistent grid: its own key; the wgmma family's only */
     char plain[256];
+    char *src0 = NULL;
     unsetenv("KILN_TUNE");
     KT_OK(kiln__config_pick(&v, 90, &cfg, &e), e.msg);
     kiln__config_format(&cfg, plain, sizeof plain);
@@ -415,6 +416,27 @@ KT_TEST(core_wgmma_family_choice)
     kiln__config_format(&cfg, conf, sizeof conf);
     KT_CHECK(cfg.persist == KILN_WGMMA_PERSIST_DYNAMIC);
     KT_CONTAINS(conf, " persist=2");
+    /* a persistent grid issues a job's last P V with the next job's first S by default
+     * (xjob=1); xjob=0 is its own key; a CTA per tile has no next job: xjob=1 refused there */
+    KT_EQ_INT(cfg.xjob, 1);
+    KT_CONTAINS(conf, " xjob=1");
+    setenv("KILN_TUNE", "persist=2 xjob=0", 1);
+    KT_OK(kiln__config_pick(&v, 90, &cfg, &e), e.msg);
+    kiln__config_format(&cfg, plain, sizeof plain);
+    KT_CHECK(cfg.xjob == 0 && strcmp(conf, plain) != 0);
+    KT_OK(kiln__expand(&v, &cfg, "sm_90a", &src0, &e), e.msg);
+    KT_REQUIRE(src0);
+    KT_CONTAINS(src0, "PERSIST = 2, XJOB = 0;");
+    free(src0);
+    setenv("KILN_TUNE", "persist=0 xjob=1", 1);
+    KT_CHECK(kiln__config_pick(&v, 90, &cfg, &e) == KILN_STATUS_UNSUPPORTED);
+    KT_CONTAINS(e.msg, "needs a persistent grid");
+    setenv("KILN_TUNE", "xjob=2", 1);
+    KT_CHECK(kiln__config_pick(&v, 90, &cfg, &e) == KILN_STATUS_UNSUPPORTED);
+    KT_CONTAINS(e.msg, "xjob is 0 or 1");
+    setenv("KILN_TUNE", "persist=0", 1);
+    KT_OK(kiln__config_pick(&v, 90, &cfg, &e), e.msg);
+    KT_EQ_INT(cfg.xjob, 0);
     /* rows per warp through a page table (KILN_TUNE load=1): no maps argument */
     parse("op=prefill dtype=bf16 head_dim=128 group=4 kv=paged", &v);
     setenv("KILN_TUNE", "load=1", 1);
