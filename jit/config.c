@@ -264,10 +264,11 @@ static kiln_status apply_tune(kiln__config *c, kiln__err *e)
         else if (!strcmp(tok, "persist")) c->persist = val;
         else if (!strcmp(tok, "merge")) c->fused_merge = val;
         else if (!strcmp(tok, "xjob")) c->xjob = val;
+        else if (!strcmp(tok, "pdl")) c->pdl = val;
         else
             return kiln__fail(e, KILN_STATUS_INVALID_ARGUMENT,
                               "KILN_TUNE: unknown field '%s' (warps, mt, bn, stages, qregs, gb, "
-                              "minb, pack, wgmma, load, persist, xjob, merge)",
+                              "minb, pack, wgmma, load, persist, xjob, merge, pdl)",
                               tok);
     }
     return KILN_STATUS_OK;
@@ -426,6 +427,20 @@ static const char *fused_merge_refusal(const kiln_variant *v)
     return NULL;
 }
 
+/* Why v's merge kernel cannot be a programmatic dependent launch on sm_<sm> (kiln__config.pdl),
+ * or NULL when it can: the merge kernel of any kernel that has one (decode, single or batch, and
+ * batch prefill; not a batch decode that merges its own splits, fused) on sm_90 or newer, where
+ * griddepcontrol and the launch attribute exist; there it is by default. */
+static const char *pdl_refusal(const kiln_variant *v, int sm, int fused)
+{
+    if (sm < 90) return "programmatic dependent launch (griddepcontrol) needs sm_90 or newer";
+    if (v->op == KILN_OP_MERGE) return "op=merge kernels are launched alone, after no main kernel";
+    if (v->op == KILN_OP_PREFILL && v->kv == KILN_KV_CONTIGUOUS)
+        return "a single-request prefill has no merge kernel";
+    if (fused) return "with merge=1 the split CTAs merge their own tasks: no merge kernel runs";
+    return NULL;
+}
+
 /* ---- internal API --------------------------------------------------------------------------- */
 
 kiln_status kiln__config_pick(const kiln_variant *v, int sm, kiln__config *c, kiln__err *e)
@@ -439,6 +454,7 @@ kiln_status kiln__config_pick(const kiln_variant *v, int sm, kiln__config *c, ki
     const char *no_wgmma = kiln__wgmma_refusal(v, sm, &wgmma_can);
     c->wgmma = -1; /* unless KILN_TUNE names it: the Hopper family where it serves, not packed */
     c->fused_merge = -1; /* likewise merge=: the merge kernel unless KILN_TUNE says merge=1 */
+    c->pdl = -1;         /* and pdl=: where the arch and the kernel allow it (pdl_refusal) */
     kiln_status st = apply_tune(c, e);
     if (st) return st;
     const int pack = c->pack, wgmma = c->wgmma < 0 ? !no_wgmma && !pack : c->wgmma;
@@ -452,6 +468,14 @@ kiln_status kiln__config_pick(const kiln_variant *v, int sm, kiln__config *c, ki
                                                "CTAs merge)"
                                              : no_fuse);
     const int fused_merge = c->fused_merge < 0 ? 0 : c->fused_merge;
+    const char *no_pdl = pdl_refusal(v, sm, fused_merge);
+    if (c->pdl > 1 || (c->pdl == 1 && no_pdl))
+        return kiln__fail(e, KILN_STATUS_UNSUPPORTED, "config: pdl=%d (KILN_TUNE) on sm_%d: %s",
+                          c->pdl, sm,
+                          c->pdl > 1 ? "pdl is 0 (the merge kernel an ordinary launch) or 1 (a "
+                                       "programmatic dependent launch, sm_90 or newer)"
+                                     : no_pdl);
+    const int pdl = c->pdl < 0 ? !no_pdl : c->pdl;
     memset(c, 0, sizeof *c);
     c->min_blocks = 1;
     c->pack = pack;
@@ -468,6 +492,7 @@ kiln_status kiln__config_pick(const kiln_variant *v, int sm, kiln__config *c, ki
     else st = pick_mma(v, limit, c, e);
     if (st) return st;
     c->fused_merge = fused_merge; /* the family's apply_tune wrote KILN_TUNE's value again */
+    c->pdl = pdl;
     if ((c->load || c->persist || c->xjob) && !c->wgmma)
         return kiln__fail(e, KILN_STATUS_UNSUPPORTED,
                           "config: load=, persist= and xjob= (KILN_TUNE) are the wgmma family's");
@@ -501,5 +526,10 @@ void kiln__config_format(const kiln__config *c, char *buf, size_t cap)
     if (c->fused_merge) {
         const size_t n = strlen(buf);
         if (n < cap) snprintf(buf + n, cap - n, " fused_merge=1");
+    }
+    /* and the programmatic dependent launch: only the kernels whose source has it */
+    if (c->pdl) {
+        const size_t n = strlen(buf);
+        if (n < cap) snprintf(buf + n, cap - n, " pdl=1");
     }
 }

@@ -151,6 +151,29 @@ static void emit_hooks(kiln__str *s, const kiln_variant *v)
     }
 }
 
+/* The programmatic dependent launch (kiln__config.pdl): PDL, and for a PDL config its two
+ * instructions as members of the config struct, which the templates call only behind Cfg::PDL
+ * (common/device.cuh: let_merge_launch, wait_main_grid), so that a source without PDL holds no
+ * griddepcontrol at all. The config refuses pdl=1 below sm_90; the arch guard is the PTX's own
+ * condition. */
+static void emit_pdl(kiln__str *s, const kiln__config *cfg)
+{
+    kiln__str_printf(s, "    static constexpr int PDL = %d;\n", cfg->pdl);
+    if (!cfg->pdl) return;
+    kiln__str_puts(s, "    static __device__ __forceinline__ void griddep_launch_dependents()\n"
+                      "    {\n"
+                      "#if __CUDA_ARCH__ >= 900\n"
+                      "        asm volatile(\"griddepcontrol.launch_dependents;\\n\" ::);\n"
+                      "#endif\n"
+                      "    }\n"
+                      "    static __device__ __forceinline__ void griddep_wait()\n"
+                      "    {\n"
+                      "#if __CUDA_ARCH__ >= 900\n"
+                      "        asm volatile(\"griddepcontrol.wait;\\n\" ::: \"memory\");\n"
+                      "#endif\n"
+                      "    }\n");
+}
+
 static const char *dt_const(kiln_dtype t)
 {
     return t == KILN_DTYPE_BF16 ? "kiln::BF16" : "kiln::F16";
@@ -253,6 +276,7 @@ kiln_status kiln__expand(const kiln_variant *v, const kiln__config *cfg, const c
                          cfg->load, cfg->persist, cfg->xjob);
     else /* the families that can merge their own splits (jit/config.c: batch decode) */
         kiln__str_printf(&s, "    static constexpr int FUSED_MERGE = %d;\n", cfg->fused_merge);
+    emit_pdl(&s, cfg);
     /* the wgmma family takes its kernel's arguments and, loading by TMA, the tensor maps */
     const int tma = cfg->wgmma && cfg->load == KILN_WGMMA_LOAD_TMA;
     kiln__str_printf(&s,

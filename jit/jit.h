@@ -95,6 +95,12 @@ typedef struct kiln__config {
     int fused_merge;   /* batch decode: the split CTAs merge their task's partial states (the
                           last of each task to finish, merge.cuh merge_task_if_last) and
                           kiln_plan_run launches no merge kernel; 0: the merge kernel does */
+    int pdl;           /* sm_90+, a kernel with a merge kernel: programmatic dependent launch.
+                          The merge kernel is launched with cuLaunchKernelEx and programmatic
+                          stream serialization, so it is scheduled while the main kernel's last
+                          CTAs run; the main kernel lets it (griddepcontrol.launch_dependents)
+                          and the merge kernel waits (griddepcontrol.wait) for the main grid's
+                          end before it reads a partial state; 0: two ordinary launches */
 } kiln__config;
 
 /* Why the warp-specialized Hopper family (wgmma_attention.cuh) is not v's family on sm_<sm>,
@@ -108,7 +114,7 @@ int kiln__smem_limit(int sm);
 
 /* Pick the tile configuration for a checked variant: the table in jit/config.c, then the
  * environment variable KILN_TUNE ("warps=8 mt=2 bn=64 stages=3 qregs=0 minb=2", also gb=,
- * pack= and merge=), which overrides fields for tuning (op=merge takes none but pack); the
+ * pack=, merge= and pdl=), which overrides fields for tuning (op=merge takes none but pack); the
  * config is part of the key material, so an override never aliases a cached kernel. Fails when
  * an override is malformed or does not fit. */
 kiln_status kiln__config_pick(const kiln_variant *v, int sm, kiln__config *cfg, kiln__err *e);

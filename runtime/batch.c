@@ -843,9 +843,8 @@ kiln_status kiln_plan_run(kiln_plan *pl, const kiln_batch_args *a, void *stream)
     }
     /* the merge kernel, unless the main kernel's split CTAs merged their tasks already */
     if (r == CUDA_SUCCESS && pl->tasks_grid > 0 && !pl->k->cfg.fused_merge)
-        r = cu->cuLaunchKernel(k->fn_merge, (unsigned)pl->tasks_grid, (unsigned)pl->H, 1,
-                               (unsigned)k->cfg.merge_threads, 1, 1, 0, (CUstream)stream, args,
-                               NULL);
+        r = kiln__launch_merge(k, (unsigned)pl->tasks_grid, (unsigned)pl->H, (CUstream)stream,
+                               args);
     if (r != CUDA_SUCCESS)
         return plan_fail(pl, kiln__cu_fail(&e, r, "run %s: launch", k->spec), &e);
     return KILN_STATUS_OK;

@@ -1,6 +1,7 @@
 /*
  * cu.c — loads libcuda.so.1 with dlopen and resolves the driver entry points we use through
- * their exact versioned symbols, once per process. See cu.h.
+ * their exact versioned symbols, once per process; an optional entry the driver lacks stays
+ * NULL. See cu.h.
  */
 #include "cu.h"
 
@@ -40,6 +41,14 @@ static void load(void)
     }
     KILN__CU_FUNCS(KILN__CU_RESOLVE)
 #undef KILN__CU_RESOLVE
+    /* the optional entries stay NULL where the driver lacks them (the table is zeroed) */
+#define KILN__CU_RESOLVE_OPTIONAL(name)                                                            \
+    {                                                                                              \
+        void *fn = dlsym(lib, KILN__CU_STR(name));                                                 \
+        if (fn) memcpy(&table.name, &fn, sizeof fn);                                               \
+    }
+    KILN__CU_FUNCS_OPTIONAL(KILN__CU_RESOLVE_OPTIONAL)
+#undef KILN__CU_RESOLVE_OPTIONAL
     CUresult r = table.cuInit(0);
     if (r != CUDA_SUCCESS) {
         const char *s = NULL;

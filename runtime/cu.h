@@ -57,9 +57,18 @@
     X(cuTensorMapEncodeTiled)
 /* clang-format on */
 
+/* Entries a driver may lack (kiln runs without them): NULL in the table where the symbol is
+ * missing, and the caller falls back. cuLaunchKernelEx (CUDA 12.0): the merge kernel's
+ * programmatic dependent launch; without it the merge kernel is an ordinary launch. */
+/* clang-format off */
+#define KILN__CU_FUNCS_OPTIONAL(X)                 \
+    X(cuLaunchKernelEx)
+/* clang-format on */
+
 typedef struct kiln__cu {
 #define KILN__CU_MEMBER(name) __typeof__(&name) name;
     KILN__CU_FUNCS(KILN__CU_MEMBER)
+    KILN__CU_FUNCS_OPTIONAL(KILN__CU_MEMBER)
 #undef KILN__CU_MEMBER
 } kiln__cu;
 

@@ -2,8 +2,9 @@
  * launch.c — the single-request launches and the parameter block every launch shares. Pure
  * host arithmetic (argument checks, the split of a single decode's keys, the parameter block
  * filled phase by phase: kernel, arguments, tensors, values, mask, user parameters) and one or
- * two cuLaunchKernel calls on the caller's stream: no allocation, no synchronisation, no cache
- * or compiler work. kiln__batch_prepare gives batch.c the same block for a batch run.
+ * two launches on the caller's stream (the merge kernel's, kiln__launch_merge, a programmatic
+ * dependent launch on sm_90+): no allocation, no synchronisation, no cache or compiler work.
+ * kiln__batch_prepare gives batch.c the same block for a batch run.
  */
 #include <math.h>
 #include <string.h>
@@ -384,6 +385,31 @@ kiln_status kiln_decode_workspace_size(const kiln_kernel *k, int num_qo_heads, i
     return KILN_STATUS_OK;
 }
 
+CUresult kiln__launch_merge(const kiln_kernel *k, unsigned gx, unsigned gy, CUstream stream,
+                            void **args)
+{
+    const kiln__cu *cu = k->ctx->cu;
+    const unsigned threads = (unsigned)k->cfg.merge_threads;
+    if (!k->cfg.pdl || !cu->cuLaunchKernelEx) /* no PDL, or a driver without the launch */
+        return cu->cuLaunchKernel(k->fn_merge, gx, gy, 1, threads, 1, 1, 0, stream, args, NULL);
+    KILN__ASSERT(k->ctx->arch_sm >= 90); /* the config refuses pdl=1 below sm_90 */
+    CUlaunchAttribute attr;
+    memset(&attr, 0, sizeof attr);
+    attr.id = CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
+    attr.value.programmaticStreamSerializationAllowed = 1;
+    const CUlaunchConfig c = {.gridDimX = gx,
+                              .gridDimY = gy,
+                              .gridDimZ = 1,
+                              .blockDimX = threads,
+                              .blockDimY = 1,
+                              .blockDimZ = 1,
+                              .sharedMemBytes = 0,
+                              .hStream = stream,
+                              .attrs = &attr,
+                              .numAttrs = 1};
+    return cu->cuLaunchKernelEx(&c, k->fn_merge, args, NULL);
+}
+
 kiln_status kiln_single_decode(kiln_kernel *k, const kiln_attn_args *a, void *stream)
 {
     kiln__err e;
@@ -418,8 +444,7 @@ kiln_status kiln_single_decode(kiln_kernel *k, const kiln_attn_args *a, void *st
         cu->cuLaunchKernel(k->fn_main, (unsigned)p.num_splits, hk, gz, (unsigned)k->cfg.threads, 1,
                            1, (unsigned)k->cfg.smem_bytes, (CUstream)stream, args, NULL);
     if (r == CUDA_SUCCESS && p.num_splits > 1)
-        r = cu->cuLaunchKernel(k->fn_merge, (unsigned)H, 1, 1, (unsigned)k->cfg.merge_threads, 1, 1,
-                               0, (CUstream)stream, args, NULL);
+        r = kiln__launch_merge(k, (unsigned)H, 1, (CUstream)stream, args);
     return launched(k, r, "single decode", &e);
 }
 

@@ -129,6 +129,17 @@ typedef struct kiln__plan_layout {
 } kiln__plan_layout;
 void kiln__plan_last_layout(const kiln_plan *pl, kiln__plan_layout *out);
 
+/* launch.c: the merge kernel of k (grid gx x gy, cfg.merge_threads threads, args: the main
+ * kernel's; the wgmma family's second argument, the tensor maps, goes unread) on stream, after
+ * its main kernel. With cfg.pdl a programmatic dependent launch (cuLaunchKernelEx,
+ * CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION): scheduled while the main kernel's
+ * last CTAs run, its threads wait in the kernel (templates/merge.cuh wait_main_grid); an
+ * ordinary cuLaunchKernel without pdl, or on a driver that lacks cuLaunchKernelEx (the wait is
+ * then a no-op: the stream has ordered the kernels already). Allocates nothing, never
+ * synchronises: a stream capture records it as a kernel node on a programmatic edge. */
+CUresult kiln__launch_merge(const kiln_kernel *k, unsigned gx, unsigned gy, CUstream stream,
+                            void **args);
+
 /* launch.c: CTAs along x of a persistent wgmma kernel (cfg.persist) with `jobs` work tiles:
  * as many as fit on the GPU at once, at most one per job (and at least 1). */
 unsigned kiln__persistent_grid(const kiln_kernel *k, int64_t jobs);

@@ -16,6 +16,9 @@
  *     the main kernel: the last CTA of a merge task to finish its partial merges the task's
  *     slots for the heads it covers, and kiln_plan_run launches nothing more. It counts the
  *     CTAs on the schedule's arrival counters (common/params.h).
+ *
+ * With kiln_cfg::PDL (sm_90+) the merge kernel is a programmatic dependent launch of the main
+ * kernel (let_merge_launch, wait_main_grid below).
  */
 #ifndef KILN_MERGE_CUH
 #define KILN_MERGE_CUH
@@ -27,6 +30,33 @@
 
 namespace kiln {
 
+/* ---- the merge kernel's programmatic dependent launch (kiln_cfg::PDL, sm_90+) ----
+ *
+ * The host launches the merge kernel with programmatic stream serialization (runtime/launch.c,
+ * kiln__launch_merge), so it may be scheduled before the main kernel ends:
+ *   - let_merge_launch, in every CTA of the main kernel (griddepcontrol.launch_dependents): the
+ *     merge grid may be scheduled once every CTA of the main grid has called it or exited. It
+ *     is only a scheduling hint: it orders no memory, and the merge kernel's wait still waits
+ *     for the whole main grid, so where it sits does not change a result. The main kernels
+ *     call it first thing in each CTA: the merge grid is then scheduled as soon as the main
+ *     grid's last CTA has started (not before: its CTAs never take a slot a main CTA still
+ *     waits for), and its CTAs wait on the slots the main grid leaves (a merge CTA holds
+ *     registers and warps, no shared memory) instead of being launched after its end.
+ *   - wait_main_grid, in every thread of the merge kernel (griddepcontrol.wait): blocks until
+ *     the main grid has completed and its stores are visible. Nothing the main kernel writes
+ *     (the partial states; the persistent grid's job counter) is read before it; the schedule
+ *     records the host uploaded before the main kernel may be.
+ * The instructions are kiln_cfg's members, written by jit/expand.c into a PDL config's source
+ * only; without PDL both functions are empty, and the launch an ordinary one. */
+template <class Cfg> __device__ __forceinline__ void let_merge_launch()
+{
+    if constexpr (Cfg::PDL) Cfg::griddep_launch_dependents();
+}
+template <class Cfg> __device__ __forceinline__ void wait_main_grid()
+{
+    if constexpr (Cfg::PDL) Cfg::griddep_wait();
+}
+
 /* Combine the num_splits partial states of each query head of a single decode: grid H, any
  * thread count. */
 template <class Cfg> __device__ void decode_merge_kernel(const kiln_launch_params &p)
@@ -35,6 +65,7 @@ template <class Cfg> __device__ void decode_merge_kernel(const kiln_launch_param
     const int h = blockIdx.x, H = p.num_qo_heads, S = p.num_splits;
     const float *plse = reinterpret_cast<const float *>(p.partial_lse);
     const float *po = reinterpret_cast<const float *>(p.partial_o);
+    wait_main_grid<Cfg>(); /* the partial states are the main kernel's */
     float M = neg_inf();
     for (int s = 0; s < S; s++) M = max_f(M, plse[s * H + h]);
     for (int d = threadIdx.x; d < D; d += blockDim.x) {
@@ -88,9 +119,16 @@ __device__ __forceinline__ void merge_split_element(const kiln_launch_params &p,
 template <class Cfg> __device__ void batch_merge_kernel(const kiln_launch_params &p)
 {
     constexpr int D = Cfg::D;
-    if ((int)blockIdx.x >= num_tasks(p)) return;
+    if ((int)blockIdx.x >= num_tasks(p)) {
+        /* padding waits too, so that the merge grid never ends before the main grid: what the
+         * stream runs next (a schedule's upload, the next step) then starts after both */
+        wait_main_grid<Cfg>();
+        return;
+    }
+    /* the schedule's records were uploaded before the main kernel: read while it ends */
     const kiln_merge_task t = load_task(p, blockIdx.x);
     const work_req r = load_req(p, t.b);
+    wait_main_grid<Cfg>(); /* the partial states are the main kernel's */
     const int h = blockIdx.y, R = p.slot_rows, nrows = min(R, r.qo_len - t.m * R);
     for (int e = threadIdx.x; e < nrows * D; e += blockDim.x) merge_split_element<Cfg, false>(p, t, r, h, e / D, e % D);
 }

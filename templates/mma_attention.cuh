@@ -23,7 +23,8 @@
  * keeps Q's fragments in registers; HAS_LOGITS_EXPR / HAS_MASK_EXPR with Cfg::logits_expr /
  * Cfg::mask_expr, the user snippets; MASK_DATA (mask_data_id); MASK_USES_HEAD (the mask
  * snippet reads a head index); FUSED_MERGE in {0,1} (batches: a split CTA's task is merged by
- * its last CTA, merge_task_if_last). Element masks (snippet, data) are evaluated per element in
+ * its last CTA, merge_task_if_last); PDL in {0,1} (sm_90+: the merge kernel is a programmatic
+ * dependent launch, merge.cuh). Element masks (snippet, data) are evaluated per element in
  * every tile unless a tile map from tile_map_kernel (tile_map.cuh) says a tile is hidden
  * (skipped) or fully visible (no element work). BM = WARPS * MT * 16 query rows per CTA.
  *
@@ -524,6 +525,7 @@ template <class Cfg> __device__ void mma_attention_kernel(const kiln_launch_para
     /* h is the CTA's (PACK: first) query head */
     const int hk = Cfg::PACK ? (int)blockIdx.y : (int)blockIdx.y / Cfg::G;
     const int h = Cfg::PACK ? hk * Cfg::G : (int)blockIdx.y;
+    let_merge_launch<Cfg>(); /* first thing: merge.cuh says why */
     if (BATCH && (int)blockIdx.x >= num_items(p)) return; /* padding of a graph-sized grid */
     const mma_work w = mma_load_work<Cfg>(p, blockIdx.x, gridDim.x);
 

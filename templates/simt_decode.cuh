@@ -19,7 +19,8 @@
  * (logits_id); WINDOW, LSE, ROPE in {0,1}; WARPS per CTA; STAGES of the per-warp cp.async
  * pipeline; TILE = KILN_DECODE_TILE; HAS_LOGITS_EXPR / HAS_MASK_EXPR with Cfg::logits_expr /
  * Cfg::mask_expr, the user snippets; MASK_DATA (mask_data_id; the query is row 0 of the mask);
- * FUSED_MERGE in {0,1} (batches only: the split CTAs merge their task's slots themselves).
+ * FUSED_MERGE in {0,1} (batches only: the split CTAs merge their task's slots themselves);
+ * PDL in {0,1} (sm_90+: the merge kernel is a programmatic dependent launch, merge.cuh).
  *
  * Launch: main grid (num_splits, H_KV, G/GB) (batches: (work items, H_KV, G/GB)), WARPS*32
  * threads, smem kiln_decode_smem_bytes (params.h). Each CTA covers keys [kv_begin +
@@ -421,6 +422,7 @@ template <class Cfg> __device__ void simt_decode_kernel(const kiln_launch_params
     const int hk = blockIdx.y, g0 = blockIdx.z * GB;
     const int tid = threadIdx.x, warp = tid / WARP, lane = tid % WARP;
 
+    let_merge_launch<Cfg>(); /* first thing: merge.cuh says why */
     if (BATCH && (int)blockIdx.x >= num_items(p)) return; /* padding of a graph-sized grid */
     const decode_work w = decode_load_work<Cfg>(p);
     const int lo = w.lo, hi = w.hi;

@@ -653,6 +653,7 @@ template <class Cfg> __device__ void wgmma_attention_kernel(const kiln_launch_pa
     sm.bar = base + L::BAR_AT;
 
     const int tid = threadIdx.x;
+    let_merge_launch<Cfg>(); /* first thing: merge.cuh says why */
     if (Cfg::KV != KV_CONTIGUOUS && !Cfg::PERSIST && (int)blockIdx.x >= num_items(p)) return; /* padding of a graph-sized grid */
     if (tid == 0) {
         for (int s = 0; s < Cfg::STAGES; s++) {

@@ -474,6 +474,73 @@ KT_GPU_TEST(gpu_batch_fused_merge)
     kiln_ctx_destroy(c0);
 }
 
+/* The merge kernel as a programmatic dependent launch (pdl=1, the default on sm_90 and newer:
+ * scheduled while the main kernel's last CTAs run, waiting in the kernel) writes the bits the
+ * ordinary launch writes (KILN_TUNE pdl=0): the batch decode on both families (tensor cores
+ * G 4, CUDA cores G 1) and a batch prefill, split by the planner and by fixed_split, run
+ * eagerly and from a CUDA graph (the capture holds a programmatic edge; each graph launched
+ * twice, a second schedule replayed the same way); the pdl=1 kernels against the float64
+ * reference too. Skipped below sm_90, where there is no pdl=1. */
+KT_GPU_TEST(gpu_batch_pdl)
+{
+    kiln_ctx *c0 = KT_CTX(kt_cache_dir(), 1), *c1 = KT_CTX(kt_cache_dir(), 1);
+    KT_REQUIRE(c0 && c1);
+    if (c1->arch_sm < 90) {
+        kt_skip("programmatic dependent launch needs sm_90 or newer (this GPU: sm_%d)",
+                c1->arch_sm);
+        kiln_ctx_destroy(c1);
+        kiln_ctx_destroy(c0);
+        return;
+    }
+    static const char *const specs[] = {
+        "op=decode dtype=bf16 head_dim=128 group=4 kv=paged lse=1",
+        "op=decode dtype=bf16 head_dim=128 group=1 kv=paged lse=1",
+        "op=prefill dtype=bf16 head_dim=128 group=4 kv=ragged lse=1",
+    };
+    static const int kv[5] = {1, 17, 1000, 4097, 0}, pkv[5] = {4097, 8192, 1000, 17, 0},
+                     pqo[5] = {3, 17, 64, 1, 0};
+    for (size_t i = 0; i < sizeof specs / sizeof specs[0]; i++) {
+        kiln_variant v;
+        if (kiln_variant_parse(specs[i], &v) != KILN_STATUS_OK) {
+            kt_fail(__FILE__, __LINE__, "%s: %s", specs[i], kiln_errmsg());
+            continue;
+        }
+        const int decode = v.op == KILN_OP_DECODE;
+        /* KILN_TUNE is read when a kernel is built; each context memoises its own */
+        setenv("KILN_TUNE", "pdl=0", 1);
+        kiln_kernel *k0 = get(c0, &v);
+        unsetenv("KILN_TUNE");
+        kiln_kernel *k1 = get(c1, &v);
+        if (!k0 || !k1) continue;
+        KT_CHECK(k0->cfg.pdl == 0 && k1->cfg.pdl == 1);
+        for (int mode = 0; mode < 4; mode++) { /* planner / fixed split, eager / graph */
+            kiln_check_batch s = {.batch = 5,
+                                  .qo_lens = decode ? NULL : pqo,
+                                  .kv_lens = decode ? kv : pkv,
+                                  .num_qo_heads = v.group == 1 ? 8 : 4 * v.group,
+                                  .page_size = 16,
+                                  .window_left = -1,
+                                  .fixed_split = decode && (mode & 1) ? 256 : 0,
+                                  .graph = mode >> 1,
+                                  .seed = 91u + (uint64_t)(i * 4 + mode)};
+            kiln_check_pair p;
+            char msg[1024];
+            if (kiln_check_batch_same(k0, k1, &s, &p, msg, sizeof msg) != KILN_STATUS_OK)
+                kt_fail(__FILE__, __LINE__, "%s mode %d: %s", specs[i], mode, msg);
+            KT_CHECK(p.same_split);
+            if (decode) KT_CHECK(p.b.merge_tasks > 0); /* the merge kernel ran */
+            kiln_check_batch_result r;
+            if (kiln_check_batch_run(c1, k1, &s, 0, &r, msg, sizeof msg) != KILN_STATUS_OK)
+                kt_fail(__FILE__, __LINE__, "%s mode %d (pdl=1, reference): %s (request %d)",
+                        specs[i], mode, msg, r.bad_request);
+            printf("    %s mode %d: %d items, %d merge tasks, %s\n", specs[i], mode, p.b.items,
+                   p.b.merge_tasks, p.bitwise ? "bitwise equal" : "DIFFERENT");
+        }
+    }
+    kiln_ctx_destroy(c1);
+    kiln_ctx_destroy(c0);
+}
+
 /* Unused pool slots and padding full of NaN must not leak into any output. */
 KT_GPU_TEST(gpu_batch_nan_pool)
 {

@@ -285,6 +285,182 @@ KT_TEST(core_fused_merge_choice)
     unsetenv("KILN_TUNE");
 }
 
+/* The PTX of the programmatic dependent launch as the generated source spells it (jit/expand.c,
+ * kiln_cfg's members): present only in a pdl=1 source. */
+#define PDL_WAIT_ASM   "asm volatile(\"griddepcontrol.wait;"
+#define PDL_LAUNCH_ASM "asm volatile(\"griddepcontrol.launch_dependents;"
+
+/* 1 when, in src, the definition that starts with `fn` has `first` and then `then`. */
+static int in_order(const char *src, const char *fn, const char *first, const char *then)
+{
+    const char *f = strstr(src, fn), *a = f ? strstr(f, first) : NULL;
+    const char *b = f ? strstr(f, then) : NULL;
+    return a && b && a < b;
+}
+
+/* The merge kernel is a programmatic dependent launch (kiln__config.pdl, KILN_TUNE pdl=) by
+ * default on sm_90 and newer wherever a merge kernel follows the main kernel: decode (single
+ * and batch, both families) and batch prefill (both families). pdl=0 is accepted everywhere and
+ * is the pre-PDL config and source; pdl=1 is refused, saying why and on which arch, below
+ * sm_90, for a single-request prefill and op=merge (no merge kernel), and with merge=1. */
+KT_TEST(core_pdl_choice)
+{
+    static const struct {
+        const char *spec;
+        int sm, pdl;     /* the default */
+        const char *why; /* part of pdl=1's refusal where pdl is 0 */
+    } cases[] = {
+        {"op=decode dtype=bf16 head_dim=128 group=4 kv=paged", 90, 1, NULL},
+        {"op=decode dtype=bf16 head_dim=128 group=1 kv=ragged lse=1", 90, 1, NULL},
+        {"op=decode dtype=f16 head_dim=64 group=2", 90, 1, NULL},
+        {"op=prefill dtype=bf16 head_dim=128 group=4 kv=paged", 90, 1, NULL},
+        {"op=prefill dtype=bf16 head_dim=128 group=4 kv=ragged mask=causal", 100, 1, NULL},
+        {"op=decode dtype=bf16 head_dim=128 group=4 kv=paged", 80, 0,
+         "pdl=1 (KILN_TUNE) on sm_80: programmatic dependent launch (griddepcontrol) needs sm_90 "
+         "or newer"},
+        {"op=decode dtype=f16 head_dim=64 group=2", 89, 0, "on sm_89: "},
+        {"op=prefill dtype=bf16 head_dim=128 group=4 kv=paged", 86, 0, "on sm_86: "},
+        {"op=prefill dtype=bf16 head_dim=128 group=4", 90, 0,
+         "a single-request prefill has no merge kernel"},
+        {"op=merge dtype=bf16 head_dim=128", 90, 0, "op=merge kernels are launched alone"},
+    };
+    kiln_variant v;
+    kiln__config cfg;
+    kiln__err e;
+    char conf[256], conf0[256], arch[16], *src = NULL, *m = NULL, *m0 = NULL;
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        const int on = cases[i].pdl, sm = cases[i].sm;
+        parse(cases[i].spec, &v);
+        kiln__arch_from_sm(sm, arch);
+        unsetenv("KILN_TUNE");
+        KT_OK(kiln__config_pick(&v, sm, &cfg, &e), e.msg);
+        if (cfg.pdl != on)
+            kt_fail(__FILE__, __LINE__, "%s sm_%d: pdl=%d (want %d)", cases[i].spec, sm, cfg.pdl,
+                    on);
+        kiln__config_format(&cfg, conf, sizeof conf);
+        KT_CHECK(!strstr(conf, " pdl=1") == !on);
+        KT_OK(kiln__expand(&v, &cfg, arch, &src, &e), e.msg);
+        KT_REQUIRE(src);
+        KT_CHECK(!strstr(src, PDL_WAIT_ASM) == !on);
+        KT_CHECK(!strstr(src, PDL_LAUNCH_ASM) == !on);
+        if (v.op != KILN_OP_MERGE)
+            KT_CONTAINS(src,
+                        on ? "static constexpr int PDL = 1;" : "static constexpr int PDL = 0;");
+        free(src);
+        src = NULL;
+        KT_OK(kiln__key_material(&v, &cfg, arch, &m, &e), e.msg);
+        /* pdl=0: the config without " pdl=1", a source without griddepcontrol, a key of its own
+         * where the default is 1 */
+        setenv("KILN_TUNE", "pdl=0", 1);
+        KT_OK(kiln__config_pick(&v, sm, &cfg, &e), e.msg);
+        KT_EQ_INT(cfg.pdl, 0);
+        kiln__config_format(&cfg, conf0, sizeof conf0);
+        if (on) strcat(conf0, " pdl=1");
+        KT_EQ_STR(conf0, conf);
+        KT_OK(kiln__expand(&v, &cfg, arch, &src, &e), e.msg);
+        KT_REQUIRE(src);
+        KT_CHECK(!strstr(src, PDL_WAIT_ASM) && !strstr(src, PDL_LAUNCH_ASM));
+        free(src);
+        src = NULL;
+        KT_OK(kiln__key_material(&v, &cfg, arch, &m0, &e), e.msg);
+        KT_REQUIRE(m && m0);
+        KT_CHECK(!strcmp(m, m0) == !on);
+        free(m);
+        free(m0);
+        m = m0 = NULL;
+        /* pdl=1: the default where it can be; refused with the reason where it cannot */
+        setenv("KILN_TUNE", "pdl=1", 1);
+        if (on) {
+            KT_OK(kiln__config_pick(&v, sm, &cfg, &e), e.msg);
+            kiln__config_format(&cfg, conf0, sizeof conf0);
+            KT_EQ_STR(conf0, conf);
+        } else {
+            KT_STATUS(kiln__config_pick(&v, sm, &cfg, &e), KILN_STATUS_UNSUPPORTED, cases[i].spec);
+            KT_CONTAINS(e.msg, "config: pdl=1 (KILN_TUNE) on sm_");
+            KT_CONTAINS(e.msg, cases[i].why);
+        }
+    }
+    /* no value but 0 and 1; with merge=1 no merge kernel runs: pdl 0, and pdl=1 refused */
+    parse("op=decode dtype=bf16 head_dim=128 group=4 kv=paged", &v);
+    setenv("KILN_TUNE", "pdl=2", 1);
+    KT_STATUS(kiln__config_pick(&v, 90, &cfg, &e), KILN_STATUS_UNSUPPORTED, "pdl=2");
+    KT_CONTAINS(e.msg, "pdl is 0 (the merge kernel an ordinary launch) or 1");
+    setenv("KILN_TUNE", "merge=1", 1);
+    KT_OK(kiln__config_pick(&v, 90, &cfg, &e), e.msg);
+    KT_CHECK(cfg.fused_merge == 1 && cfg.pdl == 0);
+    setenv("KILN_TUNE", "merge=1,pdl=1", 1);
+    KT_STATUS(kiln__config_pick(&v, 90, &cfg, &e), KILN_STATUS_UNSUPPORTED, "merge=1 pdl=1");
+    KT_CONTAINS(e.msg, "with merge=1 the split CTAs merge their own tasks");
+    unsetenv("KILN_TUNE");
+    /* where the instructions sit: the main kernels let the merge kernel launch before their
+     * first read of the schedule; the merge kernels wait before their first partial state and
+     * a padding CTA before it returns */
+    parse("op=decode dtype=bf16 head_dim=128 group=8 kv=paged", &v); /* tensor cores */
+    KT_OK(kiln__config_pick(&v, 90, &cfg, &e), e.msg);
+    KT_OK(kiln__expand(&v, &cfg, "sm_90a", &src, &e), e.msg);
+    KT_REQUIRE(src);
+    KT_CHECK(in_order(src, "void mma_attention_kernel(", "let_merge_launch<Cfg>();",
+                      "mma_load_work<Cfg>(p, blockIdx.x"));
+    free(src);
+    parse("op=prefill dtype=bf16 head_dim=128 group=4 kv=ragged", &v); /* wgmma */
+    KT_OK(kiln__config_pick(&v, 90, &cfg, &e), e.msg);
+    KT_OK(kiln__expand(&v, &cfg, "sm_90a", &src, &e), e.msg);
+    KT_REQUIRE(src);
+    KT_CHECK(cfg.wgmma && cfg.pdl);
+    KT_CHECK(in_order(src, "void wgmma_attention_kernel(", "let_merge_launch<Cfg>();",
+                      "num_items(p)) return;"));
+    free(src);
+    parse("op=decode dtype=bf16 head_dim=128 group=1 kv=paged", &v); /* CUDA cores */
+    KT_OK(kiln__config_pick(&v, 90, &cfg, &e), e.msg);
+    KT_OK(kiln__expand(&v, &cfg, "sm_90a", &src, &e), e.msg);
+    KT_REQUIRE(src);
+    KT_CHECK(in_order(src, "void simt_decode_kernel(", "let_merge_launch<Cfg>();",
+                      "decode_load_work<Cfg>(p);"));
+    KT_CHECK(in_order(src, "void batch_merge_kernel(", "wait_main_grid<Cfg>();\n        return;",
+                      "wait_main_grid<Cfg>(); /* the partial states"));
+    KT_CHECK(in_order(src, "void batch_merge_kernel(",
+                      "wait_main_grid<Cfg>(); /* the partial states",
+                      "merge_split_element<Cfg, false>("));
+    KT_CHECK(in_order(src, "void decode_merge_kernel(", "wait_main_grid<Cfg>();",
+                      "max_f(M, plse[s * H + h])"));
+    KT_CONTAINS(src, "kiln::batch_merge_kernel<kiln_cfg>(p);");
+    free(src);
+}
+
+/* A pdl=1 kernel compiles with NVRTC (griddepcontrol in both entries, sm_90a), as its pdl=0
+ * twin does, under keys of their own and without spills: the CUDA-core batch decode and the
+ * tensor-core one. */
+KT_TEST(core_pdl_compile)
+{
+    const char *specs[] = {"op=decode dtype=bf16 head_dim=128 group=1 kv=paged",
+                           "op=decode dtype=bf16 head_dim=128 group=8 kv=paged"};
+    for (int s = 0; s < 2; s++) {
+        char key[2][33];
+        for (int pdl = 0; pdl < 2; pdl++) {
+            char dir[600];
+            snprintf(dir, sizeof dir, "%s/pdl%d", kt_tmpdir(), pdl);
+            setenv("KILN_TUNE", pdl ? "pdl=1" : "pdl=0", 1);
+            kiln_ctx *ctx = KT_CTX(dir, 0); /* a memo of its own: it is keyed without KILN_TUNE */
+            KT_REQUIRE(ctx);
+            kiln_variant v;
+            parse(specs[s], &v);
+            kiln_kernel *k = NULL;
+            KT_OK(kiln_kernel_compile(ctx, &v, "sm_90a", &k), kiln_ctx_errmsg(ctx));
+            if (k) {
+                kiln_kernel_info info;
+                KT_OK(kiln_kernel_describe(k, &info), kiln_errmsg());
+                memcpy(key[pdl], info.key, 33);
+                KT_EQ_INT(info.spill_bytes, 0);
+                KT_CHECK(!strstr(kiln_kernel_source(k), PDL_WAIT_ASM) == !pdl);
+                KT_CONTAINS(kiln_kernel_log(k), "Compiling entry function 'kiln_merge'");
+            }
+            kiln_ctx_destroy(ctx);
+        }
+        KT_CHECK(strcmp(key[0], key[1]) != 0);
+    }
+    unsetenv("KILN_TUNE");
+}
+
 /* Prefill on sm_90 takes the warp-specialized wgmma family at head dims 64, 128 and 256 without
  * mask data; where it measured slower (mask data) it could still run, where it cannot
  * (RoPE, fp8 KV, decode, other archs) the other families stay; kiln__wgmma_refusal says why.
