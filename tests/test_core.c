@@ -307,7 +307,7 @@ KT_TEST(core_pdl_choice)
 {
     static const struct {
         const char *spec;
-        int sm, pdl;     /* the default */
+        int sm, pdl;     /* where pdl=1 is taken (it is opt-in: 0 by default) */
         const char *why; /* part of pdl=1's refusal where pdl is 0 */
     } cases[] = {
         {"op=decode dtype=bf16 head_dim=128 group=4 kv=paged", 90, 1, NULL},
@@ -332,7 +332,10 @@ KT_TEST(core_pdl_choice)
         const int on = cases[i].pdl, sm = cases[i].sm;
         parse(cases[i].spec, &v);
         kiln__arch_from_sm(sm, arch);
-        unsetenv("KILN_TUNE");
+        unsetenv("KILN_TUNE"); /* opt-in until it has run on a GPU: 0 by default everywhere */
+        KT_OK(kiln__config_pick(&v, sm, &cfg, &e), e.msg);
+        KT_EQ_INT(cfg.pdl, 0);
+        if (on) setenv("KILN_TUNE", "pdl=1", 1);
         KT_OK(kiln__config_pick(&v, sm, &cfg, &e), e.msg);
         if (cfg.pdl != on)
             kt_fail(__FILE__, __LINE__, "%s sm_%d: pdl=%d (want %d)", cases[i].spec, sm, cfg.pdl,
@@ -391,7 +394,7 @@ KT_TEST(core_pdl_choice)
     setenv("KILN_TUNE", "merge=1,pdl=1", 1);
     KT_STATUS(kiln__config_pick(&v, 90, &cfg, &e), KILN_STATUS_UNSUPPORTED, "merge=1 pdl=1");
     KT_CONTAINS(e.msg, "with merge=1 the split CTAs merge their own tasks");
-    unsetenv("KILN_TUNE");
+    setenv("KILN_TUNE", "pdl=1", 1); /* opt-in: the placement of pdl=1 sources */
     /* where the instructions sit: the main kernels let the merge kernel launch before their
      * first read of the schedule; the merge kernels wait before their first partial state and
      * a padding CTA before it returns */
@@ -425,6 +428,7 @@ KT_TEST(core_pdl_choice)
                       "max_f(M, plse[s * H + h])"));
     KT_CONTAINS(src, "kiln::batch_merge_kernel<kiln_cfg>(p);");
     free(src);
+    unsetenv("KILN_TUNE");
 }
 
 /* A pdl=1 kernel compiles with NVRTC (griddepcontrol in both entries, sm_90a), as its pdl=0
@@ -592,9 +596,13 @@ KT_TEST(core_wgmma_family_choice)
     kiln__config_format(&cfg, conf, sizeof conf);
     KT_CHECK(cfg.persist == KILN_WGMMA_PERSIST_DYNAMIC);
     KT_CONTAINS(conf, " persist=2");
-    /* a persistent grid issues a job's last P V with the next job's first S by default
-     * (xjob=1); xjob=0 is its own key; a CTA per tile has no next job: xjob=1 refused there */
-    KT_EQ_INT(cfg.xjob, 1);
+    /* a persistent grid can issue a job's last P V with the next job's first S (xjob=1, opt-in
+     * until it has run on a GPU); its own key; a CTA per tile has no next job: refused there */
+    KT_EQ_INT(cfg.xjob, 0);
+    KT_CONTAINS(conf, " xjob=0");
+    setenv("KILN_TUNE", "persist=2 xjob=1", 1);
+    KT_OK(kiln__config_pick(&v, 90, &cfg, &e), e.msg);
+    kiln__config_format(&cfg, conf, sizeof conf);
     KT_CONTAINS(conf, " xjob=1");
     setenv("KILN_TUNE", "persist=2 xjob=0", 1);
     KT_OK(kiln__config_pick(&v, 90, &cfg, &e), e.msg);
