@@ -421,6 +421,14 @@ __device__ __forceinline__ void wg_q_done(const wg_tiles<Cfg> &tiles, const mma_
     if (Cfg::PERSIST && tiles.next(t + 1) >= w.t_end) mbar_arrive(sm.q_empty());
 }
 
+/* The head of job `it` in the slot, once the producer has put it there (job_full's phase it;
+ * h < 0: no more jobs). */
+template <int STAGES> __device__ __forceinline__ int wg_slot_head(const wg_smem<STAGES> &sm, int it)
+{
+    mbar_wait(sm.job_full(), it & 1);
+    return ld_shared(sm.job() + 4 * WG_JOB_H);
+}
+
 /* What a consumer knows of its next job when one ends (PERSIST: the slot's; one job per CTA:
  * none, h = -1): its head (h < 0: no more jobs), and with XJOB whether S of its first key tile
  * is already in the S registers, issued in one turn with the ended job's last P V. */
@@ -509,8 +517,7 @@ __device__ __forceinline__ wg_next wg_consume(const kiln_launch_params &p, const
         }
         if (!Cfg::PERSIST) mbar_arrive(sm.q_empty());
         if constexpr (Cfg::XJOB) { /* the next job, and its first S with this last P V */
-            mbar_wait(sm.job_full(), (it + 1) & 1);
-            next.h = ld_shared(sm.job() + 4 * WG_JOB_H);
+            next.h = wg_slot_head(sm, it + 1);
             taken = true;
             int t2 = 0;
             const wg_tiles<Cfg> tiles2 = wg_slot_tiles<Cfg>(p, sm.job(), t2);
@@ -549,10 +556,7 @@ __device__ __forceinline__ wg_next wg_consume(const kiln_launch_params &p, const
         wg_turn_pass(c);
     }
     store_rows<Cfg>(st, rows, p, w, c2, wrow, lane);
-    if (!taken) {
-        mbar_wait(sm.job_full(), (it + 1) & 1);
-        next.h = ld_shared(sm.job() + 4 * WG_JOB_H);
-    }
+    if (!taken) next.h = wg_slot_head(sm, it + 1);
     return next;
 }
 
@@ -631,8 +635,7 @@ __device__ __forceinline__ void wg_consume_jobs(const kiln_launch_params &p, con
     wg_turns_begin(c);
     int n = 0;
     float sc[1][Cfg::BN / 8][4]; /* S, carried into the next job where its first S is issued early */
-    mbar_wait(sm.job_full(), 0);
-    wg_next job = {ld_shared(sm.job() + 4 * WG_JOB_H), false};
+    wg_next job = {wg_slot_head(sm, 0), false};
     for (int it = 0; job.h >= 0; it++) {
         const mma_work w = wg_job_get(sm.job());
         job = wg_consume<Cfg>(p, w, wg_job_tiles<Cfg>(p, w), sm, job.h, job.h / Cfg::G, tid, it, n, sc, job.s_ready);

@@ -414,6 +414,26 @@ KT_GPU_TEST(gpu_batch_invariance)
     kiln_ctx_destroy(ctx);
 }
 
+/* Twin kernels k0 and k1 (one variant, two KILN_TUNE configs) on batch s in a mode: the same
+ * bits both ways (kiln_check_batch_same), then k1 against the float64 reference; prints the
+ * pair's line and returns it for the caller's checks. */
+static kiln_check_pair twin_check(kiln_ctx *c1, kiln_kernel *k0, kiln_kernel *k1,
+                                  const kiln_check_batch *s, const char *spec, int mode,
+                                  const char *what)
+{
+    kiln_check_pair p;
+    char msg[1024];
+    if (kiln_check_batch_same(k0, k1, s, &p, msg, sizeof msg) != KILN_STATUS_OK)
+        kt_fail(__FILE__, __LINE__, "%s mode %d: %s", spec, mode, msg);
+    kiln_check_batch_result r;
+    if (kiln_check_batch_run(c1, k1, s, 0, &r, msg, sizeof msg) != KILN_STATUS_OK)
+        kt_fail(__FILE__, __LINE__, "%s mode %d (%s, reference): %s (request %d)", spec, mode, what,
+                msg, r.bad_request);
+    printf("    %s mode %d: %d items, %d merge tasks, %s\n", spec, mode, p.b.items, p.b.merge_tasks,
+           p.bitwise ? "bitwise equal" : "DIFFERENT");
+    return p;
+}
+
 /* The split merge fused into the batch decode kernels (KILN_TUNE merge=1: the last CTA of each
  * merge task merges it) writes the bits the merge kernel writes (the default), on both
  * decode families: tensor cores (G 4, paged and ragged), CUDA cores (G 1, and fp8 KV at G 4).
@@ -456,25 +476,16 @@ KT_GPU_TEST(gpu_batch_fused_merge)
                                   .fixed_split = mode & 1 ? 256 : 0,
                                   .graph = mode >> 1,
                                   .seed = 81u + (uint64_t)(i * 4 + mode)};
-            kiln_check_pair p;
-            char msg[1024];
-            if (kiln_check_batch_same(k0, k1, &s, &p, msg, sizeof msg) != KILN_STATUS_OK)
-                kt_fail(__FILE__, __LINE__, "%s mode %d: %s", specs[i], mode, msg);
+            const kiln_check_pair p = twin_check(c1, k0, k1, &s, specs[i], mode, "fused");
             /* the same split both ways, and one with tasks: the fused merge ran */
             KT_CHECK(p.same_split && p.b.merge_tasks > 0);
-            kiln_check_batch_result r;
-            if (kiln_check_batch_run(c1, k1, &s, 0, &r, msg, sizeof msg) != KILN_STATUS_OK)
-                kt_fail(__FILE__, __LINE__, "%s mode %d (fused, reference): %s (request %d)",
-                        specs[i], mode, msg, r.bad_request);
-            printf("    %s mode %d: %d items, %d merge tasks, %s\n", specs[i], mode, p.b.items,
-                   p.b.merge_tasks, p.bitwise ? "bitwise equal" : "DIFFERENT");
         }
     }
     kiln_ctx_destroy(c1);
     kiln_ctx_destroy(c0);
 }
 
-/* The merge kernel as a programmatic dependent launch (pdl=1, the default on sm_90 and newer:
+/* The merge kernel as a programmatic dependent launch (pdl=1, opt-in on sm_90 and newer:
  * scheduled while the main kernel's last CTAs run, waiting in the kernel) writes the bits the
  * ordinary launch writes (KILN_TUNE pdl=0): the batch decode on both families (tensor cores
  * G 4, CUDA cores G 1) and a batch prefill, split by the planner and by fixed_split, run
@@ -509,8 +520,9 @@ KT_GPU_TEST(gpu_batch_pdl)
         /* KILN_TUNE is read when a kernel is built; each context memoises its own */
         setenv("KILN_TUNE", "pdl=0", 1);
         kiln_kernel *k0 = get(c0, &v);
-        unsetenv("KILN_TUNE");
+        setenv("KILN_TUNE", "pdl=1", 1); /* opt-in */
         kiln_kernel *k1 = get(c1, &v);
+        unsetenv("KILN_TUNE");
         if (!k0 || !k1) continue;
         KT_CHECK(k0->cfg.pdl == 0 && k1->cfg.pdl == 1);
         for (int mode = 0; mode < 4; mode++) { /* planner / fixed split, eager / graph */
@@ -523,18 +535,9 @@ KT_GPU_TEST(gpu_batch_pdl)
                                   .fixed_split = decode && (mode & 1) ? 256 : 0,
                                   .graph = mode >> 1,
                                   .seed = 91u + (uint64_t)(i * 4 + mode)};
-            kiln_check_pair p;
-            char msg[1024];
-            if (kiln_check_batch_same(k0, k1, &s, &p, msg, sizeof msg) != KILN_STATUS_OK)
-                kt_fail(__FILE__, __LINE__, "%s mode %d: %s", specs[i], mode, msg);
+            const kiln_check_pair p = twin_check(c1, k0, k1, &s, specs[i], mode, "pdl=1");
             KT_CHECK(p.same_split);
             if (decode) KT_CHECK(p.b.merge_tasks > 0); /* the merge kernel ran */
-            kiln_check_batch_result r;
-            if (kiln_check_batch_run(c1, k1, &s, 0, &r, msg, sizeof msg) != KILN_STATUS_OK)
-                kt_fail(__FILE__, __LINE__, "%s mode %d (pdl=1, reference): %s (request %d)",
-                        specs[i], mode, msg, r.bad_request);
-            printf("    %s mode %d: %d items, %d merge tasks, %s\n", specs[i], mode, p.b.items,
-                   p.b.merge_tasks, p.bitwise ? "bitwise equal" : "DIFFERENT");
         }
     }
     kiln_ctx_destroy(c1);

@@ -290,6 +290,20 @@ KT_TEST(core_fused_merge_choice)
 #define PDL_WAIT_ASM   "asm volatile(\"griddepcontrol.wait;"
 #define PDL_LAUNCH_ASM "asm volatile(\"griddepcontrol.launch_dependents;"
 
+/* The sm_90a source of spec under the config kiln__config_pick gives it (into *cfg), or NULL
+ * (a test failure said why). */
+static char *sm90a_source(const char *spec, kiln__config *cfg)
+{
+    kiln_variant v;
+    kiln__err e;
+    char *src = NULL;
+    parse(spec, &v);
+    if (kiln__config_pick(&v, 90, cfg, &e) != KILN_STATUS_OK ||
+        kiln__expand(&v, cfg, "sm_90a", &src, &e) != KILN_STATUS_OK)
+        kt_fail(__FILE__, __LINE__, "%s: %s", spec, e.msg);
+    return src;
+}
+
 /* 1 when, in src, the definition that starts with `fn` has `first` and then `then`. */
 static int in_order(const char *src, const char *fn, const char *first, const char *then)
 {
@@ -298,8 +312,8 @@ static int in_order(const char *src, const char *fn, const char *first, const ch
     return a && b && a < b;
 }
 
-/* The merge kernel is a programmatic dependent launch (kiln__config.pdl, KILN_TUNE pdl=) by
- * default on sm_90 and newer wherever a merge kernel follows the main kernel: decode (single
+/* The merge kernel can be a programmatic dependent launch (kiln__config.pdl, KILN_TUNE pdl=1,
+ * opt-in) on sm_90 and newer wherever a merge kernel follows the main kernel: decode (single
  * and batch, both families) and batch prefill (both families). pdl=0 is accepted everywhere and
  * is the pre-PDL config and source; pdl=1 is refused, saying why and on which arch, below
  * sm_90, for a single-request prefill and op=merge (no merge kernel), and with merge=1. */
@@ -398,24 +412,19 @@ KT_TEST(core_pdl_choice)
     /* where the instructions sit: the main kernels let the merge kernel launch before their
      * first read of the schedule; the merge kernels wait before their first partial state and
      * a padding CTA before it returns */
-    parse("op=decode dtype=bf16 head_dim=128 group=8 kv=paged", &v); /* tensor cores */
-    KT_OK(kiln__config_pick(&v, 90, &cfg, &e), e.msg);
-    KT_OK(kiln__expand(&v, &cfg, "sm_90a", &src, &e), e.msg);
+    src =
+        sm90a_source("op=decode dtype=bf16 head_dim=128 group=8 kv=paged", &cfg); /* tensor cores */
     KT_REQUIRE(src);
     KT_CHECK(in_order(src, "void mma_attention_kernel(", "let_merge_launch<Cfg>();",
                       "mma_load_work<Cfg>(p, blockIdx.x"));
     free(src);
-    parse("op=prefill dtype=bf16 head_dim=128 group=4 kv=ragged", &v); /* wgmma */
-    KT_OK(kiln__config_pick(&v, 90, &cfg, &e), e.msg);
-    KT_OK(kiln__expand(&v, &cfg, "sm_90a", &src, &e), e.msg);
+    src = sm90a_source("op=prefill dtype=bf16 head_dim=128 group=4 kv=ragged", &cfg); /* wgmma */
     KT_REQUIRE(src);
     KT_CHECK(cfg.wgmma && cfg.pdl);
     KT_CHECK(in_order(src, "void wgmma_attention_kernel(", "let_merge_launch<Cfg>();",
                       "num_items(p)) return;"));
     free(src);
-    parse("op=decode dtype=bf16 head_dim=128 group=1 kv=paged", &v); /* CUDA cores */
-    KT_OK(kiln__config_pick(&v, 90, &cfg, &e), e.msg);
-    KT_OK(kiln__expand(&v, &cfg, "sm_90a", &src, &e), e.msg);
+    src = sm90a_source("op=decode dtype=bf16 head_dim=128 group=1 kv=paged", &cfg); /* CUDA cores */
     KT_REQUIRE(src);
     KT_CHECK(in_order(src, "void simt_decode_kernel(", "let_merge_launch<Cfg>();",
                       "decode_load_work<Cfg>(p);"));
