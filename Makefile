@@ -168,12 +168,21 @@ gpu-seed: all
 	    -e 'head_dim=64 group=4 layout=nhd mask=none window=0 logits=softcap lse=1 kv=ragged arch' \
 	    tests/gpu.manifest | grep op=decode | KILN_TUNE=merge=1 KILN_CACHE_DIR=$(BUILD)/seed \
 	    $(KILN) warm --arch sm_90a --jobs $$(nproc) -
-	# gpu_batch_pdl runs its batch kernels with pdl=0 too (pdl=1 is sm_90a's default)
+	# gpu_batch_pdl runs its batch kernels with pdl=1 too (opt-in)
 	grep -x -e 'op=decode dtype=bf16 head_dim=128 group=4 layout=nhd mask=none window=0 logits=none lse=1 kv=paged arch=sm_90a' \
 	    -e 'op=decode dtype=bf16 head_dim=128 group=1 layout=nhd mask=none window=0 logits=none lse=1 kv=paged arch=sm_90a' \
 	    -e 'op=prefill dtype=bf16 head_dim=128 group=4 layout=nhd mask=none window=0 logits=none lse=1 kv=ragged arch=sm_90a' \
-	    tests/gpu.manifest | KILN_TUNE=pdl=0 KILN_CACHE_DIR=$(BUILD)/seed \
+	    tests/gpu.manifest | KILN_TUNE=pdl=1 KILN_CACHE_DIR=$(BUILD)/seed \
 	    $(KILN) warm --arch sm_90a --jobs $$(nproc) -
+	# gpu_wgmma_xjob: its prefill kernels with xjob=0 and xjob=1 (opt-in), d256 with persist=2
+	for t in xjob=0 xjob=1; do printf '%s arch=sm_90a\n' \
+	    'op=prefill dtype=bf16 head_dim=128 group=4 kv=ragged mask=causal lse=1' \
+	    'op=prefill dtype=bf16 head_dim=128 group=1 kv=paged lse=1' \
+	    'op=prefill dtype=bf16 head_dim=64 group=4 kv=ragged mask=causal lse=1' \
+	    'op=prefill dtype=bf16 head_dim=128 group=4 kv=paged mask=causal logits=softcap window=1 lse=1' | \
+	    KILN_TUNE=$$t KILN_CACHE_DIR=$(BUILD)/seed $(KILN) warm --arch sm_90a --jobs $$(nproc) - || exit 1; \
+	    echo 'op=prefill dtype=bf16 head_dim=256 group=4 kv=ragged mask=causal lse=1 arch=sm_90a' | \
+	    KILN_TUNE=persist=2,$$t KILN_CACHE_DIR=$(BUILD)/seed $(KILN) warm --arch sm_90a --jobs $$(nproc) - || exit 1; done
 	python3 -c "import sqlite3, sys; sqlite3.connect(sys.argv[1]).execute('PRAGMA wal_checkpoint(TRUNCATE)')" $(BUILD)/seed/kernels.db
 	tar -C $(BUILD)/seed -cf - kernels.db nvrtc-version | xz -6 -T0 > .seed/cache.tar.xz
 	@ls -l .seed/cache.tar.xz

@@ -544,6 +544,69 @@ KT_GPU_TEST(gpu_batch_pdl)
     kiln_ctx_destroy(c0);
 }
 
+/* The wgmma persistent grid with a job's last P V issued in one turn with the next job's first
+ * S (KILN_TUNE xjob=1, opt-in) writes the bits the plain persistent grid writes (xjob=0): batch
+ * prefill over causal and plain masks, ragged and paged KV, head dims 64, 128 and 256 (d256 on
+ * the persistent grid it takes with persist=2), a logits transform with a window; requests of
+ * one row to several tiles, an empty one, run eagerly and from a CUDA graph; the xjob=1
+ * kernels against the float64 reference too. Skipped below sm_90 (no wgmma family). */
+KT_GPU_TEST(gpu_wgmma_xjob)
+{
+    kiln_ctx *c0 = KT_CTX(kt_cache_dir(), 1), *c1 = KT_CTX(kt_cache_dir(), 1);
+    KT_REQUIRE(c0 && c1);
+    if (c1->arch_sm < 90) {
+        kt_skip("the wgmma family needs sm_90 (this GPU: sm_%d)", c1->arch_sm);
+        kiln_ctx_destroy(c1);
+        kiln_ctx_destroy(c0);
+        return;
+    }
+    static const struct {
+        const char *spec, *tune0, *tune1;
+    } cases[] = {
+        {"op=prefill dtype=bf16 head_dim=128 group=4 kv=ragged mask=causal lse=1", "xjob=0",
+         "xjob=1"},
+        {"op=prefill dtype=bf16 head_dim=128 group=1 kv=paged lse=1", "xjob=0", "xjob=1"},
+        {"op=prefill dtype=bf16 head_dim=64 group=4 kv=ragged mask=causal lse=1", "xjob=0",
+         "xjob=1"},
+        {"op=prefill dtype=bf16 head_dim=128 group=4 kv=paged mask=causal logits=softcap "
+         "window=1 lse=1",
+         "xjob=0", "xjob=1"},
+        {"op=prefill dtype=bf16 head_dim=256 group=4 kv=ragged mask=causal lse=1",
+         "persist=2,xjob=0", "persist=2,xjob=1"},
+    };
+    static const int pqo[6] = {3, 200, 700, 1, 0, 130}, pkv[6] = {4097, 900, 700, 17, 33, 130};
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        kiln_variant v;
+        if (kiln_variant_parse(cases[i].spec, &v) != KILN_STATUS_OK) {
+            kt_fail(__FILE__, __LINE__, "%s: %s", cases[i].spec, kiln_errmsg());
+            continue;
+        }
+        /* KILN_TUNE is read when a kernel is built; each context memoises its own */
+        setenv("KILN_TUNE", cases[i].tune0, 1);
+        kiln_kernel *k0 = get(c0, &v);
+        setenv("KILN_TUNE", cases[i].tune1, 1);
+        kiln_kernel *k1 = get(c1, &v);
+        unsetenv("KILN_TUNE");
+        if (!k0 || !k1) continue;
+        KT_CHECK(k0->cfg.wgmma && k0->cfg.persist && k0->cfg.xjob == 0);
+        KT_CHECK(k1->cfg.wgmma && k1->cfg.persist == k0->cfg.persist && k1->cfg.xjob == 1);
+        for (int mode = 0; mode < 2; mode++) { /* eager / graph */
+            kiln_check_batch s = {.batch = 6,
+                                  .qo_lens = pqo,
+                                  .kv_lens = pkv,
+                                  .num_qo_heads = 4 * v.group,
+                                  .page_size = 16,
+                                  .window_left = v.window ? 301 : -1,
+                                  .graph = mode,
+                                  .seed = 131u + (uint64_t)(i * 2 + mode)};
+            const kiln_check_pair p = twin_check(c1, k0, k1, &s, cases[i].spec, mode, "xjob=1");
+            KT_CHECK(p.same_split);
+        }
+    }
+    kiln_ctx_destroy(c1);
+    kiln_ctx_destroy(c0);
+}
+
 /* Unused pool slots and padding full of NaN must not leak into any output. */
 KT_GPU_TEST(gpu_batch_nan_pool)
 {
