@@ -168,11 +168,11 @@ gpu-seed: all
 	    -e 'head_dim=64 group=4 layout=nhd mask=none window=0 logits=softcap lse=1 kv=ragged arch' \
 	    tests/gpu.manifest | grep op=decode | KILN_TUNE=merge=1 KILN_CACHE_DIR=$(BUILD)/seed \
 	    $(KILN) warm --arch sm_90a --jobs $$(nproc) -
-	# gpu_batch_pdl runs its batch kernels with pdl=1 too (opt-in)
+	# gpu_batch_pdl runs its batch kernels with pdl=0 too (pdl=1 is sm_90a's default)
 	grep -x -e 'op=decode dtype=bf16 head_dim=128 group=4 layout=nhd mask=none window=0 logits=none lse=1 kv=paged arch=sm_90a' \
 	    -e 'op=decode dtype=bf16 head_dim=128 group=1 layout=nhd mask=none window=0 logits=none lse=1 kv=paged arch=sm_90a' \
 	    -e 'op=prefill dtype=bf16 head_dim=128 group=4 layout=nhd mask=none window=0 logits=none lse=1 kv=ragged arch=sm_90a' \
-	    tests/gpu.manifest | KILN_TUNE=pdl=1 KILN_CACHE_DIR=$(BUILD)/seed \
+	    tests/gpu.manifest | KILN_TUNE=pdl=0 KILN_CACHE_DIR=$(BUILD)/seed \
 	    $(KILN) warm --arch sm_90a --jobs $$(nproc) -
 	# gpu_wgmma_xjob: its prefill kernels with xjob=0 and xjob=1 (opt-in), d256 with persist=2
 	for t in xjob=0 xjob=1; do printf '%s arch=sm_90a\n' \

@@ -485,7 +485,7 @@ KT_GPU_TEST(gpu_batch_fused_merge)
     kiln_ctx_destroy(c0);
 }
 
-/* The merge kernel as a programmatic dependent launch (pdl=1, opt-in on sm_90 and newer:
+/* The merge kernel as a programmatic dependent launch (pdl=1, the default on sm_90 and newer:
  * scheduled while the main kernel's last CTAs run, waiting in the kernel) writes the bits the
  * ordinary launch writes (KILN_TUNE pdl=0): the batch decode on both families (tensor cores
  * G 4, CUDA cores G 1) and a batch prefill, split by the planner and by fixed_split, run
@@ -520,7 +520,7 @@ KT_GPU_TEST(gpu_batch_pdl)
         /* KILN_TUNE is read when a kernel is built; each context memoises its own */
         setenv("KILN_TUNE", "pdl=0", 1);
         kiln_kernel *k0 = get(c0, &v);
-        setenv("KILN_TUNE", "pdl=1", 1); /* opt-in */
+        setenv("KILN_TUNE", "pdl=1", 1); /* the default, named */
         kiln_kernel *k1 = get(c1, &v);
         unsetenv("KILN_TUNE");
         if (!k0 || !k1) continue;

@@ -312,8 +312,8 @@ static int in_order(const char *src, const char *fn, const char *first, const ch
     return a && b && a < b;
 }
 
-/* The merge kernel can be a programmatic dependent launch (kiln__config.pdl, KILN_TUNE pdl=1,
- * opt-in) on sm_90 and newer wherever a merge kernel follows the main kernel: decode (single
+/* The merge kernel is a programmatic dependent launch (kiln__config.pdl, KILN_TUNE pdl=) by
+ * default on sm_90 and newer wherever a merge kernel follows the main kernel: decode (single
  * and batch, both families) and batch prefill (both families). pdl=0 is accepted everywhere and
  * is the pre-PDL config and source; pdl=1 is refused, saying why and on which arch, below
  * sm_90, for a single-request prefill and op=merge (no merge kernel), and with merge=1. */
@@ -321,7 +321,7 @@ KT_TEST(core_pdl_choice)
 {
     static const struct {
         const char *spec;
-        int sm, pdl;     /* where pdl=1 is taken (it is opt-in: 0 by default) */
+        int sm, pdl;     /* the default */
         const char *why; /* part of pdl=1's refusal where pdl is 0 */
     } cases[] = {
         {"op=decode dtype=bf16 head_dim=128 group=4 kv=paged", 90, 1, NULL},
@@ -346,10 +346,7 @@ KT_TEST(core_pdl_choice)
         const int on = cases[i].pdl, sm = cases[i].sm;
         parse(cases[i].spec, &v);
         kiln__arch_from_sm(sm, arch);
-        unsetenv("KILN_TUNE"); /* opt-in until it has run on a GPU: 0 by default everywhere */
-        KT_OK(kiln__config_pick(&v, sm, &cfg, &e), e.msg);
-        KT_EQ_INT(cfg.pdl, 0);
-        if (on) setenv("KILN_TUNE", "pdl=1", 1);
+        unsetenv("KILN_TUNE");
         KT_OK(kiln__config_pick(&v, sm, &cfg, &e), e.msg);
         if (cfg.pdl != on)
             kt_fail(__FILE__, __LINE__, "%s sm_%d: pdl=%d (want %d)", cases[i].spec, sm, cfg.pdl,
@@ -408,7 +405,7 @@ KT_TEST(core_pdl_choice)
     setenv("KILN_TUNE", "merge=1,pdl=1", 1);
     KT_STATUS(kiln__config_pick(&v, 90, &cfg, &e), KILN_STATUS_UNSUPPORTED, "merge=1 pdl=1");
     KT_CONTAINS(e.msg, "with merge=1 the split CTAs merge their own tasks");
-    setenv("KILN_TUNE", "pdl=1", 1); /* opt-in: the placement of pdl=1 sources */
+    unsetenv("KILN_TUNE"); /* the default: the placement of pdl=1 sources */
     /* where the instructions sit: the main kernels let the merge kernel launch before their
      * first read of the schedule; the merge kernels wait before their first partial state and
      * a padding CTA before it returns */
