@@ -41,10 +41,12 @@ enum {
     CTA_OVERHEAD_KEYS = 256,
     /* extra cost of a split query tile: its partial write and the merge */
     SPLIT_OVERHEAD_KEYS = 64,
-    /* the merge of a split tile, per piece: it reads the pieces' partial states one after
-     * another (H200, B1 x 4096 bf16 G4 decode: 64 pieces a row merged in 11.5 us against the
-     * main kernel's 6.2 us, about 9 keys' time a piece; 128-key pieces 15.4 us end to end
-     * where this term was missing and the planner took 64-key pieces, 20.0 us) */
+    /* the merge of a split tile, per piece. Measured when the merge read the pieces' partial
+     * states one after another (H200, B1 x 4096 bf16 G4 decode: 64 pieces a row merged in
+     * 11.5 us against the main kernel's 6.2 us, about 9 keys' time a piece). The merge now
+     * loads them 32 at a time (templates/merge.cuh); with this term unchanged the planner's
+     * B1 x 4096 (10.1-10.7 us) beats every fixed split (8 pages 11.3, 16 pages 14.1), so it
+     * was not re-tuned */
     MERGE_KEYS_PER_PIECE = 9,
     /* pinned schedule buffers used in turn: a plan waits only when the copy out of the buffer
      * it reuses (HOST_RING plans ago) has not run yet */
@@ -369,7 +371,7 @@ static double estimate(const kiln_plan *pl, int ntiles, int64_t c, int64_t *item
     const double per_cta = ctas > 0 ? (double)total * pl->hpi / ctas : 0;
     double est = waves * per_cta;
     if (est < (double)longest) est = (double)longest;
-    /* the merge runs after the main kernel: its longest task, one piece after another */
+    /* the merge runs after the main kernel: its longest task, by its pieces */
     return est + waves * CTA_OVERHEAD_KEYS +
            (pieces > 1 ? (double)pieces * MERGE_KEYS_PER_PIECE : 0);
 }
@@ -642,6 +644,7 @@ static void write_items(kiln_plan *pl, int ntiles, int64_t chunk, const layout *
 {
     /* the schedule, heaviest items first */
     kiln_work_item *item = (kiln_work_item *)(w + L->items_off);
+    const kiln_work_req *req = (const kiln_work_req *)(w + L->reqs_off); /* written before */
     kiln_merge_task *task = (kiln_merge_task *)(w + L->tasks_off);
     const int *tile_b = pl->order, *tile_m = pl->order + pl->scratch_cap;
     int nitems = 0, ntasks = 0, nslot = 0;
@@ -682,6 +685,11 @@ static void write_items(kiln_plan *pl, int ntiles, int64_t chunk, const layout *
             it->kv_hi = n > 1 ? (int)((c + 1) * chunk < keys ? (c + 1) * chunk : keys) : keys;
             it->slot = n > 1 ? slot0 + (int)c : -1;
             it->task = n > 1 ? ntasks : -1;
+            const kiln_work_req *q = req + it->b;
+            it->q_start = q->q_start;
+            it->kv_start = q->kv_start;
+            it->qo_len = q->qo_len;
+            it->kv_len = q->kv_len;
             it->pad[0] = it->pad[1] = 0;
             nitems++;
         }

@@ -114,7 +114,7 @@ kiln_status kiln__batch_prepare(kiln_kernel *k, const kiln_batch_args *a, int H,
 kiln_status kiln__plan_create_host(kiln_kernel *k, const kiln_plan_opts *opts, int sms,
                                    int ctas_per_sm, kiln_plan **out);
 /* Tests: the last schedule of such a plan, in ints: header [items, tasks, batch, 0], items of
- * 8 ints at items_off, requests of 8 at reqs_off, tasks of 4 at tasks_off. Lives until the
+ * 12 ints at items_off, requests of 8 at reqs_off, tasks of 4 at tasks_off. Lives until the
  * next kiln_plan_schedule or kiln_plan_destroy. */
 const int *kiln__plan_last_schedule(const kiln_plan *pl, int *items_off, int *reqs_off,
                                     int *tasks_off);

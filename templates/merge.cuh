@@ -57,6 +57,98 @@ template <class Cfg> __device__ __forceinline__ void wait_main_grid()
     if constexpr (Cfg::PDL) Cfg::griddep_wait();
 }
 
+/* A partial-state word: FRESH reads it from L2 (ld.global.cg), for a reader in the kernel whose
+ * other CTAs wrote it (their stores reach L2; this SM's L1 is not kept coherent with them). */
+template <bool FRESH> __device__ __forceinline__ float load_partial(const float *at)
+{
+    if constexpr (FRESH) return __ldcg(at);
+    else return *at;
+}
+
+/* The loads of a split merge in flight at once: a merge is latency bound, so it loads the
+ * partial states N at a time before it uses any (one L2 round trip per batch, not per state).
+ * The merge kernels take batches of up to MERGE_BATCH (32 states in one round trip; 8 when
+ * there are no more); the fused merge, in a main kernel with few registers to spare,
+ * FUSED_MERGE_BATCH. The bits do not depend on N (merge_partials). */
+constexpr int MERGE_BATCH = 32, FUSED_MERGE_BATCH = 8;
+
+/* N partial states s0 .. s0 + N - 1 of one element, loaded before any is used: those from ns
+ * on are read again at state ns - 1 (in bounds, no branch: a load behind a branch is issued
+ * just before its use), count in no max and are added as nothing. */
+template <bool FRESH, int N> struct partial_batch {
+    float ls[N], os[N];
+    /* one running address a field, stepped while in bounds: not one 64-bit address a load */
+    static __device__ __forceinline__ void load_field(float (&x)[N], int s0, int ns, const float *at, i64 step)
+    {
+        at += s0 * step;
+#pragma unroll
+        for (int j = 0; j < N; j++) {
+            x[j] = load_partial<FRESH>(at);
+            if (s0 + j + 1 < ns) at += step;
+        }
+    }
+    __device__ __forceinline__ void load_lse(int s0, int ns, const float *lse, i64 lse_step)
+    {
+        load_field(ls, s0, ns, lse, lse_step);
+    }
+    __device__ __forceinline__ void load(int s0, int ns, const float *lse, i64 lse_step, const float *o, i64 o_step)
+    {
+        load_field(ls, s0, ns, lse, lse_step);
+        load_field(os, s0, ns, o, o_step);
+    }
+    /* M and the batch's lse (copies of state ns - 1's past ns: no change to a max that has it) */
+    __device__ __forceinline__ float max_lse(float M) const
+    {
+#pragma unroll
+        for (int j = 0; j < N; j++) M = max_f(M, ls[j]);
+        return M;
+    }
+    /* the batch's states below ns into acc, in order */
+    __device__ __forceinline__ void add_to(state_merge &acc, int s0, int ns) const
+    {
+#pragma unroll
+        for (int j = 0; j < N; j++)
+            if (s0 + j < ns) acc.add(acc.weight(ls[j]), os[j]);
+    }
+};
+
+/* merge_partials in batches of N: one round trip when ns <= N; else one a batch for the
+ * largest lse and one a batch for the sums. */
+template <bool FRESH, int N>
+__device__ __forceinline__ state_merge merge_batches(int ns, const float *lse, i64 lse_step, const float *o, i64 o_step)
+{
+    partial_batch<FRESH, N> b;
+    if (ns <= N) {
+        b.load(0, ns, lse, lse_step, o, o_step);
+        state_merge acc(b.max_lse(neg_inf()));
+        b.add_to(acc, 0, ns);
+        return acc;
+    }
+    float M = neg_inf();
+    for (int s0 = 0; s0 < ns; s0 += N) {
+        b.load_lse(s0, ns, lse, lse_step);
+        M = b.max_lse(M);
+    }
+    state_merge acc(M);
+    for (int s0 = 0; s0 < ns; s0 += N) {
+        b.load(s0, ns, lse, lse_step, o, o_step);
+        b.add_to(acc, s0, ns);
+    }
+    return acc;
+}
+
+/* The merge of ns normalised partial states of one element, state s's lse (log2) at
+ * lse + s * lse_step and its o at o + s * o_step: the largest lse M first, then the states
+ * weighted by it and added in the order s = 0 .. ns - 1. The bits depend on that order only,
+ * not on the batch size, the batch around a request, or which kernel merges. */
+template <bool FRESH, int N>
+__device__ __forceinline__ state_merge merge_partials(int ns, const float *lse, i64 lse_step, const float *o, i64 o_step)
+{
+    if constexpr (N > 8)
+        if (ns <= 8) return merge_batches<FRESH, 8>(ns, lse, lse_step, o, o_step);
+    return merge_batches<FRESH, N>(ns, lse, lse_step, o, o_step);
+}
+
 /* Combine the num_splits partial states of each query head of a single decode: grid H, any
  * thread count. */
 template <class Cfg> __device__ void decode_merge_kernel(const kiln_launch_params &p)
@@ -66,33 +158,18 @@ template <class Cfg> __device__ void decode_merge_kernel(const kiln_launch_param
     const float *plse = reinterpret_cast<const float *>(p.partial_lse);
     const float *po = reinterpret_cast<const float *>(p.partial_o);
     wait_main_grid<Cfg>(); /* the partial states are the main kernel's */
-    float M = neg_inf();
-    for (int s = 0; s < S; s++) M = max_f(M, plse[s * H + h]);
     for (int d = threadIdx.x; d < D; d += blockDim.x) {
-        state_merge acc(M);
-        for (int s = 0; s < S; s++) {
-            const float ls = plse[s * H + h];
-            const float wgt = acc.weight(ls);
-            acc.add(wgt, po[((i64)s * H + h) * D + d]);
-        }
+        const state_merge acc = merge_partials<false, MERGE_BATCH>(S, plse + h, H, po + (i64)h * D + d, (i64)H * D);
         reinterpret_cast<u16 *>(p.o)[(i64)h * p.o_stride_h + d] = from_float<Cfg::OUT_DT>(acc.out());
         if (Cfg::LSE && d == 0) reinterpret_cast<float *>(p.lse)[h] = acc.lse_nat_of_log2();
     }
 }
 
-/* A partial-state word: FRESH reads it from L2 (ld.global.cg), for a reader in the kernel whose
- * other CTAs wrote it (their stores reach L2; this SM's L1 is not kept coherent with them). */
-template <bool FRESH> __device__ __forceinline__ float load_partial(const float *at)
-{
-    if constexpr (FRESH) return __ldcg(at);
-    else return *at;
-}
-
 /* Element d of row rr (of the task's query tile) of head h of merge task t of request r: the
  * merge of the partial states of slots slot0 .. slot0 + nslots - 1, in that order, into o and,
- * for d == 0, lse (natural log). The one per-element merge of a batch plan's splits, for the
- * merge kernel and the fused epilogue alike. */
-template <class Cfg, bool FRESH>
+ * for d == 0, lse (natural log), N states a round trip. The one per-element merge of a batch
+ * plan's splits, for the merge kernel and the fused epilogue alike. */
+template <class Cfg, bool FRESH, int N>
 __device__ __forceinline__ void merge_split_element(const kiln_launch_params &p, const kiln_merge_task &t,
                                                     const work_req &r, int h, int rr, int d)
 {
@@ -100,15 +177,8 @@ __device__ __forceinline__ void merge_split_element(const kiln_launch_params &p,
     const int H = p.num_qo_heads, R = p.slot_rows, ns = t.nslots;
     const float *plse = reinterpret_cast<const float *>(p.partial_lse);
     const float *po = reinterpret_cast<const float *>(p.partial_o);
-    float M = neg_inf();
-    for (int s = 0; s < ns; s++) M = max_f(M, load_partial<FRESH>(plse + ((i64)(t.slot0 + s) * H + h) * R + rr));
-    state_merge acc(M);
-    for (int s = 0; s < ns; s++) {
-        const i64 at = ((i64)(t.slot0 + s) * H + h) * R + rr;
-        const float ls = load_partial<FRESH>(plse + at);
-        const float wgt = acc.weight(ls);
-        acc.add(wgt, load_partial<FRESH>(po + at * D + d));
-    }
+    const i64 at = ((i64)t.slot0 * H + h) * R + rr, step = (i64)H * R;
+    const state_merge acc = merge_partials<FRESH, N>(ns, plse + at, step, po + at * D + d, step * D);
     const i64 row = (i64)r.q_start + t.m * R + rr;
     reinterpret_cast<u16 *>(p.o)[row * p.o_stride_n + (i64)h * p.o_stride_h + d] = from_float<Cfg::OUT_DT>(acc.out());
     if (Cfg::LSE && d == 0) reinterpret_cast<float *>(p.lse)[row * H + h] = acc.lse_nat_of_log2();
@@ -130,7 +200,7 @@ template <class Cfg> __device__ void batch_merge_kernel(const kiln_launch_params
     const work_req r = load_req(p, t.b);
     wait_main_grid<Cfg>(); /* the partial states are the main kernel's */
     const int h = blockIdx.y, R = p.slot_rows, nrows = min(R, r.qo_len - t.m * R);
-    for (int e = threadIdx.x; e < nrows * D; e += blockDim.x) merge_split_element<Cfg, false>(p, t, r, h, e / D, e % D);
+    for (int e = threadIdx.x; e < nrows * D; e += blockDim.x) merge_split_element<Cfg, false, MERGE_BATCH>(p, t, r, h, e / D, e % D);
 }
 
 /* The fused merge (kiln_cfg::FUSED_MERGE): called by every thread of a split CTA of a batch
@@ -171,7 +241,7 @@ template <class Cfg> __device__ __forceinline__ void merge_task_if_last(const ki
     const int R = p.slot_rows, nrows = min(R, r.qo_len - t.m * R), per_head = nrows * D;
     for (int e = threadIdx.x; e < nh * per_head; e += blockDim.x) {
         const int hh = e / per_head, rd = e % per_head;
-        merge_split_element<Cfg, true>(p, t, r, h0 + hh, rd / D, rd % D);
+        merge_split_element<Cfg, true, FUSED_MERGE_BATCH>(p, t, r, h0 + hh, rd / D, rd % D);
     }
 }
 

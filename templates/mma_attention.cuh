@@ -91,14 +91,13 @@ template <class Cfg> __device__ __forceinline__ mma_work mma_load_work(const kil
     int it_lo = 0, it_hi;
     if constexpr (Cfg::KV != KV_CONTIGUOUS) {
         const work_item it = load_item(p, x);
-        const work_req r = load_req(p, it.b);
         if constexpr (Cfg::MASK_DATA != MASK_DATA_NONE) w.mb = load_req_mask(p, it.b);
         w.b = it.b;
         w.m_block = it.m;
-        w.L_Q = r.qo_len;
-        w.L_KV = r.kv_len;
-        w.q_start = r.q_start;
-        w.kv_start = r.kv_start;
+        w.L_Q = it.qo_len;
+        w.L_KV = it.kv_len;
+        w.q_start = it.q_start;
+        w.kv_start = it.kv_start;
         w.slot = it.slot;
         it_lo = it.kv_lo;
         it_hi = it.kv_hi;

@@ -177,12 +177,11 @@ template <class Cfg> __device__ __forceinline__ decode_work decode_load_work(con
     decode_work w{0, 0, 0, 0, 0, -1, 0, 0, mask_base{0, 0}};
     if constexpr (Cfg::KV != KV_CONTIGUOUS) {
         const work_item it = load_item(p, blockIdx.x);
-        const work_req r = load_req(p, it.b);
         if constexpr (Cfg::MASK_DATA != MASK_DATA_NONE) w.mb = load_req_mask(p, it.b);
         w.b = it.b;
-        w.L_KV = r.kv_len;
-        w.q_row = r.q_start;
-        w.kv_start = r.kv_start;
+        w.L_KV = it.kv_len;
+        w.q_row = it.q_start;
+        w.kv_start = it.kv_start;
         w.slot = it.slot;
         w.task = it.task;
         w.lo = it.kv_lo;

@@ -318,7 +318,7 @@ __device__ __forceinline__ void wg_produce(const kiln_launch_params &p, const ki
 }
 
 /* Job i's Q rows into L2 (its TMA boxes: no barrier, no shared memory), i past the last job:
- * nothing. The item and request words it reads are then in cache for mma_load_work. */
+ * nothing. The item words it reads are then in cache for mma_load_work. */
 template <class Cfg>
 __device__ __forceinline__ void wg_prefetch_q(const kiln_launch_params &p, const kiln_tma_maps *maps, int i)
 {
@@ -328,7 +328,7 @@ __device__ __forceinline__ void wg_prefetch_q(const kiln_launch_params &p, const
         int row;
         if constexpr (Cfg::KV != KV_CONTIGUOUS) {
             const work_item it = load_item(p, i / H);
-            row = load_req(p, it.b).q_start + it.m * KILN_WGMMA_BM;
+            row = it.q_start + it.m * KILN_WGMMA_BM;
         } else {
             row = (wg_nx<Cfg>(p) - 1 - i / H) * KILN_WGMMA_BM; /* mma_load_work's m_block */
         }

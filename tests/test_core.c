@@ -429,9 +429,9 @@ KT_TEST(core_pdl_choice)
                       "wait_main_grid<Cfg>(); /* the partial states"));
     KT_CHECK(in_order(src, "void batch_merge_kernel(",
                       "wait_main_grid<Cfg>(); /* the partial states",
-                      "merge_split_element<Cfg, false>("));
+                      "merge_split_element<Cfg, false, MERGE_BATCH>("));
     KT_CHECK(in_order(src, "void decode_merge_kernel(", "wait_main_grid<Cfg>();",
-                      "max_f(M, plse[s * H + h])"));
+                      "merge_partials<false, MERGE_BATCH>("));
     KT_CONTAINS(src, "kiln::batch_merge_kernel<kiln_cfg>(p);");
     free(src);
     unsetenv("KILN_TUNE");

@@ -15,6 +15,9 @@
 #include "kt.h"
 #include "runtime.h"
 
+/* the schedule's record sizes in ints (templates/common/params.h) */
+enum { ITEM_W = sizeof(kiln_work_item) / sizeof(int), REQ_W = sizeof(kiln_work_req) / sizeof(int) };
+
 enum { SMS = 132 };
 
 static kiln_kernel *compile(kiln_ctx *ctx, const char *spec)
@@ -79,7 +82,7 @@ static void check_schedule(kiln_plan *pl, const batch *b, int decode, int rows, 
      * matrices, bsr block rows (of the plan's bsr_r, 1 when unset) after theirs */
     int64_t bit0 = 0, row0 = 0;
     for (int r = 0; r < b->B; r++) {
-        const int *q = w + ro + r * 8;
+        const int *q = w + ro + r * REQ_W;
         const int qo = decode ? 1 : b->qo[r];
         const int64_t got_bit0 = (int64_t)(((uint64_t)(uint32_t)q[5] << 32) | (uint32_t)q[4]);
         if (q[1] != qo || q[3] != b->kv[r] || got_bit0 != bit0 || q[6] != row0) {
@@ -108,7 +111,7 @@ static void check_schedule(kiln_plan *pl, const batch *b, int decode, int rows, 
             }
             int covered = 0, n = 0, split = 0;
             for (int i = 0; i < nitems; i++) {
-                const int *it = w + io + i * 8;
+                const int *it = w + io + i * ITEM_W;
                 if (it[0] != r || it[1] != m) continue;
                 n++;
                 if (it[4] >= 0) split = 1;
@@ -144,7 +147,7 @@ static void check_schedule(kiln_plan *pl, const batch *b, int decode, int rows, 
     }
     /* no item belongs to a tile that does not exist */
     for (int i = 0; i < nitems; i++) {
-        const int *it = w + io + i * 8;
+        const int *it = w + io + i * ITEM_W;
         const int tiles = it[0] < b->B ? (decode ? 1 : (b->qo[it[0]] + rows - 1) / rows) : 0;
         if (it[0] >= b->B || it[1] >= tiles) {
             kt_fail(__FILE__, __LINE__, "%s: item %d names request %d tile %d", what, i, it[0],
@@ -153,17 +156,26 @@ static void check_schedule(kiln_plan *pl, const batch *b, int decode, int rows, 
         }
     }
     /* every split item names the task whose slots hold its slot (that task is its tile's), an
-     * unsplit one -1; the item's last two words are 0 */
+     * unsplit one -1; it carries its request's q_start, kv_start, qo_len, kv_len as that
+     * request's record has them; the item's last two words are 0 */
     for (int i = 0; i < nitems; i++) {
-        const int *it = w + io + i * 8;
+        const int *it = w + io + i * ITEM_W;
         const int *tk = it[5] >= 0 && it[5] < ntasks ? w + to + it[5] * 4 : NULL;
         const int ok = it[4] < 0 ? it[5] == -1
                                  : tk && tk[0] == it[0] && tk[1] == it[1] && tk[2] <= it[4] &&
                                        it[4] < tk[2] + tk[3];
-        if (!ok || it[6] || it[7]) {
+        const int *q = w + ro + it[0] * REQ_W;
+        if (!ok || it[10] || it[11]) {
             kt_fail(__FILE__, __LINE__,
                     "%s: item %d (request %d tile %d slot %d) names task %d of %d, pad %d %d", what,
-                    i, it[0], it[1], it[4], it[5], ntasks, it[6], it[7]);
+                    i, it[0], it[1], it[4], it[5], ntasks, it[10], it[11]);
+            break;
+        }
+        if (it[6] != q[0] || it[7] != q[2] || it[8] != q[1] || it[9] != q[3]) {
+            kt_fail(__FILE__, __LINE__,
+                    "%s: item %d of request %d carries q_start=%d kv_start=%d qo_len=%d "
+                    "kv_len=%d, its request %d %d %d %d",
+                    what, i, it[0], it[6], it[7], it[8], it[9], q[0], q[2], q[1], q[3]);
             break;
         }
     }
@@ -172,7 +184,7 @@ static void check_schedule(kiln_plan *pl, const batch *b, int decode, int rows, 
         const int *tk = w + to + t * 4;
         int n = 0, lo = 1 << 30;
         for (int i = 0; i < nitems; i++) {
-            const int *it = w + io + i * 8;
+            const int *it = w + io + i * ITEM_W;
             if (it[0] == tk[0] && it[1] == tk[1]) {
                 n++;
                 if (it[4] < lo) lo = it[4];
@@ -423,7 +435,7 @@ KT_TEST(plan_fixed_split_invariant)
         int io, ro, to, n = 0, ranges[64][2] = {{0}};
         const int *w = kiln__plan_last_schedule(pl, &io, &ro, &to);
         for (int i = 0; i < w[0]; i++) {
-            const int *it = w + io + i * 8;
+            const int *it = w + io + i * ITEM_W;
             if (it[0] != (trial == 0 ? 0 : 7) || n == 64) continue;
             ranges[n][0] = it[2];
             ranges[n][1] = it[3];
@@ -713,7 +725,7 @@ KT_TEST(plan_mask_data_offsets)
     static const long long bit0[5] = {0, 63, 63, 63, 193};
     static const int row0[5] = {0, 3, 3, 4, 5};
     for (int r = 0; r < 5; r++) {
-        const int *q = w + ro + r * 8;
+        const int *q = w + ro + r * REQ_W;
         const long long got = (long long)(((uint64_t)(uint32_t)q[5] << 32) | (uint32_t)q[4]);
         if (got != bit0[r] || q[6] != row0[r])
             kt_fail(__FILE__, __LINE__, "request %d: bit0=%lld row0=%d, expected %lld and %d", r,

@@ -155,16 +155,19 @@ typedef struct kiln_work_header {
 
 /* One work item, one CTA of the main kernel: request b, query tile m, keys [kv_lo, kv_hi),
  * the partial-state slot it writes (-1: it owns its rows and writes o directly) and, for a
- * split item, the merge task whose slots hold its slot (-1 when unsplit). */
+ * split item, the merge task whose slots hold its slot (-1 when unsplit); then request b's
+ * q_start, kv_start, qo_len and kv_len, copies of its kiln_work_req's, so that everything a
+ * CTA needs before its first K/V load is three 16-byte loads of one record in one round trip
+ * (the request record is read only for mask data, and by the merge). */
 typedef struct kiln_work_item {
     int b, m, kv_lo, kv_hi;
-    int slot;
-    int task;
+    int slot, task, q_start, kv_start; /* at int KILN_WORK_ITEM_SLOT_AT */
+    int qo_len, kv_len;                /* at int KILN_WORK_ITEM_LEN_AT */
     int pad[2];
 } kiln_work_item;
 
 #define KILN_WORK_ITEM_SLOT_AT 4
-#define KILN_WORK_ITEM_TASK_AT 5
+#define KILN_WORK_ITEM_LEN_AT 8
 
 /* One request: its query rows start at q_start in q/o, its keys at kv_start (ragged: token
  * row; paged: offset into kv_indices); its mask data at bit mask_bit0 (two 32-bit halves)
@@ -314,7 +317,7 @@ KILN_CONTRACT_ASSERT(KILN_WGMMA_SPLIT_FITS(KILN_WGMMA_PRODUCER_REGS, KILN_WGMMA_
 KILN_CONTRACT_ASSERT(sizeof(kiln_tma_maps) == 3 * 128, "kiln_tma_maps: three CUtensorMaps");
 KILN_CONTRACT_ASSERT(sizeof(kiln_merge_params) == KILN_MERGE_PARAMS_SIZE, "kiln_merge_params size");
 KILN_CONTRACT_ASSERT(sizeof(kiln_work_header) == 4 * sizeof(int), "kiln_work_header: 4 ints");
-KILN_CONTRACT_ASSERT(sizeof(kiln_work_item) == 8 * sizeof(int), "kiln_work_item: 8 ints");
+KILN_CONTRACT_ASSERT(sizeof(kiln_work_item) == 12 * sizeof(int), "kiln_work_item: 12 ints");
 KILN_CONTRACT_ASSERT(sizeof(kiln_work_req) == 8 * sizeof(int), "kiln_work_req: 8 ints");
 KILN_CONTRACT_ASSERT(sizeof(kiln_merge_task) == 4 * sizeof(int), "kiln_merge_task: 4 ints");
 #if !defined(__CUDACC_RTC__) && !defined(__CUDACC__)
@@ -330,7 +333,9 @@ KILN_CONTRACT_AT(kiln_work_header, items, KILN_WORK_HEADER_ITEMS_AT * 4);
 KILN_CONTRACT_AT(kiln_work_header, tasks, KILN_WORK_HEADER_TASKS_AT * 4);
 KILN_CONTRACT_AT(kiln_work_header, next_job, KILN_WORK_HEADER_NEXT_AT * 4);
 KILN_CONTRACT_AT(kiln_work_item, slot, KILN_WORK_ITEM_SLOT_AT * 4);
-KILN_CONTRACT_AT(kiln_work_item, task, KILN_WORK_ITEM_TASK_AT * 4);
+KILN_CONTRACT_AT(kiln_work_item, kv_start, KILN_WORK_ITEM_SLOT_AT * 4 + 12);
+KILN_CONTRACT_AT(kiln_work_item, qo_len, KILN_WORK_ITEM_LEN_AT * 4);
+KILN_CONTRACT_AT(kiln_work_item, kv_len, KILN_WORK_ITEM_LEN_AT * 4 + 4);
 KILN_CONTRACT_AT(kiln_work_req, mask_bit0_lo, KILN_WORK_REQ_MASK_AT * 4);
 KILN_CONTRACT_AT(kiln_work_req, bsr_row0, 24);
 KILN_CONTRACT_AT(kiln_merge_task, nslots, 12);

@@ -15,9 +15,9 @@
 
 namespace kiln {
 
-/* The fields of kiln_work_item a kernel reads. */
+/* The fields of kiln_work_item a kernel reads (with its request's starts and lengths). */
 struct work_item {
-    int b, m, kv_lo, kv_hi, slot, task;
+    int b, m, kv_lo, kv_hi, slot, task, q_start, kv_start, qo_len, kv_len;
 };
 /* The fields of kiln_work_req a kernel reads (its mask data through load_req_mask). */
 struct work_req {
@@ -44,11 +44,10 @@ template <class P> __device__ __forceinline__ int num_tasks(const P &p)
 
 template <class P> __device__ __forceinline__ work_item load_item(const P &p, int i)
 {
-    /* read as int words (kiln_work_item: b, m, kv_lo, kv_hi in one 16-byte load, then slot and
-     * task; a kernel that does not merge its splits never reads task, and the load goes) */
-    const int *w = work_ints(p) + p.items_off + i * ITEM_INTS;
-    const int4 a = *reinterpret_cast<const int4 *>(w);
-    return work_item{a.x, a.y, a.z, a.w, w[KILN_WORK_ITEM_SLOT_AT], w[KILN_WORK_ITEM_TASK_AT]};
+    /* three 16-byte loads at once (kiln_work_item); the compiler drops those of fields unread */
+    const int4 *w = reinterpret_cast<const int4 *>(work_ints(p) + p.items_off + i * ITEM_INTS);
+    const int4 a = w[0], c = w[KILN_WORK_ITEM_SLOT_AT / 4], l = w[KILN_WORK_ITEM_LEN_AT / 4];
+    return work_item{a.x, a.y, a.z, a.w, c.x, c.y, c.z, c.w, l.x, l.y};
 }
 template <class P> __device__ __forceinline__ work_req load_req(const P &p, int b)
 {
