@@ -214,6 +214,11 @@ typedef struct kiln_variant {
     char mask_expr[KILN_MAX_SNIPPET];   /* "" or a C expression: key visible */
     kiln_kv_storage kv;                 /* contiguous (single request), ragged or paged (batch) */
     int rope; /* 1: llama-style RoPE applied to q and k inside the kernel */
+    /* prefill batches: 0 (any), or 1, 2, 4, 8 or 16: at most that many query tokens per request
+     * (speculative-decoding verify, chunked decode). The kernel then packs the query tokens and
+     * the group's heads into tensor-core rows, as decode does, and reads each K/V tile once
+     * for all of them: decode's bandwidth for few tokens. A plan refuses a longer request. */
+    int q_tokens;
 } kiln_variant;
 
 /* Fill *v with the documented defaults: op=prefill dtype=f16 head_dim=128 group=1 layout=nhd

@@ -176,6 +176,16 @@ static int decode_packs(const kiln_variant *v)
            !is_fp8(v->kv_dtype);
 }
 
+/* A prefill batch of few query tokens per request (kiln_variant.q_tokens): the tokens and the
+ * group's heads packed into rows as decode packs its heads, every K/V tile read once for all
+ * of them (the spec admits only groups dividing 64, so whole tokens fill a tile). H200, B64 x
+ * 4096 paged, 4 tokens a request, G 4: 253 us against 1192 on the wgmma prefill family and 249
+ * for one token by decode (docs/perf.md). */
+static int prefill_packs(const kiln_variant *v)
+{
+    return v->op == KILN_OP_PREFILL && v->q_tokens > 0 && v->kv != KILN_KV_CONTIGUOUS;
+}
+
 /* Plain attention: no logits transform, window, element mask, RoPE or fp8 conversion, so the
  * softmax adds no live registers to the MMA loop. */
 static int prefill_plain(const kiln_variant *v)
@@ -278,7 +288,13 @@ static kiln_status apply_tune(kiln__config *c, kiln__err *e)
 static kiln_status pick_mma(const kiln_variant *v, int smem_limit, kiln__config *c, kiln__err *e)
 {
     const int d = v->head_dim, decode = v->op == KILN_OP_DECODE;
-    kiln_status st = pick_row(decode ? FAM_PACKED_DECODE : FAM_PREFILL, v, smem_limit, c, e);
+    /* few query tokens (q_tokens x G rows): up to 16 rows, decode's one-warp packed CTA; more,
+     * the prefill rows (64 or 128 rows, 64-key tiles: 64 % G == 0, so whole tokens fill them).
+     * H200, B64 x 4096 paged, 8 tokens x G 4: 372 us with one warp, 335 with two, 271 with the
+     * prefill rows; 4 tokens x G 4: 253 us with one warp */
+    const int few = prefill_packs(v), few_rows = few ? v->q_tokens * v->group : 0;
+    kiln_status st = pick_row(decode || (few && few_rows <= 16) ? FAM_PACKED_DECODE : FAM_PREFILL,
+                              v, smem_limit, c, e);
     if (st || (st = apply_tune(c, e))) return st;
     if (c->gb)
         return kiln__fail(e, KILN_STATUS_UNSUPPORTED, "config: %s takes no gb (KILN_TUNE)",
@@ -308,6 +324,9 @@ const char *kiln__wgmma_refusal(const kiln_variant *v, int sm, int *can)
     if (v->op != KILN_OP_PREFILL) return "decode keeps its own kernels";
     if (is_fp8(v->kv_dtype)) return "fp8 KV is not on the wgmma family yet";
     if (v->rope) return "RoPE is not on the wgmma family yet";
+    if (v->q_tokens)
+        return "q_tokens: few query tokens a request take the packed rows of the mma.sync family "
+               "(each K/V tile read once for all of them)";
     if (v->head_dim != 64 && v->head_dim != 128 && v->head_dim != 256)
         return "the wgmma family has head dims 64, 128 and 256";
     /* it can run mask data, but measured slower on the H200 (docs/perf/notes.md, "The first
@@ -449,7 +468,7 @@ kiln_status kiln__config_pick(const kiln_variant *v, int sm, kiln__config *c, ki
     c->min_blocks = 1;
     const int d = v->head_dim, limit = kiln__smem_limit(sm);
     /* pack and wgmma first: they decide which kernel family the other fields describe */
-    c->pack = v->op == KILN_OP_DECODE && decode_packs(v);
+    c->pack = (v->op == KILN_OP_DECODE && decode_packs(v)) || prefill_packs(v);
     int wgmma_can;
     const char *no_wgmma = kiln__wgmma_refusal(v, sm, &wgmma_can);
     c->wgmma = -1; /* unless KILN_TUNE names it: the Hopper family where it serves, not packed */

@@ -8,7 +8,7 @@
  *   op=prefill dtype=bf16 head_dim=128 group=4 layout=nhd mask=causal window=0 logits=softcap lse=0
  * with `q_dtype= kv_dtype= out_dtype=` in place of `dtype=` when the three differ, followed,
  * only when present, by
- *   kv=paged rope=1 mask_data=bitmask params=scale:f32,slopes:f32[] logits_expr="..." mask_expr="..."
+ *   kv=paged rope=1 q_tokens=4 mask_data=bitmask params=scale:f32,slopes:f32[] logits_expr="..." mask_expr="..."
  * Snippet values are quoted, with \" and \\ as the only escapes, and may hold blanks; the
  * parser canonicalises them (jit/snippet/: libclang), so a parsed spec carries canonical
  * snippet text. Since format(parse(s)) == s for every canonical s and parse(format(v)) == v for
@@ -56,6 +56,8 @@ static const choice head_dim_choices[] = {{"64", 64}, {"128", 128}, {"256", 256}
 static const choice layout_choices[] = {{"nhd", KILN_LAYOUT_NHD}, {"hnd", KILN_LAYOUT_HND}};
 static const choice mask_choices[] = {{"none", KILN_MASK_NONE}, {"causal", KILN_MASK_CAUSAL}};
 static const choice flag_choices[] = {{"0", 0}, {"1", 1}};
+static const choice q_tokens_choices[] = {{"0", 0}, {"1", 1}, {"2", 2},
+                                          {"4", 4}, {"8", 8}, {"16", 16}};
 static const choice logits_choices[] = {{"none", KILN_LOGITS_NONE},
                                         {"softcap", KILN_LOGITS_SOFTCAP},
                                         {"alibi", KILN_LOGITS_ALIBI}};
@@ -78,6 +80,7 @@ typedef enum key_id {
     KEY_LSE,
     KEY_KV,
     KEY_ROPE,
+    KEY_Q_TOKENS,
     KEY_MASK_DATA,
     KEY_PARAMS,
     KEY_LOGITS_EXPR,
@@ -118,6 +121,7 @@ static const key_def keys[KEY_COUNT_] = {
     [KEY_LSE] = {"lse", CHOICES(flag_choices), 1},
     [KEY_KV] = {"kv", CHOICES(kv_choices), 0},
     [KEY_ROPE] = {"rope", CHOICES(flag_choices), 1},
+    [KEY_Q_TOKENS] = {"q_tokens", CHOICES(q_tokens_choices), 1},
     [KEY_MASK_DATA] = {"mask_data", CHOICES(mask_data_choices), 0},
     [KEY_PARAMS] = {"params", NULL, 0, 0, TEXT_PARAMS},
     [KEY_LOGITS_EXPR] = {"logits_expr", NULL, 0, 0, TEXT_SNIPPET},
@@ -456,6 +460,7 @@ kiln_status kiln__variant_check(const kiln_variant *v, kiln__err *e)
         (st = check_field("mask_data", (int)v->mask_data, KEY_MASK_DATA, e)) ||
         (st = check_field("kv", (int)v->kv, KEY_KV, e)) ||
         (st = check_field("rope", v->rope, KEY_ROPE, e)) ||
+        (st = check_field("q_tokens", v->q_tokens, KEY_Q_TOKENS, e)) ||
         (st = kiln__params_check(v->params, v->num_params, e)) ||
         (st = check_snippet_text("logits_expr", v->logits_expr, e)) ||
         (st = check_snippet_text("mask_expr", v->mask_expr, e)))
@@ -470,11 +475,12 @@ kiln_status kiln__variant_check(const kiln_variant *v, kiln__err *e)
     if (v->op == KILN_OP_MERGE) {
         if ((v->kv_dtype != v->q_dtype || v->out_dtype != v->q_dtype || v->group != 1 ||
              v->layout || v->mask || v->window || v->logits || v->lse || v->mask_data ||
-             v->num_params || v->logits_expr[0] || v->mask_expr[0] || v->kv || v->rope))
+             v->num_params || v->logits_expr[0] || v->mask_expr[0] || v->kv || v->rope ||
+             v->q_tokens))
             return kiln__fail(e, KILN_STATUS_UNSUPPORTED,
                               "variant: op=merge takes only dtype and head_dim; every other key "
                               "must keep its default (group=1 layout=nhd mask=none window=0 "
-                              "logits=none lse=0, no kv, rope, mask data or snippets)");
+                              "logits=none lse=0, no kv, rope, q_tokens, mask data or snippets)");
         return KILN_STATUS_OK;
     }
     if (v->kv == KILN_KV_CONTIGUOUS && (fp8 || v->rope))
@@ -482,6 +488,22 @@ kiln_status kiln__variant_check(const kiln_variant *v, kiln__err *e)
                           "variant: %s with kv=contiguous: fp8 KV and rope are built for batches "
                           "(kv=ragged or kv=paged; a single request is a batch of one)",
                           fp8 ? "an fp8 kv_dtype" : "rope=1");
+    if (v->q_tokens && (v->op != KILN_OP_PREFILL || v->kv == KILN_KV_CONTIGUOUS))
+        return kiln__fail(e, KILN_STATUS_UNSUPPORTED,
+                          "variant: q_tokens=%d: only prefill batches (op=prefill with kv=ragged "
+                          "or kv=paged) bound their query tokens per request; a decode has one",
+                          v->q_tokens);
+    if (v->q_tokens && 64 % v->group)
+        return kiln__fail(e, KILN_STATUS_UNSUPPORTED,
+                          "variant: q_tokens=%d with group=%d: the packed rows need a group that "
+                          "divides 64 (1, 2, 4, 8, 16, 32 or 64), so that whole query tokens "
+                          "fill a tile",
+                          v->q_tokens, v->group);
+    if (v->q_tokens && v->mask_data)
+        return kiln__fail(e, KILN_STATUS_UNSUPPORTED,
+                          "variant: q_tokens=%d with mask_data: the packed rows do not read mask "
+                          "data yet (leave q_tokens at 0)",
+                          v->q_tokens);
     return KILN_STATUS_OK;
 }
 
@@ -564,6 +586,7 @@ kiln_status kiln__spec_parse(const char *spec, kiln_variant *out, kiln__err *e)
     if (given[KEY_MASK_DATA].p) v.mask_data = (kiln_mask_data)value[KEY_MASK_DATA];
     if (given[KEY_KV].p) v.kv = (kiln_kv_storage)value[KEY_KV];
     if (given[KEY_ROPE].p) v.rope = value[KEY_ROPE];
+    if (given[KEY_Q_TOKENS].p) v.q_tokens = value[KEY_Q_TOKENS];
     v.num_params = x.num_params;
     memcpy(v.params, x.params, sizeof v.params);
     memcpy(v.logits_expr, x.logits_expr, sizeof v.logits_expr);
@@ -614,6 +637,11 @@ size_t kiln__spec_format(const kiln_variant *v, char *buf, size_t cap, kiln__err
         append(buf, cap, &at, kiln__kv_name(v->kv), 0);
     }
     if (v->rope) append(buf, cap, &at, " rope=1", 0);
+    if (v->q_tokens) {
+        char qt[24];
+        snprintf(qt, sizeof qt, " q_tokens=%d", v->q_tokens);
+        append(buf, cap, &at, qt, 0);
+    }
     if (v->mask_data) {
         append(buf, cap, &at, " mask_data=", 0);
         append(buf, cap, &at, word_of(CHOICES(mask_data_choices), (int)v->mask_data), 0);

@@ -402,6 +402,11 @@ static kiln_status check_shape(const kiln_plan *pl, const kiln_batch_shape *s, k
             return kiln__fail(e, KILN_STATUS_INVALID_ARGUMENT,
                               "plan %s: request %d: qo_indptr decreases (%d then %d)", spec, b,
                               s->qo_indptr[b], s->qo_indptr[b + 1]);
+        if (pl->k->v.q_tokens && s->qo_indptr[b + 1] - s->qo_indptr[b] > pl->k->v.q_tokens)
+            return kiln__fail(e, KILN_STATUS_INVALID_ARGUMENT,
+                              "plan %s: request %d has %d query tokens, more than the kernel's "
+                              "q_tokens=%d (a kernel with a larger q_tokens, or 0, takes it)",
+                              spec, b, s->qo_indptr[b + 1] - s->qo_indptr[b], pl->k->v.q_tokens);
         if (paged && s->kv_indptr[b + 1] > s->kv_indptr[b] &&
             (s->kv_last_page_len[b] < 1 || s->kv_last_page_len[b] > pl->o.page_size))
             return kiln__fail(e, KILN_STATUS_INVALID_ARGUMENT,

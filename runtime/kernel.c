@@ -49,6 +49,7 @@ static void make_memo_key(const kiln_variant *v, const char *arch, memo_key *mk)
     n->mask_data = v->mask_data;
     n->kv = v->kv;
     n->rope = v->rope;
+    n->q_tokens = v->q_tokens;
     n->num_params = v->num_params;
     for (int i = 0; i < v->num_params && i < KILN_MAX_USER_PARAMS; i++) {
         copy_str(n->params[i].name, v->params[i].name, sizeof n->params[i].name);

@@ -200,6 +200,110 @@ KT_GPU_TEST(gpu_mma_sync_batch_prefill_grid)
     unsetenv("KILN_TUNE");
 }
 
+/* Few query tokens a request (q_tokens: speculative-decoding verify): a covering walk over
+ * q_tokens {1, 2, 4, 8, 16} x group {1, 2, 4, 8, 16, 32} x head dim x kv dtype (fp8 too) x
+ * causal x window x logits x rope x lse x page size x ragged / paged, each request 0 ..
+ * q_tokens tokens over 0 .. ~3000 keys (an empty request, one with no tokens), every tenth a
+ * graph replay after a re-plan; against the float64 reference. The cases are few_case(i). */
+static void few_case(int i, bcase *c)
+{
+    static const int qt[] = {1, 2, 4, 8, 16}, grp[] = {4, 8, 1, 2, 16, 32},
+                     kvl[] = {3000, 577, 61, 1999, 4097};
+    kiln_variant *v = &c->v;
+    kiln_variant_default(v);
+    v->op = KILN_OP_PREFILL;
+    v->kv = i % 2 ? KILN_KV_PAGED : KILN_KV_RAGGED;
+    v->q_tokens = PICK(qt, i);
+    v->group = PICK(grp, i / 2);
+    v->head_dim = PICK(g_dim, i / 3);
+    v->mask = i % 4 != 1 ? KILN_MASK_CAUSAL : KILN_MASK_NONE;
+    v->window = i % 7 == 3;
+    v->logits = (kiln_logits)((i / 5) % 3);
+    v->lse = i % 3 != 2;
+    v->rope = i % 9 == 4;
+    v->layout = (i / 4) % 2 ? KILN_LAYOUT_HND : KILN_LAYOUT_NHD;
+    const kiln_dtype kd = PICK(g_kvdt, i / 7);
+    v->q_dtype = v->out_dtype = kd == KILN_DTYPE_BF16 || i % 2 ? KILN_DTYPE_BF16 : KILN_DTYPE_F16;
+    v->kv_dtype = kd == KILN_DTYPE_F16 || kd == KILN_DTYPE_BF16 ? v->q_dtype : kd;
+    kiln_check_batch *s = &c->s;
+    memset(s, 0, sizeof *s);
+    int B = 1 + (i * 7) % 23, kv = PICK(kvl, i / 2);
+    const double H = 2.0 * v->group, budget = quick() ? REF_BUDGET_QUICK : REF_BUDGET_FULL;
+    while ((double)B * v->q_tokens * kv * H * v->head_dim * 2 > budget && B > 1) B = (B + 1) / 2;
+    while ((double)B * v->q_tokens * kv * H * v->head_dim * 2 > budget && kv > 97) kv /= 2;
+    uint64_t seed = 0xfe70000u + (uint64_t)i * 104729u;
+    for (int b = 0; b < B; b++) {
+        c->kv[b] = kv / 3 + (int)(kiln_check_rng(&seed) % (uint64_t)(kv - kv / 3 + 1));
+        c->qo[b] = (int)(kiln_check_rng(&seed) % (uint64_t)(v->q_tokens + 1));
+        if (b == 0) c->qo[b] = v->q_tokens; /* the bound itself */
+    }
+    if (B > 2) c->kv[B / 2] = 0, c->qo[B / 2] = v->mask == KILN_MASK_CAUSAL ? 0 : 1;
+    s->batch = B;
+    s->qo_lens = c->qo;
+    s->kv_lens = c->kv;
+    s->num_qo_heads = 2 * v->group;
+    s->page_size = PICK(g_page, i / 3);
+    s->window_left = -1;
+    s->strided = i % 5 == 2;
+    s->rope_offsets = v->rope && i % 2;
+    s->graph = i % 10 == 9;
+    s->seed = seed;
+}
+
+KT_TEST(batch_few_tokens_cases_valid)
+{
+    const char *path = getenv("KILN_TEST_GRID_SPECS");
+    FILE *f = path && *path ? fopen(path, "a") : NULL;
+    static bcase c;
+    for (int i = 0; i < 60; i++) {
+        few_case(i, &c);
+        char spec[512];
+        kiln_variant_format(&c.v, spec, sizeof spec);
+        kiln_variant back;
+        kiln__config cfg;
+        kiln__err e;
+        if (kiln_variant_parse(spec, &back) != KILN_STATUS_OK ||
+            kiln__config_pick(&back, 90, &cfg, &e)) {
+            kt_fail(__FILE__, __LINE__, "case %d: %s: %s", i, spec, kiln_errmsg());
+            continue;
+        }
+        KT_CHECK(cfg.pack && !cfg.wgmma);
+        if (f) fprintf(f, "%s\n", spec);
+    }
+    if (f) fclose(f);
+}
+
+KT_GPU_TEST(gpu_batch_few_tokens)
+{
+    kiln_ctx *ctx = KT_CTX(kt_cache_dir(), 1);
+    if (!ctx) return;
+    const int n = quick() ? 20 : 60;
+    int bad = 0;
+    double worst = 0;
+    static bcase c;
+    for (int i = 0; i < n; i++) {
+        few_case(i, &c);
+        kiln_kernel *k = get(ctx, &c.v);
+        if (!k) {
+            bad++;
+            continue;
+        }
+        kiln_check_batch_result r;
+        char msg[1024], spec[512];
+        const kiln_status st = kiln_check_batch_run(ctx, k, &c.s, 0, &r, msg, sizeof msg);
+        if (r.r.rel_l2 > worst) worst = r.r.rel_l2;
+        if (st) {
+            bad++;
+            kiln_variant_format(&c.v, spec, sizeof spec);
+            kt_fail(__FILE__, __LINE__, "case %d: %s B=%d P=%d%s%s: %s (max_err %.3g, request %d)",
+                    i, spec, c.s.batch, c.s.page_size, c.s.strided ? " strided" : "",
+                    c.s.graph ? " graph" : "", msg, r.r.max_err, r.bad_request);
+        }
+    }
+    printf("    few-token prefill batches: %d cases, %d bad, worst rel_l2 %.3g\n", n, bad, worst);
+    kiln_ctx_destroy(ctx);
+}
+
 /* Mask data per request: bitmask and bsr, decode on CUDA cores (G 1) and tensor cores (G 4)
  * and prefill, ragged and paged, with a causal mask on prefill and a graph replay on one. */
 KT_GPU_TEST(gpu_batch_mask_data)

@@ -735,3 +735,87 @@ KT_TEST(plan_mask_data_offsets)
     free(b);
     kiln_ctx_destroy(ctx);
 }
+
+/* q_tokens (few query tokens a request): the spec, the packed mma.sync config (up to 16 rows
+ * decode's one warp, more the 4-warp prefill rows; the group dividing them; never wgmma), the
+ * refusals, and a plan that schedules up to q_tokens tokens a request and refuses one more. */
+KT_TEST(plan_few_tokens)
+{
+    static const struct {
+        int q_tokens, group, warps;
+    } cases[] = {{1, 4, 1},  {4, 4, 1},  {8, 4, 4},  {16, 4, 4}, {2, 1, 1},
+                 {16, 8, 4}, {1, 32, 4}, {2, 64, 4}, {4, 2, 1}};
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        char spec[256], back[512];
+        snprintf(spec, sizeof spec,
+                 "op=prefill dtype=bf16 head_dim=128 group=%d layout=nhd mask=causal window=0 "
+                 "logits=none lse=1 kv=paged q_tokens=%d",
+                 cases[i].group, cases[i].q_tokens);
+        kiln_variant v;
+        KT_OK(kiln_variant_parse(spec, &v), kiln_errmsg());
+        KT_EQ_INT(v.q_tokens, cases[i].q_tokens);
+        kiln_variant_format(&v, back, sizeof back);
+        KT_EQ_STR(back, spec); /* canonical: q_tokens after kv (and rope) */
+        kiln__config cfg;
+        kiln__err e = {0};
+        KT_OK(kiln__config_pick(&v, 90, &cfg, &e), e.msg);
+        KT_EQ_INT(cfg.pack, 1);
+        KT_EQ_INT(cfg.wgmma, 0);
+        KT_EQ_INT(cfg.warps, cases[i].warps);
+        KT_EQ_INT(cfg.block_m % v.group, 0);
+        KT_OK(kiln__config_pick(&v, 80, &cfg, &e), e.msg);
+        KT_EQ_INT(cfg.pack, 1);
+    }
+    kiln_variant v;
+    KT_STATUS(kiln_variant_parse("op=decode kv=paged q_tokens=4", &v), KILN_STATUS_UNSUPPORTED,
+              "q_tokens");
+    KT_CONTAINS(kiln_errmsg(), "only prefill batches");
+    KT_STATUS(kiln_variant_parse("op=prefill q_tokens=4", &v), KILN_STATUS_UNSUPPORTED, "q_tokens");
+    KT_STATUS(kiln_variant_parse("op=prefill kv=ragged group=3 q_tokens=4", &v),
+              KILN_STATUS_UNSUPPORTED, "group=3");
+    KT_CONTAINS(kiln_errmsg(), "divides 64");
+    KT_STATUS(kiln_variant_parse("op=prefill kv=ragged mask_data=bitmask q_tokens=2", &v),
+              KILN_STATUS_UNSUPPORTED, "mask data");
+    KT_STATUS(kiln_variant_parse("op=prefill kv=ragged q_tokens=3", &v), KILN_STATUS_PARSE,
+              "q_tokens");
+    KT_STATUS(kiln_variant_parse("op=merge q_tokens=1", &v), KILN_STATUS_UNSUPPORTED, "q_tokens");
+
+    kiln_ctx *ctx = KT_CTX(kt_tmpdir(), 0);
+    KT_REQUIRE(ctx);
+    kiln_kernel *k =
+        compile(ctx, "op=prefill dtype=bf16 head_dim=128 group=4 mask=causal kv=paged q_tokens=4");
+    KT_REQUIRE(k);
+    KT_EQ_INT(k->v.q_tokens, 4); /* the kernel compiled is that variant's */
+    KT_EQ_INT(k->cfg.pack, 1);
+    kiln_plan_opts o = {0};
+    o.num_qo_heads = 32;
+    o.page_size = 16;
+    o.max_total_kv = 1 << 22;
+    kiln_plan *pl = NULL;
+    KT_OK(kiln__plan_create_host(k, &o, SMS, 4, &pl), "plan host");
+    batch *b = calloc(1, sizeof *b);
+    b->B = 64;
+    for (int r = 0; r < b->B; r++) {
+        b->qo[r] = r % 5; /* 0 .. 4 tokens */
+        b->kv[r] = 4096 + r;
+    }
+    build(b, 1, 16);
+    kiln_batch_shape sh = shape_of(b, 0);
+    KT_OK(kiln_plan_schedule(pl, &sh, 0, 0, NULL), kiln_ctx_errmsg(ctx));
+    kiln_plan_info info;
+    KT_OK(kiln_plan_describe(pl, &info), kiln_ctx_errmsg(ctx));
+    /* one query tile a request with tokens (4 tokens x 4 heads = 16 rows: 51 of the 64), each
+     * into one item or more; the schedule covers them (check_schedule) */
+    KT_CHECK(info.items >= 51);
+    check_schedule(pl, b, 0, k->cfg.block_m / 4, 1, "q_tokens=4"); /* tokens a tile */
+    b->qo[17] = 5;
+    build(b, 1, 16);
+    sh = shape_of(b, 0);
+    KT_STATUS(kiln_plan_schedule(pl, &sh, 0, 0, NULL), KILN_STATUS_INVALID_ARGUMENT,
+              "a 5-token request");
+    KT_CONTAINS(kiln_ctx_errmsg(ctx),
+                "request 17 has 5 query tokens, more than the kernel's q_tokens=4");
+    free(b);
+    kiln_plan_destroy(pl);
+    kiln_ctx_destroy(ctx);
+}

@@ -86,6 +86,7 @@ static void abi_text(char *buf, size_t cap)
     ABI_OFF(b, kiln_kernel_info, threads);
     ABI_OFF(b, kiln_variant, kv);
     ABI_OFF(b, kiln_variant, rope);
+    ABI_OFF(b, kiln_variant, q_tokens);
     ABI_OFF(b, kiln_params, k_scale);
     ABI_OFF(b, kiln_params, rope_theta);
     ABI_SIZE(b, kiln_plan_opts);

@@ -326,7 +326,7 @@ static const bad_spec bad_specs[] = {
     {"opx=decode", KILN_STATUS_PARSE, "spec: token 'opx=decode': unknown key 'opx'"},
     {"foo=1", KILN_STATUS_PARSE,
      "(known keys: op, dtype, q_dtype, kv_dtype, out_dtype, head_dim, group, layout, mask, "
-     "window, logits, lse, kv, rope, mask_data, params, logits_expr, mask_expr)"},
+     "window, logits, lse, kv, rope, q_tokens, mask_data, params, logits_expr, mask_expr)"},
     {"OP=decode", KILN_STATUS_PARSE, "unknown key 'OP'"},
     {"op=decode headdim=64", KILN_STATUS_PARSE, "token 'headdim=64': unknown key 'headdim'"},
     {"\"op=decode\"", KILN_STATUS_PARSE, "unknown key '\"op'"},

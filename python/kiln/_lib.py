@@ -95,6 +95,7 @@ class kiln_variant(ctypes.Structure):
         ("mask_expr", ctypes.c_char * KILN_MAX_SNIPPET),
         ("kv", c_enum),  # kiln_kv_storage
         ("rope", ctypes.c_int),
+        ("q_tokens", ctypes.c_int),
     ]
 
 

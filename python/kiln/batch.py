@@ -40,14 +40,16 @@ from .plan import _count, check_indptr, check_last_page_len, host_array
 def batch_variant(op, kv, num_qo_heads, num_kv_heads, head_dim, *, kv_layout="NHD",
                   causal=False, pos_encoding_mode="NONE", window_left=-1, logits_soft_cap=None,
                   q_data_type="float16", kv_data_type=None, o_data_type=None, lse=True,
-                  mask_data="none"):
+                  mask_data="none", q_tokens=0):
     """The kiln.Variant a batch plan with these arguments runs (no torch, no GPU needed): use
     it to compile ahead (ctx.compile(v, arch=...), `kiln warm`). op "decode" | "prefill"; kv
     "paged" | "ragged"; the rest are the plan arguments of the FlashInfer wrappers. group is
     num_qo_heads / num_kv_heads; mask=causal iff causal (prefill); window=1 iff window_left >= 0;
     logits=softcap iff logits_soft_cap > 0, alibi for pos_encoding_mode="ALIBI"; rope=1 for
     "ROPE_LLAMA"; lse=1 unless lse=False; mask_data "none" | "bitmask" (a prefill plan's
-    custom_mask) | "bsr". Raises ValueError naming the argument."""
+    custom_mask) | "bsr"; q_tokens 0 | 1 | 2 | 4 | 8 | 16 (prefill: at most that many query
+    tokens a request; the prefill wrappers pick it, see few_tokens). Raises ValueError naming
+    the argument."""
     op = _check.choice(op, "op", ("decode", "prefill"))
     kv = _check.choice(kv, "kv", ("paged", "ragged"))
     causal = _check.flag(causal, "causal")
@@ -89,7 +91,27 @@ def batch_variant(op, kv, num_qo_heads, num_kv_heads, head_dim, *, kv_layout="NH
     return Variant(op=op, q_dtype=q, kv_dtype=k, out_dtype=o, head_dim=D, group=H // H_KV,
                    layout=layout, mask="causal" if causal and op == "prefill" else "none",
                    window=window_left >= 0, logits=logits, lse=lse, kv=kv,
-                   rope=mode == "ROPE_LLAMA", mask_data=mask_data)
+                   rope=mode == "ROPE_LLAMA", mask_data=mask_data, q_tokens=q_tokens)
+
+
+# The most query tokens a request may have for a prefill plan to take the packed rows
+# (kiln_variant.q_tokens), and the values q_tokens takes.
+FEW_TOKENS_MAX = 16
+
+
+def few_tokens(qo_indptr, group, *, masked=False, graph=False):
+    """The q_tokens a prefill plan of these query rows takes: the power of two at or above its
+    longest request when that is at most FEW_TOKENS_MAX (speculative-decoding verify, chunked
+    decode: the tokens and the group's heads packed into tensor-core rows, each K/V tile read
+    once for all of them, decode's bandwidth), else 0 (any length: the prefill families). 0
+    also with a custom mask, a group that does not divide 64, in CUDA-graph mode (a captured
+    run keeps its kernel while later plans change the lengths) or for an empty batch."""
+    if masked or graph or 64 % group or len(qo_indptr) < 2:
+        return 0
+    longest = max(b - a for a, b in zip(qo_indptr, qo_indptr[1:]))
+    if longest < 1 or longest > FEW_TOKENS_MAX:
+        return 0
+    return 1 << (longest - 1).bit_length()
 
 
 # ---- the wrappers ------------------------------------------------------------------------------
@@ -277,7 +299,8 @@ class _PrefillWrapper(_BatchWrapper):
     def _make_config(self, *, num_qo_heads, num_kv_heads, head_dim_qk, page_size, head_dim_vo,
                      masked, causal, pos_encoding_mode, use_fp16_qk_reduction, sm_scale,
                      window_left, logits_soft_cap, rope_scale, rope_theta, q_data_type,
-                     kv_data_type, o_data_type, fixed_split_size, disable_split_kv, lse):
+                     kv_data_type, o_data_type, fixed_split_size, disable_split_kv, lse,
+                     q_tokens=0):
         _refuse_prefill_extras(head_dim_qk, head_dim_vo, {})
         if self._kv == "paged":
             page_size = _positive_int(page_size, "page_size")
@@ -286,7 +309,7 @@ class _PrefillWrapper(_BatchWrapper):
                                 pos_encoding_mode=pos_encoding_mode, window_left=window_left,
                                 logits_soft_cap=logits_soft_cap, q_data_type=q_data_type,
                                 kv_data_type=kv_data_type, o_data_type=o_data_type, lse=lse,
-                                mask_data="bitmask" if masked else "none")
+                                mask_data="bitmask" if masked else "none", q_tokens=q_tokens)
         return self._new_config(
             variant=variant, H=int(num_qo_heads), H_KV=int(num_kv_heads), D=int(head_dim_qk),
             page_size=page_size, sm_scale=sm_scale, logits_soft_cap=logits_soft_cap,
@@ -310,6 +333,18 @@ class _PrefillWrapper(_BatchWrapper):
                     kv_data_type=kv_data_type, o_data_type=o_data_type,
                     fixed_split_size=fixed_split_size, disable_split_kv=disable_split_kv,
                     lse=lse)
+
+    def _few_tokens(self, scalars, qo, q_tokens):
+        """scalars with the plan's q_tokens: few_tokens' choice (q_tokens=None), or the
+        caller's (0: the prefill families whatever the lengths)."""
+        if q_tokens is None:
+            H, H_KV = scalars["num_qo_heads"], scalars["num_kv_heads"]
+            ok = isinstance(H, int) and isinstance(H_KV, int) and H > 0 and H_KV > 0 and H % H_KV == 0
+            # heads the config refuses: 0 here, and _make_config names the argument
+            q_tokens = few_tokens(qo, H // H_KV, masked=scalars["masked"],
+                                  graph=self._use_cuda_graph) if ok else 0
+        scalars["q_tokens"] = _check.integer(q_tokens, "q_tokens")
+        return scalars
 
     @staticmethod
     def _forward_changes(causal, pos_encoding_mode, use_fp16_qk_reduction, window_left,
@@ -371,9 +406,11 @@ class BatchPrefillWithPagedKVCacheWrapper(_PrefillWrapper):
              use_fp16_qk_reduction=False, sm_scale=None, window_left=-1, logits_soft_cap=None,
              rope_scale=None, rope_theta=None, q_data_type="float16", kv_data_type=None,
              o_data_type=None, non_blocking=True, *, fixed_split_size=None,
-             disable_split_kv=False, lse=True, **unsupported):
+             disable_split_kv=False, lse=True, q_tokens=None, **unsupported):
         """Plan the batch (FlashInfer's arguments; see BatchDecodeWithPagedKVCacheWrapper.plan
-        for the shared ones). qo_indptr [B + 1] rows; causal is bottom-right aligned per
+        for the shared ones). q_tokens (kiln's): None picks kiln.batch.few_tokens (requests of
+        at most 16 query tokens take the packed rows at decode's bandwidth), 0 the prefill
+        families, 1 | 2 | 4 | 8 | 16 that bound (a longer request is refused). qo_indptr [B + 1] rows; causal is bottom-right aligned per
         request. custom_mask (bool, the requests' [qo_len, kv_len] masks flattened back to back)
         or packed_custom_mask (FlashInfer's segment_packbits of it, bitorder "little": each
         request from a byte boundary) AND with causal and the window; not in CUDA-graph mode.
@@ -387,9 +424,9 @@ class BatchPrefillWithPagedKVCacheWrapper(_PrefillWrapper):
             packed_custom_mask, causal, pos_encoding_mode, use_fp16_qk_reduction, sm_scale,
             window_left, logits_soft_cap, rope_scale, rope_theta, q_data_type, kv_data_type,
             o_data_type, fixed_split_size, disable_split_kv, lse)
-        cfg = self._config(scalars)
         qo = host_array(qo_indptr, "qo_indptr")
         check_indptr("qo_indptr", qo[0])
+        cfg = self._config(self._few_tokens(scalars, qo[0], q_tokens))
         kv = host_array(paged_kv_indptr, "paged_kv_indptr")
         check_indptr("paged_kv_indptr", kv[0], len(qo[0]) - 1)
         last = host_array(paged_kv_last_page_len, "paged_kv_last_page_len")
@@ -477,9 +514,11 @@ class BatchPrefillWithRaggedKVCacheWrapper(_PrefillWrapper):
              pos_encoding_mode="NONE", use_fp16_qk_reduction=False, window_left=-1,
              logits_soft_cap=None, sm_scale=None, rope_scale=None, rope_theta=None,
              q_data_type="float16", kv_data_type=None, o_data_type=None, non_blocking=True, *,
-             fixed_split_size=None, disable_split_kv=False, lse=True, **unsupported):
+             fixed_split_size=None, disable_split_kv=False, lse=True, q_tokens=None,
+             **unsupported):
         """Plan the batch (FlashInfer's arguments). qo_indptr, kv_indptr [B + 1] row offsets,
-        copied to the host once. fixed_split_size is in tokens here (no pages)."""
+        copied to the host once. fixed_split_size is in tokens here (no pages). q_tokens as in
+        BatchPrefillWithPagedKVCacheWrapper.plan."""
         if unsupported:
             _refuse_prefill_extras(head_dim_qk, head_dim_vo, unsupported)
         scalars = self._prefill_scalars(
@@ -487,9 +526,9 @@ class BatchPrefillWithRaggedKVCacheWrapper(_PrefillWrapper):
             packed_custom_mask, causal, pos_encoding_mode, use_fp16_qk_reduction, sm_scale,
             window_left, logits_soft_cap, rope_scale, rope_theta, q_data_type, kv_data_type,
             o_data_type, fixed_split_size, disable_split_kv, lse)
-        cfg = self._config(scalars)
         qo = host_array(qo_indptr, "qo_indptr")
         check_indptr("qo_indptr", qo[0])
+        cfg = self._config(self._few_tokens(scalars, qo[0], q_tokens))
         kv = host_array(kv_indptr, "kv_indptr")
         check_indptr("kv_indptr", kv[0], len(qo[0]) - 1)
         self._plan_batch(cfg, scalars, kv=kv, qo=qo, last=None, indices=None,

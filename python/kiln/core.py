@@ -46,7 +46,7 @@ _ENUM_FIELDS = {
     "mask_data": _lib.MASK_DATA,
     "kv": _lib.KV_STORAGE,
 }
-_INT_FIELDS = ("head_dim", "group")
+_INT_FIELDS = ("head_dim", "group", "q_tokens")
 _BOOL_FIELDS = ("window", "lse", "rope")
 _TEXT_FIELDS = ("logits_expr", "mask_expr")
 FIELDS = ("op", "dtype") + tuple(_ENUM_FIELDS)[1:] + _INT_FIELDS + _BOOL_FIELDS + (
@@ -90,7 +90,8 @@ class Variant:
     Variant("op=decode head_dim=64") parses a spec; keyword fields override it
     (Variant(op="decode", dtype="bf16", group=4)). Values use the spec's spelling: op
     decode|prefill|merge, dtype/q_dtype/out_dtype f16|bf16, kv_dtype f16|bf16|e4m3|e5m2,
-    head_dim 64|128|256, group 1..64, layout nhd|hnd, mask none|causal, window, lse and rope
+    head_dim 64|128|256, group 1..64, q_tokens 0|1|2|4|8|16 (prefill batches: at most that many
+    query tokens a request), layout nhd|hnd, mask none|causal, window, lse and rope
     bool, logits none|softcap|alibi, mask_data none|bitmask|bsr, kv contiguous|ragged|paged,
     params
     [(name, "f32"|"i32"|"f32[]"|"i32[]")], logits_expr / mask_expr C expressions. Fields read
@@ -189,6 +190,7 @@ class Variant:
     out_dtype = property(lambda self: _name_of(_lib.DTYPES, self._c.out_dtype))
     head_dim = property(lambda self: self._c.head_dim)
     group = property(lambda self: self._c.group)
+    q_tokens = property(lambda self: self._c.q_tokens)
     layout = property(lambda self: _name_of(_lib.LAYOUTS, self._c.layout))
     mask = property(lambda self: _name_of(_lib.MASKS, self._c.mask))
     window = property(lambda self: bool(self._c.window))

@@ -147,6 +147,30 @@ class TestBatchVariant(unittest.TestCase):
             "logits=alibi lse=0 kv=ragged",
         )
 
+    def test_few_tokens(self):
+        """q_tokens: the variant's bound, and the choice the prefill wrappers make from qo_indptr."""
+        self.assertEqual(
+            self.spec("prefill", "paged", 32, 8, 128, causal=True, q_data_type="bfloat16", q_tokens=4),
+            "op=prefill dtype=bf16 head_dim=128 group=4 layout=nhd mask=causal window=0 "
+            "logits=none lse=1 kv=paged q_tokens=4",
+        )
+        ft = batch.few_tokens
+        self.assertEqual(ft([0, 4, 8, 11], 4), 4)
+        self.assertEqual(ft([0, 1, 2], 4), 1)
+        self.assertEqual(ft([0, 0, 3, 8], 8), 8)  # a request with no tokens
+        self.assertEqual(ft([0, 9], 1), 16)
+        self.assertEqual(ft([0, 17], 4), 0)  # past 16: the prefill families
+        self.assertEqual(ft([0, 0, 0], 4), 0)  # no tokens at all
+        self.assertEqual(ft([0], 4), 0)  # no requests
+        self.assertEqual(ft([0, 3], 3), 0)  # a group that does not divide 64
+        self.assertEqual(ft([0, 3], 4, masked=True), 0)
+        self.assertEqual(ft([0, 3], 4, graph=True), 0)
+        for bad in (3, 32, -1):
+            with self.assertRaises((kiln.KilnParseError, kiln.KilnUnsupportedError)):
+                batch.batch_variant("prefill", "paged", 32, 8, 128, q_tokens=bad)
+        with self.assertRaisesRegex(kiln.KilnUnsupportedError, "only prefill batches"):
+            batch.batch_variant("decode", "paged", 32, 8, 128, q_tokens=4)
+
     def test_bad_arguments(self):
         V = batch.batch_variant
         cases = [

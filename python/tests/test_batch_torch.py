@@ -356,6 +356,27 @@ class TestBatchPrefillPaged(Base):
         self.run_case([64], [256], 8, 8, 128, 16, True, "NHD", "bf16", logits_soft_cap=5.0,
                       sm_scale=0.3)
 
+    def test_few_tokens(self):
+        """Speculative-decoding verify: 0-8 query tokens a request take the packed rows
+        (q_tokens picked by the wrapper, or given), against the reference; q_tokens=0 and a
+        longer request than the bound say what they do."""
+        cases = [([4, 1, 0, 3, 4], [1000, 17, 300, 5, 2049], 32, 8, 128, 16, True, "NHD", "bf16"),
+                 ([8, 7, 2], [513, 64, 4096], 16, 2, 64, 1, True, "HND", "f16"),
+                 ([2, 2], [100, 3000], 8, 8, 256, 8, False, "NHD", "bf16")]
+        for case in cases:
+            qo = case[0]
+            want = kiln.batch.few_tokens([0] + [sum(qo[:i + 1]) for i in range(len(qo))],
+                                         case[2] // case[3])
+            self.assertEqual(want, 1 << (max(qo) - 1).bit_length())
+            with self.subTest(case=case):
+                self.run_case(*case)
+                self.run_case(*case, q_tokens=0)
+                self.run_case(*case, q_tokens=16)
+        w = kiln.BatchPrefillWithPagedKVCacheWrapper(self.ws, "NHD")
+        with self.assertRaisesRegex(Exception, "more than the kernel's q_tokens=2"):
+            w.plan([0, 3], [0, 1], torch.zeros(1, dtype=torch.int32, device="cuda"), [16], 8, 2,
+                   128, 16, causal=True, q_data_type=torch.bfloat16, q_tokens=2)
+
 
 @unittest.skipUnless(RUN_GPU, WHY)
 class TestBatchPrefillRagged(Base):
