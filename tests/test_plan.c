@@ -647,6 +647,13 @@ KT_TEST(plan_batch_kernels_compile)
         "op=prefill q_dtype=f16 kv_dtype=e5m2 out_dtype=f16 head_dim=64 group=1 kv=ragged "
         "logits=alibi",
         "op=prefill dtype=bf16 head_dim=256 group=8 mask=causal kv=paged rope=1 window=1",
+        /* few query tokens a request: decode's packed CTA, and the prefill rows past 16 rows */
+        "op=prefill dtype=bf16 head_dim=128 group=4 mask=causal kv=paged q_tokens=4",
+        "op=prefill dtype=f16 head_dim=64 group=8 mask=causal kv=ragged logits=softcap window=1 "
+        "lse=1 q_tokens=8",
+        "op=prefill dtype=bf16 head_dim=256 group=4 mask=causal kv=paged rope=1 q_tokens=2",
+        "op=prefill q_dtype=bf16 kv_dtype=e4m3 out_dtype=bf16 head_dim=128 group=16 kv=paged "
+        "q_tokens=16",
         "op=merge dtype=bf16 head_dim=128",
     };
     const int n = (int)(sizeof specs / sizeof specs[0]);
