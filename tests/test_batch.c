@@ -120,16 +120,20 @@ static void make_case(kiln_op op, int i, bcase *c)
     s->seed = seed;
 }
 
-static void run_grid(kiln_op op)
+static void decode_case(int i, bcase *c) { make_case(KILN_OP_DECODE, i, c); }
+static void prefill_case(int i, bcase *c) { make_case(KILN_OP_PREFILL, i, c); }
+
+/* Run cases 0 .. n - 1 of a walk on the GPU against the float64 reference; print
+ * "<label>: N cases, N bad, worst rel_l2 X". */
+static void run_walk(void (*make)(int, bcase *), int n, const char *label)
 {
     kiln_ctx *ctx = KT_CTX(kt_cache_dir(), 1);
     if (!ctx) return;
-    const int n = quick() ? 24 : 160;
     int bad = 0;
     double worst = 0;
     static bcase c;
     for (int i = 0; i < n; i++) {
-        make_case(op, i, &c);
+        make(i, &c);
         kiln_kernel *k = get(ctx, &c.v);
         if (!k) {
             bad++;
@@ -148,14 +152,36 @@ static void run_grid(kiln_op op)
         if (st) {
             bad++;
             kiln_variant_format(&c.v, spec, sizeof spec);
-            kt_fail(__FILE__, __LINE__, "case %d: %s B=%d P=%d%s: %s (max_err %.3g, request %d)", i,
-                    spec, c.s.batch, c.s.page_size, c.s.strided ? " strided" : "", msg, r.r.max_err,
-                    r.bad_request);
+            kt_fail(__FILE__, __LINE__, "case %d: %s B=%d P=%d%s%s: %s (max_err %.3g, request %d)",
+                    i, spec, c.s.batch, c.s.page_size, c.s.strided ? " strided" : "",
+                    c.s.graph ? " graph" : "", msg, r.r.max_err, r.bad_request);
         }
     }
-    printf("    %s batches: %d cases, %d bad, worst rel_l2 %.3g\n",
-           op == KILN_OP_DECODE ? "decode" : "prefill", n, bad, worst);
+    printf("    %s: %d cases, %d bad, worst rel_l2 %.3g\n", label, n, bad, worst);
     kiln_ctx_destroy(ctx);
+}
+
+static void run_grid(kiln_op op)
+{
+    run_walk(op == KILN_OP_DECODE ? decode_case : prefill_case, quick() ? 24 : 160,
+             op == KILN_OP_DECODE ? "decode batches" : "prefill batches");
+}
+
+/* CPU: case i's spec parses back and its config picks (*cfg), else a failure naming it; with
+ * f, the spec is appended to it (a manifest line). */
+static int case_picks(const bcase *c, int i, FILE *f, kiln__config *cfg)
+{
+    char spec[512];
+    kiln_variant_format(&c->v, spec, sizeof spec);
+    kiln_variant back;
+    kiln__err e;
+    if (kiln_variant_parse(spec, &back) != KILN_STATUS_OK ||
+        kiln__config_pick(&back, 90, cfg, &e)) {
+        kt_fail(__FILE__, __LINE__, "case %d: %s: %s", i, spec, kiln_errmsg());
+        return 0;
+    }
+    if (f) fprintf(f, "%s\n", spec);
+    return 1;
 }
 
 /* CPU: every case of both full grids is a valid batch variant whose config picks (the GPU run
@@ -170,20 +196,11 @@ KT_TEST(batch_grid_cases_valid)
     for (int op = 0; op < 2; op++)
         for (int i = 0; i < 160; i++) {
             make_case(op ? KILN_OP_PREFILL : KILN_OP_DECODE, i, &c);
-            char spec[512];
-            kiln_variant_format(&c.v, spec, sizeof spec);
-            kiln_variant back;
             kiln__config cfg;
-            kiln__err e;
-            if (kiln_variant_parse(spec, &back) != KILN_STATUS_OK ||
-                kiln__config_pick(&back, 90, &cfg, &e)) {
-                kt_fail(__FILE__, __LINE__, "case %d: %s: %s", i, spec, kiln_errmsg());
-                continue;
-            }
+            if (!case_picks(&c, i, f, &cfg)) continue;
             KT_CHECK(c.s.batch >= 1 && c.s.batch <= 128 && c.s.num_qo_heads % c.v.group == 0);
             packed += cfg.pack;
             n++;
-            if (f) fprintf(f, "%s\n", spec);
         }
     if (f) fclose(f);
     KT_EQ_INT(n, 320);
@@ -257,51 +274,15 @@ KT_TEST(batch_few_tokens_cases_valid)
     static bcase c;
     for (int i = 0; i < 60; i++) {
         few_case(i, &c);
-        char spec[512];
-        kiln_variant_format(&c.v, spec, sizeof spec);
-        kiln_variant back;
         kiln__config cfg;
-        kiln__err e;
-        if (kiln_variant_parse(spec, &back) != KILN_STATUS_OK ||
-            kiln__config_pick(&back, 90, &cfg, &e)) {
-            kt_fail(__FILE__, __LINE__, "case %d: %s: %s", i, spec, kiln_errmsg());
-            continue;
-        }
-        KT_CHECK(cfg.pack && !cfg.wgmma);
-        if (f) fprintf(f, "%s\n", spec);
+        if (case_picks(&c, i, f, &cfg)) KT_CHECK(cfg.pack && !cfg.wgmma);
     }
     if (f) fclose(f);
 }
 
 KT_GPU_TEST(gpu_batch_few_tokens)
 {
-    kiln_ctx *ctx = KT_CTX(kt_cache_dir(), 1);
-    if (!ctx) return;
-    const int n = quick() ? 20 : 60;
-    int bad = 0;
-    double worst = 0;
-    static bcase c;
-    for (int i = 0; i < n; i++) {
-        few_case(i, &c);
-        kiln_kernel *k = get(ctx, &c.v);
-        if (!k) {
-            bad++;
-            continue;
-        }
-        kiln_check_batch_result r;
-        char msg[1024], spec[512];
-        const kiln_status st = kiln_check_batch_run(ctx, k, &c.s, 0, &r, msg, sizeof msg);
-        if (r.r.rel_l2 > worst) worst = r.r.rel_l2;
-        if (st) {
-            bad++;
-            kiln_variant_format(&c.v, spec, sizeof spec);
-            kt_fail(__FILE__, __LINE__, "case %d: %s B=%d P=%d%s%s: %s (max_err %.3g, request %d)",
-                    i, spec, c.s.batch, c.s.page_size, c.s.strided ? " strided" : "",
-                    c.s.graph ? " graph" : "", msg, r.r.max_err, r.bad_request);
-        }
-    }
-    printf("    few-token prefill batches: %d cases, %d bad, worst rel_l2 %.3g\n", n, bad, worst);
-    kiln_ctx_destroy(ctx);
+    run_walk(few_case, quick() ? 20 : 60, "few-token prefill batches");
 }
 
 /* Mask data per request: bitmask and bsr, decode on CUDA cores (G 1) and tensor cores (G 4)
