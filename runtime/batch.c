@@ -837,6 +837,16 @@ kiln_status kiln_plan_run(kiln_plan *pl, const kiln_batch_args *a, void *stream)
     p.partial_lse = pl->ws + pl->lay.plse_off;
     p.partial_o = pl->ws + pl->lay.po_off;
     if (pl->grid == 0) return KILN_STATUS_OK; /* an empty batch (eager mode) */
+    /* A schedule of no keys at all (every request empty) reads no page id, so a caller with no
+     * pages may pass none; the kernel still runs, writing o = 0 and lse = -inf. Not in graph
+     * mode, where a replay serves later schedules that have keys. */
+    kiln_batch_args no_pages;
+    if (k->v.kv == KILN_KV_PAGED && !a->kv_indices && pl->o.max_batch == 0 &&
+        pl->info.total_keys == 0) {
+        no_pages = *a;
+        no_pages.kv_indices = pl->ws;
+        a = &no_pages;
+    }
 
     const kiln__cu *cu = k->ctx->cu;
     kiln_tma_maps maps;

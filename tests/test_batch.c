@@ -519,6 +519,52 @@ static kiln_check_pair twin_check(kiln_ctx *c1, kiln_kernel *k0, kiln_kernel *k1
     return p;
 }
 
+/* A batch whose requests are all empty (no key, so no page at all): o = 0 and lse = -inf for
+ * every row, on both decode families and the prefill kernels; eagerly with no page ids passed
+ * (kv_indices 0, as a caller with no pages has none) and from a CUDA graph (page ids passed:
+ * a graph-mode plan keeps needing them for the later schedules it replays). */
+KT_GPU_TEST(gpu_batch_all_empty)
+{
+    kiln_ctx *ctx = KT_CTX(kt_cache_dir(), 1);
+    KT_REQUIRE(ctx);
+    static const char *const specs[] = {
+        "op=decode dtype=bf16 head_dim=128 group=4 kv=paged lse=1",
+        "op=decode dtype=f16 head_dim=64 group=1 kv=paged lse=1",
+        "op=decode q_dtype=bf16 kv_dtype=e4m3 out_dtype=bf16 head_dim=128 group=4 kv=paged lse=1",
+        "op=prefill dtype=bf16 head_dim=128 group=4 kv=paged lse=1",
+        "op=prefill dtype=f16 head_dim=64 group=1 kv=paged lse=1 q_tokens=4",
+    };
+    static const int qo[3] = {2, 1, 3}, kv0[3] = {0, 0, 0};
+    for (size_t i = 0; i < sizeof specs / sizeof specs[0]; i++) {
+        kiln_variant v;
+        if (kiln_variant_parse(specs[i], &v) != KILN_STATUS_OK) {
+            kt_fail(__FILE__, __LINE__, "%s: %s", specs[i], kiln_errmsg());
+            continue;
+        }
+        kiln_kernel *k = get(ctx, &v);
+        if (!k) continue;
+        for (int graph = 0; graph < 2; graph++)
+            for (int B = 1; B <= 3; B += 2) {
+                kiln_check_batch s = {.batch = B,
+                                      .qo_lens = v.op == KILN_OP_PREFILL ? qo : NULL,
+                                      .kv_lens = kv0,
+                                      .num_qo_heads = 2 * v.group,
+                                      .page_size = 16,
+                                      .window_left = -1,
+                                      .graph = graph,
+                                      .seed = 97u + i};
+                kiln_check_batch_result r;
+                char msg[1024];
+                const kiln_status st = kiln_check_batch_run(ctx, k, &s, 0, &r, msg, sizeof msg);
+                if (st)
+                    kt_fail(__FILE__, __LINE__, "%s B=%d%s: %s", specs[i], B, graph ? " graph" : "",
+                            msg);
+                KT_CHECK(r.plan.total_keys == 0);
+            }
+    }
+    kiln_ctx_destroy(ctx);
+}
+
 /* The split merge fused into the batch decode kernels (KILN_TUNE merge=1: the last CTA of each
  * merge task merges it) writes the bits the merge kernel writes (the default), on both
  * decode families: tensor cores (G 4, paged and ragged), CUDA cores (G 1, and fp8 KV at G 4).

@@ -137,6 +137,26 @@ class TestBatchDecode(Base):
             with self.subTest(shape=shape):
                 self.run_case(*shape)
 
+    def test_all_requests_empty(self):
+        """No request has a key (no pages at all): o = 0 and lse = -inf, eagerly and with the
+        CUDA-graph wrapper (whose buffers hold the page ids)."""
+        for kv_lens, graph in (([0, 0, 0], False), ([0], False), ([0, 0], True)):
+            b = PagedBatch(kv_lens, [1] * len(kv_lens), 2, 64, 16, "NHD", torch.float16)
+            q = self.rand(len(kv_lens), 8, 64, dtype="f16")
+            kw = dict(use_cuda_graph=True, paged_kv_indptr_buffer=torch.zeros(
+                          4, dtype=torch.int32, device="cuda"),
+                      paged_kv_indices_buffer=torch.zeros(64, dtype=torch.int32, device="cuda"),
+                      paged_kv_last_page_len_buffer=torch.zeros(
+                          3, dtype=torch.int32, device="cuda")) if graph else {}
+            w = kiln.BatchDecodeWithPagedKVCacheWrapper(self.ws, "NHD", lse_base="e", **kw)
+            w.plan(b.indptr, b.indices, b.last, 8, 2, 64, 16)
+            self.poison(len(kv_lens), 8, 64, dtype="f16")
+            o, lse = w.run(q, (b.k, b.v), return_lse=True)
+            torch.cuda.synchronize()
+            what = f"all-empty decode {kv_lens} graph={graph}"
+            self.assertTrue(torch.equal(o, torch.zeros_like(o)), what)
+            self.assertTrue(bool(torch.isneginf(lse).all()), what)
+
     def test_single_tensor_cache(self):
         self.run_case([50, 60], 8, 2, 128, 16, "NHD", "bf16", single_tensor=True)
         self.run_case([50, 60], 8, 2, 128, 16, "HND", "f16", single_tensor=True)
@@ -350,6 +370,22 @@ class TestBatchPrefillPaged(Base):
         for shape in self.SHAPES:
             with self.subTest(shape=shape):
                 self.run_case(*shape)
+
+    def test_all_requests_empty(self):
+        """Rows but no keys in any request (no pages at all): o = 0 and lse = -inf, with the
+        few-token rows the wrapper picks and without them."""
+        b = PagedBatch([0, 0, 0], [2, 1, 3], 2, 128, 16, "NHD", torch.bfloat16)
+        for q_tokens in (None, 0):
+            q = self.rand(6, 8, 128, dtype="bf16")
+            w = kiln.BatchPrefillWithPagedKVCacheWrapper(self.ws, "NHD", lse_base="e")
+            kw = {} if q_tokens is None else dict(q_tokens=q_tokens)
+            w.plan(torch.tensor(b.qo_indptr, dtype=torch.int32), b.indptr, b.indices, b.last, 8,
+                   2, 128, 16, q_data_type=torch.bfloat16, **kw)
+            self.poison(6, 8, 128, dtype="bf16")
+            o, lse = w.run(q, (b.k, b.v), return_lse=True)
+            torch.cuda.synchronize()
+            self.assertTrue(torch.equal(o, torch.zeros_like(o)), f"q_tokens={q_tokens}")
+            self.assertTrue(bool(torch.isneginf(lse).all()), f"q_tokens={q_tokens}")
 
     def test_window_softcap(self):
         self.run_case([100, 50], [400, 50], 8, 2, 128, 16, True, "NHD", "bf16", window_left=32)

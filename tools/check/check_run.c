@@ -112,7 +112,8 @@ typedef struct run_state {
     graph_api ga;
 } run_state;
 
-static void fill_args(const cb_logical *L, const cb_store *S, const dev *d, kiln_batch_args *a)
+static void fill_args(const cb_logical *L, const cb_store *S, const dev *d, int graph_sized,
+                      kiln_batch_args *a)
 {
     memset(a, 0, sizeof *a);
     a->q = d->q;
@@ -120,7 +121,9 @@ static void fill_args(const cb_logical *L, const cb_store *S, const dev *d, kiln
     a->v = d->v;
     a->o = d->o;
     a->lse = L->v.lse ? d->lse : 0;
-    a->kv_indices = L->v.kv == KILN_KV_PAGED ? d->indices : 0;
+    /* no pages at all: none passed, as a caller of an all-empty batch would (eager mode) */
+    a->kv_indices =
+        L->v.kv == KILN_KV_PAGED && (L->ix.pages_used > 0 || graph_sized) ? d->indices : 0;
     a->rope_offsets = L->has_rope_off ? d->rope : 0;
     if (S->pass_strides) {
         a->q_stride_n = S->qs_n;
@@ -414,7 +417,7 @@ kiln_status kiln__cb_run(kiln_ctx *ctx, kiln_kernel *k, const cb_logical *const 
         goto done;
     for (int i = 0; i < n; i++) {
         kiln_batch_args a;
-        fill_args(Ls[i], &rs.S[i], &rs.d, &a);
+        fill_args(Ls[i], &rs.S[i], &rs.d, ro->graph || ro->po.max_batch > 0, &a);
         if ((st = run_upload(&rs, i, e)) || (st = run_replan(&rs, i, &outs[i], e)) ||
             (st = run_launch(&rs, i, &a, e)) || (st = run_download(&rs, i, &outs[i], e)) ||
             (ro->time_reps > 0 && i == n - 1 && (st = run_time(&rs, &a, &outs[i], e))))
