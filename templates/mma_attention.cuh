@@ -333,6 +333,183 @@ __device__ __forceinline__ void qk_tile(float (&s)[Cfg::MT][mma_shape<Cfg>::NT][
     }
 }
 
+/* ---- fp8 in registers (prefill_layout::F8R: the packed rows, fp8 K/V, no RoPE) ----
+ * The MMAs take fp8 K and V straight from the loaded (f8_swz-swizzled) tiles: each lane reads
+ * 16-byte runs of bytes and widens them in registers (fp8x4_f16), with no converted tile and
+ * no block barrier between load and use. The MMAs run in f16 whatever q's type (fp8 fits f16;
+ * bf16 q is rounded to f16 times 2^-8, f8_q_unit, exact for |q| in [2^-9, 2^24), and P in
+ * [0, 1] keeps 3 more bits than in bf16). A dot product does not care in which order its terms
+ * come, so the fragments permute what they hold instead of shuffling bytes:
+ *  - Q K^T: lane (g = lane / 4, c = lane % 4) of k16 step kk reads bytes o .. o + 3 of K row g,
+ *    o = 16 (c + 4 (kk / 4)) + 4 (kk % 4), as its B registers (o, o + 1) and (o + 2, o + 3);
+ *    its Q registers hold those d of rows g and g + 8 (q_frag_f8).
+ *  - P V: the lane's B registers pair the keys of P's columns 2c, 2c + 1 (and + 8) at one d, so
+ *    it reads one run of d from each of its 4 key rows and pairs their bytes (byte_perm); its
+ *    n8 block dn is d = f8_d(dn, n) for O column n, which store_rows maps back. */
+
+/* The factor bf16 q takes on its way to f16 (and K's scale gives back). */
+template <class Cfg> __device__ __forceinline__ constexpr float f8_q_unit()
+{
+    return Cfg::DT == BF16 ? 1.0f / 256.0f : 1.0f;
+}
+
+/* The d of O column n (0 .. 7) of n8 block dn in the F8R layout: lane g of the P V fragments
+ * reads d 16 g .. 16 g + 15 (and 128 + ... at D 256; 8 g .. 8 g + 7 at D 64). */
+template <int D> __device__ __forceinline__ int f8_d(int dn, int n)
+{
+    return D == 64 ? n * 8 + dn : (dn / 16) * 128 + n * 16 + dn % 16;
+}
+
+/* This lane's shared-memory offsets into an F8R K tile (xk[G]: byte group G of row g, before
+ * the n8 block's row) and V tile (xv[e]: row 2c + e's run of d). */
+struct f8_addrs {
+    u32 xk[4], xv[2];
+};
+
+template <class Cfg> __device__ __forceinline__ f8_addrs f8_frag_addrs(int lane)
+{
+    constexpr int D = Cfg::D;
+    const int g = lane / 4, c = lane % 4;
+    f8_addrs a;
+#pragma unroll
+    for (int G = 0; G < 4; G++) a.xk[G] = (u32)(g * D + (((4 * G + c) ^ f8_swz<D>(g)) << 4));
+#pragma unroll
+    for (int e = 0; e < 2; e++) {
+        const int r = 2 * c + e;
+        a.xv[e] = D == 64 ? (u32)(r * D + (((g >> 1) ^ f8_swz<D>(r)) << 4) + (g & 1) * 8)
+                          : (u32)(r * D + ((g ^ f8_swz<D>(r)) << 4));
+    }
+    return a;
+}
+
+/* Two q values (a packed DT pair) as the f16 pair the F8R MMAs take. */
+template <class Cfg> __device__ __forceinline__ u32 q_pair_f16(u32 w)
+{
+    if constexpr (Cfg::DT == F16) {
+        return w;
+    } else {
+        float lo, hi;
+        unpack2<BF16>(w, lo, hi);
+        return pack2<F16>(lo * f8_q_unit<Cfg>(), hi * f8_q_unit<Cfg>());
+    }
+}
+
+/* Q's A fragment of k16 step kk for the m16 block at row `row0` of the Q tile, in the F8R
+ * order: a0 / a1 = d (o, o + 1) of rows g / g + 8, a2 / a3 = d (o + 2, o + 3). */
+template <class Cfg>
+__device__ __forceinline__ void q_frag_f8(const u16 *q_s, int row0, int kk, int lane, u32 (&f)[4])
+{
+    constexpr int D = Cfg::D;
+    const int g = lane / 4, c = lane % 4, o = 16 * (c + 4 * (kk / 4)) + 4 * (kk % 4);
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        const int row = row0 + g + 8 * r;
+        const uint2 w = lds64(smem_addr(q_s + swz<D>(row, o / 8) + o % 8));
+        f[r] = q_pair_f16<Cfg>(w.x);
+        f[2 + r] = q_pair_f16<Cfg>(w.y);
+    }
+}
+
+template <class Cfg>
+__device__ __forceinline__ void load_q_frags_f8(u32 (&qf)[Cfg::MT][mma_shape<Cfg>::KD][4], const u16 *q_s, int wrow,
+                                                int lane)
+{
+#pragma unroll
+    for (int mt = 0; mt < Cfg::MT; mt++)
+#pragma unroll
+        for (int kk = 0; kk < mma_shape<Cfg>::KD; kk++) q_frag_f8<Cfg>(q_s, wrow + mt * 16, kk, lane, qf[mt][kk]);
+}
+
+__device__ __forceinline__ u32 word_of(const uint4 &w, int i)
+{
+    return i == 0 ? w.x : i == 1 ? w.y : i == 2 ? w.z : w.w;
+}
+
+/* S = Q K^T from the fp8 K tile at ks (F8R). */
+template <class Cfg, class QF>
+__device__ __forceinline__ void qk_tile_f8(float (&s)[Cfg::MT][mma_shape<Cfg>::NT][4], const QF &qf, const u16 *q_s,
+                                           const f8_addrs &a, u32 ks, int wrow, int lane)
+{
+    using S = mma_shape<Cfg>;
+    constexpr int MT = S::MT, NT = S::NT, D = Cfg::D;
+#pragma unroll
+    for (int mt = 0; mt < MT; mt++) fill(s[mt], 0.f);
+#pragma unroll
+    for (int G = 0; G < D / 64; G++) {
+        uint4 w[NT];
+#pragma unroll
+        for (int nt = 0; nt < NT; nt++) w[nt] = lds128(ks + (u32)(nt * 8 * D) + a.xk[G]);
+#pragma unroll
+        for (int kq = 0; kq < 4; kq++) {
+            const int kk = 4 * G + kq;
+            u32 af[MT][4];
+#pragma unroll
+            for (int mt = 0; mt < MT; mt++) {
+                if constexpr (Cfg::Q_IN_REGS) {
+#pragma unroll
+                    for (int e = 0; e < 4; e++) af[mt][e] = qf[Cfg::Q_IN_REGS ? mt : 0][Cfg::Q_IN_REGS ? kk : 0][e];
+                } else {
+                    q_frag_f8<Cfg>(q_s, wrow + mt * 16, kk, lane, af[mt]);
+                }
+            }
+#pragma unroll
+            for (int nt = 0; nt < NT; nt++) {
+                u32 b0, b1;
+                fp8x4_f16<Cfg::KV_DT>(word_of(w[nt], kq), b0, b1);
+#pragma unroll
+                for (int mt = 0; mt < MT; mt++) mma16816<F16>(s[mt][nt], af[mt], b0, b1);
+            }
+        }
+    }
+}
+
+/* O += P V from the fp8 V tile at vs (F8R). */
+template <class Cfg>
+__device__ __forceinline__ void pv_tile_f8(mma_state<Cfg> &st, const float (&s)[Cfg::MT][mma_shape<Cfg>::NT][4],
+                                           const f8_addrs &a, u32 vs)
+{
+    using S = mma_shape<Cfg>;
+    constexpr int MT = S::MT, D = Cfg::D;
+    constexpr int RUNS = D == 256 ? 2 : 1, WORDS = D == 64 ? 2 : 4; /* 16-byte runs a row, words a run */
+#pragma unroll
+    for (int kk = 0; kk < Cfg::BN / 16; kk++) {
+        u32 af[MT][4];
+#pragma unroll
+        for (int mt = 0; mt < MT; mt++) acc_to_a<F16>(s[mt], kk, af[mt]);
+#pragma unroll
+        for (int run = 0; run < RUNS; run++) {
+            /* keys 2c, 2c + 1, 2c + 8, 2c + 9 of this k16 step: P's columns of the lane */
+            u32 wv[4][4];
+#pragma unroll
+            for (int i = 0; i < 4; i++) {
+                const u32 at = vs + (u32)((16 * kk + 8 * (i >> 1)) * D + run * 128) + a.xv[i & 1];
+                if constexpr (WORDS == 4) {
+                    const uint4 w = lds128(at);
+                    wv[i][0] = w.x, wv[i][1] = w.y, wv[i][2] = w.z, wv[i][3] = w.w;
+                } else {
+                    const uint2 w = lds64(at);
+                    wv[i][0] = w.x, wv[i][1] = w.y;
+                }
+            }
+#pragma unroll
+            for (int q = 0; q < WORDS; q++) {
+                /* byte u of the word, of keys (2c, 2c + 1) and of (2c + 8, 2c + 9), as pairs */
+                u32 b0[4], b1[4];
+                fp8x4_f16<Cfg::KV_DT>(__byte_perm(wv[0][q], wv[1][q], 0x5140), b0[0], b0[1]);
+                fp8x4_f16<Cfg::KV_DT>(__byte_perm(wv[0][q], wv[1][q], 0x7362), b0[2], b0[3]);
+                fp8x4_f16<Cfg::KV_DT>(__byte_perm(wv[2][q], wv[3][q], 0x5140), b1[0], b1[1]);
+                fp8x4_f16<Cfg::KV_DT>(__byte_perm(wv[2][q], wv[3][q], 0x7362), b1[2], b1[3]);
+#pragma unroll
+                for (int u = 0; u < 4; u++) {
+                    const int dn = run * 16 + q * 4 + u;
+#pragma unroll
+                    for (int mt = 0; mt < MT; mt++) mma16816<F16>(st.o[mt][dn], af[mt], b0[u], b1[u]);
+                }
+            }
+        }
+    }
+}
+
 /* Logits: the variant's transform of every element of S (log2 units), keys from j0. */
 template <class Cfg>
 __device__ __forceinline__ void logits_tile(float (&s)[Cfg::MT][mma_shape<Cfg>::NT][4], const kiln_launch_params &p,
@@ -458,6 +635,25 @@ __device__ __forceinline__ void pv_tile(mma_state<Cfg> &st, const float (&s)[Cfg
     }
 }
 
+/* Pair u (0 .. DTN - 1) of row r of this lane's O accumulators: columns d, d + 1 of O (the
+ * return) with values x, y. F8R: n8 blocks dn, dn + 1 of one column (f8_d); else one block's two
+ * columns. */
+template <class Cfg>
+__device__ __forceinline__ int o_pair(const float (&o)[mma_shape<Cfg>::DTN][4], int r, int u, int lane, float &x,
+                                      float &y)
+{
+    if constexpr (prefill_layout<Cfg>::F8R) {
+        const int e = u & 1, dn = u & ~1;
+        x = o[dn][r * 2 + e];
+        y = o[dn + 1][r * 2 + e];
+        return f8_d<Cfg::D>(dn, (lane % 4) * 2 + e);
+    } else {
+        x = o[u][r * 2];
+        y = o[u][r * 2 + 1];
+        return acc_col(lane, u, 0);
+    }
+}
+
 /* Normalise and store: o rows (and lse) directly, or a partial state of the item's slot. */
 template <class Cfg>
 __device__ __forceinline__ void store_rows(const mma_state<Cfg> &st, const mma_rows<Cfg> &rows,
@@ -467,7 +663,9 @@ __device__ __forceinline__ void store_rows(const mma_state<Cfg> &st, const mma_r
     using S = mma_shape<Cfg>;
     constexpr int D = Cfg::D;
     u16 *og = reinterpret_cast<u16 *>(p.o) + (i64)w.q_start * p.o_stride_n;
-    const float vsc = prefill_layout<Cfg>::FP8 ? p.v_scale : 1.0f;
+    const float vsc = !prefill_layout<Cfg>::FP8 ? 1.0f
+                      : prefill_layout<Cfg>::F8R ? p.v_scale / f8_pair_unit<Cfg::KV_DT>()
+                                                 : p.v_scale;
 #pragma unroll
     for (int mt = 0; mt < Cfg::MT; mt++) {
 #pragma unroll
@@ -480,10 +678,10 @@ __device__ __forceinline__ void store_rows(const mma_state<Cfg> &st, const mma_r
             if (in && w.slot < 0) {
                 u16 *orow = og + (i64)i * p.o_stride_n + (i64)hr * p.o_stride_h;
 #pragma unroll
-                for (int dt = 0; dt < S::DTN; dt++) {
-                    const int d = acc_col(lane, dt, 0);
-                    *reinterpret_cast<u32 *>(orow + d) =
-                        pack2<Cfg::OUT_DT>(st.o[mt][dt][r * 2] * inv, st.o[mt][dt][r * 2 + 1] * inv);
+                for (int u = 0; u < S::DTN; u++) {
+                    float x, y;
+                    const int d = o_pair<Cfg>(st.o[mt], r, u, lane, x, y);
+                    *reinterpret_cast<u32 *>(orow + d) = pack2<Cfg::OUT_DT>(x * inv, y * inv);
                 }
                 if (Cfg::LSE && lane % 4 == 0)
                     reinterpret_cast<float *>(p.lse)[((i64)w.q_start + i) * p.num_qo_heads + hr] = lse2 * LN2;
@@ -491,11 +689,11 @@ __device__ __forceinline__ void store_rows(const mma_state<Cfg> &st, const mma_r
                 const i64 at = ((i64)w.slot * p.num_qo_heads + hr) * p.slot_rows + (i - w.tq0);
                 float *prow = reinterpret_cast<float *>(p.partial_o) + at * D;
 #pragma unroll
-                for (int dt = 0; dt < S::DTN; dt++) {
-                    const int d = acc_col(lane, dt, 0);
+                for (int u = 0; u < S::DTN; u++) {
                     float2 f2;
-                    f2.x = st.o[mt][dt][r * 2] * inv;
-                    f2.y = st.o[mt][dt][r * 2 + 1] * inv;
+                    const int d = o_pair<Cfg>(st.o[mt], r, u, lane, f2.x, f2.y);
+                    f2.x *= inv;
+                    f2.y *= inv;
                     *reinterpret_cast<float2 *>(prow + d) = f2;
                 }
                 if (lane % 4 == 0) reinterpret_cast<float *>(p.partial_lse)[at] = lse2;
@@ -510,7 +708,8 @@ template <class Cfg> __device__ void mma_attention_kernel(const kiln_launch_para
     using S = mma_shape<Cfg>;
     constexpr int D = Cfg::D, BN = Cfg::BN, MT = Cfg::MT, STAGES = Cfg::STAGES, THREADS = L::THREADS;
     constexpr int ES = L::ES;
-    constexpr bool BATCH = Cfg::KV != KV_CONTIGUOUS, XFORM = L::FP8 || Cfg::ROPE;
+    constexpr bool BATCH = Cfg::KV != KV_CONTIGUOUS, XFORM = (L::FP8 && !L::F8R) || Cfg::ROPE;
+    constexpr bool CONV = L::FP8 && !L::F8R; /* the MMAs read converted tiles */
 
     extern __shared__ __align__(128) unsigned char smem[];
     u16 *q_s = reinterpret_cast<u16 *>(smem);
@@ -540,8 +739,11 @@ template <class Cfg> __device__ void mma_attention_kernel(const kiln_launch_para
         for (int d = tid; d < D / 2; d += THREADS) freq_s[d] = rope_freq(d, D, p.rope_rcp_scale, p.rope_log2_theta);
         /* the first barrier of the main loop orders these writes before any read */
     }
-    /* fp8 K: its scale joins the raw product (c2, or the transform's input) */
-    const float ksc = L::FP8 ? p.k_scale : 1.0f;
+    /* fp8 K: its scale joins the raw product (c2, or the transform's input); F8R's pairs and
+     * f16 q carry their own units */
+    const float ksc = !L::FP8 ? 1.0f
+                      : L::F8R ? p.k_scale / (f8_pair_unit<Cfg::KV_DT>() * f8_q_unit<Cfg>())
+                               : p.k_scale;
     const float c2 = S::RAW ? p.sm_scale * LOG2E * ksc : 1.0f;
 
     kv_pipeline<Cfg> pipe;
@@ -563,9 +765,10 @@ template <class Cfg> __device__ void mma_attention_kernel(const kiln_launch_para
     const int wrow = warp * MT * 16; /* this warp's first row in the CTA tile */
     mma_rows<Cfg> rows;
     rows.init(p, w.m0, wrow, h, lane);
-    /* fp8 reads the converted tiles (one buffer), 16-bit the pipeline's stages */
-    const mma_addrs a = mma_frag_addrs<Cfg>(q_s, L::FP8 ? (void *)kc_s : (void *)k_in, L::FP8 ? (void *)vc_s : (void *)v_in,
+    /* converted fp8 is read from its one buffer, the rest from the pipeline's stages */
+    const mma_addrs a = mma_frag_addrs<Cfg>(q_s, CONV ? (void *)kc_s : (void *)k_in, CONV ? (void *)vc_s : (void *)v_in,
                                             wrow, lane);
+    const f8_addrs a8 = f8_frag_addrs<Cfg>(lane);
     u32 qf[Cfg::Q_IN_REGS ? MT : 1][Cfg::Q_IN_REGS ? S::KD : 1][4];
     mma_state<Cfg> st;
     st.init();
@@ -577,17 +780,21 @@ template <class Cfg> __device__ void mma_attention_kernel(const kiln_launch_para
         if constexpr (XFORM) { /* RoPE of Q (once), fp8 / RoPE of this K/V tile */
             if (Cfg::ROPE && idx == 0) rope_q_tile<Cfg>(q_s, freq_s, w.m0, w.off + rope_off, tid);
             const int sti = idx % STAGES;
-            u16 *kdst = L::FP8 ? kc_s : reinterpret_cast<u16 *>(k_in + sti * L::STAGE_TILE);
+            u16 *kdst = CONV ? kc_s : reinterpret_cast<u16 *>(k_in + sti * L::STAGE_TILE);
             prefill_transform<Cfg, THREADS>(k_in + sti * L::STAGE_TILE, v_in + sti * L::STAGE_TILE, kdst, vc_s, freq_s,
                                             t * BN, rope_off, tid);
             __syncthreads();
         }
         if constexpr (Cfg::Q_IN_REGS)
-            if (idx == 0) load_q_frags<Cfg>(qf, a);
-        const u32 stage = L::FP8 ? 0u : (u32)((idx % STAGES) * BN * S::ROW_BYTES);
+            if (idx == 0) {
+                if constexpr (L::F8R) load_q_frags_f8<Cfg>(qf, q_s, wrow, lane);
+                else load_q_frags<Cfg>(qf, a);
+            }
+        const u32 stage = CONV ? 0u : (u32)((idx % STAGES) * L::STAGE_TILE);
 
         float s[MT][S::NT][4];
-        qk_tile<Cfg>(s, qf, a, a.k + stage);
+        if constexpr (L::F8R) qk_tile_f8<Cfg>(s, qf, q_s, a8, smem_addr(k_in) + stage, wrow, lane);
+        else qk_tile<Cfg>(s, qf, a, a.k + stage);
         const int j0 = t * BN;
         const bool elem = S::ELEM && (!pipe.map || pipe.map[t] == TILE_MIXED);
         /* The transform, then the mask in a pass of its own behind a warp-uniform branch:
@@ -597,7 +804,8 @@ template <class Cfg> __device__ void mma_attention_kernel(const kiln_launch_para
         if constexpr (!S::RAW) logits_tile<Cfg>(s, p, w, rows, ksc, hk, j0, lane);
         if (tile_needs_mask<Cfg>(p, w, elem, j0)) mask_tile<Cfg>(s, p, w, rows, elem, hk, j0, lane);
         online_softmax<Cfg>(st, s, c2);
-        pv_tile<Cfg>(st, s, a, a.v + stage);
+        if constexpr (L::F8R) pv_tile_f8<Cfg>(st, s, a8, smem_addr(v_in) + stage);
+        else pv_tile<Cfg>(st, s, a, a.v + stage);
         __syncthreads(); /* the stage read here is refilled by the next iteration */
         pipe.retire();
     }

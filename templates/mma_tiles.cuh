@@ -22,12 +22,15 @@ template <class Cfg> struct prefill_layout {
     static constexpr bool FP8 = Cfg::KV_DT >= KV_E4M3;
     static constexpr bool PAGED = Cfg::KV == KV_PAGED;
     static constexpr int ES = FP8 ? 1 : 2;                           /* bytes per stored K/V element */
+    /* fp8 read by the MMAs from the loaded tiles (mma_attention.cuh, "fp8 in registers") */
+    static constexpr bool F8R = kiln_prefill_fp8_in_regs(ES, Cfg::PACK, Cfg::ROPE);
     static constexpr int Q_BYTES = kiln_prefill_q_bytes(D, BM);
     static constexpr int STAGE_TILE = kiln_prefill_stage_tile(D, ES, BN); /* one K or V tile as loaded */
     static constexpr int TILE_BYTES = BN * D * 2;                    /* one K or V tile as the MMAs read it */
     static constexpr int FREQ_BYTES = kiln_rope_freq_bytes(D, Cfg::ROPE);
-    /* fp8: the pipeline holds fp8 tiles, converted into one 16-bit K and V tile per step */
-    static constexpr int CONV_BYTES = kiln_prefill_conv_bytes(D, ES, BN);
+    /* fp8 not in registers: the pipeline's fp8 tiles converted into one 16-bit K and V tile
+     * per step */
+    static constexpr int CONV_BYTES = kiln_prefill_conv_bytes(D, ES, BN, Cfg::PACK, Cfg::ROPE);
     /* paged: byte offsets of the K and V rows of the next key tile, filled a step ahead */
     static constexpr int TAB_BYTES = kiln_prefill_tab_bytes(BN, PAGED);
     /* where each region starts */
@@ -39,7 +42,7 @@ template <class Cfg> struct prefill_layout {
     /* where row r's offset sits in a table: a thread's rows r0, r0 + STEP, ... are adjacent,
      * so it reads them with a few wide loads instead of one dependent load per row */
     static __device__ __forceinline__ int tab_at(int r) { return (r % STEP) * ITERS + r / STEP; }
-    static constexpr int BYTES = kiln_prefill_smem_bytes(D, ES, BM, BN, Cfg::STAGES, PAGED, Cfg::ROPE);
+    static constexpr int BYTES = kiln_prefill_smem_bytes(D, ES, BM, BN, Cfg::STAGES, PAGED, Cfg::ROPE, Cfg::PACK);
     static_assert(BYTES == TAB_AT + TAB_BYTES, "the regions fill the layout");
 };
 
@@ -55,6 +58,17 @@ template <int D> __device__ __forceinline__ u32 swz_delta(int r0, int ch, int dr
 {
     if (dr % 8 == 0) return 0;
     return (u32)((((ch ^ ((r0 + dr) & 7)) - (ch ^ (r0 & 7)))) * 16);
+}
+
+/* The 16-byte chunk swizzle of an fp8 [rows][D] tile the MMAs read in registers (F8R): chunk c
+ * of row r sits at c ^ f8_swz(r). The fragment loads of mma_attention.cuh then hit distinct
+ * banks: a K load's 8-lane phase reads 4 chunks of rows 2q and 2q + 1 (the swizzles differ in
+ * bit 2), a V load's reads chunks 2q', 2q' + 1 of 4 rows 2 apart (swizzles distinct in bits 1-2).
+ * D 64 (4 chunks, two rows a bank line): K's phases are conflict-free as laid out and V's
+ * 8-byte reads keep a 2-way conflict (every even row lies in the same half of the banks). */
+template <int D> __device__ __forceinline__ int f8_swz(int row)
+{
+    return D == 64 ? (row & 2) : (row & 6) ^ ((row & 1) << 2);
 }
 
 /* Issue cp.async copies of rows [row0, row0 + ROWS) of a [*, D] global matrix with row stride
@@ -91,7 +105,8 @@ __device__ __forceinline__ void load_rows(u16 *tile, const u16 *g, i64 stride, i
 }
 
 /* Issue cp.async copies of keys [row0, row0 + ROWS) of one request into a tile: 16-bit K/V
- * into the swizzled layout, fp8 into a plain [ROWS][D] byte tile; rows at or past row_hi are
+ * into the swizzled layout, fp8 into a [ROWS][D] byte tile (plain, or f8_swz-swizzled where the
+ * MMAs read it in registers); rows at or past row_hi are
  * zero-filled. Contiguous / ragged: rows at base + j * stride (ragged bases are shifted to the
  * request); paged: rows at base + tab[row], the byte offsets page_rows::write put there for
  * this tile. */
@@ -109,6 +124,7 @@ __device__ __forceinline__ void load_kv_rows(unsigned char *tile, const unsigned
         constexpr int STEP = THREADS / CHUNKS;
         static_assert(THREADS % CHUNKS == 0 && ROWS % STEP == 0, "load shape");
         const int r0 = tid / CHUNKS, ch = tid % CHUNKS;
+        auto f8_chunk = [&](int row) { return L::F8R ? ch ^ f8_swz<D>(row) : ch; };
         static_assert(Cfg::KV != KV_PAGED || (ROWS == Cfg::BN && STEP == L::STEP), "the table's row order");
         /* this thread's row offsets (tab_at order), read up front: the copies are volatile
          * asm, which no load moves across, so reads between them would each wait in turn */
@@ -133,7 +149,7 @@ __device__ __forceinline__ void load_kv_rows(unsigned char *tile, const unsigned
             for (int it = 0; it < ROWS / STEP; it++) {
                 const int row = r0 + it * STEP;
                 const i64 off = Cfg::KV == KV_PAGED ? trow[Cfg::KV == KV_PAGED ? it : 0] : (i64)(row0 + row) * stride_n * ES;
-                const u32 dst = L::FP8 ? smem_addr(tile + row * D * ES + ch * 16)
+                const u32 dst = L::FP8 ? smem_addr(tile + row * D * ES + f8_chunk(row) * 16)
                                        : smem_addr(reinterpret_cast<u16 *>(tile) + swz<D>(row, ch));
                 cp_async16_full(dst, g + off + ch * 16);
             }
@@ -144,7 +160,7 @@ __device__ __forceinline__ void load_kv_rows(unsigned char *tile, const unsigned
             const int row = r0 + it * STEP, j = row0 + row;
             const bool ok = j < row_hi;
             const i64 off = Cfg::KV == KV_PAGED ? trow[Cfg::KV == KV_PAGED ? it : 0] : (i64)j * stride_n * ES;
-            const u32 dst = L::FP8 ? smem_addr(tile + row * D * ES + ch * 16)
+            const u32 dst = L::FP8 ? smem_addr(tile + row * D * ES + f8_chunk(row) * 16)
                                    : smem_addr(reinterpret_cast<u16 *>(tile) + swz<D>(row, ch));
             cp_async16(dst, ok ? g + off + ch * 16 : g, ok ? 16 : 0);
         }

@@ -567,7 +567,8 @@ KT_GPU_TEST(gpu_batch_all_empty)
 
 /* The split merge fused into the batch decode kernels (KILN_TUNE merge=1: the last CTA of each
  * merge task merges it) writes the bits the merge kernel writes (the default), on both
- * decode families: tensor cores (G 4, paged and ragged), CUDA cores (G 1, and fp8 KV at G 4).
+ * decode families: tensor cores (G 4, paged and ragged, and fp8 KV read in registers), CUDA
+ * cores (G 1, and fp8 KV with RoPE at G 4).
  * A batch of odd lengths (1, 17, 1000, 4097, 0), pages of 16, lse on, split by fixed_split and
  * by the planner, run eagerly and from a CUDA graph (kiln_check_batch_same: in graph mode each
  * schedule's graph is launched twice, the second time on the counters the first put back, and
@@ -582,6 +583,8 @@ KT_GPU_TEST(gpu_batch_fused_merge)
         "op=decode dtype=f16 head_dim=64 group=4 kv=ragged lse=1 logits=softcap",
         "op=decode dtype=bf16 head_dim=128 group=1 kv=paged lse=1",
         "op=decode q_dtype=f16 kv_dtype=e4m3 out_dtype=f16 head_dim=256 group=4 kv=paged lse=1",
+        "op=decode q_dtype=bf16 kv_dtype=e5m2 out_dtype=bf16 head_dim=128 group=4 kv=paged lse=1 "
+        "rope=1",
     };
     static const int kv[5] = {1, 17, 1000, 4097, 0};
     for (size_t i = 0; i < sizeof specs / sizeof specs[0]; i++) {
@@ -597,7 +600,7 @@ KT_GPU_TEST(gpu_batch_fused_merge)
         unsetenv("KILN_TUNE");
         if (!k0 || !k1) continue;
         KT_CHECK(k0->cfg.fused_merge == 0 && k1->cfg.fused_merge == 1);
-        KT_EQ_INT(k1->cfg.pack, v.group == 4 && v.kv_dtype != KILN_DTYPE_E4M3);
+        KT_EQ_INT(k1->cfg.pack, v.group == 4 && !v.rope);
         for (int mode = 0; mode < 4; mode++) { /* planner / fixed split, eager / graph */
             kiln_check_batch s = {.batch = 5,
                                   .kv_lens = kv,

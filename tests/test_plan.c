@@ -639,6 +639,11 @@ KT_TEST(plan_batch_kernels_compile)
         "op=decode dtype=f16 head_dim=64 group=8 kv=ragged lse=1 logits=softcap window=1",
         "op=decode q_dtype=bf16 kv_dtype=e4m3 out_dtype=bf16 head_dim=256 group=1 kv=paged",
         "op=decode dtype=bf16 head_dim=128 group=4 kv=paged rope=1",
+        /* fp8 KV on the packed tensor-core decode, widened in registers */
+        "op=decode q_dtype=bf16 kv_dtype=e4m3 out_dtype=bf16 head_dim=128 group=4 kv=paged lse=1",
+        "op=decode q_dtype=f16 kv_dtype=e5m2 out_dtype=f16 head_dim=64 group=8 kv=ragged",
+        "op=decode q_dtype=bf16 kv_dtype=e4m3 out_dtype=bf16 head_dim=256 group=16 kv=paged "
+        "logits=softcap",
         "op=decode dtype=bf16 head_dim=128 group=1 kv=ragged lse=1",
         "op=decode dtype=bf16 head_dim=256 group=4 kv=paged lse=1",
         "op=prefill dtype=bf16 head_dim=128 group=4 mask=causal kv=paged lse=1",
@@ -681,6 +686,10 @@ KT_TEST(plan_batch_kernels_compile)
             kiln_kernel_describe(k, &info);
             KT_EQ_INT(cfg.fused_merge, fused);
             KT_EQ_INT(k->cfg.fused_merge, cfg.fused_merge); /* the kernel compiled is that one */
+            /* fp8 KV decodes on tensor cores where its group packs (RoPE aside) */
+            if (v.op == KILN_OP_DECODE &&
+                (v.kv_dtype == KILN_DTYPE_E4M3 || v.kv_dtype == KILN_DTYPE_E5M2))
+                KT_EQ_INT(cfg.pack, v.group >= 4 && !v.rope);
             const int allowed = cfg.mt == 2 && v.op == KILN_OP_PREFILL ? 256
                                 : cfg.wgmma && cfg.persist             ? 160
                                                                        : 0;

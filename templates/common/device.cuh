@@ -191,6 +191,54 @@ template <int KVT> __device__ __forceinline__ void fp8x4_to_f(u32 w, float *f)
     half2_to_f(c, f[2], f[3]);
 }
 
+/* Four fp8 values (bytes x0 .. x3 of w) as two f16 pairs for the tensor cores, lo = (x0, x1)
+ * and hi = (x2, x3), with no float round trip. sm_89 and newer convert in hardware (one cvt a
+ * pair) and give the values exactly; older parts take fp8x4_halves' bits (e4m3 times 2^-8).
+ * F8_PAIR_UNIT is the factor the pairs carry relative to fp8x4_to_f's floats. */
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
+#define KILN_F8_CVT 1
+#else
+#define KILN_F8_CVT 0
+#endif
+template <int KVT> __device__ __forceinline__ void fp8x4_f16(u32 w, u32 &lo, u32 &hi)
+{
+#if KILN_F8_CVT
+    if constexpr (KVT == KV_E4M3)
+        asm("{\n.reg .b16 l, h;\nmov.b32 {l, h}, %2;\ncvt.rn.f16x2.e4m3x2 %0, l;\n"
+            "cvt.rn.f16x2.e4m3x2 %1, h;\n}"
+            : "=r"(lo), "=r"(hi)
+            : "r"(w));
+    else
+        asm("{\n.reg .b16 l, h;\nmov.b32 {l, h}, %2;\ncvt.rn.f16x2.e5m2x2 %0, l;\n"
+            "cvt.rn.f16x2.e5m2x2 %1, h;\n}"
+            : "=r"(lo), "=r"(hi)
+            : "r"(w));
+#else
+    fp8x4_halves<KVT>(w, lo, hi);
+#endif
+}
+/* what fp8x4_f16's values are times fp8x4_to_f's (whose e4m3 carries 2^-8, folded on the host) */
+template <int KVT> __device__ __forceinline__ constexpr float f8_pair_unit()
+{
+    return KILN_F8_CVT && KVT == KV_E4M3 ? 256.0f : 1.0f;
+}
+
+/* 16 bytes of shared memory at a shared-window address. */
+__device__ __forceinline__ uint4 lds128(u32 addr)
+{
+    uint4 r;
+    asm volatile("ld.shared.v4.u32 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w)
+                 : "r"(addr));
+    return r;
+}
+__device__ __forceinline__ uint2 lds64(u32 addr)
+{
+    uint2 r;
+    asm volatile("ld.shared.v2.u32 {%0,%1}, [%2];\n" : "=r"(r.x), "=r"(r.y) : "r"(addr));
+    return r;
+}
+
 /* ---- RoPE (llama, non-interleaved: pairs d, d + D/2) ----
  * Rotate (x0, x1) = (x[d], x[d + D/2]) by the angle pos * theta^(-2d/D) / rope_scale. */
 __device__ __forceinline__ float rope_freq(int d, int D, float rcp_scale, float log2_theta)

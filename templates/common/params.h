@@ -222,12 +222,20 @@ KILN_CONTRACT_FN int kiln_decode_smem_bytes(int d, int es, int gb, int warps, in
  * offsets of the next tile's K and V rows. */
 KILN_CONTRACT_FN int kiln_prefill_q_bytes(int d, int bm) { return bm * d * 2; }
 KILN_CONTRACT_FN int kiln_prefill_stage_tile(int d, int es, int bn) { return bn * d * es; }
-KILN_CONTRACT_FN int kiln_prefill_conv_bytes(int d, int es, int bn) { return es == 1 ? 2 * bn * d * 2 : 0; }
+/* fp8 K/V in the packed rows without RoPE go from the loaded tiles into the MMAs' registers;
+ * elsewhere they are converted into one 16-bit K and V tile per step */
+KILN_CONTRACT_FN int kiln_prefill_fp8_in_regs(int es, int pack, int rope) { return es == 1 && pack && !rope; }
+KILN_CONTRACT_FN int kiln_prefill_conv_bytes(int d, int es, int bn, int pack, int rope)
+{
+    return es == 1 && !kiln_prefill_fp8_in_regs(es, pack, rope) ? 2 * bn * d * 2 : 0;
+}
 KILN_CONTRACT_FN int kiln_prefill_tab_bytes(int bn, int paged) { return paged ? 2 * bn * 8 : 0; }
-KILN_CONTRACT_FN int kiln_prefill_smem_bytes(int d, int es, int bm, int bn, int stages, int paged, int rope)
+KILN_CONTRACT_FN int kiln_prefill_smem_bytes(int d, int es, int bm, int bn, int stages, int paged, int rope,
+                                             int pack)
 {
     return kiln_prefill_q_bytes(d, bm) + 2 * stages * kiln_prefill_stage_tile(d, es, bn) +
-           kiln_prefill_conv_bytes(d, es, bn) + kiln_rope_freq_bytes(d, rope) + kiln_prefill_tab_bytes(bn, paged);
+           kiln_prefill_conv_bytes(d, es, bn, pack, rope) + kiln_rope_freq_bytes(d, rope) +
+           kiln_prefill_tab_bytes(bn, paged);
 }
 
 /* ---- shared memory of the warp-specialized Hopper kernel (templates/wgmma_attention.cuh) ----
