@@ -48,6 +48,13 @@ enum {
      * B1 x 4096 (10.1-10.7 us) beats every fixed split (8 pages 11.3, 16 pages 14.1), so it
      * was not re-tuned */
     MERGE_KEYS_PER_PIECE = 9,
+    /* the CTAs of an SM the split estimate credits with a share of the memory bandwidth each:
+     * past four one-warp decode CTAs an SM more resident CTAs share the read, they do not add
+     * to it. H200, fp8 e4m3 packed decode (11 CTAs an SM), graph replay: B64 x 512 split by
+     * the slot count alone 31.8 us, unsplit 22.6; B64 x 4096 139.1 split, 135.4 unsplit;
+     * B16 x 512 (256-key chunks of the slot count: 16.4) best at 128 (13.8), which the capped
+     * estimate picks. The 16-bit packed decode (4 CTAs an SM) does not reach the cap */
+    BW_CTAS_PER_SM = 4,
     /* pinned schedule buffers used in turn: a plan waits only when the copy out of the buffer
      * it reuses (HOST_RING plans ago) has not run yet */
     HOST_RING = 4,
@@ -67,6 +74,7 @@ struct kiln_plan {
     kiln_kernel *k;
     kiln_plan_opts o;
     int decode, H, hpi, rows, D, gran, slots;
+    int bw_slots; /* CTAs the split estimate lets read at once (BW_CTAS_PER_SM an SM) */
     /* the last plan */
     kiln_plan_info info;
     int grid, tasks_grid;
@@ -147,9 +155,10 @@ static int layout_for(const kiln_plan *pl, int batch, int64_t total_qo, int64_t 
 }
 
 /* A plan object with the kernel's geometry: CTAs per work item, rows per query tile, the key
- * granule of a split, and `slots` CTAs resident on the device at once. */
-static kiln_plan *plan_new(kiln_kernel *k, const kiln_plan_opts *opts, int slots)
+ * granule of a split, and sms x ctas_per_sm CTAs resident on the device at once. */
+static kiln_plan *plan_new(kiln_kernel *k, const kiln_plan_opts *opts, int sms, int ctas_per_sm)
 {
+    const int slots = sms * ctas_per_sm;
     kiln_plan *pl = calloc(1, sizeof *pl);
     if (!pl) return NULL;
     const kiln_variant *v = &k->v;
@@ -165,6 +174,7 @@ static kiln_plan *plan_new(kiln_kernel *k, const kiln_plan_opts *opts, int slots
     pl->rows = pl->decode ? 1 : pack ? k->cfg.block_m / G : k->cfg.block_m;
     pl->gran = pl->decode && !pack ? KILN_DECODE_TILE * k->cfg.warps : k->cfg.block_n;
     pl->slots = slots;
+    pl->bw_slots = sms * (ctas_per_sm < BW_CTAS_PER_SM ? ctas_per_sm : BW_CTAS_PER_SM);
     if (pl->o.fixed_split > 0) /* chunks stay aligned to the kernel's key tiles */
         pl->o.fixed_split = (pl->o.fixed_split + pl->gran - 1) / pl->gran * pl->gran;
     return pl;
@@ -224,7 +234,7 @@ kiln_status kiln_plan_create(kiln_kernel *k, const kiln_plan_opts *opts, kiln_pl
     kiln_status st = opts_check(k, opts, &e);
     if (st) return kiln__ctx_error(k->ctx, st, &e);
     const int sms = k->ctx->info.sm_count > 0 ? k->ctx->info.sm_count : 1;
-    kiln_plan *pl = plan_new(k, opts, sms * (k->ctas_per_sm > 0 ? k->ctas_per_sm : 1));
+    kiln_plan *pl = plan_new(k, opts, sms, k->ctas_per_sm > 0 ? k->ctas_per_sm : 1);
     if (!pl) return kiln__fail(kiln__tls_err(), KILN_STATUS_NO_MEMORY, "plan: out of memory");
     st = kiln__ctx_bind(k->ctx, &e);
     CUresult r = CUDA_SUCCESS;
@@ -247,7 +257,7 @@ kiln_status kiln__plan_create_host(kiln_kernel *k, const kiln_plan_opts *opts, i
     *out = NULL;
     kiln_status st = opts_check(k, opts, kiln__tls_err());
     if (st) return st;
-    *out = plan_new(k, opts, sms * ctas_per_sm);
+    *out = plan_new(k, opts, sms, ctas_per_sm);
     if (!*out) return KILN_STATUS_NO_MEMORY;
     (*out)->host_only = 1;
     return KILN_STATUS_OK;
@@ -348,8 +358,9 @@ static int tile_keys(const kiln_plan *pl, int qo, int kv, int m)
 static int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
 /* Estimated makespan (in keys) of cutting every tile into chunks of c keys (c = 0: no cut):
- * the longer of the longest item and the work per slot rounded to whole waves, plus a fixed
- * cost per CTA wave and per split tile, plus the merge of the most-cut tile. Sets *splits to the split items it needs. */
+ * the longest of the longest item, the work per slot rounded to whole waves and the work per
+ * bandwidth share (bw_slots), plus a fixed cost per CTA wave and per split tile, plus the merge
+ * of the most-cut tile. Sets *splits to the split items it needs. */
 static double estimate(const kiln_plan *pl, int ntiles, int64_t c, int64_t *items_out,
                        int64_t *splits)
 {
@@ -370,6 +381,8 @@ static double estimate(const kiln_plan *pl, int ntiles, int64_t c, int64_t *item
     const double waves = ceil(ctas / pl->slots);
     const double per_cta = ctas > 0 ? (double)total * pl->hpi / ctas : 0;
     double est = waves * per_cta;
+    const double shared = (double)total * pl->hpi / pl->bw_slots;
+    if (est < shared) est = shared;
     if (est < (double)longest) est = (double)longest;
     /* the merge runs after the main kernel: its longest task, by its pieces */
     return est + waves * CTA_OVERHEAD_KEYS +
@@ -824,6 +837,16 @@ kiln_status kiln_plan_run(kiln_plan *pl, const kiln_batch_args *a, void *stream)
                        k->spec, (unsigned long long)a->workspace, a->workspace_bytes,
                        (unsigned long long)pl->ws, pl->lay.bytes),
             &e);
+    /* A schedule of no keys at all (every request empty) reads no page id, so a caller with no
+     * pages may pass none; the kernel still runs, writing o = 0 and lse = -inf. Not in graph
+     * mode, where a replay serves later schedules that have keys. */
+    kiln_batch_args no_pages;
+    if (k->v.kv == KILN_KV_PAGED && !a->kv_indices && pl->o.max_batch == 0 &&
+        pl->info.total_keys == 0) {
+        no_pages = *a;
+        no_pages.kv_indices = pl->ws;
+        a = &no_pages;
+    }
     kiln_launch_params p;
     kiln_status st =
         kiln__batch_prepare(k, a, pl->H, pl->o.page_size, pl->o.bsr_r, pl->o.bsr_c, &p, &e);
@@ -837,16 +860,6 @@ kiln_status kiln_plan_run(kiln_plan *pl, const kiln_batch_args *a, void *stream)
     p.partial_lse = pl->ws + pl->lay.plse_off;
     p.partial_o = pl->ws + pl->lay.po_off;
     if (pl->grid == 0) return KILN_STATUS_OK; /* an empty batch (eager mode) */
-    /* A schedule of no keys at all (every request empty) reads no page id, so a caller with no
-     * pages may pass none; the kernel still runs, writing o = 0 and lse = -inf. Not in graph
-     * mode, where a replay serves later schedules that have keys. */
-    kiln_batch_args no_pages;
-    if (k->v.kv == KILN_KV_PAGED && !a->kv_indices && pl->o.max_batch == 0 &&
-        pl->info.total_keys == 0) {
-        no_pages = *a;
-        no_pages.kv_indices = pl->ws;
-        a = &no_pages;
-    }
 
     const kiln__cu *cu = k->ctx->cu;
     kiln_tma_maps maps;
