@@ -355,10 +355,7 @@ template <class Cfg> __device__ __forceinline__ constexpr float f8_q_unit()
 
 /* The d of O column n (0 .. 7) of n8 block dn in the F8R layout: lane g of the P V fragments
  * reads d 16 g .. 16 g + 15 (and 128 + ... at D 256; 8 g .. 8 g + 7 at D 64). */
-template <int D> __device__ __forceinline__ int f8_d(int dn, int n)
-{
-    return D == 64 ? n * 8 + dn : (dn / 16) * 128 + n * 16 + dn % 16;
-}
+template <int D> __device__ __forceinline__ int f8_d(int dn, int n) { return kiln_f8_d(D, dn, n); }
 
 /* This lane's shared-memory offsets into an F8R K tile (xk[G]: byte group G of row g, before
  * the n8 block's row) and V tile (xv[e]: row 2c + e's run of d). */
@@ -368,17 +365,11 @@ struct f8_addrs {
 
 template <class Cfg> __device__ __forceinline__ f8_addrs f8_frag_addrs(int lane)
 {
-    constexpr int D = Cfg::D;
-    const int g = lane / 4, c = lane % 4;
     f8_addrs a;
 #pragma unroll
-    for (int G = 0; G < 4; G++) a.xk[G] = (u32)(g * D + (((4 * G + c) ^ f8_swz<D>(g)) << 4));
+    for (int G = 0; G < 4; G++) a.xk[G] = (u32)kiln_f8_k_off(Cfg::D, lane, G);
 #pragma unroll
-    for (int e = 0; e < 2; e++) {
-        const int r = 2 * c + e;
-        a.xv[e] = D == 64 ? (u32)(r * D + (((g >> 1) ^ f8_swz<D>(r)) << 4) + (g & 1) * 8)
-                          : (u32)(r * D + ((g ^ f8_swz<D>(r)) << 4));
-    }
+    for (int e = 0; e < 2; e++) a.xv[e] = (u32)kiln_f8_v_off(Cfg::D, lane, e);
     return a;
 }
 
@@ -400,7 +391,7 @@ template <class Cfg>
 __device__ __forceinline__ void q_frag_f8(const u16 *q_s, int row0, int kk, int lane, u32 (&f)[4])
 {
     constexpr int D = Cfg::D;
-    const int g = lane / 4, c = lane % 4, o = 16 * (c + 4 * (kk / 4)) + 4 * (kk % 4);
+    const int g = lane / 4, o = kiln_f8_qk_d(lane, kk);
 #pragma unroll
     for (int r = 0; r < 2; r++) {
         const int row = row0 + g + 8 * r;

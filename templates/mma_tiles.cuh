@@ -61,15 +61,12 @@ template <int D> __device__ __forceinline__ u32 swz_delta(int r0, int ch, int dr
 }
 
 /* The 16-byte chunk swizzle of an fp8 [rows][D] tile the MMAs read in registers (F8R): chunk c
- * of row r sits at c ^ f8_swz(r). The fragment loads of mma_attention.cuh then hit distinct
- * banks: a K load's 8-lane phase reads 4 chunks of rows 2q and 2q + 1 (the swizzles differ in
- * bit 2), a V load's reads chunks 2q', 2q' + 1 of 4 rows 2 apart (swizzles distinct in bits 1-2).
- * D 64 (4 chunks, two rows a bank line): K's phases are conflict-free as laid out and V's
- * 8-byte reads keep a 2-way conflict (every even row lies in the same half of the banks). */
-template <int D> __device__ __forceinline__ int f8_swz(int row)
-{
-    return D == 64 ? (row & 2) : (row & 6) ^ ((row & 1) << 2);
-}
+ * of row r sits at c ^ f8_swz(r) (kiln_f8_swz). The fragment loads of mma_attention.cuh then hit
+ * distinct banks: a K load's 8-lane phase reads 4 chunks of rows 2q and 2q + 1 (the swizzles
+ * differ in bit 2), a V load's reads chunks 2q', 2q' + 1 of 4 rows 2 apart (swizzles distinct in
+ * bits 1-2). D 64 (4 chunks, two rows a bank line): K's phases are conflict-free as laid out and
+ * V's 8-byte reads keep a 2-way conflict (every even row lies in the same half of the banks). */
+template <int D> __device__ __forceinline__ int f8_swz(int row) { return kiln_f8_swz(D, row); }
 
 /* Issue cp.async copies of rows [row0, row0 + ROWS) of a [*, D] global matrix with row stride
  * `stride` into a swizzled tile; rows at or past row_hi are zero-filled. */

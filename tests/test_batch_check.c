@@ -13,6 +13,7 @@
 #include "check_batch.h"
 #include "jit.h"
 #include "kt.h"
+#include "params.h"
 
 KT_TEST(batch_fp8_codec)
 {
@@ -355,5 +356,95 @@ KT_TEST(batch_reference_matches_naive)
         free(o2);
         free(lse2);
         kiln__cb_free(&L);
+    }
+}
+
+/* ---- fp8 in registers: the fragment layout (templates/common/params.h) ----------------------- */
+
+/* Byte offset of logical byte b of row r in an f8_swz-swizzled [rows][d] fp8 tile. */
+static int f8_phys(int d, int r, int b)
+{
+    return r * d + (((b / 16) ^ kiln_f8_swz(d, r)) << 4) + b % 16;
+}
+
+/* The most 128-byte lines one bank serves in one phase of `lanes` accesses of `bytes` each. */
+static int bank_ways(const int *addr, int lanes, int bytes)
+{
+    int worst = 1;
+    for (int p0 = 0; p0 < 32; p0 += 128 / bytes) {
+        int line[32][32], nl[32] = {0};
+        for (int l = p0; l < p0 + 128 / bytes && l < lanes; l++)
+            for (int w = 0; w < bytes / 4; w++) {
+                const int word = addr[l] / 4 + w, bank = word % 32, ln = word / 32;
+                int seen = 0;
+                for (int i = 0; i < nl[bank]; i++) seen |= line[bank][i] == ln;
+                if (!seen) line[bank][nl[bank]++] = ln;
+                if (nl[bank] > worst) worst = nl[bank];
+            }
+    }
+    return worst;
+}
+
+/* The fp8 fragments of the packed tensor-core rows read what they claim: each lane's K bytes
+ * are the d its Q registers hold (every (key, d) of an n8 block once), its V runs are the d
+ * its O columns name (kiln_f8_d, a bijection whose pairs are adjacent), the swizzle permutes a
+ * row's chunks, and the loads are free of bank conflicts (D 64's V reads: at most 2-way). */
+KT_TEST(f8_fragment_layout)
+{
+    static const int dims[3] = {64, 128, 256};
+    for (int di = 0; di < 3; di++) {
+        const int D = dims[di], chunks = D / 16;
+        for (int r = 0; r < 64; r++) { /* the swizzle permutes each row's chunks */
+            int hit[16] = {0};
+            for (int c = 0; c < chunks; c++) {
+                const int x = c ^ kiln_f8_swz(D, r);
+                KT_CHECK(x >= 0 && x < chunks);
+                if (x >= 0 && x < chunks) hit[x]++;
+            }
+            for (int c = 0; c < chunks; c++) KT_EQ_INT(hit[c], 1);
+        }
+        /* Q K^T: lane (g, c), steps 4 G .. 4 G + 3 read the 16 bytes at kiln_f8_k_off */
+        static int seen[8][256];
+        memset(seen, 0, sizeof seen);
+        for (int g4 = 0; g4 < D / 64; g4++) {
+            int addr[32];
+            for (int lane = 0; lane < 32; lane++) {
+                addr[lane] = kiln_f8_k_off(D, lane, g4);
+                for (int kq = 0; kq < 4; kq++) {
+                    const int d0 = kiln_f8_qk_d(lane, 4 * g4 + kq);
+                    for (int u = 0; u < 4; u++) {
+                        KT_EQ_INT(addr[lane] + 4 * kq + u, f8_phys(D, lane / 4, d0 + u));
+                        if (d0 + u < D) seen[lane / 4][d0 + u]++;
+                    }
+                }
+            }
+            KT_EQ_INT(bank_ways(addr, 32, 16), 1);
+        }
+        for (int g = 0; g < 8; g++)
+            for (int d = 0; d < D; d++) KT_EQ_INT(seen[g][d], 1);
+        /* P V: lane (g, c) reads, from key rows 2c + e (and + 8), the d of its O columns */
+        const int run = D == 64 ? 8 : 16;
+        for (int e = 0; e < 2; e++) {
+            for (int r0 = 0; r0 < D / 128 + (D == 64); r0++) {
+                int addr[32];
+                for (int lane = 0; lane < 32; lane++) {
+                    addr[lane] = kiln_f8_v_off(D, lane, e) + r0 * 128;
+                    for (int j = 0; j < run; j++)
+                        KT_EQ_INT(addr[lane] + j, f8_phys(D, 2 * (lane % 4) + e,
+                                                          kiln_f8_d(D, r0 * 16 + j, lane / 4)));
+                }
+                KT_CHECK(bank_ways(addr, 32, run) <= (D == 64 ? 2 : 1));
+            }
+        }
+        /* O's columns: every d once, pairs (dn, dn + 1) adjacent */
+        int hit[256] = {0};
+        for (int dn = 0; dn < D / 8; dn++)
+            for (int n = 0; n < 8; n++) {
+                const int d = kiln_f8_d(D, dn, n);
+                KT_CHECK(d >= 0 && d < D);
+                if (d >= 0 && d < D) hit[d]++;
+                if (dn % 2 == 0) KT_EQ_INT(kiln_f8_d(D, dn + 1, n), d + 1);
+            }
+        for (int d = 0; d < D; d++) KT_EQ_INT(hit[d], 1);
     }
 }

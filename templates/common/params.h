@@ -230,6 +230,30 @@ KILN_CONTRACT_FN int kiln_prefill_conv_bytes(int d, int es, int bn, int pack, in
     return es == 1 && !kiln_prefill_fp8_in_regs(es, pack, rope) ? 2 * bn * d * 2 : 0;
 }
 KILN_CONTRACT_FN int kiln_prefill_tab_bytes(int bn, int paged) { return paged ? 2 * bn * 8 : 0; }
+/* ---- fp8 in registers: where a lane's fragments sit in the fp8 tiles (mma_attention.cuh,
+ * "fp8 in registers"; checked on the CPU by test_batch_check.c's f8_fragment_layout) ----
+ * The 16-byte chunk swizzle of an fp8 [rows][d] tile: chunk c of row r is stored at chunk
+ * c ^ kiln_f8_swz(d, r). */
+KILN_CONTRACT_FN int kiln_f8_swz(int d, int row) { return d == 64 ? (row & 2) : ((row & 6) ^ ((row & 1) << 2)); }
+/* Q K^T: the first of the four d (bytes of K row lane / 4) lane holds in k16 step kk */
+KILN_CONTRACT_FN int kiln_f8_qk_d(int lane, int kk) { return 16 * (lane % 4 + 4 * (kk / 4)) + 4 * (kk % 4); }
+/* ... and the byte offset, in an n8 block's rows, of the 16 bytes lane loads for steps 4 G .. 4 G + 3 */
+KILN_CONTRACT_FN int kiln_f8_k_off(int d, int lane, int g4)
+{
+    return (lane / 4) * d + (((4 * g4 + lane % 4) ^ kiln_f8_swz(d, lane / 4)) << 4);
+}
+/* P V: the byte offset of lane's run of d in key row 2 (lane % 4) + e of a k16 step (16 bytes;
+ * 8 at d 64), and the d of O column n (0 .. 7) of n8 block dn (0 .. d / 8 - 1) */
+KILN_CONTRACT_FN int kiln_f8_v_off(int d, int lane, int e)
+{
+    return d == 64 ? (2 * (lane % 4) + e) * d + ((((lane / 4) >> 1) ^ kiln_f8_swz(d, 2 * (lane % 4) + e)) << 4) +
+                         ((lane / 4) & 1) * 8
+                   : (2 * (lane % 4) + e) * d + (((lane / 4) ^ kiln_f8_swz(d, 2 * (lane % 4) + e)) << 4);
+}
+KILN_CONTRACT_FN int kiln_f8_d(int d, int dn, int n)
+{
+    return d == 64 ? n * 8 + dn : (dn / 16) * 128 + n * 16 + dn % 16;
+}
 KILN_CONTRACT_FN int kiln_prefill_smem_bytes(int d, int es, int bm, int bn, int stages, int paged, int rope,
                                              int pack)
 {
