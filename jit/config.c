@@ -175,11 +175,20 @@ static const tile_row tile_rows[] = {
  * kernel reads each K/V row once anyway. fp8 KV too, widened in the MMAs' registers
  * (kiln_prefill_fp8_in_regs), but not with RoPE: rotated fp8 tiles go through shared memory
  * behind a block barrier, which a one-warp CTA pays in full. */
-static int decode_packs(const kiln_variant *v)
+const char *kiln__decode_pack_refusal(const kiln_variant *v)
 {
-    return v->kv != KILN_KV_CONTIGUOUS && v->group >= 4 && 16 % v->group == 0 &&
-           !(is_fp8(v->kv_dtype) && v->rope);
+    if (v->op != KILN_OP_DECODE) return "not a decode";
+    if (v->kv == KILN_KV_CONTIGUOUS)
+        return "a single request (kv=contiguous) decodes on CUDA cores";
+    if (v->group < 4 || 16 % v->group)
+        return v->group < 4 ? "groups below 4 would leave most of each MMA's 16 rows empty"
+                            : "the group does not divide the MMA's 16 rows (4, 8 or 16 do)";
+    if (is_fp8(v->kv_dtype) && v->rope)
+        return "fp8 KV with RoPE: rotated fp8 tiles go through shared memory behind a barrier";
+    return NULL;
 }
+
+static int decode_packs(const kiln_variant *v) { return !kiln__decode_pack_refusal(v); }
 
 /* A prefill batch of few query tokens per request (kiln_variant.q_tokens): the tokens and the
  * group's heads packed into rows as decode packs its heads, every K/V tile read once for all

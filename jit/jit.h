@@ -109,6 +109,10 @@ typedef struct kiln__config {
  * takes it), 0 where it cannot. */
 const char *kiln__wgmma_refusal(const kiln_variant *v, int sm, int *can);
 
+/* Why a decode of v is not on the tensor cores (the packed rows of mma_attention.cuh), or NULL
+ * when it is (then kiln__config_pick takes them unless KILN_TUNE says pack=0). */
+const char *kiln__decode_pack_refusal(const kiln_variant *v);
+
 /* Largest dynamic shared memory per block on an arch (bytes). */
 int kiln__smem_limit(int sm);
 

@@ -136,7 +136,8 @@ KT_TEST(cli_bad_spec_and_arch)
 
 /* ---- compile -------------------------------------------------------------------------------- */
 
-/* compile and show name the kernel family, and show says why a prefill is not on wgmma. */
+/* compile and show name the kernel family; show says why a prefill is not on wgmma and why a
+ * decode is not on tensor cores. */
 KT_TEST(cli_compile_names_family)
 {
     if (!KT_HAVE_KILN()) return;
@@ -156,6 +157,22 @@ KT_TEST(cli_compile_names_family)
     kt_out_free(&r);
     KT_EQ_INT(RUN(&r, "show", "--arch", "sm_90a", pre), 0);
     KT_CONTAINS(r.out, "family:      wgmma\n");
+    kt_out_free(&r);
+    KT_EQ_INT(RUN(&r, "show", "--arch", "sm_80",
+                  "op=decode q_dtype=bf16 kv_dtype=e4m3 out_dtype=bf16 head_dim=64 group=4 "
+                  "kv=paged rope=1"),
+              0);
+    KT_CONTAINS(r.out, "family:      simt (not tensor cores: fp8 KV with RoPE: rotated fp8 tiles");
+    kt_out_free(&r);
+    KT_EQ_INT(RUN(&r, "show", "--arch", "sm_80",
+                  "op=decode dtype=f16 head_dim=64 group=2 kv=paged"),
+              0);
+    KT_CONTAINS(r.out, "family:      simt (not tensor cores: groups below 4");
+    kt_out_free(&r);
+    KT_EQ_INT(RUN(&r, "show", "--arch", "sm_80",
+                  "op=decode q_dtype=f16 kv_dtype=e5m2 out_dtype=f16 head_dim=64 group=4 kv=paged"),
+              0);
+    KT_CONTAINS(r.out, "family:      mma.sync\n");
     kt_out_free(&r);
 }
 

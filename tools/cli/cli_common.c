@@ -292,12 +292,19 @@ const char *cli_family(const char *source, const char *spec, const char *arch, c
 {
     why[0] = 0;
     const char *family = kiln__source_family(source);
-    if (strcmp(family, "mma.sync")) return family;
     kiln_variant v;
+    if (!strcmp(family, "simt")) { /* a decode on CUDA cores: why not on tensor cores */
+        if (spec && kiln_variant_parse(spec, &v) == KILN_STATUS_OK) {
+            const char *r = kiln__decode_pack_refusal(&v);
+            snprintf(why, cap, "not tensor cores: %s", r ? r : "KILN_TUNE pack=0");
+        }
+        return family;
+    }
+    if (strcmp(family, "mma.sync")) return family;
     if (spec && arch && kiln_variant_parse(spec, &v) == KILN_STATUS_OK && v.op == KILN_OP_PREFILL) {
         int can;
         const char *r = kiln__wgmma_refusal(&v, kiln__arch_sm(arch), &can);
-        snprintf(why, cap, "%s", r ? r : "KILN_TUNE wgmma=0");
+        snprintf(why, cap, "not wgmma: %s", r ? r : "KILN_TUNE wgmma=0");
     }
     return "mma.sync";
 }

@@ -184,9 +184,9 @@ static int view_print(const view *w, const show_opts *o, const kiln__cache *c)
     printf("arch:        %s\n", cli_safe(w->arch, b[1], sizeof b[1]));
     printf("spec:        %s\n", cli_safe(w->spec, b[2], sizeof b[2]));
     printf("nvrtc:       %s\n", cli_safe(w->nvrtc, b[3], sizeof b[3]));
-    char why[128];
+    char why[160];
     const char *fam = cli_family(w->source, w->spec, w->arch, why, sizeof why);
-    if (why[0]) printf("family:      %s (not wgmma: %s)\n", fam, why);
+    if (why[0]) printf("family:      %s (%s)\n", fam, why);
     else printf("family:      %s\n", fam);
     if (w->regs >= 0) printf("registers:   %d\n", w->regs);
     else

@@ -37,7 +37,8 @@ static const char usage_compile[] =
     "Compile SPEC (or find it in the cache) for each arch and print one line per arch:\n"
     "  <key> <arch> compiled|cached <ms> ms regs=<n> smem=<bytes> spill=<bytes> family=<f> <spec>\n"
     "where <f> is the kernel family: wgmma (warp-specialized, sm_90a prefill), mma.sync,\n"
-    "simt (decode on CUDA cores) or merge; `kiln show` says why a prefill is not on wgmma.\n"
+    "simt (decode on CUDA cores) or merge; `kiln show` says why a prefill is not on wgmma\n"
+    "and why a decode is not on tensor cores.\n"
     "\n" SPEC_HELP ARCH_HELP "\n"
     "example: kiln compile --arch sm_80,sm_90a op=decode dtype=bf16 head_dim=128 group=8\n";
 
