@@ -166,6 +166,7 @@ gpu-seed: all
 	grep -e 'group=4 layout=nhd mask=none window=0 logits=none lse=1 kv=paged arch' \
 	    -e 'group=1 layout=nhd mask=none window=0 logits=none lse=1 kv=paged arch' \
 	    -e 'head_dim=64 group=4 layout=nhd mask=none window=0 logits=softcap lse=1 kv=ragged arch' \
+	    -e 'group=4 layout=nhd mask=none window=0 logits=none lse=1 kv=paged rope=1 arch' \
 	    tests/gpu.manifest | grep op=decode | KILN_TUNE=merge=1 KILN_CACHE_DIR=$(BUILD)/seed \
 	    $(KILN) warm --arch sm_90a --jobs $$(nproc) -
 	# gpu_batch_pdl runs its batch kernels with pdl=0 too (pdl=1 is sm_90a's default)
