@@ -484,7 +484,7 @@ kiln_status kiln__config_pick(const kiln_variant *v, int sm, kiln__config *c, ki
     c->min_blocks = 1;
     const int d = v->head_dim, limit = kiln__smem_limit(sm);
     /* pack and wgmma first: they decide which kernel family the other fields describe */
-    c->pack = (v->op == KILN_OP_DECODE && decode_packs(v)) || prefill_packs(v);
+    c->pack = decode_packs(v) || prefill_packs(v);
     int wgmma_can;
     const char *no_wgmma = kiln__wgmma_refusal(v, sm, &wgmma_can);
     c->wgmma = -1; /* unless KILN_TUNE names it: the Hopper family where it serves, not packed */

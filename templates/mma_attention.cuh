@@ -334,7 +334,7 @@ __device__ __forceinline__ void qk_tile(float (&s)[Cfg::MT][mma_shape<Cfg>::NT][
 }
 
 /* ---- fp8 in registers (prefill_layout::F8R: the packed rows, fp8 K/V, no RoPE) ----
- * The MMAs take fp8 K and V straight from the loaded (f8_swz-swizzled) tiles: each lane reads
+ * The MMAs take fp8 K and V straight from the loaded (kiln_f8_swz-swizzled) tiles: each lane reads
  * 16-byte runs of bytes and widens them in registers (fp8x4_f16), with no converted tile and
  * no block barrier between load and use. The MMAs run in f16 whatever q's type (fp8 fits f16;
  * bf16 q is rounded to f16 times 2^-8, f8_q_unit, exact for |q| in [2^-9, 2^24), and P in
@@ -345,17 +345,14 @@ __device__ __forceinline__ void qk_tile(float (&s)[Cfg::MT][mma_shape<Cfg>::NT][
  *    its Q registers hold those d of rows g and g + 8 (q_frag_f8).
  *  - P V: the lane's B registers pair the keys of P's columns 2c, 2c + 1 (and + 8) at one d, so
  *    it reads one run of d from each of its 4 key rows and pairs their bytes (byte_perm); its
- *    n8 block dn is d = f8_d(dn, n) for O column n, which store_rows maps back. */
+ *    n8 block dn is d = kiln_f8_d(D, dn, n) for O column n (lane g reads d 16 g .. 16 g + 15,
+ *    and 128 + ... at D 256; 8 g .. 8 g + 7 at D 64), which store_rows maps back. */
 
 /* The factor bf16 q takes on its way to f16 (and K's scale gives back). */
 template <class Cfg> __device__ __forceinline__ constexpr float f8_q_unit()
 {
     return Cfg::DT == BF16 ? 1.0f / 256.0f : 1.0f;
 }
-
-/* The d of O column n (0 .. 7) of n8 block dn in the F8R layout: lane g of the P V fragments
- * reads d 16 g .. 16 g + 15 (and 128 + ... at D 256; 8 g .. 8 g + 7 at D 64). */
-template <int D> __device__ __forceinline__ int f8_d(int dn, int n) { return kiln_f8_d(D, dn, n); }
 
 /* This lane's shared-memory offsets into an F8R K tile (xk[G]: byte group G of row g, before
  * the n8 block's row) and V tile (xv[e]: row 2c + e's run of d). */
@@ -627,7 +624,7 @@ __device__ __forceinline__ void pv_tile(mma_state<Cfg> &st, const float (&s)[Cfg
 }
 
 /* Pair u (0 .. DTN - 1) of row r of this lane's O accumulators: columns d, d + 1 of O (the
- * return) with values x, y. F8R: n8 blocks dn, dn + 1 of one column (f8_d); else one block's two
+ * return) with values x, y. F8R: n8 blocks dn, dn + 1 of one column (kiln_f8_d); else one block's two
  * columns. */
 template <class Cfg>
 __device__ __forceinline__ int o_pair(const float (&o)[mma_shape<Cfg>::DTN][4], int r, int u, int lane, float &x,
@@ -637,7 +634,7 @@ __device__ __forceinline__ int o_pair(const float (&o)[mma_shape<Cfg>::DTN][4], 
         const int e = u & 1, dn = u & ~1;
         x = o[dn][r * 2 + e];
         y = o[dn + 1][r * 2 + e];
-        return f8_d<Cfg::D>(dn, (lane % 4) * 2 + e);
+        return kiln_f8_d(Cfg::D, dn, (lane % 4) * 2 + e);
     } else {
         x = o[u][r * 2];
         y = o[u][r * 2 + 1];
@@ -699,8 +696,8 @@ template <class Cfg> __device__ void mma_attention_kernel(const kiln_launch_para
     using S = mma_shape<Cfg>;
     constexpr int D = Cfg::D, BN = Cfg::BN, MT = Cfg::MT, STAGES = Cfg::STAGES, THREADS = L::THREADS;
     constexpr int ES = L::ES;
-    constexpr bool BATCH = Cfg::KV != KV_CONTIGUOUS, XFORM = (L::FP8 && !L::F8R) || Cfg::ROPE;
     constexpr bool CONV = L::FP8 && !L::F8R; /* the MMAs read converted tiles */
+    constexpr bool BATCH = Cfg::KV != KV_CONTIGUOUS, XFORM = CONV || Cfg::ROPE;
 
     extern __shared__ __align__(128) unsigned char smem[];
     u16 *q_s = reinterpret_cast<u16 *>(smem);

@@ -60,14 +60,6 @@ template <int D> __device__ __forceinline__ u32 swz_delta(int r0, int ch, int dr
     return (u32)((((ch ^ ((r0 + dr) & 7)) - (ch ^ (r0 & 7)))) * 16);
 }
 
-/* The 16-byte chunk swizzle of an fp8 [rows][D] tile the MMAs read in registers (F8R): chunk c
- * of row r sits at c ^ f8_swz(r) (kiln_f8_swz). The fragment loads of mma_attention.cuh then hit
- * distinct banks: a K load's 8-lane phase reads 4 chunks of rows 2q and 2q + 1 (the swizzles
- * differ in bit 2), a V load's reads chunks 2q', 2q' + 1 of 4 rows 2 apart (swizzles distinct in
- * bits 1-2). D 64 (4 chunks, two rows a bank line): K's phases are conflict-free as laid out and
- * V's 8-byte reads keep a 2-way conflict (every even row lies in the same half of the banks). */
-template <int D> __device__ __forceinline__ int f8_swz(int row) { return kiln_f8_swz(D, row); }
-
 /* Issue cp.async copies of rows [row0, row0 + ROWS) of a [*, D] global matrix with row stride
  * `stride` into a swizzled tile; rows at or past row_hi are zero-filled. */
 template <int ROWS, int D, int THREADS>
@@ -102,8 +94,8 @@ __device__ __forceinline__ void load_rows(u16 *tile, const u16 *g, i64 stride, i
 }
 
 /* Issue cp.async copies of keys [row0, row0 + ROWS) of one request into a tile: 16-bit K/V
- * into the swizzled layout, fp8 into a [ROWS][D] byte tile (plain, or f8_swz-swizzled where the
- * MMAs read it in registers); rows at or past row_hi are
+ * into the swizzled layout, fp8 into a [ROWS][D] byte tile (plain, or chunk-swizzled where the
+ * MMAs read it in registers, kiln_f8_swz); rows at or past row_hi are
  * zero-filled. Contiguous / ragged: rows at base + j * stride (ragged bases are shifted to the
  * request); paged: rows at base + tab[row], the byte offsets page_rows::write put there for
  * this tile. */
@@ -121,7 +113,7 @@ __device__ __forceinline__ void load_kv_rows(unsigned char *tile, const unsigned
         constexpr int STEP = THREADS / CHUNKS;
         static_assert(THREADS % CHUNKS == 0 && ROWS % STEP == 0, "load shape");
         const int r0 = tid / CHUNKS, ch = tid % CHUNKS;
-        auto f8_chunk = [&](int row) { return L::F8R ? ch ^ f8_swz<D>(row) : ch; };
+        auto f8_chunk = [&](int row) { return L::F8R ? ch ^ kiln_f8_swz(D, row) : ch; };
         static_assert(Cfg::KV != KV_PAGED || (ROWS == Cfg::BN && STEP == L::STEP), "the table's row order");
         /* this thread's row offsets (tab_at order), read up front: the copies are volatile
          * asm, which no load moves across, so reads between them would each wait in turn */

@@ -32,6 +32,14 @@ static int quick(void)
     return q && *q && strcmp(q, "0") != 0;
 }
 
+/* Parse spec into *v; 0 after recording a failure that names it. */
+static int parsed(const char *spec, kiln_variant *v)
+{
+    if (kiln_variant_parse(spec, v) == KILN_STATUS_OK) return 1;
+    kt_fail(__FILE__, __LINE__, "%s: %s", spec, kiln_errmsg());
+    return 0;
+}
+
 static kiln_kernel *get(kiln_ctx *ctx, const kiln_variant *v)
 {
     kiln_kernel *k = NULL;
@@ -308,10 +316,7 @@ KT_GPU_TEST(gpu_batch_mask_data)
     }
     for (size_t i = 0; i < sizeof specs / sizeof specs[0]; i++) {
         kiln_variant v;
-        if (kiln_variant_parse(specs[i], &v) != KILN_STATUS_OK) {
-            kt_fail(__FILE__, __LINE__, "%s: %s", specs[i], kiln_errmsg());
-            continue;
-        }
+        if (!parsed(specs[i], &v)) continue;
         kiln_kernel *k = get(ctx, &v);
         if (!k) continue;
         kiln_check_batch s;
@@ -402,10 +407,7 @@ KT_GPU_TEST(gpu_batch_equals_single)
     static const int kv[7] = {1, 54, 0, 513, 2048, 97, 700}, qo[7] = {1, 17, 5, 37, 127, 0, 64};
     for (int t = 0; t < 4; t++) {
         kiln_variant vs, vb;
-        if (kiln_variant_parse(specs[t], &vs) != KILN_STATUS_OK) {
-            kt_fail(__FILE__, __LINE__, "%s: %s", specs[t], kiln_errmsg());
-            continue;
-        }
+        if (!parsed(specs[t], &vs)) continue;
         vb = vs;
         vb.kv = KILN_KV_RAGGED;
         kiln_kernel *ks = get(ctx, &vs), *kb = get(ctx, &vb);
@@ -537,10 +539,7 @@ KT_GPU_TEST(gpu_batch_all_empty)
     static const int qo[3] = {2, 1, 3}, kv0[3] = {0, 0, 0};
     for (size_t i = 0; i < sizeof specs / sizeof specs[0]; i++) {
         kiln_variant v;
-        if (kiln_variant_parse(specs[i], &v) != KILN_STATUS_OK) {
-            kt_fail(__FILE__, __LINE__, "%s: %s", specs[i], kiln_errmsg());
-            continue;
-        }
+        if (!parsed(specs[i], &v)) continue;
         kiln_kernel *k = get(ctx, &v);
         if (!k) continue;
         for (int graph = 0; graph < 2; graph++)
@@ -589,10 +588,7 @@ KT_GPU_TEST(gpu_batch_fused_merge)
     static const int kv[5] = {1, 17, 1000, 4097, 0};
     for (size_t i = 0; i < sizeof specs / sizeof specs[0]; i++) {
         kiln_variant v;
-        if (kiln_variant_parse(specs[i], &v) != KILN_STATUS_OK) {
-            kt_fail(__FILE__, __LINE__, "%s: %s", specs[i], kiln_errmsg());
-            continue;
-        }
+        if (!parsed(specs[i], &v)) continue;
         /* KILN_TUNE is read when a kernel is built; each context memoises its own */
         kiln_kernel *k0 = get(c0, &v);
         setenv("KILN_TUNE", "merge=1", 1);
@@ -646,10 +642,7 @@ KT_GPU_TEST(gpu_batch_pdl)
                      pqo[5] = {3, 17, 64, 1, 0};
     for (size_t i = 0; i < sizeof specs / sizeof specs[0]; i++) {
         kiln_variant v;
-        if (kiln_variant_parse(specs[i], &v) != KILN_STATUS_OK) {
-            kt_fail(__FILE__, __LINE__, "%s: %s", specs[i], kiln_errmsg());
-            continue;
-        }
+        if (!parsed(specs[i], &v)) continue;
         const int decode = v.op == KILN_OP_DECODE;
         /* KILN_TUNE is read when a kernel is built; each context memoises its own */
         setenv("KILN_TUNE", "pdl=0", 1);
@@ -711,10 +704,7 @@ KT_GPU_TEST(gpu_wgmma_xjob)
     static const int pqo[6] = {3, 200, 700, 1, 0, 130}, pkv[6] = {4097, 900, 700, 17, 33, 130};
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         kiln_variant v;
-        if (kiln_variant_parse(cases[i].spec, &v) != KILN_STATUS_OK) {
-            kt_fail(__FILE__, __LINE__, "%s: %s", cases[i].spec, kiln_errmsg());
-            continue;
-        }
+        if (!parsed(cases[i].spec, &v)) continue;
         /* KILN_TUNE is read when a kernel is built; each context memoises its own */
         setenv("KILN_TUNE", cases[i].tune0, 1);
         kiln_kernel *k0 = get(c0, &v);

@@ -233,7 +233,11 @@ KILN_CONTRACT_FN int kiln_prefill_tab_bytes(int bn, int paged) { return paged ? 
 /* ---- fp8 in registers: where a lane's fragments sit in the fp8 tiles (mma_attention.cuh,
  * "fp8 in registers"; checked on the CPU by test_batch_check.c's f8_fragment_layout) ----
  * The 16-byte chunk swizzle of an fp8 [rows][d] tile: chunk c of row r is stored at chunk
- * c ^ kiln_f8_swz(d, r). */
+ * c ^ kiln_f8_swz(d, r), so that the fragment loads hit distinct banks: a K load's 8-lane phase
+ * reads 4 chunks of rows 2q and 2q + 1 (the swizzles differ in bit 2), a V load's reads chunks
+ * 2q', 2q' + 1 of 4 rows 2 apart (swizzles distinct in bits 1-2). d 64 (4 chunks, two rows a
+ * bank line): K's phases are conflict-free as laid out and V's 8-byte reads keep a 2-way
+ * conflict (every even row lies in the same half of the banks). */
 KILN_CONTRACT_FN int kiln_f8_swz(int d, int row) { return d == 64 ? (row & 2) : ((row & 6) ^ ((row & 1) << 2)); }
 /* Q K^T: the first of the four d (bytes of K row lane / 4) lane holds in k16 step kk */
 KILN_CONTRACT_FN int kiln_f8_qk_d(int lane, int kk) { return 16 * (lane % 4 + 4 * (kk / 4)) + 4 * (kk % 4); }
