@@ -488,6 +488,12 @@ KILN_API void kiln_plan_destroy(kiln_plan *plan);
 KILN_API kiln_status kiln_plan_workspace_size(const kiln_plan *plan, int batch, int total_qo,
                                               size_t *bytes);
 
+/* The two parts of that workspace: the schedule (the int region, `schedule_bytes`) and the
+ * partial states of the splits (`scratch_bytes`; their sum is kiln_plan_workspace_size's), for
+ * kiln_plan_schedule_scratch, which takes them as two buffers. Pure host arithmetic. */
+KILN_API kiln_status kiln_plan_workspace_sizes(const kiln_plan *plan, int batch, int total_qo,
+                                               size_t *schedule_bytes, size_t *scratch_bytes);
+
 /* The batch as CPU arrays (host memory; only read during the call). */
 typedef struct kiln_batch_shape {
     int batch;                   /* B >= 0 requests */
@@ -509,6 +515,19 @@ typedef struct kiln_batch_shape {
 KILN_API kiln_status kiln_plan_schedule(kiln_plan *plan, const kiln_batch_shape *shape,
                                         kiln_devptr workspace, size_t workspace_bytes,
                                         void *stream);
+
+/* kiln_plan_schedule with the partial states of the splits in `scratch` rather than in the
+ * workspace, which then holds only the schedule (kiln_plan_workspace_sizes: schedule_bytes).
+ * The workspace belongs to this plan: its runs and graph replays read it. The scratch is only
+ * written and read while a run executes, so plans whose runs are ordered (one stream) may share
+ * one scratch buffer, as FlashInfer's wrappers share a float workspace; plans whose runs may
+ * overlap may not. A scratch smaller than scratch_bytes holds fewer partial states (the
+ * schedule splits less, with the same results); scratch = 0 with scratch_bytes = 0 means no
+ * split. Both buffers 256-byte aligned; kiln_batch_args.workspace is then this workspace. */
+KILN_API kiln_status kiln_plan_schedule_scratch(kiln_plan *plan, const kiln_batch_shape *shape,
+                                                kiln_devptr workspace, size_t workspace_bytes,
+                                                kiln_devptr scratch, size_t scratch_bytes,
+                                                void *stream);
 
 /* What the last kiln_plan_schedule decided (for tests, benchmarks and `kiln check`). */
 typedef struct kiln_plan_info {
@@ -543,7 +562,7 @@ typedef struct kiln_batch_args {
                                                       H_KV*D, D; hnd: H_KV*page_size*D, D,
                                                       page_size*D; ragged: -, H_KV*D, D */
     int64_t v_stride_page, v_stride_n, v_stride_h;
-    kiln_devptr workspace; /* the one given to kiln_plan_schedule */
+    kiln_devptr workspace; /* the one given to kiln_plan_schedule (or _scratch) */
     size_t workspace_bytes;
     kiln_params params;
     /* Mask data, per request, in request order (decode: L_Q = 1 per request):

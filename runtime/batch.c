@@ -22,7 +22,10 @@
  * region (kiln_work_header, kiln_work_item[], kiln_work_req[], kiln_merge_task[], and with a
  * fused merge the arrival counters int [task bound][head scopes]: the contract in
  * templates/common/params.h), then the partial states: float lse [slots][H][rows], float o
- * [slots][H][rows][D].
+ * [slots][H][rows][D]. kiln_plan_schedule_scratch puts the partial states in a scratch buffer
+ * of their own instead: they live only while a run executes, so plans whose runs are ordered
+ * on one stream may share it (FlashInfer's wrappers share a float workspace), while each keeps
+ * its int region, which its later runs and graph replays read, in a workspace of its own.
  */
 #include <math.h>
 #include <stdlib.h>
@@ -63,12 +66,21 @@ enum {
 /* The workspace of one schedule: the bounds it was sized for (items, tasks, partial slots), the
  * int region (header, items, requests, tasks, the fused merge's counters: `counters` ints, 0
  * without it; offsets in ints, int_bytes rounded up to 256) and the partial states (byte
- * offsets); bytes in all. */
+ * offsets from their own base, part_bytes in all). In one workspace the partial states follow
+ * the int region (bytes = int_bytes + part_bytes); with a scratch buffer they are in it. */
 typedef struct layout {
     int64_t items, tasks, slots, counters;
     int items_off, reqs_off, tasks_off, counters_off;
-    size_t int_bytes, plse_off, po_off, bytes;
+    size_t int_bytes, plse_off, po_off, part_bytes, bytes;
 } layout;
+
+/* Where a schedule goes: the workspace, and the scratch buffer of the partial states when the
+ * plan was given one (kiln_plan_schedule_scratch; has_scratch 0: they are in the workspace). */
+typedef struct buffers {
+    kiln_devptr ws, scratch;
+    size_t ws_bytes, scratch_bytes;
+    int has_scratch;
+} buffers;
 
 struct kiln_plan {
     kiln_kernel *k;
@@ -79,10 +91,11 @@ struct kiln_plan {
     kiln_plan_info info;
     int grid, tasks_grid;
     layout lay;
-    size_t uploaded; /* bytes of the int region the last upload copied */
-    kiln_devptr ws;
-    size_t ws_bytes;
-    int scheduled; /* 1 once a schedule was written: run and describe need one */
+    size_t uploaded;   /* bytes of the int region the last upload copied */
+    kiln_devptr ws;    /* the workspace of the last schedule: its int region at offset 0 */
+    kiln_devptr parts; /* the base of its partial states (in ws, or the scratch buffer) */
+    size_t ws_need;    /* bytes of ws a run needs: the layout's, or its int region's */
+    int scheduled;     /* 1 once a schedule was written: run and describe need one */
     int host_only; /* tests: schedule into plain host memory, no device (kiln__plan_create_host) */
     /* host staging */
     int *host; /* pinned: HOST_RING buffers of host_ints each */
@@ -143,13 +156,14 @@ static int layout_for(const kiln_plan *pl, int batch, int64_t total_qo, int64_t 
     L->int_bytes = (size_t)ints * sizeof(int);
     L->int_bytes = (L->int_bytes + 255) / 256 * 256;
     const size_t per_slot_lse = (size_t)pl->H * pl->rows * sizeof(float);
-    L->plse_off = L->int_bytes;
-    L->po_off = L->plse_off + ((size_t)slots * per_slot_lse + 255) / 256 * 256;
-    L->bytes = L->po_off + (size_t)slots * per_slot_lse * pl->D;
+    L->plse_off = 0;
+    L->po_off = ((size_t)slots * per_slot_lse + 255) / 256 * 256;
+    L->part_bytes = L->po_off + (size_t)slots * per_slot_lse * pl->D;
+    L->bytes = L->int_bytes + L->part_bytes;
     /* the regions follow one another without overlap */
     KILN__ASSERT_LE(L->tasks_off + L->tasks * TASK_INTS, L->counters_off);
     KILN__ASSERT_LE(L->counters_off + L->counters, ints);
-    KILN__ASSERT_LE((int64_t)ints * (int64_t)sizeof(int), (int64_t)L->plse_off);
+    KILN__ASSERT_LE((int64_t)ints * (int64_t)sizeof(int), (int64_t)L->int_bytes);
     KILN__ASSERT_LE(L->plse_off + (size_t)slots * per_slot_lse, L->po_off);
     return 0;
 }
@@ -306,12 +320,10 @@ void kiln_plan_destroy(kiln_plan *pl)
     free(pl);
 }
 
-kiln_status kiln_plan_workspace_size(const kiln_plan *pl, int batch, int total_qo, size_t *bytes)
+/* The layout with every split of a plan of `batch` requests and `total_qo` rows (graph mode:
+ * of the plan's bounds, if larger), for the workspace size queries. */
+static kiln_status full_layout(const kiln_plan *pl, int batch, int total_qo, layout *L)
 {
-    if (!bytes || !pl)
-        return kiln__fail(kiln__tls_err(), KILN_STATUS_INVALID_ARGUMENT,
-                          "workspace size: NULL argument");
-    *bytes = 0;
     kiln__err e = {{0}};
     if (batch < 0 || total_qo < 0) {
         kiln__fail(&e, KILN_STATUS_INVALID_ARGUMENT,
@@ -323,15 +335,41 @@ kiln_status kiln_plan_workspace_size(const kiln_plan *pl, int batch, int total_q
         if (batch < pl->o.max_batch) batch = pl->o.max_batch;
         if (!pl->decode && total_qo < pl->o.max_qo_tokens) total_qo = pl->o.max_qo_tokens;
     }
-    layout L;
-    if (layout_for(pl, batch, pl->decode ? batch : total_qo, -1, &L)) {
+    if (layout_for(pl, batch, pl->decode ? batch : total_qo, -1, L)) {
         kiln__fail(&e, KILN_STATUS_INVALID_ARGUMENT,
                    "workspace size %s: batch=%d total_qo=%d is too large", pl->k->spec, batch,
                    total_qo);
         return kiln__ctx_error(pl->k->ctx, KILN_STATUS_INVALID_ARGUMENT, &e);
     }
-    *bytes = L.bytes;
     return KILN_STATUS_OK;
+}
+
+kiln_status kiln_plan_workspace_size(const kiln_plan *pl, int batch, int total_qo, size_t *bytes)
+{
+    if (!bytes || !pl)
+        return kiln__fail(kiln__tls_err(), KILN_STATUS_INVALID_ARGUMENT,
+                          "workspace size: NULL argument");
+    *bytes = 0;
+    layout L;
+    kiln_status st = full_layout(pl, batch, total_qo, &L);
+    if (!st) *bytes = L.bytes;
+    return st;
+}
+
+kiln_status kiln_plan_workspace_sizes(const kiln_plan *pl, int batch, int total_qo,
+                                      size_t *schedule_bytes, size_t *scratch_bytes)
+{
+    if (!schedule_bytes || !scratch_bytes || !pl)
+        return kiln__fail(kiln__tls_err(), KILN_STATUS_INVALID_ARGUMENT,
+                          "workspace sizes: NULL argument");
+    *schedule_bytes = *scratch_bytes = 0;
+    layout L;
+    kiln_status st = full_layout(pl, batch, total_qo, &L);
+    if (!st) {
+        *schedule_bytes = L.int_bytes;
+        *scratch_bytes = L.part_bytes;
+    }
+    return st;
 }
 
 kiln_status kiln_plan_describe(const kiln_plan *pl, kiln_plan_info *out)
@@ -443,10 +481,17 @@ static int req_kv_len(const kiln_plan *pl, const kiln_batch_shape *s, int b)
     return n ? (n - 1) * pl->o.page_size + s->kv_last_page_len[b] : 0;
 }
 
+/* Whether layout t fits the buffers. */
+static int fits(const layout *t, const buffers *b)
+{
+    if (b->has_scratch) return t->int_bytes <= b->ws_bytes && t->part_bytes <= b->scratch_bytes;
+    return t->bytes <= b->ws_bytes;
+}
+
 /* Phase 2, the workspace: its layout for this batch (graph mode: for the plan's bounds, so the
- * offsets a captured run reads never move), and the caller's buffer checked against it. */
-static kiln_status lay_out(const kiln_plan *pl, int B, int64_t total_qo, kiln_devptr workspace,
-                           size_t workspace_bytes, layout *L, kiln__err *e)
+ * offsets a captured run reads never move), and the caller's buffers checked against it. */
+static kiln_status lay_out(const kiln_plan *pl, int B, int64_t total_qo, const buffers *b,
+                           layout *L, kiln__err *e)
 {
     int lb = B;
     int64_t lq = total_qo;
@@ -457,33 +502,43 @@ static kiln_status lay_out(const kiln_plan *pl, int B, int64_t total_qo, kiln_de
     if (pl->decode) lq = lb;
     if (layout_for(pl, lb, lq, -1, L))
         return kiln__fail(e, KILN_STATUS_INVALID_ARGUMENT, "plan %s: batch too large", pl->k->spec);
-    /* A workspace smaller than kiln_plan_workspace_size holds fewer partial slots: the most that
+    /* Buffers smaller than kiln_plan_workspace_size(s) hold fewer partial slots: the most that
      * fit (the split then cuts fewer chunks; the results are the same). Below the layout with
-     * none, the schedule itself does not fit. A host-only plan (tests) lays out for
-     * workspace_bytes when it is given. */
-    const size_t full = L->bytes;
-    layout t;
-    if (workspace_bytes > 0 && workspace_bytes < full && !layout_for(pl, lb, lq, 0, &t) &&
-        t.bytes <= workspace_bytes) {
-        int64_t lo = 0, hi = L->slots;
+     * none, the schedule itself does not fit. A host-only plan (tests) lays out for the sizes
+     * when they are given (with no scratch buffer: when workspace_bytes is not 0). */
+    const layout full = *L;
+    layout none;
+    layout_for(pl, lb, lq, 0, &none);
+    const int sized = b->has_scratch || b->ws_bytes > 0;
+    if (sized && !fits(&full, b) && fits(&none, b)) {
+        int64_t lo = 0, hi = full.slots;
+        layout t;
         while (lo < hi) { /* the largest slot count whose layout fits */
             const int64_t mid = lo + (hi - lo + 1) / 2;
-            if (!layout_for(pl, lb, lq, mid, &t) && t.bytes <= workspace_bytes) lo = mid;
+            if (!layout_for(pl, lb, lq, mid, &t) && fits(&t, b)) lo = mid;
             else hi = mid - 1;
         }
         layout_for(pl, lb, lq, lo, L);
-        KILN__ASSERT_LE(L->bytes, workspace_bytes);
+        KILN__ASSERT(fits(L, b));
     }
-    if (!pl->host_only && (!workspace || workspace_bytes < L->bytes || workspace % 256)) {
-        layout none;
-        layout_for(pl, lb, lq, 0, &none);
+    if (pl->host_only) return KILN_STATUS_OK;
+    if (!b->has_scratch && (!b->ws || b->ws_bytes < L->bytes || b->ws % 256))
         return kiln__fail(e, KILN_STATUS_WORKSPACE,
                           "plan %s: the workspace holds %zu bytes at 0x%llx; this batch needs at "
                           "least %zu (no split; %zu for every split kiln_plan_workspace_size "
                           "allows), 256-byte aligned",
-                          pl->k->spec, workspace ? workspace_bytes : 0,
-                          (unsigned long long)workspace, none.bytes, full);
-    }
+                          pl->k->spec, b->ws ? b->ws_bytes : 0, (unsigned long long)b->ws,
+                          none.bytes, full.bytes);
+    if (b->has_scratch && (!b->ws || b->ws_bytes < L->int_bytes || b->ws % 256 ||
+                           (L->part_bytes > 0 && (!b->scratch || b->scratch % 256))))
+        return kiln__fail(e, KILN_STATUS_WORKSPACE,
+                          "plan %s: the schedule workspace holds %zu bytes at 0x%llx and the "
+                          "scratch %zu at 0x%llx; this batch needs a workspace of at least %zu "
+                          "(%zu with every split) and scratch of up to %zu for its splits (none "
+                          "without), each 256-byte aligned",
+                          pl->k->spec, b->ws ? b->ws_bytes : 0, (unsigned long long)b->ws,
+                          b->scratch ? b->scratch_bytes : 0, (unsigned long long)b->scratch,
+                          none.int_bytes, full.int_bytes, full.part_bytes);
     return KILN_STATUS_OK;
 }
 
@@ -762,11 +817,12 @@ static kiln_status upload(kiln_plan *pl, const layout *L, const int *w, int ntas
 
 /* What kiln_plan_run needs of this schedule, and what kiln_plan_describe reports. */
 static void keep(kiln_plan *pl, const layout *L, int B, const sched_counts *n, int64_t chunk,
-                 kiln_devptr workspace, size_t workspace_bytes)
+                 const buffers *b)
 {
     pl->lay = *L;
-    pl->ws = workspace;
-    pl->ws_bytes = workspace_bytes;
+    pl->ws = b->ws;
+    pl->parts = b->has_scratch ? b->scratch : b->ws + L->int_bytes;
+    pl->ws_need = b->has_scratch ? L->int_bytes : L->bytes;
     if (pl->o.max_batch > 0) {
         pl->grid = (int)L->items;
         pl->tasks_grid = (int)L->tasks;
@@ -787,8 +843,8 @@ static void keep(kiln_plan *pl, const layout *L, int B, const sched_counts *n, i
 
 /* check the shape → lay out the workspace → list the query tiles → choose the split → stage →
  * write requests, items and tasks → upload → keep. */
-kiln_status kiln_plan_schedule(kiln_plan *pl, const kiln_batch_shape *s, kiln_devptr workspace,
-                               size_t workspace_bytes, void *stream)
+static kiln_status schedule(kiln_plan *pl, const kiln_batch_shape *s, const buffers *b,
+                            void *stream)
 {
     kiln__err e = {{0}};
     if (!pl) return kiln__fail(kiln__tls_err(), KILN_STATUS_INVALID_ARGUMENT, "plan: NULL plan");
@@ -799,7 +855,7 @@ kiln_status kiln_plan_schedule(kiln_plan *pl, const kiln_batch_shape *s, kiln_de
     layout L;
     int ntiles = 0, max_keys = 0, slot = 0, *w = NULL;
     int64_t chunk = 0;
-    st = lay_out(pl, B, total_qo, workspace, workspace_bytes, &L, &e);
+    st = lay_out(pl, B, total_qo, b, &L, &e);
     if (!st) st = list_tiles(pl, s, total_qo, &ntiles, &max_keys, &e);
     if (!st) st = choose_chunk(pl, ntiles, max_keys, &L, &chunk, &e);
     if (!st) st = stage(pl, &L, &w, &slot, &e);
@@ -811,10 +867,28 @@ kiln_status kiln_plan_schedule(kiln_plan *pl, const kiln_batch_shape *s, kiln_de
     KILN__ASSERT_LE(n.slots, L.slots);
     KILN__ASSERT_LE(n.tasks, L.tasks);
     KILN__ASSERT_LE(n.items, L.items);
-    if ((st = upload(pl, &L, w, n.tasks, slot, workspace, stream, &e)))
-        return plan_fail(pl, st, &e);
-    keep(pl, &L, B, &n, chunk, workspace, workspace_bytes);
+    if ((st = upload(pl, &L, w, n.tasks, slot, b->ws, stream, &e))) return plan_fail(pl, st, &e);
+    keep(pl, &L, B, &n, chunk, b);
     return KILN_STATUS_OK;
+}
+
+kiln_status kiln_plan_schedule(kiln_plan *pl, const kiln_batch_shape *s, kiln_devptr workspace,
+                               size_t workspace_bytes, void *stream)
+{
+    const buffers b = {.ws = workspace, .ws_bytes = workspace_bytes};
+    return schedule(pl, s, &b, stream);
+}
+
+kiln_status kiln_plan_schedule_scratch(kiln_plan *pl, const kiln_batch_shape *s,
+                                       kiln_devptr workspace, size_t workspace_bytes,
+                                       kiln_devptr scratch, size_t scratch_bytes, void *stream)
+{
+    const buffers b = {.ws = workspace,
+                       .ws_bytes = workspace_bytes,
+                       .scratch = scratch,
+                       .scratch_bytes = scratch_bytes,
+                       .has_scratch = 1};
+    return schedule(pl, s, &b, stream);
 }
 
 kiln_status kiln_plan_run(kiln_plan *pl, const kiln_batch_args *a, void *stream)
@@ -828,14 +902,14 @@ kiln_status kiln_plan_run(kiln_plan *pl, const kiln_batch_args *a, void *stream)
                          kiln__fail(&e, KILN_STATUS_INVALID_ARGUMENT,
                                     "run %s: nothing scheduled yet (kiln_plan_schedule)", k->spec),
                          &e);
-    if (a->workspace != pl->ws || a->workspace_bytes < pl->lay.bytes)
+    if (a->workspace != pl->ws || a->workspace_bytes < pl->ws_need)
         return plan_fail(
             pl,
             kiln__fail(&e, KILN_STATUS_WORKSPACE,
                        "run %s: the workspace (0x%llx, %zu bytes) is not the one planned into "
                        "(0x%llx, %zu bytes needed)",
                        k->spec, (unsigned long long)a->workspace, a->workspace_bytes,
-                       (unsigned long long)pl->ws, pl->lay.bytes),
+                       (unsigned long long)pl->ws, pl->ws_need),
             &e);
     /* A schedule of no keys at all (every request empty) reads no page id, so a caller with no
      * pages may pass none; the kernel still runs, writing o = 0 and lse = -inf. Not in graph
@@ -857,8 +931,8 @@ kiln_status kiln_plan_run(kiln_plan *pl, const kiln_batch_args *a, void *stream)
     p.tasks_off = pl->lay.tasks_off;
     p.counters_off = pl->lay.counters_off;
     p.slot_rows = pl->rows;
-    p.partial_lse = pl->ws + pl->lay.plse_off;
-    p.partial_o = pl->ws + pl->lay.po_off;
+    p.partial_lse = pl->parts + pl->lay.plse_off;
+    p.partial_o = pl->parts + pl->lay.po_off;
     if (pl->grid == 0) return KILN_STATUS_OK; /* an empty batch (eager mode) */
 
     const kiln__cu *cu = k->ctx->cu;

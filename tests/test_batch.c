@@ -564,6 +564,57 @@ KT_GPU_TEST(gpu_batch_all_empty)
     kiln_ctx_destroy(ctx);
 }
 
+/* The partial states in a scratch buffer shared with a second plan (kiln_plan_schedule_scratch,
+ * FlashInfer's shared float workspace): after every schedule, and before every run or replay,
+ * the second plan of the same kernel is scheduled and run over the first half of the requests
+ * on the same scratch (kiln_check_batch.scratch); the checked batch must still match the
+ * float64 reference. Decode on both families (tensor cores G 4 bf16 and fp8 KV; CUDA cores
+ * G 1), the fused merge (its counters live in each plan's own workspace), paged and ragged
+ * prefill; eagerly and from a CUDA graph; a long request so that the planner splits. */
+KT_GPU_TEST(gpu_batch_shared_scratch)
+{
+    kiln_ctx *ctx = KT_CTX(kt_cache_dir(), 1), *fused = KT_CTX(kt_cache_dir(), 1);
+    KT_REQUIRE(ctx && fused);
+    static const char *const specs[] = {
+        "op=decode dtype=bf16 head_dim=128 group=4 kv=paged lse=1",
+        "op=decode q_dtype=bf16 kv_dtype=e4m3 out_dtype=bf16 head_dim=128 group=4 kv=paged lse=1",
+        "op=decode dtype=bf16 head_dim=128 group=1 kv=paged lse=1",
+        "op=decode dtype=bf16 head_dim=128 group=4 kv=paged lse=1", /* merge=1 below */
+        "op=prefill dtype=bf16 head_dim=128 group=4 kv=paged lse=1",
+        "op=prefill dtype=bf16 head_dim=128 group=4 kv=ragged lse=1",
+    };
+    static const int kv[7] = {1, 17, 1000, 4097, 0, 300, 2500};
+    static const int qo[7] = {1, 17, 37, 5, 3, 64, 9};
+    for (size_t i = 0; i < sizeof specs / sizeof specs[0]; i++) {
+        kiln_variant v;
+        if (!parsed(specs[i], &v)) continue;
+        if (i == 3) setenv("KILN_TUNE", "merge=1", 1); /* read when the kernel is built */
+        kiln_kernel *k = get(i == 3 ? fused : ctx, &v);
+        if (i == 3) unsetenv("KILN_TUNE");
+        if (!k) continue;
+        if (i == 3) KT_CHECK(k->cfg.fused_merge == 1);
+        for (int graph = 0; graph < 2; graph++) {
+            kiln_check_batch s = {.batch = 7,
+                                  .qo_lens = v.op == KILN_OP_PREFILL ? qo : NULL,
+                                  .kv_lens = kv,
+                                  .num_qo_heads = v.group == 1 ? 8 : 4 * v.group,
+                                  .page_size = 16,
+                                  .window_left = -1,
+                                  .graph = graph,
+                                  .scratch = 1,
+                                  .seed = 131u + (uint64_t)(i * 2 + graph)};
+            kiln_check_batch_result r;
+            char msg[1024];
+            if (kiln_check_batch_run(ctx, k, &s, 0, &r, msg, sizeof msg))
+                kt_fail(__FILE__, __LINE__, "%s%s: %s (request %d)", specs[i],
+                        graph ? " graph" : "", msg, r.bad_request);
+            KT_CHECK(r.plan.merge_tasks > 0); /* split: the partial states were used */
+        }
+    }
+    kiln_ctx_destroy(fused);
+    kiln_ctx_destroy(ctx);
+}
+
 /* The split merge fused into the batch decode kernels (KILN_TUNE merge=1: the last CTA of each
  * merge task merges it) writes the bits the merge kernel writes (the default), on both
  * decode families: tensor cores (G 4, paged and ragged, and fp8 KV read in registers), CUDA

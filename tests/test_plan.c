@@ -408,6 +408,71 @@ KT_TEST(plan_fits_smaller_workspace)
     kiln_ctx_destroy(ctx);
 }
 
+/* The schedule and the partial states in two buffers (kiln_plan_schedule_scratch): the two
+ * sizes add up to the one-buffer size; with the full scratch the schedule is the one-buffer
+ * schedule, int for int; a smaller scratch splits less, and none splits not at all, whatever
+ * the schedule workspace holds. */
+KT_TEST(plan_scratch_buffer)
+{
+    kiln_ctx *ctx = KT_CTX(kt_tmpdir(), 0);
+    KT_REQUIRE(ctx);
+    batch *b = NULL;
+    kiln_batch_shape sh;
+    kiln_plan *pl = long_decode(ctx, &b, &sh);
+    KT_REQUIRE(pl);
+    size_t full = 0, sched = 0, scratch = 0;
+    KT_OK(kiln_plan_workspace_size(pl, 1, 1, &full), "size");
+    KT_OK(kiln_plan_workspace_sizes(pl, 1, 1, &sched, &scratch), "sizes");
+    KT_CHECK(sched > 0 && scratch > 0 && sched % 256 == 0);
+    KT_CHECK(sched + scratch == full);
+    size_t x = 1, y = 1;
+    KT_STATUS(kiln_plan_workspace_sizes(pl, 1, 1, NULL, &y), KILN_STATUS_INVALID_ARGUMENT,
+              "NULL size");
+    KT_STATUS(kiln_plan_workspace_sizes(pl, -1, 1, &x, &y), KILN_STATUS_INVALID_ARGUMENT,
+              "negative batch");
+    KT_CHECK(x == 0 && y == 0);
+    KT_CHECK(strstr(kiln_ctx_errmsg(ctx), "batch=-1") != NULL);
+
+    kiln_plan_info one, two;
+    KT_OK(kiln_plan_schedule(pl, &sh, 0, full, NULL), kiln_ctx_errmsg(ctx));
+    kiln_plan_describe(pl, &one);
+    kiln__plan_layout lay1, lay2;
+    kiln__plan_last_layout(pl, &lay1);
+    int io, ro, to;
+    const size_t n = lay1.uploaded / sizeof(int);
+    int *first = malloc(lay1.uploaded);
+    KT_REQUIRE(first);
+    memcpy(first, kiln__plan_last_schedule(pl, &io, &ro, &to), lay1.uploaded);
+    KT_OK(kiln_plan_schedule_scratch(pl, &sh, 0, sched, 0, scratch, NULL), kiln_ctx_errmsg(ctx));
+    kiln_plan_describe(pl, &two);
+    kiln__plan_last_layout(pl, &lay2);
+    KT_EQ_INT(two.items, one.items);
+    KT_EQ_INT(two.split_items, one.split_items);
+    KT_EQ_INT(two.merge_tasks, one.merge_tasks);
+    KT_CHECK(lay2.uploaded == lay1.uploaded && lay2.int_bytes == sched);
+    KT_CHECK(memcmp(first, kiln__plan_last_schedule(pl, &io, &ro, &to), n * sizeof(int)) == 0);
+    free(first);
+
+    /* less scratch: never more splits, and some size fewer; no scratch: none, with a schedule
+     * workspace of any size */
+    int last = one.split_items, middle = 0;
+    for (size_t sc = scratch / 2; sc >= 4096; sc /= 2) {
+        KT_OK(kiln_plan_schedule_scratch(pl, &sh, 0, sched, 0, sc, NULL), kiln_ctx_errmsg(ctx));
+        kiln_plan_describe(pl, &two);
+        KT_CHECK(two.split_items <= last);
+        middle |= two.split_items > 1 && two.split_items < one.split_items;
+        last = two.split_items;
+    }
+    KT_CHECK(middle);
+    KT_OK(kiln_plan_schedule_scratch(pl, &sh, 0, 1u << 30, 0, 0, NULL), kiln_ctx_errmsg(ctx));
+    kiln_plan_describe(pl, &two);
+    KT_EQ_INT(two.split_items, 0);
+    KT_EQ_INT(two.items, 1);
+    kiln_plan_destroy(pl);
+    free(b);
+    kiln_ctx_destroy(ctx);
+}
+
 /* fixed_split: a request's items do not depend on the rest of the batch. */
 KT_TEST(plan_fixed_split_invariant)
 {

@@ -173,6 +173,11 @@ typedef struct kiln_check_batch {
     int skip_reference; /* 1: time only */
     int bsr_r, bsr_c;   /* mask_data=bsr: block shape (0: 7 rows by 40 keys); mask data is
                             drawn at random per request (some rows empty, some full) */
+    int scratch;        /* 1: the partial states in a scratch buffer of their own
+                            (kiln_plan_schedule_scratch), shared with a second plan of the same
+                            kernel that is scheduled and run on it (the batch's first half of
+                            the requests, its outputs elsewhere) after every schedule and before
+                            every run or replay of the checked batch */
 } kiln_check_batch;
 
 typedef struct kiln_check_batch_result {

@@ -57,6 +57,7 @@ typedef struct cb_run_opts {
     kiln_plan_opts po; /* max_batch, max_qo_tokens, fixed_split, no_split (heads and page size
                           are filled in) */
     int time_reps;     /* > 0: time the last batch's run this many times */
+    int scratch;       /* kiln_check_batch.scratch */
 } cb_run_opts;
 
 /* Draw a logical batch of variant v with s's lengths and values from seed. */

@@ -82,6 +82,9 @@ void kiln__cb_out_free(cb_out *o)
 typedef struct dev {
     CUdeviceptr q, k, v, o, lse, indices, rope, slopes, ws, bits, bsr_ip, bsr_ix;
     size_t ws_bytes;
+    /* scratch mode: the shared partial states, and the second plan's workspace and outputs */
+    CUdeviceptr scratch, ws2, o2, lse2;
+    size_t scratch_bytes, ws2_bytes;
 } dev;
 
 /* The largest of each size over the batches of one run. */
@@ -103,6 +106,7 @@ typedef struct run_state {
     size_t q_elems, kv_elems, lse_bytes, esize;
     dev d;
     kiln_plan *plan;
+    kiln_plan *plan2; /* scratch mode: the plan that shares the scratch buffer */
     CUstream stream;
     CUgraph graph;
     CUgraphExec exec;
@@ -235,8 +239,25 @@ static kiln_status run_plan(run_state *rs, kiln__err *e)
     const int wsQ = L0->v.op == KILN_OP_DECODE ? wsB
                     : po.max_qo_tokens > m->Q  ? po.max_qo_tokens
                                                : m->Q;
-    KILN_RET(kiln_plan_workspace_size(rs->plan, wsB, wsQ, &rs->d.ws_bytes));
-    CU_RET(rs->cu->cuMemAlloc(&rs->d.ws, rs->d.ws_bytes ? rs->d.ws_bytes : 16), "alloc workspace");
+    dev *d = &rs->d;
+    if (rs->ro->scratch) {
+        /* the second plan: eager, the first half of each batch's requests */
+        kiln_plan_opts po2 = po;
+        po2.max_batch = po2.max_qo_tokens = 0;
+        KILN_RET(kiln_plan_create(rs->k, &po2, &rs->plan2));
+        KILN_RET(kiln_plan_workspace_sizes(rs->plan, wsB, wsQ, &d->ws_bytes, &d->scratch_bytes));
+        size_t sched2 = 0, scratch2 = 0;
+        KILN_RET(kiln_plan_workspace_sizes(rs->plan2, m->B, m->Q, &sched2, &scratch2));
+        if (scratch2 > d->scratch_bytes) d->scratch_bytes = scratch2;
+        d->ws2_bytes = sched2;
+        CU_RET(rs->cu->cuMemAlloc(&d->scratch, d->scratch_bytes + 16), "alloc scratch");
+        CU_RET(rs->cu->cuMemAlloc(&d->ws2, d->ws2_bytes + 16), "alloc second workspace");
+        CU_RET(rs->cu->cuMemAlloc(&d->o2, rs->q_elems * 2), "alloc second o");
+        CU_RET(rs->cu->cuMemAlloc(&d->lse2, rs->lse_bytes), "alloc second lse");
+    } else {
+        KILN_RET(kiln_plan_workspace_size(rs->plan, wsB, wsQ, &d->ws_bytes));
+    }
+    CU_RET(rs->cu->cuMemAlloc(&d->ws, d->ws_bytes ? d->ws_bytes : 16), "alloc workspace");
     if (rs->ro->graph)
         CU_RET(rs->cu->cuStreamCreate(&rs->stream, CU_STREAM_NON_BLOCKING), "create stream");
     return KILN_STATUS_OK;
@@ -294,10 +315,41 @@ static kiln_status run_replan(run_state *rs, int i, cb_out *out, kiln__err *e)
     shape.qo_indptr = L->v.op == KILN_OP_PREFILL ? x->qo_indptr : NULL;
     shape.kv_indptr = L->v.kv == KILN_KV_PAGED ? x->page_indptr : x->kv_indptr;
     shape.kv_last_page_len = L->v.kv == KILN_KV_PAGED ? x->last_page_len : NULL;
+    const dev *d = &rs->d;
     double t0 = now_ms();
-    KILN_RET(kiln_plan_schedule(rs->plan, &shape, rs->d.ws, rs->d.ws_bytes, rs->stream));
+    if (rs->ro->scratch)
+        KILN_RET(kiln_plan_schedule_scratch(rs->plan, &shape, d->ws, d->ws_bytes, d->scratch,
+                                            d->scratch_bytes, rs->stream));
+    else KILN_RET(kiln_plan_schedule(rs->plan, &shape, d->ws, d->ws_bytes, rs->stream));
     out->plan_ms = now_ms() - t0;
     KILN_RET(kiln_plan_describe(rs->plan, &out->info));
+    return KILN_STATUS_OK;
+}
+
+/* Scratch mode: the second plan scheduled and run on the shared scratch buffer, over the first
+ * half of batch i's requests (every index array's prefix), into outputs of its own; it
+ * overwrites whatever partial states the checked plan left there. a: the checked batch's
+ * arguments. */
+static kiln_status run_second(run_state *rs, int i, const kiln_batch_args *a, kiln__err *e)
+{
+    if (!rs->ro->scratch) return KILN_STATUS_OK;
+    kiln_ctx *ctx = rs->ctx;
+    const cb_logical *L = rs->Ls[i];
+    const kiln_check_index *x = &L->ix;
+    const dev *d = &rs->d;
+    kiln_batch_shape shape = {0};
+    shape.batch = (x->batch + 1) / 2;
+    shape.qo_indptr = L->v.op == KILN_OP_PREFILL ? x->qo_indptr : NULL;
+    shape.kv_indptr = L->v.kv == KILN_KV_PAGED ? x->page_indptr : x->kv_indptr;
+    shape.kv_last_page_len = L->v.kv == KILN_KV_PAGED ? x->last_page_len : NULL;
+    KILN_RET(kiln_plan_schedule_scratch(rs->plan2, &shape, d->ws2, d->ws2_bytes, d->scratch,
+                                        d->scratch_bytes, rs->stream));
+    kiln_batch_args a2 = *a;
+    a2.o = d->o2;
+    a2.lse = a->lse ? d->lse2 : 0;
+    a2.workspace = d->ws2;
+    a2.workspace_bytes = d->ws2_bytes;
+    KILN_RET(kiln_plan_run(rs->plan2, &a2, rs->stream));
     return KILN_STATUS_OK;
 }
 
@@ -308,6 +360,8 @@ static kiln_status run_replan(run_state *rs, int i, cb_out *out, kiln__err *e)
 static kiln_status run_launch(run_state *rs, int i, const kiln_batch_args *a, kiln__err *e)
 {
     kiln_ctx *ctx = rs->ctx;
+    kiln_status st = run_second(rs, i, a, e);
+    if (st) return st;
     if (!rs->ro->graph) {
         KILN_RET(kiln_plan_run(rs->plan, a, rs->stream));
         return KILN_STATUS_OK;
@@ -323,8 +377,7 @@ static kiln_status run_launch(run_state *rs, int i, const kiln_batch_args *a, ki
         CU_RET(rs->ga.cuGraphInstantiateWithFlags(&rs->exec, rs->graph, 0), "instantiate graph");
     }
     CU_RET(rs->ga.cuGraphLaunch(rs->exec, rs->stream), "launch graph");
-    kiln_status st = run_poison(rs, e);
-    if (st) return st;
+    if ((st = run_poison(rs, e)) || (st = run_second(rs, i, a, e))) return st;
     CU_RET(rs->ga.cuGraphLaunch(rs->exec, rs->stream), "launch graph again");
     return KILN_STATUS_OK;
 }
@@ -383,9 +436,11 @@ static void run_state_free(run_state *rs)
     if (rs->graph) rs->ga.cuGraphDestroy(rs->graph);
     if (rs->stream) cu->cuStreamDestroy(rs->stream);
     kiln_plan_destroy(rs->plan);
+    kiln_plan_destroy(rs->plan2);
     dev *d = &rs->d;
-    CUdeviceptr *bufs[] = {&d->q,    &d->k,      &d->v,  &d->o,    &d->lse,    &d->indices,
-                           &d->rope, &d->slopes, &d->ws, &d->bits, &d->bsr_ip, &d->bsr_ix};
+    CUdeviceptr *bufs[] = {&d->q,       &d->k,      &d->v,  &d->o,    &d->lse,    &d->indices,
+                           &d->rope,    &d->slopes, &d->ws, &d->bits, &d->bsr_ip, &d->bsr_ix,
+                           &d->scratch, &d->ws2,    &d->o2, &d->lse2};
     for (size_t b = 0; b < sizeof bufs / sizeof bufs[0]; b++)
         if (*bufs[b]) cu->cuMemFree(*bufs[b]);
     for (int i = 0; i < 2; i++) kiln__cb_store_free(&rs->S[i]);
@@ -500,6 +555,7 @@ cb_run_opts kiln__cb_run_opts(const kiln_check_batch *s, int time_reps)
     ro.po.fixed_split = s->fixed_split;
     ro.po.no_split = s->no_split;
     ro.time_reps = time_reps;
+    ro.scratch = s->scratch;
     return ro;
 }
 
