@@ -371,9 +371,18 @@ _OPTIONAL_PROTOTYPES = {
         c_enum,
         [_plan_p, ctypes.c_int, ctypes.c_int, _p(ctypes.c_size_t)],
     ),
+    "kiln_plan_workspace_sizes": (
+        c_enum,
+        [_plan_p, ctypes.c_int, ctypes.c_int, _p(ctypes.c_size_t), _p(ctypes.c_size_t)],
+    ),
     "kiln_plan_schedule": (
         c_enum,
         [_plan_p, _p(kiln_batch_shape), c_devptr, ctypes.c_size_t, ctypes.c_void_p],
+    ),
+    "kiln_plan_schedule_scratch": (
+        c_enum,
+        [_plan_p, _p(kiln_batch_shape), c_devptr, ctypes.c_size_t, c_devptr, ctypes.c_size_t,
+         ctypes.c_void_p],
     ),
     "kiln_plan_describe": (c_enum, [_plan_p, _p(kiln_plan_info)]),
     "kiln_plan_run": (c_enum, [_plan_p, _p(kiln_batch_args), ctypes.c_void_p]),

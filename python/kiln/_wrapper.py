@@ -20,7 +20,6 @@ import ctypes
 import math
 
 from . import _check, _lib
-from ._claims import _CLAIMS
 from ._planvalue import _READBACK, _capturing, _copy_into, _effective, _PlanValue, _readback
 from .attention import LOG2E, _stride, alibi_slopes, default_context, request_mask_bits
 from .core import Context
@@ -258,7 +257,10 @@ class _BatchWrapper:
         self._slopes = {}  # H -> ALiBi slopes, float32 [H]
         self._configs = {}  # plan() scalar arguments (values, types) -> _Config
         self._lse_scratch = None  # float32: the LSE a kernel with lse=1 writes when not asked
-        self._claims_seen = -1  # _CLAIMS.generation when run() last found no overtaking plan
+        # Plan -> [uint8 device tensor, batch, total_qo]: the plan's own schedule workspace
+        # (kiln_plan_schedule_scratch), sized for at least that batch; the float workspace holds
+        # only the partial states, so wrappers may share it as FlashInfer's do
+        self._schedules = {}
         self._indices_ok = None  # _meta of page ids last used as they are
         self._torch = None  # the torch module, once a plan reached the device
         self._cuda = None  # _cuda_calls(torch)
@@ -279,7 +281,6 @@ class _BatchWrapper:
         self._workspace_ptr = buf.data_ptr()
         self.device = getattr(buf, "device", None)
         self._device_index = getattr(self.device, "index", None)
-        self._device_name = str(self.device)  # the workspace claims' key
 
     @property
     def is_cuda_graph_enabled(self):
@@ -287,10 +288,12 @@ class _BatchWrapper:
 
     def reset_workspace_buffer(self, float_workspace_buffer, int_workspace_buffer=None,
                                *args, **kwargs):
-        """Use another float workspace (int_workspace_buffer is accepted and ignored: kiln's
-        schedule lives in the float workspace). The next run needs a new plan()."""
+        """Use another float workspace (int_workspace_buffer is accepted and ignored: each of
+        kiln's plans keeps its schedule in a small buffer of its own). The next run needs a new
+        plan()."""
         self._set_workspace(float_workspace_buffer)
         self._plans.clear()
+        self._schedules.clear()
         self._configs.clear()
         self._lse_scratch = None
         self._torch = None  # the next plan checks the new buffer
@@ -446,9 +449,10 @@ class _BatchWrapper:
             mask_bits = request_mask_bits(torch, custom_mask, packed_custom_mask, sizes,
                                           self.device)
         stream = self._cuda[1](self._device_index)
+        sched = self._schedule(torch, plan, batch, total_qo)
         plan._plan_sources(batch, qo[1] if qo is not None else None, kv[1],
-                           last[1] if last is not None else None, self._workspace_ptr,
-                           self._workspace_bytes, stream)
+                           last[1] if last is not None else None, sched[0], sched[1], stream,
+                           self._workspace_ptr, self._workspace_bytes)
         st = _State()
         st.cfg, st.plan, st.scalars = cfg, plan, scalars
         st.batch, st.total_qo, st.total_kv = batch, total_qo, total_kv
@@ -460,12 +464,28 @@ class _BatchWrapper:
         st.no_launch = not self._use_cuda_graph and (total_qo == 0 or kv_indptr[-1] == 0)
         st.lse_scratch = self._scratch_lse(torch, cfg, total_qo) if cfg.lse else None
         a = cfg.args
-        a.workspace, a.workspace_bytes = self._workspace_ptr, self._workspace_bytes
+        a.workspace, a.workspace_bytes = sched
         a.kv_indices = dev_indices.data_ptr() if dev_indices is not None else 0
         a.mask_bits = mask_bits.data_ptr() if mask_bits is not None else 0
         self._state = st
         self._planned = cfg.readback
-        _CLAIMS.claim(self, self._device_name, self._workspace_ptr, self._workspace_bytes)
+
+    def _schedule(self, torch, plan, batch, total_qo):
+        """(pointer, bytes) of plan's own schedule workspace, grown for this batch (never
+        shrunk: its size only grows with batch and total_qo). In CUDA-graph mode kiln lays the
+        schedule out for the plan's bounds, so the first size serves every later plan and a
+        captured run keeps reading the same address."""
+        have = self._schedules.get(plan)
+        if have is not None and batch <= have[1] and total_qo <= have[2]:
+            return have[3]
+        b = max(batch, have[1]) if have is not None else batch
+        q = max(total_qo, have[2]) if have is not None else total_qo
+        need = max(plan.workspace_sizes(b, q)[0], 256)
+        buf = have[0] if have is not None and have[0].numel() >= need else None
+        if buf is None:
+            buf = torch.empty(need, dtype=torch.uint8, device=self.device)
+        self._schedules[plan] = have = [buf, b, q, (buf.data_ptr(), int(buf.numel()))]
+        return have[3]
 
     def _fill_graph_buffers(self, kv_indptr, qo_indptr, last_page_len):
         """What FlashInfer's graph-mode plan() does with its fixed buffers: the plan's indptr
@@ -577,16 +597,6 @@ class _BatchWrapper:
             raise RuntimeError(f"{type(self).__name__}: call plan() before run()")
         return self._state
 
-    def _check_claims(self):
-        seen = _CLAIMS.generation
-        other = _CLAIMS.overtaken_by(self)
-        if other is not None:
-            raise RuntimeError(
-                f"{type(self).__name__}.run(): {type(other).__name__} planned into this wrapper's "
-                "float_workspace_buffer after its plan(); kiln keeps a plan's schedule in its "
-                "workspace, so wrappers cannot share one: give each its own buffer, or plan again")
-        self._claims_seen = seen
-
     def _q_info(self, cfg, q):
         """(rows, q_stride_n, q_stride_h) of a q that passes the checks (raises otherwise)."""
         torch = self._torch
@@ -636,8 +646,6 @@ class _BatchWrapper:
              window_left):
         """The launch the wrappers share: q [rows, H, D] against the planned batch; kp, vp the
         key and value pointers with kv their checked strides (k page, n, h, v page, n, h)."""
-        if _CLAIMS.generation != self._claims_seen:
-            self._check_claims()
         cfg = st.cfg
         if window_left is not None:
             self._check_window(cfg, window_left)

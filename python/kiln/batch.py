@@ -6,9 +6,10 @@ BatchPrefillWithRaggedKVCacheWrapper take FlashInfer's constructor, plan() and r
 so porting an engine is a change of import. plan() copies the index arrays to the host once,
 checks them, builds the kiln variant the arguments call for (batch_variant: kv=paged|ragged,
 op, dtypes, head_dim, group, layout, mask, window, logits, lse, rope), gets its kernel from the
-wrapper's Context (compiled once per spec, memoised here), and makes a kiln_plan on the
-caller's float_workspace_buffer (plan.py); all of that once per set of scalar arguments
-(_wrapper.py keeps it). run() checks the tensors (once per tensor metadata) and launches
+wrapper's Context (compiled once per spec, memoised here), and makes a kiln_plan (plan.py)
+whose schedule goes to a small buffer of the wrapper's own and whose split-KV partial states go
+to the caller's float_workspace_buffer, which several wrappers may share as in FlashInfer; all
+of that once per set of scalar arguments (_wrapper.py keeps it). run() checks the tensors (once per tensor metadata) and launches
 kiln_plan_run on torch's current stream: no allocation but the outputs asked for, no
 synchronisation, so a run can be captured in a CUDA graph and replayed after a new plan().
 The deprecated forward() / forward_return_lse() take FlashInfer's attention arguments and plan
@@ -29,7 +30,6 @@ from . import _check
 from ._planvalue import _PlanValue
 from ._wrapper import (FP8, _BatchWrapper, _check_tensor, _layout, _meta, _positive_int,
                        _remember, dtype_word)
-from ._claims import _WorkspaceClaims  # noqa: F401 (kiln.batch._WorkspaceClaims, tested)
 from .attention import _stride, mask_data_name, pos_encoding
 from .core import Variant
 from .plan import _count, check_indptr, check_last_page_len, host_array

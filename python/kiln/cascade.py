@@ -10,7 +10,7 @@ temporaries, so the caller's tensors only change where FlashInfer's do); lse_bas
 gives kiln's natural-log LSE with no conversion.
 
 MultiLevelCascadeAttentionWrapper runs each level as a BatchPrefillWithPagedKVCacheWrapper with
-LSE (the workspace split between the levels) and merges them in place. The shared-prefix
+LSE (all of them on the one workspace) and merges them in place. The shared-prefix
 wrappers FlashInfer keeps in flashinfer.cascade live in prefix.py and are reachable here too.
 """
 
@@ -190,9 +190,6 @@ def merge_states(v, s, *, lse_base="2", context=None):
 
 # ---- multi-level cascade -----------------------------------------------------------------------
 
-_SLICE_ALIGN = 256  # bytes: each level's workspace slice starts on this boundary
-
-
 class MultiLevelCascadeAttentionWrapper:
     """Cascade attention over levels of a paged KV cache (shared prefixes first, each request's
     own pages last): FlashInfer's wrapper of the same name. Each level is a batch prefill with
@@ -203,8 +200,9 @@ class MultiLevelCascadeAttentionWrapper:
     MultiLevelCascadeAttentionWrapper(num_levels, float_workspace_buffer, kv_layout="NHD",
     use_cuda_graph=False, qo_indptr_buf_arr=None, paged_kv_indptr_buf_arr=None,
     paged_kv_indices_buf_arr=None, paged_kv_last_page_len_buf_arr=None, *, context=None).
-    The workspace is split evenly between the levels (each plan keeps its schedule in its own
-    slice). CUDA-graph mode is not supported here yet (NotImplementedError).
+    Every level uses the whole float workspace for its split-KV partial states (each level's
+    schedule is in a buffer of its own wrapper's; the levels run one after another).
+    CUDA-graph mode is not supported here yet (NotImplementedError).
     """
 
     def __init__(self, num_levels, float_workspace_buffer, kv_layout="NHD",
@@ -218,23 +216,16 @@ class MultiLevelCascadeAttentionWrapper:
                                       "not supported yet")
         num_levels = _check.integer(num_levels, "num_levels", 1, _check.INT_MAX)
         _check.instance(context, "context", Context, none=True)
-        buf = float_workspace_buffer
-        nbytes = int(buf.numel()) * int(buf.element_size())
-        flat = buf.view(-1).view(_torch().uint8) if buf.element_size() != 1 else buf.view(-1)
-        per = (nbytes // num_levels) // _SLICE_ALIGN * _SLICE_ALIGN
-        if per == 0:
-            raise ValueError(f"float_workspace_buffer of {nbytes} bytes is too small for "
-                             f"{num_levels} levels")
         self._num_levels = num_levels
         self._context = context
         self._batch_prefill_wrappers = [
-            BatchPrefillWithPagedKVCacheWrapper(flat[i * per:(i + 1) * per], kv_layout,
+            BatchPrefillWithPagedKVCacheWrapper(float_workspace_buffer, kv_layout,
                                                 context=context, lse_base="e")
-            for i in range(num_levels)
+            for _ in range(num_levels)
         ]
 
     def reset_workspace_buffer(self, float_workspace_buffer, int_workspace_buffers=None):
-        """Split a new workspace between the levels (plan again afterwards)."""
+        """Use a new workspace for every level (plan again afterwards)."""
         self.__init__(self._num_levels, float_workspace_buffer,
                       self._batch_prefill_wrappers[0]._kv_layout, context=self._context)
 

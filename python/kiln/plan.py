@@ -162,7 +162,8 @@ def _count(x):
 
 
 class Plan:
-    """A kiln_plan: one batch kernel, one workspace, the schedule of the last plan().
+    """A kiln_plan: one batch kernel, one workspace (and optionally a shared scratch buffer),
+    the schedule of the last plan().
 
     Plan(kernel, num_qo_heads, page_size=0, max_batch=0, max_qo_tokens=0, fixed_split=0,
     no_split=False) takes the fields of kiln_plan_opts (kiln.h): max_batch > 0 is CUDA-graph
@@ -191,6 +192,7 @@ class Plan:
         _lib.fn("kiln_plan_destroy")  # both or neither
         # the calls of every plan() and run(), bound once
         self._fn_plan = _lib.fn("kiln_plan_schedule")
+        self._fn_plan_scratch = None  # kiln_plan_schedule_scratch, bound on first use
         self._fn_run = _lib.fn("kiln_plan_run")
         self._shape = shape = _lib.kiln_batch_shape()  # refilled by each plan()
         self._shape_ref = ctypes.byref(shape)
@@ -254,12 +256,26 @@ class Plan:
         self._call(_lib.fn("kiln_plan_workspace_size"), b, total, ctypes.byref(out))
         return out.value
 
+    def workspace_sizes(self, batch, total_qo=None):
+        """kiln_plan_workspace_sizes: (schedule bytes, scratch bytes) of that workspace, the two
+        buffers plan(..., scratch=) takes; they add up to workspace_size()."""
+        b = _check.integer(batch, "workspace_sizes: batch", 0, _check.INT_MAX)
+        total = b if total_qo is None else _check.integer(total_qo, "workspace_sizes: total_qo",
+                                                          0, _check.INT_MAX)
+        sched, scratch = ctypes.c_size_t(), ctypes.c_size_t()
+        self._call(_lib.fn("kiln_plan_workspace_sizes"), b, total, ctypes.byref(sched),
+                   ctypes.byref(scratch))
+        return sched.value, scratch.value
+
     def plan(self, kv_indptr, workspace, workspace_bytes, stream=None, qo_indptr=None,
-             kv_last_page_len=None):
+             kv_last_page_len=None, scratch=None, scratch_bytes=0):
         """kiln_plan_schedule: kv_indptr [B + 1] (ragged: token offsets; paged: offsets into the
         page ids), qo_indptr [B + 1] (prefill; None for decode), kv_last_page_len [B] (paged);
         host sequences. workspace is a device pointer (int) of workspace_bytes bytes; the
-        schedule is copied there asynchronously on `stream`."""
+        schedule is copied there asynchronously on `stream`. With scratch (a device pointer of
+        scratch_bytes bytes, 0 for none): kiln_plan_schedule_scratch, the split-KV partial
+        states in scratch, which plans whose runs are ordered on one stream may share, and only
+        the schedule in workspace (workspace_sizes())."""
         kv, kv_src = host_array(kv_indptr, "kv_indptr")
         qo, qo_src = (None, None) if qo_indptr is None else host_array(qo_indptr, "qo_indptr")
         last, last_src = ((None, None) if kv_last_page_len is None
@@ -275,15 +291,29 @@ class Plan:
         ws = _check.integer(workspace, "plan: workspace", 0, _check.UINT64_MAX)
         ws_bytes = _check.integer(workspace_bytes, "plan: workspace_bytes", 0, _check.UINT64_MAX)
         s = _check.stream(stream, "plan: stream")
-        self._plan_sources(batch, qo_src, kv_src, last_src, ws, ws_bytes, s)
+        if scratch is not None:
+            scratch = _check.integer(scratch, "plan: scratch", 0, _check.UINT64_MAX)
+            scratch_bytes = _check.integer(scratch_bytes, "plan: scratch_bytes", 0,
+                                           _check.UINT64_MAX)
+        self._plan_sources(batch, qo_src, kv_src, last_src, ws, ws_bytes, s, scratch,
+                           scratch_bytes)
 
-    def _plan_sources(self, batch, qo, kv, last, workspace, workspace_bytes, stream):
-        """kiln_plan_schedule on checked values: host_array sources (alive across the call, which
-        reads them), an int workspace pointer and size, a CUstream int or None."""
+    def _plan_sources(self, batch, qo, kv, last, workspace, workspace_bytes, stream,
+                      scratch=None, scratch_bytes=0):
+        """kiln_plan_schedule (or with scratch not None, kiln_plan_schedule_scratch) on checked
+        values: host_array sources (alive across the call, which reads them), int device
+        pointers and sizes, a CUstream int or None."""
         self._shape.batch = batch
         p_qo, p_kv, p_last = self._shape_ptrs
         p_qo.value, p_kv.value, p_last.value = c_address(qo), c_address(kv), c_address(last)
-        self._call(self._fn_plan, self._shape_ref, workspace, workspace_bytes, stream)
+        if scratch is None:
+            self._call(self._fn_plan, self._shape_ref, workspace, workspace_bytes, stream)
+            return
+        fn = self._fn_plan_scratch
+        if fn is None:
+            fn = self._fn_plan_scratch = _lib.fn("kiln_plan_schedule_scratch")
+        self._call(fn, self._shape_ref, workspace, workspace_bytes, scratch, scratch_bytes,
+                   stream)
 
     @property
     def info(self):

@@ -328,70 +328,16 @@ class TestWrapperChecks(unittest.TestCase):
             kiln.MultiLevelCascadeAttentionWrapper(0, FakeBuffer())
         with self.assertRaises(NotImplementedError):
             kiln.MultiLevelCascadeAttentionWrapper(2, FakeBuffer(), use_cuda_graph=True)
-        c = kiln.MultiLevelCascadeAttentionWrapper(2, _SliceableBuffer(1 << 20))
+        buf = FakeBuffer(1 << 20)
+        c = kiln.MultiLevelCascadeAttentionWrapper(2, buf)
         self.assertEqual(len(c._batch_prefill_wrappers), 2)
+        for w in c._batch_prefill_wrappers:  # every level on the whole (shared) workspace
+            self.assertIs(w._float_workspace_buffer, buf)
         with self.assertRaises(ValueError) as cm:
             c.plan([[0, 1]], [[0, 1]], [[0]], [[1]], 8, 8, 64, 16)
         self.assertIn("2 levels", str(cm.exception))
 
 
-class _SliceableBuffer(FakeBuffer):
-    """A fake workspace that slices like a 1-D uint8 tensor (for the cascade's split)."""
-
-    def __init__(self, nbytes, start=0):
-        super().__init__(nbytes)
-        self.start = start
-
-    def view(self, *shape):
-        return self
-
-    def data_ptr(self):
-        return 0x10000 + self.start
-
-    def __getitem__(self, s):
-        return _SliceableBuffer(s.stop - s.start, self.start + s.start)
-
-
 if __name__ == "__main__":
     unittest.main()
 
-
-class TestWorkspaceClaims(unittest.TestCase):
-    """A wrapper whose float workspace another wrapper planned over cannot run (no GPU)."""
-
-    class Owner:
-        pass
-
-    def test_overlap_after_plan_is_caught(self):
-        c = batch._WorkspaceClaims()
-        a, b = self.Owner(), self.Owner()
-        c.claim(a, "cuda:0", 1000, 100)
-        self.assertIsNone(c.overtaken_by(a))
-        c.claim(b, "cuda:0", 1050, 10)  # inside a's range, later
-        self.assertIs(c.overtaken_by(a), b)
-        self.assertIsNone(c.overtaken_by(b))
-        c.claim(a, "cuda:0", 1000, 100)  # a plans again: it owns the range again
-        self.assertIsNone(c.overtaken_by(a))
-        self.assertIs(c.overtaken_by(b), a)
-
-    def test_disjoint_ranges_and_devices_do_not_conflict(self):
-        c = batch._WorkspaceClaims()
-        a, b, d = self.Owner(), self.Owner(), self.Owner()
-        c.claim(a, "cuda:0", 0, 100)
-        c.claim(b, "cuda:0", 100, 100)  # adjacent, not overlapping (the cascade's slices)
-        c.claim(d, "cuda:1", 0, 100)  # same addresses, another device
-        for o in (a, b, d):
-            self.assertIsNone(c.overtaken_by(o))
-
-    def test_unknown_and_dead_owners(self):
-        c = batch._WorkspaceClaims()
-        a = self.Owner()
-        self.assertIsNone(c.overtaken_by(a))  # never planned: run() says "plan first" instead
-        b = self.Owner()
-        c.claim(a, "cuda:0", 0, 100)
-        c.claim(b, "cuda:0", 0, 100)
-        self.assertIs(c.overtaken_by(a), b)
-        del b  # a wrapper that is gone claims nothing
-        import gc
-        gc.collect()
-        self.assertIsNone(c.overtaken_by(a))

@@ -200,16 +200,6 @@ INTS = [
 ]
 
 
-class Sliceable(Workspace):
-    """A workspace the cascade can split between levels."""
-
-    def view(self, *shape):
-        return self
-
-    def __getitem__(self, s):
-        return self
-
-
 FLAGS = [
     ("variant_lse_str_zero", lambda: variant(lse="0"), TypeError, "lse"),
     ("variant_window_str_false", lambda: variant(window="false"), TypeError, "window"),
@@ -275,10 +265,10 @@ TYPES = [
      lambda: kiln.single_decode_with_kv_cache(None, None, None, q_scale="2"), TypeError,
      "q_scale"),
     ("cascade_plan_arrays_int",
-     lambda: kiln.MultiLevelCascadeAttentionWrapper(2, Sliceable()).plan(
+     lambda: kiln.MultiLevelCascadeAttentionWrapper(2, Workspace()).plan(
          7, [[0, 1]] * 2, [[0]] * 2, [[1]] * 2, 8, 8, 64, 16), TypeError, "qo_indptr_arr"),
     ("cascade_plan_causal_str",
-     lambda: kiln.MultiLevelCascadeAttentionWrapper(2, Sliceable()).plan(
+     lambda: kiln.MultiLevelCascadeAttentionWrapper(2, Workspace()).plan(
          [[0, 1]] * 2, [[0, 1]] * 2, [[0]] * 2, [[1]] * 2, 8, 8, 64, 16, causal="no"),
      TypeError, "causal"),
     ("single_decode_kv_layout_int",
