@@ -42,15 +42,21 @@ def _set_out(ref, value):
     return 0
 
 
-# The C calls that need a GPU, by name (old and new spellings of the plan calls).
+def _set_two(ref_a, ref_b, a, b):
+    ref_a._obj.value, ref_b._obj.value = a, b
+    return 0
+
+
+# The C calls that need a GPU, by name.
 STUBS = {
     "kiln_kernel_get": lambda ctx, variant, out: _set_out(out, 0x1000),
     "kiln_plan_create": lambda kernel, opts, out: _set_out(out, 0x2000),
     "kiln_plan_destroy": lambda plan: None,
     "kiln_plan_workspace_size": lambda plan, batch, total, out: _set_out(out, 1 << 20),
+    "kiln_plan_workspace_sizes": lambda plan, batch, total, a, b: _set_two(a, b, 64 << 10,
+                                                                           1 << 20),
     "kiln_plan_schedule": lambda plan, shape, ws, nbytes, stream: 0,
-    "kiln_plan_schedule": lambda plan, shape, ws, nbytes, stream: 0,
-    "kiln_plan_run": lambda plan, args, stream: 0,
+    "kiln_plan_schedule_scratch": lambda plan, shape, ws, nbytes, sc, sc_bytes, stream: 0,
     "kiln_plan_run": lambda plan, args, stream: 0,
     "kiln_plan_describe": lambda plan, info: 0,
 }
