@@ -21,6 +21,7 @@ LOG2E = 1.4426950408889634  # log2(e): natural-log LSE * LOG2E = base-2 LSE
 _lock = threading.Lock()
 _contexts = {}  # CUDA ordinal -> Context (the default contexts, never closed)
 _kernels = {}  # (ordinal, variant fields) -> Kernel
+_plans = {}  # (ordinal, variant fields, H) -> [kiln.Plan, threading.Lock, sizes by L_Q]
 
 
 def _torch():
@@ -98,33 +99,42 @@ def _as_tensor(torch, x, name):
     raise TypeError(f"{name} must be a torch.Tensor (or support __dlpack__), not {type(x).__name__}")
 
 
-def _dtype_name(torch, dtype, what):
+def _dtype_name(torch, dtype, what, fp8=False):
+    """kiln's word for a float16 / bfloat16 dtype (with fp8: also float8_e4m3fn -> "e4m3",
+    float8_e5m2 -> "e5m2")."""
     if dtype == torch.float16:
         return "f16"
     if dtype == torch.bfloat16:
         return "bf16"
-    raise ValueError(f"{what}: dtype {dtype} is not supported (float16 or bfloat16)")
+    if fp8 and dtype == getattr(torch, "float8_e4m3fn", None):
+        return "e4m3"
+    if fp8 and dtype == getattr(torch, "float8_e5m2", None):
+        return "e5m2"
+    raise ValueError(f"{what}: dtype {dtype} is not supported (float16 or bfloat16"
+                     f"{'; float8_e4m3fn or float8_e5m2 for k and v' if fp8 else ''})")
 
 
-def _check_input(torch, name, t, shape_doc, ndim, device):
-    """q, k, v: on `device`, ndim dims, fp16/bf16, last dim contiguous, 16-byte aligned, other
-    strides positive multiples of 8 elements (where the dim has more than one element)."""
+def _check_input(torch, name, t, shape_doc, ndim, device, fp8=False):
+    """q, k, v: on `device`, ndim dims, fp16/bf16 (fp8 too for k, v), last dim contiguous,
+    16-byte aligned, other strides positive multiples of 16 bytes (8 elements of 2 bytes; where
+    the dim has more than one element)."""
     if t.dim() != ndim:
         raise ValueError(f"{name} must be {shape_doc}, got shape {tuple(t.shape)}")
     if t.device != device:
         raise ValueError(f"{name} is on {t.device}, q on {device}: all tensors must share a device")
-    _dtype_name(torch, t.dtype, name)
+    _dtype_name(torch, t.dtype, name, fp8)
     if t.stride(-1) != 1 and t.size(-1) > 1:
         raise ValueError(
             f"{name}: the last (head_dim) dimension must be contiguous, got strides {t.stride()}"
         )
     if t.numel() and t.data_ptr() % 16:
         raise ValueError(f"{name}: data must be 16-byte aligned (data_ptr 0x{t.data_ptr():x})")
+    esize = t.element_size()
     for d in range(ndim - 1):
-        if t.size(d) > 1 and (t.stride(d) <= 0 or t.stride(d) % 8):
+        if t.size(d) > 1 and (t.stride(d) <= 0 or t.stride(d) * esize % 16):
             raise ValueError(
-                f"{name}: stride {t.stride(d)} of dim {d} must be a positive multiple of 8 elements "
-                f"(strides {t.stride()}); call .contiguous()"
+                f"{name}: stride {t.stride(d)} of dim {d} must be a positive multiple of "
+                f"{16 // esize} elements (strides {t.stride()}); call .contiguous()"
             )
 
 
@@ -167,12 +177,8 @@ def alibi_slopes(num_heads, device=None):
 
 def _logits(torch, device, H, mode, logits_soft_cap, slopes):
     """The variant's logits transform and the ALiBi slopes tensor (or None). mode: checked by
-    pos_encoding(); logits_soft_cap: a float or None."""
-    if mode == "ROPE_LLAMA":
-        raise NotImplementedError(
-            "single-request kernels have no fused RoPE: apply rotary embeddings to q and k "
-            "before the call (the batch wrappers have it)"
-        )
+    pos_encoding() (ROPE_LLAMA is no logits transform: the caller routes it); logits_soft_cap:
+    a float or None."""
     cap = 0.0 if logits_soft_cap is None else logits_soft_cap
     if cap < 0:
         raise ValueError(f"logits_soft_cap={logits_soft_cap}: must be > 0 (or None / 0 for none)")
@@ -268,7 +274,8 @@ def request_mask_bits(torch, custom_mask, packed_custom_mask, sizes, device):
 
 def _attention(op, q, k, v, *, causal, kv_layout, sm_scale, logits_soft_cap, window_left,
                return_lse, pos_encoding_mode, alibi_slopes_arg, lse_base, o_dtype, qk_scale=1.0,
-               v_scale=None, custom_mask=None, packed_custom_mask=None):
+               v_scale=None, custom_mask=None, packed_custom_mask=None, rope_scale=None,
+               rope_theta=None):
     # The scalar arguments first: their checks need neither torch nor a GPU.
     lse_base = _check.choice(lse_base, "lse_base", ("2", "e"))
     layout = _layout(kv_layout)
@@ -278,6 +285,14 @@ def _attention(op, q, k, v, *, causal, kv_layout, sm_scale, logits_soft_cap, win
     sm_scale = _check.real(sm_scale, "sm_scale", none=True)
     logits_soft_cap = _check.real(logits_soft_cap, "logits_soft_cap", none=True)
     pos_encoding_mode = pos_encoding(pos_encoding_mode)
+    rope = pos_encoding_mode == "ROPE_LLAMA"
+    # FlashInfer's defaults; they count only with RoPE
+    rope_scale = _check.real(rope_scale, "rope_scale", none=True)
+    rope_theta = _check.real(rope_theta, "rope_theta", none=True)
+    rope_scale = 1.0 if rope_scale is None else rope_scale
+    rope_theta = 1e4 if rope_theta is None else rope_theta
+    if rope and not (rope_scale > 0 and rope_theta > 0):
+        raise ValueError(f"rope_scale={rope_scale} and rope_theta={rope_theta} must be > 0")
     torch = _torch()
     q = _as_tensor(torch, q, "q")
     k = _as_tensor(torch, k, "k")
@@ -289,12 +304,15 @@ def _attention(op, q, k, v, *, causal, kv_layout, sm_scale, logits_soft_cap, win
     q_doc = "[H, D]" if decode else "[L_Q, H, D]"
     _check_input(torch, "q", q, q_doc, 2 if decode else 3, device)
     kv_doc = "[L_KV, H_KV, D] (NHD)" if layout == "nhd" else "[H_KV, L_KV, D] (HND)"
-    _check_input(torch, "k", k, kv_doc, 3, device)
-    _check_input(torch, "v", v, kv_doc, 3, device)
+    _check_input(torch, "k", k, kv_doc, 3, device, fp8=True)
+    _check_input(torch, "v", v, kv_doc, 3, device, fp8=True)
     if k.shape != v.shape:
         raise ValueError(f"k and v must have one shape, got {tuple(k.shape)} and {tuple(v.shape)}")
-    if k.dtype != q.dtype or v.dtype != q.dtype:
-        raise ValueError(f"q, k, v must share a dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
+    kv_name = _dtype_name(torch, k.dtype, "k", fp8=True)
+    fp8 = kv_name in ("e4m3", "e5m2")
+    if v.dtype != k.dtype or (k.dtype != q.dtype and not fp8):
+        raise ValueError(f"q, k, v must share a dtype (or k and v one fp8 dtype), got {q.dtype}, "
+                         f"{k.dtype}, {v.dtype}")
     L_Q = 1 if decode else q.size(0)
     H, D = q.size(-2), q.size(-1)
     n_dim, h_dim = (0, 1) if layout == "nhd" else (1, 0)
@@ -323,13 +341,26 @@ def _attention(op, q, k, v, *, causal, kv_layout, sm_scale, logits_soft_cap, win
             return o
         return o, torch.full(lse_shape, float("-inf"), dtype=torch.float32, device=device)
 
-    fields = dict(op=op, q_dtype=_dtype_name(torch, q.dtype, "q"), kv_dtype=_dtype_name(
-        torch, q.dtype, "q"), out_dtype=out_name, head_dim=D, group=H // H_KV, layout=layout,
-        mask="causal" if causal else "none", window=window, logits=logits, lse=bool(return_lse),
-        mask_data=mask_data_name(custom_mask, packed_custom_mask))
+    fields = dict(op=op, q_dtype=_dtype_name(torch, q.dtype, "q"), kv_dtype=kv_name,
+                  out_dtype=out_name, head_dim=D, group=H // H_KV, layout=layout,
+                  mask="causal" if causal else "none", window=window, logits=logits,
+                  lse=bool(return_lse), mask_data=mask_data_name(custom_mask, packed_custom_mask))
     bits = request_mask_bits(torch, custom_mask, packed_custom_mask, [L_Q * L_KV], device)
     o = torch.empty(o_shape, dtype=out_dtype, device=device)
     lse = torch.empty(lse_shape, dtype=torch.float32, device=device) if return_lse else None
+    if rope or fp8:  # kiln's single-request kernels have neither: a batch of one does
+        fields.update(kv="ragged", rope=rope)
+        _batch_of_one(torch, device, fields, q, k, v, o, lse, H, L_Q, L_KV, n_dim, h_dim,
+                      scale=scale, cap=cap, window_left=window_left if window else 0,
+                      slopes=slopes, bits=bits, rope_scale=rope_scale, rope_theta=rope_theta,
+                      v_scale=v_scale if fp8 else None)
+        if not fp8 and v_scale is not None and v_scale != 1.0:
+            o.mul_(v_scale)
+        if lse is None:
+            return o
+        if lse_base == "2":
+            lse.mul_(LOG2E)
+        return o, lse
 
     from ._lib import kiln_attn_args
 
@@ -378,6 +409,73 @@ def _attention(op, q, k, v, *, causal, kv_layout, sm_scale, logits_soft_cap, win
     return o, lse
 
 
+def _batch_of_one(torch, device, fields, q, k, v, o, lse, H, L_Q, L_KV, n_dim, h_dim, *, scale,
+                  cap, window_left, slopes, bits, rope_scale, rope_theta, v_scale):
+    """One request as a ragged batch of one (kv_indptr [0, L_KV]; prefill qo_indptr [0, L_Q]):
+    the batch kernels have RoPE and fp8 KV, the single-request ones not. The plan is kept per
+    (device, variant, H) and used under its lock (kiln_plan is not thread-safe); its schedule
+    and split-KV scratch are one buffer from torch's allocator for this call, as the single
+    decode's workspace is (see _workspace). A plan copies its schedule from pinned host memory,
+    which a CUDA graph cannot hold for later replays: inside a capture this raises."""
+    if torch.cuda.is_current_stream_capturing():
+        raise RuntimeError(
+            "single-request attention with RoPE or fp8 KV runs as a planned batch of one, and a "
+            "plan cannot be captured in a CUDA graph (its schedule is copied from host memory "
+            "at plan time): use BatchDecodeWithPagedKVCacheWrapper / BatchPrefillWith*Wrapper "
+            "with use_cuda_graph=True, planned before the capture"
+        )
+    from ._lib import kiln_batch_args
+
+    key = (device.index,) + tuple(sorted(fields.items())) + (H,)
+    with _lock:
+        entry = _plans.get(key)
+    decode = fields["op"] == "decode"
+    a = kiln_batch_args()
+    a.q, a.k, a.v, a.o = q.data_ptr(), k.data_ptr(), v.data_ptr(), o.data_ptr()
+    a.lse = lse.data_ptr() if lse is not None else 0
+    if decode:  # q [H, D] is the batch's q [1, H, D] (its row stride unused)
+        a.q_stride_h, a.o_stride_h = _stride(q, 0), _stride(o, 0)
+    else:
+        a.q_stride_n, a.q_stride_h = _stride(q, 0), _stride(q, 1)
+        a.o_stride_n, a.o_stride_h = _stride(o, 0), _stride(o, 1)
+    a.k_stride_n, a.k_stride_h = _stride(k, n_dim), _stride(k, h_dim)
+    a.v_stride_n, a.v_stride_h = _stride(v, n_dim), _stride(v, h_dim)
+    p = a.params
+    p.sm_scale, p.softcap, p.window_left = scale, cap, window_left
+    p.alibi_slopes = slopes.data_ptr() if slopes is not None else 0
+    p.rope_scale, p.rope_theta = rope_scale, rope_theta
+    p.k_scale, p.v_scale = 1.0, 1.0 if v_scale is None else v_scale  # k's scale is in scale
+    a.mask_bits = bits.data_ptr() if bits is not None else 0
+
+    switch = device.index != torch.cuda.current_device()
+    guard = torch.cuda.device(device) if switch else None
+    if guard is not None:
+        guard.__enter__()
+    try:
+        if entry is None:
+            plan = _kernel(device.index, fields).plan(num_qo_heads=H)
+            with _lock:
+                entry = _plans.setdefault(key, [plan, threading.Lock(), {}])
+        plan, plan_lock, sizes = entry
+        stream = torch.cuda.current_stream(device).cuda_stream
+        with plan_lock:
+            need = sizes.get(L_Q)
+            if need is None:  # depends on the rows only, not on L_KV
+                if len(sizes) >= 256:
+                    sizes.clear()
+                need = sizes[L_Q] = plan.workspace_sizes(1, L_Q)
+            sched, scratch = need
+            buf = _workspace(torch, device, max(sched + scratch, 256))
+            a.workspace, a.workspace_bytes = buf.data_ptr(), sched
+            plan.plan([0, L_KV], a.workspace, sched, stream,
+                      qo_indptr=None if decode else [0, L_Q],
+                      scratch=a.workspace + sched if scratch else 0, scratch_bytes=scratch)
+            plan.run(a, stream)
+    finally:
+        if guard is not None:
+            guard.__exit__(None, None, None)
+
+
 # ---- the FlashInfer-shaped functions -----------------------------------------------------------
 
 
@@ -413,17 +511,20 @@ def single_decode_with_kv_cache(
     cap * tanh(x / cap); pos_encoding_mode="ALIBI" adds slope[h] * (j - (L_KV - 1)) with the
     ALiBi paper's slopes, or with `alibi_slopes` (float32 [H]) when given. q_scale and k_scale
     multiply sm_scale (default 1/sqrt(D)); v_scale multiplies o. use_tensor_cores is accepted
-    and ignored (kiln picks its decode kernel). RoPE (pos_encoding_mode="ROPE_LLAMA",
-    rope_scale, rope_theta) raises NotImplementedError. Launches on torch's current stream.
+    and ignored (kiln picks its decode kernel). pos_encoding_mode="ROPE_LLAMA" rotates q (at
+    position L_KV - 1) and k (at 0..L_KV - 1) inside the kernel, llama style, with rope_scale
+    (default 1) and rope_theta (default 1e4), which count only then. k, v may be float8_e4m3fn or
+    float8_e5m2 (q float16 / bfloat16): k_scale and v_scale then dequantise them in the kernel.
+    RoPE and fp8 run on kiln's batch kernels as a batch of one (planned per call, so not inside
+    a CUDA-graph capture: RuntimeError). Launches on torch's current stream.
     """
-    if rope_scale is not None or rope_theta is not None:
-        raise NotImplementedError("kiln has no fused RoPE yet (rope_scale / rope_theta)")
     return _attention(
         "decode", q, k, v, causal=False, kv_layout=kv_layout, sm_scale=sm_scale,
         qk_scale=_scale(q_scale, "q_scale") * _scale(k_scale, "k_scale"),
         logits_soft_cap=logits_soft_cap, window_left=window_left, return_lse=return_lse,
         pos_encoding_mode=pos_encoding_mode, alibi_slopes_arg=alibi_slopes, lse_base=lse_base,
         o_dtype=None, v_scale=None if v_scale is None else _scale(v_scale, "v_scale"),
+        rope_scale=rope_scale, rope_theta=rope_theta,
     )
 
 
@@ -465,18 +566,23 @@ def single_prefill_with_kv_cache(
     causal and the window (a row that sees no key gets o = 0, lse = -inf). packed_custom_mask:
     the same mask as FlashInfer's packbits(custom_mask.flatten(), bitorder="little"), uint8
     [ceil(L_Q * L_KV / 8)]; it wins when both are given.
-    Not supported yet (raise NotImplementedError): fp8 scale_q / scale_k / scale_v, RoPE. use_fp16_qk_reduction and backend are accepted and
+    pos_encoding_mode="ROPE_LLAMA" rotates row i at position i + L_KV - L_Q and key j at j,
+    llama style (rope_scale default 1, rope_theta default 1e4; they count only then). k, v may
+    be float8_e4m3fn or float8_e5m2 with q float16 / bfloat16 (scale 1). RoPE and fp8 KV run on
+    kiln's batch kernels as a batch of one (planned per call, so not inside a CUDA-graph
+    capture: RuntimeError). Not supported yet (NotImplementedError): scale_q / scale_k /
+    scale_v (FlashInfer's fp8 q, k and v). use_fp16_qk_reduction and backend are accepted and
     ignored (kiln accumulates q.k in fp32 and picks its own kernel).
     """
     if scale_q is not None or scale_k is not None or scale_v is not None:
-        raise NotImplementedError("kiln has no fp8 inputs yet (scale_q / scale_k / scale_v)")
-    if rope_scale is not None or rope_theta is not None:
-        raise NotImplementedError("kiln has no fused RoPE yet (rope_scale / rope_theta)")
+        raise NotImplementedError("kiln has no fp8 queries yet (scale_q / scale_k / scale_v); "
+                                  "fp8 k and v with float16 / bfloat16 q need no scale")
     return _attention(
         "prefill", q, k, v, causal=causal, kv_layout=kv_layout, sm_scale=sm_scale,
         logits_soft_cap=logits_soft_cap, window_left=window_left, return_lse=return_lse,
         pos_encoding_mode=pos_encoding_mode, alibi_slopes_arg=alibi_slopes, lse_base=lse_base,
         o_dtype=o_dtype, custom_mask=custom_mask, packed_custom_mask=packed_custom_mask,
+        rope_scale=rope_scale, rope_theta=rope_theta,
     )
 
 

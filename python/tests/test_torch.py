@@ -118,8 +118,13 @@ class TestReference(unittest.TestCase):
 
     def test_not_yet(self):
         q, k = torch.randn(8, 64).half(), torch.randn(16, 8, 64).half()
-        with self.assertRaises(NotImplementedError):
+        with self.assertRaises(NotImplementedError):  # FlashInfer's fp8 q, k and v
+            kiln.single_prefill_with_kv_cache(q.unsqueeze(0), k, k, scale_q=1.0)
+        # rope_scale / rope_theta count only with RoPE, as in FlashInfer: accepted here, so
+        # the call gets as far as the device check
+        with self.assertRaises(ValueError) as cm:
             kiln.single_decode_with_kv_cache(q, k, k, rope_theta=1e4)
+        self.assertIn("CUDA", str(cm.exception))
 
     def test_alibi_slopes(self):
         s = kiln.alibi_slopes(8)
@@ -201,6 +206,57 @@ class TestDecode(GpuCase):
         o = kiln.single_decode_with_kv_cache(q, k, v, q_scale=0.5, k_scale=2.0, v_scale=3.0)
         ref, _ = _decode_ref(q, k, v, "NHD")
         self.assertClose(o, ref * 3.0, 6e-3, 5e-3, "q/k/v scales")
+
+    def test_rope(self):
+        # RoPE inside the kernel (a batch of one): q at position L_KV - 1, keys at 0..L_KV - 1
+        for H, H_KV, D, L, layout, dtype in ((32, 8, 128, 700, "NHD", "bf16"),
+                                             (8, 8, 64, 33, "HND", "f16"),
+                                             (16, 4, 128, 3000, "NHD", "bf16")):  # split
+            q = self.rand(H, D, dtype=dtype)
+            k, v = self.kv(H_KV, L, D, layout, dtype)
+            o, lse = kiln.single_decode_with_kv_cache(
+                q, k, v, kv_layout=layout, pos_encoding_mode="ROPE_LLAMA", rope_scale=2.0,
+                rope_theta=5e5, return_lse=True, lse_base="e")
+            ref_o, ref_lse = _decode_ref(q, k, v, layout, rope_args=(2.0, 5e5))
+            torch.cuda.synchronize()
+            what = f"rope decode H={H} H_KV={H_KV} D={D} L={L} {layout} {dtype}"
+            self.assertEqual(o.dtype, DTYPES[dtype])
+            self.assertClose(o, ref_o, 2e-2, 3e-2, what + " o")
+            self.assertClose(lse, ref_lse, 2e-2, 2e-3, what + " lse")
+
+    def test_fp8_kv(self):
+        # fp8 k, v with float16 / bfloat16 q (a batch of one): k_scale, v_scale dequantise
+        for kv_dtype, q_dtype, H, H_KV, D, L, layout in (
+                (torch.float8_e4m3fn, "bf16", 32, 8, 128, 1000, "NHD"),
+                (torch.float8_e5m2, "f16", 8, 2, 64, 77, "HND"),
+                (torch.float8_e4m3fn, "f16", 16, 16, 256, 5000, "NHD")):
+            q = self.rand(H, D, dtype=q_dtype)
+            k, v = self.kv(H_KV, L, D, layout, "bf16")
+            k8, v8 = (k.float() * 4).to(kv_dtype), (v.float() * 4).to(kv_dtype)
+            o, lse = kiln.single_decode_with_kv_cache(q, k8, v8, kv_layout=layout, k_scale=0.25,
+                                                      v_scale=0.5, return_lse=True,
+                                                      lse_base="e")
+            ref_o, ref_lse = _decode_ref(q, k8.float() * 0.25, v8.float() * 0.5, layout)
+            torch.cuda.synchronize()
+            what = f"fp8 decode {kv_dtype} q {q_dtype} H={H} H_KV={H_KV} D={D} L={L} {layout}"
+            self.assertEqual(o.dtype, DTYPES[q_dtype])
+            self.assertClose(o, ref_o, 2e-2, 3e-2, what + " o")
+            self.assertClose(lse, ref_lse, 2e-2, 2e-3, what + " lse")
+
+    def test_rope_inside_capture_raises(self):
+        q = self.rand(8, 64)
+        k, v = self.kv(8, 100, 64, "NHD", "bf16")
+        kiln.single_decode_with_kv_cache(q, k, v, pos_encoding_mode="ROPE_LLAMA")  # warm
+        torch.cuda.synchronize()
+        g = torch.cuda.CUDAGraph()
+        s = torch.cuda.Stream()
+        s.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(s):
+            with self.assertRaises(RuntimeError) as cm:
+                with torch.cuda.graph(g):
+                    kiln.single_decode_with_kv_cache(q, k, v, pos_encoding_mode="ROPE_LLAMA")
+        torch.cuda.current_stream().wait_stream(s)
+        self.assertIn("CUDA graph", str(cm.exception))
 
     def test_non_contiguous(self):
         H, H_KV, D, L = 32, 8, 128, 900
@@ -351,6 +407,38 @@ class TestPrefill(GpuCase):
 
     def test_out_dtype(self):
         self.run_case(64, 128, 8, 8, 128, True, "NHD", "bf16", o_dtype="f16")
+
+    def test_rope(self):
+        # RoPE inside the kernel (a batch of one): row i at i + L_KV - L_Q, key j at j
+        for L_Q, L_KV, H, H_KV, D, causal, layout, dtype in (
+                (100, 300, 32, 8, 128, True, "NHD", "bf16"),
+                (77, 77, 16, 4, 64, False, "HND", "f16"),
+                (5, 4000, 8, 2, 128, True, "NHD", "bf16")):
+            q, k, v = self.qkv(L_Q, L_KV, H, H_KV, D, layout, dtype)
+            o, lse = kiln.single_prefill_with_kv_cache(
+                q, k, v, causal=causal, kv_layout=layout, pos_encoding_mode="ROPE_LLAMA",
+                rope_scale=2.0, rope_theta=5e5, return_lse=True, lse_base="e")
+            ref_o, ref_lse = attention(q, k, v, layout=layout, causal=causal,
+                                       rope_args=(2.0, 5e5))
+            torch.cuda.synchronize()
+            what = f"rope prefill L_Q={L_Q} L_KV={L_KV} H={H} H_KV={H_KV} D={D} {layout}"
+            self.assertClose(o, ref_o, 2e-2, 3e-2, what + " o")
+            self.assertClose(lse, ref_lse, 2e-2, 2e-3, what + " lse")
+
+    def test_fp8_kv(self):
+        # fp8 k, v with float16 / bfloat16 q (a batch of one), scale 1
+        for kv_dtype, q_dtype, L_Q, L_KV, H, H_KV, D, causal, layout in (
+                (torch.float8_e4m3fn, "bf16", 64, 300, 32, 8, 128, True, "NHD"),
+                (torch.float8_e5m2, "f16", 33, 33, 8, 8, 64, False, "HND"),
+                (torch.float8_e4m3fn, "f16", 3, 2000, 16, 4, 128, True, "NHD")):
+            q, k, v = self.qkv(L_Q, L_KV, H, H_KV, D, layout, q_dtype)
+            k8, v8 = k.to(kv_dtype), v.to(kv_dtype)
+            o = kiln.single_prefill_with_kv_cache(q, k8, v8, causal=causal, kv_layout=layout)
+            ref, _ = attention(q, k8.float(), v8.float(), layout=layout, causal=causal)
+            torch.cuda.synchronize()
+            what = f"fp8 prefill {kv_dtype} q {q_dtype} L_Q={L_Q} L_KV={L_KV} D={D} {layout}"
+            self.assertEqual(o.dtype, DTYPES[q_dtype])
+            self.assertClose(o, ref, 2e-2, 3e-2, what)
 
     def test_lse_base(self):
         q, k, v = self.qkv(64, 64, 8, 8, 64, "NHD", "f16")

@@ -41,11 +41,12 @@ def _set(ref, value):
 
 class FakeDevice:
     """Stubs for the GPU calls of libkiln.so (the rest is the real library), CPU tensors in
-    place of CUDA ones. Records every kiln_plan_schedule (batch, kv_indptr) and kiln_plan_run
+    place of CUDA ones. Records every kiln_plan_schedule(_scratch) (batch, kv_indptr) and kiln_plan_run
     (a copy of its kiln_batch_args)."""
 
     def __init__(self):
         self.plans, self.runs, self.kernels = [], [], []  # kernels: kiln_kernel_get calls
+        self.scratches = []  # (schedule ws, bytes, scratch, bytes) of each schedule_scratch
         self.lse_count = 0  # floats the fake run writes at args.lse
 
         def kernel_get(ctx, variant, out):
@@ -56,6 +57,10 @@ class FakeDevice:
             s = shape._obj
             self.plans.append((s.batch, [s.kv_indptr[i] for i in range(s.batch + 1)]))
             return 0
+
+        def sizes(plan, b, t, sched, scratch):
+            _set(sched, 4096)
+            return _set(scratch, 1 << 16)
 
         def batch_run(plan, args, stream):
             a = _lib.kiln_batch_args()
@@ -70,10 +75,12 @@ class FakeDevice:
             "kiln_kernel_get": kernel_get,
             "kiln_plan_create": lambda kernel, opts, out: _set(out, 0x2000),
             "kiln_plan_destroy": lambda plan: None,
-            "kiln_plan_workspace_size": lambda plan, b, t, out: _set(out, 4096),
+            "kiln_plan_workspace_size": lambda plan, b, t, out: _set(out, 4096 + (1 << 16)),
+            "kiln_plan_workspace_sizes": sizes,
             "kiln_plan_schedule": batch_plan,
-            "kiln_plan_schedule": batch_plan,
-            "kiln_plan_run": batch_run,
+            "kiln_plan_schedule_scratch": lambda plan, shape, ws, nbytes, sc, sc_bytes, stream:
+                self.scratches.append((ws, nbytes, sc, sc_bytes))
+                or batch_plan(plan, shape, ws, nbytes, stream),
             "kiln_plan_run": batch_run,
             "kiln_plan_describe": lambda plan, info: 0,
         }
@@ -294,6 +301,40 @@ class TestForward(CpuCase):
         self.assertEqual((rw.variant.mask, len(self.dev.plans)), ("causal", 4))  # no re-plan
         o, lse = rw.forward_return_lse(q, k, k, True, logits_soft_cap=5.0)
         self.assertEqual(rw.variant.logits, "softcap")
+
+
+class TestSharedWorkspace(CpuCase):
+    """Wrappers on one float workspace: each plan's schedule goes to a buffer of its wrapper's
+    own, the shared buffer is every plan's scratch; plans and runs interleave freely."""
+
+    def test_two_wrappers_one_buffer(self):
+        ws = self.ws()
+        a = kiln.BatchDecodeWithPagedKVCacheWrapper(ws, "NHD", context=self.dev.ctx)
+        b = kiln.BatchPrefillWithPagedKVCacheWrapper(ws, "NHD", context=self.dev.ctx)
+        indptr, last, pages = pages_for((20, 33))
+        ids = torch.arange(pages, dtype=torch.int32)
+        a.plan(indptr, ids, last, H, H_KV, D, P)
+        b.plan([0, 3, 5], indptr, ids, last, H, H_KV, D, P)
+        (sa, na, xa, xna), (sb, nb, xb, xnb) = self.dev.scratches
+        self.assertEqual((xa, xna), (ws.data_ptr(), ws.numel()))  # the shared scratch
+        self.assertEqual((xb, xnb), (ws.data_ptr(), ws.numel()))
+        self.assertNotEqual(sa, sb)  # each its own schedule buffer
+        self.assertNotIn(ws.data_ptr(), (sa, sb))
+        self.assertEqual((na, nb), (4096, 4096))
+        k = torch.zeros((pages, P, H_KV, D), dtype=torch.float16)
+        a.run(torch.zeros((2, H, D), dtype=torch.float16), (k, k))  # planned before b: runs
+        b.run(torch.zeros((5, H, D), dtype=torch.float16), (k, k))
+        a.run(torch.zeros((2, H, D), dtype=torch.float16), (k, k))
+        self.assertEqual([r.workspace for r in self.dev.runs], [sa, sb, sa])
+
+    def test_schedule_buffer_is_kept(self):
+        w = kiln.BatchDecodeWithPagedKVCacheWrapper(self.ws(), "NHD", context=self.dev.ctx)
+        for lens in ((20,), (20, 33), (5,)):
+            indptr, last, pages = pages_for(lens)
+            w.plan(indptr, torch.arange(pages, dtype=torch.int32), last, H, H_KV, D, P)
+        ptrs = [s[0] for s in self.dev.scratches]
+        self.assertEqual(ptrs[0], ptrs[2])  # a smaller batch reuses the buffer it has
+        self.assertEqual(len(self.dev.scratches), 3)
 
 
 class TestHotPathChecks(CpuCase):
