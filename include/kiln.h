@@ -149,6 +149,9 @@ typedef enum kiln_logits {
     KILN_LOGITS_NONE = 0,    /* s = sm_scale * q.k */
     KILN_LOGITS_SOFTCAP = 1, /* s = cap * tanh(sm_scale * q.k / cap), before masking */
     KILN_LOGITS_ALIBI = 2,   /* s = sm_scale * q.k + slope[h] * (j - (i + L_KV - L_Q)) */
+    /* both, in FlashInfer's order: s = cap * tanh(sm_scale * q.k / cap + slope[h] * (j - (i +
+     * L_KV - L_Q))) (the ALiBi term inside the tanh, in units of the capped logit) */
+    KILN_LOGITS_SOFTCAP_ALIBI = 3,
 } kiln_logits;
 
 typedef uint64_t kiln_devptr; /* a CUdeviceptr */

@@ -31,7 +31,8 @@ _Static_assert(SAME_ID(KILN_DTYPE_F16, KILN_ID_F16) && SAME_ID(KILN_DTYPE_BF16, 
                "dtype ids");
 _Static_assert(SAME_ID(KILN_LOGITS_NONE, KILN_ID_LOGITS_NONE) &&
                    SAME_ID(KILN_LOGITS_SOFTCAP, KILN_ID_LOGITS_SOFTCAP) &&
-                   SAME_ID(KILN_LOGITS_ALIBI, KILN_ID_LOGITS_ALIBI),
+                   SAME_ID(KILN_LOGITS_ALIBI, KILN_ID_LOGITS_ALIBI) &&
+                   SAME_ID(KILN_LOGITS_SOFTCAP_ALIBI, KILN_ID_LOGITS_SOFTCAP_ALIBI),
                "logits ids");
 _Static_assert(SAME_ID(KILN_MASK_DATA_NONE, KILN_ID_MASK_DATA_NONE) &&
                    SAME_ID(KILN_MASK_DATA_BITMASK, KILN_ID_MASK_DATA_BITMASK) &&
@@ -218,7 +219,7 @@ static int row_serves(const tile_row *r, const kiln_variant *v, int pack)
         case ELEMENT_MASK:
             return kiln__variant_has_element_mask(v);
         case NO_ALIBI:
-            return v->logits != KILN_LOGITS_ALIBI;
+            return !kiln__logits_alibi(v);
         case FP8_KV:
             return is_fp8(v->kv_dtype);
         default:

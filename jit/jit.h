@@ -155,6 +155,16 @@ kiln_status kiln__expand(const kiln_variant *v, const kiln__config *cfg, const c
 #define KILN__ENTRY_MERGE_STATES   "kiln_merge_states"
 #define KILN__TILE_MAP_THREADS     256
 
+/* 1 when the variant's builtin logits transform has ALiBi slopes / a soft-cap. */
+static inline int kiln__logits_alibi(const kiln_variant *v)
+{
+    return v->logits == KILN_LOGITS_ALIBI || v->logits == KILN_LOGITS_SOFTCAP_ALIBI;
+}
+static inline int kiln__logits_softcap(const kiln_variant *v)
+{
+    return v->logits == KILN_LOGITS_SOFTCAP || v->logits == KILN_LOGITS_SOFTCAP_ALIBI;
+}
+
 /* 1 when the variant masks per element beyond the builtin masks (snippet or mask data). */
 static inline int kiln__variant_has_element_mask(const kiln_variant *v)
 {

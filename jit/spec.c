@@ -60,7 +60,8 @@ static const choice q_tokens_choices[] = {{"0", 0}, {"1", 1}, {"2", 2},
                                           {"4", 4}, {"8", 8}, {"16", 16}};
 static const choice logits_choices[] = {{"none", KILN_LOGITS_NONE},
                                         {"softcap", KILN_LOGITS_SOFTCAP},
-                                        {"alibi", KILN_LOGITS_ALIBI}};
+                                        {"alibi", KILN_LOGITS_ALIBI},
+                                        {"softcap_alibi", KILN_LOGITS_SOFTCAP_ALIBI}};
 static const choice mask_data_choices[] = {{"none", KILN_MASK_DATA_NONE},
                                            {"bitmask", KILN_MASK_DATA_BITMASK},
                                            {"bsr", KILN_MASK_DATA_BSR}};

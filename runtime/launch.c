@@ -66,18 +66,19 @@ static kiln_status check_args(const kiln_kernel *k, const kiln_attn_args *a, kil
         return kiln__fail(e, KILN_STATUS_INVALID_ARGUMENT,
                           "%s %s: the variant writes lse but lse is 0", what, k->spec);
     if ((a->q | a->k | a->v) % 16 || a->o % 4 || (v->lse && a->lse % 4) ||
-        (v->logits == KILN_LOGITS_ALIBI && a->params.alibi_slopes % 4))
+        (kiln__logits_alibi(v) && a->params.alibi_slopes % 4))
         return kiln__fail(
             e, KILN_STATUS_INVALID_ARGUMENT,
             "%s %s: q, k, v must be 16-byte aligned; o, lse, alibi_slopes 4-byte aligned", what,
             k->spec);
     const kiln_params *rp = &a->params;
-    if (v->logits == KILN_LOGITS_SOFTCAP && !(rp->softcap > 0.f))
+    if (kiln__logits_softcap(v) && !(rp->softcap > 0.f))
         return kiln__fail(e, KILN_STATUS_INVALID_ARGUMENT, "%s %s: softcap must be > 0 (got %g)",
                           what, k->spec, (double)rp->softcap);
-    if (v->logits == KILN_LOGITS_ALIBI && !rp->alibi_slopes)
-        return kiln__fail(e, KILN_STATUS_INVALID_ARGUMENT, "%s %s: logits=alibi needs alibi_slopes",
-                          what, k->spec);
+    if (kiln__logits_alibi(v) && !rp->alibi_slopes)
+        return kiln__fail(e, KILN_STATUS_INVALID_ARGUMENT, "%s %s: logits=%s needs alibi_slopes",
+                          what, k->spec,
+                          v->logits == KILN_LOGITS_ALIBI ? "alibi" : "softcap_alibi");
     if (v->window && rp->window_left < 0)
         return kiln__fail(e, KILN_STATUS_INVALID_ARGUMENT,
                           "%s %s: window_left must be >= 0 (got %d)", what, k->spec,
@@ -110,7 +111,7 @@ static kiln_status fill_tensors(const kiln_kernel *k, const kiln_attn_args *a,
     p->v = a->v;
     p->o = a->o;
     p->lse = v->lse ? a->lse : 0;
-    p->alibi = v->logits == KILN_LOGITS_ALIBI ? a->params.alibi_slopes : 0;
+    p->alibi = kiln__logits_alibi(v) ? a->params.alibi_slopes : 0;
     p->q_stride_h = a->q_stride_h ? a->q_stride_h : D;
     p->q_stride_n = a->q_stride_n ? a->q_stride_n : (int64_t)H * D;
     p->o_stride_h = a->o_stride_h ? a->o_stride_h : D;
@@ -162,7 +163,7 @@ static kiln_status fill_values(const kiln_kernel *k, const kiln_attn_args *a, ki
     p->num_kv_heads = a->num_qo_heads / v->group;
     p->window_left = v->window ? rp->window_left : 0;
     p->sm_scale = rp->sm_scale > 0.f ? rp->sm_scale : 1.0f / __builtin_sqrtf((float)v->head_dim);
-    p->softcap = v->logits == KILN_LOGITS_SOFTCAP ? rp->softcap : 1.0f;
+    p->softcap = kiln__logits_softcap(v) ? rp->softcap : 1.0f;
     return KILN_STATUS_OK;
 }
 

@@ -835,3 +835,43 @@ KT_TEST(core_compile_grid)
         "%d with spills\n",
         n, full ? "full" : "1/16 of the", ms[n / 2], ms[n - 1], spills);
 }
+
+/* logits=softcap_alibi compiles for sm_80 and sm_90a on every kernel family it takes (CUDA-core
+ * decode, packed tensor-core decode with fp8 KV, the wgmma and mma.sync prefill), and its key
+ * differs from soft-cap's and ALiBi's. */
+KT_TEST(core_softcap_alibi_compiles)
+{
+    static const char *archs[] = {"sm_80", "sm_90a"};
+    static const char *specs[] = {
+        "op=decode dtype=bf16 head_dim=128 group=1 logits=softcap_alibi lse=1",
+        "op=decode q_dtype=bf16 kv_dtype=e4m3 out_dtype=bf16 head_dim=128 group=4 kv=paged "
+        "logits=softcap_alibi lse=1",
+        "op=prefill dtype=bf16 head_dim=128 group=4 kv=ragged mask=causal logits=softcap_alibi "
+        "lse=1",
+        "op=prefill dtype=f16 head_dim=64 group=2 window=1 logits=softcap_alibi",
+    };
+    kiln_ctx *ctx = KT_CTX(NULL, 0);
+    KT_REQUIRE(ctx);
+    for (size_t s = 0; s < sizeof specs / sizeof specs[0]; s++) {
+        kiln_variant v;
+        KT_OK(kiln_variant_parse(specs[s], &v), kiln_errmsg());
+        KT_EQ_INT(v.logits, KILN_LOGITS_SOFTCAP_ALIBI);
+        for (int a = 0; a < 2; a++) {
+            kiln_kernel *k = NULL, *k_cap = NULL, *k_alibi = NULL;
+            KT_OK(kiln_kernel_compile(ctx, &v, archs[a], &k), kiln_ctx_errmsg(ctx));
+            kiln_variant vc = v, va = v;
+            vc.logits = KILN_LOGITS_SOFTCAP;
+            va.logits = KILN_LOGITS_ALIBI;
+            KT_OK(kiln_kernel_compile(ctx, &vc, archs[a], &k_cap), kiln_ctx_errmsg(ctx));
+            KT_OK(kiln_kernel_compile(ctx, &va, archs[a], &k_alibi), kiln_ctx_errmsg(ctx));
+            if (!k || !k_cap || !k_alibi) continue;
+            kiln_kernel_info i, ic, ia;
+            kiln_kernel_describe(k, &i);
+            kiln_kernel_describe(k_cap, &ic);
+            kiln_kernel_describe(k_alibi, &ia);
+            KT_CHECK(strcmp(i.key, ic.key) != 0 && strcmp(i.key, ia.key) != 0);
+            KT_EQ_STR(kiln_kernel_family(k), kiln_kernel_family(k_alibi));
+        }
+    }
+    kiln_ctx_destroy(ctx);
+}

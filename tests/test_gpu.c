@@ -20,6 +20,7 @@
 #include "grid.h"
 #include "jit.h"
 #include "kt.h"
+#include "runtime.h"
 
 #define MAX_VARIANTS KT_GRID_MAX
 
@@ -212,5 +213,73 @@ KT_GPU_TEST(gpu_launch_errors)
     KT_STATUS(kiln_single_decode(k, &a, NULL), KILN_STATUS_INVALID_ARGUMENT, kiln_ctx_errmsg(ctx));
     KT_STATUS(kiln_single_prefill(k, &a, NULL), KILN_STATUS_INVALID_ARGUMENT, kiln_ctx_errmsg(ctx));
     KT_CONTAINS(kiln_ctx_errmsg(ctx), "decode kernel");
+    kiln_ctx_destroy(ctx);
+}
+
+/* Soft-cap with ALiBi (logits=softcap_alibi: cap * tanh(x / cap + slope * rel), FlashInfer's
+ * order) on every kernel family against the float64 reference: single decode (CUDA cores
+ * G 1 and G 8), single prefill (wgmma d128 causal, d64 with a window), batch decode on the
+ * packed tensor-core rows (G 4, paged, and fp8 KV) and batch prefill (ragged causal, paged);
+ * a small cap (5) so the tanh bends the logits, odd lengths. */
+KT_GPU_TEST(gpu_softcap_alibi)
+{
+    kiln_ctx *ctx = KT_CTX(kt_cache_dir(), 1);
+    KT_REQUIRE(ctx);
+    static const char *const single[] = {
+        "op=decode dtype=bf16 head_dim=128 group=1 logits=softcap_alibi lse=1",
+        "op=decode dtype=f16 head_dim=64 group=8 layout=hnd logits=softcap_alibi",
+        "op=prefill dtype=bf16 head_dim=128 group=4 mask=causal logits=softcap_alibi lse=1",
+        "op=prefill dtype=f16 head_dim=64 group=2 window=1 logits=softcap_alibi",
+    };
+    for (size_t i = 0; i < sizeof single / sizeof single[0]; i++) {
+        kiln_kernel *k = NULL;
+        if (kiln_kernel_get_spec(ctx, single[i], &k) != KILN_STATUS_OK) {
+            kt_fail(__FILE__, __LINE__, "%s: %s", single[i], kiln_ctx_errmsg(ctx));
+            continue;
+        }
+        const int decode = k->v.op == KILN_OP_DECODE;
+        static const int lq[] = {1, 37, 200}, lkv[] = {1, 577, 4093};
+        for (int c = 0; c < 3; c++) {
+            kiln_check_shape s = {.num_qo_heads = 2 * k->v.group * (c + 1),
+                                  .qo_len = decode ? 1 : lq[c],
+                                  .kv_len = lkv[c] < lq[c] ? lq[c] : lkv[c],
+                                  .window_left = -1,
+                                  .softcap = 5.0f,
+                                  .strided = c == 1};
+            kiln_check_result r;
+            char msg[512];
+            if (kiln_check_run(ctx, k, &s, 0, &r, msg, sizeof msg) != KILN_STATUS_OK)
+                kt_fail(__FILE__, __LINE__, "%s L_Q=%d L_KV=%d: %s (max_err %.3g)", single[i],
+                        s.qo_len, s.kv_len, msg, r.max_err);
+        }
+    }
+    static const char *const batched[] = {
+        "op=decode dtype=bf16 head_dim=128 group=4 kv=paged logits=softcap_alibi lse=1",
+        "op=decode q_dtype=bf16 kv_dtype=e4m3 out_dtype=bf16 head_dim=128 group=4 kv=paged "
+        "logits=softcap_alibi lse=1",
+        "op=prefill dtype=bf16 head_dim=128 group=4 kv=ragged mask=causal logits=softcap_alibi "
+        "lse=1",
+        "op=prefill dtype=f16 head_dim=64 group=1 kv=paged logits=softcap_alibi lse=1",
+    };
+    static const int kv[5] = {1, 300, 0, 2049, 77}, qo[5] = {1, 37, 3, 64, 5};
+    for (size_t i = 0; i < sizeof batched / sizeof batched[0]; i++) {
+        kiln_kernel *k = NULL;
+        if (kiln_kernel_get_spec(ctx, batched[i], &k) != KILN_STATUS_OK) {
+            kt_fail(__FILE__, __LINE__, "%s: %s", batched[i], kiln_ctx_errmsg(ctx));
+            continue;
+        }
+        kiln_check_batch s = {.batch = 5,
+                              .qo_lens = k->v.op == KILN_OP_PREFILL ? qo : NULL,
+                              .kv_lens = kv,
+                              .num_qo_heads = 4 * k->v.group,
+                              .page_size = 16,
+                              .window_left = -1,
+                              .softcap = 5.0f,
+                              .seed = 211u + (uint64_t)i};
+        kiln_check_batch_result r;
+        char msg[1024];
+        if (kiln_check_batch_run(ctx, k, &s, 0, &r, msg, sizeof msg) != KILN_STATUS_OK)
+            kt_fail(__FILE__, __LINE__, "%s: %s (request %d)", batched[i], msg, r.bad_request);
+    }
     kiln_ctx_destroy(ctx);
 }

@@ -114,6 +114,8 @@ KT_TEST(spec_omitted_keys)
         {"lse=1 window=1 logits=alibi head_dim=64 layout=hnd",
          "op=prefill dtype=f16 head_dim=64 group=1 layout=hnd mask=none window=1 logits=alibi "
          "lse=1"},
+        {"logits=softcap_alibi", "op=prefill dtype=f16 head_dim=128 group=1 layout=nhd mask=none "
+                                 "window=0 logits=softcap_alibi lse=0"},
         {"group=64 head_dim=256", "op=prefill dtype=f16 head_dim=256 group=64 layout=nhd mask=none "
                                   "window=0 logits=none lse=0"},
     };
@@ -360,7 +362,7 @@ static const bad_spec bad_specs[] = {
     {"mask=sliding", KILN_STATUS_PARSE, "mask must be one of none, causal"},
     {"window=2", KILN_STATUS_PARSE, "token 'window=2': window must be one of 0, 1"},
     {"window=yes", KILN_STATUS_PARSE, "window must be one of 0, 1"},
-    {"logits=tanh", KILN_STATUS_PARSE, "logits must be one of none, softcap, alibi"},
+    {"logits=tanh", KILN_STATUS_PARSE, "logits must be one of none, softcap, alibi, softcap_alibi"},
     {"lse=true", KILN_STATUS_PARSE, "lse must be one of 0, 1"},
     /* duplicates */
     {"op=decode op=prefill", KILN_STATUS_PARSE,
@@ -500,7 +502,9 @@ KT_TEST(spec_check_bad_structs)
         {7, 2, "variant: mask=2: mask must be one of 0 (none), 1 (causal)"},
         {8, 2, "variant: window=2: window must be one of 0, 1"},
         {8, -1, "variant: window=-1"},
-        {9, 3, "variant: logits=3: logits must be one of 0 (none), 1 (softcap), 2 (alibi)"},
+        {9, 4,
+         "variant: logits=4: logits must be one of 0 (none), 1 (softcap), 2 (alibi), 3 "
+         "(softcap_alibi)"},
         {10, 2, "variant: lse=2: lse must be one of 0, 1"},
     };
     for (int i = 0; i < KT_COUNT(rows); i++) {
@@ -620,7 +624,8 @@ KT_TEST(spec_names)
     KT_EQ_STR(kiln__logits_name(KILN_LOGITS_NONE), "none");
     KT_EQ_STR(kiln__logits_name(KILN_LOGITS_SOFTCAP), "softcap");
     KT_EQ_STR(kiln__logits_name(KILN_LOGITS_ALIBI), "alibi");
-    KT_EQ_STR(kiln__logits_name((kiln_logits)3), "?");
+    KT_EQ_STR(kiln__logits_name(KILN_LOGITS_SOFTCAP_ALIBI), "softcap_alibi");
+    KT_EQ_STR(kiln__logits_name((kiln_logits)4), "?");
 }
 
 /* The serving keys: every op × kv storage × kv dtype × rope × q dtype × out dtype round-trips

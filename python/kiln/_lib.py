@@ -49,7 +49,7 @@ KV_STORAGE = {"contiguous": 0, "ragged": 1, "paged": 2}  # kiln_kv_storage
 LAYOUTS = {"nhd": 0, "hnd": 1}
 MASKS = {"none": 0, "causal": 1}
 MASK_DATA = {"none": 0, "bitmask": 1, "bsr": 2}
-LOGITS = {"none": 0, "softcap": 1, "alibi": 2}
+LOGITS = {"none": 0, "softcap": 1, "alibi": 2, "softcap_alibi": 3}
 PARAM_TYPES = {"f32": 0, "i32": 1, "f32[]": 2, "i32[]": 3}
 CACHE_MODES = {"default": 0, "compile": 1, "strict": 2, "record": 3}
 

@@ -394,7 +394,7 @@ class _BatchWrapper:
         c.kv_dtype = _torch_dtype(torch, v.kv_dtype)
         c.o_dtype = _torch_dtype(torch, v.out_dtype)
         c.slopes = None
-        if v.logits == "alibi":  # one tensor per H: captured runs keep its address
+        if v.logits in ("alibi", "softcap_alibi"):  # one per H: captured runs keep its address
             c.slopes = self._slopes.get(c.H)
             if c.slopes is None:
                 c.slopes = self._slopes[c.H] = alibi_slopes(c.H, self.device)

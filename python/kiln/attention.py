@@ -183,13 +183,8 @@ def _logits(torch, device, H, mode, logits_soft_cap, slopes):
     if cap < 0:
         raise ValueError(f"logits_soft_cap={logits_soft_cap}: must be > 0 (or None / 0 for none)")
     alibi = mode == "ALIBI" or slopes is not None
-    if alibi and cap > 0:
-        raise NotImplementedError(
-            "kiln applies one built-in logits transform per kernel: soft-cap and ALiBi together "
-            "are not supported yet"
-        )
     if not alibi:
-        return ("softcap" if cap > 0 else "none"), cap, None
+        return _logits_word(False, cap > 0), cap, None
     if slopes is None:  # computed on the device for each call, never kept (see _workspace)
         slopes = alibi_slopes(H, device)
     else:
@@ -199,7 +194,15 @@ def _logits(torch, device, H, mode, logits_soft_cap, slopes):
         if slopes.device != device:
             raise ValueError(f"alibi_slopes is on {slopes.device}, q on {device}")
         slopes = slopes.to(torch.float32).contiguous()
-    return "alibi", cap, slopes
+    return _logits_word(True, cap > 0), cap, slopes
+
+
+def _logits_word(alibi, softcap):
+    """The variant's logits word: both is "softcap_alibi" (FlashInfer's order, the ALiBi bias
+    inside the tanh: cap * tanh(x / cap + bias))."""
+    if alibi:
+        return "softcap_alibi" if softcap else "alibi"
+    return "softcap" if softcap else "none"
 
 
 def _workspace(torch, device, nbytes):

@@ -30,7 +30,7 @@ from . import _check
 from ._planvalue import _PlanValue
 from ._wrapper import (FP8, _BatchWrapper, _check_tensor, _layout, _meta, _positive_int,
                        _remember, dtype_word)
-from .attention import _stride, mask_data_name, pos_encoding
+from .attention import _logits_word, _stride, mask_data_name, pos_encoding
 from .core import Variant
 from .plan import _count, check_indptr, check_last_page_len, host_array
 
@@ -45,7 +45,8 @@ def batch_variant(op, kv, num_qo_heads, num_kv_heads, head_dim, *, kv_layout="NH
     it to compile ahead (ctx.compile(v, arch=...), `kiln warm`). op "decode" | "prefill"; kv
     "paged" | "ragged"; the rest are the plan arguments of the FlashInfer wrappers. group is
     num_qo_heads / num_kv_heads; mask=causal iff causal (prefill); window=1 iff window_left >= 0;
-    logits=softcap iff logits_soft_cap > 0, alibi for pos_encoding_mode="ALIBI"; rope=1 for
+    logits=softcap iff logits_soft_cap > 0, alibi for pos_encoding_mode="ALIBI", softcap_alibi
+    for both (FlashInfer's order: cap * tanh(x / cap + ALiBi bias)); rope=1 for
     "ROPE_LLAMA"; lse=1 unless lse=False; mask_data "none" | "bitmask" (a prefill plan's
     custom_mask) | "bsr"; q_tokens 0 | 1 | 2 | 4 | 8 | 16 (prefill: at most that many query
     tokens a request; the prefill wrappers pick it, see few_tokens). Raises ValueError naming
@@ -64,11 +65,6 @@ def batch_variant(op, kv, num_qo_heads, num_kv_heads, head_dim, *, kv_layout="NH
     cap = _check.real(logits_soft_cap, "logits_soft_cap", none=True) or 0.0
     if cap < 0:
         raise ValueError(f"logits_soft_cap={logits_soft_cap}: must be > 0 (or None / 0 for none)")
-    if mode == "ALIBI" and cap > 0:
-        raise NotImplementedError(
-            "kiln applies one built-in logits transform per kernel: soft-cap and ALiBi together "
-            "are not supported yet"
-        )
     q = dtype_word(q_data_type, "q_data_type")
     if q in FP8:
         raise NotImplementedError(
@@ -86,7 +82,7 @@ def batch_variant(op, kv, num_qo_heads, num_kv_heads, head_dim, *, kv_layout="NH
     window_left = _check.integer(window_left, "window_left", none=True)
     if window_left is None:
         window_left = -1
-    logits = "alibi" if mode == "ALIBI" else ("softcap" if cap > 0 else "none")
+    logits = _logits_word(mode == "ALIBI", cap > 0)
     mask_data = _check.choice(mask_data, "mask_data", ("none", "bitmask", "bsr"))
     return Variant(op=op, q_dtype=q, kv_dtype=k, out_dtype=o, head_dim=D, group=H // H_KV,
                    layout=layout, mask="causal" if causal and op == "prefill" else "none",

@@ -92,7 +92,7 @@ class Variant:
     decode|prefill|merge, dtype/q_dtype/out_dtype f16|bf16, kv_dtype f16|bf16|e4m3|e5m2,
     head_dim 64|128|256, group 1..64, q_tokens 0|1|2|4|8|16 (prefill batches: at most that many
     query tokens a request), layout nhd|hnd, mask none|causal, window, lse and rope
-    bool, logits none|softcap|alibi, mask_data none|bitmask|bsr, kv contiguous|ragged|paged,
+    bool, logits none|softcap|alibi|softcap_alibi, mask_data none|bitmask|bsr, kv contiguous|ragged|paged,
     params
     [(name, "f32"|"i32"|"f32[]"|"i32[]")], logits_expr / mask_expr C expressions. Fields read
     back by name (v.head_dim); str(v) is the canonical spec. Variants are immutable and

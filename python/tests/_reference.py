@@ -111,7 +111,7 @@ def attention(q, k, v, *, layout="NHD", causal=False, window_left=-1, softcap=No
     q [L_Q, H, D]; k, v [L_KV, H_KV, D] (NHD) or [H_KV, L_KV, D] (HND), any dtype (upcast; fp8
     callers pass dequantised values). causal / window_left: key j is visible from row i when
     j <= i + L_KV - L_Q / j >= i + L_KV - L_Q - window_left. softcap: s = c * tanh(s / c).
-    slopes [H]: ALiBi. mask [L_Q, L_KV] bool, True: visible. rope_args (scale, theta): llama
+    slopes [H]: ALiBi; with softcap too, s = c * tanh(s / c + ALiBi bias) (FlashInfer's order). mask [L_Q, L_KV] bool, True: visible. rope_args (scale, theta): llama
     RoPE on q and k first. Returns o [L_Q, H, D] and the natural-log lse [L_Q, H] (float64);
     a row that sees no key gives o = 0, lse = -inf."""
     if layout == "HND":
@@ -127,12 +127,15 @@ def attention(q, k, v, *, layout="NHD", causal=False, window_left=-1, softcap=No
     kf, vf = kf.repeat_interleave(G, dim=1), vf.repeat_interleave(G, dim=1)  # head h: kv h // G
     scale = (1.0 / math.sqrt(D)) if sm_scale is None else sm_scale
     s = torch.einsum("qhd,khd->hqk", qf, kf) * scale
-    if softcap:
-        s = softcap * torch.tanh(s / softcap)
     i = torch.arange(L_Q, device=q.device)[:, None]
     j = torch.arange(L_KV, device=q.device)[None, :]
-    if slopes is not None:
-        s = s + slopes.double()[:, None, None] * (j - (i + off)).double()[None]
+    bias = None if slopes is None else slopes.double()[:, None, None] * (j - (i + off)).double()[None]
+    if softcap and bias is not None:  # FlashInfer's order: the ALiBi bias inside the tanh
+        s = softcap * torch.tanh(s / softcap + bias)
+    elif softcap:
+        s = softcap * torch.tanh(s / softcap)
+    elif bias is not None:
+        s = s + bias
     visible = torch.ones(L_Q, L_KV, dtype=torch.bool, device=q.device)
     if causal:
         visible &= j <= i + off

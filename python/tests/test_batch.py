@@ -129,6 +129,11 @@ class TestBatchVariant(unittest.TestCase):
         )
         self.assertIn("kv_dtype=e5m2",
                       self.spec("decode", "paged", 8, 8, 64, kv_data_type="float8_e5m2"))
+        # soft-cap with ALiBi: one transform, FlashInfer's order
+        self.assertIn("logits=softcap_alibi",
+                      self.spec("prefill", "ragged", 8, 8, 64, pos_encoding_mode="ALIBI",
+                                logits_soft_cap=30.0))
+        self.assertEqual(kiln.Variant("op=prefill logits=softcap_alibi").logits, "softcap_alibi")
         # window_left=-1 and None: no window; soft-cap None / 0: none
         self.assertEqual(self.spec("decode", "paged", 8, 8, 64, window_left=None,
                                    logits_soft_cap=0.0),
@@ -180,8 +185,6 @@ class TestBatchVariant(unittest.TestCase):
             (ValueError, "kv_layout", dict(kv_layout="NDH")),
             (ValueError, "pos_encoding_mode", dict(pos_encoding_mode="ROPE_NEOX")),
             (ValueError, "logits_soft_cap", dict(logits_soft_cap=-1.0)),
-            (NotImplementedError, "soft-cap and ALiBi", dict(pos_encoding_mode="ALIBI",
-                                                             logits_soft_cap=30.0)),
             (NotImplementedError, "fp8", dict(q_data_type="float8_e4m3fn")),
             (ValueError, "q_data_type", dict(q_data_type="float32")),
             (ValueError, "only fp8 KV", dict(q_data_type="float16", kv_data_type="bfloat16")),

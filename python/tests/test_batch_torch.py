@@ -125,6 +125,8 @@ class TestBatchDecode(Base):
         self.assertEqual((o.dtype, tuple(o.shape)), (DTYPES[dtype], (len(kv_lens), H, D)))
         ref_kw = dict(window_left=kw.get("window_left", -1), softcap=kw.get("logits_soft_cap"),
                       sm_scale=kw.get("sm_scale"))
+        if kw.get("pos_encoding_mode") == "ALIBI":
+            ref_kw["slopes"] = kiln.alibi_slopes(H, "cuda")
         for r, _ in enumerate(kv_lens):
             k, v = b.kv(r)
             ref_o, ref_lse = attention(q[r:r + 1], k, v, **ref_kw)
@@ -160,6 +162,14 @@ class TestBatchDecode(Base):
     def test_single_tensor_cache(self):
         self.run_case([50, 60], 8, 2, 128, 16, "NHD", "bf16", single_tensor=True)
         self.run_case([50, 60], 8, 2, 128, 16, "HND", "f16", single_tensor=True)
+
+    def test_alibi_and_softcap_alibi(self):
+        self.run_case([1000, 20, 300], 32, 8, 128, 16, "NHD", "bf16", pos_encoding_mode="ALIBI")
+        # both: FlashInfer's order, cap * tanh(x / cap + ALiBi bias); G 4 packed and G 1
+        self.run_case([700, 1, 5000], 32, 8, 128, 16, "NHD", "bf16", pos_encoding_mode="ALIBI",
+                      logits_soft_cap=5.0, sm_scale=0.3)
+        self.run_case([99, 640], 8, 8, 64, 16, "HND", "f16", pos_encoding_mode="ALIBI",
+                      logits_soft_cap=8.0)
 
     def test_window_softcap(self):
         self.run_case([1000, 20, 300], 32, 8, 128, 16, "NHD", "bf16", window_left=64)
@@ -447,9 +457,12 @@ class TestBatchPrefillPaged(Base):
         for r in range(len(qo_lens)):
             lo, hi = b.qo_indptr[r], b.qo_indptr[r + 1]
             k, v = b.kv(r)
+            slopes = (kiln.alibi_slopes(H, "cuda") if kw.get("pos_encoding_mode") == "ALIBI"
+                      else None)
             ref_o, ref_lse = attention(q[lo:hi], k, v, causal=causal,
                                     window_left=kw.get("window_left", -1),
-                                    softcap=kw.get("logits_soft_cap"), sm_scale=kw.get("sm_scale"))
+                                    softcap=kw.get("logits_soft_cap"), sm_scale=kw.get("sm_scale"),
+                                    slopes=slopes)
             self.assertClose(o[lo:hi], ref_o, *tolerance(dtype), f"{what} o[req {r}]")
             self.assertClose(lse[lo:hi], ref_lse, 1e-2, 1e-3, f"{what} lse[req {r}]")
 
@@ -473,6 +486,10 @@ class TestBatchPrefillPaged(Base):
             torch.cuda.synchronize()
             self.assertTrue(torch.equal(o, torch.zeros_like(o)), f"q_tokens={q_tokens}")
             self.assertTrue(bool(torch.isneginf(lse).all()), f"q_tokens={q_tokens}")
+
+    def test_softcap_alibi(self):
+        self.run_case([5, 128, 1, 300], [5, 400, 33, 3000], 32, 8, 128, 16, True, "NHD", "bf16",
+                      pos_encoding_mode="ALIBI", logits_soft_cap=5.0, sm_scale=0.3)
 
     def test_window_softcap(self):
         self.run_case([100, 50], [400, 50], 8, 2, 128, 16, True, "NHD", "bf16", window_left=32)

@@ -190,6 +190,13 @@ class TestDecode(GpuCase):
         slopes = torch.rand(16, device="cuda") * 0.1
         self.run_case(16, 4, 64, 500, "HND", "f16", alibi_slopes=slopes)
 
+    def test_softcap_with_alibi(self):
+        # one transform, FlashInfer's order: cap * tanh(x / cap + ALiBi bias)
+        self.run_case(32, 8, 128, 1000, "NHD", "bf16", pos_encoding_mode="ALIBI",
+                      logits_soft_cap=5.0, sm_scale=0.3)
+        slopes = torch.rand(8, device="cuda") * 0.01
+        self.run_case(8, 1, 64, 333, "HND", "f16", alibi_slopes=slopes, logits_soft_cap=8.0)
+
     def test_lse_base_and_plain_return(self):
         q = self.rand(32, 128)
         k, v = self.kv(8, 700, 128, "NHD", "bf16")
@@ -404,6 +411,13 @@ class TestPrefill(GpuCase):
         self.run_case(128, 256, 8, 8, 128, True, "NHD", "bf16", pos_encoding_mode="ALIBI")
         slopes = torch.rand(8, device="cuda") * 0.1
         self.run_case(64, 64, 8, 4, 64, False, "HND", "f16", alibi_slopes=slopes)
+
+    def test_softcap_with_alibi(self):
+        self.run_case(128, 256, 8, 8, 128, True, "NHD", "bf16", pos_encoding_mode="ALIBI",
+                      logits_soft_cap=5.0, sm_scale=0.3)
+        slopes = torch.rand(8, device="cuda") * 0.01
+        self.run_case(64, 100, 8, 4, 64, False, "HND", "f16", alibi_slopes=slopes,
+                      logits_soft_cap=8.0)
 
     def test_out_dtype(self):
         self.run_case(64, 128, 8, 8, 128, True, "NHD", "bf16", o_dtype="f16")

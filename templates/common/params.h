@@ -42,7 +42,12 @@ enum kv_layout_id { KILN_ID(KV_CONTIGUOUS) = 0, KILN_ID(KV_RAGGED) = 1, KILN_ID(
 enum dtype_id { KILN_ID(F16) = 0, KILN_ID(BF16) = 1 };
 enum kv_dtype_id { KILN_ID(KV_F16) = 0, KILN_ID(KV_BF16) = 1, KILN_ID(KV_E4M3) = 2, KILN_ID(KV_E5M2) = 3 };
 /* kiln_cfg::LOGITS: the builtin logits transform */
-enum logits_id { KILN_ID(LOGITS_NONE) = 0, KILN_ID(LOGITS_SOFTCAP) = 1, KILN_ID(LOGITS_ALIBI) = 2 };
+enum logits_id {
+    KILN_ID(LOGITS_NONE) = 0,
+    KILN_ID(LOGITS_SOFTCAP) = 1,
+    KILN_ID(LOGITS_ALIBI) = 2,
+    KILN_ID(LOGITS_SOFTCAP_ALIBI) = 3
+};
 /* kiln_cfg::MASK_DATA: the run-time mask data */
 enum mask_data_id { KILN_ID(MASK_DATA_NONE) = 0, KILN_ID(MASK_DATA_BITMASK) = 1, KILN_ID(MASK_DATA_BSR) = 2 };
 /* one byte of a prefill tile map (kiln_prefill_mask_plan) per (query tile, key tile) */
@@ -70,7 +75,7 @@ typedef struct kiln_launch_params {
     unsigned long long v;           /* like k */
     unsigned long long o;           /* like q */
     unsigned long long lse;         /* float, [H] or [L_Q, H]; 0 if not wanted */
-    unsigned long long alibi;       /* float [H] slopes; 0 unless logits=alibi */
+    unsigned long long alibi;       /* float [H] slopes; 0 unless logits=alibi|softcap_alibi */
     unsigned long long partial_o;   /* decode split-KV: float [splits, H, D] */
     unsigned long long partial_lse; /* decode split-KV: float [splits, H] */
     long long q_stride_n, q_stride_h;

@@ -18,13 +18,15 @@ namespace kiln {
 
 /* ---- the logits transform ----
  * x = sm_scale * q.k, then the variant's builtin transform, in natural units. rel = j - (i +
- * L_KV - L_Q) is the key's distance from the query's diagonal (<= 0 for visible causal keys). */
+ * L_KV - L_Q) is the key's distance from the query's diagonal (<= 0 for visible causal keys).
+ * Soft-cap with ALiBi adds the ALiBi term inside the tanh, as FlashInfer does. */
 template <int LOGITS>
 __device__ __forceinline__ float logit_nat(float qk, float sm_scale, float cap, float slope, int rel)
 {
     float x = qk * sm_scale;
     if (LOGITS == LOGITS_SOFTCAP) x = cap * tanh_fast(x * (1.0f / cap));
     if (LOGITS == LOGITS_ALIBI) x += slope * (float)rel;
+    if (LOGITS == LOGITS_SOFTCAP_ALIBI) x = cap * tanh_fast(x * (1.0f / cap) + slope * (float)rel);
     return x;
 }
 
@@ -42,7 +44,9 @@ __device__ __forceinline__ float logit_full(float qk, const P &p, float slope, i
 /* The ALiBi slope of query head h (0 without ALiBi). */
 template <class Cfg> __device__ __forceinline__ float alibi_slope(const kiln_launch_params &p, int h)
 {
-    return Cfg::LOGITS == LOGITS_ALIBI ? reinterpret_cast<const float *>(p.alibi)[h] : 0.f;
+    return Cfg::LOGITS == LOGITS_ALIBI || Cfg::LOGITS == LOGITS_SOFTCAP_ALIBI
+               ? reinterpret_cast<const float *>(p.alibi)[h]
+               : 0.f;
 }
 
 /* ---- element masks ---- */

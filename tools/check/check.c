@@ -70,9 +70,8 @@ static void ref_work(void *arg, int first, int step)
             double dot = 0;
             for (int d = 0; d < D; d++) dot += qd[d] * kiln__check_bits(kt, kr[d]);
             double s = dot * p->sm_scale;
-            if (p->v.logits == KILN_LOGITS_SOFTCAP) s = p->softcap * tanh(s / p->softcap);
-            if (p->v.logits == KILN_LOGITS_ALIBI)
-                s += (double)p->slopes[h] * (double)(j - (i + off));
+            s = kiln__check_logit(p->v.logits, s, p->softcap, p->slopes ? p->slopes[h] : 0.f,
+                                  j - (i + off));
             if (p->shape && p->shape->ref_logits)
                 s = p->shape->ref_logits(p->shape->ref_user, s, i, j, h, hk, p->L_Q, p->L_KV);
             x[j] = s;

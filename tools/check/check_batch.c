@@ -558,9 +558,8 @@ static void ref_work(void *arg, int first, int step)
                     double dot = 0;
                     for (int d = 0; d < D; d++) dot += qd[d] * kr[d];
                     double s = dot * L->sm_scale;
-                    if (L->v.logits == KILN_LOGITS_SOFTCAP) s = L->softcap * tanh(s / L->softcap);
-                    if (L->v.logits == KILN_LOGITS_ALIBI)
-                        s += (double)L->slopes[h] * (double)(j - diag);
+                    s = kiln__check_logit(L->v.logits, s, L->softcap,
+                                          L->slopes ? L->slopes[h] : 0.f, j - diag);
                     x[j] = s;
                     if (s > m) m = s;
                 }

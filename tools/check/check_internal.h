@@ -7,6 +7,7 @@
 #ifndef KILN_CHECK_INTERNAL_H
 #define KILN_CHECK_INTERNAL_H
 
+#include <math.h>
 #include <stdint.h>
 #include <string.h>
 
@@ -57,6 +58,23 @@ static inline void kiln__check_params(kiln_params *pr, float sm_scale, float sof
     pr->softcap = softcap;
     pr->window_left = window_left;
     pr->alibi_slopes = alibi_slopes;
+}
+
+/* The builtin logits transform of the references, in float64: s = sm_scale * q.k and rel =
+ * j - (i + L_KV - L_Q) in, the logit out (kiln.h, kiln_logits). */
+static inline double kiln__check_logit(kiln_logits logits, double s, double cap, double slope,
+                                       int rel)
+{
+    switch (logits) {
+        case KILN_LOGITS_SOFTCAP:
+            return cap * tanh(s / cap);
+        case KILN_LOGITS_ALIBI:
+            return s + slope * (double)rel;
+        case KILN_LOGITS_SOFTCAP_ALIBI:
+            return cap * tanh(s / cap + slope * (double)rel);
+        default:
+            return s;
+    }
 }
 
 /* qsort comparator of doubles, ascending. */

@@ -252,7 +252,7 @@ static kiln_status cascade_kernels_ok(const kiln_kernel *k_prefix, const kiln_ke
                           !vp->mask && !vp->window && !vp->rope;
     const int decode_ok = vd->op == KILN_OP_DECODE && vd->kv == KILN_KV_PAGED && vd->lse &&
                           !vd->mask && !vd->window && !vd->rope;
-    const int alike = vp->logits == vd->logits && vd->logits != KILN_LOGITS_ALIBI &&
+    const int alike = vp->logits == vd->logits && !kiln__logits_alibi(vd) &&
                       vp->head_dim == vd->head_dim && vp->group == vd->group &&
                       vp->out_dtype == vd->out_dtype;
     const int merge_ok = k_merge->v.op == KILN_OP_MERGE && k_merge->v.q_dtype == vd->out_dtype &&

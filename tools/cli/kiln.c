@@ -16,7 +16,7 @@
 #define SPEC_HELP                                                                                  \
     "SPEC is key=value words, one quoted argument or several (omitted keys take defaults):\n"      \
     "  op=decode|prefill dtype=f16|bf16 head_dim=64|128|256 group=N layout=nhd|hnd\n"              \
-    "  mask=none|causal window=0|1 logits=none|softcap|alibi lse=0|1\n"
+    "  mask=none|causal window=0|1 logits=none|softcap|alibi|softcap_alibi lse=0|1\n"
 
 #define ARCH_HELP                                                                                  \
     "ARCHS is a comma-separated list of sm_80, sm_86, sm_89, sm_90a, sm_100, sm_120, ...;\n"       \
