@@ -12,6 +12,7 @@ The LSEs stay in kiln's natural log throughout (lse_base="e"), so nothing is con
 """
 
 from .attention import single_prefill_with_kv_cache
+from ._wrapper import FP8
 from .batch import (BatchDecodeWithPagedKVCacheWrapper, BatchPrefillWithPagedKVCacheWrapper,
                     dtype_word)
 from .cascade import merge_state_in_place
@@ -34,9 +35,9 @@ class BatchDecodeWithSharedPrefixPagedKVCacheWrapper:
     kv_layout="NHD"): decode over a shared prefix (k_shared, v_shared) plus each request's
     pages. begin_forward(unique_kv_indptr, unique_kv_indices, unique_kv_last_page_len,
     num_qo_heads, num_kv_heads, head_dim, page_size, data_type="float16") plans the pages;
-    forward(q, k_shared, v_shared, unique_kv_cache) returns o [B, H, D]. data_type is the dtype
-    of q and of both caches (float16 / bfloat16: the shared prefix goes through
-    single_prefill_with_kv_cache, which takes no fp8 KV)."""
+    forward(q, k_shared, v_shared, unique_kv_cache) returns o [B, H, D]. data_type float16 /
+    bfloat16 is the dtype of q and of both caches; float8_e4m3fn / float8_e5m2 that of both
+    caches, with float16 queries (FlashInfer's default q_data_type), scale 1."""
 
     def __init__(self, float_workspace_buffer, kv_layout="NHD"):
         self._kv_layout = _layout(kv_layout)
@@ -51,14 +52,11 @@ class BatchDecodeWithSharedPrefixPagedKVCacheWrapper:
     def begin_forward(self, unique_kv_indptr, unique_kv_indices, unique_kv_last_page_len,
                       num_qo_heads, num_kv_heads, head_dim, page_size, data_type="float16"):
         """Plan the requests' own pages (FlashInfer's arguments)."""
-        if dtype_word(data_type, "data_type") not in ("f16", "bf16"):
-            raise NotImplementedError(
-                f"data_type={data_type}: the shared prefix runs through "
-                "single_prefill_with_kv_cache, which takes float16 / bfloat16 KV only")
+        fp8 = dtype_word(data_type, "data_type") in FP8
         self._batch_decode_wrapper.plan(
             unique_kv_indptr, unique_kv_indices, unique_kv_last_page_len, num_qo_heads,
-            num_kv_heads, head_dim, page_size, pos_encoding_mode="NONE", q_data_type=data_type,
-            kv_data_type=data_type)
+            num_kv_heads, head_dim, page_size, pos_encoding_mode="NONE",
+            q_data_type="float16" if fp8 else data_type, kv_data_type=data_type)
 
 
     def forward(self, q, k_shared, v_shared, unique_kv_cache):

@@ -64,6 +64,25 @@ class TestSharedPrefixGPU(unittest.TestCase):
                 want = shared_reference(q[b:b + 1], k_s, v_s, k_u, v_u, False)
                 check_close(self, o[b:b + 1], want, *TOL[dtype], f"decode {layout} request {b}")
 
+    def test_decode_fp8(self):
+        # fp8 caches (shared prefix and pages) with float16 q, FlashInfer's default
+        for seed, (layout, fp8) in enumerate([("NHD", torch.float8_e4m3fn),
+                                              ("HND", torch.float8_e5m2)]):
+            torch.manual_seed(seed)
+            H, H_KV, D, P, lens, L_s = 16, 4, 128, 16, [17, 1, 300, 0], 200
+            kp, vp, indptr, indices, last, tokens = paged_cache(lens, P, H_KV, D, torch.float16,
+                                                                layout, seed)
+            k_s, v_s, k_arg, v_arg = shared_kv(L_s, H_KV, D, torch.float16, layout)
+            q = torch.randn(len(lens), H, D, dtype=torch.float16, device="cuda")
+            w = kiln.BatchDecodeWithSharedPrefixPagedKVCacheWrapper(self.ws, layout)
+            w.begin_forward(indptr, indices, last, H, H_KV, D, P, data_type=fp8)
+            o = w.forward(q, k_arg.to(fp8), v_arg.to(fp8), (kp.to(fp8), vp.to(fp8)))
+            self.assertEqual(o.dtype, torch.float16)
+            for b, (k_u, v_u) in enumerate(tokens):
+                want = shared_reference(q[b:b + 1], k_s.to(fp8).float(), v_s.to(fp8).float(),
+                                        k_u.to(fp8).float(), v_u.to(fp8).float(), False)
+                check_close(self, o[b:b + 1], want, 2e-2, 3e-2, f"fp8 decode {layout} req {b}")
+
     def test_prefill(self):
         for seed, (layout, causal, sm_scale) in enumerate([
                 ("NHD", True, None), ("HND", False, 0.05), ("NHD", False, None)]):
@@ -91,9 +110,10 @@ class TestSharedPrefixGPU(unittest.TestCase):
 
 @unittest.skipUnless(torch is not None, "needs torch")
 class TestSharedPrefixArguments(unittest.TestCase):
-    def test_fp8_data_type(self):
+    def test_fp8_data_type_reaches_the_device(self):
+        # accepted (fp8 caches, float16 q); the fake workspace then stops it at the device
         w = kiln.BatchDecodeWithSharedPrefixPagedKVCacheWrapper(FakeBuffer())
-        with self.assertRaises(NotImplementedError):
+        with self.assertRaisesRegex(ValueError, "CUDA"):
             w.begin_forward([0, 1], [0], [1], 4, 4, 64, 16, data_type="float8_e4m3fn")
 
     def test_forward_before_begin_forward(self):
