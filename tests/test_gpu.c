@@ -283,3 +283,83 @@ KT_GPU_TEST(gpu_softcap_alibi)
     }
     kiln_ctx_destroy(ctx);
 }
+
+/* ---- several GPUs in one process (issue 19) ---- */
+
+enum { MAX_DEVS = 8 };
+
+typedef struct dev_job {
+    kiln_ctx *ctx;
+    kiln_kernel *dec, *pre;
+    int bad;
+    char msg[600];
+} dev_job;
+
+/* One thread per device: a decode and a prefill on that device's context against the float64
+ * reference (the check binds the context to the calling thread). */
+static void *dev_worker(void *arg)
+{
+    dev_job *j = arg;
+    static const int lens[3] = {1, 577, 4093};
+    for (int c = 0; c < 3 && !j->bad; c++) {
+        kiln_check_shape s = {.num_qo_heads = 32,
+                              .qo_len = 1,
+                              .kv_len = lens[c],
+                              .window_left = -1};
+        kiln_check_result r;
+        if (kiln_check_run(j->ctx, j->dec, &s, 0, &r, j->msg, sizeof j->msg) != KILN_STATUS_OK)
+            j->bad = 1;
+        s.qo_len = 37 + c;
+        if (!j->bad &&
+            kiln_check_run(j->ctx, j->pre, &s, 0, &r, j->msg, sizeof j->msg) != KILN_STATUS_OK)
+            j->bad = 1;
+    }
+    return NULL;
+}
+
+/* A context on every visible device, kernels memoised per device (the same spec twice on one
+ * context is one kernel; on two contexts, two, each loaded on its device), and every device
+ * running a decode and a prefill at once from a thread of its own, each checked against the
+ * float64 reference. Skipped with fewer than two GPUs. */
+KT_GPU_TEST(gpu_multi_device)
+{
+    kiln_ctx *ctx[MAX_DEVS] = {0};
+    int n = 0;
+    for (; n < MAX_DEVS; n++) {
+        kiln_ctx_opts o = {0};
+        o.cache_dir = kt_cache_dir();
+        o.device = n;
+        if (kiln_ctx_create(&o, &ctx[n]) != KILN_STATUS_OK) break; /* past the last device */
+    }
+    if (n < 2) {
+        kt_skip("needs two or more GPUs (this machine: %d)", n);
+        for (int d = 0; d < n; d++) kiln_ctx_destroy(ctx[d]);
+        return;
+    }
+    dev_job jobs[MAX_DEVS];
+    memset(jobs, 0, sizeof jobs);
+    for (int d = 0; d < n; d++) {
+        kiln_device_info info;
+        KT_OK(kiln_ctx_device(ctx[d], &info), kiln_ctx_errmsg(ctx[d]));
+        KT_EQ_INT(info.ordinal, d);
+        jobs[d].ctx = ctx[d];
+        KT_OK(kiln_kernel_get_spec(ctx[d], "op=decode dtype=bf16 head_dim=128 group=4",
+                                   &jobs[d].dec),
+              kiln_ctx_errmsg(ctx[d]));
+        KT_OK(kiln_kernel_get_spec(ctx[d], "op=prefill dtype=bf16 head_dim=128 group=4 mask=causal",
+                                   &jobs[d].pre),
+              kiln_ctx_errmsg(ctx[d]));
+        kiln_kernel *again = NULL;
+        KT_OK(kiln_kernel_get_spec(ctx[d], "op=decode dtype=bf16 head_dim=128 group=4", &again),
+              kiln_ctx_errmsg(ctx[d]));
+        KT_CHECK(again == jobs[d].dec); /* memoised per context */
+        if (d > 0) KT_CHECK(jobs[d].dec != jobs[0].dec);
+    }
+    pthread_t th[MAX_DEVS];
+    for (int d = 0; d < n; d++) pthread_create(&th[d], NULL, dev_worker, &jobs[d]);
+    for (int d = 0; d < n; d++) pthread_join(th[d], NULL);
+    for (int d = 0; d < n; d++)
+        if (jobs[d].bad) kt_fail(__FILE__, __LINE__, "device %d: %s", d, jobs[d].msg);
+    printf("    %d devices: a decode and a prefill on each at once, checked\n", n);
+    for (int d = 0; d < n; d++) kiln_ctx_destroy(ctx[d]);
+}
