@@ -398,14 +398,20 @@ static int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 /* Estimated makespan (in keys) of cutting every tile into chunks of c keys (c = 0: no cut):
  * the longest of the longest item, the work per slot rounded to whole waves and the work per
  * bandwidth share (bw_slots), plus a fixed cost per CTA wave and per split tile, plus the merge
- * of the most-cut tile. Sets *splits to the split items it needs. */
-static double estimate(const kiln_plan *pl, int ntiles, int64_t c, int64_t *items_out,
-                       int64_t *splits)
+ * of the most-cut tile. Sets *splits to the split items it needs. With units (each tile's keys
+ * in key tiles, ceil(keys / gran)) c must be gran << shift, and a tile's chunk count comes by a
+ * shift: ceil(keys / c) = ceil(ceil(keys / gran) / 2^shift), the same count without a divide
+ * (the planner tries every such c for every tile). */
+static double estimate(const kiln_plan *pl, int ntiles, int64_t c, const int *units, int shift,
+                       int64_t *items_out, int64_t *splits)
 {
     int64_t items = 0, split = 0, total = 0, longest = 0, pieces = 1;
+    const int64_t round = ((int64_t)1 << shift) - 1;
     for (int t = 0; t < ntiles; t++) {
         const int64_t keys = pl->tile_keys[t];
-        const int64_t n = c > 0 && keys > c ? ceil_div(keys, c) : 1;
+        const int64_t n = c <= 0 || keys <= c ? 1
+                          : units             ? ((int64_t)units[t] + round) >> shift
+                                              : ceil_div(keys, c);
         items += n;
         if (n > 1) split += n;
         if (n > pieces) pieces = n;
@@ -593,7 +599,7 @@ static kiln_status choose_chunk(const kiln_plan *pl, int ntiles, int max_keys, c
     if (pl->o.fixed_split > 0 && pl->decode) {
         int64_t items, splits;
         chunk = pl->o.fixed_split;
-        estimate(pl, ntiles, chunk, &items, &splits);
+        estimate(pl, ntiles, chunk, NULL, 0, &items, &splits);
         if (splits > L->slots)
             return kiln__fail(
                 e, KILN_STATUS_WORKSPACE,
@@ -602,9 +608,14 @@ static kiln_status choose_chunk(const kiln_plan *pl, int ntiles, int max_keys, c
                 pl->k->spec, (long long)chunk, (long long)splits, (long long)L->slots);
     } else if (pl->o.fixed_split <= 0 && !pl->o.no_split) {
         int64_t it, sp;
-        double best = estimate(pl, ntiles, 0, &it, &sp);
-        for (int64_t c = pl->gran; c < max_keys; c *= 2) {
-            const double est = estimate(pl, ntiles, c, &it, &sp);
+        double best = estimate(pl, ntiles, 0, NULL, 0, &it, &sp);
+        /* each tile's keys in key tiles, once, into write_items' scratch (not yet in use) */
+        int *units = pl->order + 2 * pl->scratch_cap;
+        const unsigned g = (unsigned)pl->gran;
+        for (int t = 0; t < ntiles; t++) units[t] = (int)(((unsigned)pl->tile_keys[t] + g - 1) / g);
+        int shift = 0;
+        for (int64_t c = pl->gran; c < max_keys; c *= 2, shift++) {
+            const double est = estimate(pl, ntiles, c, units, shift, &it, &sp);
             if (sp <= L->slots && est < best * 0.97) {
                 best = est;
                 chunk = c;
