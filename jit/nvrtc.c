@@ -100,6 +100,18 @@ static kiln_status nvrtc_api(kiln__err *e)
 static const char *const base_options[] = {"-std=c++17",  "-minimal",         "--ptxas-options=-v",
                                            "--fmad=true", "--prec-div=false", NULL};
 
+/* With NVRTC 12.4 or newer, -split-compile=2: the optimizer works on two functions at once (a
+ * batch kernel's main and merge entries). The same SASS, instruction for instruction, for the
+ * seven sm_90a kernels compared (wgmma prefill, packed tensor-core and CUDA-core decode, fp8);
+ * cold compiles on the 2-core box: batch prefill 1.52 -> 1.24 s, 1.56 -> 1.29, packed fp8 decode
+ * 1.10 -> 0.92, single decode with its merge 1.03 -> 0.84; one-entry kernels unchanged. */
+static int nvrtc_splits(void)
+{
+    int major = 0, minor = 0;
+    return sscanf(kiln_nvrtc_version(), "%d.%d", &major, &minor) == 2 &&
+           (major > 12 || (major == 12 && minor >= 4));
+}
+
 void kiln__nvrtc_options(const char *arch, kiln__nvrtc_opts *out)
 {
     snprintf(out->arch, sizeof out->arch, "--gpu-architecture=%s", arch);
@@ -107,6 +119,7 @@ void kiln__nvrtc_options(const char *arch, kiln__nvrtc_opts *out)
     out->v[out->n++] = out->arch;
     for (int i = 0; base_options[i] && out->n < KILN__NVRTC_OPTS_MAX; i++)
         out->v[out->n++] = base_options[i];
+    if (nvrtc_splits() && out->n < KILN__NVRTC_OPTS_MAX) out->v[out->n++] = "-split-compile=2";
 }
 
 /* ---- version and archs ----------------------------------------------------------------------
