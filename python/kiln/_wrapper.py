@@ -257,6 +257,7 @@ class _BatchWrapper:
         self._slopes = {}  # H -> ALiBi slopes, float32 [H]
         self._configs = {}  # plan() scalar arguments (values, types) -> _Config
         self._lse_scratch = None  # float32: the LSE a kernel with lse=1 writes when not asked
+        self._retired = []  # LSE scratch buffers replaced by reset_workspace_buffer
         # Plan -> [uint8 device tensor, batch, total_qo]: the plan's own schedule workspace
         # (kiln_plan_schedule_scratch), sized for at least that batch; the float workspace holds
         # only the partial states, so wrappers may share it as FlashInfer's do
@@ -292,9 +293,12 @@ class _BatchWrapper:
         kiln's plans keeps its schedule in a small buffer of its own). The next run needs a new
         plan()."""
         self._set_workspace(float_workspace_buffer)
+        # the schedule buffers (kept in _schedules by their Plan) and the LSE scratch stay
+        # alive: a graph captured before the reset still reads and writes them
         self._plans.clear()
-        self._schedules.clear()
         self._configs.clear()
+        if self._lse_scratch is not None:
+            self._retired.append(self._lse_scratch)
         self._lse_scratch = None
         self._torch = None  # the next plan checks the new buffer
         self._state = None
