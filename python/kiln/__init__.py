@@ -79,6 +79,18 @@ from .prefix import (
     BatchPrefillWithSharedPrefixPagedKVCacheWrapper,
 )
 from .sparse import BlockSparseAttentionWrapper, VariableBlockSparseAttentionWrapper
+from .rope import (
+    apply_llama31_rope,
+    apply_llama31_rope_inplace,
+    apply_llama31_rope_pos_ids,
+    apply_llama31_rope_pos_ids_inplace,
+    apply_rope,
+    apply_rope_inplace,
+    apply_rope_pos_ids,
+    apply_rope_pos_ids_inplace,
+    apply_rope_with_cos_sin_cache,
+    apply_rope_with_cos_sin_cache_inplace,
+)
 
 
 def __getattr__(name):
