@@ -615,6 +615,66 @@ KT_GPU_TEST(gpu_batch_shared_scratch)
     kiln_ctx_destroy(ctx);
 }
 
+/* kiln_plan_schedule_scratch refuses bad buffers with a message naming the sizes, and a run
+ * with another workspace than the one scheduled into: a schedule workspace below the int
+ * region, a scratch that is not 256-byte aligned, a scratch pointer of 0 with bytes, and
+ * kiln_plan_run given the scratch as its workspace. A scratch of 0 bytes schedules with no
+ * split. */
+KT_GPU_TEST(gpu_plan_scratch_errors)
+{
+    kiln_ctx *ctx = KT_CTX(kt_cache_dir(), 1);
+    KT_REQUIRE(ctx);
+    kiln_variant v;
+    kiln_kernel *k = parsed("op=decode dtype=bf16 head_dim=128 group=4 kv=paged lse=1", &v)
+                         ? get(ctx, &v)
+                         : NULL;
+    kiln_plan *pl = NULL;
+    kiln_plan_opts o = {.num_qo_heads = 32, .page_size = 16};
+    if (!k || kiln_plan_create(k, &o, &pl) != KILN_STATUS_OK) {
+        kt_fail(__FILE__, __LINE__, "plan: %s", kiln_ctx_errmsg(ctx));
+        kiln_ctx_destroy(ctx);
+        return;
+    }
+    size_t sched = 0, scratch = 0;
+    KT_OK(kiln_plan_workspace_sizes(pl, 1, 1, &sched, &scratch), kiln_ctx_errmsg(ctx));
+    const kiln__cu *cu = ctx->cu;
+    CUdeviceptr ws = 0, sc = 0;
+    KT_REQUIRE(cu->cuMemAlloc(&ws, sched) == CUDA_SUCCESS);
+    KT_REQUIRE(cu->cuMemAlloc(&sc, scratch + 256) == CUDA_SUCCESS);
+    static const int indptr[2] = {0, 2048}, last[1] = {16}; /* 32768 keys: the planner splits */
+    kiln_batch_shape sh = {.batch = 1, .kv_indptr = indptr, .kv_last_page_len = last};
+    KT_STATUS(kiln_plan_schedule_scratch(pl, &sh, ws, 64, sc, scratch, NULL), KILN_STATUS_WORKSPACE,
+              "schedule workspace too small");
+    KT_CONTAINS(kiln_ctx_errmsg(ctx), "the schedule workspace holds 64 bytes");
+    KT_STATUS(kiln_plan_schedule_scratch(pl, &sh, ws, sched, sc + 16, scratch, NULL),
+              KILN_STATUS_WORKSPACE, "misaligned scratch");
+    KT_CONTAINS(kiln_ctx_errmsg(ctx), "256-byte aligned");
+    KT_STATUS(kiln_plan_schedule_scratch(pl, &sh, ws, sched, 0, scratch, NULL),
+              KILN_STATUS_WORKSPACE, "no scratch pointer");
+    KT_OK(kiln_plan_schedule_scratch(pl, &sh, ws, sched, 0, 0, NULL), kiln_ctx_errmsg(ctx));
+    kiln_plan_info info;
+    KT_OK(kiln_plan_describe(pl, &info), kiln_ctx_errmsg(ctx));
+    KT_EQ_INT(info.split_items, 0);
+    KT_OK(kiln_plan_schedule_scratch(pl, &sh, ws, sched, sc, scratch, NULL), kiln_ctx_errmsg(ctx));
+    KT_OK(kiln_plan_describe(pl, &info), kiln_ctx_errmsg(ctx));
+    KT_CHECK(info.split_items > 0);
+    kiln_batch_args a = {.q = sc,
+                         .k = sc,
+                         .v = sc,
+                         .o = sc,
+                         .lse = sc,
+                         .kv_indices = sc,
+                         .workspace = sc,
+                         .workspace_bytes = scratch};
+    KT_STATUS(kiln_plan_run(pl, &a, NULL), KILN_STATUS_WORKSPACE, "run on the scratch");
+    KT_CONTAINS(kiln_ctx_errmsg(ctx), "is not the one planned into");
+    KT_OK(cu->cuCtxSynchronize() == CUDA_SUCCESS ? KILN_STATUS_OK : KILN_STATUS_CUDA, "sync");
+    kiln_plan_destroy(pl);
+    cu->cuMemFree(ws);
+    cu->cuMemFree(sc);
+    kiln_ctx_destroy(ctx);
+}
+
 /* The split merge fused into the batch decode kernels (KILN_TUNE merge=1: the last CTA of each
  * merge task merges it) writes the bits the merge kernel writes (the default), on both
  * decode families: tensor cores (G 4, paged and ragged, and fp8 KV read in registers), CUDA
