@@ -140,11 +140,30 @@ def check_indptr(name, values, batch=None):
             )
 
 
+_VALID_LAST = {}  # page_size (< 256) -> bytes(range(1, page_size + 1))
+
+
+def _all_in_pages(last, page_size):
+    """Whether every entry of the int list is in 1..page_size. For page sizes below 256: one
+    bytes() conversion (it refuses any value outside 0..255) and a translate that deletes the
+    valid values, both at C speed (1.3 us for 256 entries on the 2-core box, against 5.1 for
+    min() and max()); else min() and max()."""
+    if page_size < 256:
+        valid = _VALID_LAST.get(page_size)
+        if valid is None:
+            valid = _VALID_LAST[page_size] = bytes(range(1, page_size + 1))
+        try:
+            return not bytes(last).translate(None, valid)
+        except ValueError:  # an entry outside 0..255
+            return False
+    return min(last) >= 1 and max(last) <= page_size
+
+
 def check_last_page_len(name, last, indptr, page_size):
     """Each request with pages holds 1..page_size tokens in its last page."""
     if len(last) != len(indptr) - 1:
         raise ValueError(f"{name} has {len(last)} entries; the batch is {len(indptr) - 1}")
-    if not last or (min(last) >= 1 and max(last) <= page_size):
+    if not last or _all_in_pages(last, page_size):
         return
     for b, n in enumerate(last):
         if indptr[b + 1] > indptr[b] and not 1 <= n <= page_size:

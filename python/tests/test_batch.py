@@ -218,6 +218,29 @@ class TestBatchVariant(unittest.TestCase):
             host_ints(7, "indptr")
 
 
+class TestLastPageLenCheck(unittest.TestCase):
+    """check_last_page_len's fast path (bytes / translate below page size 256, min / max above)
+    agrees with the entry-by-entry rule: a request with pages holds 1..page_size tokens."""
+
+    def test_fast_path_agrees(self):
+        from kiln.plan import check_last_page_len
+
+        for page_size in (1, 16, 255, 256, 1000):
+            for last, ok in (([1, page_size, 1], True), ([0, 1, 1], False),
+                             ([page_size + 1, 1, 1], False), ([-1, 1, 1], False),
+                             ([1, 300, 1], page_size >= 300), ([1, 2 ** 20, 1], False)):
+                last = [min(n, page_size) if ok else n for n in last]
+                indptr = [0, 1, 2, 3]
+                with self.subTest(page_size=page_size, last=last):
+                    if ok:
+                        check_last_page_len("last", last, indptr, page_size)
+                    else:
+                        with self.assertRaisesRegex(ValueError, "last page holds"):
+                            check_last_page_len("last", last, indptr, page_size)
+                    # the same entries on a request without pages are ignored
+                    check_last_page_len("last", last, [0, 0, 0, 0], page_size)
+
+
 class TestWrapperChecks(unittest.TestCase):
     """The checks plan() makes before it needs torch, a GPU or a kernel."""
 
