@@ -84,11 +84,19 @@ kiln_status kiln__cache_default_dir(char *out, size_t cap, kiln__err *e);
 
 /* Look a key up. KILN_STATUS_NOT_FOUND when absent. A row whose cubin fails its checksum is
  * reported as KILN_STATUS_CACHE with a message naming the key, and *out is left empty.
- * On a hit, hits and last_used are bumped (best effort) and the global hit counter too;
- * on a miss the miss counter. A handle whose only writes were these bumps closes without
- * checkpointing its WAL (no fsync for a hit; docs/cache.md, "stats"). with_text=0 skips source/log/key_material. */
+ * A hit or a miss is appended to the hit log (best effort; no database write, so a lookup
+ * takes no lock); the counters (hits, last_used, the global hits and misses) take it when the
+ * log is next folded (kiln__cache_fold_hits; docs/cache.md, "stats"). The entry returned
+ * counts this hit. with_text=0 skips source/log/key_material. */
 kiln_status kiln__cache_get(kiln__cache *c, const char *key, int with_text, kiln__entry *out,
                             kiln__err *e);
+
+/* Fold the hit log into the counters now (one write transaction; nothing when there is no
+ * log). Every call that reads or writes the counters (put, each, stats, arch stats, evict,
+ * compact, scan) folds first; this is for a caller that reads a row's counters by get.
+ * Returns the records folded, 0 for none, -1 when the fold failed (best effort, like the
+ * counters). */
+int kiln__cache_fold_hits(kiln__cache *c);
 
 /* Insert or replace a row (one transaction). The checksum is computed here. */
 kiln_status kiln__cache_put(kiln__cache *c, const kiln__entry *en, kiln__err *e);

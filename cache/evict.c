@@ -108,6 +108,7 @@ kiln_status kiln__cache_evict(kiln__cache *c, int64_t max_bytes, const char *kee
         return kiln__fail(e, KILN_STATUS_IO, "cache %s: cannot evict: the cache is read-only (%s)",
                           c->path, c->ro_why);
     pthread_mutex_lock(&c->lock);
+    kiln__hits_fold_locked(c, KILN__HITS_APPLY, -1); /* the latest last_used stamps */
     kiln_status s = evict_locked(c, max_bytes, keep, &r, &f, e);
     pthread_mutex_unlock(&c->lock);
     if (removed) *removed = r;
@@ -124,6 +125,7 @@ kiln_status kiln__cache_compact(kiln__cache *c, int vacuum, kiln__err *e)
                           c->ro_why);
     kiln_status s = KILN_STATUS_OK;
     pthread_mutex_lock(&c->lock);
+    kiln__hits_fold_locked(c, KILN__HITS_APPLY, -1);
     if (vacuum && kiln__cache_exec(c, "VACUUM") != SQLITE_OK) s = kiln__cache_fail(c, e, "vacuum");
     if (!s && kiln__cache_exec(c, "PRAGMA wal_checkpoint(TRUNCATE)") != SQLITE_OK)
         s = kiln__cache_fail(c, e, "checkpointing the WAL");

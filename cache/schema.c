@@ -682,13 +682,6 @@ void kiln__cache_close(kiln__cache *c)
 {
     if (!c) return;
     kiln__lease_fini(c);
-    /* A handle that wrote hit and miss counters and nothing else leaves its WAL frames for the
-     * next checkpoint instead of checkpointing on close: a commit under synchronous=NORMAL needs
-     * no fsync, a checkpoint needs two (docs/cache.md, "stats"). Any other handle, readers
-     * included, checkpoints (and removes the WAL) as before when it is the last one open. */
-    if (c->db && !c->readonly && c->bump_changes > 0 &&
-        sqlite3_total_changes64(c->db) == c->bump_changes)
-        sqlite3_db_config(c->db, SQLITE_DBCONFIG_NO_CKPT_ON_CLOSE, 1, (int *)NULL);
     if (c->db) sqlite3_close(c->db); /* every statement is finalised by the call that made it */
     pthread_mutex_destroy(&c->lock);
     free(c);

@@ -1,8 +1,8 @@
 /*
  * stats.c — what `kiln stats` and `kiln clear` need from the store beyond rows: the counters'
  * reset (`--zero`), the time of the last reset, per-arch totals, and removing every row. The
- * counters themselves are bumped by store.c on each lookup (docs/cache.md, "stats"); nothing
- * here is on the lookup path.
+ * counters themselves come from the hit log (hits.c), folded in before they are read or reset
+ * (docs/cache.md, "stats"); nothing here is on the lookup path.
  */
 #include "store.h"
 
@@ -11,16 +11,18 @@
 #include <string.h>
 #include <time.h>
 
-/* Run sql (no rows expected) inside BEGIN IMMEDIATE ... COMMIT; what names the step in the
- * message. *changes (may be NULL) gets the rows the statements changed. */
-static kiln_status write_txn(kiln__cache *c, const char *what, const char *sql, int *changes,
-                             kiln__err *e)
+/* Run sql (no rows expected) inside BEGIN IMMEDIATE ... COMMIT, after the hit log is folded
+ * in with fold (KILN__HITS_APPLY or KILN__HITS_DISCARD); what names the step in the message.
+ * *changes (may be NULL) gets the rows the statements changed. */
+static kiln_status write_txn(kiln__cache *c, const char *what, const char *sql, int fold,
+                             int *changes, kiln__err *e)
 {
     if (changes) *changes = 0;
     if (c->readonly)
         return kiln__fail(e, KILN_STATUS_IO, "cache %s: %s refused: the cache is read-only (%s)",
                           c->path, what, c->ro_why);
     pthread_mutex_lock(&c->lock);
+    kiln__hits_fold_locked(c, fold, -1);
     kiln_status s = KILN_STATUS_OK;
     int64_t before = sqlite3_total_changes64(c->db);
     if (kiln__cache_exec(c, "BEGIN IMMEDIATE") != SQLITE_OK)
@@ -43,14 +45,15 @@ kiln_status kiln__cache_stats_zero(kiln__cache *c, kiln__err *e)
              "INSERT OR REPLACE INTO stats(k, v) VALUES ('hits', 0), ('misses', 0), "
              "('zeroed', %lld); UPDATE kernels SET hits = 0 WHERE hits != 0;",
              (long long)time(NULL));
-    return write_txn(c, "zeroing the counters", sql, NULL, e);
+    return write_txn(c, "zeroing the counters", sql, KILN__HITS_DISCARD, NULL, e);
 }
 
 kiln_status kiln__cache_clear(kiln__cache *c, int *removed, kiln__err *e)
 {
     if (removed) *removed = 0;
     if (!c) return kiln__fail(e, KILN_STATUS_INVALID_ARGUMENT, "cache: clear needs a cache");
-    return write_txn(c, "removing every entry", "DELETE FROM kernels;", removed, e);
+    return write_txn(c, "removing every entry", "DELETE FROM kernels;", KILN__HITS_APPLY, removed,
+                     e);
 }
 
 kiln_status kiln__cache_arch_stats(kiln__cache *c, kiln__arch_stats *out, int cap, int *n,
@@ -61,6 +64,7 @@ kiln_status kiln__cache_arch_stats(kiln__cache *c, kiln__arch_stats *out, int ca
     if (!c || (!out && cap))
         return kiln__fail(e, KILN_STATUS_INVALID_ARGUMENT, "cache: arch stats needs a cache");
     pthread_mutex_lock(&c->lock);
+    kiln__hits_fold_locked(c, KILN__HITS_APPLY, -1);
     sqlite3_stmt *st = NULL;
     int rc = kiln__cache_prepare(c,
                                  "SELECT arch, count(*), coalesce(sum(length(cubin)), 0),"

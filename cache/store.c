@@ -1,8 +1,8 @@
 /*
  * store.c — the rows of the cubin cache: put (one transaction, checksum computed here), get
- * (checksum verified on every load, hit and miss counters bumped best effort), remove and
- * resolve by key prefix, listing, statistics. Opening and the schema are in schema.c; the
- * format is in docs/cache.md.
+ * (checksum verified on every load, the lookup recorded in the hit log, hits.c), remove and
+ * resolve by key prefix, listing, statistics (the hit log folded in first). Opening and the
+ * schema are in schema.c; the format is in docs/cache.md.
  *
  * Every public call takes the handle's mutex for its whole duration: a SQLite transaction
  * belongs to the connection, so two threads must not interleave statements on one handle.
@@ -77,36 +77,6 @@ static int read_meta(sqlite3_stmt *st, kiln__entry *en)
     en->last_used = sqlite3_column_int64(st, 9);
     en->hits = sqlite3_column_int64(st, 10);
     return en->spec && en->arch && en->nvrtc;
-}
-
-/* Record a hit on key (a miss when key is NULL) in one small write transaction. Best effort:
- * a read-only, busy or failing database leaves the read as it was. Returns 1 when recorded. */
-static int bump(kiln__cache *c, const char *key, int64_t now)
-{
-    if (c->readonly) return 0;
-    int64_t before = sqlite3_total_changes64(c->db);
-    sqlite3_busy_timeout(c->db, KILN__CACHE_BUMP_BUSY_MS);
-    int ok = kiln__cache_exec(c, "BEGIN IMMEDIATE") == SQLITE_OK;
-    if (ok && key) {
-        sqlite3_stmt *st = NULL;
-        ok = kiln__cache_prepare(c,
-                                 "UPDATE kernels SET hits = hits + 1, last_used = ?2 "
-                                 "WHERE key = ?1",
-                                 &st) == SQLITE_OK &&
-             bind_text(st, 1, key) == SQLITE_OK && sqlite3_bind_int64(st, 2, now) == SQLITE_OK &&
-             kiln__cache_step(c, st) == SQLITE_DONE;
-        sqlite3_finalize(st);
-    }
-    if (ok)
-        ok = kiln__cache_exec(c, key ? "INSERT INTO stats(k, v) VALUES ('hits', 1) "
-                                       "ON CONFLICT(k) DO UPDATE SET v = v + 1"
-                                     : "INSERT INTO stats(k, v) VALUES ('misses', 1) "
-                                       "ON CONFLICT(k) DO UPDATE SET v = v + 1") == SQLITE_OK;
-    if (ok) ok = kiln__cache_exec(c, "COMMIT") == SQLITE_OK;
-    if (!ok) kiln__cache_rollback(c);
-    c->bump_changes += sqlite3_total_changes64(c->db) - before; /* also a rolled-back bump's */
-    sqlite3_busy_timeout(c->db, KILN__CACHE_BUSY_MS);
-    return ok;
 }
 
 /* ---- entries --------------------------------------------------------------------------------- */
@@ -193,6 +163,7 @@ kiln_status kiln__cache_put(kiln__cache *c, const kiln__entry *en, kiln__err *e)
     char sum[33];
     kiln__hash128(en->cubin, en->cubin_size, sum);
     pthread_mutex_lock(&c->lock);
+    kiln__hits_fold_locked(c, KILN__HITS_APPLY, -1);
     kiln_status s = put_locked(c, en, sum, (int64_t)time(NULL), e);
     pthread_mutex_unlock(&c->lock);
     return s;
@@ -214,7 +185,7 @@ static kiln_status get_locked(kiln__cache *c, const char *key, int with_text, ki
     if (rc == SQLITE_OK) rc = kiln__cache_step(c, st);
     if (rc == SQLITE_DONE) {
         sqlite3_finalize(st);
-        bump(c, NULL, 0);
+        kiln__hits_append(c, NULL, (int64_t)time(NULL));
         return kiln__fail(e, KILN_STATUS_NOT_FOUND, "cache %s: no entry %s", c->path, key);
     }
     if (rc != SQLITE_ROW) {
@@ -259,7 +230,7 @@ static kiln_status get_locked(kiln__cache *c, const char *key, int with_text, ki
                                    "computed %s; not loaded",
                                    c->path, key, out->spec, out->arch, stored, computed);
         kiln__entry_free(out);
-        bump(c, NULL, 0); /* the caller recompiles: it counts as a miss */
+        kiln__hits_append(c, NULL, (int64_t)time(NULL)); /* the caller recompiles: a miss */
         return s;
     }
     /* the row checksum: every field the cubin's checksum does not cover (a file that predates
@@ -273,7 +244,7 @@ static kiln_status get_locked(kiln__cache *c, const char *key, int with_text, ki
                                    c->path, key, out->spec, out->arch, row_sum,
                                    seal[0] ? seal : "(out of memory)");
         kiln__entry_free(out);
-        bump(c, NULL, 0);
+        kiln__hits_append(c, NULL, (int64_t)time(NULL));
         return s;
     }
     if (!with_text) {
@@ -283,7 +254,7 @@ static kiln_status get_locked(kiln__cache *c, const char *key, int with_text, ki
         out->key_material = out->source = out->log = NULL;
     }
     int64_t now = (int64_t)time(NULL);
-    if (bump(c, key, now)) {
+    if (kiln__hits_append(c, key, now)) {
         out->hits++;
         out->last_used = now;
     }
@@ -432,6 +403,7 @@ kiln_status kiln__cache_each(kiln__cache *c, kiln__cache_visit fn, void *user, k
                           "cache: each needs a cache and a function");
     entry_list l = {0};
     pthread_mutex_lock(&c->lock);
+    kiln__hits_fold_locked(c, KILN__HITS_APPLY, -1);
     kiln_status s = collect(c, &l, e);
     pthread_mutex_unlock(&c->lock);
     /* fn runs without the lock held, so it may call back into the cache. */
@@ -478,6 +450,7 @@ kiln_status kiln__cache_stats_get(kiln__cache *c, kiln__cache_stats *out, kiln__
         return kiln__fail(e, KILN_STATUS_INVALID_ARGUMENT,
                           "cache: stats needs a cache and an output");
     pthread_mutex_lock(&c->lock);
+    kiln__hits_fold_locked(c, KILN__HITS_APPLY, -1);
     kiln_status s = stats_locked(c, out, e);
     pthread_mutex_unlock(&c->lock);
     if (s) {

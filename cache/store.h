@@ -13,7 +13,8 @@
 
 /* How long a statement waits for another connection's lock before failing, in ms. */
 #define KILN__CACHE_BUSY_MS 10000
-/* How long a cache hit waits to record itself (hit counters are best effort), in ms. */
+/* How long a lookup that folds the hit log waits for the write lock (counters are best
+ * effort), in ms. */
 #define KILN__CACHE_BUMP_BUSY_MS 100
 /* Longest <dir>/kernels.db, with its NUL. */
 #define KILN__CACHE_PATH_MAX 4096
@@ -37,9 +38,6 @@ struct kiln__cache {
     int schema;                      /* schema version of the file (after any migration) */
     int sealed;                      /* 1: kernels has the row_sum column (schema >= 3) */
     int injected;                    /* 1: the last step failed by fault injection */
-    int64_t bump_changes;            /* rows changed by counter bumps (bump in store.c): when
-                                        they are all the connection changed, close skips the
-                                        checkpoint (schema.c) */
     char ro_why[256];                /* why the cache is read-only ("" when it is not) */
     char path[KILN__CACHE_PATH_MAX]; /* <dir>/kernels.db */
     /* leases (lease.c) */
@@ -59,6 +57,21 @@ void kiln__lease_fini(kiln__cache *c);
 #define KILN__LEASES_SQL                                                                           \
     "CREATE TABLE leases(key TEXT PRIMARY KEY, holder TEXT NOT NULL, pid INTEGER NOT NULL,"        \
     " host TEXT NOT NULL, expires INTEGER NOT NULL);"
+
+/* Record a lookup in the hit log (hits.c): a hit on key, a miss when key is NULL. Best effort:
+ * returns 1 when the record was appended, 0 when not (a read-only cache, an I/O error). A log
+ * past its fold size is folded here. Called with c->lock held. */
+int kiln__hits_append(kiln__cache *c, const char *key, int64_t now);
+
+/* What a fold does with the records it takes. */
+enum { KILN__HITS_APPLY = 1, KILN__HITS_DISCARD = 2 };
+
+/* Take the hit log into the counters (KILN__HITS_APPLY) or drop it (KILN__HITS_DISCARD) in one
+ * write transaction of its own, waiting busy_ms for the write lock (-1: the handle's usual
+ * wait). Returns the records taken, 0 when there was no log, -1 when the fold failed (the log
+ * is left, or lost if the failure came after it was taken). Called with c->lock held and no
+ * transaction open. hits.c. */
+int kiln__hits_fold_locked(kiln__cache *c, int mode, int busy_ms);
 
 /* Give every row of a file being migrated to schema 3 its row checksum, inside the caller's
  * transaction; a row whose cubin fails its checksum keeps "" (kiln verify reports it).

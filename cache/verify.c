@@ -319,6 +319,7 @@ kiln_status kiln__cache_scan(kiln__cache *c, kiln__cache_visit fn, void *user, k
                           "cache: scan needs a cache and a function");
     kiln_status s = KILN_STATUS_OK;
     pthread_mutex_lock(&c->lock);
+    kiln__hits_fold_locked(c, KILN__HITS_APPLY, -1); /* a copy made from the scan has them */
     sqlite3_stmt *st = NULL;
     int rc = kiln__cache_prepare(c, c->sealed ? SCAN_SQL("row_sum") : SCAN_SQL("''"), &st);
     while (rc == SQLITE_OK && (rc = kiln__cache_step(c, st)) == SQLITE_ROW) {

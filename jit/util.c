@@ -158,6 +158,8 @@ void kiln__hash128(const void *data, size_t n, char out[33])
     kiln__hex(c.digest, sizeof c.digest, out);
 }
 
+uint64_t kiln__hash64(const void *data, size_t n) { return XXH3_64bits(data, n); }
+
 kiln_status kiln__read_file(const char *path, char **data, size_t *size, kiln__err *e)
 {
     *data = NULL;

@@ -61,6 +61,9 @@ void kiln__hex(const void *bytes, size_t n, char *out);
 /* XXH3-128 of data as 32 lowercase hex chars + NUL (canonical big-endian digest). */
 void kiln__hash128(const void *data, size_t n, char out[33]);
 
+/* XXH3-64 of data. */
+uint64_t kiln__hash64(const void *data, size_t n);
+
 /* Read a whole file into a malloc'd buffer (NUL-terminated); *size excludes the NUL. */
 kiln_status kiln__read_file(const char *path, char **data, size_t *size, kiln__err *e);
 

@@ -208,6 +208,7 @@ static int show_row(kiln__cache *c, const char *key, const show_opts *o)
 {
     kiln__entry en = {0};
     kiln__err e = {{0}};
+    kiln__cache_fold_hits(c); /* the row's counters, with the hit log's records */
     if (kiln__cache_get(c, key, 1, &en, &e)) return cli_fail("show", CLI_FAIL, "%s", e.msg);
     view w = {0};
     w.key = en.key;

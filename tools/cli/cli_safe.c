@@ -1,6 +1,6 @@
 /*
  * cli_safe.c — what the `kiln` commands write and print, made safe for the user: an output
- * file is never the cache being read (its database, -wal, -shm or -journal, compared by device
+ * file is never the cache being read (its database, -wal, -shm, -journal or hit log, by device
  * and inode, not by name) and never an existing file (the CLI has no --force: a file the user
  * owns is not overwritten), and text read from a cache row is escaped before it reaches a
  * terminal, so that a tampered row cannot move the cursor, retitle the window or hide lines.
@@ -16,8 +16,9 @@
 
 #include "cli.h"
 
-/* The files SQLite keeps beside a database: suffixes of its name. */
-static const char *const side_suffix[] = {"", "-wal", "-shm", "-journal"};
+/* The files SQLite and the hit log (cache/hits.c) keep beside a database: suffixes of its
+ * name. */
+static const char *const side_suffix[] = {"", "-wal", "-shm", "-journal", "-hits", "-hits-fold"};
 
 /* Split path into its directory dir[cap] ("." when it has none) and its last component. */
 static const char *split_path(const char *path, char *dir, size_t cap)

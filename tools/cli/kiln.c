@@ -155,7 +155,7 @@ static const char usage_show[] =
     "  --key-material  print exactly the text hashed into the key\n"
     "  --sass          disassemble the cubin with cuobjdump (CUDA toolkit; KILN_CUOBJDUMP)\n"
     "  --cubin FILE    write the cubin to FILE, a new file (never over an existing file or\n"
-    "                  the cache and its -wal/-shm)\n"
+    "                  the cache and its -wal/-shm/-hits)\n"
     "\n" SPEC_HELP;
 
 static const char usage_rm[] =
