@@ -200,7 +200,10 @@ int kiln__hits_append(kiln__cache *c, const char *key, int64_t now)
     int fd = open(live, O_WRONLY | O_APPEND | O_CREAT | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC, 0600);
     if (fd < 0) return 0;
     struct stat sb;
-    int ok = fstat(fd, &sb) == 0 && S_ISREG(sb.st_mode) && write(fd, &r, sizeof r) == sizeof r;
+    int ok = fstat(fd, &sb) == 0 && S_ISREG(sb.st_mode);
+    if (ok && sb.st_size == 0 && (sb.st_mode & 0777) != c->file_mode)
+        (void)fchmod(fd, c->file_mode); /* a new log: the file's mode, whatever the umask */
+    ok = ok && write(fd, &r, sizeof r) == sizeof r;
     int full = ok && fstat(fd, &sb) == 0 && sb.st_size >= FOLD_BYTES;
     close(fd);
     if (full) kiln__hits_fold_locked(c, KILN__HITS_APPLY, KILN__CACHE_BUMP_BUSY_MS);

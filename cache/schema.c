@@ -503,6 +503,7 @@ static kiln_status prepare_file(kiln__cache *c, const char *dir, int flags, kiln
     if (faccessat(AT_FDCWD, c->path, R_OK, AT_EACCESS) != 0)
         return kiln__fail(e, KILN_STATUS_IO, "cache %s: cannot read the file: %s", c->path,
                           strerror(errno));
+    c->file_mode = stat(c->path, &sb) == 0 ? (unsigned)(sb.st_mode & 0666) : 0600;
     if (flags & KILN__CACHE_RDONLY) {
         c->readonly = 1;
         snprintf(c->ro_why, sizeof c->ro_why, "opened read-only (a base cache)");

@@ -38,6 +38,8 @@ struct kiln__cache {
     int schema;                      /* schema version of the file (after any migration) */
     int sealed;                      /* 1: kernels has the row_sum column (schema >= 3) */
     int injected;                    /* 1: the last step failed by fault injection */
+    unsigned file_mode;              /* the database file's permission bits, which the hit
+                                        log takes too (as SQLite gives them to -wal, -shm) */
     char ro_why[256];                /* why the cache is read-only ("" when it is not) */
     char path[KILN__CACHE_PATH_MAX]; /* <dir>/kernels.db */
     /* leases (lease.c) */

@@ -238,6 +238,25 @@ KT_TEST(cache_hit_log)
     kiln__cache_close(c);
 }
 
+/* The hit log takes the database file's mode, whatever the umask (a cache shared by a group). */
+KT_TEST(cache_hit_log_mode)
+{
+    const char *d = kt_path("mode");
+    kiln__cache *c = NULL;
+    kiln__err e = {{0}};
+    KT_OK(kiln__cache_open(d, &c, &e), e.msg);
+    KT_REQUIRE(c);
+    put(c, K1, "sm_80");
+    KT_CHECK(chmod(kiln__cache_path(c), 0660) == 0);
+    kiln__cache_close(c);
+    mode_t old = umask(077);
+    KT_OK(kiln__cache_open(d, &c, &e), e.msg);
+    hit(c, K1);
+    umask(old);
+    KT_EQ_INT(kt_file_mode(kt_join(d, "kernels.db-hits")), 0660);
+    kiln__cache_close(c);
+}
+
 /* A log past its fold size is folded by the lookup that finds it so: 16384 records. */
 KT_TEST(cache_hit_log_folds_when_long)
 {
