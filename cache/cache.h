@@ -117,6 +117,8 @@ typedef struct kiln__cache_stats {
     int64_t bytes; /* sum of cubin sizes */
     int64_t hits, misses;
     int64_t file_bytes; /* database file size */
+    char hit_log[320];  /* "" when the hit log is fine; else what stops lookups being counted
+                           (a log that is not a regular file) or the last fold's failure */
 } kiln__cache_stats;
 
 kiln_status kiln__cache_stats_get(kiln__cache *c, kiln__cache_stats *out, kiln__err *e);

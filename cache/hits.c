@@ -93,7 +93,10 @@ static int take(kiln__cache *c, unsigned char **buf, size_t *n)
     *n = 0;
     struct stat ls;
     if (lstat(live, &ls) != 0) return errno == ENOENT ? 0 : -1;
-    if (!S_ISREG(ls.st_mode)) return -1; /* a link, FIFO or directory is left as it is */
+    if (!S_ISREG(ls.st_mode)) { /* a link, FIFO or directory is left as it is */
+        errno = EINVAL;
+        return -1;
+    }
     if (lstat(aside, &ls) == 0 && (S_ISDIR(ls.st_mode) ? rmdir(aside) : unlink(aside)) != 0)
         return -1; /* a fold that died between the rename and the unlink left it */
     if (rename(live, aside) != 0) return errno == ENOENT ? 0 : -1;
@@ -216,13 +219,20 @@ int kiln__hits_fold_locked(kiln__cache *c, int mode, int busy_ms)
     char live[KILN__CACHE_PATH_MAX + 16];
     log_path(c, live, sizeof live, "");
     struct stat sb;
-    if (lstat(live, &sb) != 0) return 0; /* nothing logged: no transaction */
+    if (lstat(live, &sb) != 0) { /* nothing logged: no transaction */
+        c->fold_why[0] = 0;
+        return 0;
+    }
     if (busy_ms >= 0) sqlite3_busy_timeout(c->db, busy_ms);
     int folded = -1;
-    if (kiln__cache_exec(c, "BEGIN IMMEDIATE") == SQLITE_OK) {
+    if (kiln__cache_exec(c, "BEGIN IMMEDIATE") != SQLITE_OK) {
+        snprintf(c->fold_why, sizeof c->fold_why, "taking the write lock: %s", kiln__cache_why(c));
+    } else {
         unsigned char *buf = NULL;
         size_t n = 0;
-        int rc = take(c, &buf, &n) == 0 ? SQLITE_OK : SQLITE_IOERR;
+        int taken = take(c, &buf, &n);
+        int rc = taken == 0 ? SQLITE_OK : SQLITE_IOERR;
+        if (taken) snprintf(c->fold_why, sizeof c->fold_why, "reading it: %s", strerror(errno));
         hit_rec *recs = n ? malloc(n / sizeof(hit_rec) * sizeof(hit_rec) + sizeof(hit_rec)) : NULL;
         if (rc == SQLITE_OK && n && !recs) rc = SQLITE_NOMEM;
         size_t nrec = 0;
@@ -232,11 +242,35 @@ int kiln__hits_fold_locked(kiln__cache *c, int mode, int busy_ms)
         free(recs);
         free(buf);
         if (rc == SQLITE_OK) rc = kiln__cache_exec(c, "COMMIT");
-        if (rc == SQLITE_OK) folded = (int)(nrec + (size_t)misses);
-        else kiln__cache_rollback(c);
+        if (rc == SQLITE_OK) {
+            folded = (int)(nrec + (size_t)misses);
+            c->fold_why[0] = 0;
+        } else {
+            if (!taken)
+                snprintf(c->fold_why, sizeof c->fold_why, "applying it: %s", kiln__cache_why(c));
+            kiln__cache_rollback(c);
+        }
     }
     if (busy_ms >= 0) sqlite3_busy_timeout(c->db, KILN__CACHE_BUSY_MS);
     return folded;
+}
+
+void kiln__hits_problem(kiln__cache *c, char *out, size_t cap)
+{
+    char live[KILN__CACHE_PATH_MAX + 16];
+    log_path(c, live, sizeof live, "");
+    struct stat sb;
+    out[0] = 0;
+    if (lstat(live, &sb) == 0 && !S_ISREG(sb.st_mode))
+        snprintf(out, cap, "%s is %s, not a regular file: lookups are not counted (remove it)",
+                 live,
+                 S_ISLNK(sb.st_mode)    ? "a symbolic link"
+                 : S_ISDIR(sb.st_mode)  ? "a directory"
+                 : S_ISFIFO(sb.st_mode) ? "a FIFO"
+                                        : "a special file");
+    else if (c->fold_why[0])
+        snprintf(out, cap, "folding %s failed (%s); its records wait for the next fold", live,
+                 c->fold_why);
 }
 
 int kiln__cache_fold_hits(kiln__cache *c)

@@ -460,5 +460,6 @@ kiln_status kiln__cache_stats_get(kiln__cache *c, kiln__cache_stats *out, kiln__
     char wal[KILN__CACHE_PATH_MAX + 8];
     snprintf(wal, sizeof wal, "%s-wal", c->path);
     out->file_bytes = file_size(c->path) + file_size(wal);
+    if (!c->readonly) kiln__hits_problem(c, out->hit_log, sizeof out->hit_log);
     return KILN_STATUS_OK;
 }

@@ -41,6 +41,7 @@ struct kiln__cache {
     unsigned file_mode;              /* the database file's permission bits, which the hit
                                         log takes too (as SQLite gives them to -wal, -shm) */
     char ro_why[256];                /* why the cache is read-only ("" when it is not) */
+    char fold_why[200];              /* why the last fold of the hit log failed ("" if not) */
     char path[KILN__CACHE_PATH_MAX]; /* <dir>/kernels.db */
     /* leases (lease.c) */
     char host[64];    /* this host's name */
@@ -74,6 +75,10 @@ enum { KILN__HITS_APPLY = 1, KILN__HITS_DISCARD = 2 };
  * is left, or lost if the failure came after it was taken). Called with c->lock held and no
  * transaction open. hits.c. */
 int kiln__hits_fold_locked(kiln__cache *c, int mode, int busy_ms);
+
+/* What is wrong with the hit log into out[cap] ("" when nothing): a log that is not a regular
+ * file, or c->fold_why. hits.c. */
+void kiln__hits_problem(kiln__cache *c, char *out, size_t cap);
 
 /* Give every row of a file being migrated to schema 3 its row checksum, inside the caller's
  * transaction; a row whose cubin fails its checksum keeps "" (kiln verify reports it).

@@ -217,8 +217,11 @@ KT_TEST(cache_hit_log)
     KT_CHECK(mkdir(log, 0700) == 0);
     hit(c, K1);
     KT_EQ_INT(kiln__cache_fold_hits(c), -1);
+    KT_OK(kiln__cache_stats_get(c, &s, &e), e.msg); /* stats say why nothing is counted */
+    KT_CONTAINS(s.hit_log, "kernels.db-hits is a directory, not a regular file");
     rmdir(log);
     KT_OK(kiln__cache_stats_get(c, &s, &e), e.msg);
+    KT_EQ_STR(s.hit_log, "");
     KT_EQ_INT(s.hits, 3);
     KT_OK(kiln__cache_integrity(c, &e), e.msg);
 

@@ -206,7 +206,18 @@ KT_TEST(report_hit_writes_log)
     KT_EQ_INT(sh(NULL, KILN_AT " compile --arch sm_80 " MERGE_SPEC " >/dev/null 2>&1", AT), 0);
     KT_EQ_INT(sh(&out, KILN_AT " stats", AT), 0);
     KT_CONTAINS(out, "hits:         3\n");
+    KT_CHECK(!strstr(out, "hit log:"));
     free(out);
+    KT_EQ_INT(sh(&out, KILN_AT " stats --json", AT), 0);
+    KT_CONTAINS(out, "\"hit_log\": null");
+    free(out);
+    KT_CHECK(mkfifo(log, 0600) == 0); /* planted: lookups go uncounted, and stats say so */
+    KT_EQ_INT(sh(NULL, KILN_AT " compile --arch sm_80 " MERGE_SPEC " >/dev/null 2>&1", AT), 0);
+    KT_EQ_INT(sh(&out, KILN_AT " stats", AT), 0);
+    KT_CONTAINS(out, "hits:         3\n");
+    KT_CONTAINS(out, "kernels.db-hits is a FIFO, not a regular file: lookups are not counted");
+    free(out);
+    unlink(log);
     KT_EQ_INT(sh(NULL, KILN_AT " compile --arch sm_80 " MERGE_SPEC " >/dev/null 2>&1", AT), 0);
     char key[33] = "";
     KT_EQ_INT(sh(&out, KILN_AT " ls --json", AT), 0);

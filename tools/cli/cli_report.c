@@ -121,6 +121,8 @@ static void stats_text(const stats_view *v)
     if (v->s.hits + v->s.misses) printf("hit rate:     %.1f %%\n", hit_rate(&v->s));
     else printf("hit rate:     -\n");
     printf("zeroed:       %s\n", since);
+    char safe[1400];
+    if (v->s.hit_log[0]) printf("hit log:      %s\n", cli_safe(v->s.hit_log, safe, sizeof safe));
     printf("%-8s %8s %12s %8s\n", "ARCH", "ENTRIES", "BYTES", "HITS");
     for (int i = 0; i < v->narch; i++)
         printf("%-8s %8lld %12lld %8lld\n", v->arch[i].arch, (long long)v->arch[i].entries,
@@ -141,6 +143,10 @@ static int stats_json(const stats_view *v)
     if (v->s.hits + v->s.misses)
         kiln__str_printf(&s, "\"hit_rate\": %.4f, ", hit_rate(&v->s) / 100);
     else kiln__str_puts(&s, "\"hit_rate\": null, ");
+    kiln__str_puts(&s, "\"hit_log\": ");
+    if (v->s.hit_log[0]) cli_json_str(&s, v->s.hit_log);
+    else kiln__str_puts(&s, "null");
+    kiln__str_puts(&s, ", ");
     if (v->zeroed) {
         cli_iso_time(v->zeroed, since);
         kiln__str_printf(&s, "\"zeroed\": \"%s\", \"archs\": [", since);
