@@ -375,3 +375,61 @@ KT_TEST(cache_hit_log_processes)
         kiln__cache_close(c);
     }
 }
+
+/* Logs of whole records with random junk between them (random lengths, random bytes, cut
+ * records): a fold counts exactly the whole records, whatever surrounds them. */
+KT_TEST(cache_hit_log_junk)
+{
+    const char *d = kt_path("junk");
+    char log[1100];
+    snprintf(log, sizeof log, "%s", kt_join(d, "kernels.db-hits"));
+    kiln__cache *c = NULL;
+    kiln__err e = {{0}};
+    KT_OK(kiln__cache_open(d, &c, &e), e.msg);
+    KT_REQUIRE(c);
+    put(c, K1, "sm_80");
+    hit(c, K1);
+    size_t n = 0;
+    unsigned char *rec = (unsigned char *)kt_slurp(log, &n);
+    KT_REQUIRE(rec && n == 64);
+    KT_EQ_INT(kiln__cache_fold_hits(c), 1);
+    unsigned seed = 12345;
+    enum { CAP = 1 << 16 };
+    unsigned char *buf = malloc(CAP);
+    KT_REQUIRE(buf);
+    long want_total = 1;
+    for (int round = 0; round < 40; round++) {
+        size_t len = 0;
+        int want = 0;
+        while (len + 64 + 200 < CAP && (seed = seed * 1103515245u + 12345u) % 97 != 0) {
+            unsigned r = (seed >> 8) % 4;
+            if (r == 0) { /* a whole record */
+                memcpy(buf + len, rec, 64);
+                len += 64;
+                want++;
+            } else if (r == 1) { /* a record cut short */
+                size_t cut = 1 + (seed >> 12) % 63;
+                memcpy(buf + len, rec, cut);
+                len += cut;
+            } else { /* random bytes */
+                size_t junk = 1 + (seed >> 12) % 150;
+                for (size_t i = 0; i < junk; i++) {
+                    seed = seed * 1103515245u + 12345u;
+                    buf[len++] = (unsigned char)(seed >> 16);
+                }
+            }
+        }
+        KT_CHECK(kt_write(log, buf, len) == 0);
+        KT_EQ_INT(kiln__cache_fold_hits(c), want);
+        want_total += want;
+    }
+    char *h = kt_sql_text(kiln__cache_path(c), "SELECT hits FROM kernels");
+    char expect[32];
+    snprintf(expect, sizeof expect, "%ld", want_total);
+    KT_EQ_STR(h, expect);
+    free(h);
+    free(buf);
+    free(rec);
+    KT_OK(kiln__cache_integrity(c, &e), e.msg);
+    kiln__cache_close(c);
+}
