@@ -369,6 +369,55 @@ KT_TEST(plan_split_decisions)
     kiln_ctx_destroy(ctx);
 }
 
+/* Graph mode launches the bound's CTAs on every replay: a decode's split bound there is two
+ * waves of the device's slots (eager: eight), and the planner picks the same split in both
+ * modes for one long request and for a full batch. */
+KT_TEST(plan_graph_split_bound)
+{
+    kiln_ctx *ctx = KT_CTX(kt_tmpdir(), 0);
+    KT_REQUIRE(ctx);
+    kiln_kernel *k = compile(ctx, "op=decode dtype=bf16 head_dim=128 group=4 kv=paged");
+    KT_REQUIRE(k);
+    enum { CTAS = 4, H = 32 };
+    const int hpi = H / 4, wave = SMS * CTAS / hpi;
+    batch *b = calloc(1, sizeof *b);
+    KT_REQUIRE(b);
+    int chunk[2][2] = {{0}}, items[2][2] = {{0}};
+    for (int graph = 0; graph < 2; graph++) {
+        kiln_plan_opts o = {0};
+        o.num_qo_heads = H;
+        o.page_size = 16;
+        o.max_batch = graph ? 256 : 0;
+        kiln_plan *pl = NULL;
+        KT_OK(kiln__plan_create_host(k, &o, SMS, CTAS, &pl), "plan host");
+        for (int full = 0; full < 2; full++) {
+            b->B = full ? 256 : 1;
+            for (int r = 0; r < b->B; r++) b->kv[r] = full ? 512 + 37 * r : 4096;
+            build(b, 1, 16);
+            kiln_batch_shape sh = shape_of(b, 1);
+            KT_OK(kiln_plan_schedule(pl, &sh, 0, 0, NULL), kiln_ctx_errmsg(ctx));
+            kiln_plan_info info;
+            kiln_plan_describe(pl, &info);
+            chunk[graph][full] = info.kv_chunk;
+            items[graph][full] = info.items;
+            if (graph) KT_EQ_INT(info.grid, 256 + 2 * wave + 1); /* max_batch + 2 waves + 1 */
+            else KT_EQ_INT(info.grid, info.items);
+            KT_CHECK(info.items <= info.grid);
+            check_schedule(pl, b, 1, 1, 0, graph ? "graph" : "eager");
+        }
+        size_t bytes = 0;
+        KT_OK(kiln_plan_workspace_size(pl, 1, 1, &bytes), "size");
+        kiln_plan_destroy(pl);
+    }
+    KT_EQ_INT(chunk[0][0], chunk[1][0]); /* B1 x 4096: the same split */
+    KT_EQ_INT(items[0][0], items[1][0]);
+    KT_CHECK(items[0][0] > 1 && items[0][0] <= wave);
+    KT_EQ_INT(chunk[0][1], chunk[1][1]); /* B256: the same (no split) */
+    KT_EQ_INT(items[0][1], items[1][1]);
+    free(b);
+    kiln_ctx_destroy(ctx);
+}
+
 /* A workspace smaller than kiln_plan_workspace_size holds fewer partial slots: the schedule
  * splits into no more chunks than fit, down to none (a host-only plan lays out for the size
  * given and refuses nothing; a device plan refuses a workspace below the layout with none). */
