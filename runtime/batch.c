@@ -116,14 +116,15 @@ static kiln_status plan_fail(kiln_plan *pl, kiln_status st, kiln__err *e)
 /* The bound on split items (partial slots) of a plan with `batch` requests: a decode's split
  * items may take 8 waves of the device's CTA slots in eager mode, where the grid is the
  * schedule's items; in graph mode every replay launches the bound's CTAs, idle ones included,
- * so a decode's split items stop at 2 waves there (the estimate never gains from more than
- * one for a request, a second leaves room to even out a mixed batch) and prefill's at 2. */
+ * so the planner's own splits of a decode stop at 2 waves there (its estimate never gains from
+ * more than one for a request; a second leaves room to even out a mixed batch), as prefill's
+ * always do. A fixed split without max_total_kv keeps 8 (its chunks are the caller's). */
 static int64_t split_bound(const kiln_plan *pl, int batch)
 {
     if (pl->o.no_split || (pl->o.fixed_split > 0 && !pl->decode)) return 0;
     if (pl->o.fixed_split > 0 && pl->o.max_total_kv > 0)
         return pl->o.max_total_kv / pl->o.fixed_split + (int64_t)batch + 1;
-    const int64_t waves = pl->decode && pl->o.max_batch <= 0 ? 8 : 2;
+    const int64_t waves = pl->decode && (pl->o.max_batch <= 0 || pl->o.fixed_split > 0) ? 8 : 2;
     return waves * pl->slots / pl->hpi + 1;
 }
 
