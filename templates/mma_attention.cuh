@@ -550,8 +550,12 @@ __device__ __forceinline__ void mask_tile(float (&s)[Cfg::MT][mma_shape<Cfg>::NT
                     bool vis = j < w.key_hi;
                     if (Cfg::CAUSAL) vis = vis && j <= i + w.off;
                     if (Cfg::WINDOW) vis = vis && j >= i + w.off - p.window_left;
+                    /* rows past the request (a partial tile) never read the mask data or
+                     * the snippet: a BSR row block past the last one reads indptr past its
+                     * end, and its garbage bounds sent the search anywhere (CUDA error 717 /
+                     * 700 under torch's allocator); those rows are never stored */
                     if (S::ELEM && elem)
-                        vis = vis && mask_data<Cfg>(p, w.mb, w.L_KV, i, j) &&
+                        vis = vis && i < w.L_Q && mask_data<Cfg>(p, w.mb, w.L_KV, i, j) &&
                               mask_user<Cfg>(p, i, j, hr, hk, w.b, w.L_Q, w.L_KV);
                     if (!vis) s[mt][nt][r * 2 + c] = neg_inf();
                 }

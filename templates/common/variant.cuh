@@ -37,7 +37,11 @@ __device__ __forceinline__ float logit_full(float qk, const P &p, float slope, i
                                             int hk, int b, int L_Q, int L_KV)
 {
     float x = logit_nat<Cfg::LOGITS>(qk, p.sm_scale, p.softcap, slope, j - (i + L_KV - L_Q));
-    if constexpr (Cfg::HAS_LOGITS_EXPR) x = Cfg::logits_expr(x, b, i, j, h, hk, L_Q, L_KV, p);
+    /* A partial tile also computes rows and keys past the request (never stored): the snippet
+     * sees them as the last row and key, so that its array reads (seg[qo_idx], bias[kv_idx])
+     * stay inside arrays of L_Q and L_KV entries. Valid (i, j) are passed unchanged. */
+    if constexpr (Cfg::HAS_LOGITS_EXPR)
+        x = Cfg::logits_expr(x, b, i < L_Q ? i : L_Q - 1, j < L_KV ? j : L_KV - 1, h, hk, L_Q, L_KV, p);
     return x * LOG2E;
 }
 
