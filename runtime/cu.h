@@ -59,10 +59,21 @@
 
 /* Entries a driver may lack (kiln runs without them): NULL in the table where the symbol is
  * missing, and the caller falls back. cuLaunchKernelEx (CUDA 12.0): the merge kernel's
- * programmatic dependent launch; without it the merge kernel is an ordinary launch. */
+ * programmatic dependent launch; without it the merge kernel is an ordinary launch. The
+ * virtual memory entries (cuMemCreate ...) are the check library's (tools/check): its mask
+ * and snippet arrays end where the mapped memory ends, so a kernel reading past one faults;
+ * without them it allocates with cuMemAlloc. The library itself does not call them. */
 /* clang-format off */
 #define KILN__CU_FUNCS_OPTIONAL(X)                 \
-    X(cuLaunchKernelEx)
+    X(cuLaunchKernelEx)                            \
+    X(cuMemGetAllocationGranularity)               \
+    X(cuMemCreate)                                 \
+    X(cuMemRelease)                                \
+    X(cuMemAddressReserve)                         \
+    X(cuMemAddressFree)                            \
+    X(cuMemMap)                                    \
+    X(cuMemUnmap)                                  \
+    X(cuMemSetAccess)
 /* clang-format on */
 
 typedef struct kiln__cu {

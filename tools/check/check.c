@@ -205,8 +205,9 @@ static void problem_free(problem *p)
 typedef struct devbufs {
     CUdeviceptr q[MAX_ROTATE], k[MAX_ROTATE], v[MAX_ROTATE];
     CUdeviceptr o, lse, slopes, ws;
-    CUdeviceptr user[KILN_MAX_USER_PARAMS];
-    CUdeviceptr bits, indptr, indices, tile_map;
+    kiln__check_guard user[KILN_MAX_USER_PARAMS]; /* guarded: the kernel reads no element past */
+    kiln__check_guard bits, indptr, indices;      /* these (check_guard.c) */
+    CUdeviceptr tile_map;
     size_t tile_map_bytes, ws_bytes;
     int copies;
 } devbufs;
@@ -222,11 +223,10 @@ static void dev_free(const kiln__cu *cu, devbufs *b)
     if (b->lse) cu->cuMemFree(b->lse);
     if (b->slopes) cu->cuMemFree(b->slopes);
     if (b->ws) cu->cuMemFree(b->ws);
-    for (int i = 0; i < KILN_MAX_USER_PARAMS; i++)
-        if (b->user[i]) cu->cuMemFree(b->user[i]);
-    if (b->bits) cu->cuMemFree(b->bits);
-    if (b->indptr) cu->cuMemFree(b->indptr);
-    if (b->indices) cu->cuMemFree(b->indices);
+    for (int i = 0; i < KILN_MAX_USER_PARAMS; i++) kiln__check_guard_free(cu, &b->user[i]);
+    kiln__check_guard_free(cu, &b->bits);
+    kiln__check_guard_free(cu, &b->indptr);
+    kiln__check_guard_free(cu, &b->indices);
     if (b->tile_map) cu->cuMemFree(b->tile_map);
     memset(b, 0, sizeof *b);
 }
@@ -259,29 +259,32 @@ static kiln_status upload_inputs(const kiln__cu *cu, const problem *p, int time_
     return KILN_STATUS_OK;
 }
 
-/* What the shape hands the kernel besides the tensors: mask bits, BSR arrays, user arrays. */
-static kiln_status upload_extras(const kiln__cu *cu, const problem *p, devbufs *b, kiln__err *e)
+/* What the shape hands the kernel besides the tensors: mask bits, BSR arrays, user arrays,
+ * each exactly its size and guarded (check_guard.c): a read past one faults. */
+static kiln_status upload_extras(const kiln__cu *cu, CUdevice dev, const problem *p, devbufs *b,
+                                 kiln__err *e)
 {
     const kiln_check_shape *s = p->shape;
+    kiln_status st;
     if (s->mask_bits_host) {
-        const size_t nb = ((size_t)p->L_Q * p->L_KV + 7) / 8 + 1;
-        CU_RET(cu->cuMemAlloc(&b->bits, nb), "alloc mask bits");
-        CU_RET(cu->cuMemcpyHtoD(b->bits, s->mask_bits_host, nb), "copy mask bits");
+        const size_t nb = ((size_t)p->L_Q * p->L_KV + 7) / 8;
+        if ((st = kiln__check_guard_alloc(cu, dev, nb, 1, &b->bits, e))) return st;
+        if (nb) CU_RET(cu->cuMemcpyHtoD(b->bits.ptr, s->mask_bits_host, nb), "copy mask bits");
     }
     if (s->bsr_indptr_host && s->bsr_indices_host) {
-        const size_t ip = sizeof(int) * (size_t)(s->bsr_rows + 1);
-        CU_RET(cu->cuMemAlloc(&b->indptr, ip), "alloc bsr");
-        CU_RET(cu->cuMemcpyHtoD(b->indptr, s->bsr_indptr_host, ip), "copy bsr");
-        CU_RET(cu->cuMemAlloc(&b->indices, sizeof(int) * (size_t)(s->bsr_nnz + 1)), "alloc bsr");
-        if (s->bsr_nnz)
-            CU_RET(cu->cuMemcpyHtoD(b->indices, s->bsr_indices_host,
-                                    sizeof(int) * (size_t)s->bsr_nnz),
-                   "copy bsr");
+        const size_t ip = sizeof(int) * (size_t)(s->bsr_rows + 1),
+                     ix = sizeof(int) * (size_t)s->bsr_nnz;
+        if ((st = kiln__check_guard_alloc(cu, dev, ip, 4, &b->indptr, e)) ||
+            (st = kiln__check_guard_alloc(cu, dev, ix, 4, &b->indices, e)))
+            return st;
+        CU_RET(cu->cuMemcpyHtoD(b->indptr.ptr, s->bsr_indptr_host, ip), "copy bsr");
+        if (ix) CU_RET(cu->cuMemcpyHtoD(b->indices.ptr, s->bsr_indices_host, ix), "copy bsr");
     }
     for (int i = 0; i < KILN_MAX_USER_PARAMS; i++) {
         if (!s->user_host[i] || !s->user_bytes[i]) continue;
-        CU_RET(cu->cuMemAlloc(&b->user[i], s->user_bytes[i]), "alloc user array");
-        CU_RET(cu->cuMemcpyHtoD(b->user[i], s->user_host[i], s->user_bytes[i]), "copy user array");
+        if ((st = kiln__check_guard_alloc(cu, dev, s->user_bytes[i], 4, &b->user[i], e))) return st;
+        CU_RET(cu->cuMemcpyHtoD(b->user[i].ptr, s->user_host[i], s->user_bytes[i]),
+               "copy user array");
     }
     return KILN_STATUS_OK;
 }
@@ -332,11 +335,11 @@ static void fill_args(const problem *p, const devbufs *b, int c, kiln_attn_args 
     kiln__check_params(&a->params, p->sm_scale, p->softcap, p->window_left, b->slopes);
     for (int i = 0; i < KILN_MAX_USER_PARAMS; i++) {
         a->params.user[i] = s->user[i];
-        if (b->user[i]) a->params.user[i].ptr = b->user[i];
+        if (b->user[i].ptr) a->params.user[i].ptr = b->user[i].ptr;
     }
-    a->mask_bits = b->bits;
-    a->bsr_indptr = b->indptr;
-    a->bsr_indices = b->indices;
+    a->mask_bits = b->bits.ptr;
+    a->bsr_indptr = b->indptr.ptr;
+    a->bsr_indices = b->indices.ptr;
     a->bsr_r = s->bsr_r;
     a->bsr_c = s->bsr_c;
     a->tile_map = b->tile_map;
@@ -467,7 +470,7 @@ kiln_status kiln_check_run(kiln_ctx *ctx, kiln_kernel *k, const kiln_check_shape
     }
     if ((st = kiln__ctx_bind(ctx, e)) || (st = problem_init(k, s, &p, e)) ||
         (st = problem_fill(&p, e)) || (st = upload_inputs(cu, &p, time_reps, &b, e)) ||
-        (st = upload_extras(cu, &p, &b, e)) || (st = alloc_scratch(ctx, k, &p, &b, e)) ||
+        (st = upload_extras(cu, ctx->dev, &p, &b, e)) || (st = alloc_scratch(ctx, k, &p, &b, e)) ||
         (st = run_once(ctx, k, &p, &b, e)))
         goto done;
     compare(&p, r);

@@ -80,7 +80,8 @@ void kiln__cb_out_free(cb_out *o)
 
 /* Device buffers of a run, sized for the largest batch. */
 typedef struct dev {
-    CUdeviceptr q, k, v, o, lse, indices, rope, slopes, ws, bits, bsr_ip, bsr_ix;
+    CUdeviceptr q, k, v, o, lse, indices, rope, slopes, ws;
+    kiln__check_guard bits, bsr_ip, bsr_ix; /* guarded (check_guard.c): no read past them */
     size_t ws_bytes;
     /* scratch mode: the shared partial states, and the second plan's workspace and outputs */
     CUdeviceptr scratch, ws2, o2, lse2;
@@ -140,9 +141,9 @@ static void fill_args(const cb_logical *L, const cb_store *S, const dev *d, int 
     }
     a->workspace = d->ws;
     a->workspace_bytes = d->ws_bytes;
-    a->mask_bits = d->bits;
-    a->bsr_indptr = d->bsr_ip;
-    a->bsr_indices = d->bsr_ix;
+    a->mask_bits = d->bits.ptr;
+    a->bsr_indptr = d->bsr_ip.ptr;
+    a->bsr_indices = d->bsr_ix.ptr;
     kiln__check_params(&a->params, L->sm_scale, L->softcap, L->window_left, d->slopes);
     a->params.k_scale = L->k_scale;
     a->params.v_scale = L->v_scale;
@@ -207,15 +208,16 @@ static kiln_status run_alloc(run_state *rs, kiln__err *e)
     CU_RET(cu->cuMemAlloc(&d->rope, sizeof(int) * ((size_t)m->B + 1)), "alloc rope offsets");
     CU_RET(cu->cuMemAlloc(&d->slopes, sizeof(float) * H), "alloc slopes");
     CU_RET(cu->cuMemcpyHtoD(d->slopes, L0->slopes, sizeof(float) * H), "copy slopes");
+    /* the mask data of the largest batch, exactly (mask_bytes holds one spare byte) */
+    kiln_status st = KILN_STATUS_OK;
     if (L0->v.mask_data == KILN_MASK_DATA_BITMASK)
-        CU_RET(cu->cuMemAlloc(&d->bits, m->bits + 1), "alloc mask bits");
-    if (L0->v.mask_data == KILN_MASK_DATA_BSR) {
-        CU_RET(cu->cuMemAlloc(&d->bsr_ip, sizeof(int) * ((size_t)m->bsr_rows + 1)),
-               "alloc bsr_indptr");
-        CU_RET(cu->cuMemAlloc(&d->bsr_ix, sizeof(int) * ((size_t)m->bsr_nnz + 1)),
-               "alloc bsr_indices");
-    }
-    return KILN_STATUS_OK;
+        st = kiln__check_guard_alloc(cu, rs->ctx->dev, m->bits ? m->bits - 1 : 0, 1, &d->bits, e);
+    if (L0->v.mask_data == KILN_MASK_DATA_BSR &&
+        !(st = kiln__check_guard_alloc(cu, rs->ctx->dev, sizeof(int) * ((size_t)m->bsr_rows + 1), 4,
+                                       &d->bsr_ip, e)))
+        st = kiln__check_guard_alloc(cu, rs->ctx->dev, sizeof(int) * (size_t)m->bsr_nnz, 4,
+                                     &d->bsr_ix, e);
+    return st;
 }
 
 /* One plan for every batch (graph mode: bounds for the largest), its workspace, the stream. */
@@ -293,12 +295,14 @@ static kiln_status run_upload(run_state *rs, int i, kiln__err *e)
         CU_RET(cu->cuMemcpyHtoD(d->rope, L->rope_off, sizeof(int) * (size_t)x->batch),
                "copy rope offsets");
     if (L->mask_bits)
-        CU_RET(cu->cuMemcpyHtoD(d->bits, L->mask_bits, L->mask_bytes), "copy mask bits");
+        CU_RET(cu->cuMemcpyHtoD(d->bits.ptr, L->mask_bits, L->mask_bytes - 1), "copy mask bits");
     if (L->bsr_indptr) {
-        CU_RET(cu->cuMemcpyHtoD(d->bsr_ip, L->bsr_indptr, sizeof(int) * ((size_t)L->bsr_rows + 1)),
+        CU_RET(cu->cuMemcpyHtoD(d->bsr_ip.ptr, L->bsr_indptr,
+                                sizeof(int) * ((size_t)L->bsr_rows + 1)),
                "copy bsr_indptr");
         if (L->bsr_nnz)
-            CU_RET(cu->cuMemcpyHtoD(d->bsr_ix, L->bsr_indices, sizeof(int) * (size_t)L->bsr_nnz),
+            CU_RET(cu->cuMemcpyHtoD(d->bsr_ix.ptr, L->bsr_indices,
+                                    sizeof(int) * (size_t)L->bsr_nnz),
                    "copy bsr_indices");
     }
     return run_poison(rs, e);
@@ -438,11 +442,13 @@ static void run_state_free(run_state *rs)
     kiln_plan_destroy(rs->plan);
     kiln_plan_destroy(rs->plan2);
     dev *d = &rs->d;
-    CUdeviceptr *bufs[] = {&d->q,       &d->k,      &d->v,  &d->o,    &d->lse,    &d->indices,
-                           &d->rope,    &d->slopes, &d->ws, &d->bits, &d->bsr_ip, &d->bsr_ix,
-                           &d->scratch, &d->ws2,    &d->o2, &d->lse2};
+    CUdeviceptr *bufs[] = {&d->q,      &d->k,  &d->v,       &d->o,   &d->lse, &d->indices, &d->rope,
+                           &d->slopes, &d->ws, &d->scratch, &d->ws2, &d->o2,  &d->lse2};
     for (size_t b = 0; b < sizeof bufs / sizeof bufs[0]; b++)
         if (*bufs[b]) cu->cuMemFree(*bufs[b]);
+    kiln__check_guard_free(cu, &d->bits);
+    kiln__check_guard_free(cu, &d->bsr_ip);
+    kiln__check_guard_free(cu, &d->bsr_ix);
     for (int i = 0; i < 2; i++) kiln__cb_store_free(&rs->S[i]);
     free(rs->o_host);
     free(rs->ms);
