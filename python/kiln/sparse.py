@@ -19,7 +19,6 @@ group over the tokens of its selected column blocks, gathered as pages of one to
 """
 
 import math
-import os
 
 from . import _check, _lib
 from .attention import LOG2E, default_context
@@ -36,21 +35,6 @@ def _backend(backend):
         raise NotImplementedError(f"backend={backend!r}: kiln has no {backend} backend (auto, "
                                   "fa2 and fa3 are accepted and mean kiln's own kernels)")
     return backend
-
-
-def _disabled():
-    """The block-sparse wrappers' device paths are off: their first run on the H200 (2026-12-01)
-    ended in CUDA error 717 (cudaErrorInvalidAddressSpace) inside test_sparse's GPU tests, which
-    poisons the CUDA context. They raise until that is found and their GPU tests pass; with
-    KILN_EXPERIMENTAL_SPARSE=1 in the environment they run anyway, to find it (in a process of
-    its own: a 717 poisons its context)."""
-    if os.environ.get("KILN_EXPERIMENTAL_SPARSE") == "1":
-        return
-    raise NotImplementedError(
-        "kiln's block-sparse wrappers are disabled: their GPU tests failed on the H200 with CUDA "
-        "error 717 (operation not supported on global/shared address space); use "
-        "BatchPrefillWithPagedKVCacheWrapper with custom_mask, or single_prefill_with_kv_cache "
-        "with a mask, until they are fixed")
 
 
 def _workspace(buf):
@@ -222,7 +206,6 @@ class BlockSparseAttentionWrapper:
         if packed_mask is None and mask is not None:
             custom = self._request_masks(torch, mask, ptr, qo, R, C)
         if self._paged is None:
-            _disabled()
             self._paged = BatchPrefillWithPagedKVCacheWrapper(
                 self._float_workspace_buffer, "NHD", context=self._context,
                 lse_base=self._lse_base)
@@ -253,7 +236,6 @@ class BlockSparseAttentionWrapper:
         return torch.cat(parts) if parts else m.new_zeros(0)
 
     def _plan_bsr(self, torch, rows, M, N, R, C, H, variant, sm_scale, logits_soft_cap):
-        _disabled()
         """The plain route: the BSR arrays on the device and the tile map of this pattern."""
         from .core import Variant
 
@@ -422,7 +404,6 @@ class VariableBlockSparseAttentionWrapper:
         qo = torch.cat([rows.new_zeros(1), torch.cumsum(rows.reshape(-1), 0)]).tolist()
         kv_indptr, kv_indices = self._gather(torch, mask, cols, L_KV)
         if self._paged is None:
-            _disabled()
             self._paged = BatchPrefillWithPagedKVCacheWrapper(
                 self._float_workspace_buffer, "NHD", context=self._context,
                 lse_base=self._lse_base)

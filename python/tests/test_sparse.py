@@ -9,15 +9,12 @@ fixed-block wrapper are exercised (plain BSR mask data; the paged mapping). The 
 run without a GPU (a fake workspace), and skip only without torch where they need it.
 """
 
-import os
 import random
 import unittest
 
 from fi_reference import RUN_GPU, WHY, FakeBuffer, attend, check_close, torch, use_temp_cache
 
 import kiln
-
-EXPERIMENTAL = os.environ.get("KILN_EXPERIMENTAL_SPARSE") == "1"
 
 
 def setUpModule():
@@ -64,9 +61,6 @@ TOL = {torch.float16: (2e-3, 5e-3), torch.bfloat16: (1.5e-2, 2e-2)} if torch els
 
 
 @unittest.skipUnless(RUN_GPU, WHY)
-@unittest.skipUnless(EXPERIMENTAL, "the block-sparse wrappers' device paths are disabled "
-                     "(kiln.sparse._disabled: CUDA error 717 on the H200, 2026-12-01); "
-                     "KILN_EXPERIMENTAL_SPARSE=1 runs these tests, in a process of their own")
 class TestBlockSparseGPU(unittest.TestCase):
     def setUp(self):
         self.ws = torch.empty(128 << 20, dtype=torch.uint8, device="cuda")
@@ -180,9 +174,6 @@ def variable_reference(q, k, v, mask, rows, cols, causal):
 
 
 @unittest.skipUnless(RUN_GPU, WHY)
-@unittest.skipUnless(EXPERIMENTAL, "the block-sparse wrappers' device paths are disabled "
-                     "(kiln.sparse._disabled: CUDA error 717 on the H200, 2026-12-01); "
-                     "KILN_EXPERIMENTAL_SPARSE=1 runs these tests, in a process of their own")
 class TestVariableBlockSparseGPU(unittest.TestCase):
     def test_against_reference(self):
         ws = torch.empty(128 << 20, dtype=torch.uint8, device="cuda")
@@ -219,14 +210,6 @@ class TestSparseArguments(unittest.TestCase):
                     num_kv_heads=2, head_dim=64)
         args.update(kw)
         kiln.BlockSparseAttentionWrapper(FakeBuffer()).plan(**args)
-
-    @unittest.skipIf(EXPERIMENTAL, "KILN_EXPERIMENTAL_SPARSE=1 turns the device paths on")
-    def test_device_paths_disabled(self):
-        # the block-sparse device paths raise (kiln.sparse._disabled) until their GPU tests pass
-        with self.assertRaisesRegex(NotImplementedError, "block-sparse wrappers are disabled"):
-            self.plan()
-        with self.assertRaisesRegex(NotImplementedError, "block-sparse wrappers are disabled"):
-            self.plan(causal=True)
 
     def test_n_not_a_multiple_of_c(self):
         with self.assertRaisesRegex(ValueError, "N=30 must be a multiple of C=16"):

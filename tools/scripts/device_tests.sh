@@ -66,15 +66,6 @@ while read -r f; do
 done < "$OUT/python/files.txt"
 echo "python: $pyok files OK, $pybad failed ($(cat "$OUT"/python/*.log | grep -c '\.\.\. ok$') tests ok," \
     "$(cat "$OUT"/python/*.log | grep -c '\.\.\. skipped') skipped; $((SECONDS - t0)) s)"
-# Diagnosis, not counted above: the disabled block-sparse device paths (kiln.sparse._disabled,
-# CUDA error 717 on their first run) in a process of their own, launches synchronous so the
-# failing kernel is the one reported. KILN_SPARSE_DIAG=0 skips it.
-if [ "${KILN_SPARSE_DIAG:-1}" != 0 ]; then
-    (cd python/tests && KILN_EXPERIMENTAL_SPARSE=1 CUDA_LAUNCH_BLOCKING=1 timeout "$LIMIT" \
-        python3 -m unittest -v test_sparse > "$OUT/python/sparse_experimental.log" 2>&1)
-    echo "block-sparse diagnosis (not counted): exit $? ($(grep -E '^(FAILED|OK)' \
-        "$OUT/python/sparse_experimental.log" | tr '\n' ' ')); python/sparse_experimental.log"
-fi
 if [ "${KILN_DEMO:-1}" != 0 ]; then
     timeout 90 tools/scripts/demo.sh build/bin/kiln > "$OUT/demo.log" 2>&1
     echo "demo: exit $?"
