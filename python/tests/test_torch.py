@@ -306,9 +306,7 @@ class TestDecode(GpuCase):
         with self.assertRaises(kiln.KilnUnsupportedError):  # head_dim 96
             kiln.single_decode_with_kv_cache(self.rand(8, 96), self.rand(4, 8, 96),
                                              self.rand(4, 8, 96))
-        with self.assertRaises(NotImplementedError):
-            kiln.single_decode_with_kv_cache(q, k, k, pos_encoding_mode="ALIBI",
-                                             logits_soft_cap=30.0)
+        # soft-cap with ALiBi is supported since logits=softcap_alibi (test_softcap_with_alibi)
 
     def test_side_stream(self):
         q = self.rand(32, 128)
