@@ -562,9 +562,20 @@ __device__ __forceinline__ void mask_tile(float (&s)[Cfg::MT][mma_shape<Cfg>::NT
         }
 }
 
-/* Online softmax, the rows' part: per row the new max, S -> P = exp2(S c2 - m c2) in place,
- * the row sum; scale[mt][r] is the factor O must take for the new max (rescale_rows). */
-template <class Cfg>
+/* How far (log2 units) a row's max may pass the reference m of its state before a lazy
+ * softmax (the wgmma family's) re-bases the state on it: until then P = exp2(S c2 - m c2) and
+ * l grow by at most 2^RESCALE_SLACK (exact in f32, P's 16-bit rounding relative), the
+ * normalisation by l at the end is the same, and O is not rescaled: most tiles after the first
+ * pass no row's reference by that much. Measured on the H200 (docs/perf/notes.md, session 35):
+ * +0.6-1 % on causal wgmma prefill, neutral non-causal; the one-warp packed decode was 1 %
+ * slower at B1 x 4096 with it, so the mma.sync families keep the exact running max. */
+constexpr float RESCALE_SLACK = 8.0f;
+
+/* Online softmax, the rows' part: per row the new reference max (the running max; with LAZY
+ * re-based only when the tile's max passes it by more than RESCALE_SLACK, and always from
+ * -inf), S -> P = exp2(S c2 - m c2) in place, the row sum; scale[mt][r] is the factor O must
+ * take for the new reference (rescale_rows; with LAZY exactly 1 where it stays). */
+template <class Cfg, bool LAZY = false>
 __device__ __forceinline__ void softmax_rows(mma_state<Cfg> &st, float (&s)[Cfg::MT][mma_shape<Cfg>::NT][4], float c2,
                                              float (&scale)[Cfg::MT][2])
 {
@@ -572,10 +583,12 @@ __device__ __forceinline__ void softmax_rows(mma_state<Cfg> &st, float (&s)[Cfg:
     for (int mt = 0; mt < Cfg::MT; mt++) {
 #pragma unroll
         for (int r = 0; r < 2; r++) {
-            const float m_new = max_f(st.m[mt][r], row_max(s[mt], r));
+            const float m_tile = row_max(s[mt], r), m_old = st.m[mt][r];
+            /* LAZY from -inf: +inf > slack; both -inf: NaN, false (the row stays hidden) */
+            const float m_new = LAZY ? ((m_tile - m_old) * c2 > RESCALE_SLACK ? m_tile : m_old) : max_f(m_old, m_tile);
             const float m_use = m_new == neg_inf() ? 0.f : m_new; /* a hidden row: keep exp2 finite */
             const float m_scaled = m_use * c2;
-            scale[mt][r] = exp2_fast((st.m[mt][r] - m_use) * c2);
+            scale[mt][r] = LAZY && m_new == m_old ? 1.f : exp2_fast((m_old - m_use) * c2);
             st.m[mt][r] = m_new;
             const float rsum = exp2_row(s[mt], r, c2, m_scaled);
             st.l[mt][r] = st.l[mt][r] * scale[mt][r] + rsum;
@@ -583,9 +596,16 @@ __device__ __forceinline__ void softmax_rows(mma_state<Cfg> &st, float (&s)[Cfg:
     }
 }
 
-/* O *= scale, row by row. */
-template <class Cfg> __device__ __forceinline__ void rescale_rows(mma_state<Cfg> &st, const float (&scale)[Cfg::MT][2])
+/* O *= scale, row by row; with LAZY nothing when no row of the warp was re-based. */
+template <class Cfg, bool LAZY = false>
+__device__ __forceinline__ void rescale_rows(mma_state<Cfg> &st, const float (&scale)[Cfg::MT][2])
 {
+    if constexpr (LAZY) {
+        bool any = false;
+#pragma unroll
+        for (int mt = 0; mt < Cfg::MT; mt++) any = any || scale[mt][0] != 1.f || scale[mt][1] != 1.f;
+        if (!__any_sync(0xffffffffu, any)) return;
+    }
 #pragma unroll
     for (int mt = 0; mt < Cfg::MT; mt++)
 #pragma unroll

@@ -379,7 +379,7 @@ __device__ __forceinline__ void wg_softmax_rows(mma_state<Cfg> &st, float (&sc)[
     const bool elem = S::ELEM && (!tiles.map || tiles.map[t] == TILE_MIXED);
     if constexpr (!S::RAW) logits_tile<Cfg>(sc, p, w, rows, 1.0f, hk, j0, lane);
     if (tile_needs_mask<Cfg>(p, w, elem, j0)) mask_tile<Cfg>(sc, p, w, rows, elem, hk, j0, lane);
-    softmax_rows<Cfg>(st, sc, c2, scale);
+    softmax_rows<Cfg, true>(st, sc, c2, scale); /* lazy: mma_attention.cuh, RESCALE_SLACK */
 }
 
 /* P, the softmax'd S, as the A fragments of P V. */
@@ -511,7 +511,7 @@ __device__ __forceinline__ wg_next wg_consume(const kiln_launch_params &p, const
             wgmma_wait<0>(); /* P V of the previous tile: O and its stage are free */
             reg_fence(st.o[0]);
             mbar_arrive(sm.empty(prev));
-            rescale_rows<Cfg>(st, scale);
+            rescale_rows<Cfg, true>(st, scale);
             wg_to_p<Cfg>(sc[0], pf);
             prev = s;
         }
