@@ -1,0 +1,156 @@
+#!/usr/bin/env python3
+"""ab.py — kiln A/B runs by the referee's GPU timing (KILN_TUNE settings, or other builds).
+
+Each setting runs in a process of its own, so that one lease can compare KILN_TUNE
+configurations or two builds of libkiln.so (an old and a new one) on the same machine. A tuning aid: docs/perf.md's figures stay
+the referee's (tools/bench/referee.py), which times the peers beside kiln.
+
+GPU time as the referee measures it (referee_common.time_graph: a CUDA graph of one call per
+rotated copy of the inputs, replayed in bursts, the median burst / calls), on the referee's
+shapes (bf16, H 32, H_KV 8, D 128) through kiln's FlashInfer-shaped wrappers. No reference is
+computed: the GPU tests check these kernels.
+
+    python3 tools/bench/ab.py --tunes ';persist=0' --lib old=/path/to/libkiln.so --rounds 2 \\
+        --points pre:4:4096:c,ppre:4:4096:c:16,single:16384:n,dec:64:4096
+
+Points (c: causal, n: not):
+    pre:B:S:c|n[:D]     ragged batch prefill, B requests of S tokens (BatchPrefillWithRaggedKVCacheWrapper)
+    ppre:B:S:c|n:P      the same rows in shuffled pages of P tokens (BatchPrefillWithPagedKVCacheWrapper)
+    single:S:c|n        single_prefill_with_kv_cache of S tokens
+    dec:B:L             paged decode (page 16), B requests of L keys (BatchDecodeWithPagedKVCacheWrapper)
+--tunes: settings of KILN_TUNE separated by ';' (an empty one is the default); --lib NAME=PATH
+adds a run of another library with no KILN_TUNE. $KILN_LIB is the library of the --tunes runs.
+Prints each measurement as it comes, then a table: µs and TFLOP/s or GB/s, a column a setting,
+one figure a round.
+"""
+import argparse
+import json
+import os
+import subprocess
+import sys
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+sys.path.insert(0, os.path.join(HERE, "..", "..", "python"))
+
+
+def prefill_inputs(B, S, D):
+    from referee_common import H, H_KV, copies_for
+    from referee_peers import rnd
+    copies = copies_for(B * S * (H + 2 * H_KV) * D * 2 * 2)
+    mk = lambda h: [rnd(B * S, h, D) for _ in range(copies)]
+    return copies, mk(H), mk(H_KV), mk(H_KV)
+
+
+def prefill_flops(B, S, causal, D):
+    from referee_common import H
+    pairs = S * (S + 1) // 2 if causal else S * S
+    return 4.0 * D * pairs * H * B
+
+
+def point_fn(f):
+    """(fn(copy), copies, work, unit) of one point's words f."""
+    import kiln
+    import referee_peers as rp
+    from referee_common import BF16, H, H_KV, PAGE, copies_for
+    kind = f[0]
+    if kind in ("pre", "ppre"):
+        B, S, causal = int(f[1]), int(f[2]), f[3] == "c"
+        D = int(f[4]) if kind == "pre" and len(f) > 4 else 128
+        copies, qs, ks, vs = prefill_inputs(B, S, D)
+        qo = [i * S for i in range(B + 1)]
+        if kind == "pre":
+            w = kiln.BatchPrefillWithRaggedKVCacheWrapper(rp.kiln_ws(), "NHD")
+            w.plan(qo, qo, H, H_KV, D, causal=causal, q_data_type=BF16, kv_data_type=BF16)
+            fn = lambda c: w.run(qs[c], ks[c], vs[c])
+        else:
+            P = int(f[4])
+            old, rp.PAGE = rp.PAGE, P  # paged_from_ragged pages by the module's PAGE
+            try:
+                kp, vp, indptr, indices, last = rp.paged_from_ragged(B, S, ks, vs)
+            finally:
+                rp.PAGE = old
+            w = kiln.BatchPrefillWithPagedKVCacheWrapper(rp.kiln_ws(), "NHD")
+            w.plan(qo, indptr.tolist(), indices, last.tolist(), H, H_KV, D, P, causal=causal,
+                   q_data_type=BF16, kv_data_type=BF16)
+            fn = lambda c: w.run(qs[c], (kp[c], vp[c]))
+        return fn, copies, prefill_flops(B, S, causal, D), "TFLOP/s"
+    if kind == "single":
+        S, causal = int(f[1]), f[2] == "c"
+        copies, qs, ks, vs = prefill_inputs(1, S, 128)
+        fn = lambda c: kiln.single_prefill_with_kv_cache(qs[c], ks[c], vs[c], causal=causal)
+        return fn, copies, prefill_flops(1, S, causal, 128), "TFLOP/s"
+    if kind == "dec":
+        B, L, D = int(f[1]), int(f[2]), 128
+        nbytes = B * L * H_KV * D * 2 * 2 + B * H * D * 2 * 2
+        copies = copies_for(nbytes)
+        pk = rp.PagedKV([L] * B, D, BF16, copies)
+        qs = [rp.rnd(B, H, D) for _ in range(copies)]
+        w = kiln.BatchDecodeWithPagedKVCacheWrapper(rp.kiln_ws(), "NHD")
+        w.plan(pk.indptr_h, pk.indices, pk.last_h, H, H_KV, D, PAGE, q_data_type=BF16,
+               kv_data_type=BF16)
+        return (lambda c: w.run(qs[c], (pk.k[c], pk.v[c]))), copies, nbytes, "GB/s"
+    raise ValueError(f"unknown point kind {kind!r}")
+
+
+def child(points):
+    """Measure every point in this process; one JSON line: point -> (µs, rate, unit)."""
+    import torch
+    from referee_common import time_graph
+    out = {}
+    for p in points:
+        try:
+            fn, copies, work, unit = point_fn(p.split(":"))
+            us = time_graph(fn, copies)
+            out[p] = (us, work / (us * 1e-6) / (1e9 if unit == "GB/s" else 1e12), unit)
+        except Exception as e:  # noqa: BLE001 — a point that fails is a row that says so
+            out[p] = (None, None, f"{type(e).__name__}: {str(e)[:200]}")
+        torch.cuda.empty_cache()
+    print("AB_JSON " + json.dumps(out), flush=True)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--points", required=True, help="comma list (see the file comment)")
+    ap.add_argument("--tunes", default="", help="KILN_TUNE settings separated by ';'")
+    ap.add_argument("--lib", action="append", default=[], help="NAME=PATH of another libkiln.so")
+    ap.add_argument("--rounds", type=int, default=1)
+    ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    a = ap.parse_args()
+    if a.child:
+        return child(a.points.split(","))
+    configs = [("tune", t) for t in a.tunes.split(";")] + [("lib", x) for x in a.lib]
+    res = {}
+    for r in range(a.rounds):
+        for kind, val in configs:
+            env = dict(os.environ)
+            if kind == "tune":
+                name = val or "default"
+                env["KILN_TUNE"] = val
+            else:
+                name, path = val.split("=", 1)
+                env["KILN_LIB"] = path
+                env.pop("KILN_TUNE", None)
+            p = subprocess.run([sys.executable, os.path.abspath(__file__), "--child", "--points", a.points],
+                               env=env, capture_output=True, text=True)
+            line = [x for x in p.stdout.splitlines() if x.startswith("AB_JSON ")]
+            if not line:
+                print(f"{name}: failed: {(p.stdout + p.stderr)[-600:]}", flush=True)
+                continue
+            for k, v in json.loads(line[0][8:]).items():
+                res.setdefault(k, {}).setdefault(name, []).append(v)
+                us, rate, unit = v
+                print(f"round {r} {name:>16} {k:>20}: " + (f"{us:9.2f} us {rate:8.1f} {unit}" if us else unit),
+                      flush=True)
+    if not res:
+        return 1
+    names = list(next(iter(res.values())))
+    print("\n| point | " + " | ".join(names) + " |\n|---|" + "---|" * len(names))
+    for k, by in res.items():
+        cells = [" / ".join(f"{v[0]:.1f} us {v[1]:.0f}" if v[0] else "failed" for v in by.get(n, [])) for n in names]
+        print(f"| {k} | " + " | ".join(cells) + " |")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,86 @@
+#!/usr/bin/env python3
+"""hostsplit.py — where the host time of a Python decode run() goes, on a GPU machine.
+
+Back-to-back calls with no sync (the referee's host method), median of 7 rounds of 200, µs a
+call, for the referee's host shape (decode paged, H 32, H_KV 8, D 128, page 16, bf16, lengths
+512..8192) at B 1 and 256: the whole run(), run() with out= given (no output allocation), the
+C call alone with the context held (plan._call) and without (ctypes), torch.empty of o, the
+stream query, and plan() after a drain and back to back. The referee's host suite gives the
+totals beside the peers; this splits them. Host figures depend on the machine's CPU (two H100
+machines differed 2x on the same calls, docs/perf/notes.md session 35): compare within a run.
+
+    KILN_LIB=build/lib/libkiln.so python3 tools/bench/hostsplit.py
+"""
+import os
+import statistics
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+sys.path.insert(0, os.path.join(HERE, "..", "..", "python"))
+
+import torch  # noqa: E402
+
+import kiln  # noqa: E402
+from referee_common import BF16, H, H_KV, PAGE  # noqa: E402
+from referee_peers import PagedKV, kiln_ws, rnd  # noqa: E402
+
+D = 128
+
+
+def per_call(fn, n=200, rounds=7):
+    ts = []
+    for _ in range(rounds):
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        for _ in range(n):
+            fn()
+        ts.append((time.perf_counter() - t0) * 1e6 / n)
+        torch.cuda.synchronize()
+    return statistics.median(ts)
+
+
+def main():
+    print("| B | call | µs a call |\n|---|---|---|")
+    for B in (1, 256):
+        lens = [512 + (b * 7919) % 7681 for b in range(B)]
+        pk = PagedKV(lens, D, BF16, 1)
+        q = rnd(B, H, D)
+        w = kiln.BatchDecodeWithPagedKVCacheWrapper(kiln_ws(), "NHD")
+
+        def plan():
+            w.plan(pk.indptr_h, pk.indices, pk.last_h, H, H_KV, D, PAGE, q_data_type=BF16,
+                   kv_data_type=BF16)
+
+        plan()
+        kv = (pk.k[0], pk.v[0])
+        o = torch.empty(B, H, D, dtype=BF16, device="cuda")
+        w.run(q, kv)
+        st = w._require_plan()
+        stream = torch.cuda.current_stream().cuda_stream
+        fn, handle, ref = st.plan._fn_run, st.plan._handle, st.cfg.args_ref
+        rows = [
+            ("run()", lambda: w.run(q, kv)),
+            ("run(out=o)", lambda: w.run(q, kv, out=o)),
+            ("kiln_plan_run, context held (plan._call)", lambda: st.plan._call(fn, ref, stream)),
+            ("kiln_plan_run through ctypes alone", lambda: fn(handle, ref, stream)),
+            ("torch.empty of o", lambda: torch.empty((B, H, D), dtype=BF16, device="cuda")),
+            ("torch.cuda.current_stream().cuda_stream", lambda: torch.cuda.current_stream().cuda_stream),
+            ("plan() back to back", plan),
+        ]
+        for name, f in rows:
+            print(f"| {B} | {name} | {per_call(f, n=50 if f is plan else 200):.2f} |", flush=True)
+        ts = []
+        for _ in range(200):
+            torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            plan()
+            ts.append((time.perf_counter() - t0) * 1e6)
+        ts.sort()
+        print(f"| {B} | plan() after a drain (median; min {ts[0]:.2f}) | {ts[100]:.2f} |", flush=True)
+        del pk, w
+
+
+if __name__ == "__main__":
+    main()
