@@ -265,28 +265,20 @@ static kiln_status upload_extras(const kiln__cu *cu, CUdevice dev, const problem
                                  kiln__err *e)
 {
     const kiln_check_shape *s = p->shape;
-    kiln_status st;
-    if (s->mask_bits_host) {
-        const size_t nb = ((size_t)p->L_Q * p->L_KV + 7) / 8;
-        if ((st = kiln__check_guard_alloc(cu, dev, nb, 1, &b->bits, e))) return st;
-        if (nb) CU_RET(cu->cuMemcpyHtoD(b->bits.ptr, s->mask_bits_host, nb), "copy mask bits");
-    }
-    if (s->bsr_indptr_host && s->bsr_indices_host) {
-        const size_t ip = sizeof(int) * (size_t)(s->bsr_rows + 1),
-                     ix = sizeof(int) * (size_t)s->bsr_nnz;
-        if ((st = kiln__check_guard_alloc(cu, dev, ip, 4, &b->indptr, e)) ||
-            (st = kiln__check_guard_alloc(cu, dev, ix, 4, &b->indices, e)))
-            return st;
-        CU_RET(cu->cuMemcpyHtoD(b->indptr.ptr, s->bsr_indptr_host, ip), "copy bsr");
-        if (ix) CU_RET(cu->cuMemcpyHtoD(b->indices.ptr, s->bsr_indices_host, ix), "copy bsr");
-    }
-    for (int i = 0; i < KILN_MAX_USER_PARAMS; i++) {
-        if (!s->user_host[i] || !s->user_bytes[i]) continue;
-        if ((st = kiln__check_guard_alloc(cu, dev, s->user_bytes[i], 4, &b->user[i], e))) return st;
-        CU_RET(cu->cuMemcpyHtoD(b->user[i].ptr, s->user_host[i], s->user_bytes[i]),
-               "copy user array");
-    }
-    return KILN_STATUS_OK;
+    kiln_status st = KILN_STATUS_OK;
+    if (s->mask_bits_host)
+        st = kiln__check_guard_upload(cu, dev, s->mask_bits_host,
+                                      ((size_t)p->L_Q * p->L_KV + 7) / 8, 1, &b->bits, e);
+    if (!st && s->bsr_indptr_host && s->bsr_indices_host &&
+        !(st = kiln__check_guard_upload(cu, dev, s->bsr_indptr_host,
+                                        sizeof(int) * (size_t)(s->bsr_rows + 1), 4, &b->indptr, e)))
+        st = kiln__check_guard_upload(cu, dev, s->bsr_indices_host,
+                                      sizeof(int) * (size_t)s->bsr_nnz, 4, &b->indices, e);
+    for (int i = 0; !st && i < KILN_MAX_USER_PARAMS; i++)
+        if (s->user_host[i] && s->user_bytes[i])
+            st = kiln__check_guard_upload(cu, dev, s->user_host[i], s->user_bytes[i], 4,
+                                          &b->user[i], e);
+    return st;
 }
 
 /* The tile map (prefill with use_tile_map) and the decode workspace, sized by the library. */

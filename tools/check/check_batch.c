@@ -180,8 +180,8 @@ static kiln_status make_mask(cb_logical *L, const kiln_check_batch *s, uint64_t 
         cells += (int64_t)((qo + R - 1) / R) * ((kv + C - 1) / C);
     }
     if (L->v.mask_data == KILN_MASK_DATA_BITMASK) {
-        L->mask_bytes = (size_t)(bits + 7) / 8 + 1;
-        L->mask_bits = calloc(L->mask_bytes, 1);
+        L->mask_bytes = (size_t)(bits + 7) / 8;
+        L->mask_bits = calloc(L->mask_bytes ? L->mask_bytes : 1, 1);
         if (!L->mask_bits) return KILN_STATUS_NO_MEMORY;
         for (int b = 0; b < B; b++) {
             const int qo = x->qo_indptr[b + 1] - x->qo_indptr[b],

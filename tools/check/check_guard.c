@@ -9,7 +9,7 @@
  * beyond a cuMemAlloc, and the same kernel raised CUDA error 717 under torch's allocator.)
  *
  * Without the driver's virtual memory entries (runtime/cu.h, optional) a guarded buffer is a
- * plain cuMemAlloc, and `guarded` says so.
+ * plain cuMemAlloc (base 0).
  */
 #include <string.h>
 
@@ -63,14 +63,21 @@ kiln_status kiln__check_guard_alloc(const kiln__cu *cu, CUdevice dev, size_t byt
         memset(g, 0, sizeof *g);
         return kiln__cu_fail(e, r, "check: guarded alloc of %zu bytes", need);
     }
-    g->guarded = 1;
     g->ptr = g->base + g->mapped - need;
     return KILN_STATUS_OK;
 }
 
+kiln_status kiln__check_guard_upload(const kiln__cu *cu, CUdevice dev, const void *host,
+                                     size_t bytes, size_t align, kiln__check_guard *g, kiln__err *e)
+{
+    kiln_status st = kiln__check_guard_alloc(cu, dev, bytes, align, g, e);
+    if (!st && bytes) KILN__CHECK_CU_RET("check", cu->cuMemcpyHtoD(g->ptr, host, bytes), "upload");
+    return st;
+}
+
 void kiln__check_guard_free(const kiln__cu *cu, kiln__check_guard *g)
 {
-    if (g->guarded) {
+    if (g->base) {
         cu->cuMemUnmap(g->base, g->mapped);
         cu->cuMemRelease(g->handle);
         cu->cuMemAddressFree(g->base, g->reserved);

@@ -42,17 +42,20 @@
 
 /* A device buffer that ends where mapped memory ends (check_guard.c): ptr is the data (bytes
  * rounded up to align, ending at the guard), base / reserved / mapped / handle the mapping;
- * guarded is 0 where the driver lacks the virtual memory entries (a plain cuMemAlloc). */
+ * base is 0 where the driver lacks the virtual memory entries (ptr: a plain cuMemAlloc). */
 typedef struct kiln__check_guard {
     CUdeviceptr ptr, base;
     size_t reserved, mapped;
     CUmemGenericAllocationHandle handle;
-    int guarded;
 } kiln__check_guard;
 
 /* Allocate g for bytes (at least 1) on dev; *e says what failed. */
 kiln_status kiln__check_guard_alloc(const kiln__cu *cu, CUdevice dev, size_t bytes, size_t align,
                                     kiln__check_guard *g, kiln__err *e);
+/* kiln__check_guard_alloc, then bytes of host copied to g->ptr (none when bytes is 0). */
+kiln_status kiln__check_guard_upload(const kiln__cu *cu, CUdevice dev, const void *host,
+                                     size_t bytes, size_t align, kiln__check_guard *g,
+                                     kiln__err *e);
 /* Release g (a zeroed g is a no-op) and zero it. */
 void kiln__check_guard_free(const kiln__cu *cu, kiln__check_guard *g);
 

@@ -208,10 +208,10 @@ static kiln_status run_alloc(run_state *rs, kiln__err *e)
     CU_RET(cu->cuMemAlloc(&d->rope, sizeof(int) * ((size_t)m->B + 1)), "alloc rope offsets");
     CU_RET(cu->cuMemAlloc(&d->slopes, sizeof(float) * H), "alloc slopes");
     CU_RET(cu->cuMemcpyHtoD(d->slopes, L0->slopes, sizeof(float) * H), "copy slopes");
-    /* the mask data of the largest batch, exactly (mask_bytes holds one spare byte) */
+    /* the mask data of the largest batch, exactly */
     kiln_status st = KILN_STATUS_OK;
     if (L0->v.mask_data == KILN_MASK_DATA_BITMASK)
-        st = kiln__check_guard_alloc(cu, rs->ctx->dev, m->bits ? m->bits - 1 : 0, 1, &d->bits, e);
+        st = kiln__check_guard_alloc(cu, rs->ctx->dev, m->bits, 1, &d->bits, e);
     if (L0->v.mask_data == KILN_MASK_DATA_BSR &&
         !(st = kiln__check_guard_alloc(cu, rs->ctx->dev, sizeof(int) * ((size_t)m->bsr_rows + 1), 4,
                                        &d->bsr_ip, e)))
@@ -294,8 +294,8 @@ static kiln_status run_upload(run_state *rs, int i, kiln__err *e)
     if (x->batch)
         CU_RET(cu->cuMemcpyHtoD(d->rope, L->rope_off, sizeof(int) * (size_t)x->batch),
                "copy rope offsets");
-    if (L->mask_bits)
-        CU_RET(cu->cuMemcpyHtoD(d->bits.ptr, L->mask_bits, L->mask_bytes - 1), "copy mask bits");
+    if (L->mask_bytes)
+        CU_RET(cu->cuMemcpyHtoD(d->bits.ptr, L->mask_bits, L->mask_bytes), "copy mask bits");
     if (L->bsr_indptr) {
         CU_RET(cu->cuMemcpyHtoD(d->bsr_ip.ptr, L->bsr_indptr,
                                 sizeof(int) * ((size_t)L->bsr_rows + 1)),
