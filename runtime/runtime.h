@@ -144,11 +144,11 @@ CUresult kiln__launch_merge(const kiln_kernel *k, unsigned gx, unsigned gy, CUst
  * as many as fit on the GPU at once, at most one per job (and at least 1). */
 unsigned kiln__persistent_grid(const kiln_kernel *k, int64_t jobs);
 
-/* tma.c: the Q, K and V tensor maps of a wgmma kernel that loads by TMA (cfg.load ==
+/* tma.c: the Q, K, V and O tensor maps of a wgmma kernel that loads by TMA (cfg.load ==
  * KILN_WGMMA_LOAD_TMA) for the tensors of p; q_rows and kv_rows bound the rows each map covers
- * (the kernel copies only whole tiles by TMA, inside a request). `what` names the call in
- * messages. */
-kiln_status kiln__tma_maps(const kiln_kernel *k, const kiln_launch_params *p, const char *what,
+ * (the kernel copies only whole tiles by TMA, inside a request). Sets p->o_by_tma: whether O's
+ * map is there (O's pointer and strides suit TMA). `what` names the call in messages. */
+kiln_status kiln__tma_maps(const kiln_kernel *k, kiln_launch_params *p, const char *what,
                            int64_t q_rows, int64_t kv_rows, kiln_tma_maps *m, kiln__err *e);
 
 #endif /* KILN_RUNTIME_H */

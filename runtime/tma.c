@@ -1,6 +1,6 @@
 /*
  * tma.c — the tensor maps of a wgmma kernel that loads by TMA (kiln__config.load ==
- * KILN_WGMMA_LOAD_TMA, templates/wgmma_attention.cuh): one per tensor (Q, K, V), encoded on the
+ * KILN_WGMMA_LOAD_TMA, templates/wgmma_attention.cuh): one per tensor (Q, K, V, O), encoded on the
  * host for each launch with the driver's cuTensorMapEncodeTiled and passed by value as the
  * kernel's second argument (kiln_tma_maps, params.h). A paged cache's K and V maps are 4-D
  * (one box per page, kiln_wgmma_tma_page_rows). Pure host work: no device call, so a
@@ -48,9 +48,36 @@ static kiln_status encode(const kiln_kernel *k, const char *what, const char *na
     return KILN_STATUS_OK;
 }
 
-kiln_status kiln__tma_maps(const kiln_kernel *k, const kiln_launch_params *p, const char *what,
+/* O's map, for the kernel's TMA stores of whole 64-row blocks, where O's pointer and strides
+ * suit TMA (16-byte multiples, under its stride limit): p->o_by_tma says which. Where they do
+ * not, the kernel stores O from registers as it does every partial block: the same bytes land
+ * either way, so this is no error. */
+static void encode_o(const kiln_kernel *k, kiln_launch_params *p, int64_t rows, kiln_tma_map *out)
+{
+    const int D = k->v.head_dim;
+    const long long sn = p->o_stride_n, sh = p->o_stride_h ? p->o_stride_h : D;
+    p->o_by_tma = 0;
+    memset(out, 0, sizeof *out);
+    if (p->o % 16 || sn <= 0 || sh <= 0 || sn % 8 || sh % 8 || sn >= (1LL << 38) || sh >= (1LL << 38))
+        return;
+    CUtensorMap map;
+    const cuuint64_t dim[3] = {(cuuint64_t)D, (cuuint64_t)p->num_qo_heads, (cuuint64_t)rows};
+    const cuuint64_t stride[2] = {(cuuint64_t)sh * 2, (cuuint64_t)sn * 2};
+    const cuuint32_t box[3] = {64, 1, KILN_WGMMA_BM / 2}, unit[3] = {1, 1, 1};
+    if (k->ctx->cu->cuTensorMapEncodeTiled(&map, CU_TENSOR_MAP_DATA_TYPE_UINT16, 3,
+                                           (void *)(uintptr_t)p->o, dim, stride, box, unit,
+                                           CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+                                           CU_TENSOR_MAP_L2_PROMOTION_NONE,
+                                           CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) != CUDA_SUCCESS)
+        return;
+    memcpy(out, &map, sizeof map);
+    p->o_by_tma = 1;
+}
+
+kiln_status kiln__tma_maps(const kiln_kernel *k, kiln_launch_params *p, const char *what,
                            int64_t q_rows, int64_t kv_rows, kiln_tma_maps *m, kiln__err *e)
 {
+    encode_o(k, p, q_rows, &m->o);
     const int paged = k->v.kv == KILN_KV_PAGED;
     /* paged: one box per page; pages the kernel cannot copy by boxes go by rows, and their
      * maps are never read */

@@ -27,7 +27,7 @@
  * 64 / 256 and mask data unless KILN_TUNE says wgmma=1: measured slower). Launch: 384
  * threads, kiln_wgmma_smem_bytes (params.h), grid (ceil(L_Q / 128), H) or (work items, H),
  * with PERSIST (kiln__persistent_grid(jobs), 1); with LOAD_TMA the second argument is the
- * kiln_tma_maps of Q, K and V (runtime/tma.c).
+ * kiln_tma_maps of Q, K, V and O (runtime/tma.c).
  *
  * Checked against the float64 CPU reference in tools/check/ (tests/test_gpu.c, kiln check).
  */
@@ -337,6 +337,24 @@ __device__ __forceinline__ void wg_prefetch_q(const kiln_launch_params &p, const
     }
 }
 
+/* Whether K/V tile t of work w came by TMA (the async proxy, as wgmma reads it: no proxy fence
+ * after the wait) rather than by cp.async (generic-proxy writes, fenced by the consumer before
+ * its wgmma reads them): wg_produce's test, for the same tile. */
+template <class Cfg>
+__device__ __forceinline__ bool wg_kv_by_tma(const kiln_launch_params &p, const mma_work &w, int t)
+{
+    if constexpr (Cfg::LOAD != KILN_WGMMA_LOAD_TMA) return false;
+    const bool whole = (t + 1) * Cfg::BN <= w.L_KV;
+    if constexpr (Cfg::KV == KV_PAGED) return whole && kiln_wgmma_tma_page_rows(p.page_size, Cfg::BN) != 0;
+    return whole;
+}
+
+/* The same for the job's Q tile (wg_produce_tile's test). */
+template <class Cfg> __device__ __forceinline__ bool wg_q_by_tma(const mma_work &w)
+{
+    return Cfg::LOAD == KILN_WGMMA_LOAD_TMA && w.m0 + KILN_WGMMA_BM <= w.L_Q;
+}
+
 /* ---- the consumers ----
  * Two overlaps (FlashAttention-3's): the warpgroups take turns issuing their matrix work (a
  * named barrier each, ping-pong), so that one group's softmax runs while the other's MMAs
@@ -429,6 +447,96 @@ template <int STAGES> __device__ __forceinline__ int wg_slot_head(const wg_smem<
     return ld_shared(sm.job() + 4 * WG_JOB_H);
 }
 
+/* ---- the epilogue: O by TMA ----
+ * A warpgroup's 64 rows of O go out by TMA stores where they can: a direct result (no split
+ * slot), all 64 rows inside the request, O's map there (kiln_launch_params.o_by_tma) and
+ * shared memory to stage them in. Each thread writes its normalised, packed accumulators into
+ * D / 64 boxes of 64 rows x 128 bytes in the 128-byte swizzle (the map's box layout; the
+ * writes are conflict-free: the 8 rows of a warp's store take the 8 chunk positions), fences
+ * them for the async proxy, and after a barrier of the warpgroup one thread issues the boxes'
+ * stores. Elsewhere store_rows writes O from registers (4 bytes a lane, 16 bytes a row per
+ * quad), which measured 8 % of 4 x 4096 causal and 18 % of 16 x 1024 on the H200 (docs/perf/
+ * notes.md, session 36). Where O is staged:
+ *   - a CTA per job: in the warpgroup's own rows of the Q tile, which only its S read;
+ *   - the persistent grid: Q is the next job's by then, so in the K tile of the job's last
+ *     stage, once both warpgroups' last S are done (q_empty's phase `it`); the stage stays held
+ *     until the stores have read it: the issuing thread's arrival on its empty barrier waits
+ *     for that (wg_release_o), in the next job, under its first S.
+ * Needs BN >= 128 in the persistent grid (the K tile holds the 128 rows' boxes). */
+constexpr int WG_STORE_BAR = 4; /* named barriers 4, 5: the warpgroups' O staging */
+
+/* Where warpgroup c stages O of work w (box cb at base + cb * stride), or base 0: store from
+ * registers. last: the job's last stage, -1 without key tiles. */
+struct wg_o_stage {
+    u32 base, stride;
+};
+template <class Cfg>
+__device__ __forceinline__ wg_o_stage wg_o_stage_at(const kiln_launch_params &p, const mma_work &w,
+                                                    const wg_smem<Cfg::STAGES> &sm, int c, int last)
+{
+    using L = wg_layout<Cfg>;
+    constexpr int BOX = 64 * 128; /* 64 rows x 128 bytes */
+    wg_o_stage o = {0, 0};
+    if constexpr (Cfg::LOAD == KILN_WGMMA_LOAD_TMA && !Cfg::XJOB && (!Cfg::PERSIST || Cfg::BN >= L::BM)) {
+        if (!p.o_by_tma || w.slot >= 0 || last < 0 || w.m0 + (c + 1) * 64 > w.rows_hi) return o;
+        if constexpr (Cfg::PERSIST) {
+            o.base = sm.k + last * L::TILE + c * (Cfg::D / 64) * BOX;
+            o.stride = BOX;
+        } else {
+            o.base = sm.q + c * BOX;
+            o.stride = L::BM * 128;
+        }
+    }
+    return o;
+}
+
+/* Normalise this warpgroup's O rows into the staging boxes (and store LSE), then one thread
+ * issues the boxes' TMA stores (its bulk group: wg_release_o and the kernel's end wait for it).
+ * Returns with the warpgroup's writes done (its barrier). */
+template <class Cfg>
+__device__ __forceinline__ void wg_store_o_tma(const mma_state<Cfg> &st, const mma_rows<Cfg> &rows,
+                                               const kiln_launch_params &p, const kiln_tma_maps *maps,
+                                               const mma_work &w, float c2, wg_o_stage o, int c, int h, int tid)
+{
+    constexpr int D = Cfg::D;
+    const int lane = tid % WARP, wr = (tid / WARP) % 4 * 16; /* the warp's first row of the 64 */
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        const float lr = quad_sum(st.l[0][r]);
+        const float inv = lr > 0.f ? 1.0f / lr : 0.f;
+        if (Cfg::LSE && lane % 4 == 0) {
+            const float lse2 = lr > 0.f ? st.m[0][r] * c2 + log2_fast(lr) : neg_inf();
+            reinterpret_cast<float *>(p.lse)[((i64)w.q_start + rows.i[0][r]) * p.num_qo_heads + rows.h[0][r]] =
+                lse2 * LN2;
+        }
+        const int row = wr + acc_row(lane, r);
+        const u32 at = o.base + (u32)(row * 128 + (lane % 4) * 4);
+#pragma unroll
+        for (int u = 0; u < D / 8; u++) /* columns 8u + 2 (lane % 4), +1: box u / 8, chunk u % 8 */
+            st_shared(at + (u32)((u / 8) * o.stride + (((u % 8) ^ (row & 7)) << 4)),
+                      (int)pack2<Cfg::OUT_DT>(st.o[0][u][r * 2] * inv, st.o[0][u][r * 2 + 1] * inv));
+    }
+    fence_proxy_async();
+    named_sync(WG_STORE_BAR + c, 128);
+    if (tid % 128 == 0) {
+#pragma unroll
+        for (int cb = 0; cb < D / 64; cb++)
+            tma_store_3d(&maps->o, o.base + (u32)(cb * o.stride), cb * 64, h, w.q_start + w.m0 + c * 64);
+        bulk_commit();
+    }
+}
+
+/* The persistent grid's held stage (its empty barrier, 0: none): released by the issuing thread
+ * once its stores have read the staging boxes. */
+__device__ __forceinline__ void wg_release_o(u32 &held)
+{
+    if (held) {
+        bulk_wait_read<0>();
+        mbar_arrive(held);
+        held = 0;
+    }
+}
+
 /* What a consumer knows of its next job when one ends (PERSIST: the slot's; one job per CTA:
  * none, h = -1): its head (h < 0: no more jobs), and with XJOB whether S of its first key tile
  * is already in the S registers, issued in one turn with the ended job's last P V. */
@@ -454,9 +562,10 @@ __device__ __forceinline__ wg_tiles<Cfg> wg_slot_tiles(const kiln_launch_params 
  * is stored while that S runs, and the next job's softmax follows; the S registers carry it
  * over, so that no P or O registers live across the jobs). */
 template <class Cfg>
-__device__ __forceinline__ wg_next wg_consume(const kiln_launch_params &p, const mma_work &w, const wg_tiles<Cfg> &tiles,
-                                              const wg_smem<Cfg::STAGES> &sm, int h, int hk, int tid, int it, int &n,
-                                              float (&sc)[1][Cfg::BN / 8][4], bool s_ready)
+__device__ __forceinline__ wg_next wg_consume(const kiln_launch_params &p, const kiln_tma_maps *maps, const mma_work &w,
+                                              const wg_tiles<Cfg> &tiles, const wg_smem<Cfg::STAGES> &sm, int h, int hk,
+                                              int tid, int it, int &n, float (&sc)[1][Cfg::BN / 8][4], bool s_ready,
+                                              u32 &held)
 {
     using L = wg_layout<Cfg>;
     using S = mma_shape<Cfg>;
@@ -474,6 +583,7 @@ __device__ __forceinline__ wg_next wg_consume(const kiln_launch_params &p, const
     bool taken = !Cfg::PERSIST; /* the next job (none with a CTA per job) */
 
     u32 pf[BN / 16][4]; /* P of the previous tile */
+    int last = -1;      /* the stage of the job's last key tile */
     if (!s_ready) mbar_wait(sm.q_full(), it & 1);
     int t = tiles.next(w.t_first);
     if (t < w.t_end) {
@@ -481,11 +591,13 @@ __device__ __forceinline__ wg_next wg_consume(const kiln_launch_params &p, const
         int s = n % STAGES;
         if (!s_ready) {
             mbar_wait(sm.full(s), (n / STAGES) & 1);
-            fence_proxy_async(); /* the producer's cp.async writes (and Q's), for the tensor cores */
+            /* the producer's cp.async writes (K / V, or Q), for the tensor cores */
+            if (!wg_q_by_tma<Cfg>(w) || !wg_kv_by_tma<Cfg>(p, w, t)) fence_proxy_async();
             wg_turn_wait(c);
             wgmma_fence();
             wg_issue_qk<Cfg>(sc[0], q_rows, sm.k + s * L::TILE);
             wg_turn_pass(c);
+            wg_release_o(held); /* the last job's staged O, read by now */
             wgmma_wait<0>();
             reg_fence(sc[0]);
         }
@@ -498,7 +610,7 @@ __device__ __forceinline__ wg_next wg_consume(const kiln_launch_params &p, const
         for (t = tiles.next(t + 1); t < w.t_end; t = tiles.next(t + 1), n++) {
             s = n % STAGES;
             mbar_wait(sm.full(s), (n / STAGES) & 1);
-            fence_proxy_async();
+            if (!wg_kv_by_tma<Cfg>(p, w, t)) fence_proxy_async();
             wg_turn_wait(c);
             wgmma_fence();
             wg_issue_qk<Cfg>(sc[0], q_rows, sm.k + s * L::TILE);
@@ -549,13 +661,25 @@ __device__ __forceinline__ wg_next wg_consume(const kiln_launch_params &p, const
         wg_turn_pass(c);
         wgmma_wait<0>();
         reg_fence(st.o[0]);
-        mbar_arrive(sm.empty(prev));
+        last = prev;
     } else {
+        wg_release_o(held);
         mbar_arrive(sm.q_empty());
         wg_turn_wait(c); /* the job's last turn, without an issue */
         wg_turn_pass(c);
     }
-    store_rows<Cfg>(st, rows, p, w, c2, wrow, lane);
+    const wg_o_stage o = wg_o_stage_at<Cfg>(p, w, sm, c, last);
+    if (o.base) {
+        if (Cfg::PERSIST) mbar_wait(sm.q_empty(), it & 1); /* both groups' last S: the K tile is free */
+        wg_store_o_tma<Cfg>(st, rows, p, maps, w, c2, o, c, h, tid);
+        if (Cfg::PERSIST) {
+            if (tid % 128 == 0) held = sm.empty(last);
+            else mbar_arrive(sm.empty(last));
+        }
+    } else {
+        if (last >= 0) mbar_arrive(sm.empty(last));
+        store_rows<Cfg>(st, rows, p, w, c2, wrow, lane);
+    }
     if (!taken) next.h = wg_slot_head(sm, it + 1);
     return next;
 }
@@ -629,17 +753,21 @@ __device__ __forceinline__ void wg_produce_jobs(const kiln_launch_params &p, con
 
 /* The persistent consumers: each job as the slot gives it, until h = -1. */
 template <class Cfg>
-__device__ __forceinline__ void wg_consume_jobs(const kiln_launch_params &p, const wg_smem<Cfg::STAGES> &sm, int tid)
+__device__ __forceinline__ void wg_consume_jobs(const kiln_launch_params &p, const kiln_tma_maps *maps,
+                                                const wg_smem<Cfg::STAGES> &sm, int tid)
 {
     const int c = tid / 128 - 1;
     wg_turns_begin(c);
     int n = 0;
+    u32 held = 0;                /* a stage held by staged O (wg_release_o) */
     float sc[1][Cfg::BN / 8][4]; /* S, carried into the next job where its first S is issued early */
     wg_next job = {wg_slot_head(sm, 0), false};
     for (int it = 0; job.h >= 0; it++) {
         const mma_work w = wg_job_get(sm.job());
-        job = wg_consume<Cfg>(p, w, wg_job_tiles<Cfg>(p, w), sm, job.h, job.h / Cfg::G, tid, it, n, sc, job.s_ready);
+        job = wg_consume<Cfg>(p, maps, w, wg_job_tiles<Cfg>(p, w), sm, job.h, job.h / Cfg::G, tid, it, n, sc,
+                              job.s_ready, held);
     }
+    wg_release_o(held);
     wg_turns_end(c);
 }
 
@@ -677,7 +805,8 @@ template <class Cfg> __device__ void wgmma_attention_kernel(const kiln_launch_pa
             cp_async_wait<0>(); /* no copy outlives its thread */
         } else {
             regs_inc<KILN_WGMMA_CONSUMER_REGS>();
-            wg_consume_jobs<Cfg>(p, sm, tid);
+            wg_consume_jobs<Cfg>(p, maps, sm, tid);
+            bulk_wait<0>(); /* O's stores done before the CTA ends */
         }
     } else { /* a CTA per (tile, head) job; each role reads the work after its setmaxnreg
                 (read before it, the work's registers cost the consumers spills) */
@@ -694,8 +823,10 @@ template <class Cfg> __device__ void wgmma_attention_kernel(const kiln_launch_pa
             const int c = tid / 128 - 1;
             float sc[1][Cfg::BN / 8][4];
             wg_turns_begin(c);
-            wg_consume<Cfg>(p, w, wg_job_tiles<Cfg>(p, w), sm, h, h / Cfg::G, tid, 0, n, sc, false);
+            u32 held = 0;
+            wg_consume<Cfg>(p, maps, w, wg_job_tiles<Cfg>(p, w), sm, h, h / Cfg::G, tid, 0, n, sc, false, held);
             wg_turns_end(c);
+            bulk_wait<0>(); /* O's stores done before the CTA ends */
         }
     }
 }

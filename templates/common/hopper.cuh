@@ -111,6 +111,24 @@ __device__ __forceinline__ void tma_prefetch_3d(const void *map, int c0, int c1,
                  "r"(c1), "r"(c2)
                  : "memory");
 }
+/* TMA store: the box at (c0, c1, c2) of the 3-D tensor map from shared memory at src, in this
+ * thread's bulk async-group (commit it with bulk_commit). The shared memory was written by the
+ * generic proxy: each writer fences it (fence_proxy_async) before the barrier that precedes
+ * this. */
+__device__ __forceinline__ void tma_store_3d(const void *map, u32 src, int c0, int c1, int c2)
+{
+    asm volatile("cp.async.bulk.tensor.3d.global.shared::cta.bulk_group [%0, {%1, %2, %3}], [%4];\n" ::"l"(map),
+                 "r"(c0), "r"(c1), "r"(c2), "r"(src)
+                 : "memory");
+}
+__device__ __forceinline__ void bulk_commit() { asm volatile("cp.async.bulk.commit_group;\n" ::: "memory"); }
+/* Wait until at most N of this thread's bulk groups still read their shared memory (.read: the
+ * source may be written again), or, bulk_wait, are still incomplete (the global writes done). */
+template <int N> __device__ __forceinline__ void bulk_wait_read()
+{
+    asm volatile("cp.async.bulk.wait_group.read %0;\n" ::"n"(N) : "memory");
+}
+template <int N> __device__ __forceinline__ void bulk_wait() { asm volatile("cp.async.bulk.wait_group %0;\n" ::"n"(N) : "memory"); }
 /* Wait until the phase of the given parity has completed. */
 __device__ __forceinline__ void mbar_wait(u32 bar, int parity)
 {

@@ -100,7 +100,8 @@ typedef struct kiln_launch_params {
     unsigned long long tile_map;    /* prefill: u8 [q tiles][kv_tiles] tile_class_id; 0 = none */
     int bsr_r, bsr_c;               /* bsr block shape */
     int kv_tiles;                   /* prefill: key tiles per query tile (row stride of the map) */
-    int pad2;
+    int o_by_tma;                   /* wgmma family with TMA loads: kiln_tma_maps.o is valid, and
+                                       whole 64-row blocks of O are stored by TMA (runtime/tma.c) */
     /* batches (kv=ragged / kv=paged): the plan's schedule lives in the workspace */
     unsigned long long kv_indices;  /* paged: int page ids */
     unsigned long long work;        /* the schedule: kiln_work_header, then the arrays below */
@@ -292,10 +293,11 @@ enum {
     KILN_WGMMA_CONSUMER_REGS = 232,
 };
 /* The wgmma family's second kernel argument when it loads by TMA (KILN_WGMMA_LOAD_TMA): the
- * tensor maps of Q, K and V (CUtensorMap, opaque, 64-byte aligned), encoded by the host for each
- * launch (runtime/tma.c) with cuTensorMapEncodeTiled: 16-bit elements over [rows, heads, D]
+ * tensor maps of Q, K, V and O (CUtensorMap, opaque, 64-byte aligned), encoded by the host for
+ * each launch (runtime/tma.c) with cuTensorMapEncodeTiled: 16-bit elements over [rows, heads, D]
  * (D innermost, then the head stride, then the row stride), boxes of 64 columns x 1 head x
- * the tile's rows, the 128-byte swizzle. */
+ * the tile's rows (O: a consumer warpgroup's 64), the 128-byte swizzle. O's map is zeros, and
+ * kiln_launch_params.o_by_tma 0, where O's pointer or strides do not suit TMA. */
 #ifdef __cplusplus
 #define KILN_ALIGN64 alignas(64)
 #else
@@ -305,7 +307,7 @@ typedef struct kiln_tma_map {
     KILN_ALIGN64 unsigned long long opaque[16];
 } kiln_tma_map;
 typedef struct kiln_tma_maps {
-    kiln_tma_map q, k, v;
+    kiln_tma_map q, k, v, o;
 } kiln_tma_maps;
 /* kiln_cfg::LOAD of the wgmma family: how the producer fills Q and the K/V stages */
 enum {
@@ -355,7 +357,7 @@ KILN_CONTRACT_FN int kiln_wgmma_smem_bytes(int d, int bm, int bn, int stages)
 KILN_CONTRACT_ASSERT(sizeof(kiln_launch_params) == KILN_LAUNCH_PARAMS_SIZE, "kiln_launch_params size");
 KILN_CONTRACT_ASSERT(KILN_WGMMA_SPLIT_FITS(KILN_WGMMA_PRODUCER_REGS, KILN_WGMMA_CONSUMER_REGS),
                      "setmaxnreg: the warpgroups' registers fit the launch's 384 x 168, in steps of 8");
-KILN_CONTRACT_ASSERT(sizeof(kiln_tma_maps) == 3 * 128, "kiln_tma_maps: three CUtensorMaps");
+KILN_CONTRACT_ASSERT(sizeof(kiln_tma_maps) == 4 * 128, "kiln_tma_maps: four CUtensorMaps");
 KILN_CONTRACT_ASSERT(sizeof(kiln_merge_params) == KILN_MERGE_PARAMS_SIZE, "kiln_merge_params size");
 KILN_CONTRACT_ASSERT(sizeof(kiln_work_header) == 4 * sizeof(int), "kiln_work_header: 4 ints");
 KILN_CONTRACT_ASSERT(sizeof(kiln_work_item) == 12 * sizeof(int), "kiln_work_item: 12 ints");
