@@ -63,6 +63,7 @@ template <int STAGES> struct wg_smem {
     __device__ __forceinline__ u32 q_full() const { return bar + 16 * STAGES; }
     __device__ __forceinline__ u32 q_empty() const { return bar + 16 * STAGES + 8; }
     __device__ __forceinline__ u32 job_full() const { return bar + 16 * STAGES + 16; }
+    __device__ __forceinline__ u32 pv_done() const { return bar + 16 * STAGES + 24; } /* wg_o_stage_at */
     __device__ __forceinline__ u32 job() const { return bar + kiln_wgmma_bar_bytes(STAGES); } /* the slot */
 };
 
@@ -458,11 +459,13 @@ template <int STAGES> __device__ __forceinline__ int wg_slot_head(const wg_smem<
  * quad), which measured 8 % of 4 x 4096 causal and 18 % of 16 x 1024 on the H200 (docs/perf/
  * notes.md, session 36). Where O is staged:
  *   - a CTA per job: in the warpgroup's own rows of the Q tile, which only its S read;
- *   - the persistent grid: Q is the next job's by then, so in the K tile of the job's last
- *     stage, once both warpgroups' last S are done (q_empty's phase `it`); the stage stays held
- *     until the stores have read it: the issuing thread's arrival on its empty barrier waits
- *     for that (wg_release_o), in the next job, under its first S.
- * Needs BN >= 128 in the persistent grid (the K tile holds the 128 rows' boxes). */
+ *   - the persistent grid: Q is the next job's by then, so in the job's last stage: with
+ *     BN >= 128 both groups' boxes in its K tile, once both groups' last S are done (q_empty's
+ *     phase `it`); with 64 <= BN < 128 (d256's 80 keys) group 0's in the K tile and group 1's
+ *     in the V tile, once group 0's last P V is done too (pv_done's phase `it`: group 0 arrives
+ *     once a job). The stage stays held until the stores have read it: the issuing thread's
+ *     arrival on its empty barrier waits for that (wg_release_o), in the next job, under its
+ *     first S. */
 constexpr int WG_STORE_BAR = 4; /* named barriers 4, 5: the warpgroups' O staging */
 
 /* Where warpgroup c stages O of work w (box cb at base + cb * stride), or base 0: store from
@@ -477,10 +480,11 @@ __device__ __forceinline__ wg_o_stage wg_o_stage_at(const kiln_launch_params &p,
     using L = wg_layout<Cfg>;
     constexpr int BOX = 64 * 128; /* 64 rows x 128 bytes */
     wg_o_stage o = {0, 0};
-    if constexpr (Cfg::LOAD == KILN_WGMMA_LOAD_TMA && !Cfg::XJOB && (!Cfg::PERSIST || Cfg::BN >= L::BM)) {
+    if constexpr (Cfg::LOAD == KILN_WGMMA_LOAD_TMA && !Cfg::XJOB && (!Cfg::PERSIST || Cfg::BN >= 64)) {
         if (!p.o_by_tma || w.slot >= 0 || last < 0 || w.m0 + (c + 1) * 64 > w.rows_hi) return o;
         if constexpr (Cfg::PERSIST) {
-            o.base = sm.k + last * L::TILE + c * (Cfg::D / 64) * BOX;
+            if constexpr (Cfg::BN >= L::BM) o.base = sm.k + last * L::TILE + c * (Cfg::D / 64) * BOX;
+            else o.base = (c ? sm.v : sm.k) + last * L::TILE;
             o.stride = BOX;
         } else {
             o.base = sm.q + c * BOX;
@@ -668,9 +672,12 @@ __device__ __forceinline__ wg_next wg_consume(const kiln_launch_params &p, const
         wg_turn_wait(c); /* the job's last turn, without an issue */
         wg_turn_pass(c);
     }
+    constexpr bool PV_DONE = Cfg::PERSIST && Cfg::BN < wg_layout<Cfg>::BM; /* group 1 stages in V */
+    if (PV_DONE && c == 0) mbar_arrive(sm.pv_done()); /* every job: its phases count the jobs */
     const wg_o_stage o = wg_o_stage_at<Cfg>(p, w, sm, c, last);
     if (o.base) {
         if (Cfg::PERSIST) mbar_wait(sm.q_empty(), it & 1); /* both groups' last S: the K tile is free */
+        if (PV_DONE && c == 1) mbar_wait(sm.pv_done(), it & 1); /* and group 0's last P V: the V tile */
         wg_store_o_tma<Cfg>(st, rows, p, maps, w, c2, o, c, h, tid);
         if (Cfg::PERSIST) {
             if (tid % 128 == 0) held = sm.empty(last);
@@ -688,8 +695,21 @@ __device__ __forceinline__ wg_next wg_consume(const kiln_launch_params &p, const
  * CTA per tile; with PERSIST, job i of all nx x H is (i / H, i % H), heads innermost, so that
  * the first wave takes the heaviest causal tiles of every head (x = 0 is the last query tile
  * of a single request, a batch's items are longest first) and a KV head's G query heads run
- * side by side. CTA b takes job b, then b + gridDim.x, ... (STATIC), or claims each later one
- * from the schedule's counter (DYNAMIC: the CTA that frees first takes the next). */
+ * side by side. CTA b takes job b, then its job of each later round (STATIC: wg_static_job),
+ * or claims each later one from the schedule's counter (DYNAMIC: the CTA that frees first
+ * takes the next). */
+
+/* The static persistent grid's job of round r (KILN_WGMMA_PERSIST_STATIC): rounds of gridDim.x
+ * jobs, taken forwards in even rounds and backwards in odd ones (CTA b: job b, then 2G - 1 - b,
+ * 2G + b, ...), so that jobs in decreasing order of weight (the causal tiles, heaviest first)
+ * even out across CTAs. A round robin (job b + r G) gives CTA 0 the heaviest job of every round:
+ * one causal request of 16384 rows, 8 heads, 128-key tiles, over 132 CTAs puts 564 key tiles on
+ * CTA 0 against a mean of 500 (the snake: at most 503; 32 heads: 2064 against 2000, snake 2003). */
+__device__ __forceinline__ int wg_static_job(int r)
+{
+    const int G = (int)gridDim.x, b = (int)blockIdx.x;
+    return r * G + (r & 1 ? G - 1 - b : b);
+}
 
 /* The persistent producer: for each job, its work (read while the ring still holds the last
  * job's tiles), its first K/V tile, the job slot once the consumers let the last Q go, then Q
@@ -731,7 +751,7 @@ __device__ __forceinline__ void wg_produce_jobs(const kiln_launch_params &p, con
             },
             [&] { /* the ring is full: the next job, and its Q into L2 */
                 if (tid != 0) return;
-                int j = i + (int)gridDim.x;
+                int j = wg_static_job(it + 1);
                 if constexpr (Cfg::PERSIST == KILN_WGMMA_PERSIST_DYNAMIC) {
                     static_assert(Cfg::KV != KV_CONTIGUOUS, "the counter lives in a batch's schedule");
                     int *counter = reinterpret_cast<int *>(p.work) + KILN_WORK_HEADER_NEXT_AT;
@@ -746,7 +766,7 @@ __device__ __forceinline__ void wg_produce_jobs(const kiln_launch_params &p, con
             named_sync(WG_PRODUCER_BAR, KILN_WGMMA_PRODUCER_THREADS);
             i = ld_shared(next);
         } else {
-            i += gridDim.x;
+            i = wg_static_job(it + 1);
         }
     }
 }
@@ -794,6 +814,7 @@ template <class Cfg> __device__ void wgmma_attention_kernel(const kiln_launch_pa
         mbar_init(sm.q_full(), L::PRODUCER);
         mbar_init(sm.q_empty(), L::CONSUMERS);
         mbar_init(sm.job_full(), 1);
+        mbar_init(sm.pv_done(), 128);
         mbar_init_fence();
     }
     __syncthreads();

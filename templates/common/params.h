@@ -319,7 +319,7 @@ enum {
 /* kiln_cfg::PERSIST of the wgmma family: the grid */
 enum {
     KILN_WGMMA_PERSIST_NONE = 0,    /* a CTA per (tile, head) job */
-    KILN_WGMMA_PERSIST_STATIC = 1,  /* a CTA per SM, jobs blockIdx.x, + gridDim.x, ... */
+    KILN_WGMMA_PERSIST_STATIC = 1,  /* a CTA per SM, jobs in rounds of gridDim.x, snake order */
     KILN_WGMMA_PERSIST_DYNAMIC = 2, /* a CTA per SM, the first wave as STATIC, each later job
                                        claimed from the schedule's next_job (batches only;
                                        jit/config.c says which variants take which) */
