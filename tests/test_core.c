@@ -546,7 +546,7 @@ KT_TEST(core_wgmma_family_choice)
             KT_CHECK(strstr(src, "const __grid_constant__ kiln_tma_maps m") != NULL);
             /* the grid at d64 / d128: claimed jobs for a batch, the snake order for a single
              * request; a CTA per tile at d256 */
-            KT_EQ_INT(cfg.persist, v.head_dim > 128                ? KILN_WGMMA_PERSIST_NONE
+            KT_EQ_INT(cfg.persist, v.head_dim > 128             ? KILN_WGMMA_PERSIST_NONE
                                    : v.kv != KILN_KV_CONTIGUOUS ? KILN_WGMMA_PERSIST_DYNAMIC
                                                                 : KILN_WGMMA_PERSIST_STATIC);
             kiln__config_format(&cfg, conf, sizeof conf);
