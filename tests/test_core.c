@@ -544,11 +544,10 @@ KT_TEST(core_wgmma_family_choice)
             /* TMA (through a page table: a box per page), the maps the second argument */
             KT_EQ_INT(cfg.load, KILN_WGMMA_LOAD_TMA);
             KT_CHECK(strstr(src, "const __grid_constant__ kiln_tma_maps m") != NULL);
-            /* the grid at d64 / d128: claimed jobs for a batch, the snake order for a single
-             * request; a CTA per tile at d256 */
-            KT_EQ_INT(cfg.persist, v.head_dim > 128             ? KILN_WGMMA_PERSIST_NONE
-                                   : v.kv != KILN_KV_CONTIGUOUS ? KILN_WGMMA_PERSIST_DYNAMIC
-                                                                : KILN_WGMMA_PERSIST_STATIC);
+            /* the grid: claimed jobs for a batch at d64 / d128, a CTA per tile otherwise */
+            KT_EQ_INT(cfg.persist, v.kv != KILN_KV_CONTIGUOUS && v.head_dim <= 128
+                                       ? KILN_WGMMA_PERSIST_DYNAMIC
+                                       : KILN_WGMMA_PERSIST_NONE);
             kiln__config_format(&cfg, conf, sizeof conf);
             KT_CONTAINS(conf, " wgmma=1 load=2 persist=");
             free(src);
@@ -594,13 +593,12 @@ KT_TEST(core_wgmma_family_choice)
     unsetenv("KILN_TUNE");
     KT_OK(kiln__config_pick(&v, 90, &cfg, &e), e.msg);
     kiln__config_format(&cfg, plain, sizeof plain);
-    KT_CHECK(cfg.persist == KILN_WGMMA_PERSIST_STATIC);
-    setenv("KILN_TUNE", "persist=0", 1);
+    KT_CHECK(cfg.persist == KILN_WGMMA_PERSIST_NONE);
+    setenv("KILN_TUNE", "persist=1", 1);
     KT_OK(kiln__config_pick(&v, 90, &cfg, &e), e.msg);
     kiln__config_format(&cfg, conf, sizeof conf);
-    KT_CHECK(cfg.persist == 0 && strcmp(conf, plain) != 0);
-    KT_CONTAINS(conf, " persist=0");
-    setenv("KILN_TUNE", "persist=1", 1);
+    KT_CHECK(cfg.persist == 1 && strcmp(conf, plain) != 0);
+    KT_CONTAINS(conf, " persist=1");
     KT_CHECK(kiln__config_pick(&v, 80, &cfg, &e) == KILN_STATUS_UNSUPPORTED);
     KT_CONTAINS(e.msg, "persist=");
     /* the dynamic grid claims jobs from a batch schedule's counter: refused for a single
