@@ -19,7 +19,10 @@ JOBS=${KILN_JOBS:-16}
 LIMIT=${KILN_TEST_TIMEOUT:-300}
 mkdir -p "$OUT/gpu" "$OUT/python"
 OUT=$(cd "$OUT" && pwd)
-export KILN_CACHE_DIR=${KILN_CACHE_DIR:-/tmp/kiln-cache} KILN_TEST_CACHE=${KILN_TEST_CACHE:-/tmp/kiln-cache}
+# the C tests' cache (KILN_TEST_CACHE) is the seeded one unless named apart: session 36 set
+# KILN_CACHE_DIR alone, and the C tests compiled every kernel again into /tmp/kiln-cache
+export KILN_CACHE_DIR=${KILN_CACHE_DIR:-/tmp/kiln-cache}
+export KILN_TEST_CACHE=${KILN_TEST_CACHE:-$KILN_CACHE_DIR}
 export PYTHONUNBUFFERED=1 KILN_LIB=$PWD/build/lib/libkiln.so PYTHONPATH=$PWD/python${PYTHONPATH:+:$PYTHONPATH}
 mkdir -p "$KILN_CACHE_DIR"
 if [ -n "${KILN_SEED_CACHE:-}" ]; then
