@@ -360,9 +360,9 @@ const char *kiln__wgmma_refusal(const kiln_variant *v, int sm, int *can)
 /* The wgmma family's grid unless KILN_TUNE says persist=: at head dim 64 or 128 a batch
  * (kv=ragged / kv=paged) takes the persistent grid with claimed jobs; a single request and d256
  * a CTA per tile. A single request on the persistent grid in snake order (persist=1; it has no
- * schedule to hold a claim counter) measured faster below 16384 rows, but its prefill grid has
- * not yet run to the end on a GPU (session 36 ran out of device time): it stays opt-in until it
- * does. Measured in one H200 lease (kiln check --time, H 32 / H_KV 8, docs/perf/notes.md "The
+ * schedule to hold a claim counter) measured faster at 1 x 4096 (below), but its prefill grid
+ * has not yet run to the end on a GPU (session 36 ran out of device time): it stays opt-in until
+ * it does. Measured in one H200 lease (kiln check --time, H 32 / H_KV 8, docs/perf/notes.md "The
  * persistent grid's job slot"): causal d128 16 x 1024 368 -> 421 TFLOP/s, 4 x 4096 589 -> 598,
  * 64 x 128 75 -> 104, paged 16 x 1024 289 -> 319, soft-cap 4 x 4096 439 -> 475, d64 389 -> 396;
  * slower at d256 (463 -> 441; with O stored by TMA, session 36 on an H100: 460 against 522).
