@@ -54,24 +54,11 @@ static kiln_status encode(const kiln_kernel *k, const char *what, const char *na
  * either way, so this is no error. */
 static void encode_o(const kiln_kernel *k, kiln_launch_params *p, int64_t rows, kiln_tma_map *out)
 {
-    const int D = k->v.head_dim;
-    const long long sn = p->o_stride_n, sh = p->o_stride_h ? p->o_stride_h : D;
-    p->o_by_tma = 0;
-    memset(out, 0, sizeof *out);
-    if (p->o % 16 || sn <= 0 || sh <= 0 || sn % 8 || sh % 8 || sn >= (1LL << 38) ||
-        sh >= (1LL << 38))
-        return;
-    CUtensorMap map;
-    const cuuint64_t dim[3] = {(cuuint64_t)D, (cuuint64_t)p->num_qo_heads, (cuuint64_t)rows};
-    const cuuint64_t stride[2] = {(cuuint64_t)sh * 2, (cuuint64_t)sn * 2};
-    const cuuint32_t box[3] = {64, 1, KILN_WGMMA_BM / 2}, unit[3] = {1, 1, 1};
-    if (k->ctx->cu->cuTensorMapEncodeTiled(
-            &map, CU_TENSOR_MAP_DATA_TYPE_UINT16, 3, (void *)(uintptr_t)p->o, dim, stride, box,
-            unit, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
-            CU_TENSOR_MAP_L2_PROMOTION_NONE, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) != CUDA_SUCCESS)
-        return;
-    memcpy(out, &map, sizeof map);
-    p->o_by_tma = 1;
+    const long long sn = p->o_stride_n, sh = p->o_stride_h;
+    p->o_by_tma = !(p->o % 16 || sn % 8 || sh % 8 || sn >= (1LL << 38) || sh >= (1LL << 38)) &&
+                  encode(k, "run", "o", p->o, 0, sn, sh, rows, p->num_qo_heads, KILN_WGMMA_BM / 2,
+                         out, NULL) == KILN_STATUS_OK; /* no message: not an error */
+    if (!p->o_by_tma) memset(out, 0, sizeof *out);
 }
 
 kiln_status kiln__tma_maps(const kiln_kernel *k, kiln_launch_params *p, const char *what,

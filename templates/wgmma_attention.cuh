@@ -63,7 +63,6 @@ template <int STAGES> struct wg_smem {
     __device__ __forceinline__ u32 q_full() const { return bar + 16 * STAGES; }
     __device__ __forceinline__ u32 q_empty() const { return bar + 16 * STAGES + 8; }
     __device__ __forceinline__ u32 job_full() const { return bar + 16 * STAGES + 16; }
-    __device__ __forceinline__ u32 pv_done() const { return bar + 16 * STAGES + 24; } /* wg_o_stage_at */
     __device__ __forceinline__ u32 job() const { return bar + kiln_wgmma_bar_bytes(STAGES); } /* the slot */
 };
 
@@ -126,6 +125,25 @@ __device__ __forceinline__ wg_tiles<Cfg> wg_job_tiles(const kiln_launch_params &
                     : nullptr;
     tiles.t_end = w.t_end;
     return tiles;
+}
+
+/* Whether the producer copies K/V tile t of work w by TMA (a whole tile, and with kv=paged
+ * pages that nest with it: the async proxy, as wgmma reads it, so no proxy fence after the
+ * wait) or by cp.async (generic-proxy writes, fenced by the consumer before its wgmma reads
+ * them): the producer's test (with kv=paged, box_rows != 0), for the consumers' fence. */
+template <class Cfg>
+__device__ __forceinline__ bool wg_kv_by_tma(const kiln_launch_params &p, const mma_work &w, int t)
+{
+    if constexpr (Cfg::LOAD != KILN_WGMMA_LOAD_TMA) return false;
+    const bool whole = (t + 1) * Cfg::BN <= w.L_KV;
+    if constexpr (Cfg::KV == KV_PAGED) return whole && kiln_wgmma_tma_page_rows(p.page_size, Cfg::BN) != 0;
+    return whole;
+}
+
+/* The same for the job's Q tile (wg_produce_tile's test with its BM rows). */
+template <class Cfg> __device__ __forceinline__ bool wg_q_by_tma(const mma_work &w)
+{
+    return Cfg::LOAD == KILN_WGMMA_LOAD_TMA && w.m0 + KILN_WGMMA_BM <= w.L_Q;
 }
 
 /* ---- the producer ---- */
@@ -293,7 +311,7 @@ __device__ __forceinline__ void wg_produce(const kiln_launch_params &p, const ki
             }
         } else if constexpr (TMA) {
             /* K and V of a whole tile: one expect_tx of both (two tiles of bytes) */
-            if (j0 + BN <= w.L_KV) {
+            if (wg_kv_by_tma<Cfg>(p, w, t)) {
                 if (tid == 0) {
                     mbar_arrive_expect_tx(sm.full(s), 2 * L::TILE);
                     wg_tma_tile<D, BN>(kd, &maps->k, sm.full(s), hk, kv_row0 + j0);
@@ -336,24 +354,6 @@ __device__ __forceinline__ void wg_prefetch_q(const kiln_launch_params &p, const
 #pragma unroll
         for (int cb = 0; cb < Cfg::D / 64; cb++) tma_prefetch_3d(&maps->q, cb * 64, i % H, row);
     }
-}
-
-/* Whether K/V tile t of work w came by TMA (the async proxy, as wgmma reads it: no proxy fence
- * after the wait) rather than by cp.async (generic-proxy writes, fenced by the consumer before
- * its wgmma reads them): wg_produce's test, for the same tile. */
-template <class Cfg>
-__device__ __forceinline__ bool wg_kv_by_tma(const kiln_launch_params &p, const mma_work &w, int t)
-{
-    if constexpr (Cfg::LOAD != KILN_WGMMA_LOAD_TMA) return false;
-    const bool whole = (t + 1) * Cfg::BN <= w.L_KV;
-    if constexpr (Cfg::KV == KV_PAGED) return whole && kiln_wgmma_tma_page_rows(p.page_size, Cfg::BN) != 0;
-    return whole;
-}
-
-/* The same for the job's Q tile (wg_produce_tile's test). */
-template <class Cfg> __device__ __forceinline__ bool wg_q_by_tma(const mma_work &w)
-{
-    return Cfg::LOAD == KILN_WGMMA_LOAD_TMA && w.m0 + KILN_WGMMA_BM <= w.L_Q;
 }
 
 /* ---- the consumers ----
@@ -459,11 +459,10 @@ template <int STAGES> __device__ __forceinline__ int wg_slot_head(const wg_smem<
  * quad), which measured 8 % of 4 x 4096 causal and 18 % of 16 x 1024 on the H200 (docs/perf/
  * notes.md, session 36). Where O is staged:
  *   - a CTA per job: in the warpgroup's own rows of the Q tile, which only its S read;
- *   - the persistent grid: Q is the next job's by then, so in the job's last stage: with
- *     BN >= 128 both groups' boxes in its K tile, once both groups' last S are done (q_empty's
- *     phase `it`); with 64 <= BN < 128 (d256's 80 keys) group 0's in the K tile and group 1's
- *     in the V tile, once group 0's last P V is done too (pv_done's phase `it`: group 0 arrives
- *     once a job). The stage stays held until the stores have read it: the issuing thread's
+ *   - the persistent grid: Q is the next job's by then, so in the K tile of the job's last
+ *     stage, once both groups' last S are done (q_empty's phase `it`): with BN >= 128 only (it
+ *     holds both groups' boxes; d256's 80-key persistent grid, opt-in and slower, stores from
+ *     registers). The stage stays held until the stores have read it: the issuing thread's
  *     arrival on its empty barrier waits for that (wg_release_o), in the next job, under its
  *     first S. */
 constexpr int WG_STORE_BAR = 4; /* named barriers 4, 5: the warpgroups' O staging */
@@ -480,11 +479,10 @@ __device__ __forceinline__ wg_o_stage wg_o_stage_at(const kiln_launch_params &p,
     using L = wg_layout<Cfg>;
     constexpr int BOX = 64 * 128; /* 64 rows x 128 bytes */
     wg_o_stage o = {0, 0};
-    if constexpr (Cfg::LOAD == KILN_WGMMA_LOAD_TMA && !Cfg::XJOB && (!Cfg::PERSIST || Cfg::BN >= 64)) {
+    if constexpr (Cfg::LOAD == KILN_WGMMA_LOAD_TMA && !Cfg::XJOB && (!Cfg::PERSIST || Cfg::BN >= L::BM)) {
         if (!p.o_by_tma || w.slot >= 0 || last < 0 || w.m0 + (c + 1) * 64 > w.rows_hi) return o;
         if constexpr (Cfg::PERSIST) {
-            if constexpr (Cfg::BN >= L::BM) o.base = sm.k + last * L::TILE + c * (Cfg::D / 64) * BOX;
-            else o.base = (c ? sm.v : sm.k) + last * L::TILE;
+            o.base = sm.k + last * L::TILE + c * (Cfg::D / 64) * BOX;
             o.stride = BOX;
         } else {
             o.base = sm.q + c * BOX;
@@ -672,12 +670,9 @@ __device__ __forceinline__ wg_next wg_consume(const kiln_launch_params &p, const
         wg_turn_wait(c); /* the job's last turn, without an issue */
         wg_turn_pass(c);
     }
-    constexpr bool PV_DONE = Cfg::PERSIST && Cfg::BN < wg_layout<Cfg>::BM; /* group 1 stages in V */
-    if (PV_DONE && c == 0) mbar_arrive(sm.pv_done()); /* every job: its phases count the jobs */
     const wg_o_stage o = wg_o_stage_at<Cfg>(p, w, sm, c, last);
     if (o.base) {
         if (Cfg::PERSIST) mbar_wait(sm.q_empty(), it & 1); /* both groups' last S: the K tile is free */
-        if (PV_DONE && c == 1) mbar_wait(sm.pv_done(), it & 1); /* and group 0's last P V: the V tile */
         wg_store_o_tma<Cfg>(st, rows, p, maps, w, c2, o, c, h, tid);
         if (Cfg::PERSIST) {
             if (tid % 128 == 0) held = sm.empty(last);
@@ -814,7 +809,6 @@ template <class Cfg> __device__ void wgmma_attention_kernel(const kiln_launch_pa
         mbar_init(sm.q_full(), L::PRODUCER);
         mbar_init(sm.q_empty(), L::CONSUMERS);
         mbar_init(sm.job_full(), 1);
-        mbar_init(sm.pv_done(), 128);
         mbar_init_fence();
     }
     __syncthreads();
