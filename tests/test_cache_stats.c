@@ -411,6 +411,10 @@ KT_TEST(cache_hit_log_junk)
                 size_t cut = 1 + (seed >> 12) % 63;
                 memcpy(buf + len, rec, cut);
                 len += cut;
+                /* ... and a byte that cannot continue it. Without it a cut of 63 followed by a
+                 * byte equal to the record's last (1 in 256 by the clock, which the record's
+                 * stamp and sum follow) is a whole record to any reader, and is counted. */
+                buf[len++] = (unsigned char)(rec[cut] ^ 0x5a);
             } else { /* random bytes */
                 size_t junk = 1 + (seed >> 12) % 150;
                 for (size_t i = 0; i < junk; i++) {
