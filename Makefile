@@ -2,7 +2,8 @@
 #
 # Needs: gcc or clang (C11), the CUDA toolkit (NVRTC + headers) at $(CUDA_HOME),
 # libsqlite3-dev, libxxhash-dev, libclang-14-dev (`make deps` installs what is missing, and
-# python3-venv where python3 has no ensurepip: python/tests/test_install.py makes a venv).
+# python3-venv where python3 has no ensurepip: python/tests/test_install.py makes a venv; and
+# python3-dev where Debian's python3 has no headers: the package's optional run() in C).
 # libcuda and libnvrtc are dlopen'ed at run time: nothing links against the driver or NVRTC
 # (NVRTC's start-up cost stays off cache hits).
 
@@ -50,16 +51,21 @@ KILN   := $(BUILD)/bin/kiln
 TESTS  := $(BUILD)/bin/kiln-tests
 BENCH  := $(BUILD)/bin/kiln-bench
 EMBED  := $(BUILD)/bin/kiln-embed
+# the Python package's optional run() in C (python/kiln/hot.c, CPython's stable ABI): built
+# where python3's headers are installed, else left out (the package then runs on ctypes alone)
+PY_INC := $(shell python3 -c "import sysconfig; print(sysconfig.get_paths()['include'])" 2>/dev/null)
+HOT_SO := $(if $(wildcard $(PY_INC)/Python.h),$(BUILD)/lib/_kiln_hot.abi3.so)
 
 .PHONY: probe gpu-seed all deps test test-gpu test-full demo bench-gpu help check asan ubsan format format-check tidy compdb clean
-all: $(LIB_A) $(LIB_SO) $(CHECK_A) $(KILN) $(TESTS) $(BENCH)
+all: $(LIB_A) $(LIB_SO) $(HOT_SO) $(CHECK_A) $(KILN) $(TESTS) $(BENCH)
 
 help:
 	@echo "make            build $(LIB_A), $(LIB_SO), $(KILN) and the test runner, with the"
 	@echo "                invariant checks compiled in (a broken one prints file:line and aborts)"
 	@echo "make RELEASE=1  the same without them (-DNDEBUG), into build-release/ (any target)"
 	@echo "make deps       install missing Debian packages (sqlite3, xxhash, clang-14 dev; python3-venv"
-	@echo "                where python3 lacks it, for the pip install test); test and demo run it"
+	@echo "                where python3 lacks it, for the pip install test; python3-dev for the"
+	@echo "                Python package's run() in C); test and demo run it"
 	@echo "make test       CPU tests (GPU tests skip without a GPU); last line 'N passed, N failed'"
 	@echo "make test-gpu   GPU tests only (fails without a GPU)"
 	@echo "make test-full  CPU tests plus the full NVRTC grid (slow)"
@@ -82,6 +88,9 @@ deps:
 	    dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
 	if command -v python3 >/dev/null 2>&1 && ! python3 -c 'import ensurepip' >/dev/null 2>&1; then \
 	    missing="$$missing python3-venv"; fi; \
+	if [ "$$(command -v python3)" = /usr/bin/python3 ] && ! python3 -c 'import os, sys, sysconfig; \
+	    sys.exit(not os.path.exists(sysconfig.get_paths()["include"] + "/Python.h"))'; then \
+	    missing="$$missing python3-dev"; fi; \
 	command -v clang-format >/dev/null 2>&1 || missing="$$missing clang-format"; \
 	if [ -n "$$missing" ]; then \
 	    echo "installing:$$missing"; \
@@ -117,6 +126,12 @@ $(LIB_A): $(LIB_OBJ)
 $(LIB_SO): $(LIB_OBJ)
 	@mkdir -p $(dir $@)
 	$(CC) -shared $(SAN) $(LDFLAGS) -o $@ $^ $(LDLIBS)
+
+# -Wpedantic off: CPython's slot tables hold functions as void *
+$(BUILD)/lib/_kiln_hot.abi3.so: python/kiln/hot.c include/kiln.h
+	@mkdir -p $(dir $@)
+	$(CC) -std=c11 -fPIC -shared -fvisibility=hidden $(filter-out -Wpedantic,$(WARN)) $(CFLAGS) \
+	    $(SAN) -Iinclude -isystem $(PY_INC) $(LDFLAGS) -o $@ $<
 
 $(CHECK_A): $(CHECK_OBJ)
 	@mkdir -p $(dir $@)

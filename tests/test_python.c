@@ -191,6 +191,13 @@ KT_TEST(python_unittest)
         }
     }
     KT_REQUIRE(is_file(lib));
+    /* The C Runner (python/kiln/hot.c), where make built it beside the library: required then
+     * (KILN_HOT=1), so that a Runner that fails to load fails the tests instead of leaving
+     * every run() to the ctypes path unnoticed. */
+    char hot[PATH_MAX + 32];
+    snprintf(hot, sizeof hot, "%s/lib/_kiln_hot.abi3.so", build);
+    const int has_hot = is_file(hot);
+    if (has_hot) setenv("KILN_HOT", "1", 1);
 
     char abi[ABI_MAX];
     abi_text(abi, sizeof abi);
@@ -207,7 +214,8 @@ KT_TEST(python_unittest)
     setenv("LD_PRELOAD", asan, 1);
     setenv("ASAN_OPTIONS", "detect_leaks=0", 1);
 #endif
-    printf("    KILN_LIB=%s\n    KILN_ABI=%s\n", lib, abi);
+    printf("    KILN_LIB=%s\n    KILN_ABI=%s\n    KILN_HOT=%s\n", lib, abi,
+           has_hot ? "1 (the C Runner is built)" : "unset (no C Runner: no Python headers)");
 
     /* The path travels in the environment, so no quoting can break the command. */
     setenv("KILN_PY_TESTS", tests, 1);
@@ -215,7 +223,7 @@ KT_TEST(python_unittest)
     KT_REQUIRE(p != NULL);
     /* Modules that must have run: a rename or a discovery change must not drop them quietly. */
     static const char *const required[] = {"test_basic.", "test_batch.", "test_hostile.",
-                                           "test_install."};
+                                           "test_install.", "test_hot."};
     enum { N_REQUIRED = sizeof required / sizeof required[0] };
     int seen[N_REQUIRED] = {0};
     char line[4096];
@@ -236,6 +244,7 @@ KT_TEST(python_unittest)
     unsetenv("KILN_PY_TESTS");
     unsetenv("KILN_ABI");
     unsetenv("KILN_LIB");
+    unsetenv("KILN_HOT");
     unsetenv("PYTHONDONTWRITEBYTECODE");
     int code = status == -1 ? -1 : WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
     if (code != 0)

@@ -11,6 +11,9 @@ it puts the library in the wheel. What a wheel holds:
                    Python (tag py3-none-any) and kiln looks for the library at run time
                    (docs/python.md); one found: the wheel is tagged for this platform
                    (py3-none-linux_x86_64), since it carries a native library.
+  kiln/_kiln_hot.abi3.so  the batch run() in C (kiln/hot.c, CPython's stable ABI), when
+                   `make` built it beside that libkiln.so. Optional: where it does not load
+                   (a Python before 3.10), the package runs on ctypes alone (kiln/_hot.py).
 
 The copy is taken when the wheel is built: after rebuilding the library, reinstall (or use an
 editable install, `pip install -e ./python`, whose package finds build/lib/libkiln.so of the
@@ -37,6 +40,7 @@ SUMMARY = ("Python binding of kiln, a runtime JIT generator of GPU attention ker
 REQUIRES_PYTHON = ">=3.8"
 EXTRAS = {"torch": ["torch"]}
 LIBRARY = "libkiln.so"
+HOT = "_kiln_hot.abi3.so"  # the optional run() in C (kiln/hot.c), taken from beside LIBRARY
 # Zip entries get this time (or $SOURCE_DATE_EPOCH): the same inputs give the same wheel.
 EPOCH = time.gmtime(int(os.environ.get("SOURCE_DATE_EPOCH", "315532800")))[:6]
 
@@ -147,6 +151,10 @@ def build_wheel(wheel_directory, config_settings=None, metadata_directory=None):
     if lib:
         files.append((f"kiln/{LIBRARY}", lib))
         print(f"kiln_build: {lib} goes into the wheel as kiln/{LIBRARY}", file=sys.stderr)
+        hot = os.path.join(os.path.dirname(lib), HOT)
+        if os.path.isfile(hot):
+            files.append((f"kiln/{HOT}", hot))
+            print(f"kiln_build: {hot} goes into the wheel as kiln/{HOT}", file=sys.stderr)
     else:
         print(f"kiln_build: no {LIBRARY} found (run `make` at the repository root first, or set "
               "KILN_WHEEL_LIB): the wheel is pure Python and kiln will look for the library at "

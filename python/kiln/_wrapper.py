@@ -19,7 +19,7 @@ import array
 import ctypes
 import math
 
-from . import _check, _lib
+from . import _check, _hot, _lib
 from ._planvalue import _READBACK, _capturing, _copy_into, _effective, _PlanValue, _readback
 from .attention import LOG2E, _stride, alibi_slopes, default_context, request_mask_bits
 from .core import Context
@@ -195,8 +195,7 @@ class _Config:
     __slots__ = ("variant", "H", "H_KV", "D", "page_size", "sm_scale", "softcap", "window_left",
                  "rope_scale", "rope_theta", "split", "no_split", "lse", "fp8", "plan",
                  "q_dtype", "kv_dtype", "o_dtype", "slopes", "args", "args_ref", "scaled",
-                 "seen_q", "seen_kv", "seen_out", "seen_lse", "out_info", "last_q", "last_kv",
-                 "last_out", "readback")
+                 "seen_q", "seen_kv", "seen_out", "seen_lse", "out_info", "readback", "hot")
 
     def set_params(self, qs=1.0, ks=1.0, vs=1.0):
         """The run-time parameters of args for these q / k / v scales (FlashInfer's meaning:
@@ -213,7 +212,7 @@ class _State:
     """What plan() decided and run() needs."""
 
     __slots__ = ("cfg", "plan", "batch", "total_qo", "total_kv", "indices", "mask_bits",
-                 "lse_scratch", "no_launch", "scalars", "kv_indptr", "qo_indptr", "last")
+                 "lse_scratch", "no_launch", "scalars", "kv_indptr", "qo_indptr", "last", "hot")
 
 
 class _BatchWrapper:
@@ -411,7 +410,7 @@ class _BatchWrapper:
         p.rope_scale, p.rope_theta = c.rope_scale, c.rope_theta
         c.set_params()
         c.seen_q, c.seen_kv, c.seen_out, c.seen_lse, c.out_info = {}, {}, {}, {}, {}
-        c.last_q = c.last_kv = c.last_out = None
+        c.hot = None  # the C Runner (_hot.make_runner), made by the first plan()
         opts = dict(num_qo_heads=c.H, page_size=c.page_size if self._kv == "paged" else 0,
                     max_batch=self._max_batch if self._use_cuda_graph else 0,
                     max_qo_tokens=self._max_qo_tokens if self._use_cuda_graph else 0,
@@ -471,6 +470,12 @@ class _BatchWrapper:
         a.workspace, a.workspace_bytes = sched
         a.kv_indices = dev_indices.data_ptr() if dev_indices is not None else 0
         a.mask_bits = mask_bits.data_ptr() if mask_bits is not None else 0
+        if cfg.hot is None:  # run() in C, where the extension is built (False: it is not)
+            cfg.hot = _hot.make_runner(self, cfg) or False
+        st.hot = None  # no_launch: the Python path writes o = 0, lse = -inf
+        if cfg.hot and not st.no_launch:
+            st.hot = cfg.hot.bind(total_qo, -1 if total_kv is None else total_kv,
+                                  st.lse_scratch.data_ptr() if cfg.lse else 0)
         self._state = st
         self._planned = cfg.readback
 
@@ -701,18 +706,12 @@ class _BatchWrapper:
             cfg.set_params(qs, ks, vs)
         elif cfg.scaled:
             cfg.set_params()
-        a = cfg.args
+        a = cfg.args  # every field each call: the C Runner (_hot.py) writes them too
         a.q, a.k, a.v, a.o, a.lse = qp, kp, vp, op, lp
-        if info is not cfg.last_q:
-            a.q_stride_n, a.q_stride_h = info[1], info[2]
-            cfg.last_q = info
-        if o_info is not cfg.last_out:
-            a.o_stride_n, a.o_stride_h = o_info[1], o_info[2]
-            cfg.last_out = o_info
-        if kv is not cfg.last_kv:
-            (a.k_stride_page, a.k_stride_n, a.k_stride_h, a.v_stride_page, a.v_stride_n,
-             a.v_stride_h) = kv[:6]
-            cfg.last_kv = kv
+        a.q_stride_n, a.q_stride_h = info[1], info[2]
+        a.o_stride_n, a.o_stride_h = o_info[1], o_info[2]
+        (a.k_stride_page, a.k_stride_n, a.k_stride_h, a.v_stride_page, a.v_stride_n,
+         a.v_stride_h) = kv[:6]
         get_device, get_stream = self._cuda
         index = self._device_index
         stream = get_stream(index)

@@ -249,6 +249,12 @@ class BatchDecodeWithPagedKVCacheWrapper(_BatchWrapper):
         meaning). A tensor scale is read with float(), which synchronises: pass floats inside
         a CUDA graph. enable_pdl is ignored; sinks raise NotImplementedError. A batch without
         any page returns o = 0 (and lse = -inf) without a launch."""
+        st = self._state
+        if (st is not None and st.hot is not None and not args and window_left is None
+                and sinks is None):  # the C Runner (_hot.py), for tensors checked before
+            r = st.hot(q, paged_kv_cache, out, lse, return_lse, q_scale, k_scale, v_scale)
+            if r is not NotImplemented:
+                return r
         if args:
             raise TypeError(f"run() takes no extra positional arguments (custom-kernel "
                             f"arguments are not supported), got {len(args)}")
@@ -439,6 +445,12 @@ class BatchPrefillWithPagedKVCacheWrapper(_PrefillWrapper):
             lse=None, return_lse=False, enable_pdl=None, window_left=None, sinks=None):
         """Prefill: q [total_qo, H, D]; paged_kv_cache as for batch decode. Returns o
         [total_qo, H, D] (and lse [total_qo, H]); scales as in batch decode."""
+        st = self._state
+        if (st is not None and st.hot is not None and not args and window_left is None
+                and sinks is None):  # the C Runner (_hot.py), for tensors checked before
+            r = st.hot(q, paged_kv_cache, out, lse, return_lse, q_scale, k_scale, v_scale)
+            if r is not NotImplemented:
+                return r
         if args:
             raise TypeError(f"run() takes no extra positional arguments, got {len(args)}")
         if sinks is not None:
@@ -539,6 +551,11 @@ class BatchPrefillWithRaggedKVCacheWrapper(_PrefillWrapper):
             return_lse=False, enable_pdl=None):
         """Prefill: q [total_qo, H, D]; k, v [total_kv, H_KV, D] (NHD) or [H_KV, total_kv, D]
         (HND). Returns o [total_qo, H, D] (and lse [total_qo, H])."""
+        st = self._state
+        if st is not None and st.hot is not None and not args:  # the C Runner (_hot.py)
+            r = st.hot(q, (k, v), out, lse, return_lse, q_scale, k_scale, v_scale)
+            if r is not NotImplemented:
+                return r
         if args:
             raise TypeError(f"run() takes no extra positional arguments, got {len(args)}")
         st = self._require_plan()

@@ -1,6 +1,7 @@
 """test_install.py — the README's install, as a newcomer runs it: a fresh venv, `pip install
 ./python` from the repository root, then `import kiln` from outside the tree with KILN_LIB
-unset: kiln.version() and a compile-only kernel for sm_80 (no GPU, a temporary cache).
+unset: kiln.version() and a compile-only kernel for sm_80 (no GPU, a temporary cache), and
+the C Runner (kiln/hot.c) loading from the installed package where the build has one.
 
 Offline: the package's build backend (python/_build/kiln_build.py) needs nothing from PyPI,
 and pip runs with --no-index and no configuration file. The wheel carries the library under
@@ -26,10 +27,12 @@ TREE_LIB = os.path.join(ROOT, "build", "lib", "libkiln.so")
 CHECK = r"""
 import json, os, sys
 import kiln
+from kiln import _hot
 with kiln.Context(no_device=True, cache_dir=sys.argv[1]) as ctx:
     k = ctx.compile("op=decode dtype=bf16 head_dim=128 group=4", arch="sm_80")
     print(json.dumps(dict(file=kiln.__file__, lib=kiln.library_path(), version=kiln.version(),
-                          package=kiln.__version__, key=k.info.key, arch=k.info.arch)))
+                          package=kiln.__version__, key=k.info.key, arch=k.info.arch,
+                          hot=_hot.status())))
 """
 
 
@@ -82,6 +85,10 @@ class TestPipInstall(unittest.TestCase):
                             f"the installed {got['lib']} is not the library under test {lib}")
             self.assertEqual(got["version"], got["package"])
             self.assertEqual(got["arch"], "sm_80")
+            # the C Runner built beside the library travels in the wheel and loads from there
+            if os.path.isfile(os.path.join(os.path.dirname(lib), "_kiln_hot.abi3.so")):
+                self.assertTrue(got["hot"].startswith("on: "), got["hot"])
+                self.assertTrue(os.path.realpath(got["hot"][4:]).startswith(site), got["hot"])
             self.assertRegex(got["key"], r"^[0-9a-f]{32}$")
 
             # $KILN_LIB still overrides the copy in the package: a path that does not load is

@@ -22,7 +22,7 @@ if os.environ.get("KILN_TEST_INSTALLED") != "1" and os.path.isdir(os.path.join(_
     sys.path.insert(0, _SRC)
 
 import kiln  # noqa: E402
-from kiln import _lib, _wrapper  # noqa: E402
+from kiln import _hot, _lib, _wrapper  # noqa: E402
 
 try:
     import torch
@@ -32,6 +32,9 @@ except ImportError:
 HAVE_TORCH = torch is not None
 H, H_KV, D, P = 8, 2, 64, 16
 NATURAL_LSE = 0.75  # what the fake kiln_plan_run writes into every LSE entry
+
+
+RUN_T = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p)
 
 
 def _set(ref, value):
@@ -63,8 +66,9 @@ class FakeDevice:
             return _set(scratch, 1 << 16)
 
         def batch_run(plan, args, stream):
+            # args: the address (the C Runner's call through the function pointer below)
             a = _lib.kiln_batch_args()
-            ctypes.memmove(ctypes.byref(a), ctypes.byref(args._obj), ctypes.sizeof(a))
+            ctypes.memmove(ctypes.byref(a), args, ctypes.sizeof(a))
             self.runs.append(a)
             if a.lse and self.lse_count:
                 vals = (ctypes.c_float * self.lse_count)(*([NATURAL_LSE] * self.lse_count))
@@ -81,7 +85,7 @@ class FakeDevice:
             "kiln_plan_schedule_scratch": lambda plan, shape, ws, nbytes, sc, sc_bytes, stream:
                 self.scratches.append((ws, nbytes, sc, sc_bytes))
                 or batch_plan(plan, shape, ws, nbytes, stream),
-            "kiln_plan_run": batch_run,
+            "kiln_plan_run": batch_run,  # made a C function pointer in __enter__
             "kiln_plan_describe": lambda plan, info: 0,
         }
 
@@ -93,6 +97,13 @@ class FakeDevice:
 
     def __enter__(self):
         self.real = _lib.lib()
+        # kiln_plan_run as a C function pointer declared like the real one, so that the C
+        # Runner (kiln/hot.c) takes the run()s it can, as it does on a GPU
+        real_run = self.real.kiln_plan_run
+        self.run_cb = RUN_T(self.stubs["kiln_plan_run"])
+        fn = type(real_run)(ctypes.cast(self.run_cb, ctypes.c_void_p).value)
+        fn.restype, fn.argtypes = real_run.restype, real_run.argtypes
+        self.stubs["kiln_plan_run"] = fn
         self.saved = (_lib._lib, _wrapper._require_cuda, torch._C._cuda_getDevice,
                       getattr(torch._C, "_cuda_getCurrentRawStream", None))
         _lib._lib = self
@@ -372,6 +383,34 @@ class TestHotPathChecks(CpuCase):
             w.run(q.tolist(), kv)
         w.run(q, kv)  # and the good tensor still runs
         self.assertEqual(len(self.dev.runs), 2)
+
+    def test_the_c_runner_takes_what_was_checked(self):
+        if _hot.module() is None:
+            self.skipTest(f"no C Runner: {_hot.status()}")
+        w, q, kv = self.decode()
+        python_path = []
+        run = w._run
+        w._run = lambda *a, **k: python_path.append(1) or run(*a, **k)
+        o = torch.empty((2, H, D), dtype=torch.float16)
+        calls = [lambda: w.run(q, kv), lambda: w.run(q, kv, out=o),
+                 lambda: w.run(q, kv, return_lse=True), lambda: w.run(q, kv, k_scale=2.0)]
+        for call in calls:
+            call()
+        self.assertEqual(len(python_path), 2)  # q and kv, then out: checked in Python once
+        seen = self.dev.runs[:]
+        for call in calls:
+            call()
+        self.assertEqual(len(python_path), 2)  # then C takes them all, float scales too
+        fields = [f for f, _ in _lib.kiln_batch_args._fields_ if f not in ("o", "lse")]
+        for old, new in zip(seen, self.dev.runs[-4:]):  # the same args either way
+            for f in fields:
+                got, want = getattr(new, f), getattr(old, f)
+                if f == "params":
+                    got, want = bytes(got), bytes(want)
+                self.assertEqual(got, want, f)
+        o2, lse = w.run(q, kv, return_lse=True)
+        self.assertEqual((self.dev.runs[-1].o, self.dev.runs[-1].lse),
+                         (o2.data_ptr(), lse.data_ptr()))
 
     def test_plan_arrays_from_every_form(self):
         w = kiln.BatchDecodeWithPagedKVCacheWrapper(self.ws(), context=self.dev.ctx)

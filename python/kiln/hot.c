@@ -1,0 +1,587 @@
+/*
+ * hot.c — the batch wrappers' run() in C: the optional CPython extension _kiln_hot (stable ABI,
+ * CPython 3.10 and later), built by `make` beside libkiln.so and loaded by kiln/_hot.py.
+ *
+ * A Runner is made once per plan() config (kiln/_hot.py: make_runner) and bound to each batch
+ * plan() schedules under it (bind). Calling it,
+ * runner(q, kv, out, lse, return_lse[, q_scale, k_scale, v_scale]), does what
+ * _BatchWrapper._run does in Python for a run whose every check already passed once: it reads
+ * each tensor's _meta key, finds the checked strides in the config's dicts (the same dicts the
+ * Python path fills), allocates o (and lse) with torch.empty, sets the scales' parameters as
+ * _Config.set_params does, patches the config's kiln_batch_args, holds the context as
+ * Context._use does and calls kiln_plan_run with the GIL released. Whatever it does not find
+ * there (a tensor seen for the first time, a misaligned pointer, a scale that is not a float
+ * > 0, another current device) it leaves to the Python path: it returns NotImplemented before
+ * any side effect but an allocation, and the Python path checks, raises or runs. So the two
+ * paths cannot disagree on what is accepted: only the Python path ever accepts a new tensor.
+ * plan() binds no Runner to a batch with nothing to attend to (the Python path writes o = 0).
+ *
+ * Why it exists: the Python layer of a decode run() was 8 µs of host time (tools/bench/
+ * pyhost.py), against the 10 µs bar of the whole call (docs/perf.md, "Against the bar").
+ */
+/* CPython's slot tables hold functions as void *: this file builds without -Wpedantic. */
+#define Py_LIMITED_API 0x030A0000
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+
+#include <math.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "kiln.h"
+
+typedef kiln_status (*run_fn)(kiln_plan *, const kiln_batch_args *, void *);
+
+typedef struct runner {
+    PyObject ob_base;     /* PyObject_HEAD */
+    PyObject *lock, *cv;  /* the context's _lock (an RLock) and _cv (a Condition on it) */
+    PyObject *ctx, *plan; /* kiln.Context (_handle, _closing, _busy), kiln.Plan (_handle) */
+    PyObject *cfg;        /* the plan's _Config (scaled: the args hold a run's scales) */
+    PyObject *seen_q, *seen_kv, *seen_out, *seen_lse, *out_info; /* cfg's checked tensors */
+    PyObject *empty;                                             /* torch.empty */
+    PyObject *o_kw, *lse_kw;                   /* torch.empty's keywords for o and for lse */
+    PyObject *get_device, *get_stream, *index; /* torch's current device / raw stream */
+    PyObject *fail;        /* fail(status, context handle): raises the status's KilnError */
+    PyObject *log2e;       /* LOG2E, a float (lse_base="2") */
+    kiln_batch_args *args; /* the config's, which cfg keeps alive */
+    run_fn fn;             /* kiln_plan_run */
+    double sm_scale;       /* the config's (the scales multiply it) */
+    long long total_qo;    /* the plan's query rows */
+    long long total_kv;    /* ragged: the rows k and v need; paged: -1 */
+    unsigned long long lse_scratch; /* where an LSE nobody asked for goes (0: lse=0 kernel) */
+    int bound;                      /* bind() gave it a batch */
+    int H, D, graph, has_lse, base2, fp8;
+} runner;
+
+static PyObject *s_shape, *s_stride, *s_dtype, *s_device, *s_data_ptr, *s_acquire, *s_release,
+    *s_notify_all, *s_handle, *s_closing, *s_busy, *s_scaled, *s_mul_;
+
+/* ---- helpers --------------------------------------------------------------------------------- */
+
+/* NULL with the error cleared when it says "not a tensor" (the Python path then names the
+ * argument); NULL with the error kept otherwise. */
+static int not_a_tensor(void)
+{
+    if (PyErr_ExceptionMatches(PyExc_AttributeError) || PyErr_ExceptionMatches(PyExc_TypeError)) {
+        PyErr_Clear();
+        return 1;
+    }
+    return 0;
+}
+
+/* _wrapper._meta(t): (type(t), t.shape, t.stride(), t.dtype, t.device), a new reference. */
+static PyObject *meta(PyObject *t)
+{
+    PyObject *type = PyObject_Type(t);
+    PyObject *shape = PyObject_GetAttr(t, s_shape);
+    PyObject *stride = shape ? PyObject_CallMethodObjArgs(t, s_stride, NULL) : NULL;
+    PyObject *dtype = stride ? PyObject_GetAttr(t, s_dtype) : NULL;
+    PyObject *device = dtype ? PyObject_GetAttr(t, s_device) : NULL;
+    PyObject *key = device ? PyTuple_Pack(5, type, shape, stride, dtype, device) : NULL;
+    Py_XDECREF(type);
+    Py_XDECREF(shape);
+    Py_XDECREF(stride);
+    Py_XDECREF(dtype);
+    Py_XDECREF(device);
+    return key;
+}
+
+/* t.data_ptr() into *p: 1, or 0 with a Python error set. */
+static int data_ptr(PyObject *t, unsigned long long *p)
+{
+    PyObject *r = PyObject_CallMethodObjArgs(t, s_data_ptr, NULL);
+    if (!r) return 0;
+    *p = PyLong_AsUnsignedLongLong(r);
+    Py_DECREF(r);
+    return !(*p == (unsigned long long)-1 && PyErr_Occurred());
+}
+
+/* seen[key] (a borrowed reference) or NULL, without an error when it is missing. */
+static PyObject *lookup(PyObject *seen, PyObject *key)
+{
+    PyObject *v = key ? PyDict_GetItemWithError(seen, key) : NULL;
+    return v;
+}
+
+static long long item(PyObject *tuple, Py_ssize_t i)
+{
+    return PyLong_AsLongLong(PyTuple_GetItem(tuple, i));
+}
+
+/* The hold of Context._use (core._Hold) without its per-thread count, which exists so that a
+ * close() called from inside a call on the same thread raises: no Python code runs inside this
+ * call. 1: held; 0: the context is closed or closing (the Python path raises); -1: an error. */
+static int hold(runner *r, PyObject **ctx_handle)
+{
+    PyObject *ok = PyObject_CallMethodObjArgs(r->lock, s_acquire, NULL);
+    if (!ok) return -1;
+    Py_DECREF(ok);
+    int held = -1;
+    PyObject *handle = PyObject_GetAttr(r->ctx, s_handle);
+    PyObject *closing = handle ? PyObject_GetAttr(r->ctx, s_closing) : NULL;
+    PyObject *busy = closing ? PyObject_GetAttr(r->ctx, s_busy) : NULL;
+    if (busy) {
+        int shut = handle == Py_None || PyObject_IsTrue(closing);
+        if (shut) {
+            held = 0;
+        } else {
+            PyObject *one = PyLong_FromLong(1);
+            PyObject *more = one ? PyNumber_Add(busy, one) : NULL;
+            if (more && PyObject_SetAttr(r->ctx, s_busy, more) == 0) held = 1;
+            Py_XDECREF(more);
+            Py_XDECREF(one);
+        }
+    }
+    Py_XDECREF(closing);
+    Py_XDECREF(busy);
+    if (held == 1) *ctx_handle = handle;
+    else Py_XDECREF(handle);
+    PyObject *exc_type, *exc, *tb;
+    PyErr_Fetch(&exc_type, &exc, &tb);
+    ok = PyObject_CallMethodObjArgs(r->lock, s_release, NULL);
+    Py_XDECREF(ok);
+    PyErr_Restore(exc_type, exc, tb);
+    return held;
+}
+
+/* The end of a hold: count the call out and wake close(), keeping any error already set. */
+static void unhold(runner *r, PyObject *ctx_handle)
+{
+    Py_DECREF(ctx_handle);
+    PyObject *exc_type, *exc, *tb;
+    PyErr_Fetch(&exc_type, &exc, &tb);
+    PyObject *ok = PyObject_CallMethodObjArgs(r->lock, s_acquire, NULL);
+    if (ok) {
+        Py_DECREF(ok);
+        PyObject *busy = PyObject_GetAttr(r->ctx, s_busy);
+        PyObject *one = PyLong_FromLong(1);
+        PyObject *less = busy && one ? PyNumber_Subtract(busy, one) : NULL;
+        if (less && PyObject_SetAttr(r->ctx, s_busy, less) == 0 && PyObject_Not(less) == 1) {
+            PyObject *closing = PyObject_GetAttr(r->ctx, s_closing);
+            if (closing && PyObject_IsTrue(closing) == 1)
+                Py_XDECREF(PyObject_CallMethodObjArgs(r->cv, s_notify_all, NULL));
+            Py_XDECREF(closing);
+        }
+        Py_XDECREF(less);
+        Py_XDECREF(one);
+        Py_XDECREF(busy);
+        Py_XDECREF(PyObject_CallMethodObjArgs(r->lock, s_release, NULL));
+    }
+    PyErr_Clear(); /* a failure to count out is not the caller's error (there is none here) */
+    PyErr_Restore(exc_type, exc, tb);
+}
+
+/* torch.empty(shape, **kw) for a shape of n dims. */
+static PyObject *empty(runner *r, PyObject *kw, long long a, long long b, long long c, int n)
+{
+    PyObject *shape = n == 3 ? Py_BuildValue("((LLL))", a, b, c) : Py_BuildValue("((LL))", a, b);
+    if (!shape) return NULL;
+    PyObject *t = PyObject_Call(r->empty, shape, kw);
+    Py_DECREF(shape);
+    return t;
+}
+
+/* ---- the call -------------------------------------------------------------------------------- */
+
+#define FALL_BACK()                                                                                \
+    do {                                                                                           \
+        res = Py_NewRef(Py_NotImplemented);                                                        \
+        goto done;                                                                                 \
+    } while (0)
+
+/* k, v pointers and the seen_kv entry of kv (a (k, v) tuple, or one paged tensor): 1 found,
+ * 0 not (fall back), -1 an error. info is borrowed from seen_kv. */
+static int kv_info(runner *r, PyObject *kv, unsigned long long *kp, unsigned long long *vp,
+                   PyObject **info)
+{
+    PyObject *key = NULL;
+    if (PyTuple_CheckExact(kv) && PyTuple_Size(kv) == 2) {
+        PyObject *k = PyTuple_GetItem(kv, 0), *v = PyTuple_GetItem(kv, 1);
+        PyObject *mk = meta(k), *mv = mk ? meta(v) : NULL;
+        key = mv ? PyTuple_Pack(2, mk, mv) : NULL;
+        Py_XDECREF(mk);
+        Py_XDECREF(mv);
+        if (key && (!data_ptr(k, kp) || !data_ptr(v, vp))) Py_CLEAR(key);
+    } else {
+        key = meta(kv);
+        if (key && !data_ptr(kv, kp)) Py_CLEAR(key);
+        *vp = *kp;
+    }
+    if (!key) return not_a_tensor() ? 0 : -1;
+    *info = lookup(r->seen_kv, key);
+    Py_DECREF(key);
+    if (!*info) return PyErr_Occurred() ? -1 : 0;
+    if (r->total_kv >= 0 && item(*info, 7) < r->total_kv) return 0; /* ragged rows short */
+    PyObject *off = PyTuple_GetItem(*info, 6);
+    if (off != Py_None) *vp = *kp + PyLong_AsUnsignedLongLong(off); /* one tensor: v at k + off */
+    return PyErr_Occurred() ? -1 : 1;
+}
+
+/* A scale argument as _wrapper._float_scale reads it, for the floats it takes: None is 1; a
+ * float > 0 and finite is itself. 0 for anything else (the Python path reads a tensor or an
+ * int, and raises on the rest). */
+static int scale_of(PyObject *x, double *v)
+{
+    if (x == Py_None) {
+        *v = 1.0;
+        return 1;
+    }
+    if (!PyFloat_CheckExact(x)) return 0;
+    *v = PyFloat_AsDouble(x);
+    return *v > 0 && *v < HUGE_VAL;
+}
+
+static PyObject *runner_call(PyObject *self, PyObject *argv, PyObject *kwargs)
+{
+    runner *r = (runner *)self;
+    PyObject *q, *kv, *out, *lse, *return_lse, *q_scale = Py_None, *k_scale = Py_None,
+                                               *v_scale = Py_None;
+    if (kwargs || !PyArg_UnpackTuple(argv, "Runner", 5, 8, &q, &kv, &out, &lse, &return_lse,
+                                     &q_scale, &k_scale, &v_scale)) {
+        if (!PyErr_Occurred())
+            PyErr_SetString(PyExc_TypeError,
+                            "Runner(q, kv, out, lse, return_lse[, q_scale, k_scale, v_scale])");
+        return NULL;
+    }
+    PyObject *res = NULL, *made_out = NULL, *made_lse = NULL, *key = NULL, *ctx_handle = NULL;
+    if (!r->bound) FALL_BACK();
+    const int want_lse = return_lse == Py_True;
+    if (!want_lse && return_lse != Py_False) FALL_BACK(); /* a flag to check */
+    if (want_lse && !r->has_lse) FALL_BACK();             /* the Python path raises */
+    double qs, ks, vs;
+    if (!scale_of(q_scale, &qs) || !scale_of(k_scale, &ks) || !scale_of(v_scale, &vs)) FALL_BACK();
+    PyObject *was = PyObject_GetAttr(r->cfg, s_scaled);
+    if (!was) goto done;
+    const int was_scaled = PyObject_IsTrue(was);
+    Py_DECREF(was);
+    if (was_scaled < 0) goto done;
+    const int scaled = qs != 1.0 || ks != 1.0 || vs != 1.0;
+
+    /* q */
+    unsigned long long qp = 0, kp = 0, vp = 0, op = 0, lp = 0;
+    key = meta(q);
+    if (!key || !data_ptr(q, &qp)) {
+        if (not_a_tensor()) FALL_BACK();
+        goto done;
+    }
+    PyObject *qi = lookup(r->seen_q, key);
+    Py_CLEAR(key);
+    if (!qi) {
+        if (PyErr_Occurred()) goto done;
+        FALL_BACK();
+    }
+    const long long rows = item(qi, 0);
+    if (rows != r->total_qo && (rows < r->total_qo || !r->graph)) FALL_BACK();
+
+    /* k, v */
+    PyObject *ki = NULL;
+    const int found = kv_info(r, kv, &kp, &vp, &ki);
+    if (found < 0) goto done;
+    if (!found) FALL_BACK();
+
+    /* o */
+    PyObject *oi;
+    if (out == Py_None) {
+        PyObject *n = PyLong_FromLongLong(rows);
+        oi = n ? lookup(r->out_info, n) : NULL;
+        Py_XDECREF(n);
+        if (!oi) {
+            if (PyErr_Occurred()) goto done;
+            FALL_BACK();
+        }
+        out = made_out = empty(r, r->o_kw, rows, r->H, r->D, 3);
+        if (!out) goto done;
+    } else {
+        key = meta(out);
+        if (!key) {
+            if (not_a_tensor()) FALL_BACK();
+            goto done;
+        }
+        oi = lookup(r->seen_out, key);
+        Py_CLEAR(key);
+        if (!oi) {
+            if (PyErr_Occurred()) goto done;
+            FALL_BACK();
+        }
+        if (item(oi, 0) != rows) FALL_BACK();
+    }
+    if (!data_ptr(out, &op)) goto done;
+
+    /* lse */
+    if (lse != Py_None) {
+        key = meta(lse);
+        if (!key) {
+            if (not_a_tensor()) FALL_BACK();
+            goto done;
+        }
+        PyObject *seen = lookup(r->seen_lse, key);
+        Py_CLEAR(key);
+        if (!seen) {
+            if (PyErr_Occurred()) goto done;
+            FALL_BACK();
+        }
+        if (PyLong_AsLongLong(seen) != rows) FALL_BACK();
+        if (!data_ptr(lse, &lp)) goto done;
+    } else if (want_lse) {
+        lse = made_lse = empty(r, r->lse_kw, rows, r->H, 0, 2);
+        if (!lse || !data_ptr(lse, &lp)) goto done;
+    } else {
+        lp = r->lse_scratch;
+    }
+    if ((qp | kp | vp | op) & 15) FALL_BACK(); /* the Python path names the tensor */
+
+    /* the device and stream torch says are current */
+    PyObject *dev = PyObject_CallNoArgs(r->get_device);
+    if (!dev) goto done;
+    const int same = PyObject_RichCompareBool(dev, r->index, Py_EQ);
+    Py_DECREF(dev);
+    if (same < 0) goto done;
+    if (!same) FALL_BACK(); /* the Python path switches devices around the call */
+    PyObject *s = PyObject_CallFunctionObjArgs(r->get_stream, r->index, NULL);
+    if (!s) goto done;
+    void *stream = PyLong_AsVoidPtr(s);
+    Py_DECREF(s);
+    if (PyErr_Occurred()) goto done;
+
+    /* the call, inside a hold on the context */
+    const int held = hold(r, &ctx_handle);
+    if (held < 0) goto done;
+    if (!held) FALL_BACK();
+    PyObject *ph = PyObject_GetAttr(r->plan, s_handle);
+    if (!ph || ph == Py_None) {
+        Py_XDECREF(ph);
+        unhold(r, ctx_handle);
+        ctx_handle = NULL;
+        if (PyErr_Occurred()) goto done;
+        FALL_BACK(); /* the plan is destroyed: the Python path raises */
+    }
+    kiln_plan *plan = PyLong_AsVoidPtr(ph);
+    Py_DECREF(ph);
+    kiln_batch_args *a = r->args;
+    if (scaled || was_scaled) { /* _Config.set_params(qs, ks, vs) */
+        a->params.sm_scale = (float)(r->sm_scale * qs * (r->fp8 ? 1.0 : ks));
+        a->params.k_scale = r->fp8 ? (float)ks : 0.0f;
+        a->params.v_scale = r->fp8 ? (float)vs : 0.0f;
+        PyObject_SetAttr(r->cfg, s_scaled, scaled ? Py_True : Py_False);
+    }
+    a->q = qp;
+    a->k = kp;
+    a->v = vp;
+    a->o = op;
+    a->lse = lp;
+    a->q_stride_n = item(qi, 1);
+    a->q_stride_h = item(qi, 2);
+    a->o_stride_n = item(oi, 1);
+    a->o_stride_h = item(oi, 2);
+    a->k_stride_page = item(ki, 0);
+    a->k_stride_n = item(ki, 1);
+    a->k_stride_h = item(ki, 2);
+    a->v_stride_page = item(ki, 3);
+    a->v_stride_n = item(ki, 4);
+    a->v_stride_h = item(ki, 5);
+    kiln_status st = KILN_STATUS_OK;
+    if (!PyErr_Occurred()) {
+        Py_BEGIN_ALLOW_THREADS st = r->fn(plan, a, stream);
+        Py_END_ALLOW_THREADS if (st)
+        { /* raised with the context still held, as Plan._call does */
+            PyObject *ok = PyObject_CallFunction(r->fail, "iO", (int)st, ctx_handle);
+            Py_XDECREF(ok);
+            if (!PyErr_Occurred())
+                PyErr_Format(PyExc_RuntimeError, "kiln_plan_run failed with status %d", (int)st);
+        }
+    }
+    unhold(r, ctx_handle);
+    ctx_handle = NULL;
+    if (PyErr_Occurred()) goto done;
+    if (vs != 1.0 && !r->fp8) { /* FlashInfer's v_scale on 16-bit KV multiplies o */
+        PyObject *f = PyFloat_FromDouble(vs);
+        PyObject *m = f ? PyObject_CallMethodObjArgs(out, s_mul_, f, NULL) : NULL;
+        Py_XDECREF(f);
+        if (!m) goto done;
+        Py_DECREF(m);
+    }
+    if (lse != Py_None && r->base2) { /* kiln writes natural-log LSE */
+        PyObject *m = PyObject_CallMethodObjArgs(lse, s_mul_, r->log2e, NULL);
+        if (!m) goto done;
+        Py_DECREF(m);
+    }
+    res = want_lse ? PyTuple_Pack(2, out, lse) : Py_NewRef(out);
+done:
+    Py_XDECREF(key);
+    Py_XDECREF(made_out);
+    Py_XDECREF(made_lse);
+    return res;
+}
+
+/* ---- the type -------------------------------------------------------------------------------- */
+
+/* The object fields of a runner, for the collector. */
+static const size_t object_fields[] = {
+    offsetof(runner, lock),     offsetof(runner, cv),         offsetof(runner, ctx),
+    offsetof(runner, plan),     offsetof(runner, cfg),        offsetof(runner, seen_q),
+    offsetof(runner, seen_kv),  offsetof(runner, seen_out),   offsetof(runner, seen_lse),
+    offsetof(runner, out_info), offsetof(runner, empty),      offsetof(runner, o_kw),
+    offsetof(runner, lse_kw),   offsetof(runner, get_device), offsetof(runner, get_stream),
+    offsetof(runner, index),    offsetof(runner, fail),       offsetof(runner, log2e),
+};
+
+static PyObject **field(PyObject *self, size_t i)
+{
+    return (PyObject **)((char *)self + object_fields[i]);
+}
+
+static int runner_traverse(PyObject *self, visitproc visit, void *arg)
+{
+    for (size_t i = 0; i < sizeof object_fields / sizeof object_fields[0]; i++)
+        Py_VISIT(*field(self, i));
+    Py_VISIT(Py_TYPE(self)); /* a heap type */
+    return 0;
+}
+
+static int runner_clear(PyObject *self)
+{
+    for (size_t i = 0; i < sizeof object_fields / sizeof object_fields[0]; i++)
+        Py_CLEAR(*field(self, i));
+    return 0;
+}
+
+static void runner_dealloc(PyObject *self)
+{
+    PyTypeObject *type = Py_TYPE(self);
+    PyObject_GC_UnTrack(self);
+    runner_clear(self);
+    PyObject_GC_Del(self);
+    Py_DECREF(type);
+}
+
+/* Runner(ctx, plan, cfg, seen_q, seen_kv, seen_out, seen_lse, out_info, empty, o_kw, lse_kw,
+ *        get_device, get_stream, index, fail, log2e, args_address, run_address, sm_scale, H, D,
+ *        graph, has_lse, base2, fp8): kiln/_hot.py's make_runner, once per config. It runs
+ *        nothing until bind() gives it a plan's batch. */
+static PyObject *runner_new(PyTypeObject *type, PyObject *argv, PyObject *kwargs)
+{
+    PyObject *o[16];
+    unsigned long long args_addr, run_addr;
+    double sm_scale;
+    int H, D, graph, has_lse, base2, fp8;
+    if (kwargs && PyObject_Length(kwargs) > 0) {
+        PyErr_SetString(PyExc_TypeError, "Runner() takes no keyword arguments");
+        return NULL;
+    }
+    if (!PyArg_ParseTuple(argv, "OOOO!O!O!O!O!OO!O!OOOOOKKdiiiiii:Runner", &o[0], &o[1], &o[2],
+                          &PyDict_Type, &o[3], &PyDict_Type, &o[4], &PyDict_Type, &o[5],
+                          &PyDict_Type, &o[6], &PyDict_Type, &o[7], &o[8], &PyDict_Type, &o[9],
+                          &PyDict_Type, &o[10], &o[11], &o[12], &o[13], &o[14], &o[15], &args_addr,
+                          &run_addr, &sm_scale, &H, &D, &graph, &has_lse, &base2, &fp8))
+        return NULL;
+    if (!args_addr || !run_addr) {
+        PyErr_SetString(PyExc_ValueError, "Runner: a NULL kiln_batch_args or kiln_plan_run");
+        return NULL;
+    }
+    PyObject *lock = PyObject_GetAttrString(o[0], "_lock");
+    PyObject *cv = lock ? PyObject_GetAttrString(o[0], "_cv") : NULL;
+    if (!cv) {
+        Py_XDECREF(lock);
+        return NULL;
+    }
+    runner *r = (runner *)PyType_GenericAlloc(type, 0);
+    if (!r) {
+        Py_DECREF(lock);
+        Py_DECREF(cv);
+        return NULL;
+    }
+    r->lock = lock;
+    r->cv = cv;
+    PyObject **dst[16] = {&r->ctx,        &r->plan,     &r->cfg,      &r->seen_q,
+                          &r->seen_kv,    &r->seen_out, &r->seen_lse, &r->out_info,
+                          &r->empty,      &r->o_kw,     &r->lse_kw,   &r->get_device,
+                          &r->get_stream, &r->index,    &r->fail,     &r->log2e};
+    for (int i = 0; i < 16; i++) *dst[i] = Py_NewRef(o[i]);
+    r->args = (kiln_batch_args *)(uintptr_t)args_addr;
+    r->fn = (run_fn)(uintptr_t)run_addr;
+    r->bound = 0;
+    r->sm_scale = sm_scale;
+    r->fp8 = fp8;
+    r->H = H;
+    r->D = D;
+    r->graph = graph;
+    r->has_lse = has_lse;
+    r->base2 = base2;
+    return (PyObject *)r;
+}
+
+/* runner.bind(total_qo, total_kv, lse_scratch) -> runner: the batch of the plan just made
+ * (total_kv: the rows a ragged k and v need, -1 paged; lse_scratch: where the LSE nobody asked
+ * for goes, 0 for a kernel without one). */
+static PyObject *runner_bind(PyObject *self, PyObject *argv)
+{
+    runner *r = (runner *)self;
+    long long total_qo, total_kv;
+    unsigned long long scratch;
+    if (!PyArg_ParseTuple(argv, "LLK:bind", &total_qo, &total_kv, &scratch)) return NULL;
+    r->total_qo = total_qo;
+    r->total_kv = total_kv;
+    r->lse_scratch = scratch;
+    r->bound = 1;
+    return Py_NewRef(self);
+}
+
+static PyMethodDef runner_methods[] = {
+    {"bind", runner_bind, METH_VARARGS, "bind(total_qo, total_kv, lse_scratch) -> self"},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyType_Slot runner_slots[] = {
+    {Py_tp_new, runner_new},
+    {Py_tp_methods, runner_methods},
+    {Py_tp_call, runner_call},
+    {Py_tp_traverse, runner_traverse},
+    {Py_tp_clear, runner_clear},
+    {Py_tp_dealloc, runner_dealloc},
+    {Py_tp_doc, "A batch wrapper's run() for one plan (kiln/_hot.py)."},
+    {0, NULL},
+};
+
+static PyType_Spec runner_spec = {
+    .name = "_kiln_hot.Runner",
+    .basicsize = sizeof(runner),
+    .flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC,
+    .slots = runner_slots,
+};
+
+static int hot_exec(PyObject *m)
+{
+    struct {
+        PyObject **slot;
+        const char *name;
+    } names[] = {{&s_shape, "shape"},       {&s_stride, "stride"},
+                 {&s_dtype, "dtype"},       {&s_device, "device"},
+                 {&s_data_ptr, "data_ptr"}, {&s_acquire, "acquire"},
+                 {&s_release, "release"},   {&s_notify_all, "notify_all"},
+                 {&s_handle, "_handle"},    {&s_closing, "_closing"},
+                 {&s_busy, "_busy"},        {&s_scaled, "scaled"},
+                 {&s_mul_, "mul_"}};
+    for (size_t i = 0; i < sizeof names / sizeof names[0]; i++)
+        if (!*names[i].slot && !(*names[i].slot = PyUnicode_InternFromString(names[i].name)))
+            return -1;
+    PyObject *type = PyType_FromSpec(&runner_spec);
+    if (!type) return -1;
+    if (PyModule_AddObject(m, "Runner", type) < 0) {
+        Py_DECREF(type);
+        return -1;
+    }
+    return PyModule_AddIntConstant(m, "ARGS_BYTES", (long)sizeof(kiln_batch_args));
+}
+
+static PyModuleDef_Slot hot_slots[] = {{Py_mod_exec, hot_exec}, {0, NULL}};
+
+static struct PyModuleDef hot_module = {
+    PyModuleDef_HEAD_INIT,
+    .m_name = "_kiln_hot",
+    .m_doc = "kiln's batch run() in C (optional; kiln/_hot.py loads it)",
+    .m_size = 0,
+    .m_slots = hot_slots,
+};
+
+PyMODINIT_FUNC PyInit__kiln_hot(void);
+PyMODINIT_FUNC PyInit__kiln_hot(void) { return PyModuleDef_Init(&hot_module); }

@@ -1,0 +1,344 @@
+"""test_hot.py — the C Runner (kiln/hot.c, loaded by kiln/_hot.py) without torch and without a
+GPU: stand-in tensors, a real kiln.Context for the hold, and a ctypes callback in place of
+kiln_plan_run that records what it was given.
+
+What is checked: a run whose tensors are all in the config's dicts fills kiln_batch_args as
+the Python path does and calls kiln_plan_run once, on torch's current stream, holding the
+context; every case the Python path must see (a tensor not seen yet, a shape seen with other
+rows, misaligned pointers, scales, another device, a closed context or plan, an unbound
+Runner, a return_lse that is not a bool, a scale that is not a float > 0) returns
+NotImplemented before any call; float scales set the parameters as _Config.set_params does; a failed
+status raises through fail() with the context still held; errors that are not "not a tensor"
+propagate; close() waits for a run in flight. The wrappers' use of the Runner on real tensors
+is the GPU suite's (python/tests/test_batch_torch.py and the others run with it, and
+tools/scripts/device_tests.sh runs them once more with KILN_HOT=0).
+
+Skips when the extension is not built (no Python headers where `make` ran); tests/test_python.c
+makes this module required when the build has it.
+"""
+
+import ctypes
+import os
+import sys
+import threading
+import unittest
+
+_SRC = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # python/
+if os.environ.get("KILN_TEST_INSTALLED") != "1" and os.path.isdir(os.path.join(_SRC, "kiln")):
+    sys.path.insert(0, _SRC)
+
+import kiln  # noqa: E402
+from kiln import _hot, _lib  # noqa: E402
+from kiln._wrapper import _meta  # noqa: E402
+
+H, D = 4, 64
+SM_SCALE = 0.125
+LOG2E = 1.4426950408889634
+
+
+class T:
+    """What the Runner reads of a tensor: shape, stride(), dtype, device, data_ptr(), mul_()."""
+
+    def __init__(self, shape, ptr, dtype="bf16", device="dev0", stride=None):
+        self.shape = tuple(shape)
+        if stride is None:
+            stride, n = [], 1
+            for s in reversed(self.shape):
+                stride.insert(0, n)
+                n *= s
+        self._stride = tuple(stride)
+        self.dtype, self.device, self._ptr = dtype, device, ptr
+        self.muls = []
+
+    def stride(self):
+        return self._stride
+
+    def data_ptr(self):
+        return self._ptr
+
+    def mul_(self, x):
+        self.muls.append(x)
+        return self
+
+
+class Broken(T):
+    def data_ptr(self):
+        raise RuntimeError("the device is gone")
+
+
+class Cfg:
+    scaled = False
+
+
+class PlanStub:
+    def __init__(self, handle):
+        self._handle = handle
+
+
+RUN_T = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p)
+
+
+class Failed(Exception):
+    pass
+
+
+@unittest.skipIf(_hot.module() is None, f"the C Runner is not built: {_hot.status()}")
+class TestRunner(unittest.TestCase):
+    def setUp(self):
+        self.ctx = kiln.Context(no_device=True, no_cache=True)
+        self.addCleanup(self.ctx.close)
+        self.plan = PlanStub(0x2000)
+        self.cfg = Cfg()
+        self.seen_q, self.seen_kv, self.seen_out, self.seen_lse, self.out_info = {}, {}, {}, {}, {}
+        self.args = _lib.kiln_batch_args()
+        self.calls = []
+        self.status = 0
+        self.during = None  # called inside kiln_plan_run's stand-in
+
+        def run(plan, args, stream):
+            a = ctypes.cast(args, ctypes.POINTER(_lib.kiln_batch_args)).contents
+            self.calls.append((plan, stream, a.q, a.k, a.v, a.o, a.lse, a.q_stride_n,
+                               a.q_stride_h, a.o_stride_n, a.o_stride_h, a.k_stride_page,
+                               a.k_stride_n, a.k_stride_h, a.v_stride_page, a.v_stride_n,
+                               a.v_stride_h, self.ctx._busy))
+            if self.during:
+                self.during()
+            return self.status
+
+        self.fn = RUN_T(run)
+        self.made = []
+        self.device = 0
+        self.failed = []
+
+    def empty(self, shape, dtype, device):
+        t = T(shape, 0x90000 + 0x1000 * len(self.made), dtype, device)
+        self.made.append(t)
+        return t
+
+    def on_fail(self, status, handle):
+        self.failed.append((status, handle, self.ctx._busy))
+        raise Failed(f"status {status}")
+
+    def runner(self, total_qo=2, total_kv=-1, scratch=0x5550, graph=0, has_lse=1, base2=1,
+               fp8=0):
+        r = _hot.module().Runner(
+            self.ctx, self.plan, self.cfg, self.seen_q, self.seen_kv, self.seen_out,
+            self.seen_lse, self.out_info, self.empty, {"dtype": "o-dtype", "device": "dev0"},
+            {"dtype": "f32", "device": "dev0"}, lambda: self.device, lambda index: 0xabc0 + index,
+            0, self.on_fail, LOG2E, ctypes.addressof(self.args),
+            ctypes.cast(self.fn, ctypes.c_void_p).value, SM_SCALE, H, D, graph, has_lse, base2,
+            fp8)
+        return r.bind(total_qo, total_kv, scratch)
+
+    def tensors(self, rows=2):
+        """q, (k, v) known to the config, with distinct strides so that a mix-up shows."""
+        q = T((rows, H, D), 0x10000, stride=(H * D + 64, D, 1))
+        k = T((7, 16, 2, D), 0x20000)
+        v = T((7, 16, 2, D), 0x30000, stride=(2 * 16 * 2 * D, 2 * D, D, 1))
+        self.seen_q[_meta(q)] = (rows, H * D + 64, D)
+        self.seen_kv[(_meta(k), _meta(v))] = (2048, 128, 64, 4096, 256, 128, None)
+        self.out_info[rows] = (rows, H * D, D)
+        return q, (k, v)
+
+    def test_a_known_run_fills_the_args_and_calls_once(self):
+        r = self.runner()
+        q, kv = self.tensors()
+        o = r(q, kv, None, None, False)
+        self.assertIs(o, self.made[0])
+        self.assertEqual(o.shape, (2, H, D))
+        self.assertEqual(o.dtype, "o-dtype")
+        self.assertEqual(self.calls, [(0x2000, 0xabc0, 0x10000, 0x20000, 0x30000, o.data_ptr(),
+                                       0x5550, H * D + 64, D, H * D, D, 2048, 128, 64, 4096,
+                                       256, 128, 1)])
+        self.assertEqual(self.ctx._busy, 0)
+        self.assertEqual(o.muls, [])
+
+    def test_out_and_lse_given(self):
+        r = self.runner()
+        q, kv = self.tensors()
+        out = T((2, H, D), 0x40000)
+        lse = T((2, H), 0x50000, dtype="f32")
+        self.seen_out[_meta(out)] = (2, 999, 7)
+        self.seen_lse[_meta(lse)] = 2
+        self.assertIs(r(q, kv, out, lse, False), out)
+        call = self.calls[-1]
+        self.assertEqual((call[5], call[6], call[9], call[10]), (0x40000, 0x50000, 999, 7))
+        self.assertEqual(lse.muls, [LOG2E])  # lse_base="2": scaled in place, as run() does
+        o, lse2 = r(q, kv, out, lse, True)
+        self.assertEqual((o, lse2), (out, lse))
+        self.assertEqual(self.made, [])
+
+    def test_return_lse_allocates_it(self):
+        r = self.runner()
+        q, kv = self.tensors()
+        o, lse = r(q, kv, None, None, True)
+        self.assertEqual((lse.shape, lse.dtype), ((2, H), "f32"))
+        self.assertEqual(self.calls[-1][6], lse.data_ptr())
+        self.assertEqual(lse.muls, [LOG2E])
+        r = self.runner(base2=0)
+        o, lse = r(q, kv, None, None, True)
+        self.assertEqual(lse.muls, [])
+
+    def test_scales(self):
+        params = self.args.params
+        params.sm_scale = SM_SCALE
+        q, kv = self.tensors()
+        r = self.runner()
+        o = r(q, kv, None, None, False, 2.0, 3.0, 0.5)  # 16-bit KV: FlashInfer's meaning
+        self.assertEqual((params.sm_scale, params.k_scale, params.v_scale), (0.75, 0.0, 0.0))
+        self.assertEqual(o.muls, [0.5])  # v_scale multiplies o
+        self.assertIs(self.cfg.scaled, True)
+        o = r(q, kv, None, None, False)  # the next run without scales resets them
+        self.assertEqual(params.sm_scale, SM_SCALE)
+        self.assertIs(self.cfg.scaled, False)
+        self.assertEqual(o.muls, [])
+        r8 = self.runner(fp8=1)
+        o = r8(q, kv, None, None, False, None, 3.0, 0.5)  # fp8 KV: dequantised in the kernel
+        self.assertEqual((params.sm_scale, params.k_scale, params.v_scale), (SM_SCALE, 3.0, 0.5))
+        self.assertEqual(o.muls, [])
+        r8(q, kv, None, None, False, 1.0, 1.0, 1.0)
+        self.assertEqual((params.sm_scale, params.k_scale, params.v_scale), (SM_SCALE, 1.0, 1.0))
+        self.assertIs(self.cfg.scaled, False)
+        self.assertEqual(len(self.calls), 4)
+        for bad in (0.0, -1.0, float("nan"), float("inf"), 2, True, "2", T((1,), 0x10)):
+            with self.subTest(scale=bad):  # the Python path reads or refuses these
+                self.assertIs(r(q, kv, None, None, False, None, bad, None), NotImplemented)
+        self.assertEqual(len(self.calls), 4)
+
+    def test_one_paged_tensor_puts_v_at_its_offset(self):
+        r = self.runner()
+        q, _ = self.tensors()
+        kv = T((7, 2, 16, 2, D), 0x60000)
+        self.seen_kv[_meta(kv)] = (4096, 128, 64, 4096, 128, 64, 2048 * 2)
+        r(q, kv, None, None, False)
+        self.assertEqual(self.calls[-1][3:5], (0x60000, 0x60000 + 4096))
+
+    def test_what_the_python_path_must_see(self):
+        r = self.runner(has_lse=0, scratch=0)
+        q, kv = self.tensors()
+        new_q = T((2, H, D), 0x10000, stride=(H * D, D, 1))
+        out_rows = T((3, H, D), 0x40000)
+        self.seen_out[_meta(out_rows)] = (3, H * D, D)
+        odd = T((2, H, D), 0x10008, stride=(H * D + 64, D, 1))
+        self.seen_q[_meta(odd)] = (2, H * D + 64, D)
+        unseen_lse = T((2, H), 0x50000, dtype="f32")
+        cases = {
+            "a q not seen": (new_q, kv, None, None, False),
+            "q not a tensor": ([1, 2], kv, None, None, False),
+            "kv as a list": (q, list(kv), None, None, False),
+            "kv not seen": (q, (kv[1], kv[0]), None, None, False),
+            "an out of other rows": (q, kv, out_rows, None, False),
+            "an out not seen": (q, kv, T((2, H, D), 0x40000, dtype="f16"), None, False),
+            "an lse not seen": (q, kv, None, unseen_lse, False),
+            "return_lse without an LSE kernel": (q, kv, None, None, True),
+            "return_lse not a bool": (q, kv, None, None, 1),
+            "a misaligned q": (odd, kv, None, None, False),
+        }
+        for name, call in cases.items():
+            with self.subTest(name):
+                self.assertIs(r(*call), NotImplemented)
+        self.assertEqual(self.calls, [])
+        self.assertEqual(self.ctx._busy, 0)
+
+    def test_rows_the_plan_does_not_have(self):
+        q, kv = self.tensors(rows=3)
+        self.assertIs(self.runner(total_qo=2)(q, kv, None, None, False), NotImplemented)
+        self.assertIs(self.runner(total_qo=4)(q, kv, None, None, False), NotImplemented)
+        # CUDA-graph mode: q may hold more rows than this plan's batch (the buffer's bound)
+        self.assertIsNot(self.runner(total_qo=2, graph=1)(q, kv, None, None, False),
+                         NotImplemented)
+        self.assertIs(self.runner(total_qo=4, graph=1)(q, kv, None, None, False),
+                      NotImplemented)
+
+    def test_ragged_rows_short(self):
+        q, kv = self.tensors()
+        self.seen_kv[(_meta(kv[0]), _meta(kv[1]))] = (0, 128, 64, 0, 128, 64, None, 100)
+        self.assertIs(self.runner(total_kv=101)(q, kv, None, None, False), NotImplemented)
+        self.assertIsNot(self.runner(total_kv=100)(q, kv, None, None, False), NotImplemented)
+        self.assertEqual(len(self.calls), 1)
+
+    def test_state_the_python_path_handles(self):
+        q, kv = self.tensors()
+        r = self.runner()
+        self.device = 1  # another current device: the Python path switches around the call
+        self.assertIs(r(q, kv, None, None, False), NotImplemented)
+        self.device = 0
+        self.plan._handle = None  # a destroyed plan: the Python path raises
+        self.assertIs(r(q, kv, None, None, False), NotImplemented)
+        self.assertEqual(self.ctx._busy, 0)
+        self.plan._handle = 0x2000
+        unbound = _hot.module().Runner(  # the same dicts: only bind() is missing
+            self.ctx, self.plan, self.cfg, self.seen_q, self.seen_kv, self.seen_out,
+            self.seen_lse, self.out_info, self.empty, {}, {}, lambda: 0, lambda i: 0, 0,
+            self.on_fail, LOG2E, ctypes.addressof(self.args),
+            ctypes.cast(self.fn, ctypes.c_void_p).value, SM_SCALE, H, D, 0, 1, 1, 0)
+        self.assertIs(unbound(q, kv, None, None, False), NotImplemented)
+        q0 = T((0, H, D), 0x10000)  # rows an unbound Runner's zeroed batch would match
+        self.seen_q[_meta(q0)] = (0, H * D, D)
+        self.out_info[0] = (0, H * D, D)
+        self.assertIs(unbound(q0, kv, None, None, False), NotImplemented)
+        self.ctx.close()  # a closed context: the Python path raises
+        self.assertIs(r(q, kv, None, None, False), NotImplemented)
+        self.assertEqual(self.calls, [])
+
+    def test_a_failed_status_raises_inside_the_hold(self):
+        r = self.runner()
+        q, kv = self.tensors()
+        self.status = 3
+        with self.assertRaises(Failed):
+            r(q, kv, None, None, False)
+        handle = self.ctx._handle
+        self.assertEqual(self.failed, [(3, handle, 1)])
+        self.assertEqual(self.ctx._busy, 0)
+
+    def test_other_errors_propagate(self):
+        r = self.runner()
+        q, kv = self.tensors()
+        bad = Broken((2, H, D), 0, stride=(H * D + 64, D, 1))
+        self.seen_q[_meta(bad)] = (2, H * D + 64, D)
+        with self.assertRaisesRegex(RuntimeError, "the device is gone"):
+            r(bad, kv, None, None, False)
+        with self.assertRaises(TypeError):
+            r(q, kv, None, None)  # five to eight arguments
+        with self.assertRaises(TypeError):
+            r(q, kv, None, None, False, None, None, None, None)
+        with self.assertRaises(TypeError):
+            r(q, kv, None, None, False, out=None)
+        self.assertEqual(self.calls, [])
+
+    def test_close_waits_for_a_run_in_flight(self):
+        r = self.runner()
+        q, kv = self.tensors()
+        inside, release = threading.Event(), threading.Event()
+        order = []
+
+        def hold_it():
+            inside.set()
+            release.wait(10)
+            order.append("run returns")
+
+        self.during = hold_it
+        t = threading.Thread(target=lambda: r(q, kv, None, None, False))
+        t.start()
+        self.assertTrue(inside.wait(10))
+        closer = threading.Thread(target=lambda: (self.ctx.close(), order.append("closed")))
+        closer.start()
+        closer.join(0.3)
+        self.assertTrue(closer.is_alive(), "close() returned while a run was in flight")
+        release.set()
+        t.join(10)
+        closer.join(10)
+        self.assertEqual(order, ["run returns", "closed"])
+        self.assertEqual(self.ctx._busy, 0)
+
+
+class TestStatus(unittest.TestCase):
+    def test_status_names_the_path(self):
+        line = _hot.status()
+        self.assertRegex(line, r"^(on: .*_kiln_hot\.abi3\.so|off.*)$")
+        if os.environ.get("KILN_HOT") == "1":
+            self.assertTrue(line.startswith("on: "), line)
+
+
+if __name__ == "__main__":
+    unittest.main()
