@@ -1,15 +1,18 @@
 """pyhost.py — the Python layer's own cost per plan() / run() of kiln's batch decode wrapper.
 
 What it measures: the wall clock of BatchDecodeWithPagedKVCacheWrapper.plan() and .run() with
-every libkiln.so call that needs a GPU replaced by a Python stub that returns OK (kernel get,
-plan create / workspace size / plan / run / describe) and torch's CUDA queries (current
-stream, current device, capture state) answered without a GPU, on torch CPU tensors. The
+every libkiln.so call that needs a GPU replaced by a stub that returns OK (kernel get, plan
+create / workspace size / plan / describe in Python; kiln_plan_run by a C function that returns
+0, compiled here with cc, so that run() makes a real foreign call) and torch's CUDA queries
+(current stream, current device, capture state) answered without a GPU, on torch CPU tensors.
+run() is measured on both of its paths: "hot", the C Runner of kiln/hot.c (where `make` built
+build/lib/_kiln_hot.abi3.so), and "ctypes", the Python path alone (KILN_HOT=0's). The
 shape is the referee's host suite (tools/bench/referee.py --only host): decode paged, H 32,
 H_KV 8, D 128, page 16, bf16, lengths 512..8192, indptr and last_page_len as int32 CPU
 tensors, plan() then run() back to back.
 
-What it does not measure: the ctypes calls into the real library (a stub is cheaper than a
-foreign call), the CUDA driver's launch, torch's CUDA caching allocator (torch.empty here is
+What it does not measure: the work of the real library's calls (the stubs return at once),
+the CUDA driver's launch, torch's CUDA caching allocator (torch.empty here is
 a CPU allocation), nor a real device's synchronisation. The GPU figure is the referee's:
 tools/bench/referee.py --only host on the H200.
 
@@ -20,9 +23,12 @@ directory holding a kiln package (to measure an older tree the same way).
 """
 
 import argparse
+import ctypes
 import os
 import statistics
+import subprocess
 import sys
+import tempfile
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -31,7 +37,7 @@ sys.path.insert(0, os.environ.get("PYHOST_PACKAGE") or os.path.join(HERE, "..", 
 import torch  # noqa: E402
 
 import kiln  # noqa: E402
-from kiln import _lib  # noqa: E402
+from kiln import _hot, _lib  # noqa: E402
 
 H, H_KV, PAGE, D = 32, 8, 16, 128
 
@@ -57,7 +63,7 @@ STUBS = {
                                                                            1 << 20),
     "kiln_plan_schedule": lambda plan, shape, ws, nbytes, stream: 0,
     "kiln_plan_schedule_scratch": lambda plan, shape, ws, nbytes, sc, sc_bytes, stream: 0,
-    "kiln_plan_run": lambda plan, args, stream: 0,
+    "kiln_plan_run": None,  # a C function returning 0 (c_noop)
     "kiln_plan_describe": lambda plan, info: 0,
 }
 
@@ -78,8 +84,24 @@ class FakeStream:
     cuda_stream = 0
 
 
+def c_noop():
+    """kiln_plan_run's stub: `int noop(void *, const void *, void *) { return 0; }`, compiled
+    with cc into a temporary library, declared as kiln_plan_run is."""
+    d = tempfile.mkdtemp(prefix="pyhost-")
+    src, so = os.path.join(d, "noop.c"), os.path.join(d, "noop.so")
+    with open(src, "w") as f:
+        f.write("int noop(void *p, const void *a, void *s) { (void)p; (void)a; (void)s; "
+                "return 0; }\n")
+    subprocess.run(["cc", "-O2", "-shared", "-fPIC", "-o", so, src], check=True)
+    fn = ctypes.CDLL(so).noop
+    real = getattr(_lib.lib(), "kiln_plan_run")
+    fn.restype, fn.argtypes = real.restype, real.argtypes
+    return fn
+
+
 def install_stubs():
     real = _lib.lib()
+    STUBS["kiln_plan_run"] = c_noop()
     _lib._lib = StubbedLib(real)
     torch.cuda.current_stream = lambda device=None: FakeStream()
     torch.cuda.current_device = lambda: 0
@@ -128,7 +150,17 @@ def setup(B):
     return ctx, plan, run
 
 
-def measure(calls, rounds, B):
+def use_path(path):
+    """Make the next plan()'s run() go through the C Runner ("hot") or the ctypes path."""
+    _hot._state = None
+    if path == "ctypes":
+        _hot._state = (None, "off (pyhost.py: the ctypes path)")
+    elif _hot.module() is None:
+        raise SystemExit(f"pyhost: no C Runner to measure: {_hot.status()}")
+
+
+def measure(calls, rounds, B, path):
+    use_path(path)
     ctx, plan, run = setup(B)
     plan()
     run()  # warm: kernels, plan objects, caches
@@ -150,18 +182,21 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--calls", type=int, default=200, help="plan + run pairs per round")
     ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--paths", default="hot,ctypes",
+                    help="run()'s paths to measure, comma-separated: hot (the C Runner), ctypes")
     a = ap.parse_args()
     install_stubs()
     print(f"kiln package: {os.path.dirname(kiln.__file__)}; torch {torch.__version__}, CPU tensors, "
           "GPU calls stubbed (Python layer only)")
-    print("| call | B | median µs | min µs | p90 µs |")
-    print("|---|---|---|---|---|")
-    for B in (1, 256):
-        tp, tr = measure(a.calls, a.rounds, B)
-        for name, ts in (("plan", tp), ("run", tr)):
-            ts.sort()
-            print(f"| {name} | {B} | {statistics.median(ts):.1f} | {ts[0]:.1f} | "
-                  f"{ts[len(ts) * 9 // 10]:.1f} |", flush=True)
+    print("| call | path | B | median µs | min µs | p90 µs |")
+    print("|---|---|---|---|---|---|")
+    for path in a.paths.split(","):
+        for B in (1, 256):
+            tp, tr = measure(a.calls, a.rounds, B, path)
+            for name, ts in (("plan", tp), ("run", tr)):
+                ts.sort()
+                print(f"| {name} | {path} | {B} | {statistics.median(ts):.1f} | {ts[0]:.1f} | "
+                      f"{ts[len(ts) * 9 // 10]:.1f} |", flush=True)
 
 
 if __name__ == "__main__":
