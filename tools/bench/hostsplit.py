@@ -3,7 +3,8 @@
 
 Back-to-back calls with no sync (the referee's host method), median of 7 rounds of 200, µs a
 call, for the referee's host shape (decode paged, H 32, H_KV 8, D 128, page 16, bf16, lengths
-512..8192) at B 1 and 256: the whole run(), run() with out= given (no output allocation), the
+512..8192) at B 1 and 256: the whole run(), run() with out= given (no output allocation), both
+again on the ctypes path alone (a wrapper planned without the C Runner of kiln/hot.c), the
 C call alone with the context held (plan._call) and without (ctypes), torch.empty of o, the
 stream query, and plan() after a drain and back to back. The referee's host suite gives the
 totals beside the peers; this splits them. Host figures depend on the machine's CPU (two H100
@@ -23,6 +24,7 @@ sys.path.insert(0, os.path.join(HERE, "..", "..", "python"))
 import torch  # noqa: E402
 
 import kiln  # noqa: E402
+from kiln import _hot  # noqa: E402
 from referee_common import BF16, H, H_KV, PAGE  # noqa: E402
 from referee_peers import PagedKV, kiln_ws, rnd  # noqa: E402
 
@@ -42,6 +44,7 @@ def per_call(fn, n=200, rounds=7):
 
 
 def main():
+    print(f"the C Runner (run() in C): {_hot.status()}")
     print("| B | call | µs a call |\n|---|---|---|")
     for B in (1, 256):
         lens = [512 + (b * 7919) % 7681 for b in range(B)]
@@ -54,15 +57,24 @@ def main():
                    kv_data_type=BF16)
 
         plan()
+        saved, _hot._state = _hot._state, (None, "off (hostsplit.py)")
+        w0 = kiln.BatchDecodeWithPagedKVCacheWrapper(kiln_ws(), "NHD")  # the ctypes path
+        w0.plan(pk.indptr_h, pk.indices, pk.last_h, H, H_KV, D, PAGE, q_data_type=BF16,
+                kv_data_type=BF16)
+        _hot._state = saved
         kv = (pk.k[0], pk.v[0])
         o = torch.empty(B, H, D, dtype=BF16, device="cuda")
         w.run(q, kv)
+        w0.run(q, kv)
+        w0.run(q, kv, out=o)
         st = w._require_plan()
         stream = torch.cuda.current_stream().cuda_stream
         fn, handle, ref = st.plan._fn_run, st.plan._handle, st.cfg.args_ref
         rows = [
             ("run()", lambda: w.run(q, kv)),
             ("run(out=o)", lambda: w.run(q, kv, out=o)),
+            ("run() on the ctypes path (no C Runner)", lambda: w0.run(q, kv)),
+            ("run(out=o) on the ctypes path", lambda: w0.run(q, kv, out=o)),
             ("kiln_plan_run, context held (plan._call)", lambda: st.plan._call(fn, ref, stream)),
             ("kiln_plan_run through ctypes alone", lambda: fn(handle, ref, stream)),
             ("torch.empty of o", lambda: torch.empty((B, H, D), dtype=BF16, device="cuda")),
@@ -79,7 +91,7 @@ def main():
             ts.append((time.perf_counter() - t0) * 1e6)
         ts.sort()
         print(f"| {B} | plan() after a drain (median; min {ts[0]:.2f}) | {ts[100]:.2f} |", flush=True)
-        del pk, w
+        del pk, w, w0
 
 
 if __name__ == "__main__":

@@ -74,9 +74,11 @@ def main():
     if a.fi_compile_only:
         return fi_compile_only([k for k in a.fi_configs.split(",") if k], a.fi_ok, a.fi_deadline)
     import kiln
+    from kiln import _hot
     p = torch.cuda.get_device_properties(0)
     RES.meta.update(gpu=p.name, sms=p.multi_processor_count, torch=torch.__version__, cuda=torch.version.cuda,
                     cudnn=torch.backends.cudnn.version(), kiln=kiln.version(), nvrtc=kiln.nvrtc_version(),
+                    kiln_run_path=_hot.status(),
                     date=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), quick=a.quick,
                     method=f"graph {REPLAYS} replays x {BURSTS} bursts, rotate {ROTATE_BYTES >> 20} MiB; "
                            f"host: back-to-back calls no sync; eager: events + sync, {EAGER_CALLS} calls")
