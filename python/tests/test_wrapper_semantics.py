@@ -490,6 +490,26 @@ class TestOnGpu(unittest.TestCase):
         err = (got.float() - want).abs() - (atol + rtol * want.abs())
         self.assertLessEqual(float(err.max()), 0.0, f"{what}: max excess {float(err.max())}")
 
+    def test_int32_index_arrays_are_checked_by_the_planner(self):
+        # plan.host_array copies int32 host tensors as they are and leaves their values to
+        # kiln_plan_schedule: the same refusals (a ValueError naming the request), no state
+        w = self.wrapper()
+        ids = torch.arange(4, dtype=torch.int32, device="cuda")
+        q = torch.zeros((3, H, D), dtype=torch.float16, device="cuda")
+        pool = torch.zeros((4, P, H_KV, D), dtype=torch.float16, device="cuda")
+        for indptr, last, what in (([0, 3, 1, 4], [1, 1, 1], "request 1: kv_indptr decreases"),
+                                   ([0, 2, 4, 4], [P + 1, 1, 1], "request 0: kv_last_page_len"),
+                                   ([0, 2, 3, 4], [3, 0, 2], "request 1: kv_last_page_len")):
+            with self.subTest(what):
+                with self.assertRaisesRegex(ValueError, what):
+                    w.plan(torch.tensor(indptr, dtype=torch.int32), ids,
+                           torch.tensor(last, dtype=torch.int32), H, H_KV, D, P)
+                with self.assertRaises(RuntimeError):  # a failed plan leaves nothing to run
+                    w.run(q, (pool, pool))
+        w.plan(torch.tensor([0, 2, 4, 4], dtype=torch.int32), ids,
+               torch.tensor([5, P, 0], dtype=torch.int32), H, H_KV, D, P)  # 2 has no pages
+        self.assertEqual(tuple(w.run(q, (pool, pool)).shape), (3, H, D))
+
     def test_fp8_kv_with_data_type_and_q_data_type(self):
         q, k, v, indptr, last, pages = self.batch([100, 7, 300], torch.float8_e4m3fn)
         w = self.wrapper()
