@@ -110,6 +110,33 @@ def few_tokens(qo_indptr, group, *, masked=False, graph=False):
     return 1 << (longest - 1).bit_length()
 
 
+def _paged_run(doc, no_args=""):
+    """The run() of the wrappers over a paged KV cache (decode, paged prefill), with doc:
+    the C Runner (_hot.py) for tensors checked before, else _BatchWrapper._run."""
+
+    def run(self, q, paged_kv_cache, *args, q_scale=None, k_scale=None, v_scale=None, out=None,
+            lse=None, return_lse=False, enable_pdl=None, window_left=None, sinks=None):
+        st = self._state
+        if (st is not None and st.hot is not None and not args and window_left is None
+                and sinks is None):
+            r = st.hot(q, paged_kv_cache, out, lse, return_lse, q_scale, k_scale, v_scale)
+            if r is not NotImplemented:
+                return r
+        if args:
+            raise TypeError(f"run() takes no extra positional arguments{no_args}, got "
+                            f"{len(args)}")
+        if sinks is not None:
+            raise NotImplementedError("attention sinks are not supported")
+        st = self._require_plan()
+        kp, vp, kv = self._paged_kv(st, paged_kv_cache)
+        return self._run(st, q, kp, vp, kv, out=out, lse=lse, return_lse=return_lse,
+                         q_scale=q_scale, k_scale=k_scale, v_scale=v_scale,
+                         window_left=window_left)
+
+    run.__doc__ = doc
+    return run
+
+
 # ---- the wrappers ------------------------------------------------------------------------------
 
 
@@ -239,8 +266,7 @@ class BatchDecodeWithPagedKVCacheWrapper(_BatchWrapper):
             window_left=window_left, rope_scale=rope_scale, rope_theta=rope_theta,
             fixed_split_size=fixed_split_size, disable_split_kv=disable_split_kv)
 
-    def run(self, q, paged_kv_cache, *args, q_scale=None, k_scale=None, v_scale=None, out=None,
-            lse=None, return_lse=False, enable_pdl=None, window_left=None, sinks=None):
+    run = _paged_run(
         """Decode: q [B, H, D]; paged_kv_cache a (k_cache, v_cache) tuple of [pages, page_size,
         H_KV, D] (NHD) / [pages, H_KV, page_size, D] (HND) tensors, or one [pages, 2, ...]
         tensor. Returns o [B, H, D] (and lse [B, H], float32, base 2 unless lse_base="e").
@@ -248,23 +274,8 @@ class BatchDecodeWithPagedKVCacheWrapper(_BatchWrapper):
         kernel, otherwise k_scale multiplies sm_scale and v_scale multiplies o (FlashInfer's
         meaning). A tensor scale is read with float(), which synchronises: pass floats inside
         a CUDA graph. enable_pdl is ignored; sinks raise NotImplementedError. A batch without
-        any page returns o = 0 (and lse = -inf) without a launch."""
-        st = self._state
-        if (st is not None and st.hot is not None and not args and window_left is None
-                and sinks is None):  # the C Runner (_hot.py), for tensors checked before
-            r = st.hot(q, paged_kv_cache, out, lse, return_lse, q_scale, k_scale, v_scale)
-            if r is not NotImplemented:
-                return r
-        if args:
-            raise TypeError(f"run() takes no extra positional arguments (custom-kernel "
-                            f"arguments are not supported), got {len(args)}")
-        if sinks is not None:
-            raise NotImplementedError("attention sinks are not supported")
-        st = self._require_plan()
-        kp, vp, kv = self._paged_kv(st, paged_kv_cache)
-        return self._run(st, q, kp, vp, kv, out=out, lse=lse, return_lse=return_lse,
-                         q_scale=q_scale, k_scale=k_scale, v_scale=v_scale,
-                         window_left=window_left)
+        any page returns o = 0 (and lse = -inf) without a launch.""",
+        " (custom-kernel arguments are not supported)")
 
     run_return_lse = functools.partialmethod(run, return_lse=True)
 
@@ -441,25 +452,9 @@ class BatchPrefillWithPagedKVCacheWrapper(_PrefillWrapper):
 
     begin_forward = plan
 
-    def run(self, q, paged_kv_cache, *args, q_scale=None, k_scale=None, v_scale=None, out=None,
-            lse=None, return_lse=False, enable_pdl=None, window_left=None, sinks=None):
+    run = _paged_run(
         """Prefill: q [total_qo, H, D]; paged_kv_cache as for batch decode. Returns o
-        [total_qo, H, D] (and lse [total_qo, H]); scales as in batch decode."""
-        st = self._state
-        if (st is not None and st.hot is not None and not args and window_left is None
-                and sinks is None):  # the C Runner (_hot.py), for tensors checked before
-            r = st.hot(q, paged_kv_cache, out, lse, return_lse, q_scale, k_scale, v_scale)
-            if r is not NotImplemented:
-                return r
-        if args:
-            raise TypeError(f"run() takes no extra positional arguments, got {len(args)}")
-        if sinks is not None:
-            raise NotImplementedError("attention sinks are not supported")
-        st = self._require_plan()
-        kp, vp, kv = self._paged_kv(st, paged_kv_cache)
-        return self._run(st, q, kp, vp, kv, out=out, lse=lse, return_lse=return_lse,
-                         q_scale=q_scale, k_scale=k_scale, v_scale=v_scale,
-                         window_left=window_left)
+        [total_qo, H, D] (and lse [total_qo, H]); scales as in batch decode.""")
 
     run_return_lse = functools.partialmethod(run, return_lse=True)
 
