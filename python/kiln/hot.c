@@ -103,6 +103,18 @@ static PyObject *lookup(PyObject *seen, PyObject *key)
     return v;
 }
 
+/* seen[_meta(t)] into *info (borrowed): 1 found, 0 not (t is new, or not a tensor: the Python
+ * path takes the call), -1 an error. */
+static int seen_entry(PyObject *seen, PyObject *t, PyObject **info)
+{
+    PyObject *key = meta(t);
+    if (!key) return not_a_tensor() ? 0 : -1;
+    *info = lookup(seen, key);
+    Py_DECREF(key);
+    if (!*info) return PyErr_Occurred() ? -1 : 0;
+    return 1;
+}
+
 static long long item(PyObject *tuple, Py_ssize_t i)
 {
     return PyLong_AsLongLong(PyTuple_GetItem(tuple, i));
@@ -171,6 +183,15 @@ static void unhold(runner *r, PyObject *ctx_handle)
     PyErr_Restore(exc_type, exc, tb);
 }
 
+/* fn(plan, a, stream) with the GIL released, as ctypes calls it. */
+static kiln_status run_unlocked(run_fn fn, kiln_plan *plan, const kiln_batch_args *a, void *stream)
+{
+    PyThreadState *ts = PyEval_SaveThread();
+    const kiln_status st = fn(plan, a, stream);
+    PyEval_RestoreThread(ts);
+    return st;
+}
+
 /* torch.empty(shape, **kw) for a shape of n dims. */
 static PyObject *empty(runner *r, PyObject *kw, long long a, long long b, long long c, int n)
 {
@@ -187,6 +208,14 @@ static PyObject *empty(runner *r, PyObject *kw, long long a, long long b, long l
     do {                                                                                           \
         res = Py_NewRef(Py_NotImplemented);                                                        \
         goto done;                                                                                 \
+    } while (0)
+
+/* A lookup's result: on to the next step (1), to the Python path (0), or out with the error. */
+#define FOUND(x)                                                                                   \
+    do {                                                                                           \
+        const int found_ = (x);                                                                    \
+        if (found_ < 0) goto done;                                                                 \
+        if (!found_) FALL_BACK();                                                                  \
     } while (0)
 
 /* k, v pointers and the seen_kv entry of kv (a (k, v) tuple, or one paged tensor): 1 found,
@@ -243,7 +272,7 @@ static PyObject *runner_call(PyObject *self, PyObject *argv, PyObject *kwargs)
                             "Runner(q, kv, out, lse, return_lse[, q_scale, k_scale, v_scale])");
         return NULL;
     }
-    PyObject *res = NULL, *made_out = NULL, *made_lse = NULL, *key = NULL, *ctx_handle = NULL;
+    PyObject *res = NULL, *made_out = NULL, *made_lse = NULL, *ctx_handle = NULL;
     if (!r->bound) FALL_BACK();
     const int want_lse = return_lse == Py_True;
     if (!want_lse && return_lse != Py_False) FALL_BACK(); /* a flag to check */
@@ -259,68 +288,33 @@ static PyObject *runner_call(PyObject *self, PyObject *argv, PyObject *kwargs)
 
     /* q */
     unsigned long long qp = 0, kp = 0, vp = 0, op = 0, lp = 0;
-    key = meta(q);
-    if (!key || !data_ptr(q, &qp)) {
-        if (not_a_tensor()) FALL_BACK();
-        goto done;
-    }
-    PyObject *qi = lookup(r->seen_q, key);
-    Py_CLEAR(key);
-    if (!qi) {
-        if (PyErr_Occurred()) goto done;
-        FALL_BACK();
-    }
+    PyObject *qi = NULL, *ki = NULL, *oi = NULL, *li = NULL;
+    FOUND(seen_entry(r->seen_q, q, &qi));
+    if (!data_ptr(q, &qp)) goto done;
     const long long rows = item(qi, 0);
     if (rows != r->total_qo && (rows < r->total_qo || !r->graph)) FALL_BACK();
 
     /* k, v */
-    PyObject *ki = NULL;
-    const int found = kv_info(r, kv, &kp, &vp, &ki);
-    if (found < 0) goto done;
-    if (!found) FALL_BACK();
+    FOUND(kv_info(r, kv, &kp, &vp, &ki));
 
     /* o */
-    PyObject *oi;
     if (out == Py_None) {
         PyObject *n = PyLong_FromLongLong(rows);
         oi = n ? lookup(r->out_info, n) : NULL;
         Py_XDECREF(n);
-        if (!oi) {
-            if (PyErr_Occurred()) goto done;
-            FALL_BACK();
-        }
+        FOUND(oi ? 1 : PyErr_Occurred() ? -1 : 0);
         out = made_out = empty(r, r->o_kw, rows, r->H, r->D, 3);
         if (!out) goto done;
     } else {
-        key = meta(out);
-        if (!key) {
-            if (not_a_tensor()) FALL_BACK();
-            goto done;
-        }
-        oi = lookup(r->seen_out, key);
-        Py_CLEAR(key);
-        if (!oi) {
-            if (PyErr_Occurred()) goto done;
-            FALL_BACK();
-        }
+        FOUND(seen_entry(r->seen_out, out, &oi));
         if (item(oi, 0) != rows) FALL_BACK();
     }
     if (!data_ptr(out, &op)) goto done;
 
     /* lse */
     if (lse != Py_None) {
-        key = meta(lse);
-        if (!key) {
-            if (not_a_tensor()) FALL_BACK();
-            goto done;
-        }
-        PyObject *seen = lookup(r->seen_lse, key);
-        Py_CLEAR(key);
-        if (!seen) {
-            if (PyErr_Occurred()) goto done;
-            FALL_BACK();
-        }
-        if (PyLong_AsLongLong(seen) != rows) FALL_BACK();
+        FOUND(seen_entry(r->seen_lse, lse, &li));
+        if (PyLong_AsLongLong(li) != rows) FALL_BACK();
         if (!data_ptr(lse, &lp)) goto done;
     } else if (want_lse) {
         lse = made_lse = empty(r, r->lse_kw, rows, r->H, 0, 2);
@@ -379,11 +373,9 @@ static PyObject *runner_call(PyObject *self, PyObject *argv, PyObject *kwargs)
     a->v_stride_page = item(ki, 3);
     a->v_stride_n = item(ki, 4);
     a->v_stride_h = item(ki, 5);
-    kiln_status st = KILN_STATUS_OK;
     if (!PyErr_Occurred()) {
-        Py_BEGIN_ALLOW_THREADS st = r->fn(plan, a, stream);
-        Py_END_ALLOW_THREADS if (st)
-        { /* raised with the context still held, as Plan._call does */
+        const kiln_status st = run_unlocked(r->fn, plan, a, stream);
+        if (st) { /* raised with the context still held, as Plan._call does */
             PyObject *ok = PyObject_CallFunction(r->fail, "iO", (int)st, ctx_handle);
             Py_XDECREF(ok);
             if (!PyErr_Occurred())
@@ -407,7 +399,6 @@ static PyObject *runner_call(PyObject *self, PyObject *argv, PyObject *kwargs)
     }
     res = want_lse ? PyTuple_Pack(2, out, lse) : Py_NewRef(out);
 done:
-    Py_XDECREF(key);
     Py_XDECREF(made_out);
     Py_XDECREF(made_lse);
     return res;

@@ -222,6 +222,8 @@ class TestRunner(unittest.TestCase):
         odd = T((2, H, D), 0x10008, stride=(H * D + 64, D, 1))
         self.seen_q[_meta(odd)] = (2, H * D + 64, D)
         unseen_lse = T((2, H), 0x50000, dtype="f32")
+        lse_rows = T((3, H), 0x50000, dtype="f32")
+        self.seen_lse[_meta(lse_rows)] = 3
         cases = {
             "a q not seen": (new_q, kv, None, None, False),
             "q not a tensor": ([1, 2], kv, None, None, False),
@@ -230,6 +232,7 @@ class TestRunner(unittest.TestCase):
             "an out of other rows": (q, kv, out_rows, None, False),
             "an out not seen": (q, kv, T((2, H, D), 0x40000, dtype="f16"), None, False),
             "an lse not seen": (q, kv, None, unseen_lse, False),
+            "an lse of other rows": (q, kv, None, lse_rows, False),
             "return_lse without an LSE kernel": (q, kv, None, None, True),
             "return_lse not a bool": (q, kv, None, None, 1),
             "a misaligned q": (odd, kv, None, None, False),
