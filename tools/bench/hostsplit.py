@@ -6,13 +6,17 @@ call, for the referee's host shape (decode paged, H 32, H_KV 8, D 128, page 16, 
 512..8192) at B 1 and 256: the whole run(), run() with out= given (no output allocation), both
 again on the ctypes path alone (a wrapper planned without the C Runner of kiln/hot.c), the
 C call alone with the context held (plan._call) and without (ctypes), torch.empty of o, the
-stream query, and plan() after a drain and back to back. The referee's host suite gives the
-totals beside the peers; this splits them. Host figures depend on the machine's CPU (two H100
+stream query, and plan() after a drain and back to back, then plan() under cProfile (where
+its time goes: the referee's plan() at B256 was twice what pyhost.py and kiln-bench add up
+to). The referee's host suite gives the totals beside the peers; this splits them. Host figures depend on the machine's CPU (two H100
 machines differed 2x on the same calls, docs/perf/notes.md session 35): compare within a run.
 
     KILN_LIB=build/lib/libkiln.so python3 tools/bench/hostsplit.py
 """
+import cProfile
+import io
 import os
+import pstats
 import statistics
 import sys
 import time
@@ -43,9 +47,23 @@ def per_call(fn, n=200, rounds=7):
     return statistics.median(ts)
 
 
+def profile_plan(plan, calls=200, top=18):
+    """cProfile of plan() called after a drain each time: the functions by own time."""
+    pr = cProfile.Profile()
+    for _ in range(calls):
+        torch.cuda.synchronize()
+        pr.enable()
+        plan()
+        pr.disable()
+    out = io.StringIO()
+    pstats.Stats(pr, stream=out).sort_stats("tottime").print_stats(top)
+    return out.getvalue()
+
+
 def main():
     print(f"the C Runner (run() in C): {_hot.status()}")
     print("| B | call | µs a call |\n|---|---|---|")
+    profiles = []
     for B in (1, 256):
         lens = [512 + (b * 7919) % 7681 for b in range(B)]
         pk = PagedKV(lens, D, BF16, 1)
@@ -91,7 +109,11 @@ def main():
             ts.append((time.perf_counter() - t0) * 1e6)
         ts.sort()
         print(f"| {B} | plan() after a drain (median; min {ts[0]:.2f}) | {ts[100]:.2f} |", flush=True)
+        profiles.append((B, profile_plan(plan)))
         del pk, w, w0
+    for B, text in profiles:
+        print(f"\nplan() at B{B} after a drain, 200 calls under cProfile (its overhead inflates the "
+              f"Python frames; the C calls' own times stand):\n{text}")
 
 
 if __name__ == "__main__":
