@@ -147,8 +147,10 @@ class CpuCase(unittest.TestCase):
         dtype = dtype or torch.float16
         w = kiln.BatchDecodeWithPagedKVCacheWrapper(self.ws(), "NHD", context=self.dev.ctx)
         indptr, last, pages = pages_for(lens)
-        w.plan(torch.tensor(indptr, dtype=torch.int32), torch.arange(pages, dtype=torch.int32),
-               torch.tensor(last, dtype=torch.int32), H, H_KV, D, P, **plan_kw)
+        self.plan_args = (torch.tensor(indptr, dtype=torch.int32),
+                          torch.arange(pages, dtype=torch.int32),
+                          torch.tensor(last, dtype=torch.int32), H, H_KV, D, P)
+        w.plan(*self.plan_args, **plan_kw)
         kv_dtype = kv_dtype or dtype
         k = torch.zeros((max(pages, 1), P, H_KV, D), dtype=kv_dtype)
         return w, torch.zeros((len(lens), H, D), dtype=dtype), (k, k.clone())
@@ -289,6 +291,32 @@ class TestForward(CpuCase):
         w.run(q, kv)  # later runs keep forward's arguments
         self.assertAlmostEqual(self.dev.runs[-1].params.softcap, 30.0)
         self.assertEqual(self.dev.plans[-1], self.dev.plans[0])  # the same batch, re-planned
+
+    def test_repeated_forward_reads_back_what_it_was_given(self):
+        # each layer of an engine calls forward() with the same arguments: after the first,
+        # nothing is planned or compared again, and the read-back values stay as given
+        w, q, kv = self.decode()
+        scale = 1 / math.sqrt(D)
+        for _ in range(3):
+            w.forward(q, kv, sm_scale=scale, window_left=-1, logits_soft_cap=None)
+        self.assertEqual((len(self.dev.plans), w._sm_scale, w._logits_soft_cap), (1, scale, None))
+        w.forward(q, kv, sm_scale=None, window_left=-1, logits_soft_cap=0.0)  # the same in effect
+        self.assertEqual((len(self.dev.plans), w._sm_scale, w._logits_soft_cap), (1, None, 0.0))
+        w.forward(q, kv, sm_scale=scale, window_left=-1, logits_soft_cap=None)
+        self.assertEqual((w._sm_scale, w._logits_soft_cap), (scale, None))
+        w.forward(q, kv, sm_scale=scale, logits_soft_cap=0.0)
+        w.forward(q, kv, sm_scale=scale, logits_soft_cap=0)  # equal, of another type: as given
+        self.assertIs(type(w._logits_soft_cap), int)
+        self.assertEqual(len(self.dev.plans), 1)
+        w.forward(q, kv, sm_scale=0.5)
+        w.forward(q, kv, sm_scale=0.5)
+        self.assertEqual((len(self.dev.plans), w._sm_scale), (2, 0.5))
+        self.assertAlmostEqual(self.dev.runs[-1].params.sm_scale, 0.5)
+        w.plan(*self.plan_args)  # a new plan: its own arguments, compared again by forward()
+        self.assertIsNone(w._sm_scale)
+        w.forward(q, kv, sm_scale=0.5)
+        self.assertEqual((len(self.dev.plans), w._sm_scale), (4, 0.5))
+        self.assertAlmostEqual(self.dev.runs[-1].params.sm_scale, 0.5)
 
     def test_forward_return_lse(self):
         w, q, kv = self.decode()
