@@ -96,15 +96,18 @@ static int data_ptr(PyObject *t, unsigned long long *p)
     return !(*p == (unsigned long long)-1 && PyErr_Occurred());
 }
 
-/* seen[key] (a borrowed reference) or NULL, without an error when it is missing. */
+/* seen[key], a new reference (the call holds it: torch.empty, the device queries and the
+ * context's lock run Python code, which may empty a dict), or NULL, without an error when it
+ * is missing. */
 static PyObject *lookup(PyObject *seen, PyObject *key)
 {
     PyObject *v = key ? PyDict_GetItemWithError(seen, key) : NULL;
+    Py_XINCREF(v);
     return v;
 }
 
-/* seen[_meta(t)] into *info (borrowed): 1 found, 0 not (t is new, or not a tensor: the Python
- * path takes the call), -1 an error. */
+/* seen[_meta(t)] into *info (a new reference): 1 found, 0 not (t is new, or not a tensor: the
+ * Python path takes the call), -1 an error. */
 static int seen_entry(PyObject *seen, PyObject *t, PyObject **info)
 {
     PyObject *key = meta(t);
@@ -219,7 +222,7 @@ static PyObject *empty(runner *r, PyObject *kw, long long a, long long b, long l
     } while (0)
 
 /* k, v pointers and the seen_kv entry of kv (a (k, v) tuple, or one paged tensor): 1 found,
- * 0 not (fall back), -1 an error. info is borrowed from seen_kv. */
+ * 0 not (fall back), -1 an error. *info: a new reference when set, the caller's to release. */
 static int kv_info(runner *r, PyObject *kv, unsigned long long *kp, unsigned long long *vp,
                    PyObject **info)
 {
@@ -273,6 +276,7 @@ static PyObject *runner_call(PyObject *self, PyObject *argv, PyObject *kwargs)
         return NULL;
     }
     PyObject *res = NULL, *made_out = NULL, *made_lse = NULL, *ctx_handle = NULL;
+    PyObject *qi = NULL, *ki = NULL, *oi = NULL, *li = NULL; /* entries of the checked dicts */
     if (!r->bound) FALL_BACK();
     const int want_lse = return_lse == Py_True;
     if (!want_lse && return_lse != Py_False) FALL_BACK(); /* a flag to check */
@@ -288,7 +292,6 @@ static PyObject *runner_call(PyObject *self, PyObject *argv, PyObject *kwargs)
 
     /* q */
     unsigned long long qp = 0, kp = 0, vp = 0, op = 0, lp = 0;
-    PyObject *qi = NULL, *ki = NULL, *oi = NULL, *li = NULL;
     FOUND(seen_entry(r->seen_q, q, &qi));
     if (!data_ptr(q, &qp)) goto done;
     const long long rows = item(qi, 0);
@@ -399,6 +402,10 @@ static PyObject *runner_call(PyObject *self, PyObject *argv, PyObject *kwargs)
     }
     res = want_lse ? PyTuple_Pack(2, out, lse) : Py_NewRef(out);
 done:
+    Py_XDECREF(qi);
+    Py_XDECREF(ki);
+    Py_XDECREF(oi);
+    Py_XDECREF(li);
     Py_XDECREF(made_out);
     Py_XDECREF(made_lse);
     return res;

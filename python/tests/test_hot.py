@@ -309,6 +309,35 @@ class TestRunner(unittest.TestCase):
             r(q, kv, None, None, False, out=None)
         self.assertEqual(self.calls, [])
 
+    def test_no_reference_is_leaked_or_lost(self):
+        r = self.runner()
+        q, kv = self.tensors()
+        out = T((2, H, D), 0x40000)
+        lse = T((2, H), 0x50000, dtype="f32")
+        self.seen_out[_meta(out)] = (2, H * D, D)
+        self.seen_lse[_meta(lse)] = 2
+        new_q = T((2, H, D), 0x10000, stride=(H * D, D, 1))
+        watched = [q, kv, kv[0], out, lse, new_q, r, self.cfg, self.ctx,
+                   self.seen_q[_meta(q)], self.seen_kv[(_meta(kv[0]), _meta(kv[1]))],
+                   self.seen_out[_meta(out)], self.out_info[2]]
+        calls = [lambda: r(q, kv, None, None, False), lambda: r(q, kv, out, lse, True, 2.0),
+                 lambda: r(q, kv, None, None, True), lambda: r(new_q, kv, None, None, False)]
+        for call in calls:  # once first: whatever a first call creates to keep
+            call()
+        before = [sys.getrefcount(x) for x in watched]
+        for _ in range(200):
+            for call in calls:
+                call()
+        self.status = 3
+        for _ in range(50):
+            with self.assertRaises(Failed):
+                r(q, kv, out, None, False)
+        self.assertEqual([sys.getrefcount(x) for x in watched], before)
+        self.status = 0
+        r(q, kv, None, None, True)  # what the call made is the caller's alone
+        a, b = self.made[-2:]
+        self.assertEqual((sys.getrefcount(a), sys.getrefcount(b)), (3, 3))  # made, a, argument
+
     def test_close_waits_for_a_run_in_flight(self):
         r = self.runner()
         q, kv = self.tensors()
