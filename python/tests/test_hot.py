@@ -18,6 +18,7 @@ makes this module required when the build has it.
 """
 
 import ctypes
+import gc
 import os
 import sys
 import threading
@@ -324,6 +325,7 @@ class TestRunner(unittest.TestCase):
                  lambda: r(q, kv, None, None, True), lambda: r(new_q, kv, None, None, False)]
         for call in calls:  # once first: whatever a first call creates to keep
             call()
+        gc.collect()  # earlier tests' garbage may hold the constant tuples tensors() stores
         before = [sys.getrefcount(x) for x in watched]
         for _ in range(200):
             for call in calls:
@@ -332,6 +334,7 @@ class TestRunner(unittest.TestCase):
         for _ in range(50):
             with self.assertRaises(Failed):
                 r(q, kv, out, None, False)
+        gc.collect()
         self.assertEqual([sys.getrefcount(x) for x in watched], before)
         self.status = 0
         r(q, kv, None, None, True)  # what the call made is the caller's alone
