@@ -136,10 +136,10 @@ static int hold(runner *r, PyObject **ctx_handle)
     PyObject *closing = handle ? PyObject_GetAttr(r->ctx, s_closing) : NULL;
     PyObject *busy = closing ? PyObject_GetAttr(r->ctx, s_busy) : NULL;
     if (busy) {
-        int shut = handle == Py_None || PyObject_IsTrue(closing);
-        if (shut) {
+        const int shut = handle == Py_None ? 1 : PyObject_IsTrue(closing);
+        if (shut > 0) {
             held = 0;
-        } else {
+        } else if (shut == 0) {
             PyObject *one = PyLong_FromLong(1);
             PyObject *more = one ? PyNumber_Add(busy, one) : NULL;
             if (more && PyObject_SetAttr(r->ctx, s_busy, more) == 0) held = 1;
