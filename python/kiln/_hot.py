@@ -108,6 +108,7 @@ def make_runner(wrapper, cfg):
     return mod.Runner(
         cfg.plan.kernel.context, cfg.plan, cfg, cfg.seen_q, cfg.seen_kv, cfg.seen_out,
         cfg.seen_lse, cfg.out_info, torch.empty,
+        (torch.empty_like, torch.Tensor) if cfg.o_dtype == cfg.q_dtype else None,
         {"dtype": cfg.o_dtype, "device": wrapper.device},
         {"dtype": torch.float32, "device": wrapper.device},
         get_device, get_stream, wrapper._device_index, _fail, LOG2E,

@@ -675,7 +675,7 @@ class _BatchWrapper:
         if rows != st.total_qo and (rows < st.total_qo or not self._use_cuda_graph):
             raise ValueError(f"q has {rows} rows; the plan has {st.total_qo}")
         if out is None:
-            out = torch.empty((rows, cfg.H, cfg.D), dtype=cfg.o_dtype, device=self.device)
+            out = torch.empty(rows, cfg.H, cfg.D, dtype=cfg.o_dtype, device=self.device)
             o_info = cfg.out_info.get(rows)
             if o_info is None:
                 o_info = _remember(cfg.out_info, rows, self._out_info(cfg, out, rows))

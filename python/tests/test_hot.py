@@ -111,8 +111,8 @@ class TestRunner(unittest.TestCase):
         self.device = 0
         self.failed = []
 
-    def empty(self, shape, dtype, device):
-        t = T(shape, 0x90000 + 0x1000 * len(self.made), dtype, device)
+    def empty(self, *sizes, dtype, device):  # torch.empty(a, b, c, dtype=, device=)
+        t = T(sizes, 0x90000 + 0x1000 * len(self.made), dtype, device)
         self.made.append(t)
         return t
 
@@ -120,11 +120,16 @@ class TestRunner(unittest.TestCase):
         self.failed.append((status, handle, self.ctx._busy))
         raise Failed(f"status {status}")
 
+    def empty_like(self, t):
+        u = T(t.shape, 0x70000 + 0x1000 * len(self.made), t.dtype, t.device)
+        self.made.append(u)
+        return u
+
     def runner(self, total_qo=2, total_kv=-1, scratch=0x5550, graph=0, has_lse=1, base2=1,
-               fp8=0):
+               fp8=0, like=None):
         r = _hot.module().Runner(
             self.ctx, self.plan, self.cfg, self.seen_q, self.seen_kv, self.seen_out,
-            self.seen_lse, self.out_info, self.empty, {"dtype": "o-dtype", "device": "dev0"},
+            self.seen_lse, self.out_info, self.empty, like, {"dtype": "o-dtype", "device": "dev0"},
             {"dtype": "f32", "device": "dev0"}, lambda: self.device, lambda index: 0xabc0 + index,
             0, self.on_fail, LOG2E, ctypes.addressof(self.args),
             ctypes.cast(self.fn, ctypes.c_void_p).value, SM_SCALE, H, D, graph, has_lse, base2,
@@ -153,6 +158,25 @@ class TestRunner(unittest.TestCase):
                                        256, 128, 1)])
         self.assertEqual(self.ctx._busy, 0)
         self.assertEqual(o.muls, [])
+
+    def test_o_like_a_dense_q(self):
+        # o's dtype is q's: a dense q of the plain tensor type gives o by empty_like(q)
+        r = self.runner(like=(self.empty_like, T))
+        q, kv = self.tensors()  # q's rows are padded (stride H * D + 64): torch.empty
+        o = r(q, kv, None, None, False)
+        self.assertEqual((o.dtype, o.data_ptr()), ("o-dtype", 0x90000))
+        dense = T((2, H, D), 0x10000)
+        self.seen_q[_meta(dense)] = (2, H * D, D)
+        o = r(dense, kv, None, None, False)
+        self.assertEqual((o.shape, o.dtype, o.data_ptr()), ((2, H, D), "bf16", 0x71000))
+        self.assertEqual(self.calls[-1][5], 0x71000)
+
+        class Sub(T):
+            pass
+
+        sub = Sub((2, H, D), 0x10000)  # a subclass: torch.empty, as the Python path
+        self.seen_q[_meta(sub)] = (2, H * D, D)
+        self.assertEqual(r(sub, kv, None, None, False).dtype, "o-dtype")
 
     def test_out_and_lse_given(self):
         r = self.runner()
@@ -273,7 +297,7 @@ class TestRunner(unittest.TestCase):
         self.plan._handle = 0x2000
         unbound = _hot.module().Runner(  # the same dicts: only bind() is missing
             self.ctx, self.plan, self.cfg, self.seen_q, self.seen_kv, self.seen_out,
-            self.seen_lse, self.out_info, self.empty, {}, {}, lambda: 0, lambda i: 0, 0,
+            self.seen_lse, self.out_info, self.empty, None, {}, {}, lambda: 0, lambda i: 0, 0,
             self.on_fail, LOG2E, ctypes.addressof(self.args),
             ctypes.cast(self.fn, ctypes.c_void_p).value, SM_SCALE, H, D, 0, 1, 1, 0)
         self.assertIs(unbound(q, kv, None, None, False), NotImplemented)
