@@ -1,8 +1,9 @@
 """kiln — a runtime JIT generator of GPU attention kernels, from Python.
 
-A pure-Python binding (ctypes) over libkiln.so: no compiled extension, no build step beyond the
-repository's `make`. Without torch and without a GPU: variants and specs (Variant), contexts
-and compile-only kernels for any arch (Context.compile), kernel inspection (source, NVRTC log,
+A binding over libkiln.so: ctypes, and where `make` built it the C extension of kiln/hot.c that
+runs the batch wrappers' run() (kiln/_hot.py); no build step beyond the repository's `make`.
+Without torch and without a GPU: variants and specs (Variant), contexts and compile-only kernels
+for any arch (Context.compile), kernel inspection (source, NVRTC log,
 key material, cubin, resources), the variant a batch plan needs (batch_variant). With torch and
 a CUDA GPU: FlashInfer-shaped single-request decode and prefill, the batch wrappers (paged
 decode, paged and ragged prefill: plan/run, CUDA graphs), merge_state(s) and multi-level
