@@ -13,6 +13,8 @@ caller has written them), takes the host indptr from global_override_indptr_cpu 
 device-to-host copy), and builds last_page_len on the host when page_size is 1.
 """
 
+import array
+
 from . import _check
 from .batch import BatchDecodeWithPagedKVCacheWrapper
 from .page import _torch
@@ -54,6 +56,9 @@ class CUDAGraphBatchDecodeWithPagedKVCacheWrapper(BatchDecodeWithPagedKVCacheWra
                          paged_kv_indices_buffer=indices_buffer,
                          paged_kv_last_page_len_buffer=last_page_len_buffer, context=context,
                          lse_base=lse_base)
+
+
+_ONE = array.array("i", [1])  # a page of one token is full: last_page_len is all ones
 
 
 def _batch_of(last_page_len):
@@ -108,7 +113,7 @@ def fast_decode_plan(self, indptr, indices, last_page_len, num_qo_heads, num_kv_
     torch = _torch()
     batch = _batch_of(last_page_len)
     host_indptr = _host_indptr(torch, indptr, global_override_indptr_cpu, batch)
-    host_last = [1] * batch if page_size == 1 else last_page_len
+    host_last = _ONE * batch if page_size == 1 else last_page_len  # C ints: no checks
     self._copy_buffers = False  # the caller has written indptr and last_page_len
     try:
         BatchDecodeWithPagedKVCacheWrapper.plan(

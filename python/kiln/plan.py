@@ -53,9 +53,12 @@ def host_array(x, name, lo=_check.INT_MIN, hi=_check.INT_MAX):
 
     A contiguous 1-D int32 tensor on the host with the whole C int range allowed (plan()'s
     index arrays as engines pass them) is copied as it is into an array.array("i"), which is
-    both values and source: tolist() would cost 4 µs at 257 entries. Such values are every
-    C int; what else the arrays must satisfy, kiln_plan_schedule checks (check_indptr and
-    check_last_page_len leave those checks to it, see there)."""
+    both values and source: tolist() would cost 4 µs at 257 entries; an array.array("i") is
+    used as it is. Such values are every C int; what else the arrays must satisfy,
+    kiln_plan_schedule checks (check_indptr and check_last_page_len leave those checks to it,
+    see there)."""
+    if type(x) is array.array and x.typecode == "i" and lo <= _check.INT_MIN and _check.INT_MAX <= hi:
+        return x, x  # C ints already (fast_decode_plan's last_page_len of ones)
     tensor = hasattr(x, "tolist") and not isinstance(x, (list, tuple))
     if tensor and hasattr(x, "detach"):  # torch: to the host once
         if x.requires_grad:
