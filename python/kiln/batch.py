@@ -104,6 +104,8 @@ def few_tokens(qo_indptr, group, *, masked=False, graph=False):
     run keeps its kernel while later plans change the lengths) or for an empty batch."""
     if masked or graph or 64 % group or len(qo_indptr) < 2:
         return 0
+    if qo_indptr[-1] - qo_indptr[0] > FEW_TOKENS_MAX * (len(qo_indptr) - 1):
+        return 0  # more rows than that on average: the longest has more (no walk of B entries)
     longest = max(b - a for a, b in zip(qo_indptr, qo_indptr[1:]))
     if longest < 1 or longest > FEW_TOKENS_MAX:
         return 0

@@ -165,6 +165,10 @@ class TestBatchVariant(unittest.TestCase):
         self.assertEqual(ft([0, 0, 3, 8], 8), 8)  # a request with no tokens
         self.assertEqual(ft([0, 9], 1), 16)
         self.assertEqual(ft([0, 17], 4), 0)  # past 16: the prefill families
+        self.assertEqual(ft([0, 16, 32], 4), 16)  # 16 on average and at most
+        self.assertEqual(ft([0, 16, 33], 4), 0)  # more than 16 on average: one is longer
+        self.assertEqual(ft([0, 1, 2, 20], 4), 0)  # few on average, one past 16
+        self.assertEqual(ft([5, 6, 9], 4), 4)  # an indptr read from its first entry
         self.assertEqual(ft([0, 0, 0], 4), 0)  # no tokens at all
         self.assertEqual(ft([0], 4), 0)  # no requests
         self.assertEqual(ft([0, 3], 3), 0)  # a group that does not divide 64
