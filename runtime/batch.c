@@ -617,7 +617,14 @@ static kiln_status choose_chunk(const kiln_plan *pl, int ntiles, int max_keys, c
         /* each tile's keys in key tiles, once, into write_items' scratch (not yet in use) */
         int *units = pl->order + 2 * pl->scratch_cap;
         const unsigned g = (unsigned)pl->gran;
-        for (int t = 0; t < ntiles; t++) units[t] = (int)(((unsigned)pl->tile_keys[t] + g - 1) / g);
+        if ((g & (g - 1)) == 0) { /* a power of two, as every kernel's key tile is: no divide */
+            const int lg = __builtin_ctz(g);
+            for (int t = 0; t < ntiles; t++)
+                units[t] = (int)(((unsigned)pl->tile_keys[t] + g - 1) >> lg);
+        } else {
+            for (int t = 0; t < ntiles; t++)
+                units[t] = (int)(((unsigned)pl->tile_keys[t] + g - 1) / g);
+        }
         int shift = 0;
         for (int64_t c = pl->gran; c < max_keys; c *= 2, shift++) {
             const double est = estimate(pl, ntiles, c, units, shift, &it, &sp);
