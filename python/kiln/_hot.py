@@ -3,9 +3,9 @@
 `make` builds _kiln_hot.abi3.so (CPython's stable ABI, 3.10 and later) beside libkiln.so, and
 a wheel carries it beside the package's libkiln.so. plan() makes a Runner for each config
 (the kernel and scalars a plan() chose) and binds it to each batch planned, and run() calls
-it first: it runs the call when every tensor was checked before (by
-the Python path, into the config's dicts) and returns NotImplemented otherwise, leaving the
-call to the Python path. Without the extension the Python (ctypes) path does every call.
+it first: it runs the call when every tensor was checked before (by the Python path, into the
+config's dicts) and returns NotImplemented otherwise, leaving the call to the Python path.
+Without the extension the Python (ctypes) path does every call.
 
 $KILN_HOT: unset, the extension is used where it is found and loads; "0", never (the ctypes
 path only); "1", required: plan() raises KilnLibraryError when it is missing or does not
