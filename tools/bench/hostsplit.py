@@ -6,9 +6,9 @@ call, for the referee's host shape (decode paged, H 32, H_KV 8, D 128, page 16, 
 512..8192) at B 1 and 256: the whole run(), run() with out= given (no output allocation), both
 again on the ctypes path alone (a wrapper planned without the C Runner of kiln/hot.c), the
 C call alone with the context held (plan._call) and without (ctypes), torch.empty of o, the
-stream query, and plan() after a drain and back to back, then plan() under cProfile (where
-its time goes: the referee's plan() at B256 was twice what pyhost.py and kiln-bench add up
-to). The referee's host suite gives the totals beside the peers; this splits them. Host figures depend on the machine's CPU (two H100
+stream query, plan() after a drain and back to back, run() right after plan() (the referee's
+order, where run() took 55 µs at B256), then both under cProfile (where the time goes: the
+referee's plan() at B256 was twice what pyhost.py and kiln-bench add up to). The referee's host suite gives the totals beside the peers; this splits them. Host figures depend on the machine's CPU (two H100
 machines differed 2x on the same calls, docs/perf/notes.md session 35): compare within a run.
 
     KILN_LIB=build/lib/libkiln.so python3 tools/bench/hostsplit.py
@@ -47,13 +47,16 @@ def per_call(fn, n=200, rounds=7):
     return statistics.median(ts)
 
 
-def profile_plan(plan, calls=200, top=18):
-    """cProfile of plan() called after a drain each time: the functions by own time."""
+def profile_calls(call, before=None, calls=200, top=18):
+    """cProfile of call() after a drain (and before(), unprofiled) each time: the functions by
+    own time."""
     pr = cProfile.Profile()
     for _ in range(calls):
         torch.cuda.synchronize()
+        if before is not None:
+            before()
         pr.enable()
-        plan()
+        call()
         pr.disable()
     out = io.StringIO()
     pstats.Stats(pr, stream=out).sort_stats("tottime").print_stats(top)
@@ -109,11 +112,22 @@ def main():
             ts.append((time.perf_counter() - t0) * 1e6)
         ts.sort()
         print(f"| {B} | plan() after a drain (median; min {ts[0]:.2f}) | {ts[100]:.2f} |", flush=True)
-        profiles.append((B, profile_plan(plan)))
+        tr = []  # the referee's host suite: plan(), run(), drain; run() took 55 us at B256 there
+        for _ in range(200):
+            torch.cuda.synchronize()
+            plan()
+            t0 = time.perf_counter()
+            w.run(q, kv)
+            tr.append((time.perf_counter() - t0) * 1e6)
+        tr.sort()
+        print(f"| {B} | run() right after plan(), after a drain (median; min {tr[0]:.2f}) | "
+              f"{tr[100]:.2f} |", flush=True)
+        profiles.append((B, "plan()", profile_calls(plan)))
+        profiles.append((B, "run() right after plan()", profile_calls(lambda: w.run(q, kv), plan)))
         del pk, w, w0
-    for B, text in profiles:
-        print(f"\nplan() at B{B} after a drain, 200 calls under cProfile (its overhead inflates the "
-              f"Python frames; the C calls' own times stand):\n{text}")
+    for B, what, text in profiles:
+        print(f"\n{what} at B{B} after a drain, 200 calls under cProfile (its overhead inflates "
+              f"the Python frames; the C calls' own times stand):\n{text}")
 
 
 if __name__ == "__main__":
