@@ -6,7 +6,9 @@ create / workspace size / plan / describe in Python; kiln_plan_run by a C functi
 0, compiled here with cc, so that run() makes a real foreign call) and torch's CUDA queries
 (current stream, current device, capture state) answered without a GPU, on torch CPU tensors.
 run() is measured on both of its paths: "hot", the C Runner of kiln/hot.c (where `make` built
-build/lib/_kiln_hot.abi3.so), and "ctypes", the Python path alone (KILN_HOT=0's). The
+build/lib/_kiln_hot.abi3.so), and "ctypes", the Python path alone (KILN_HOT=0's); then, on the
+hot path, the other calls engines make each step (forward() with the last call's arguments,
+fast_decode_plan at page size 1, a causal paged prefill plan()). The
 shape is the referee's host suite (tools/bench/referee.py --only host): decode paged, H 32,
 H_KV 8, D 128, page 16, bf16, lengths 512..8192, indptr and last_page_len as int32 CPU
 tensors, plan() then run() back to back.
@@ -178,6 +180,62 @@ def measure(calls, rounds, B, path):
     return tp, tr
 
 
+def engine_calls(B):
+    """The other calls engines make every step, on the hot path's build: forward() with the
+    arguments of the last one (SGLang, every layer), fast_decode_plan at page size 1 (SGLang's
+    CUDA-graph decode) and a causal paged prefill plan() (requests of 1..300 query rows)."""
+    use_path("hot")
+    ctx, plan, run = setup(B)
+    plan()
+    w = dict(zip(run.__code__.co_freevars, (c.cell_contents for c in run.__closure__)))["w"]
+    q = torch.empty((B, H, D), dtype=torch.bfloat16)
+    lens = [512 + (b * 7919) % 7681 for b in range(B)]
+    tok = [0]
+    for n in lens:
+        tok.append(tok[-1] + n)
+    tok_h = torch.tensor(tok, dtype=torch.int32)
+    ids = torch.arange(tok[-1], dtype=torch.int32)
+    g = kiln.BatchDecodeWithPagedKVCacheWrapper(torch.empty(16 << 20, dtype=torch.uint8), "NHD",
+                                                context=ctx)
+    ones = torch.ones(B, dtype=torch.int32)
+
+    def fdp():
+        kiln.fast_decode_plan(g, tok_h, ids, ones, H, H_KV, D, 1, q_data_type=torch.bfloat16,
+                              global_override_indptr_cpu=tok_h)
+
+    pages = [(n + PAGE - 1) // PAGE for n in lens]
+    qo, pg, last = [0], [0], []
+    for b, (n, p) in enumerate(zip(lens, pages)):
+        qo.append(qo[-1] + 1 + (b * 31) % 300)
+        pg.append(pg[-1] + p)
+        last.append(n - (p - 1) * PAGE)
+    pw = kiln.BatchPrefillWithPagedKVCacheWrapper(torch.empty(16 << 20, dtype=torch.uint8), "NHD",
+                                                  context=ctx)
+    qo_h, pg_h, last_h = (torch.tensor(x, dtype=torch.int32) for x in (qo, pg, last))
+    pids = torch.arange(pg[-1], dtype=torch.int32)
+
+    def prefill_plan():
+        pw.plan(qo_h, pg_h, pids, last_h, H, H_KV, D, PAGE, causal=True,
+                q_data_type=torch.bfloat16)
+
+    kv = (torch.empty((pg[-1], PAGE, H_KV, D), dtype=torch.bfloat16),) * 2
+    calls = [("forward (same arguments)", lambda: w.forward(q, kv, sm_scale=D ** -0.5)),
+             ("fast_decode_plan, page 1", fdp), ("prefill plan (paged, causal)", prefill_plan)]
+    for _, f in calls:  # warm: configs, plans, Runners
+        f()
+    out = []
+    for name, f in calls:
+        ts = []
+        for _ in range(5):
+            for _ in range(200):
+                t0 = time.perf_counter()
+                f()
+                ts.append((time.perf_counter() - t0) * 1e6)
+        out.append((name, sorted(ts)))
+    ctx.close()
+    return out
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--calls", type=int, default=200, help="plan + run pairs per round")
@@ -196,6 +254,11 @@ def main():
             for name, ts in (("plan", tp), ("run", tr)):
                 ts.sort()
                 print(f"| {name} | {path} | {B} | {statistics.median(ts):.1f} | {ts[0]:.1f} | "
+                      f"{ts[len(ts) * 9 // 10]:.1f} |", flush=True)
+    if "hot" in a.paths.split(","):
+        for B in (1, 256):
+            for name, ts in engine_calls(B):
+                print(f"| {name} | hot | {B} | {statistics.median(ts):.1f} | {ts[0]:.1f} | "
                       f"{ts[len(ts) * 9 // 10]:.1f} |", flush=True)
 
 
