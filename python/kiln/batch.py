@@ -24,7 +24,9 @@ torch is imported only inside the functions; batch_variant and the argument chec
 work without it.
 """
 
+import array
 import functools
+import sys
 
 from . import _check
 from ._planvalue import _PlanValue
@@ -106,7 +108,14 @@ def few_tokens(qo_indptr, group, *, masked=False, graph=False):
         return 0
     if qo_indptr[-1] - qo_indptr[0] > FEW_TOKENS_MAX * (len(qo_indptr) - 1):
         return 0  # more rows than that on average: the longest has more (no walk of B entries)
-    longest = max(b - a for a, b in zip(qo_indptr, qo_indptr[1:]))
+    torch = sys.modules.get("torch")
+    if (type(qo_indptr) is array.array and qo_indptr.itemsize == 4 and len(qo_indptr) > 64
+            and torch is not None):
+        # an int32 tensor's copy (plan.host_array): one diff and max in torch, 6 us at B256
+        # against 15 for the walk in Python (speculative verify: a few rows a request)
+        longest = int(torch.diff(torch.frombuffer(qo_indptr, dtype=torch.int32)).max())
+    else:
+        longest = max(b - a for a, b in zip(qo_indptr, qo_indptr[1:]))
     if longest < 1 or longest > FEW_TOKENS_MAX:
         return 0
     return 1 << (longest - 1).bit_length()

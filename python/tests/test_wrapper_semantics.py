@@ -342,6 +342,32 @@ class TestForward(CpuCase):
         self.assertEqual(rw.variant.logits, "softcap")
 
 
+@unittest.skipUnless(HAVE_TORCH, "needs torch (CPU is enough)")
+class TestFewTokensBatch(unittest.TestCase):
+    """few_tokens over an int32 tensor's copy (plan.host_array's array.array): the longest
+    request by torch past 64 requests, as by the walk in Python."""
+
+    def test_the_same_choice_either_way(self):
+        import array
+        import random
+
+        from kiln import batch
+
+        rnd = random.Random(7)
+        for trial in range(300):
+            B = rnd.choice((3, 64, 65, 200, 256))
+            rows = [rnd.choice((1, 2, 4, 5)) for _ in range(B)]
+            if trial % 3 == 1:
+                rows[rnd.randrange(B)] = rnd.choice((0, 16, 17, 40))
+            if trial % 7 == 2:
+                rows = [0] * B
+            indptr = [0]
+            for n in rows:
+                indptr.append(indptr[-1] + n)
+            got = batch.few_tokens(array.array("i", indptr), 4)
+            self.assertEqual(got, batch.few_tokens(indptr, 4), (B, rows))
+
+
 class TestSharedWorkspace(CpuCase):
     """Wrappers on one float workspace: each plan's schedule goes to a buffer of its wrapper's
     own, the shared buffer is every plan's scratch; plans and runs interleave freely."""
