@@ -186,6 +186,15 @@ def _float_scale(value, name):
 _KEY_TYPES = {type(None), bool, int, float, str}
 
 
+def _scalars_key(scalars):
+    """(values, types) of a dict of plan() scalar arguments, in its order: a key equal only
+    for the same values of the same types (1 and 1.0 and True differ); None when a value is
+    not of _KEY_TYPES."""
+    values = tuple(scalars.values())
+    types = tuple(map(type, values))
+    return (values, types) if _KEY_TYPES.issuperset(types) else None
+
+
 class _Config:
     """What one set of plan() scalar arguments decides: checked values, the variant, and once
     a plan reaches the device its kernel, kiln.Plan, torch dtypes, ALiBi slopes and the
@@ -339,9 +348,7 @@ class _BatchWrapper:
         """The _Config of these plan() scalar arguments (a dict, in a fixed order): found by
         their values and types, or built by the wrapper's _make_config (which checks them)."""
         self._state = None  # a failed plan leaves nothing to run
-        values = tuple(scalars.values())
-        types = tuple(map(type, values))
-        key = (values, types) if _KEY_TYPES.issuperset(types) else None
+        key = _scalars_key(scalars)
         cfg = self._configs.get(key) if key is not None else None
         if cfg is None:
             cfg = self._make_config(**scalars)
@@ -782,9 +789,7 @@ class _BatchWrapper:
         stay for later runs, as in FlashInfer), re-planning the batch when they change what
         was planned; then run()."""
         st = self._state
-        values = tuple(changes.values())
-        types = tuple(map(type, values))
-        key = (values, types) if _KEY_TYPES.issuperset(types) else None
+        key = _scalars_key(changes)
         if st is not None and key is not None and key == st.forwarded:
             return run(*args, **kwargs)  # as the last forward() on this plan: all done already
         self._replan(**changes)
