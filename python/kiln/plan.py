@@ -57,7 +57,8 @@ def host_array(x, name, lo=_check.INT_MIN, hi=_check.INT_MAX):
     used as it is. Such values are every C int; what else the arrays must satisfy,
     kiln_plan_schedule checks (check_indptr and check_last_page_len leave those checks to it,
     see there)."""
-    if type(x) is array.array and x.typecode == "i" and lo <= _check.INT_MIN and _check.INT_MAX <= hi:
+    any_int = lo <= _check.INT_MIN and _check.INT_MAX <= hi  # every C int allowed
+    if any_int and type(x) is array.array and x.typecode == "i":
         return x, x  # C ints already (fast_decode_plan's last_page_len of ones)
     tensor = hasattr(x, "tolist") and not isinstance(x, (list, tuple))
     if tensor and hasattr(x, "detach"):  # torch: to the host once
@@ -66,15 +67,13 @@ def host_array(x, name, lo=_check.INT_MIN, hi=_check.INT_MAX):
         if x.is_cuda:
             x = x.cpu()
         width = _int_widths(x).get(x.dtype)
-        if (width == 32 and x.dim() == 1 and lo <= _check.INT_MIN and _check.INT_MAX <= hi
-                and x.is_cpu and x.is_contiguous()):
+        if any_int and width == 32 and x.dim() == 1 and x.is_cpu and x.is_contiguous():
             n = x.numel()
             values = array.array("i", ctypes.string_at(x.data_ptr(), 4 * n) if n else b"")
             return values, values
         if width is not None and x.dim() == 1:
             values = x.tolist()  # Python ints
-            narrow = width <= 32 and lo <= _check.INT_MIN and _check.INT_MAX <= hi
-            if narrow or not values or (lo <= min(values) and max(values) <= hi):
+            if (width <= 32 and any_int) or not values or (lo <= min(values) and max(values) <= hi):
                 if width == 32 and x.is_cpu and x.is_contiguous():
                     return values, x
                 return values, array.array("i", values)
