@@ -617,7 +617,7 @@ static kiln_status choose_chunk(const kiln_plan *pl, int ntiles, int max_keys, c
         /* each tile's keys in key tiles, once, into write_items' scratch (not yet in use) */
         int *units = pl->order + 2 * pl->scratch_cap;
         const unsigned g = (unsigned)pl->gran;
-        if ((g & (g - 1)) == 0) { /* a power of two, as every kernel's key tile is: no divide */
+        if ((g & (g - 1)) == 0) { /* a power of two (all but the 80-, 176- and 192-key tiles) */
             const int lg = __builtin_ctz(g);
             for (int t = 0; t < ntiles; t++)
                 units[t] = (int)(((unsigned)pl->tile_keys[t] + g - 1) >> lg);
