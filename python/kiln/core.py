@@ -336,7 +336,9 @@ class _Hold:
     """One call's hold on a context (Context._use): entering counts the call in, or raises
     KilnInvalidArgumentError once close() has begun; leaving counts it out and wakes close().
     __enter__ returns the context's handle, or make(handle) when make is given (a kernel's or
-    plan's pointer with it). A class, not a generator: it sits on every launch."""
+    plan's pointer with it). A class, not a generator: it sits on every launch. kiln/hot.c's
+    hold() and unhold() count a C run in and out the same way (_lock, _handle, _closing,
+    _busy, _cv), without the per-thread count: change the protocol in both places."""
 
     __slots__ = ("_ctx", "_make")
 
