@@ -149,7 +149,7 @@ def setup(B):
     def run():
         return w.run(q, (k, v))
 
-    return ctx, plan, run
+    return ctx, plan, run, w
 
 
 def use_path(path):
@@ -163,7 +163,7 @@ def use_path(path):
 
 def measure(calls, rounds, B, path):
     use_path(path)
-    ctx, plan, run = setup(B)
+    ctx, plan, run, _ = setup(B)
     plan()
     run()  # warm: kernels, plan objects, caches
     tp, tr = [], []
@@ -185,9 +185,8 @@ def engine_calls(B):
     arguments of the last one (SGLang, every layer), fast_decode_plan at page size 1 (SGLang's
     CUDA-graph decode) and a causal paged prefill plan() (requests of 1..300 query rows)."""
     use_path("hot")
-    ctx, plan, run = setup(B)
+    ctx, plan, _, w = setup(B)
     plan()
-    w = dict(zip(run.__code__.co_freevars, (c.cell_contents for c in run.__closure__)))["w"]
     q = torch.empty((B, H, D), dtype=torch.bfloat16)
     lens = [512 + (b * 7919) % 7681 for b in range(B)]
     tok = [0]
