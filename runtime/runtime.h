@@ -147,8 +147,13 @@ unsigned kiln__persistent_grid(const kiln_kernel *k, int64_t jobs);
 /* tma.c: the Q, K, V and O tensor maps of a wgmma kernel that loads by TMA (cfg.load ==
  * KILN_WGMMA_LOAD_TMA) for the tensors of p; q_rows and kv_rows bound the rows each map covers
  * (the kernel copies only whole tiles by TMA, inside a request). Sets p->o_by_tma: whether O's
- * map is there (O's pointer and strides suit TMA). `what` names the call in messages. */
+ * map is there (O's pointer and strides suit TMA). `what` names the call in messages. A map
+ * whose arguments the calling thread encoded lately is copied from its memo, no driver call. */
 kiln_status kiln__tma_maps(const kiln_kernel *k, kiln_launch_params *p, const char *what,
                            int64_t q_rows, int64_t kv_rows, kiln_tma_maps *m, kiln__err *e);
+
+/* tma.c: forget the calling thread's memo of encoded maps (tests, before and after a fake
+ * driver encodes into it). */
+void kiln__tma_memo_clear(void);
 
 #endif /* KILN_RUNTIME_H */

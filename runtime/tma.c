@@ -1,15 +1,87 @@
 /*
  * tma.c — the tensor maps of a wgmma kernel that loads by TMA (kiln__config.load ==
  * KILN_WGMMA_LOAD_TMA, templates/wgmma_attention.cuh): one per tensor (Q, K, V, O), encoded on the
- * host for each launch with the driver's cuTensorMapEncodeTiled and passed by value as the
- * kernel's second argument (kiln_tma_maps, params.h). A paged cache's K and V maps are 4-D
- * (one box per page, kiln_wgmma_tma_page_rows). Pure host work: no device call, so a
- * launch stays capturable in a CUDA graph (the maps are copied into the graph's node with the
- * other arguments).
+ * host with the driver's cuTensorMapEncodeTiled and passed by value as the kernel's second
+ * argument (kiln_tma_maps, params.h). A paged cache's K and V maps are 4-D (one box per page,
+ * kiln_wgmma_tma_page_rows). Pure host work: no device call, so a launch stays capturable in a
+ * CUDA graph (the maps are copied into the graph's node with the other arguments).
+ *
+ * A map is a function of its encode arguments only (address, sizes, strides, box), so each
+ * thread keeps the maps it encoded last in a small table (memo below) and copies one out when
+ * the same arguments come again: an engine's launches repeat the same cache pools, layer after
+ * layer and step after step, and a launch then makes no driver call but the launch itself.
  */
+#include <pthread.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "runtime.h"
+
+/* ---- the memo: a thread's last maps, by a hash of their arguments ---- */
+
+/* Everything cuTensorMapEncodeTiled is given, bar what is constant here (16-bit elements, the
+ * 128-byte swizzle, 64-column boxes of one head): equal keys encode equal maps. */
+typedef struct map_key {
+    unsigned long long base;
+    long long stride_page, stride_n, stride_h;
+    int64_t rows;
+    int heads, box_rows, D, pad;
+} map_key;
+
+/* 64 sets of 4 maps (each set refilled round robin): an engine's Q and O, and the K and V
+ * pools of its layers, stay in it across steps. */
+enum { MEMO_SETS = 64, MEMO_WAYS = 4 };
+
+typedef struct memo_slot {
+    map_key key;
+    int used;
+    kiln_tma_map map;
+} memo_slot;
+
+typedef struct memo_table {
+    memo_slot slot[MEMO_SETS][MEMO_WAYS];
+    unsigned char next[MEMO_SETS]; /* the way each set refills next */
+} memo_table;
+
+/* The calling thread's table (48 KB), allocated on its first map and freed when it exits; NULL
+ * where it could not be allocated (every map is then encoded). */
+static pthread_key_t memo_key;
+static pthread_once_t memo_once = PTHREAD_ONCE_INIT;
+static int memo_key_ok;
+static _Thread_local memo_table *memo;
+
+static void memo_key_create(void) { memo_key_ok = pthread_key_create(&memo_key, free) == 0; }
+
+static memo_table *memo_get(void)
+{
+    if (memo) return memo;
+    pthread_once(&memo_once, memo_key_create);
+    if (!memo_key_ok) return NULL;
+    memo_table *t = calloc(1, sizeof *t);
+    if (t && pthread_setspecific(memo_key, t)) {
+        free(t);
+        t = NULL;
+    }
+    return memo = t;
+}
+
+static unsigned memo_set(const map_key *key)
+{
+    uint64_t h = 0x9e3779b97f4a7c15ull;
+    const uint64_t w[] = {key->base,
+                          (uint64_t)key->stride_page,
+                          (uint64_t)key->stride_n,
+                          (uint64_t)key->stride_h,
+                          (uint64_t)key->rows,
+                          (uint64_t)key->heads << 32 | (uint32_t)key->box_rows,
+                          (uint64_t)key->D};
+    for (size_t i = 0; i < sizeof w / sizeof w[0]; i++) {
+        h ^= w[i];
+        h *= 0xff51afd7ed558ccdull;
+        h ^= h >> 33;
+    }
+    return (unsigned)(h % MEMO_SETS);
+}
 
 /* One map: 16-bit [rows, heads, D] at base with the given element strides, boxes of 64
  * columns x 1 head x box_rows rows, swizzled 128 bytes (the layout the kernel's wgmma reads).
@@ -26,6 +98,26 @@ static kiln_status encode(const kiln_kernel *k, const char *what, const char *na
                           "positive for the wgmma family's TMA loads (KILN_TUNE load=1 copies "
                           "without them)",
                           what, k->spec, name, stride_page, stride_n, stride_h);
+    map_key key;
+    memset(&key, 0, sizeof key); /* the padding too: keys are compared with memcmp */
+    key.base = base;
+    key.stride_page = stride_page;
+    key.stride_n = stride_n;
+    key.stride_h = stride_h;
+    key.rows = rows;
+    key.heads = heads;
+    key.box_rows = box_rows;
+    key.D = D;
+    memo_table *t = memo_get();
+    const unsigned set = memo_set(&key);
+    if (t)
+        for (int w = 0; w < MEMO_WAYS; w++) {
+            const memo_slot *m = &t->slot[set][w];
+            if (m->used && !memcmp(&m->key, &key, sizeof key)) {
+                *out = m->map;
+                return KILN_STATUS_OK;
+            }
+        }
     CUtensorMap map;
     const cuuint64_t dim[4] = {(cuuint64_t)D, (cuuint64_t)heads, (cuuint64_t)rows,
                                (cuuint64_t)INT32_MAX};
@@ -45,6 +137,13 @@ static kiln_status encode(const kiln_kernel *k, const char *what, const char *na
                              paged ? " a page" : "", heads, stride_h, stride_page);
     _Static_assert(sizeof map == sizeof *out, "a CUtensorMap is a kiln_tma_map");
     memcpy(out, &map, sizeof map);
+    if (t) { /* failures are not kept: each one is tried, and reported, again */
+        memo_slot *m = &t->slot[set][t->next[set]];
+        t->next[set] = (unsigned char)((t->next[set] + 1) % MEMO_WAYS);
+        m->key = key;
+        m->map = *out;
+        m->used = 1;
+    }
     return KILN_STATUS_OK;
 }
 
@@ -84,4 +183,9 @@ kiln_status kiln__tma_maps(const kiln_kernel *k, kiln_launch_params *p, const ch
         st = encode(k, what, "v", p->v, paged ? p->v_stride_page : 0, p->v_stride_n, p->v_stride_h,
                     kv_rows, p->num_kv_heads, rows, &m->v, e);
     return st;
+}
+
+void kiln__tma_memo_clear(void)
+{
+    if (memo) memset(memo, 0, sizeof *memo);
 }
