@@ -358,7 +358,7 @@ def suite_host(a, suite):
                 m = re.match(r"\| (decode paged|prefill paged causal) \| (kiln_plan_schedule|kiln_plan_run) \| (\d+) \| "
                              r"([\d.]+) \| ([\d.]+) \| ([\d.]+) \|", line)
                 if m:
-                    RES.add(dict(suite=suite, point=f"{m[1]} B{m[3]} {m[2][11:]}", lib="kiln C API", unit="µs",
+                    RES.add(dict(suite=suite, point=f"{m[1]} B{m[3]} {m[2][len('kiln_plan_'):]}", lib="kiln C API", unit="µs",
                                  host_us=float(m[4]), check=f"min {m[5]}, p90 {m[6]}"))
         except Exception as e:  # noqa: BLE001
             RES.add(dict(suite=suite, point="C API", lib="kiln C API", unit="µs", check="failed", error=short(e)))
