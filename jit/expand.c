@@ -304,6 +304,12 @@ kiln_status kiln__expand(const kiln_variant *v, const kiln__config *cfg, const c
                          "%s(const __grid_constant__ kiln_launch_params p)\n{\n"
                          "    kiln::decode_merge_kernel<kiln_cfg>(p);\n}\n",
                          cfg->merge_threads, KILN__ENTRY_MERGE);
+    if (batch && decode) /* for tasks of many slots (a B1 decode's): one round trip */
+        kiln__str_printf(&s,
+                         "\nextern \"C\" __global__ void __launch_bounds__(%d)\n"
+                         "%s(const __grid_constant__ kiln_launch_params p)\n{\n"
+                         "    kiln::batch_merge_kernel<kiln_cfg, kiln::MERGE_BATCH_WIDE>(p);\n}\n",
+                         cfg->merge_threads, KILN__ENTRY_MERGE_WIDE);
     if (tile_map)
         kiln__str_printf(&s,
                          "\nextern \"C\" __global__ void __launch_bounds__(%d)\n"

@@ -149,6 +149,7 @@ kiln_status kiln__expand(const kiln_variant *v, const kiln__config *cfg, const c
  * the three merge-state kernels instead of main. */
 #define KILN__ENTRY_MAIN           "kiln_main"
 #define KILN__ENTRY_MERGE          "kiln_merge"
+#define KILN__ENTRY_MERGE_WIDE     "kiln_merge_wide"
 #define KILN__ENTRY_TILE_MAP       "kiln_tile_map"
 #define KILN__ENTRY_MERGE_STATE    "kiln_merge_state"
 #define KILN__ENTRY_MERGE_IN_PLACE "kiln_merge_state_in_place"

@@ -90,6 +90,7 @@ struct kiln_plan {
     /* the last plan */
     kiln_plan_info info;
     int grid, tasks_grid;
+    int wide_merge; /* the merge kernel is kiln_merge_wide (kiln__launch_merge) */
     layout lay;
     size_t uploaded;   /* bytes of the int region the last upload copied */
     kiln_devptr ws;    /* the workspace of the last schedule: its int region at offset 0 */
@@ -729,6 +730,7 @@ static int size_bucket(unsigned size)
 /* What the items and tasks written add up to. */
 typedef struct sched_counts {
     int items, tasks, slots;
+    int task_slots; /* the most slots of one task */
     int64_t total_keys, longest;
 } sched_counts;
 
@@ -743,7 +745,7 @@ static void write_items(kiln_plan *pl, int ntiles, int64_t chunk, const layout *
     const kiln_work_req *req = (const kiln_work_req *)(w + L->reqs_off); /* written before */
     kiln_merge_task *task = (kiln_merge_task *)(w + L->tasks_off);
     const int *tile_b = pl->order, *tile_m = pl->order + pl->scratch_cap;
-    int nitems = 0, ntasks = 0, nslot = 0;
+    int nitems = 0, ntasks = 0, nslot = 0, task_slots = 0;
     int64_t total_keys = 0, longest = 0;
     /* counting sort of the tiles by their items' keys, longest first */
     int *tile_bucket = pl->order + 2 * pl->scratch_cap, *sorted = pl->order + 3 * pl->scratch_cap;
@@ -796,6 +798,7 @@ static void write_items(kiln_plan *pl, int ntiles, int64_t chunk, const layout *
             task[ntasks].nslots = (int)n;
             ntasks++;
             nslot += (int)n;
+            if (n > task_slots) task_slots = (int)n;
         }
         total_keys += keys;
         if (size > longest) longest = size;
@@ -811,7 +814,7 @@ static void write_items(kiln_plan *pl, int ntiles, int64_t chunk, const layout *
     hdr->tasks = ntasks;
     hdr->reqs = B;
     hdr->next_job = 0;
-    *out = (sched_counts){nitems, ntasks, nslot, total_keys, longest};
+    *out = (sched_counts){nitems, ntasks, nslot, task_slots, total_keys, longest};
 }
 
 /* Phase 5, the upload: one copy of the int region actually used (header .. last task, or with
@@ -853,6 +856,8 @@ static void keep(kiln_plan *pl, const layout *L, int B, const sched_counts *n, i
         pl->grid = n->items;
         pl->tasks_grid = n->tasks;
     }
+    /* a decode task of more slots than kiln_merge loads in one round trip: kiln_merge_wide */
+    pl->wide_merge = pl->decode && n->task_slots > KILN_MERGE_BATCH;
     pl->info = (kiln_plan_info){.batch = B,
                                 .items = n->items,
                                 .grid = pl->grid,
@@ -984,8 +989,8 @@ kiln_status kiln_plan_run(kiln_plan *pl, const kiln_batch_args *a, void *stream)
     }
     /* the merge kernel, unless the main kernel's split CTAs merged their tasks already */
     if (r == CUDA_SUCCESS && pl->tasks_grid > 0 && !pl->k->cfg.fused_merge)
-        r = kiln__launch_merge(k, (unsigned)pl->tasks_grid, (unsigned)pl->H, (CUstream)stream,
-                               args);
+        r = kiln__launch_merge(k, (unsigned)pl->tasks_grid, (unsigned)pl->H, pl->wide_merge,
+                               (CUstream)stream, args);
     if (r != CUDA_SUCCESS)
         return plan_fail(pl, kiln__cu_fail(&e, r, "run %s: launch", k->spec), &e);
     return KILN_STATUS_OK;

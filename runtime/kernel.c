@@ -92,6 +92,8 @@ static kiln_status load_module(kiln_ctx *ctx, kiln_kernel *k, kiln__err *e)
         r = cu->cuModuleGetFunction(&k->fn_main, k->module, KILN__ENTRY_MAIN);
         if (r == CUDA_SUCCESS && (k->v.op == KILN_OP_DECODE || k->v.kv != KILN_KV_CONTIGUOUS))
             r = cu->cuModuleGetFunction(&k->fn_merge, k->module, KILN__ENTRY_MERGE);
+        if (r == CUDA_SUCCESS && k->v.op == KILN_OP_DECODE && k->v.kv != KILN_KV_CONTIGUOUS)
+            r = cu->cuModuleGetFunction(&k->fn_merge_wide, k->module, KILN__ENTRY_MERGE_WIDE);
     }
     if (r == CUDA_SUCCESS)
         r = cu->cuFuncSetAttribute(k->fn_main, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,

@@ -386,13 +386,15 @@ kiln_status kiln_decode_workspace_size(const kiln_kernel *k, int num_qo_heads, i
     return KILN_STATUS_OK;
 }
 
-CUresult kiln__launch_merge(const kiln_kernel *k, unsigned gx, unsigned gy, CUstream stream,
-                            void **args)
+CUresult kiln__launch_merge(const kiln_kernel *k, unsigned gx, unsigned gy, int wide,
+                            CUstream stream, void **args)
 {
     const kiln__cu *cu = k->ctx->cu;
     const unsigned threads = (unsigned)k->cfg.merge_threads;
+    KILN__ASSERT(!wide || k->fn_merge_wide); /* only batch decode plans ask for it */
+    CUfunction fn = wide ? k->fn_merge_wide : k->fn_merge;
     if (!k->cfg.pdl || !cu->cuLaunchKernelEx) /* no PDL, or a driver without the launch */
-        return cu->cuLaunchKernel(k->fn_merge, gx, gy, 1, threads, 1, 1, 0, stream, args, NULL);
+        return cu->cuLaunchKernel(fn, gx, gy, 1, threads, 1, 1, 0, stream, args, NULL);
     KILN__ASSERT(k->ctx->arch_sm >= 90); /* the config refuses pdl=1 below sm_90 */
     CUlaunchAttribute attr;
     memset(&attr, 0, sizeof attr);
@@ -408,7 +410,7 @@ CUresult kiln__launch_merge(const kiln_kernel *k, unsigned gx, unsigned gy, CUst
                               .hStream = stream,
                               .attrs = &attr,
                               .numAttrs = 1};
-    return cu->cuLaunchKernelEx(&c, k->fn_merge, args, NULL);
+    return cu->cuLaunchKernelEx(&c, fn, args, NULL);
 }
 
 kiln_status kiln_single_decode(kiln_kernel *k, const kiln_attn_args *a, void *stream)
@@ -445,7 +447,7 @@ kiln_status kiln_single_decode(kiln_kernel *k, const kiln_attn_args *a, void *st
         cu->cuLaunchKernel(k->fn_main, (unsigned)p.num_splits, hk, gz, (unsigned)k->cfg.threads, 1,
                            1, (unsigned)k->cfg.smem_bytes, (CUstream)stream, args, NULL);
     if (r == CUDA_SUCCESS && p.num_splits > 1)
-        r = kiln__launch_merge(k, (unsigned)H, 1, (CUstream)stream, args);
+        r = kiln__launch_merge(k, (unsigned)H, 1, 0, (CUstream)stream, args);
     return launched(k, r, "single decode", &e);
 }
 

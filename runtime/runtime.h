@@ -59,6 +59,7 @@ struct kiln_kernel {
     int building; /* 1 while one thread builds or loads it; others wait on memo_cond */
     CUmodule module;
     CUfunction fn_main, fn_merge, fn_aux; /* merge ops: state, in place, states */
+    CUfunction fn_merge_wide; /* batch decode: the merge of tasks of many slots (merge.cuh) */
     int ctas_per_sm;                      /* occupancy of fn_main */
     uint64_t memo_hash;
     struct kiln_kernel *next; /* memo chain */
@@ -131,14 +132,14 @@ void kiln__plan_last_layout(const kiln_plan *pl, kiln__plan_layout *out);
 
 /* launch.c: the merge kernel of k (grid gx x gy, cfg.merge_threads threads, args: the main
  * kernel's; the wgmma family's second argument, the tensor maps, goes unread) on stream, after
- * its main kernel. With cfg.pdl a programmatic dependent launch (cuLaunchKernelEx,
+ * its main kernel; wide: the batch decode's kiln_merge_wide (fn_merge_wide) instead. With cfg.pdl a programmatic dependent launch (cuLaunchKernelEx,
  * CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION): scheduled while the main kernel's
  * last CTAs run, its threads wait in the kernel (templates/merge.cuh wait_main_grid); an
  * ordinary cuLaunchKernel without pdl, or on a driver that lacks cuLaunchKernelEx (the wait is
  * then a no-op: the stream has ordered the kernels already). Allocates nothing, never
  * synchronises: a stream capture records it as a kernel node on a programmatic edge. */
-CUresult kiln__launch_merge(const kiln_kernel *k, unsigned gx, unsigned gy, CUstream stream,
-                            void **args);
+CUresult kiln__launch_merge(const kiln_kernel *k, unsigned gx, unsigned gy, int wide,
+                            CUstream stream, void **args);
 
 /* launch.c: CTAs along x of a persistent wgmma kernel (cfg.persist) with `jobs` work tiles:
  * as many as fit on the GPU at once, at most one per job (and at least 1). */

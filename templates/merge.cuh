@@ -68,9 +68,12 @@ template <bool FRESH> __device__ __forceinline__ float load_partial(const float 
 /* The loads of a split merge in flight at once: a merge is latency bound, so it loads the
  * partial states N at a time before it uses any (one L2 round trip per batch, not per state).
  * The merge kernels take batches of up to MERGE_BATCH (32 states in one round trip; 8 when
- * there are no more); the fused merge, in a main kernel with few registers to spare,
- * FUSED_MERGE_BATCH. The bits do not depend on N (merge_partials). */
-constexpr int MERGE_BATCH = 32, FUSED_MERGE_BATCH = 8;
+ * there are no more), the batch decode's wide merge kernel MERGE_BATCH_WIDE (64: the B1
+ * decode's 64 splits in one round trip instead of four, with twice the registers, so it is
+ * launched only where a task has more than MERGE_BATCH slots); the fused merge, in a main
+ * kernel with few registers to spare, FUSED_MERGE_BATCH. The bits do not depend on N
+ * (merge_partials). */
+constexpr int MERGE_BATCH = KILN_MERGE_BATCH, MERGE_BATCH_WIDE = KILN_MERGE_BATCH_WIDE, FUSED_MERGE_BATCH = 8;
 
 /* N partial states s0 .. s0 + N - 1 of one element, loaded before any is used: those from ns
  * on are read again at state ns - 1 (in bounds, no branch: a load behind a branch is issued
@@ -146,6 +149,8 @@ __device__ __forceinline__ state_merge merge_partials(int ns, const float *lse, 
 {
     if constexpr (N > 8)
         if (ns <= 8) return merge_batches<FRESH, 8>(ns, lse, lse_step, o, o_step);
+    if constexpr (N > MERGE_BATCH)
+        if (ns <= MERGE_BATCH) return merge_batches<FRESH, MERGE_BATCH>(ns, lse, lse_step, o, o_step);
     return merge_batches<FRESH, N>(ns, lse, lse_step, o, o_step);
 }
 
@@ -185,8 +190,9 @@ __device__ __forceinline__ void merge_split_element(const kiln_launch_params &p,
 }
 
 /* One merge task of a batch plan per CTA x (padded grid: tasks past the count return), one
- * query head per CTA y: the slots of the task's query tile into its rows of o. */
-template <class Cfg> __device__ void batch_merge_kernel(const kiln_launch_params &p)
+ * query head per CTA y: the slots of the task's query tile into its rows of o, N states a
+ * round trip (kiln_merge: MERGE_BATCH; the batch decode's kiln_merge_wide: MERGE_BATCH_WIDE). */
+template <class Cfg, int N = MERGE_BATCH> __device__ void batch_merge_kernel(const kiln_launch_params &p)
 {
     constexpr int D = Cfg::D;
     if ((int)blockIdx.x >= num_tasks(p)) {
@@ -200,7 +206,7 @@ template <class Cfg> __device__ void batch_merge_kernel(const kiln_launch_params
     const work_req r = load_req(p, t.b);
     wait_main_grid<Cfg>(); /* the partial states are the main kernel's */
     const int h = blockIdx.y, R = p.slot_rows, nrows = min(R, r.qo_len - t.m * R);
-    for (int e = threadIdx.x; e < nrows * D; e += blockDim.x) merge_split_element<Cfg, false, MERGE_BATCH>(p, t, r, h, e / D, e % D);
+    for (int e = threadIdx.x; e < nrows * D; e += blockDim.x) merge_split_element<Cfg, false, N>(p, t, r, h, e / D, e % D);
 }
 
 /* The fused merge (kiln_cfg::FUSED_MERGE): called by every thread of a split CTA of a batch

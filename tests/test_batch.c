@@ -679,8 +679,10 @@ KT_GPU_TEST(gpu_plan_scratch_errors)
  * merge task merges it) writes the bits the merge kernel writes (the default), on both
  * decode families: tensor cores (G 4, paged and ragged, and fp8 KV read in registers), CUDA
  * cores (G 1, and fp8 KV with RoPE at G 4).
- * A batch of odd lengths (1, 17, 1000, 4097, 0), pages of 16, lse on, split by fixed_split and
- * by the planner, run eagerly and from a CUDA graph (kiln_check_batch_same: in graph mode each
+ * A batch of odd lengths (1, 17, 1000, 4097, 0), pages of 16, lse on, split by fixed_split (256
+ * keys, and 64: 65 slots in the longest request's task, which the merge kernel reads with
+ * kiln_merge_wide, 64 states a round trip) and by the planner, run eagerly and from a CUDA
+ * graph (kiln_check_batch_same: in graph mode each
  * schedule's graph is launched twice, the second time on the counters the first put back, and
  * a second schedule of other lengths is replayed the same way); the fused kernel is then
  * checked against the float64 reference in the same modes. */
@@ -708,18 +710,21 @@ KT_GPU_TEST(gpu_batch_fused_merge)
         if (!k0 || !k1) continue;
         KT_CHECK(k0->cfg.fused_merge == 0 && k1->cfg.fused_merge == 1);
         KT_EQ_INT(k1->cfg.pack, v.group == 4 && !v.rope);
-        for (int mode = 0; mode < 4; mode++) { /* planner / fixed split, eager / graph */
+        for (int mode = 0; mode < 6; mode++) { /* planner / 256 / 64 keys a split, eager / graph */
+            static const int split[3] = {0, 256, 64};
             kiln_check_batch s = {.batch = 5,
                                   .kv_lens = kv,
                                   .num_qo_heads = v.group == 1 ? 8 : 4 * v.group,
                                   .page_size = 16,
                                   .window_left = -1,
-                                  .fixed_split = mode & 1 ? 256 : 0,
-                                  .graph = mode >> 1,
-                                  .seed = 81u + (uint64_t)(i * 4 + mode)};
+                                  .fixed_split = split[mode % 3],
+                                  .graph = mode / 3,
+                                  .seed = 81u + (uint64_t)(i * 6 + mode)};
             const kiln_check_pair p = twin_check(c1, k0, k1, &s, specs[i], mode, "fused");
             /* the same split both ways, and one with tasks: the fused merge ran */
             KT_CHECK(p.same_split && p.b.merge_tasks > 0);
+            /* 64 keys a split: a task of more than KILN_MERGE_BATCH slots (k0's merge: wide) */
+            if (split[mode % 3] == 64) KT_CHECK(p.b.split_items > KILN_MERGE_BATCH * p.b.merge_tasks);
         }
     }
     kiln_ctx_destroy(c1);

@@ -441,10 +441,11 @@ KT_TEST(core_pdl_choice)
                       "wait_main_grid<Cfg>(); /* the partial states"));
     KT_CHECK(in_order(src, "void batch_merge_kernel(",
                       "wait_main_grid<Cfg>(); /* the partial states",
-                      "merge_split_element<Cfg, false, MERGE_BATCH>("));
+                      "merge_split_element<Cfg, false, N>("));
     KT_CHECK(in_order(src, "void decode_merge_kernel(", "wait_main_grid<Cfg>();",
                       "merge_partials<false, MERGE_BATCH>("));
     KT_CONTAINS(src, "kiln::batch_merge_kernel<kiln_cfg>(p);");
+    KT_CONTAINS(src, "kiln::batch_merge_kernel<kiln_cfg, kiln::MERGE_BATCH_WIDE>(p);");
     free(src);
     unsetenv("KILN_TUNE");
 }
@@ -475,6 +476,13 @@ KT_TEST(core_pdl_compile)
                 KT_EQ_INT(info.spill_bytes, 0);
                 KT_CHECK(!strstr(kiln_kernel_source(k), PDL_WAIT_ASM) == !pdl);
                 KT_CONTAINS(kiln_kernel_log(k), "Compiling entry function 'kiln_merge'");
+                /* the wide merge (64 states a round trip) fits its registers */
+                KT_CONTAINS(kiln_kernel_log(k), "Compiling entry function 'kiln_merge_wide'");
+                int regs = 0, smem = 0, spill = -1, stack = -1;
+                kiln__ptxas_parse(kiln_kernel_log(k), "kiln_merge_wide", &regs, &smem, &spill,
+                                  &stack);
+                KT_EQ_INT(spill, 0);
+                KT_CHECK(regs > 0 && regs <= 255);
             }
             kiln_ctx_destroy(ctx);
         }

@@ -192,6 +192,13 @@ typedef struct kiln_merge_task {
     int b, m, slot0, nslots;
 } kiln_merge_task;
 
+/* The partial states a batch merge kernel loads in one round trip (merge.cuh, merge_partials):
+ * kiln_merge up to KILN_MERGE_BATCH, and the batch decode's kiln_merge_wide up to
+ * KILN_MERGE_BATCH_WIDE, twice the registers, launched instead where a task of the schedule
+ * has more slots than KILN_MERGE_BATCH (runtime/batch.c). Both write the same bits. */
+#define KILN_MERGE_BATCH 32
+#define KILN_MERGE_BATCH_WIDE 64
+
 /* ---- shared memory of the CUDA-core decode (templates/simt_decode.cuh) ----
  * es: bytes per stored K/V element (2, fp8 1); gb query heads per CTA. Layout:
  * q float [gb][d] | p float [warps][gb][TILE] | paged row offsets | RoPE freq | a region that
