@@ -77,18 +77,15 @@ constexpr int MERGE_BATCH = KILN_MERGE_BATCH, MERGE_BATCH_WIDE = KILN_MERGE_BATC
 
 /* N partial states s0 .. s0 + N - 1 of one element, loaded before any is used: those from ns
  * on are read again at state ns - 1 (in bounds, no branch: a load behind a branch is issued
- * just before its use), count in no max and are added as nothing. */
+ * just before its use), count in no max and are added as nothing. Each load has its own
+ * address, clamped to the last state: a running address stepped while in bounds issues the
+ * same loads but made NVVM far slower on every kernel with a merge (docs/perf/notes.md). */
 template <bool FRESH, int N> struct partial_batch {
     float ls[N], os[N];
-    /* one running address a field, stepped while in bounds: not one 64-bit address a load */
     static __device__ __forceinline__ void load_field(float (&x)[N], int s0, int ns, const float *at, i64 step)
     {
-        at += s0 * step;
 #pragma unroll
-        for (int j = 0; j < N; j++) {
-            x[j] = load_partial<FRESH>(at);
-            if (s0 + j + 1 < ns) at += step;
-        }
+        for (int j = 0; j < N; j++) x[j] = load_partial<FRESH>(at + min(s0 + j, ns - 1) * step);
     }
     __device__ __forceinline__ void load_lse(int s0, int ns, const float *lse, i64 lse_step)
     {
@@ -143,14 +140,23 @@ __device__ __forceinline__ state_merge merge_batches(int ns, const float *lse, i
 /* The merge of ns normalised partial states of one element, state s's lse (log2) at
  * lse + s * lse_step and its o at o + s * o_step: the largest lse M first, then the states
  * weighted by it and added in the order s = 0 .. ns - 1. The bits depend on that order only,
- * not on the batch size, the batch around a request, or which kernel merges. */
+ * not on the batch size, the batch around a request, or which kernel merges. N up to
+ * MERGE_BATCH: batches of 8 where ns <= 8, else of N. N > MERGE_BATCH (the wide merge):
+ * one batch of N where MERGE_BATCH < ns <= N, else batches of MERGE_BATCH (the code of one
+ * wide batch only: a two-pass loop of wide batches is slower to compile). */
 template <bool FRESH, int N>
 __device__ __forceinline__ state_merge merge_partials(int ns, const float *lse, i64 lse_step, const float *o, i64 o_step)
 {
     if constexpr (N > 8)
         if (ns <= 8) return merge_batches<FRESH, 8>(ns, lse, lse_step, o, o_step);
-    if constexpr (N > MERGE_BATCH)
-        if (ns <= MERGE_BATCH) return merge_batches<FRESH, MERGE_BATCH>(ns, lse, lse_step, o, o_step);
+    if constexpr (N > MERGE_BATCH) { /* the wide batch: one round trip for up to N states */
+        if (ns <= MERGE_BATCH || ns > N) return merge_batches<FRESH, MERGE_BATCH>(ns, lse, lse_step, o, o_step);
+        partial_batch<FRESH, N> b;
+        b.load(0, ns, lse, lse_step, o, o_step);
+        state_merge acc(b.max_lse(neg_inf()));
+        b.add_to(acc, 0, ns);
+        return acc;
+    }
     return merge_batches<FRESH, N>(ns, lse, lse_step, o, o_step);
 }
 

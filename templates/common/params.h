@@ -194,8 +194,9 @@ typedef struct kiln_merge_task {
 
 /* The partial states a batch merge kernel loads in one round trip (merge.cuh, merge_partials):
  * kiln_merge up to KILN_MERGE_BATCH, and the batch decode's kiln_merge_wide up to
- * KILN_MERGE_BATCH_WIDE, twice the registers, launched instead where a task of the schedule
- * has more slots than KILN_MERGE_BATCH (runtime/batch.c). Both write the same bits. */
+ * KILN_MERGE_BATCH_WIDE (about 1.5x the registers: fewer CTAs an SM), launched instead where a
+ * task of the schedule has more slots than KILN_MERGE_BATCH (runtime/batch.c). Both write the
+ * same bits. */
 #define KILN_MERGE_BATCH 32
 #define KILN_MERGE_BATCH_WIDE 64
 
