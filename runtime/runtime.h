@@ -60,7 +60,7 @@ struct kiln_kernel {
     CUmodule module;
     CUfunction fn_main, fn_merge, fn_aux; /* merge ops: state, in place, states */
     CUfunction fn_merge_wide; /* batch decode: the merge of tasks of many slots (merge.cuh) */
-    int ctas_per_sm;                      /* occupancy of fn_main */
+    int ctas_per_sm;          /* occupancy of fn_main */
     uint64_t memo_hash;
     struct kiln_kernel *next; /* memo chain */
 };

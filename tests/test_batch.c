@@ -724,7 +724,8 @@ KT_GPU_TEST(gpu_batch_fused_merge)
             /* the same split both ways, and one with tasks: the fused merge ran */
             KT_CHECK(p.same_split && p.b.merge_tasks > 0);
             /* 64 keys a split: a task of more than KILN_MERGE_BATCH slots (k0's merge: wide) */
-            if (split[mode % 3] == 64) KT_CHECK(p.b.split_items > KILN_MERGE_BATCH * p.b.merge_tasks);
+            if (split[mode % 3] == 64)
+                KT_CHECK(p.b.split_items > KILN_MERGE_BATCH * p.b.merge_tasks);
         }
     }
     kiln_ctx_destroy(c1);
