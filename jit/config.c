@@ -301,6 +301,22 @@ static kiln_status apply_tune(kiln__config *c, kiln__err *e)
     return KILN_STATUS_OK;
 }
 
+/* Why the prefill-shaped kernel c of v cannot run on the tensor-core decode's persistent grid
+ * (KILN_TUNE persist=1, templates/mma_decode_persist.cuh), or NULL when it can. Opt-in: it has
+ * not run on a GPU yet (docs/perf/notes.md, session 38). */
+static const char *decode_persist_refusal(const kiln_variant *v, const kiln__config *c)
+{
+    if (v->op != KILN_OP_DECODE || !c->pack)
+        return "the persistent grid of the mma.sync family is the tensor-core decode's (a batch "
+               "decode, group 4, 8 or 16; the wgmma family has its own)";
+    if (!c->q_in_regs) return "the persistent decode keeps Q in registers (qregs=1)";
+    if (is_fp8(v->kv_dtype)) return "fp8 KV is not on the persistent decode";
+    if (v->rope) return "RoPE is not on the persistent decode";
+    if (kiln__variant_has_element_mask(v))
+        return "element masks (a mask snippet, mask data) are not on the persistent decode";
+    return NULL;
+}
+
 /* The prefill-shaped kernel: prefill, and decode on tensor cores (pack). */
 static kiln_status pick_mma(const kiln_variant *v, int smem_limit, kiln__config *c, kiln__err *e)
 {
@@ -331,6 +347,13 @@ static kiln_status pick_mma(const kiln_variant *v, int smem_limit, kiln__config 
             "config: pack=1 needs a batch (kv=ragged|paged) and a group dividing the %d rows "
             "of a CTA tile (group=%d)",
             c->block_m, v->group);
+    const char *no_persist = decode_persist_refusal(v, c);
+    if (c->persist > 1 || (c->persist && no_persist))
+        return kiln__fail(e, KILN_STATUS_UNSUPPORTED, "config: persist=%d (KILN_TUNE): %s",
+                          c->persist,
+                          c->persist > 1 ? "the tensor-core decode's persist is 0 (a CTA per "
+                                           "work item) or 1 (a persistent grid)"
+                                         : no_persist);
     return KILN_STATUS_OK;
 }
 
@@ -534,9 +557,14 @@ kiln_status kiln__config_pick(const kiln_variant *v, int sm, kiln__config *c, ki
     if (st) return st;
     c->fused_merge = fused_merge; /* the family's apply_tune wrote KILN_TUNE's value again */
     c->pdl = pdl;
-    if ((c->load || c->persist || c->xjob) && !c->wgmma)
+    if ((c->load || c->xjob || (c->persist && !(pack && v->op == KILN_OP_DECODE))) && !c->wgmma)
         return kiln__fail(e, KILN_STATUS_UNSUPPORTED,
-                          "config: load=, persist= and xjob= (KILN_TUNE) are the wgmma family's");
+                          "config: load=, persist= and xjob= (KILN_TUNE) are the wgmma family's "
+                          "(and persist=1 the tensor-core decode's)");
+    if (c->persist && !c->wgmma && fused_merge)
+        return kiln__fail(e, KILN_STATUS_UNSUPPORTED,
+                          "config: persist=1 and merge=1 (KILN_TUNE): the persistent decode's "
+                          "splits are merged by the merge kernel");
     c->threads = c->warps * 32 + (c->wgmma ? KILN_WGMMA_PRODUCER_THREADS : 0);
     if (c->min_blocks < 1 || c->min_blocks * c->threads > 2048)
         return kiln__fail(e, KILN_STATUS_UNSUPPORTED, "config: minb=%d is not valid for %d threads",
@@ -562,6 +590,11 @@ void kiln__config_format(const kiln__config *c, char *buf, size_t cap)
         if (n < cap)
             snprintf(buf + n, cap - n, " wgmma=1 load=%d persist=%d xjob=%d", c->load, c->persist,
                      c->xjob);
+    }
+    /* the tensor-core decode on its persistent grid (persist=1), likewise */
+    if (!c->wgmma && c->persist) {
+        const size_t n = strlen(buf);
+        if (n < cap) snprintf(buf + n, cap - n, " persist=1");
     }
     /* likewise the fused merge: only the kernels that merge their own splits say so */
     if (c->fused_merge) {

@@ -204,9 +204,12 @@ kiln_status kiln__expand(const kiln_variant *v, const kiln__config *cfg, const c
     const int batch = v->kv != KILN_KV_CONTIGUOUS;
     /* decode on tensor cores (cfg->pack) is the prefill kernel with the group packed into rows */
     const int cuda_core_decode = decode && !cfg->pack;
+    /* the tensor-core decode on its persistent grid (KILN_TUNE persist=1) */
+    const int decode_persist = decode && cfg->pack && !cfg->wgmma && cfg->persist;
     const char *family = merge              ? "merge.cuh"
                          : cuda_core_decode ? "simt_decode.cuh"
                          : cfg->wgmma       ? "wgmma_attention.cuh"
+                         : decode_persist   ? "mma_decode_persist.cuh"
                                             : "mma_attention.cuh";
     /* the tile map kernel of a prefill's element masks comes with its own template */
     const int tile_map = !decode && !merge && kiln__variant_has_element_mask(v);
@@ -288,6 +291,7 @@ kiln_status kiln__expand(const kiln_variant *v, const kiln__config *cfg, const c
                      tma ? ", const __grid_constant__ kiln_tma_maps m" : "",
                      cuda_core_decode ? "simt_decode"
                      : cfg->wgmma     ? "wgmma_attention"
+                     : decode_persist ? "mma_decode_persist"
                                       : "mma_attention",
                      tma          ? ", &m"
                      : cfg->wgmma ? ", nullptr"

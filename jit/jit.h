@@ -88,7 +88,9 @@ typedef struct kiln__config {
     int persist;       /* wgmma family (KILN_WGMMA_PERSIST_*): 0 a CTA per tile; 1 a
                           persistent grid (one CTA per SM's worth, each looping over work
                           tiles, heaviest first, round robin); 2 the same, later jobs claimed
-                          from a counter in the batch's schedule */
+                          from a counter in the batch's schedule. The tensor-core decode
+                          (pack, KILN_TUNE only): 1 CTA (x, hk) runs items x, x + grid, ...
+                          with its K/V ring running on across them (mma_decode_persist.cuh) */
     int xjob;          /* wgmma family, persistent grid: a job's last P V is issued with the
                           next job's first S (wgmma_attention.cuh, wg_consume), its O stored
                           under that S's softmax; 0: the last P V is a turn of its own */

@@ -976,6 +976,13 @@ kiln_status kiln_plan_run(kiln_plan *pl, const kiln_batch_args *a, void *stream)
         const unsigned hk = (unsigned)(pl->H / k->v.group), gz = (unsigned)(k->v.group / k->cfg.gb);
         r = cu->cuLaunchKernel(k->fn_main, (unsigned)pl->grid, hk, gz, (unsigned)k->cfg.threads, 1,
                                1, (unsigned)k->cfg.smem_bytes, (CUstream)stream, args, NULL);
+    } else if (pl->decode && k->cfg.persist) {
+        /* the tensor-core decode's persistent grid (mma_decode_persist.cuh): CTA (x, hk) loops
+         * over items x, x + gx, ... of whatever schedule the workspace holds */
+        const unsigned hk = (unsigned)pl->hpi,
+                       all = kiln__persistent_grid(k, (int64_t)pl->grid * pl->hpi);
+        r = cu->cuLaunchKernel(k->fn_main, (all + hk - 1) / hk, hk, 1, (unsigned)k->cfg.threads, 1,
+                               1, (unsigned)k->cfg.smem_bytes, (CUstream)stream, args, NULL);
     } else if (k->cfg.wgmma && k->cfg.persist) {
         /* persistent: the CTAs loop over the items x H jobs of whatever schedule the
          * workspace holds (graph mode: pl->grid bounds the items of any later one) */

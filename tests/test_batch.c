@@ -734,6 +734,54 @@ KT_GPU_TEST(gpu_batch_fused_merge)
     kiln_ctx_destroy(c0);
 }
 
+/* The tensor-core decode on its persistent grid (KILN_TUNE persist=1: each CTA runs several
+ * work items, the next item's Q and first K/V tiles loaded under this item's last ones) writes
+ * the bits the CTA-per-item kernel writes (persist=0, the default), and matches the float64
+ * reference: G 4 paged with LSE, f16 d64 ragged soft-cap, G 8 ALiBi with a window, G 16; a
+ * batch of 300 requests of odd lengths (1 to 1500 keys, every seventh empty), so that every CTA
+ * runs several items, some with no tile; split by the planner and by fixed_split, run eagerly
+ * and from a CUDA graph. */
+KT_GPU_TEST(gpu_batch_decode_persist)
+{
+    kiln_ctx *c0 = KT_CTX(kt_cache_dir(), 1), *c1 = KT_CTX(kt_cache_dir(), 1);
+    KT_REQUIRE(c0 && c1);
+    static const char *const specs[] = {
+        "op=decode dtype=bf16 head_dim=128 group=4 kv=paged lse=1",
+        "op=decode dtype=f16 head_dim=64 group=4 kv=ragged logits=softcap",
+        "op=decode dtype=f16 head_dim=128 group=8 kv=paged logits=alibi window=1 lse=1",
+        "op=decode dtype=bf16 head_dim=128 group=16 kv=paged",
+    };
+    enum { B = 300 };
+    static int kv[B];
+    for (int b = 0; b < B; b++) kv[b] = b % 7 == 3 ? 0 : 1 + (b * 7919) % 1500;
+    for (size_t i = 0; i < sizeof specs / sizeof specs[0]; i++) {
+        kiln_variant v;
+        if (!parsed(specs[i], &v)) continue;
+        /* KILN_TUNE is read when a kernel is built; each context memoises its own */
+        kiln_kernel *k0 = get(c0, &v);
+        setenv("KILN_TUNE", "persist=1", 1);
+        kiln_kernel *k1 = get(c1, &v);
+        unsetenv("KILN_TUNE");
+        if (!k0 || !k1) continue;
+        KT_CHECK(k0->cfg.persist == 0 && k1->cfg.persist == 1 && k1->cfg.pack);
+        for (int mode = 0; mode < 4; mode++) { /* planner / fixed split, eager / graph */
+            kiln_check_batch s = {.batch = B,
+                                  .kv_lens = kv,
+                                  .num_qo_heads = 4 * v.group, /* 4 KV heads: 132 CTAs along x
+                                                                  on an H100 / H200 */
+                                  .page_size = 16,
+                                  .window_left = -1,
+                                  .fixed_split = mode & 1 ? 256 : 0,
+                                  .graph = mode >> 1,
+                                  .seed = 171u + (uint64_t)(i * 4 + mode)};
+            const kiln_check_pair p = twin_check(c1, k0, k1, &s, specs[i], mode, "persist=1");
+            KT_CHECK(p.same_split);
+        }
+    }
+    kiln_ctx_destroy(c1);
+    kiln_ctx_destroy(c0);
+}
+
 /* The merge kernel as a programmatic dependent launch (pdl=1, the default on sm_90 and newer:
  * scheduled while the main kernel's last CTAs run, waiting in the kernel) writes the bits the
  * ordinary launch writes (KILN_TUNE pdl=0): the batch decode on both families (tensor cores

@@ -450,6 +450,80 @@ KT_TEST(core_pdl_choice)
     unsetenv("KILN_TUNE");
 }
 
+/* KILN_TUNE persist=1 puts the tensor-core batch decode on its persistent grid
+ * (mma_decode_persist.cuh): its config line and key say so, its source calls that kernel and
+ * compiles for sm_90a and sm_80 without spills; the decode kernels it cannot serve are refused
+ * with the reason (CUDA cores, d256's Q from shared memory, fp8 KV, RoPE, a mask snippet,
+ * merge=1), and persist=0 leaves the config line as it was. */
+KT_TEST(core_decode_persist)
+{
+    static const char *const ok[] = {
+        "op=decode dtype=bf16 head_dim=128 group=4 kv=paged lse=1",
+        "op=decode dtype=f16 head_dim=64 group=8 kv=ragged logits=softcap"};
+    for (int i = 0; i < 2; i++) {
+        kiln_variant v;
+        kiln__config c0, c1;
+        kiln__err e;
+        char f0[256], f1[256];
+        parse(ok[i], &v);
+        KT_OK(kiln__config_pick(&v, 90, &c0, &e), e.msg);
+        setenv("KILN_TUNE", "persist=1", 1);
+        KT_OK(kiln__config_pick(&v, 90, &c1, &e), e.msg);
+        kiln__config_format(&c0, f0, sizeof f0);
+        kiln__config_format(&c1, f1, sizeof f1);
+        KT_CHECK(c0.persist == 0 && c1.persist == 1 && c1.pack && !c1.wgmma);
+        KT_CHECK(!strstr(f0, "persist"));
+        KT_CONTAINS(f1, " persist=1");
+        char *src = sm90a_source(ok[i], &c1);
+        if (src) {
+            KT_CONTAINS(src, "kiln::mma_decode_persist_kernel<kiln_cfg>(p);");
+            free(src);
+        }
+        for (int a = 0; a < 2; a++) {
+            char dir[600];
+            snprintf(dir, sizeof dir, "%s/persist%d", kt_tmpdir(), i);
+            kiln_ctx *ctx = KT_CTX(dir, 0);
+            KT_REQUIRE(ctx);
+            kiln_kernel *k = NULL;
+            KT_OK(kiln_kernel_compile(ctx, &v, a ? "sm_80" : "sm_90a", &k), kiln_ctx_errmsg(ctx));
+            if (k) {
+                kiln_kernel_info info;
+                KT_OK(kiln_kernel_describe(k, &info), kiln_errmsg());
+                KT_EQ_INT(info.spill_bytes, 0);
+                KT_CONTAINS(kiln_kernel_source(k), "mma_decode_persist_kernel");
+            }
+            kiln_ctx_destroy(ctx);
+        }
+        unsetenv("KILN_TUNE");
+    }
+    static const struct {
+        const char *spec, *tune, *why;
+    } refused[] = {
+        {"op=decode dtype=bf16 head_dim=128 group=1 kv=paged", "persist=1", "wgmma family's"},
+        {"op=decode dtype=bf16 head_dim=256 group=4 kv=paged", "persist=1", "Q in registers"},
+        {"op=decode q_dtype=bf16 kv_dtype=e4m3 out_dtype=bf16 head_dim=128 group=4 kv=paged",
+         "persist=1", "fp8"},
+        {"op=decode dtype=bf16 head_dim=128 group=4 kv=paged rope=1", "persist=1", "RoPE"},
+        {"op=decode dtype=bf16 head_dim=128 group=4 kv=paged", "persist=1,merge=1", "merge kernel"},
+        {"op=decode dtype=bf16 head_dim=128 group=4 kv=paged", "persist=2", "0 (a CTA per"},
+        {"op=prefill dtype=bf16 head_dim=128 group=4 kv=paged", "persist=1,wgmma=0",
+         "tensor-core decode"},
+    };
+    for (size_t i = 0; i < sizeof refused / sizeof refused[0]; i++) {
+        kiln_variant v;
+        kiln__config c;
+        kiln__err e;
+        parse(refused[i].spec, &v);
+        setenv("KILN_TUNE", refused[i].tune, 1);
+        const kiln_status st = kiln__config_pick(&v, 90, &c, &e);
+        unsetenv("KILN_TUNE");
+        if (st != KILN_STATUS_UNSUPPORTED)
+            kt_fail(__FILE__, __LINE__, "%s %s: status %d, not refused", refused[i].spec,
+                    refused[i].tune, (int)st);
+        else KT_CONTAINS(e.msg, refused[i].why);
+    }
+}
+
 /* A pdl=1 kernel compiles with NVRTC (griddepcontrol in both entries, sm_90a), as its pdl=0
  * twin does, under keys of their own and without spills: the CUDA-core batch decode and the
  * tensor-core one. */
