@@ -77,15 +77,17 @@ constexpr int MERGE_BATCH = KILN_MERGE_BATCH, MERGE_BATCH_WIDE = KILN_MERGE_BATC
 
 /* N partial states s0 .. s0 + N - 1 of one element, loaded before any is used: those from ns
  * on are read again at state ns - 1 (in bounds, no branch: a load behind a branch is issued
- * just before its use), count in no max and are added as nothing. Each load has its own
- * address, clamped to the last state: a running address stepped while in bounds issues the
- * same loads but made NVVM far slower on every kernel with a merge (docs/perf/notes.md). */
+ * just before its use), count in no max and are added as nothing. A running address steps
+ * every load and each load takes it or the last state's, whichever is lower: stepping it only
+ * while in bounds made NVVM far slower on every kernel with a merge, and one address computed
+ * per load measured slower on the GPU (docs/perf/notes.md, session 38). */
 template <bool FRESH, int N> struct partial_batch {
     float ls[N], os[N];
     static __device__ __forceinline__ void load_field(float (&x)[N], int s0, int ns, const float *at, i64 step)
     {
+        const float *q = at + s0 * step, *const last = at + (ns - 1) * step;
 #pragma unroll
-        for (int j = 0; j < N; j++) x[j] = load_partial<FRESH>(at + min(s0 + j, ns - 1) * step);
+        for (int j = 0; j < N; j++, q += step) x[j] = load_partial<FRESH>(q < last ? q : last);
     }
     __device__ __forceinline__ void load_lse(int s0, int ns, const float *lse, i64 lse_step)
     {
