@@ -114,18 +114,24 @@ template <bool FRESH, int N> struct partial_batch {
     }
 };
 
+/* merge_partials of ns <= N states in one batch: one round trip. */
+template <bool FRESH, int N>
+__device__ __forceinline__ state_merge merge_one_batch(int ns, const float *lse, i64 lse_step, const float *o, i64 o_step)
+{
+    partial_batch<FRESH, N> b;
+    b.load(0, ns, lse, lse_step, o, o_step);
+    state_merge acc(b.max_lse(neg_inf()));
+    b.add_to(acc, 0, ns);
+    return acc;
+}
+
 /* merge_partials in batches of N: one round trip when ns <= N; else one a batch for the
  * largest lse and one a batch for the sums. */
 template <bool FRESH, int N>
 __device__ __forceinline__ state_merge merge_batches(int ns, const float *lse, i64 lse_step, const float *o, i64 o_step)
 {
+    if (ns <= N) return merge_one_batch<FRESH, N>(ns, lse, lse_step, o, o_step);
     partial_batch<FRESH, N> b;
-    if (ns <= N) {
-        b.load(0, ns, lse, lse_step, o, o_step);
-        state_merge acc(b.max_lse(neg_inf()));
-        b.add_to(acc, 0, ns);
-        return acc;
-    }
     float M = neg_inf();
     for (int s0 = 0; s0 < ns; s0 += N) {
         b.load_lse(s0, ns, lse, lse_step);
@@ -153,11 +159,7 @@ __device__ __forceinline__ state_merge merge_partials(int ns, const float *lse, 
         if (ns <= 8) return merge_batches<FRESH, 8>(ns, lse, lse_step, o, o_step);
     if constexpr (N > MERGE_BATCH) { /* the wide batch: one round trip for up to N states */
         if (ns <= MERGE_BATCH || ns > N) return merge_batches<FRESH, MERGE_BATCH>(ns, lse, lse_step, o, o_step);
-        partial_batch<FRESH, N> b;
-        b.load(0, ns, lse, lse_step, o, o_step);
-        state_merge acc(b.max_lse(neg_inf()));
-        b.add_to(acc, 0, ns);
-        return acc;
+        return merge_one_batch<FRESH, N>(ns, lse, lse_step, o, o_step);
     }
     return merge_batches<FRESH, N>(ns, lse, lse_step, o, o_step);
 }
