@@ -315,6 +315,8 @@ static const char *decode_persist_refusal(const kiln_variant *v, const kiln__con
     if (v->rope) return "RoPE is not on the persistent decode";
     if (kiln__variant_has_element_mask(v))
         return "element masks (a mask snippet, mask data) are not on the persistent decode";
+    if (c->fused_merge > 0) /* KILN_TUNE's merge=, read by the family's apply_tune */
+        return "merge=1 too: the persistent decode's splits are merged by the merge kernel";
     return NULL;
 }
 
@@ -558,14 +560,11 @@ kiln_status kiln__config_pick(const kiln_variant *v, int sm, kiln__config *c, ki
     if (st) return st;
     c->fused_merge = fused_merge; /* the family's apply_tune wrote KILN_TUNE's value again */
     c->pdl = pdl;
-    if ((c->load || c->xjob || (c->persist && !(pack && v->op == KILN_OP_DECODE))) && !c->wgmma)
+    /* persist on the mma.sync family: pick_mma said whether the tensor-core decode takes it */
+    if ((c->load || c->xjob || (c->persist && !pack)) && !c->wgmma)
         return kiln__fail(e, KILN_STATUS_UNSUPPORTED,
                           "config: load=, persist= and xjob= (KILN_TUNE) are the wgmma family's "
                           "(and persist=1 the tensor-core decode's)");
-    if (c->persist && !c->wgmma && fused_merge)
-        return kiln__fail(e, KILN_STATUS_UNSUPPORTED,
-                          "config: persist=1 and merge=1 (KILN_TUNE): the persistent decode's "
-                          "splits are merged by the merge kernel");
     c->threads = c->warps * 32 + (c->wgmma ? KILN_WGMMA_PRODUCER_THREADS : 0);
     if (c->min_blocks < 1 || c->min_blocks * c->threads > 2048)
         return kiln__fail(e, KILN_STATUS_UNSUPPORTED, "config: minb=%d is not valid for %d threads",
