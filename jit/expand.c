@@ -186,7 +186,8 @@ const char *kiln__source_family(const char *source)
     } families[] = {{"wgmma", "kiln::wgmma_attention_kernel<"},
                     {"simt", "kiln::simt_decode_kernel<"},
                     {"merge", "kiln::merge_state_kernel<"},
-                    {"mma.sync", "kiln::mma_attention_kernel<"}};
+                    {"mma.sync", "kiln::mma_attention_kernel<"},
+                    {"mma.sync", "kiln::mma_decode_persist_kernel<"}};
     for (size_t i = 0; source && i < sizeof families / sizeof families[0]; i++)
         if (strstr(source, families[i].entry)) return families[i].family;
     return "-";

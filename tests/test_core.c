@@ -477,6 +477,7 @@ KT_TEST(core_decode_persist)
         char *src = sm90a_source(ok[i], &c1);
         if (src) {
             KT_CONTAINS(src, "kiln::mma_decode_persist_kernel<kiln_cfg>(p);");
+            KT_EQ_STR(kiln__source_family(src), "mma.sync");
             free(src);
         }
         for (int a = 0; a < 2; a++) {
