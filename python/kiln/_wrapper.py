@@ -195,6 +195,15 @@ def _scalars_key(scalars):
     return (values, types) if _KEY_TYPES.issuperset(types) else None
 
 
+_CPU = []  # torch.device("cpu"), once
+
+
+def _cpu_device(torch):
+    if not _CPU:
+        _CPU.append(torch.device("cpu"))
+    return _CPU[0]
+
+
 class _Config:
     """What one set of plan() scalar arguments decides: checked values, the variant, and once
     a plan reaches the device its kernel, kiln.Plan, torch dtypes, ALiBi slopes and the
@@ -488,6 +497,25 @@ class _BatchWrapper:
         self._state = st
         self._planned = cfg.readback
 
+    def _arm(self, scalars):
+        """Let the C Runner of the plan just made do the next plan() of these scalar arguments
+        (a tuple; kiln/hot.c's replan, which the decode plan() tries first): the buffers it
+        plans into and the _State it updates. Not in CUDA-graph mode (plan() also fills the
+        graph buffers there), nor without a Runner (no extension, or a batch with no key)."""
+        st = self._state
+        if st is None or not st.hot or self._use_cuda_graph:
+            return
+        plan = st.plan
+        fn = plan._schedule_address()
+        if not fn:
+            return  # a schedule call that is not C's (pyhost.py's stubs)
+        buf, sched_batch, sched_qo, (sched, sched_bytes) = self._schedules[plan]
+        torch = self._torch
+        lse = self._lse_scratch
+        st.hot.arm(scalars, st, self.device, _cpu_device(torch), torch.int32, torch.Tensor, fn,
+                   sched, sched_bytes, sched_batch, sched_qo, self._workspace_ptr,
+                   self._workspace_bytes, lse.numel() if lse is not None and st.cfg.lse else 0)
+
     def _schedule(self, torch, plan, batch, total_qo):
         """(pointer, bytes) of plan's own schedule workspace, grown for this batch (never
         shrunk: its size only grows with batch and total_qo). In CUDA-graph mode kiln lays the
@@ -601,9 +629,8 @@ class _BatchWrapper:
                 "CUDA-graph capture (it copies to the host): plan() with these arguments before "
                 "capturing, and call run()")
         cfg = self._config(scalars)
-        kv = (st.kv_indptr, array.array("i", st.kv_indptr))
-        qo = None if st.qo_indptr is None else (st.qo_indptr, array.array("i", st.qo_indptr))
-        last = None if st.last is None else (st.last, array.array("i", st.last))
+        kv, qo, last = (None if x is None else (array.array("i", x),) * 2
+                        for x in (st.kv_indptr, st.qo_indptr, st.last))
         self._plan_batch(cfg, scalars, kv=kv, qo=qo, last=last, indices=st.indices,
                          total_kv=st.total_kv, mask_bits=st.mask_bits)
         return self._state

@@ -219,6 +219,15 @@ class BatchDecodeWithPagedKVCacheWrapper(_BatchWrapper):
         FlashInfer. The positional order is FlashInfer 0.6's (o_data_type before data_type): an
         older order is refused (TypeError). Not supported: block_tables / seq_lens,
         q_len_per_req != 1, window_right != 0 (NotImplementedError)."""
+        # the scalar arguments as they came: a plan() with the same ones (values and types) as
+        # the last, and int32 tensors for the arrays, is planned in C (kiln/hot.c's replan)
+        scalars = (num_qo_heads, num_kv_heads, head_dim, page_size, pos_encoding_mode,
+                   window_left, logits_soft_cap, q_data_type, kv_data_type, o_data_type,
+                   data_type, sm_scale, rope_scale, rope_theta, non_blocking, block_tables,
+                   seq_lens, fixed_split_size, disable_split_kv, q_len_per_req, window_right, lse)
+        st = self._state
+        if st is not None and st.hot and st.hot.replan(indptr, indices, last_page_len, scalars):
+            return
         if _older_order(data_type, rope_theta, seq_lens, fixed_split_size):
             raise TypeError(
                 "BatchDecodeWithPagedKVCacheWrapper.plan(): these positional arguments follow an "
@@ -251,6 +260,8 @@ class BatchDecodeWithPagedKVCacheWrapper(_BatchWrapper):
                          total_kv=None)
         if self._use_cuda_graph and self._copy_buffers:
             self._fill_graph_buffers(indptr, None, last_page_len)
+        else:
+            self._arm(scalars)
 
     begin_forward = plan
 

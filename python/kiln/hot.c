@@ -31,6 +31,8 @@
 #include "kiln.h"
 
 typedef kiln_status (*run_fn)(kiln_plan *, const kiln_batch_args *, void *);
+typedef kiln_status (*schedule_fn)(kiln_plan *, const kiln_batch_shape *, kiln_devptr, size_t,
+                                   kiln_devptr, size_t, void *);
 
 typedef struct runner {
     PyObject ob_base;     /* PyObject_HEAD */
@@ -52,10 +54,20 @@ typedef struct runner {
     unsigned long long lse_scratch; /* where an LSE nobody asked for goes (0: lse=0 kernel) */
     int bound;                      /* bind() gave it a batch */
     int H, D, graph, has_lse, base2, fp8;
+    /* the decode plan()'s fast path (replan), set by arm() after a plan() of this config and
+     * cleared by bind(): the plan's scalar arguments, its _State, what the index arrays must
+     * be, the buffers the plan used (they must still hold the batch) and the schedule call */
+    PyObject *scalars, *state;      /* the plan()'s scalar arguments (a tuple), its _State */
+    PyObject *device, *cpu, *int32; /* the wrapper's torch.device, torch.device("cpu"), int32 */
+    PyObject *tensor;               /* torch.Tensor */
+    schedule_fn schedule;           /* kiln_plan_schedule_scratch */
+    unsigned long long sched, sched_bytes, scratch, scratch_bytes;
+    long long sched_batch, sched_qo, lse_cap; /* what the schedule buffer and LSE scratch hold */
+    int armed;
 } runner;
 
 static PyObject *s_shape, *s_stride, *s_dtype, *s_device, *s_data_ptr, *s_acquire, *s_release,
-    *s_notify_all, *s_handle, *s_closing, *s_busy, *s_scaled, *s_mul_;
+    *s_notify_all, *s_handle, *s_closing, *s_busy, *s_scaled, *s_mul_, *s_is_cpu, *s_typecode, *s_buffer_info;
 
 /* ---- helpers --------------------------------------------------------------------------------- */
 
@@ -419,6 +431,203 @@ done:
     return res;
 }
 
+/* ---- the decode plan()'s fast path ----------------------------------------------------------- */
+
+/* Whether plan() scalar arguments a and b are the same values of the same types (the key
+ * _wrapper._scalars_key makes: 1, 1.0 and True differ): each pair the same object, or equal
+ * and of one exact type among None, bool, int, float and str. */
+static int same_scalars(PyObject *a, PyObject *b)
+{
+    if (!PyTuple_CheckExact(a) || !PyTuple_CheckExact(b) || PyTuple_Size(a) != PyTuple_Size(b))
+        return 0;
+    for (Py_ssize_t i = 0; i < PyTuple_Size(a); i++) {
+        PyObject *x = PyTuple_GetItem(a, i), *y = PyTuple_GetItem(b, i);
+        if (x == y) continue;
+        if (Py_TYPE(x) != Py_TYPE(y) ||
+            !(PyLong_CheckExact(x) || PyFloat_CheckExact(x) || PyUnicode_CheckExact(x)))
+            return 0;
+        const int eq = PyObject_RichCompareBool(x, y, Py_EQ);
+        if (eq < 0) PyErr_Clear();
+        if (eq != 1) return 0;
+    }
+    return 1;
+}
+
+static PyObject *array_type; /* array.array */
+
+/* Entries of an array.array("i") a, with *ptr its data (array.buffer_info()); -1 for another
+ * typecode, with any error cleared. */
+static Py_ssize_t int_array(PyObject *a, unsigned long long *ptr)
+{
+    Py_ssize_t n = -1;
+    PyObject *code = PyObject_GetAttr(a, s_typecode);
+    PyObject *info = code && PyUnicode_Check(code) && !PyUnicode_CompareWithASCIIString(code, "i")
+                         ? PyObject_CallMethodObjArgs(a, s_buffer_info, NULL)
+                         : NULL;
+    if (info && PyTuple_Check(info) && PyTuple_Size(info) == 2) {
+        *ptr = PyLong_AsUnsignedLongLong(PyTuple_GetItem(info, 0));
+        const Py_ssize_t len = PyLong_AsSsize_t(PyTuple_GetItem(info, 1));
+        if (!PyErr_Occurred() && len >= 0) n = len;
+    }
+    Py_XDECREF(code);
+    Py_XDECREF(info);
+    PyErr_Clear();
+    return n;
+}
+
+/* Entries of a 1-D contiguous int32 tensor t (exactly torch.Tensor) on `where` (a torch.device;
+ * NULL: the host, is_cpu): their count, with *ptr its data; -1 when t is not one (the Python
+ * path takes it: it converts, checks and names the argument), with any error cleared. */
+static Py_ssize_t int32_tensor(runner *r, PyObject *t, PyObject *where, unsigned long long *ptr)
+{
+    Py_ssize_t n = -1;
+    if (!where && (PyObject *)Py_TYPE(t) == array_type) return int_array(t, ptr);
+    if ((PyObject *)Py_TYPE(t) != r->tensor) return -1;
+    PyObject *dtype = PyObject_GetAttr(t, s_dtype);
+    PyObject *dev = dtype == r->int32 ? PyObject_GetAttr(t, where ? s_device : s_is_cpu) : NULL;
+    const int on = !dev ? 0 : where ? PyObject_RichCompareBool(dev, where, Py_EQ) : dev == Py_True;
+    PyObject *shape = on == 1 ? PyObject_GetAttr(t, s_shape) : NULL;
+    PyObject *stride = shape ? PyObject_CallMethodObjArgs(t, s_stride, NULL) : NULL;
+    if (stride && PyTuple_Check(shape) && PyTuple_Size(shape) == 1 && PyTuple_Check(stride) &&
+        PyTuple_Size(stride) == 1) {
+        const long long len = PyLong_AsLongLong(PyTuple_GetItem(shape, 0));
+        const long long step = PyLong_AsLongLong(PyTuple_GetItem(stride, 0));
+        if (len >= 0 && (step == 1 || len <= 1) && !PyErr_Occurred() && data_ptr(t, ptr))
+            n = (Py_ssize_t)len;
+    }
+    Py_XDECREF(dtype);
+    Py_XDECREF(dev);
+    Py_XDECREF(shape);
+    Py_XDECREF(stride);
+    PyErr_Clear();
+    return n;
+}
+
+/* A copy of n int32 at host address p, as bytes (the plan's arrays: read after the call, and
+ * never from memory the caller may change or free while the GIL is released). */
+static PyObject *int_bytes(unsigned long long p, Py_ssize_t n)
+{
+    return PyBytes_FromStringAndSize((const char *)(uintptr_t)p, n * (Py_ssize_t)sizeof(int));
+}
+
+/* runner.replan(indptr, indices, last_page_len, scalars) -> bool: the decode plan() of a batch
+ * under the scalar arguments of the plan() that armed the Runner, done here, or False (nothing
+ * changed) where the Python path must do it: other scalars, index arrays that are not int32
+ * tensors (indptr and last_page_len contiguous on the host, indices contiguous on the
+ * wrapper's device), an empty batch or one with no page, buffers too small for it, a failed
+ * schedule (the Python path raises its error). What it does is the Python path's for such
+ * arguments: kiln_plan_schedule_scratch into the same buffers, then the _State updated in
+ * place (batch, total_qo, copies of indptr and last_page_len, the page ids, no forward memo)
+ * and the page ids' pointer patched into the config's kiln_batch_args. */
+static PyObject *runner_replan(PyObject *self, PyObject *argv)
+{
+    runner *r = (runner *)self;
+    PyObject *indptr, *indices, *last, *scalars;
+    if (!PyArg_UnpackTuple(argv, "replan", 4, 4, &indptr, &indices, &last, &scalars)) return NULL;
+    if (!r->armed || !same_scalars(r->scalars, scalars)) Py_RETURN_FALSE;
+    unsigned long long kvp, lastp, idxp;
+    const Py_ssize_t nkv = int32_tensor(r, indptr, NULL, &kvp);
+    const Py_ssize_t B = nkv - 1;
+    if (B < 1 || int32_tensor(r, last, NULL, &lastp) != B) Py_RETURN_FALSE;
+    if (B > r->sched_batch || B > r->sched_qo || (r->has_lse && (long long)B * r->H > r->lse_cap))
+        Py_RETURN_FALSE;
+    PyObject *kv_bytes = int_bytes(kvp, nkv), *last_bytes = kv_bytes ? int_bytes(lastp, B) : NULL;
+    PyObject *res = NULL, *batch = NULL, *ctx_handle = NULL, *ph = NULL;
+    if (!last_bytes) goto done;
+    const int *kv = (const int *)PyBytes_AsString(kv_bytes);
+    const int used = kv[B];
+    /* no page at all: o = 0 without a launch (the Python path); the order is
+     * kiln_plan_schedule's to check, and a failed check goes to the Python path */
+    if (kv[0] != 0 || used <= 0 || int32_tensor(r, indices, r->device, &idxp) < used) {
+        res = Py_NewRef(Py_False);
+        goto done;
+    }
+    PyObject *s = PyObject_CallFunctionObjArgs(r->get_stream, r->index, NULL);
+    if (!s) goto done;
+    void *stream = PyLong_AsVoidPtr(s);
+    Py_DECREF(s);
+    if (PyErr_Occurred() || !(batch = PyLong_FromSsize_t(B))) goto done;
+    const int held = hold(r, &ctx_handle);
+    if (held <= 0) {
+        if (!held) res = Py_NewRef(Py_False); /* closed: the Python path raises */
+        goto done;
+    }
+    ph = PyObject_GetAttr(r->plan, s_handle);
+    if (!ph || ph == Py_None) {
+        if (ph) res = Py_NewRef(Py_False); /* the plan is destroyed */
+        goto done;
+    }
+    kiln_plan *plan = PyLong_AsVoidPtr(ph);
+    if (PyErr_Occurred()) goto done;
+    const kiln_batch_shape shape = {(int)B, NULL, kv, (const int *)PyBytes_AsString(last_bytes)};
+    PyThreadState *ts = PyEval_SaveThread();
+    const kiln_status st = r->schedule(plan, &shape, r->sched, r->sched_bytes, r->scratch,
+                                       r->scratch_bytes, stream);
+    PyEval_RestoreThread(ts);
+    if (st) { /* the Python path plans it again and raises the status's error */
+        res = Py_NewRef(Py_False);
+        goto done;
+    }
+    /* the schedule is made: the state follows it (slots of a _State: these cannot fail but for
+     * memory, and then no run may use the state: the Runner is unbound) */
+    if (PyObject_SetAttrString(r->state, "batch", batch) || PyObject_SetAttrString(r->state, "total_qo", batch) ||
+        PyObject_SetAttrString(r->state, "kv_indptr", kv_bytes) ||
+        PyObject_SetAttrString(r->state, "last", last_bytes) ||
+        PyObject_SetAttrString(r->state, "indices", indices) ||
+        PyObject_SetAttrString(r->state, "forwarded", Py_None)) {
+        r->bound = r->armed = 0;
+        goto done;
+    }
+    r->args->kv_indices = idxp;
+    r->total_qo = B;
+    res = Py_NewRef(Py_True);
+done:
+    if (ctx_handle) unhold(r, ctx_handle);
+    Py_XDECREF(ph);
+    Py_XDECREF(batch);
+    Py_XDECREF(kv_bytes);
+    Py_XDECREF(last_bytes);
+    return res;
+}
+
+/* runner.arm(scalars, state, device, cpu, int32, tensor, schedule, sched, sched_bytes,
+ * sched_batch, sched_qo, scratch, scratch_bytes, lse_cap) -> None: replan() may plan the next
+ * batch under these scalar arguments (a tuple) into these buffers (the plan's schedule buffer,
+ * which holds sched_batch requests and sched_qo rows; the float workspace; lse_cap floats of
+ * LSE scratch) and update state. The decode plan() arms the Runner after each plan() it made
+ * on the Python path; bind() (any plan) disarms it. */
+static PyObject *runner_arm(PyObject *self, PyObject *argv)
+{
+    runner *r = (runner *)self;
+    PyObject *o[6];
+    unsigned long long fn, sched, sched_bytes, scratch, scratch_bytes;
+    long long sched_batch, sched_qo, lse_cap;
+    if (!PyArg_ParseTuple(argv, "O!OOOOOKKKLLKKL:arm", &PyTuple_Type, &o[0], &o[1], &o[2], &o[3],
+                          &o[4], &o[5], &fn, &sched, &sched_bytes, &sched_batch, &sched_qo,
+                          &scratch, &scratch_bytes, &lse_cap))
+        return NULL;
+    if (!fn) {
+        PyErr_SetString(PyExc_ValueError, "arm: a NULL kiln_plan_schedule_scratch");
+        return NULL;
+    }
+    PyObject **dst[6] = {&r->scalars, &r->state, &r->device, &r->cpu, &r->int32, &r->tensor};
+    for (int i = 0; i < 6; i++) {
+        PyObject *was = *dst[i];
+        *dst[i] = Py_NewRef(o[i]);
+        Py_XDECREF(was);
+    }
+    r->schedule = (schedule_fn)(uintptr_t)fn;
+    r->sched = sched;
+    r->sched_bytes = sched_bytes;
+    r->sched_batch = sched_batch;
+    r->sched_qo = sched_qo;
+    r->scratch = scratch;
+    r->scratch_bytes = scratch_bytes;
+    r->lse_cap = lse_cap;
+    r->armed = r->bound && !r->graph;
+    Py_RETURN_NONE;
+}
+
 /* ---- the type -------------------------------------------------------------------------------- */
 
 /* The object fields of a runner, for the collector. */
@@ -429,7 +638,9 @@ static const size_t object_fields[] = {
     offsetof(runner, out_info),   offsetof(runner, empty),    offsetof(runner, empty_like),
     offsetof(runner, o_kw),       offsetof(runner, lse_kw),   offsetof(runner, get_device),
     offsetof(runner, get_stream), offsetof(runner, index),    offsetof(runner, fail),
-    offsetof(runner, log2e),
+    offsetof(runner, log2e),      offsetof(runner, scalars),  offsetof(runner, state),
+    offsetof(runner, device),     offsetof(runner, cpu),      offsetof(runner, int32),
+    offsetof(runner, tensor),
 };
 
 static PyObject **field(PyObject *self, size_t i)
@@ -531,11 +742,18 @@ static PyObject *runner_bind(PyObject *self, PyObject *argv)
     r->total_kv = total_kv;
     r->lse_scratch = scratch;
     r->bound = 1;
+    r->armed = 0; /* a plan made elsewhere: replan() waits for the decode plan()'s arm() */
+    Py_CLEAR(r->state);
     return Py_NewRef(self);
 }
 
 static PyMethodDef runner_methods[] = {
     {"bind", runner_bind, METH_VARARGS, "bind(total_qo, total_kv, lse_scratch) -> self"},
+    {"arm", runner_arm, METH_VARARGS,
+     "arm(scalars, state, device, cpu, int32, tensor, schedule, sched, sched_bytes, "
+     "sched_batch, sched_qo, scratch, scratch_bytes, lse_cap) -> None"},
+    {"replan", runner_replan, METH_VARARGS,
+     "replan(indptr, indices, last_page_len, scalars) -> bool"},
     {NULL, NULL, 0, NULL},
 };
 
@@ -568,10 +786,17 @@ static int hot_exec(PyObject *m)
                  {&s_release, "release"},   {&s_notify_all, "notify_all"},
                  {&s_handle, "_handle"},    {&s_closing, "_closing"},
                  {&s_busy, "_busy"},        {&s_scaled, "scaled"},
-                 {&s_mul_, "mul_"}};
+                 {&s_mul_, "mul_"},         {&s_is_cpu, "is_cpu"},
+                 {&s_typecode, "typecode"}, {&s_buffer_info, "buffer_info"}};
     for (size_t i = 0; i < sizeof names / sizeof names[0]; i++)
         if (!*names[i].slot && !(*names[i].slot = PyUnicode_InternFromString(names[i].name)))
             return -1;
+    if (!array_type) {
+        PyObject *mod = PyImport_ImportModule("array");
+        array_type = mod ? PyObject_GetAttrString(mod, "array") : NULL;
+        Py_XDECREF(mod);
+        if (!array_type) return -1;
+    }
     PyObject *type = PyType_FromSpec(&runner_spec);
     if (!type) return -1;
     if (PyModule_AddObject(m, "Runner", type) < 0) {

@@ -229,6 +229,7 @@ class Plan:
         # the calls of every plan() and run(), bound once
         self._fn_plan = _lib.fn("kiln_plan_schedule")
         self._fn_plan_scratch = None  # kiln_plan_schedule_scratch, bound on first use
+        self._schedule_addr = None  # its address (_schedule_address), once
         self._fn_run = _lib.fn("kiln_plan_run")
         self._shape = shape = _lib.kiln_batch_shape()  # refilled by each plan()
         self._shape_ref = ctypes.byref(shape)
@@ -333,6 +334,18 @@ class Plan:
                                            _check.UINT64_MAX)
         self._plan_sources(batch, qo_src, kv_src, last_src, ws, ws_bytes, s, scratch,
                            scratch_bytes)
+
+    def _schedule_address(self):
+        """The address of kiln_plan_schedule_scratch as this plan calls it (kiln/hot.c's
+        replan calls it there), or 0 when that is not a C function (pyhost.py's stubs)."""
+        addr = self._schedule_addr
+        if addr is None:
+            fn = self._fn_plan_scratch
+            if fn is None:
+                fn = self._fn_plan_scratch = _lib.fn("kiln_plan_schedule_scratch")
+            ok = isinstance(fn, ctypes._CFuncPtr)
+            addr = self._schedule_addr = ctypes.cast(fn, ctypes.c_void_p).value if ok else 0
+        return addr
 
     def _plan_sources(self, batch, qo, kv, last, workspace, workspace_bytes, stream,
                       scratch=None, scratch_bytes=0):

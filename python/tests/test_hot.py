@@ -17,6 +17,7 @@ Skips when the extension is not built (no Python headers where `make` ran); test
 makes this module required when the build has it.
 """
 
+import array
 import ctypes
 import gc
 import os
@@ -30,7 +31,7 @@ if os.environ.get("KILN_TEST_INSTALLED") != "1" and os.path.isdir(os.path.join(_
 
 import kiln  # noqa: E402
 from kiln import _hot, _lib  # noqa: E402
-from kiln._wrapper import _meta  # noqa: E402
+from kiln._wrapper import _meta, _State  # noqa: E402
 
 H, D = 4, 64
 SM_SCALE = 0.125
@@ -83,8 +84,9 @@ class Failed(Exception):
     pass
 
 
-@unittest.skipIf(_hot.module() is None, f"the C Runner is not built: {_hot.status()}")
-class TestRunner(unittest.TestCase):
+class Harness:
+    """A Runner's surroundings: a context, stand-ins for the plan, config and kiln_plan_run."""
+
     def setUp(self):
         self.ctx = kiln.Context(no_device=True, no_cache=True)
         self.addCleanup(self.ctx.close)
@@ -146,6 +148,10 @@ class TestRunner(unittest.TestCase):
         self.out_info[rows] = (rows, H * D, D)
         return q, (k, v)
 
+
+
+@unittest.skipIf(_hot.module() is None, f"the C Runner is not built: {_hot.status()}")
+class TestRunner(Harness, unittest.TestCase):
     def test_a_known_run_fills_the_args_and_calls_once(self):
         r = self.runner()
         q, kv = self.tensors()
@@ -389,6 +395,174 @@ class TestRunner(unittest.TestCase):
         closer.join(10)
         self.assertEqual(order, ["run returns", "closed"])
         self.assertEqual(self.ctx._busy, 0)
+
+
+class HT:
+    """What replan reads of an index tensor: dtype, is_cpu or device, shape, stride(),
+    data_ptr() (host arrays: real memory, which replan copies)."""
+
+    def __init__(self, values, dtype="i32", device="cpu", stride=1, ptr=None, n=None):
+        self._buf = (ctypes.c_int * max(len(values), 1))(*values)
+        self.shape = (len(values) if n is None else n,)
+        self._stride = (stride,)
+        self.dtype, self.device, self.is_cpu = dtype, device, device == "cpu"
+        self._ptr = ctypes.addressof(self._buf) if ptr is None else ptr
+
+    def stride(self):
+        return self._stride
+
+    def data_ptr(self):
+        return self._ptr
+
+
+SCHEDULE_T = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_uint64,
+                              ctypes.c_size_t, ctypes.c_uint64, ctypes.c_size_t, ctypes.c_void_p)
+SCALARS = (32, 8, 128, 16, "NONE", -1, None, "bf16", None, None, None, 0.0883, None, None,
+           True, None, None, None, False, 1, 0, True)
+
+
+@unittest.skipIf(_hot.module() is None, f"the C Runner is not built: {_hot.status()}")
+class TestReplan(Harness, unittest.TestCase):
+    """replan(): the decode plan() of the armed config's next batch in C."""
+
+    def setUp(self):
+        super().setUp()
+        self.scheds = []
+        self.sched_status = 0
+
+        def schedule(plan, shape, ws, ws_bytes, scratch, scratch_bytes, stream):
+            s = ctypes.cast(shape, ctypes.POINTER(_lib.kiln_batch_shape)).contents
+            B = s.batch
+            self.scheds.append((plan, B, bool(s.qo_indptr), list(s.kv_indptr[:B + 1]),
+                                list(s.kv_last_page_len[:B]), ws, ws_bytes, scratch,
+                                scratch_bytes, stream, self.ctx._busy))
+            return self.sched_status
+
+        self.schedule = SCHEDULE_T(schedule)
+        self.state = _State()
+        self.state.batch = self.state.total_qo = 1
+        self.state.kv_indptr, self.state.last, self.state.indices = [0, 1], [3], "old ids"
+        self.state.forwarded = "memo"
+
+    def armed(self, graph=0, scalars=SCALARS, sched_batch=8, sched_qo=8, lse_cap=8 * H):
+        r = self.runner(total_qo=1, graph=graph)
+        r.arm(scalars, self.state, "dev0", "cpu", "i32", HT,
+              ctypes.cast(self.schedule, ctypes.c_void_p).value, 0x7000, 4096, sched_batch,
+              sched_qo, 0x8000, 1 << 20, lse_cap)
+        return r
+
+    def batch(self, B=3):
+        indptr = HT([0, 2, 2, 5][:B + 1])
+        last = HT([16, 7, 1][:B])
+        ids = HT(list(range(5)), device="dev0", ptr=0xd000)
+        return indptr, ids, last
+
+    def test_a_replan_schedules_and_updates_the_state(self):
+        r = self.armed()
+        indptr, ids, last = self.batch()
+        self.assertIs(r.replan(indptr, ids, last, SCALARS), True)
+        self.assertEqual(self.scheds, [(0x2000, 3, False, [0, 2, 2, 5], [16, 7, 1], 0x7000, 4096,
+                                        0x8000, 1 << 20, 0xabc0, 1)])
+        st = self.state
+        self.assertEqual((st.batch, st.total_qo, st.indices, st.forwarded), (3, 3, ids, None))
+        self.assertEqual((list(array.array("i", st.kv_indptr)), list(array.array("i", st.last))),
+                         ([0, 2, 2, 5], [16, 7, 1]))
+        self.assertEqual(self.args.kv_indices, 0xd000)
+        self.assertEqual(self.ctx._busy, 0)
+        indptr._buf[1] = 99  # the state holds copies
+        self.assertEqual(list(array.array("i", st.kv_indptr)), [0, 2, 2, 5])
+        # the run that follows takes the new batch's rows
+        q, kv = self.tensors(rows=3)
+        r(q, kv, None, None, False)
+        self.assertEqual(len(self.calls), 1)
+        # host arrays may also be array.array("i") (fast_decode_plan's last_page_len)
+        self.assertIs(r.replan(array.array("i", [0, 4]), ids, array.array("i", [2]), SCALARS),
+                      True)
+        self.assertEqual(self.scheds[-1][1:5], (1, False, [0, 4], [2]))
+
+    def test_equal_scalars_of_the_same_types_only(self):
+        r = self.armed()
+        same = tuple(x if not isinstance(x, str) else "".join(list(x)) for x in SCALARS)
+        same = same[:11] + (float(repr(SCALARS[11])),) + same[12:]  # equal, other objects
+        self.assertIs(r.replan(*self.batch(), same), True)
+        for i, other in ((0, 32.0), (0, 33), (14, 1), (11, 0.0884), (21, 1), (7, "f16"),
+                         (8, "bf16"), (6, 0.0)):
+            changed = SCALARS[:i] + (other,) + SCALARS[i + 1:]
+            self.assertIs(r.replan(*self.batch(), changed), False, (i, other))
+        self.assertIs(r.replan(*self.batch(), SCALARS[:-1]), False)
+        self.assertIs(r.replan(*self.batch(), list(SCALARS)), False)
+        self.assertEqual(len(self.scheds), 1)
+
+    def test_what_the_python_path_must_plan(self):
+        r = self.armed()
+        indptr, ids, last = self.batch()
+        cases = [
+            (HT([0, 2, 2, 5], dtype="i64"), ids, last),  # not int32
+            (HT([0, 2, 2, 5], device="dev0"), ids, last),  # not on the host
+            (HT([0, 2, 2, 5], stride=2), ids, last),  # not contiguous
+            (array.array("l", [0, 2, 2, 5]), ids, last),  # another typecode
+            ([0, 2, 2, 5], ids, last),  # a list
+            (indptr, ids, HT([16, 7])),  # last_page_len of another batch
+            (HT([1, 2, 2, 5]), ids, last),  # indptr[0] != 0
+            (HT([0]), ids, HT([])),  # no request
+            (HT([0, 0, 0, 0]), ids, last),  # no page: o = 0 without a launch
+            (indptr, HT(list(range(4)), device="dev0"), last),  # fewer page ids than pages
+            (indptr, HT(list(range(5)), device="dev1"), last),  # page ids on another device
+            (indptr, HT(list(range(5)), device="dev0", dtype="i64"), last),
+            (indptr, HT(list(range(5)), device="dev0", stride=2), last),
+            (indptr, list(range(5)), last),
+            (HT(list(range(10))), ids, HT([1] * 9)),  # more requests than the schedule holds
+        ]
+        for i, case in enumerate(cases):
+            self.assertIs(r.replan(*case, SCALARS), False, i)
+        self.assertEqual(self.scheds, [])
+        self.assertEqual(self.state.indices, "old ids")
+        small = self.armed(lse_cap=3 * H - 1)  # the LSE scratch holds fewer rows
+        self.assertIs(small.replan(indptr, ids, last, SCALARS), False)
+        self.assertIs(self.armed(sched_qo=2).replan(indptr, ids, last, SCALARS), False)
+        self.assertEqual(self.scheds, [])
+
+    def test_not_armed(self):
+        indptr, ids, last = self.batch()
+        r = self.runner()
+        self.assertIs(r.replan(indptr, ids, last, SCALARS), False)  # never armed
+        r = self.armed()
+        r.bind(1, -1, 0x5550)  # a plan made elsewhere (the Python path) disarms it
+        self.assertIs(r.replan(indptr, ids, last, SCALARS), False)
+        self.assertIs(self.armed(graph=1).replan(indptr, ids, last, SCALARS), False)
+        r = self.armed()
+        self.plan._handle = None  # a destroyed plan: the Python path raises
+        self.assertIs(r.replan(indptr, ids, last, SCALARS), False)
+        self.plan._handle = 0x2000
+        self.ctx.close()  # a closed context likewise
+        self.assertIs(r.replan(indptr, ids, last, SCALARS), False)
+        self.assertEqual(self.scheds, [])
+
+    def test_a_failed_schedule_changes_nothing(self):
+        r = self.armed()
+        self.sched_status = 3  # the Python path plans again and raises the status's error
+        self.assertIs(r.replan(*self.batch(), SCALARS), False)
+        self.assertEqual(len(self.scheds), 1)
+        self.assertEqual((self.state.batch, self.state.indices, self.state.forwarded),
+                         (1, "old ids", "memo"))
+        self.assertEqual((self.args.kv_indices, self.ctx._busy), (0, 0))
+
+    def test_replan_keeps_references(self):
+        r = self.armed()
+        indptr, ids, last = self.batch()
+        watched = [indptr, ids, last, SCALARS, self.state, r]
+        r.replan(indptr, ids, last, SCALARS)
+        gc.collect()
+        before = [sys.getrefcount(x) for x in watched]
+        for _ in range(200):
+            r.replan(indptr, ids, last, SCALARS)
+            r.replan(HT([0, 0]), ids, HT([1]), SCALARS)
+        self.sched_status = 3
+        for _ in range(50):
+            r.replan(indptr, ids, last, SCALARS)
+        gc.collect()
+        # the state holds the last page ids, as the Python path's does
+        self.assertEqual([sys.getrefcount(x) for x in watched], before)
 
 
 class TestStatus(unittest.TestCase):

@@ -86,24 +86,31 @@ class FakeStream:
     cuda_stream = 0
 
 
-def c_noop():
-    """kiln_plan_run's stub: `int noop(void *, const void *, void *) { return 0; }`, compiled
-    with cc into a temporary library, declared as kiln_plan_run is."""
+def c_noops():
+    """The stubs of kiln_plan_run and kiln_plan_schedule_scratch: C functions that return 0
+    (`int noop(...) { return 0; }`), compiled with cc into a temporary library, declared as
+    the real ones are, so that run() and the decode plan()'s C path make real foreign calls."""
     d = tempfile.mkdtemp(prefix="pyhost-")
     src, so = os.path.join(d, "noop.c"), os.path.join(d, "noop.so")
     with open(src, "w") as f:
         f.write("int noop(void *p, const void *a, void *s) { (void)p; (void)a; (void)s; "
-                "return 0; }\n")
+                "return 0; }\n"
+                "int noop7(void *p, const void *s, unsigned long long w, unsigned long wb, "
+                "unsigned long long c, unsigned long cb, void *st) { (void)p; (void)s; "
+                "(void)w; (void)wb; (void)c; (void)cb; (void)st; return 0; }\n")
     subprocess.run(["cc", "-O2", "-shared", "-fPIC", "-o", so, src], check=True)
-    fn = ctypes.CDLL(so).noop
-    real = getattr(_lib.lib(), "kiln_plan_run")
-    fn.restype, fn.argtypes = real.restype, real.argtypes
-    return fn
+    out = []
+    for name, real_name in (("noop", "kiln_plan_run"), ("noop7", "kiln_plan_schedule_scratch")):
+        fn = getattr(ctypes.CDLL(so), name)
+        real = getattr(_lib.lib(), real_name)
+        fn.restype, fn.argtypes = real.restype, real.argtypes
+        out.append(fn)
+    return out
 
 
 def install_stubs():
     real = _lib.lib()
-    STUBS["kiln_plan_run"] = c_noop()
+    STUBS["kiln_plan_run"], STUBS["kiln_plan_schedule_scratch"] = c_noops()
     _lib._lib = StubbedLib(real)
     torch.cuda.current_stream = lambda device=None: FakeStream()
     torch.cuda.current_device = lambda: 0
