@@ -67,7 +67,8 @@ typedef struct runner {
 } runner;
 
 static PyObject *s_shape, *s_stride, *s_dtype, *s_device, *s_data_ptr, *s_acquire, *s_release,
-    *s_notify_all, *s_handle, *s_closing, *s_busy, *s_scaled, *s_mul_, *s_is_cpu, *s_typecode, *s_buffer_info;
+    *s_notify_all, *s_handle, *s_closing, *s_busy, *s_scaled, *s_mul_, *s_is_cpu, *s_typecode,
+    *s_buffer_info;
 
 /* ---- helpers --------------------------------------------------------------------------------- */
 
@@ -561,8 +562,8 @@ static PyObject *runner_replan(PyObject *self, PyObject *argv)
     if (PyErr_Occurred()) goto done;
     const kiln_batch_shape shape = {(int)B, NULL, kv, (const int *)PyBytes_AsString(last_bytes)};
     PyThreadState *ts = PyEval_SaveThread();
-    const kiln_status st = r->schedule(plan, &shape, r->sched, r->sched_bytes, r->scratch,
-                                       r->scratch_bytes, stream);
+    const kiln_status st =
+        r->schedule(plan, &shape, r->sched, r->sched_bytes, r->scratch, r->scratch_bytes, stream);
     PyEval_RestoreThread(ts);
     if (st) { /* the Python path plans it again and raises the status's error */
         res = Py_NewRef(Py_False);
@@ -570,7 +571,8 @@ static PyObject *runner_replan(PyObject *self, PyObject *argv)
     }
     /* the schedule is made: the state follows it (slots of a _State: these cannot fail but for
      * memory, and then no run may use the state: the Runner is unbound) */
-    if (PyObject_SetAttrString(r->state, "batch", batch) || PyObject_SetAttrString(r->state, "total_qo", batch) ||
+    if (PyObject_SetAttrString(r->state, "batch", batch) ||
+        PyObject_SetAttrString(r->state, "total_qo", batch) ||
         PyObject_SetAttrString(r->state, "kv_indptr", kv_bytes) ||
         PyObject_SetAttrString(r->state, "last", last_bytes) ||
         PyObject_SetAttrString(r->state, "indices", indices) ||
