@@ -10,6 +10,7 @@ lifted. They skip without torch. TestOnGpu runs the same semantics on a real GPU
 float32 reference and skips cleanly without one.
 """
 
+import array
 import ctypes
 import math
 import os
@@ -35,6 +36,9 @@ NATURAL_LSE = 0.75  # what the fake kiln_plan_run writes into every LSE entry
 
 
 RUN_T = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p)
+SCHED_T = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.POINTER(_lib.kiln_batch_shape),
+                           ctypes.c_uint64, ctypes.c_size_t, ctypes.c_uint64, ctypes.c_size_t,
+                           ctypes.c_void_p)
 
 
 def _set(ref, value):
@@ -57,7 +61,7 @@ class FakeDevice:
             return _set(out, 0x1000 + 0x10 * len(self.kernels))
 
         def batch_plan(plan, shape, ws, nbytes, stream):
-            s = shape._obj
+            s = shape.contents if hasattr(shape, "contents") else shape._obj  # C or Python call
             self.plans.append((s.batch, [s.kv_indptr[i] for i in range(s.batch + 1)]))
             return 0
 
@@ -104,6 +108,13 @@ class FakeDevice:
         fn = type(real_run)(ctypes.cast(self.run_cb, ctypes.c_void_p).value)
         fn.restype, fn.argtypes = real_run.restype, real_run.argtypes
         self.stubs["kiln_plan_run"] = fn
+        # kiln_plan_schedule_scratch likewise, so that the decode plan() of the same scalar
+        # arguments again goes through the C path (kiln/hot.c's replan), as it does on a GPU
+        real_sched = self.real.kiln_plan_schedule_scratch
+        self.sched_cb = SCHED_T(self.stubs["kiln_plan_schedule_scratch"])
+        fn = type(real_sched)(ctypes.cast(self.sched_cb, ctypes.c_void_p).value)
+        fn.restype, fn.argtypes = real_sched.restype, real_sched.argtypes
+        self.stubs["kiln_plan_schedule_scratch"] = fn
         self.saved = (_lib._lib, _wrapper._require_cuda, torch._C._cuda_getDevice,
                       getattr(torch._C, "_cuda_getCurrentRawStream", None))
         _lib._lib = self
@@ -465,6 +476,55 @@ class TestHotPathChecks(CpuCase):
         o2, lse = w.run(q, kv, return_lse=True)
         self.assertEqual((self.dev.runs[-1].o, self.dev.runs[-1].lse),
                          (o2.data_ptr(), lse.data_ptr()))
+
+    def test_a_plan_of_the_same_arguments_in_c(self):
+        if _hot.module() is None:
+            self.skipTest(f"no C Runner: {_hot.status()}")
+        # four requests first: the schedule buffer and the LSE scratch hold the three after
+        w, q, kv = self.decode(lens=(20, 33, 1, 2), q_data_type=torch.float16, sm_scale=0.1)
+        st = w._state
+        python_path = []
+        plan_batch = w._plan_batch
+        w._plan_batch = lambda *a, **k: python_path.append(1) or plan_batch(*a, **k)
+        # another batch under the same scalar arguments: planned in C, the state kept
+        indptr, last, pages = pages_for((5, 40, 17))
+        ids = torch.arange(pages, dtype=torch.int32).flip(0)
+        args = (torch.tensor(indptr, dtype=torch.int32), ids,
+                torch.tensor(last, dtype=torch.int32)) + self.plan_args[3:]
+        w.plan(*args, q_data_type=torch.float16, sm_scale=0.1)
+        self.assertEqual((python_path, self.dev.plans[-1]), ([], (3, indptr)))
+        self.assertIs(w._state, st)
+        self.assertEqual((st.batch, st.total_qo, list(array.array("i", st.kv_indptr)),
+                          list(array.array("i", st.last)), st.indices), (3, 3, indptr, last, ids))
+        q3 = torch.zeros((3, H, D), dtype=torch.float16)
+        k = torch.zeros((pages, P, H_KV, D), dtype=torch.float16)
+        o = w.run(q3, (k, k.clone()))
+        self.assertEqual(tuple(o.shape), (3, H, D))
+        self.assertEqual(self.dev.runs[-1].kv_indices, ids.data_ptr())
+        # the same arguments in another form (equal values, other objects) still go to C
+        w.plan(*args, q_data_type=torch.float16, sm_scale=float("0.1"))
+        self.assertEqual(python_path, [])
+        # its arguments are the plan's: forward() re-plans this batch with a new scale
+        w.forward(q3, (k, k.clone()), sm_scale=0.5)
+        self.assertEqual((len(python_path), self.dev.plans[-1]), (1, (3, indptr)))
+        self.assertAlmostEqual(self.dev.runs[-1].params.sm_scale, 0.5)
+        # other scalars, other forms of the arrays, bad arrays: the Python path
+        w.plan(*args, q_data_type=torch.float16, sm_scale=0.1)  # after forward: not armed
+        w.plan(*args, q_data_type=torch.float16, sm_scale=0.1)
+        self.assertEqual(len(python_path), 2)
+        for changed in [dict(sm_scale=0.2), dict(sm_scale=0.1, logits_soft_cap=0.0)]:
+            w.plan(*args, q_data_type=torch.float16, **changed)
+        self.assertEqual(len(python_path), 4)
+        w.plan(*args, q_data_type=torch.float16, sm_scale=0.1)
+        w.plan(indptr, ids, last, *self.plan_args[3:], q_data_type=torch.float16, sm_scale=0.1)
+        self.assertEqual(len(python_path), 6)
+        bad = torch.tensor([1, 2, 3, 4], dtype=torch.int32)
+        with self.assertRaisesRegex(ValueError, r"indptr\[0\] = 1: must be 0"):
+            w.plan(bad, *args[1:], q_data_type=torch.float16, sm_scale=0.1)
+        self.assertIsNone(w._state)  # a failed plan leaves nothing to run
+        w.plan(*args, q_data_type=torch.float16, sm_scale=0.1)
+        with self.assertRaisesRegex(ValueError, "the indptr says 6 page ids, the indices hold 5"):
+            w.plan(args[0], ids[:-1], *args[2:], q_data_type=torch.float16, sm_scale=0.1)
 
     def test_plan_arrays_from_every_form(self):
         w = kiln.BatchDecodeWithPagedKVCacheWrapper(self.ws(), context=self.dev.ctx)
