@@ -497,11 +497,14 @@ class _BatchWrapper:
         self._state = st
         self._planned = cfg.readback
 
-    def _arm(self, scalars):
+    def _arm(self, given, prefill_scalars, q_tokens=None):
         """Let the C Runner of the plan just made do the next plan() of these scalar arguments
-        (a tuple; kiln/hot.c's replan, which the decode plan() tries first): the buffers it
-        plans into and the _State it updates. Not in CUDA-graph mode (plan() also fills the
-        graph buffers there), nor without a Runner (no extension, or a batch with no key)."""
+        (`given`, a tuple of plan()'s arguments but the arrays; kiln/hot.c's replan, which
+        plan() tries first): the buffers it plans into, the _State it updates and, for a
+        prefill (prefill_scalars: _prefill_scalars' dict, None for decode), the few-token
+        choice it must find again when q_tokens was left to it. Not in CUDA-graph mode (plan()
+        also fills the graph buffers there), with a custom mask, nor without a Runner (no
+        extension, or a batch with nothing to run)."""
         st = self._state
         if st is None or not st.hot or self._use_cuda_graph:
             return
@@ -512,9 +515,14 @@ class _BatchWrapper:
         buf, sched_batch, sched_qo, (sched, sched_bytes) = self._schedules[plan]
         torch = self._torch
         lse = self._lse_scratch
-        st.hot.arm(scalars, st, self.device, _cpu_device(torch), torch.int32, torch.Tensor, fn,
+        few_group = 0
+        if prefill_scalars is not None and q_tokens is None:  # few_tokens chose the kernel
+            few_group = prefill_scalars["num_qo_heads"] // prefill_scalars["num_kv_heads"]
+        st.hot.arm(given, st, self.device, _cpu_device(torch), torch.int32, torch.Tensor, fn,
                    sched, sched_bytes, sched_batch, sched_qo, self._workspace_ptr,
-                   self._workspace_bytes, lse.numel() if lse is not None and st.cfg.lse else 0)
+                   self._workspace_bytes, lse.numel() if lse is not None and st.cfg.lse else 0,
+                   prefill_scalars is not None, self._kv == "paged", few_group,
+                   st.cfg.variant.q_tokens)
 
     def _schedule(self, torch, plan, batch, total_qo):
         """(pointer, bytes) of plan's own schedule workspace, grown for this batch (never

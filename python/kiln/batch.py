@@ -226,7 +226,8 @@ class BatchDecodeWithPagedKVCacheWrapper(_BatchWrapper):
                    data_type, sm_scale, rope_scale, rope_theta, non_blocking, block_tables,
                    seq_lens, fixed_split_size, disable_split_kv, q_len_per_req, window_right, lse)
         st = self._state
-        if st is not None and st.hot and st.hot.replan(indptr, indices, last_page_len, scalars):
+        if st is not None and st.hot and st.hot.replan(None, indptr, indices, last_page_len,
+                                                       scalars):
             return
         if _older_order(data_type, rope_theta, seq_lens, fixed_split_size):
             raise TypeError(
@@ -261,7 +262,7 @@ class BatchDecodeWithPagedKVCacheWrapper(_BatchWrapper):
         if self._use_cuda_graph and self._copy_buffers:
             self._fill_graph_buffers(indptr, None, last_page_len)
         else:
-            self._arm(scalars)
+            self._arm(scalars, None)
 
     begin_forward = plan
 
@@ -452,6 +453,16 @@ class BatchPrefillWithPagedKVCacheWrapper(_PrefillWrapper):
         head_dim_vo must equal head_dim_qk; FlashInfer's other keywords (prefix_len_ptr,
         seq_lens, block_tables, ...) raise NotImplementedError;
         use_fp16_qk_reduction is ignored (kiln accumulates in fp32)."""
+        given = (num_qo_heads, num_kv_heads, head_dim_qk, page_size, head_dim_vo, custom_mask,
+                 packed_custom_mask, causal, pos_encoding_mode, use_fp16_qk_reduction, sm_scale,
+                 window_left, logits_soft_cap, rope_scale, rope_theta, q_data_type,
+                 kv_data_type, o_data_type, non_blocking, fixed_split_size, disable_split_kv,
+                 lse, q_tokens)
+        st = self._state
+        if (st is not None and st.hot and not unsupported
+                and st.hot.replan(qo_indptr, paged_kv_indptr, paged_kv_indices,
+                                  paged_kv_last_page_len, given)):
+            return
         if unsupported:
             _refuse_prefill_extras(head_dim_qk, head_dim_vo, unsupported)
         scalars = self._prefill_scalars(
@@ -471,6 +482,8 @@ class BatchPrefillWithPagedKVCacheWrapper(_PrefillWrapper):
                          packed_custom_mask=packed_custom_mask)
         if self._use_cuda_graph:
             self._fill_graph_buffers(paged_kv_indptr, qo_indptr, paged_kv_last_page_len)
+        elif not scalars["masked"]:
+            self._arm(given, scalars, q_tokens)
 
     begin_forward = plan
 
@@ -544,6 +557,15 @@ class BatchPrefillWithRaggedKVCacheWrapper(_PrefillWrapper):
         """Plan the batch (FlashInfer's arguments). qo_indptr, kv_indptr [B + 1] row offsets,
         copied to the host once. fixed_split_size is in tokens here (no pages). q_tokens as in
         BatchPrefillWithPagedKVCacheWrapper.plan."""
+        given = (num_qo_heads, num_kv_heads, head_dim_qk, head_dim_vo, custom_mask,
+                 packed_custom_mask, causal, pos_encoding_mode, use_fp16_qk_reduction,
+                 window_left, logits_soft_cap, sm_scale, rope_scale, rope_theta, q_data_type,
+                 kv_data_type, o_data_type, non_blocking, fixed_split_size, disable_split_kv,
+                 lse, q_tokens)
+        st = self._state
+        if (st is not None and st.hot and not unsupported
+                and st.hot.replan(qo_indptr, kv_indptr, None, None, given)):
+            return
         if unsupported:
             _refuse_prefill_extras(head_dim_qk, head_dim_vo, unsupported)
         scalars = self._prefill_scalars(
@@ -561,6 +583,8 @@ class BatchPrefillWithRaggedKVCacheWrapper(_PrefillWrapper):
                          packed_custom_mask=packed_custom_mask)
         if self._use_cuda_graph:
             self._fill_graph_buffers(kv_indptr, qo_indptr, None)
+        elif not scalars["masked"]:
+            self._arm(given, scalars, q_tokens)
 
     begin_forward = plan
 

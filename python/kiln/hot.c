@@ -63,12 +63,15 @@ typedef struct runner {
     schedule_fn schedule;           /* kiln_plan_schedule_scratch */
     unsigned long long sched, sched_bytes, scratch, scratch_bytes;
     long long sched_batch, sched_qo, lse_cap; /* what the schedule buffer and LSE scratch hold */
+    int prefill, paged;      /* the plan takes qo_indptr; page ids and last_page_len */
+    int few_group, q_tokens; /* few_tokens' group (0: fixed by the caller) and its choice */
     int armed;
 } runner;
 
 static PyObject *s_shape, *s_stride, *s_dtype, *s_device, *s_data_ptr, *s_acquire, *s_release,
     *s_notify_all, *s_handle, *s_closing, *s_busy, *s_scaled, *s_mul_, *s_is_cpu, *s_typecode,
-    *s_buffer_info;
+    *s_buffer_info, *s_batch, *s_total_qo, *s_total_kv, *s_kv_indptr, *s_qo_indptr, *s_last,
+    *s_indices, *s_forwarded;
 
 /* ---- helpers --------------------------------------------------------------------------------- */
 
@@ -511,35 +514,64 @@ static PyObject *int_bytes(unsigned long long p, Py_ssize_t n)
     return PyBytes_FromStringAndSize((const char *)(uintptr_t)p, n * (Py_ssize_t)sizeof(int));
 }
 
-/* runner.replan(indptr, indices, last_page_len, scalars) -> bool: the decode plan() of a batch
- * under the scalar arguments of the plan() that armed the Runner, done here, or False (nothing
- * changed) where the Python path must do it: other scalars, index arrays that are not int32
- * tensors (indptr and last_page_len contiguous on the host, indices contiguous on the
- * wrapper's device), an empty batch or one with no page, buffers too small for it, a failed
- * schedule (the Python path raises its error). What it does is the Python path's for such
- * arguments: kiln_plan_schedule_scratch into the same buffers, then the _State updated in
- * place (batch, total_qo, copies of indptr and last_page_len, the page ids, no forward memo)
- * and the page ids' pointer patched into the config's kiln_batch_args. */
+/* The q_tokens batch.few_tokens (python/kiln/batch.py) picks for rows qo [B + 1] of a group
+ * of G query heads per KV head, with no mask and outside CUDA-graph mode: the power of two at
+ * or above the longest request when that is 1..FEW_TOKENS_MAX (16), else 0. */
+static int few_tokens(const int *qo, Py_ssize_t B, int G)
+{
+    enum { FEW_TOKENS_MAX = 16 };
+    if (G < 1 || 64 % G || B < 1) return 0;
+    if ((long long)qo[B] - qo[0] > (long long)FEW_TOKENS_MAX * B) return 0;
+    long long longest = 0;
+    for (Py_ssize_t b = 0; b < B; b++)
+        if ((long long)qo[b + 1] - qo[b] > longest) longest = (long long)qo[b + 1] - qo[b];
+    if (longest < 1 || longest > FEW_TOKENS_MAX) return 0;
+    int t = 1;
+    while (t < longest) t *= 2;
+    return t;
+}
+
+/* runner.replan(qo_indptr, kv_indptr, indices, last_page_len, scalars) -> bool: the plan() of
+ * a batch under the scalar arguments of the plan() that armed the Runner, done here, or False
+ * (nothing changed) where the Python path must do it. qo_indptr: None for a decode; indices
+ * and last_page_len: None for a ragged prefill. False for other scalars, index arrays that are
+ * not int32 (indptr arrays and last_page_len contiguous on the host, tensors or
+ * array.array("i"); the page ids a contiguous tensor on the wrapper's device), an empty batch,
+ * one with no key or no query row (o = 0 without a launch), one whose few-token choice is
+ * another kernel's, buffers too small for it, a failed schedule (the Python path raises its
+ * error). What it does is the Python path's for such arguments: kiln_plan_schedule_scratch into
+ * the same buffers, then the _State updated in place (batch, rows, copies of the arrays, the
+ * page ids, no forward memo) and the page ids' pointer patched into the config's
+ * kiln_batch_args. The order of the arrays is kiln_plan_schedule's to check, as on the
+ * Python path for int32 tensors. */
 static PyObject *runner_replan(PyObject *self, PyObject *argv)
 {
     runner *r = (runner *)self;
-    PyObject *indptr, *indices, *last, *scalars;
-    if (!PyArg_UnpackTuple(argv, "replan", 4, 4, &indptr, &indices, &last, &scalars)) return NULL;
-    if (!r->armed || !same_scalars(r->scalars, scalars)) Py_RETURN_FALSE;
-    unsigned long long kvp, lastp, idxp;
-    const Py_ssize_t nkv = int32_tensor(r, indptr, NULL, &kvp);
-    const Py_ssize_t B = nkv - 1;
-    if (B < 1 || int32_tensor(r, last, NULL, &lastp) != B) Py_RETURN_FALSE;
-    if (B > r->sched_batch || B > r->sched_qo || (r->has_lse && (long long)B * r->H > r->lse_cap))
+    PyObject *qo_in, *kv_in, *indices, *last_in, *scalars;
+    if (!PyArg_UnpackTuple(argv, "replan", 5, 5, &qo_in, &kv_in, &indices, &last_in, &scalars))
+        return NULL;
+    if (!r->armed || (qo_in != Py_None) != r->prefill || (indices != Py_None) != r->paged ||
+        !same_scalars(r->scalars, scalars))
         Py_RETURN_FALSE;
-    PyObject *kv_bytes = int_bytes(kvp, nkv), *last_bytes = kv_bytes ? int_bytes(lastp, B) : NULL;
-    PyObject *res = NULL, *batch = NULL, *ctx_handle = NULL, *ph = NULL;
-    if (!last_bytes) goto done;
-    const int *kv = (const int *)PyBytes_AsString(kv_bytes);
-    const int used = kv[B];
-    /* no page at all: o = 0 without a launch (the Python path); the order is
-     * kiln_plan_schedule's to check, and a failed check goes to the Python path */
-    if (kv[0] != 0 || used <= 0 || int32_tensor(r, indices, r->device, &idxp) < used) {
+    unsigned long long kvp, qop = 0, lastp = 0, idxp = 0;
+    const Py_ssize_t nkv = int32_tensor(r, kv_in, NULL, &kvp);
+    const Py_ssize_t B = nkv - 1;
+    if (B < 1 || (r->prefill && int32_tensor(r, qo_in, NULL, &qop) != nkv) ||
+        (r->paged && int32_tensor(r, last_in, NULL, &lastp) != B) || B > r->sched_batch)
+        Py_RETURN_FALSE;
+    PyObject *res = NULL, *ctx_handle = NULL, *ph = NULL;
+    PyObject *kv_b = int_bytes(kvp, nkv);
+    PyObject *qo_b = kv_b && r->prefill ? int_bytes(qop, nkv) : NULL;
+    PyObject *last_b = kv_b && r->paged ? int_bytes(lastp, B) : NULL;
+    PyObject *batch = NULL, *rows = NULL, *keys = NULL;
+    if (!kv_b || (r->prefill && !qo_b) || (r->paged && !last_b)) goto done;
+    const int *kv = (const int *)PyBytes_AsString(kv_b);
+    const int *qo = qo_b ? (const int *)PyBytes_AsString(qo_b) : NULL;
+    const long long total_qo = qo ? qo[B] : B, used = kv[B];
+    if (kv[0] != 0 || (qo && qo[0] != 0) || used <= 0 || total_qo <= 0 || total_qo > r->sched_qo ||
+        (r->has_lse && total_qo * r->H > r->lse_cap) ||
+        (r->few_group && few_tokens(qo, B, r->few_group) != r->q_tokens) ||
+        (r->paged && int32_tensor(r, indices, r->device, &idxp) < used)) {
         res = Py_NewRef(Py_False);
         goto done;
     }
@@ -547,7 +579,9 @@ static PyObject *runner_replan(PyObject *self, PyObject *argv)
     if (!s) goto done;
     void *stream = PyLong_AsVoidPtr(s);
     Py_DECREF(s);
-    if (PyErr_Occurred() || !(batch = PyLong_FromSsize_t(B))) goto done;
+    if (PyErr_Occurred() || !(batch = PyLong_FromSsize_t(B)) ||
+        !(rows = PyLong_FromLongLong(total_qo)) || !(keys = PyLong_FromLongLong(used)))
+        goto done;
     const int held = hold(r, &ctx_handle);
     if (held <= 0) {
         if (!held) res = Py_NewRef(Py_False); /* closed: the Python path raises */
@@ -560,7 +594,8 @@ static PyObject *runner_replan(PyObject *self, PyObject *argv)
     }
     kiln_plan *plan = PyLong_AsVoidPtr(ph);
     if (PyErr_Occurred()) goto done;
-    const kiln_batch_shape shape = {(int)B, NULL, kv, (const int *)PyBytes_AsString(last_bytes)};
+    const kiln_batch_shape shape = {(int)B, qo, kv,
+                                    last_b ? (const int *)PyBytes_AsString(last_b) : NULL};
     PyThreadState *ts = PyEval_SaveThread();
     const kiln_status st =
         r->schedule(plan, &shape, r->sched, r->sched_bytes, r->scratch, r->scratch_bytes, stream);
@@ -571,42 +606,53 @@ static PyObject *runner_replan(PyObject *self, PyObject *argv)
     }
     /* the schedule is made: the state follows it (slots of a _State: these cannot fail but for
      * memory, and then no run may use the state: the Runner is unbound) */
-    if (PyObject_SetAttrString(r->state, "batch", batch) ||
-        PyObject_SetAttrString(r->state, "total_qo", batch) ||
-        PyObject_SetAttrString(r->state, "kv_indptr", kv_bytes) ||
-        PyObject_SetAttrString(r->state, "last", last_bytes) ||
-        PyObject_SetAttrString(r->state, "indices", indices) ||
-        PyObject_SetAttrString(r->state, "forwarded", Py_None)) {
+    PyObject *st_obj = r->state;
+    if (PyObject_SetAttr(st_obj, s_batch, batch) || PyObject_SetAttr(st_obj, s_total_qo, rows) ||
+        PyObject_SetAttr(st_obj, s_kv_indptr, kv_b) ||
+        (qo_b && PyObject_SetAttr(st_obj, s_qo_indptr, qo_b)) ||
+        (last_b && (PyObject_SetAttr(st_obj, s_last, last_b) ||
+                    PyObject_SetAttr(st_obj, s_indices, indices))) ||
+        (!r->paged && PyObject_SetAttr(st_obj, s_total_kv, keys)) ||
+        PyObject_SetAttr(st_obj, s_forwarded, Py_None)) {
         r->bound = r->armed = 0;
         goto done;
     }
-    r->args->kv_indices = idxp;
-    r->total_qo = B;
+    if (r->paged) r->args->kv_indices = idxp;
+    r->total_qo = total_qo;
+    r->total_kv = r->paged ? -1 : used;
     res = Py_NewRef(Py_True);
 done:
     if (ctx_handle) unhold(r, ctx_handle);
     Py_XDECREF(ph);
     Py_XDECREF(batch);
-    Py_XDECREF(kv_bytes);
-    Py_XDECREF(last_bytes);
+    Py_XDECREF(rows);
+    Py_XDECREF(keys);
+    Py_XDECREF(kv_b);
+    Py_XDECREF(qo_b);
+    Py_XDECREF(last_b);
     return res;
 }
 
 /* runner.arm(scalars, state, device, cpu, int32, tensor, schedule, sched, sched_bytes,
- * sched_batch, sched_qo, scratch, scratch_bytes, lse_cap) -> None: replan() may plan the next
- * batch under these scalar arguments (a tuple) into these buffers (the plan's schedule buffer,
- * which holds sched_batch requests and sched_qo rows; the float workspace; lse_cap floats of
- * LSE scratch) and update state. The decode plan() arms the Runner after each plan() it made
- * on the Python path; bind() (any plan) disarms it. */
+ * sched_batch, sched_qo, scratch, scratch_bytes, lse_cap, prefill, paged, few_group, q_tokens)
+ * -> None: replan() may plan the next batch under these scalar arguments (a tuple) into these
+ * buffers (the plan's schedule buffer, which holds sched_batch requests and sched_qo rows; the
+ * float workspace; lse_cap floats of LSE scratch) and update state. prefill: the plan takes
+ * qo_indptr; paged: page ids and last_page_len; few_group: the group few_tokens' choice is
+ * made for (0: the plan()'s q_tokens argument fixed it), which must be q_tokens again. The
+ * wrappers' plan() arms the Runner after each plan it made on the Python path; bind() (any
+ * plan) disarms it. */
 static PyObject *runner_arm(PyObject *self, PyObject *argv)
 {
     runner *r = (runner *)self;
     PyObject *o[6];
     unsigned long long fn, sched, sched_bytes, scratch, scratch_bytes;
     long long sched_batch, sched_qo, lse_cap;
-    if (!PyArg_ParseTuple(argv, "O!OOOOOKKKLLKKL:arm", &PyTuple_Type, &o[0], &o[1], &o[2], &o[3],
-                          &o[4], &o[5], &fn, &sched, &sched_bytes, &sched_batch, &sched_qo,
-                          &scratch, &scratch_bytes, &lse_cap))
+    int prefill, paged, few_group, q_tokens;
+    if (!PyArg_ParseTuple(argv, "O!OOOOOKKKLLKKLpiii:arm", &PyTuple_Type, &o[0], &o[1], &o[2],
+                          &o[3], &o[4], &o[5], &fn, &sched, &sched_bytes, &sched_batch, &sched_qo,
+                          &scratch, &scratch_bytes, &lse_cap, &prefill, &paged, &few_group,
+                          &q_tokens))
         return NULL;
     if (!fn) {
         PyErr_SetString(PyExc_ValueError, "arm: a NULL kiln_plan_schedule_scratch");
@@ -626,6 +672,10 @@ static PyObject *runner_arm(PyObject *self, PyObject *argv)
     r->scratch = scratch;
     r->scratch_bytes = scratch_bytes;
     r->lse_cap = lse_cap;
+    r->prefill = prefill;
+    r->paged = paged ? 1 : 0;
+    r->few_group = few_group;
+    r->q_tokens = q_tokens;
     r->armed = r->bound && !r->graph;
     Py_RETURN_NONE;
 }
@@ -753,9 +803,10 @@ static PyMethodDef runner_methods[] = {
     {"bind", runner_bind, METH_VARARGS, "bind(total_qo, total_kv, lse_scratch) -> self"},
     {"arm", runner_arm, METH_VARARGS,
      "arm(scalars, state, device, cpu, int32, tensor, schedule, sched, sched_bytes, "
-     "sched_batch, sched_qo, scratch, scratch_bytes, lse_cap) -> None"},
+     "sched_batch, sched_qo, scratch, scratch_bytes, lse_cap, prefill, paged, few_group, "
+     "q_tokens) -> None"},
     {"replan", runner_replan, METH_VARARGS,
-     "replan(indptr, indices, last_page_len, scalars) -> bool"},
+     "replan(qo_indptr, kv_indptr, indices, last_page_len, scalars) -> bool"},
     {NULL, NULL, 0, NULL},
 };
 
@@ -782,14 +833,18 @@ static int hot_exec(PyObject *m)
     struct {
         PyObject **slot;
         const char *name;
-    } names[] = {{&s_shape, "shape"},       {&s_stride, "stride"},
-                 {&s_dtype, "dtype"},       {&s_device, "device"},
-                 {&s_data_ptr, "data_ptr"}, {&s_acquire, "acquire"},
-                 {&s_release, "release"},   {&s_notify_all, "notify_all"},
-                 {&s_handle, "_handle"},    {&s_closing, "_closing"},
-                 {&s_busy, "_busy"},        {&s_scaled, "scaled"},
-                 {&s_mul_, "mul_"},         {&s_is_cpu, "is_cpu"},
-                 {&s_typecode, "typecode"}, {&s_buffer_info, "buffer_info"}};
+    } names[] = {{&s_shape, "shape"},         {&s_stride, "stride"},
+                 {&s_dtype, "dtype"},         {&s_device, "device"},
+                 {&s_data_ptr, "data_ptr"},   {&s_acquire, "acquire"},
+                 {&s_release, "release"},     {&s_notify_all, "notify_all"},
+                 {&s_handle, "_handle"},      {&s_closing, "_closing"},
+                 {&s_busy, "_busy"},          {&s_scaled, "scaled"},
+                 {&s_mul_, "mul_"},           {&s_is_cpu, "is_cpu"},
+                 {&s_typecode, "typecode"},   {&s_buffer_info, "buffer_info"},
+                 {&s_batch, "batch"},         {&s_total_qo, "total_qo"},
+                 {&s_total_kv, "total_kv"},   {&s_kv_indptr, "kv_indptr"},
+                 {&s_qo_indptr, "qo_indptr"}, {&s_last, "last"},
+                 {&s_indices, "indices"},     {&s_forwarded, "forwarded"}};
     for (size_t i = 0; i < sizeof names / sizeof names[0]; i++)
         if (!*names[i].slot && !(*names[i].slot = PyUnicode_InternFromString(names[i].name)))
             return -1;

@@ -433,9 +433,10 @@ class TestReplan(Harness, unittest.TestCase):
         def schedule(plan, shape, ws, ws_bytes, scratch, scratch_bytes, stream):
             s = ctypes.cast(shape, ctypes.POINTER(_lib.kiln_batch_shape)).contents
             B = s.batch
-            self.scheds.append((plan, B, bool(s.qo_indptr), list(s.kv_indptr[:B + 1]),
-                                list(s.kv_last_page_len[:B]), ws, ws_bytes, scratch,
-                                scratch_bytes, stream, self.ctx._busy))
+            self.scheds.append((plan, B, list(s.qo_indptr[:B + 1]) if s.qo_indptr else None,
+                                list(s.kv_indptr[:B + 1]),
+                                list(s.kv_last_page_len[:B]) if s.kv_last_page_len else None,
+                                ws, ws_bytes, scratch, scratch_bytes, stream, self.ctx._busy))
             return self.sched_status
 
         self.schedule = SCHEDULE_T(schedule)
@@ -444,11 +445,12 @@ class TestReplan(Harness, unittest.TestCase):
         self.state.kv_indptr, self.state.last, self.state.indices = [0, 1], [3], "old ids"
         self.state.forwarded = "memo"
 
-    def armed(self, graph=0, scalars=SCALARS, sched_batch=8, sched_qo=8, lse_cap=8 * H):
+    def armed(self, graph=0, scalars=SCALARS, sched_batch=8, sched_qo=8, lse_cap=8 * H,
+              prefill=False, paged=True, few_group=0, q_tokens=0):
         r = self.runner(total_qo=1, graph=graph)
         r.arm(scalars, self.state, "dev0", "cpu", "i32", HT,
               ctypes.cast(self.schedule, ctypes.c_void_p).value, 0x7000, 4096, sched_batch,
-              sched_qo, 0x8000, 1 << 20, lse_cap)
+              sched_qo, 0x8000, 1 << 20, lse_cap, prefill, paged, few_group, q_tokens)
         return r
 
     def batch(self, B=3):
@@ -460,8 +462,8 @@ class TestReplan(Harness, unittest.TestCase):
     def test_a_replan_schedules_and_updates_the_state(self):
         r = self.armed()
         indptr, ids, last = self.batch()
-        self.assertIs(r.replan(indptr, ids, last, SCALARS), True)
-        self.assertEqual(self.scheds, [(0x2000, 3, False, [0, 2, 2, 5], [16, 7, 1], 0x7000, 4096,
+        self.assertIs(r.replan(None, indptr, ids, last, SCALARS), True)
+        self.assertEqual(self.scheds, [(0x2000, 3, None, [0, 2, 2, 5], [16, 7, 1], 0x7000, 4096,
                                         0x8000, 1 << 20, 0xabc0, 1)])
         st = self.state
         self.assertEqual((st.batch, st.total_qo, st.indices, st.forwarded), (3, 3, ids, None))
@@ -476,21 +478,21 @@ class TestReplan(Harness, unittest.TestCase):
         r(q, kv, None, None, False)
         self.assertEqual(len(self.calls), 1)
         # host arrays may also be array.array("i") (fast_decode_plan's last_page_len)
-        self.assertIs(r.replan(array.array("i", [0, 4]), ids, array.array("i", [2]), SCALARS),
+        self.assertIs(r.replan(None, array.array("i", [0, 4]), ids, array.array("i", [2]), SCALARS),
                       True)
-        self.assertEqual(self.scheds[-1][1:5], (1, False, [0, 4], [2]))
+        self.assertEqual(self.scheds[-1][1:5], (1, None, [0, 4], [2]))
 
     def test_equal_scalars_of_the_same_types_only(self):
         r = self.armed()
         same = tuple(x if not isinstance(x, str) else "".join(list(x)) for x in SCALARS)
         same = same[:11] + (float(repr(SCALARS[11])),) + same[12:]  # equal, other objects
-        self.assertIs(r.replan(*self.batch(), same), True)
+        self.assertIs(r.replan(None, *self.batch(), same), True)
         for i, other in ((0, 32.0), (0, 33), (14, 1), (11, 0.0884), (21, 1), (7, "f16"),
                          (8, "bf16"), (6, 0.0)):
             changed = SCALARS[:i] + (other,) + SCALARS[i + 1:]
-            self.assertIs(r.replan(*self.batch(), changed), False, (i, other))
-        self.assertIs(r.replan(*self.batch(), SCALARS[:-1]), False)
-        self.assertIs(r.replan(*self.batch(), list(SCALARS)), False)
+            self.assertIs(r.replan(None, *self.batch(), changed), False, (i, other))
+        self.assertIs(r.replan(None, *self.batch(), SCALARS[:-1]), False)
+        self.assertIs(r.replan(None, *self.batch(), list(SCALARS)), False)
         self.assertEqual(len(self.scheds), 1)
 
     def test_what_the_python_path_must_plan(self):
@@ -514,52 +516,100 @@ class TestReplan(Harness, unittest.TestCase):
             (HT(list(range(10))), ids, HT([1] * 9)),  # more requests than the schedule holds
         ]
         for i, case in enumerate(cases):
-            self.assertIs(r.replan(*case, SCALARS), False, i)
+            self.assertIs(r.replan(None, *case, SCALARS), False, i)
         self.assertEqual(self.scheds, [])
         self.assertEqual(self.state.indices, "old ids")
         small = self.armed(lse_cap=3 * H - 1)  # the LSE scratch holds fewer rows
-        self.assertIs(small.replan(indptr, ids, last, SCALARS), False)
-        self.assertIs(self.armed(sched_qo=2).replan(indptr, ids, last, SCALARS), False)
+        self.assertIs(small.replan(None, indptr, ids, last, SCALARS), False)
+        self.assertIs(self.armed(sched_qo=2).replan(None, indptr, ids, last, SCALARS), False)
         self.assertEqual(self.scheds, [])
 
     def test_not_armed(self):
         indptr, ids, last = self.batch()
         r = self.runner()
-        self.assertIs(r.replan(indptr, ids, last, SCALARS), False)  # never armed
+        self.assertIs(r.replan(None, indptr, ids, last, SCALARS), False)  # never armed
         r = self.armed()
         r.bind(1, -1, 0x5550)  # a plan made elsewhere (the Python path) disarms it
-        self.assertIs(r.replan(indptr, ids, last, SCALARS), False)
-        self.assertIs(self.armed(graph=1).replan(indptr, ids, last, SCALARS), False)
+        self.assertIs(r.replan(None, indptr, ids, last, SCALARS), False)
+        self.assertIs(self.armed(graph=1).replan(None, indptr, ids, last, SCALARS), False)
         r = self.armed()
         self.plan._handle = None  # a destroyed plan: the Python path raises
-        self.assertIs(r.replan(indptr, ids, last, SCALARS), False)
+        self.assertIs(r.replan(None, indptr, ids, last, SCALARS), False)
         self.plan._handle = 0x2000
         self.ctx.close()  # a closed context likewise
-        self.assertIs(r.replan(indptr, ids, last, SCALARS), False)
+        self.assertIs(r.replan(None, indptr, ids, last, SCALARS), False)
         self.assertEqual(self.scheds, [])
 
     def test_a_failed_schedule_changes_nothing(self):
         r = self.armed()
         self.sched_status = 3  # the Python path plans again and raises the status's error
-        self.assertIs(r.replan(*self.batch(), SCALARS), False)
+        self.assertIs(r.replan(None, *self.batch(), SCALARS), False)
         self.assertEqual(len(self.scheds), 1)
         self.assertEqual((self.state.batch, self.state.indices, self.state.forwarded),
                          (1, "old ids", "memo"))
         self.assertEqual((self.args.kv_indices, self.ctx._busy), (0, 0))
 
+    def test_a_paged_prefill(self):
+        r = self.armed(prefill=True, sched_qo=20, lse_cap=20 * H)
+        indptr, ids, last = self.batch()
+        qo = HT([0, 4, 4, 9])
+        self.assertIs(r.replan(qo, indptr, ids, last, SCALARS), True)
+        self.assertEqual(self.scheds[-1][1:5], (3, [0, 4, 4, 9], [0, 2, 2, 5], [16, 7, 1]))
+        st = self.state
+        self.assertEqual((st.batch, st.total_qo, list(array.array("i", st.qo_indptr))),
+                         (3, 9, [0, 4, 4, 9]))
+        self.assertEqual(self.args.kv_indices, 0xd000)
+        q, kv = self.tensors(rows=9)
+        r(q, kv, None, None, False)  # the run takes the plan's rows
+        self.assertEqual(len(self.calls), 1)
+        for bad in [HT([0, 4, 9]), HT([1, 4, 4, 9]), HT([0, 0, 0, 0]), HT([0, 4, 4, 21]),
+                    HT([0, 4, 4, 9], dtype="i64"), None]:
+            self.assertIs(r.replan(bad, indptr, ids, last, SCALARS), False)
+        self.assertIs(self.armed(prefill=True, sched_qo=20, lse_cap=8 * H).replan(
+            qo, indptr, ids, last, SCALARS), False)  # 9 rows: more than the LSE scratch holds
+        self.assertIs(r.replan(None, indptr, ids, last, SCALARS), False)  # a decode's arrays
+        self.assertEqual(len(self.scheds), 1)
+
+    def test_a_ragged_prefill(self):
+        r = self.armed(prefill=True, paged=False, sched_qo=20, lse_cap=20 * H)
+        qo, kv = HT([0, 3, 5]), HT([0, 30, 70])
+        self.assertIs(r.replan(qo, kv, None, None, SCALARS), True)
+        self.assertEqual(self.scheds[-1][1:5], (2, [0, 3, 5], [0, 30, 70], None))
+        st = self.state
+        self.assertEqual((st.batch, st.total_qo, st.total_kv, st.indices), (2, 5, 70, "old ids"))
+        self.assertEqual(self.args.kv_indices, 0)
+        self.assertIs(r.replan(qo, kv, *self.batch()[1:], SCALARS), False)  # page ids: paged
+        self.assertIs(r.replan(qo, HT([0, 0, 0]), None, None, SCALARS), False)  # no key
+
+    def test_the_few_token_choice(self):
+        # q_tokens left to few_tokens: the plan's kernel takes requests of up to 4 rows
+        r = self.armed(prefill=True, paged=False, sched_qo=64, lse_cap=64 * H, few_group=4,
+                       q_tokens=4)
+        kv = HT([0, 30, 70])
+        for qo, ok in (([0, 3, 7], True), ([0, 4, 5], True), ([0, 5, 6], False),
+                       ([0, 1, 3], False), ([0, 17, 18], False), ([0, 40, 41], False)):
+            self.assertIs(r.replan(HT(qo), kv, None, None, SCALARS), ok, qo)
+        r = self.armed(prefill=True, paged=False, sched_qo=64, lse_cap=64 * H, few_group=4,
+                       q_tokens=0)  # the prefill families: more than 16 rows in a request
+        for qo, ok in (([0, 17, 18], True), ([0, 3, 7], False), ([0, 40, 41], True)):
+            self.assertIs(r.replan(HT(qo), kv, None, None, SCALARS), ok, qo)
+        r = self.armed(prefill=True, paged=False, sched_qo=64, lse_cap=64 * H, few_group=3,
+                       q_tokens=0)  # a group that does not divide 64: never few tokens
+        self.assertIs(r.replan(HT([0, 3, 7]), kv, None, None, SCALARS), True)
+
     def test_replan_keeps_references(self):
         r = self.armed()
         indptr, ids, last = self.batch()
         watched = [indptr, ids, last, SCALARS, self.state, r]
-        r.replan(indptr, ids, last, SCALARS)
+        r.replan(None, indptr, ids, last, SCALARS)
         gc.collect()
         before = [sys.getrefcount(x) for x in watched]
         for _ in range(200):
-            r.replan(indptr, ids, last, SCALARS)
-            r.replan(HT([0, 0]), ids, HT([1]), SCALARS)
+            r.replan(None, indptr, ids, last, SCALARS)
+            r.replan(None, HT([0, 0]), ids, HT([1]), SCALARS)
         self.sched_status = 3
         for _ in range(50):
-            r.replan(indptr, ids, last, SCALARS)
+            r.replan(None, indptr, ids, last, SCALARS)
         gc.collect()
         # the state holds the last page ids, as the Python path's does
         self.assertEqual([sys.getrefcount(x) for x in watched], before)

@@ -526,6 +526,52 @@ class TestHotPathChecks(CpuCase):
         with self.assertRaisesRegex(ValueError, "the indptr says 6 page ids, the indices hold 5"):
             w.plan(args[0], ids[:-1], *args[2:], q_data_type=torch.float16, sm_scale=0.1)
 
+    def test_prefill_plans_of_the_same_arguments_in_c(self):
+        if _hot.module() is None:
+            self.skipTest(f"no C Runner: {_hot.status()}")
+        i32 = lambda x: torch.tensor(x, dtype=torch.int32)  # noqa: E731
+        pw = kiln.BatchPrefillWithPagedKVCacheWrapper(self.ws(), context=self.dev.ctx)
+        rw = kiln.BatchPrefillWithRaggedKVCacheWrapper(self.ws(), context=self.dev.ctx)
+        python_path = []
+        for w in (pw, rw):
+            plan_batch = w._plan_batch
+            w._plan_batch = lambda *a, plan_batch=plan_batch, **k: (
+                python_path.append(1) or plan_batch(*a, **k))
+        ids = torch.arange(8, dtype=torch.int32)
+        # 40 rows in the first request: the prefill families (q_tokens left to kiln)
+        pw.plan(i32([0, 40, 43, 60]), i32([0, 3, 5, 8]), ids, i32([16, 1, 9]), H, H_KV, D, P,
+                causal=True)
+        rw.plan(i32([0, 40, 43, 60]), i32([0, 50, 90, 120]), H, H_KV, D, causal=True)
+        st_p, st_r = pw._state, rw._state
+        self.assertEqual(len(python_path), 2)
+        pw.plan(i32([0, 30, 31]), i32([0, 2, 6]), ids, i32([3, 4]), H, H_KV, D, P, causal=True)
+        rw.plan(i32([0, 30, 31]), i32([0, 60, 61]), H, H_KV, D, causal=True)
+        self.assertEqual(len(python_path), 2)  # both in C
+        self.assertIs(pw._state, st_p)
+        self.assertEqual((st_p.batch, st_p.total_qo, list(array.array("i", st_p.qo_indptr)),
+                          list(array.array("i", st_p.last))), (2, 31, [0, 30, 31], [3, 4]))
+        self.assertEqual((st_r.batch, st_r.total_qo, st_r.total_kv), (2, 31, 61))
+        q = torch.zeros((31, H, D), dtype=torch.float16)
+        k = torch.zeros((61, H_KV, D), dtype=torch.float16)
+        rw.run(q, k, k)
+        self.assertEqual(self.dev.plans[-1], (2, [0, 60, 61]))
+        with self.assertRaisesRegex(ValueError, "61"):
+            rw.run(q, k[:60], k[:60])  # the rows the plan in C asked for
+        # requests of at most 16 rows: the few-token kernels, planned on the Python path
+        pw.plan(i32([0, 3, 7]), i32([0, 2, 6]), ids, i32([3, 4]), H, H_KV, D, P, causal=True)
+        self.assertEqual((len(python_path), pw.variant.q_tokens), (3, 4))
+        pw.plan(i32([0, 2, 6]), i32([0, 2, 6]), ids, i32([3, 4]), H, H_KV, D, P, causal=True)
+        self.assertEqual(len(python_path), 3)  # the same choice: in C
+        pw.plan(i32([0, 2, 7]), i32([0, 2, 6]), ids, i32([3, 4]), H, H_KV, D, P, causal=True)
+        self.assertEqual((len(python_path), pw.variant.q_tokens), (4, 8))  # another kernel
+        # a custom mask is the Python path's, always
+        mask = torch.ones(2 * 17 + 5 * 50, dtype=torch.bool)
+        pw.plan(i32([0, 2, 7]), i32([0, 2, 6]), ids, i32([1, 2]), H, H_KV, D, P,
+                custom_mask=mask)
+        pw.plan(i32([0, 2, 7]), i32([0, 2, 6]), ids, i32([1, 2]), H, H_KV, D, P,
+                custom_mask=mask)
+        self.assertEqual(len(python_path), 6)
+
     def test_plan_arrays_from_every_form(self):
         w = kiln.BatchDecodeWithPagedKVCacheWrapper(self.ws(), context=self.dev.ctx)
         for indptr in ([0, 2, 3], (0, 2, 3), torch.tensor([0, 2, 3]),
