@@ -597,6 +597,32 @@ class TestReplan(Harness, unittest.TestCase):
                        q_tokens=0)  # a group that does not divide 64: never few tokens
         self.assertIs(r.replan(HT([0, 3, 7]), kv, None, None, SCALARS), True)
 
+    def test_the_few_token_choice_is_batch_few_tokens(self):
+        # the C port against the Python one, on random batches: a plan armed with one batch's
+        # choice takes another batch in C exactly when its choice is the same
+        import random
+
+        from kiln.batch import few_tokens
+        rng = random.Random(7)
+        kv = None
+        for trial in range(300):
+            G = rng.choice((1, 2, 3, 4, 5, 8, 16, 64))
+            B = rng.randint(1, 9)
+            def batch():
+                qo = [0]
+                for _ in range(B):
+                    qo.append(qo[-1] + rng.choice((0, 1, 1, 2, 3, 4, 5, 8, 9, 16, 17, 40)))
+                return qo
+            first, second = batch(), batch()
+            if second[-1] == 0:
+                continue  # no row: never the C path (o = 0 without a launch)
+            kv = HT(list(range(B + 1)))
+            r = self.armed(prefill=True, paged=False, sched_batch=16, sched_qo=1 << 12,
+                           lse_cap=(1 << 12) * H, few_group=G, q_tokens=few_tokens(first, G))
+            want = few_tokens(second, G) == few_tokens(first, G)
+            self.assertIs(r.replan(HT(second), kv, None, None, SCALARS), want,
+                          (trial, G, first, second))
+
     def test_replan_keeps_references(self):
         r = self.armed()
         indptr, ids, last = self.batch()
