@@ -497,6 +497,12 @@ class _BatchWrapper:
         self._state = st
         self._planned = cfg.readback
 
+    def _planned_in_c(self, qo, kv, indices, last, given):
+        """Whether the C Runner of the last plan made this plan() (kiln/hot.c's replan, armed
+        by _arm; False: nothing changed, the Python path plans)."""
+        st = self._state
+        return st is not None and bool(st.hot) and st.hot.replan(qo, kv, indices, last, given)
+
     def _arm(self, given, prefill_scalars, q_tokens=None):
         """Let the C Runner of the plan just made do the next plan() of these scalar arguments
         (`given`, a tuple of plan()'s arguments but the arrays; kiln/hot.c's replan, which
@@ -506,7 +512,8 @@ class _BatchWrapper:
         also fills the graph buffers there), with a custom mask, nor without a Runner (no
         extension, or a batch with nothing to run)."""
         st = self._state
-        if st is None or not st.hot or self._use_cuda_graph:
+        if (st is None or not st.hot or self._use_cuda_graph
+                or (prefill_scalars is not None and prefill_scalars["masked"])):
             return
         plan = st.plan
         fn = plan._schedule_address()

@@ -225,9 +225,7 @@ class BatchDecodeWithPagedKVCacheWrapper(_BatchWrapper):
                    window_left, logits_soft_cap, q_data_type, kv_data_type, o_data_type,
                    data_type, sm_scale, rope_scale, rope_theta, non_blocking, block_tables,
                    seq_lens, fixed_split_size, disable_split_kv, q_len_per_req, window_right, lse)
-        st = self._state
-        if st is not None and st.hot and st.hot.replan(None, indptr, indices, last_page_len,
-                                                       scalars):
+        if self._planned_in_c(None, indptr, indices, last_page_len, scalars):
             return
         if _older_order(data_type, rope_theta, seq_lens, fixed_split_size):
             raise TypeError(
@@ -261,8 +259,7 @@ class BatchDecodeWithPagedKVCacheWrapper(_BatchWrapper):
                          total_kv=None)
         if self._use_cuda_graph and self._copy_buffers:
             self._fill_graph_buffers(indptr, None, last_page_len)
-        else:
-            self._arm(scalars, None)
+        self._arm(scalars, None)
 
     begin_forward = plan
 
@@ -458,10 +455,8 @@ class BatchPrefillWithPagedKVCacheWrapper(_PrefillWrapper):
                  window_left, logits_soft_cap, rope_scale, rope_theta, q_data_type,
                  kv_data_type, o_data_type, non_blocking, fixed_split_size, disable_split_kv,
                  lse, q_tokens)
-        st = self._state
-        if (st is not None and st.hot and not unsupported
-                and st.hot.replan(qo_indptr, paged_kv_indptr, paged_kv_indices,
-                                  paged_kv_last_page_len, given)):
+        if not unsupported and self._planned_in_c(
+                qo_indptr, paged_kv_indptr, paged_kv_indices, paged_kv_last_page_len, given):
             return
         if unsupported:
             _refuse_prefill_extras(head_dim_qk, head_dim_vo, unsupported)
@@ -482,8 +477,7 @@ class BatchPrefillWithPagedKVCacheWrapper(_PrefillWrapper):
                          packed_custom_mask=packed_custom_mask)
         if self._use_cuda_graph:
             self._fill_graph_buffers(paged_kv_indptr, qo_indptr, paged_kv_last_page_len)
-        elif not scalars["masked"]:
-            self._arm(given, scalars, q_tokens)
+        self._arm(given, scalars, q_tokens)
 
     begin_forward = plan
 
@@ -562,9 +556,7 @@ class BatchPrefillWithRaggedKVCacheWrapper(_PrefillWrapper):
                  window_left, logits_soft_cap, sm_scale, rope_scale, rope_theta, q_data_type,
                  kv_data_type, o_data_type, non_blocking, fixed_split_size, disable_split_kv,
                  lse, q_tokens)
-        st = self._state
-        if (st is not None and st.hot and not unsupported
-                and st.hot.replan(qo_indptr, kv_indptr, None, None, given)):
+        if not unsupported and self._planned_in_c(qo_indptr, kv_indptr, None, None, given):
             return
         if unsupported:
             _refuse_prefill_extras(head_dim_qk, head_dim_vo, unsupported)
@@ -583,8 +575,7 @@ class BatchPrefillWithRaggedKVCacheWrapper(_PrefillWrapper):
                          packed_custom_mask=packed_custom_mask)
         if self._use_cuda_graph:
             self._fill_graph_buffers(kv_indptr, qo_indptr, None)
-        elif not scalars["masked"]:
-            self._arm(given, scalars, q_tokens)
+        self._arm(given, scalars, q_tokens)
 
     begin_forward = plan
 

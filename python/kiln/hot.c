@@ -212,6 +212,29 @@ static kiln_status run_unlocked(run_fn fn, kiln_plan *plan, const kiln_batch_arg
     return st;
 }
 
+/* What a call of run() or replan() does before its C call: the stream torch says is current,
+ * a hold on the context and the plan's handle. 1: *stream, *ctx_handle (for unhold) and *plan
+ * set; 0: the context is closed or the plan destroyed (the Python path raises), nothing held;
+ * -1: an error is set, nothing held. */
+static int enter(runner *r, void **stream, PyObject **ctx_handle, kiln_plan **plan)
+{
+    PyObject *s = PyObject_CallFunctionObjArgs(r->get_stream, r->index, NULL);
+    if (!s) return -1;
+    *stream = PyLong_AsVoidPtr(s);
+    Py_DECREF(s);
+    if (PyErr_Occurred()) return -1;
+    const int held = hold(r, ctx_handle);
+    if (held <= 0) return held;
+    PyObject *ph = PyObject_GetAttr(r->plan, s_handle);
+    const int live = ph && ph != Py_None;
+    if (live) *plan = PyLong_AsVoidPtr(ph);
+    Py_XDECREF(ph);
+    if (live && !PyErr_Occurred()) return 1;
+    unhold(r, *ctx_handle);
+    *ctx_handle = NULL;
+    return PyErr_Occurred() ? -1 : 0;
+}
+
 /* torch.empty(a, b[, c], **kw): the sizes as arguments of their own, which torch parses in
  * three quarters of the time of one shape tuple. */
 static PyObject *empty(runner *r, PyObject *kw, long long a, long long b, long long c, int n)
@@ -358,26 +381,11 @@ static PyObject *runner_call(PyObject *self, PyObject *argv, PyObject *kwargs)
     Py_DECREF(dev);
     if (same < 0) goto done;
     if (!same) FALL_BACK(); /* the Python path switches devices around the call */
-    PyObject *s = PyObject_CallFunctionObjArgs(r->get_stream, r->index, NULL);
-    if (!s) goto done;
-    void *stream = PyLong_AsVoidPtr(s);
-    Py_DECREF(s);
-    if (PyErr_Occurred()) goto done;
 
     /* the call, inside a hold on the context */
-    const int held = hold(r, &ctx_handle);
-    if (held < 0) goto done;
-    if (!held) FALL_BACK();
-    PyObject *ph = PyObject_GetAttr(r->plan, s_handle);
-    if (!ph || ph == Py_None) {
-        Py_XDECREF(ph);
-        unhold(r, ctx_handle);
-        ctx_handle = NULL;
-        if (PyErr_Occurred()) goto done;
-        FALL_BACK(); /* the plan is destroyed: the Python path raises */
-    }
-    kiln_plan *plan = PyLong_AsVoidPtr(ph);
-    Py_DECREF(ph);
+    void *stream = NULL;
+    kiln_plan *plan = NULL;
+    FOUND(enter(r, &stream, &ctx_handle, &plan));
     kiln_batch_args *a = r->args;
     if (scaled || was_scaled) { /* _Config.set_params(qs, ks, vs) */
         a->params.sm_scale = (float)(r->sm_scale * qs * (r->fp8 ? 1.0 : ks));
@@ -559,7 +567,7 @@ static PyObject *runner_replan(PyObject *self, PyObject *argv)
     if (B < 1 || (r->prefill && int32_tensor(r, qo_in, NULL, &qop) != nkv) ||
         (r->paged && int32_tensor(r, last_in, NULL, &lastp) != B) || B > r->sched_batch)
         Py_RETURN_FALSE;
-    PyObject *res = NULL, *ctx_handle = NULL, *ph = NULL;
+    PyObject *res = NULL, *ctx_handle = NULL;
     PyObject *kv_b = int_bytes(kvp, nkv);
     PyObject *qo_b = kv_b && r->prefill ? int_bytes(qop, nkv) : NULL;
     PyObject *last_b = kv_b && r->paged ? int_bytes(lastp, B) : NULL;
@@ -575,25 +583,16 @@ static PyObject *runner_replan(PyObject *self, PyObject *argv)
         res = Py_NewRef(Py_False);
         goto done;
     }
-    PyObject *s = PyObject_CallFunctionObjArgs(r->get_stream, r->index, NULL);
-    if (!s) goto done;
-    void *stream = PyLong_AsVoidPtr(s);
-    Py_DECREF(s);
-    if (PyErr_Occurred() || !(batch = PyLong_FromSsize_t(B)) ||
-        !(rows = PyLong_FromLongLong(total_qo)) || !(keys = PyLong_FromLongLong(used)))
+    if (!(batch = PyLong_FromSsize_t(B)) || !(rows = PyLong_FromLongLong(total_qo)) ||
+        !(keys = PyLong_FromLongLong(used)))
         goto done;
-    const int held = hold(r, &ctx_handle);
-    if (held <= 0) {
-        if (!held) res = Py_NewRef(Py_False); /* closed: the Python path raises */
+    void *stream = NULL;
+    kiln_plan *plan = NULL;
+    const int in = enter(r, &stream, &ctx_handle, &plan);
+    if (in <= 0) {
+        if (!in) res = Py_NewRef(Py_False); /* closed, or destroyed: the Python path raises */
         goto done;
     }
-    ph = PyObject_GetAttr(r->plan, s_handle);
-    if (!ph || ph == Py_None) {
-        if (ph) res = Py_NewRef(Py_False); /* the plan is destroyed */
-        goto done;
-    }
-    kiln_plan *plan = PyLong_AsVoidPtr(ph);
-    if (PyErr_Occurred()) goto done;
     const kiln_batch_shape shape = {(int)B, qo, kv,
                                     last_b ? (const int *)PyBytes_AsString(last_b) : NULL};
     PyThreadState *ts = PyEval_SaveThread();
@@ -623,7 +622,6 @@ static PyObject *runner_replan(PyObject *self, PyObject *argv)
     res = Py_NewRef(Py_True);
 done:
     if (ctx_handle) unhold(r, ctx_handle);
-    Py_XDECREF(ph);
     Py_XDECREF(batch);
     Py_XDECREF(rows);
     Py_XDECREF(keys);
@@ -794,7 +792,7 @@ static PyObject *runner_bind(PyObject *self, PyObject *argv)
     r->total_kv = total_kv;
     r->lse_scratch = scratch;
     r->bound = 1;
-    r->armed = 0; /* a plan made elsewhere: replan() waits for the decode plan()'s arm() */
+    r->armed = 0; /* a plan made elsewhere: replan() waits for the next arm() */
     Py_CLEAR(r->state);
     return Py_NewRef(self);
 }
