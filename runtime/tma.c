@@ -171,7 +171,9 @@ kiln_status kiln__tma_maps(const kiln_kernel *k, kiln_launch_params *p, const ch
         paged ? kiln_wgmma_tma_page_rows(p->page_size, k->cfg.block_n) : k->cfg.block_n;
     kiln_status st = encode(k, what, "q", p->q, 0, p->q_stride_n, p->q_stride_h, q_rows,
                             p->num_qo_heads, KILN_WGMMA_BM, &m->q, e);
-    if (st || !rows) {
+    /* fp8 K/V go through the producer's raw stages by rows: their maps are never read (and a
+     * 16-bit map of them would misstate their sizes) */
+    if (st || !rows || k->v.kv_dtype == KILN_DTYPE_E4M3 || k->v.kv_dtype == KILN_DTYPE_E5M2) {
         memset(&m->k, 0, sizeof m->k);
         memset(&m->v, 0, sizeof m->v);
         return st;
