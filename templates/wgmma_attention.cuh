@@ -410,26 +410,6 @@ template <int ROWS> __device__ __forceinline__ u32 wg_chunk_at(int r, int c)
     return (u32)((c >> 3) * ROWS * 128 + r * 128 + (((c & 7) ^ (r & 7)) << 4));
 }
 
-/* Elements 8c .. 8c + 7 of row r of a raw tile as floats: fp8 (exact, times f8_pair_unit) or
- * 16-bit of type DT. */
-template <class Cfg, int ROWS> __device__ __forceinline__ void wg_raw_read8(u32 raw, int r, int c, float (&f)[8])
-{
-    if constexpr (wg_layout<Cfg>::FP8) {
-        const uint2 w = lds64(raw + (u32)(r * Cfg::D + c * 8));
-        u32 h[4];
-        fp8x4_f16<Cfg::KV_DT>(w.x, h[0], h[1]);
-        fp8x4_f16<Cfg::KV_DT>(w.y, h[2], h[3]);
-#pragma unroll
-        for (int u = 0; u < 4; u++) half2_to_f(h[u], f[2 * u], f[2 * u + 1]);
-    } else {
-        const uint4 w = lds128(raw + wg_chunk_at<ROWS>(r, c));
-        unpack2<Cfg::DT>(w.x, f[0], f[1]);
-        unpack2<Cfg::DT>(w.y, f[2], f[3]);
-        unpack2<Cfg::DT>(w.z, f[4], f[5]);
-        unpack2<Cfg::DT>(w.w, f[6], f[7]);
-    }
-}
-
 /* Eight floats times `mul` as chunk c of row r of a 16-bit swizzled tile of type DT. */
 template <int DT, int ROWS>
 __device__ __forceinline__ void wg_write8(u32 tile, int r, int c, const float (&f)[8], float mul = 1.0f)
@@ -451,6 +431,82 @@ __device__ __forceinline__ void wg_rope8(float (&a)[8], float (&b)[8], u32 freq,
         rope_rotate(a[u], b[u], pos * __int_as_float(ld_shared(freq + (u32)(4 * (c * 8 + u)))));
 }
 
+/* A raw fp8 tile [BN][D] at src widened into the 16-bit swizzled tile at dst (the exact f16
+ * pairs, no float round trip). Each thread keeps one 8-byte chunk column c of the rows r0,
+ * r0 + RP, ... (RP rows a pass), so that its addresses are two bases and immediates (a row
+ * RP further has the same swizzle, or with RP = 4 the other of two), and loads G chunks
+ * before it converts and stores them: G shared loads in flight. */
+template <class Cfg> __device__ __forceinline__ void wg_widen(u32 src, u32 dst, int tid)
+{
+    constexpr int D = Cfg::D, BN = Cfg::BN, C = D / 8, RP = KILN_WGMMA_PRODUCER_THREADS / C, PASSES = BN / RP;
+    constexpr int G = 4;
+    static_assert(RP * C == KILN_WGMMA_PRODUCER_THREADS && PASSES * RP == BN && PASSES % G == 0 &&
+                      (RP % 8 == 0 || RP == 4),
+                  "widen shape");
+    const int c = tid % C, r0 = tid / C;
+    const u32 s0 = src + (u32)(r0 * D + c * 8);
+    const u32 d0 = dst + wg_chunk_at<BN>(r0, c);
+    const u32 d1 = RP == 4 ? dst + wg_chunk_at<BN>(r0 + 4, c) - 4 * 128 : d0; /* odd passes at RP 4 */
+#pragma unroll
+    for (int i0 = 0; i0 < PASSES; i0 += G) {
+        uint2 w[G];
+#pragma unroll
+        for (int g = 0; g < G; g++) w[g] = lds64(s0 + (u32)((i0 + g) * RP * D));
+#pragma unroll
+        for (int g = 0; g < G; g++) {
+            const int i = i0 + g;
+            uint4 h;
+            fp8x4_f16<Cfg::KV_DT>(w[g].x, h.x, h.y);
+            fp8x4_f16<Cfg::KV_DT>(w[g].y, h.z, h.w);
+            sts128((i & 1 ? d1 : d0) + (u32)(i * RP * 128), h);
+        }
+    }
+}
+
+/* A raw K tile [BN][D] (fp8, or 16-bit swizzled) at raw rotated into the 16-bit swizzled tile
+ * at kd, row r at position pos0 + r. Each thread keeps the pair of chunk columns c and
+ * c + D / 16 (d and d + D / 2) of rows r0, r0 + RP, ..., a half chunk (4 elements: their 4
+ * frequencies, one 16-byte load) at a time, as wg_widen keeps its column. */
+template <class Cfg> __device__ __forceinline__ void wg_rope_k(u32 raw, u32 kd, u32 freq, int pos0, int tid)
+{
+    using L = wg_layout<Cfg>;
+    constexpr int D = Cfg::D, BN = Cfg::BN, C2 = D / 16, RP = KILN_WGMMA_PRODUCER_THREADS / C2, PASSES = BN / RP;
+    static_assert(RP * C2 == KILN_WGMMA_PRODUCER_THREADS && PASSES * RP == BN && (RP % 8 == 0 || RP == 4),
+                  "rope shape");
+    const int c = tid % C2, r0 = tid / C2;
+    /* 4 elements (half h) of chunk column cc of row r of the raw tile, as floats */
+    auto read4 = [&](int r, int cc, int h, float (&f)[4]) {
+        u32 w0, w1;
+        if constexpr (L::FP8) {
+            fp8x4_f16<Cfg::KV_DT>((u32)ld_shared(raw + (u32)(r * D + cc * 8 + h * 4)), w0, w1);
+            half2_to_f(w0, f[0], f[1]);
+            half2_to_f(w1, f[2], f[3]);
+        } else {
+            const uint2 w = lds64(raw + wg_chunk_at<BN>(r, cc) + (u32)(h * 8));
+            unpack2<Cfg::DT>(w.x, f[0], f[1]);
+            unpack2<Cfg::DT>(w.y, f[2], f[3]);
+        }
+    };
+#pragma unroll 1
+    for (int i = 0; i < PASSES; i++) {
+        const int r = r0 + i * RP;
+        const float pos = (float)(pos0 + r);
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            const uint4 fw = lds128(freq + (u32)(4 * (c * 8 + h * 4)));
+            const float fr[4] = {__int_as_float(fw.x), __int_as_float(fw.y), __int_as_float(fw.z), __int_as_float(fw.w)};
+            float a[4], b[4];
+            read4(r, c, h, a);
+            read4(r, c + C2, h, b);
+#pragma unroll
+            for (int u = 0; u < 4; u++) rope_rotate(a[u], b[u], pos * fr[u]);
+            sts64(kd + wg_chunk_at<BN>(r, c) + (u32)(h * 8), make_uint2(pack2<L::MDT>(a[0], a[1]), pack2<L::MDT>(a[2], a[3])));
+            sts64(kd + wg_chunk_at<BN>(r, c + C2) + (u32)(h * 8),
+                  make_uint2(pack2<L::MDT>(b[0], b[1]), pack2<L::MDT>(b[2], b[3])));
+        }
+    }
+}
+
 /* The raw tile of keys j0 .. j0 + BN in raw stage `raw` into the stage's 16-bit K (and, fp8, V)
  * tiles kd, vd: fp8 pairs widened (the exact f16 pairs, no float round trip) and, with RoPE, K
  * rotated at positions j + rope_off. */
@@ -459,30 +515,9 @@ __device__ __forceinline__ void wg_xform_kv(u32 raw, u32 kd, u32 vd, u32 freq, i
 {
     using L = wg_layout<Cfg>;
     constexpr int D = Cfg::D, BN = Cfg::BN, C = D / 8, P = L::PRODUCER;
-    auto widen = [&](u32 src, u32 dst) { /* fp8 as f16 pairs, unrotated */
-        for (int e = tid; e < BN * C; e += P) {
-            const int r = e / C, c = e % C;
-            const uint2 w = lds64(src + (u32)(r * D + c * 8));
-            uint4 h;
-            fp8x4_f16<Cfg::KV_DT>(w.x, h.x, h.y);
-            fp8x4_f16<Cfg::KV_DT>(w.y, h.z, h.w);
-            sts128(dst + wg_chunk_at<BN>(r, c), h);
-        }
-    };
-    if constexpr (Cfg::ROPE) {
-        for (int e = tid; e < BN * (C / 2); e += P) {
-            const int r = e / (C / 2), c = e % (C / 2);
-            float a[8], b[8];
-            wg_raw_read8<Cfg, BN>(raw, r, c, a);
-            wg_raw_read8<Cfg, BN>(raw, r, c + C / 2, b);
-            wg_rope8<D>(a, b, freq, c, (float)(j0 + r + rope_off));
-            wg_write8<L::MDT, BN>(kd, r, c, a);
-            wg_write8<L::MDT, BN>(kd, r, c + C / 2, b);
-        }
-    } else {
-        widen(raw, kd);
-    }
-    if constexpr (L::XV) widen(raw + L::RAW_TILE, vd);
+    if constexpr (Cfg::ROPE) wg_rope_k<Cfg>(raw, kd, freq, j0 + rope_off, tid);
+    else wg_widen<Cfg>(raw, kd, tid);
+    if constexpr (L::XV) wg_widen<Cfg>(raw + L::RAW_TILE, vd, tid);
 }
 
 /* Q in place: RoPE at positions (m0 + r) + pos_off, and with fp8 K/V bf16 q to f16 times
