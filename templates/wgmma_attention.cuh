@@ -608,16 +608,36 @@ __device__ __forceinline__ void wg_produce_x(const kiln_launch_params &p, const 
             return (i64)j * vs;
         }
     };
-    /* the raw copies of key tile t into raw stage r */
+    /* the raw copies of key tile t into raw stage r: by TMA where the tile is whole and not
+     * paged (K and V boxes from maps of es-byte elements: fp8 rows plain, 16-bit rows in the
+     * swizzle; through a page table the boxes' extra state spilled the producer), else by rows */
     auto issue = [&](int t, int r) {
-        const u32 kr = sm.raw + (u32)(r * L::RAW_STAGE);
-        if constexpr (L::FP8) {
-            wg_load_raw8<D, BN>(kr, kg, k_at, t * BN, w.L_KV, tid);
-            wg_load_raw8<D, BN>(kr + L::RAW_TILE, vg, v_at, t * BN, w.L_KV, tid);
-        } else {
-            wg_load_rows<KILN_WGMMA_LOAD_WARP, D, BN>(kr, kg, k_at, t * BN, w.L_KV, tid);
+        const u32 kr = sm.raw + (u32)(r * L::RAW_STAGE), bar = sm.raw_full(r);
+        const int j0 = t * BN;
+        if constexpr (TMA && Cfg::KV != KV_PAGED) {
+            if (wg_tile_by_tma<Cfg>(p, w, t)) {
+                constexpr int TILES = kiln_wgmma_raw_tiles(ES, Cfg::ROPE);
+                if (tid == 0) {
+                    mbar_arrive_expect_tx(bar, TILES * L::RAW_TILE);
+                    if constexpr (L::FP8) {
+                        tma_load_3d(kr, &maps->k, bar, 0, hk, kv_row0 + j0);
+                        tma_load_3d(kr + L::RAW_TILE, &maps->v, bar, 0, hk, kv_row0 + j0);
+                    } else {
+                        wg_tma_tile<D, BN>(kr, &maps->k, bar, hk, kv_row0 + j0);
+                    }
+                } else {
+                    mbar_arrive(bar);
+                }
+                return;
+            }
         }
-        cp_async_arrive(sm.raw_full(r));
+        if constexpr (L::FP8) {
+            wg_load_raw8<D, BN>(kr, kg, k_at, j0, w.L_KV, tid);
+            wg_load_raw8<D, BN>(kr + L::RAW_TILE, vg, v_at, j0, w.L_KV, tid);
+        } else {
+            wg_load_rows<KILN_WGMMA_LOAD_WARP, D, BN>(kr, kg, k_at, j0, w.L_KV, tid);
+        }
+        cp_async_arrive(bar);
     };
     /* V of 16-bit K/V straight into its stage: TMA for a whole tile where it can, else rows */
     auto v_direct = [&](u32 vd, u32 full, int t) {
