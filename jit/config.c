@@ -52,7 +52,8 @@ static int decode_smem(const kiln_variant *v, int gb, int warps, int stages)
 
 static int wgmma_smem(const kiln_variant *v, int bn, int stages)
 {
-    return kiln_wgmma_smem_bytes(v->head_dim, KILN_WGMMA_BM, bn, stages);
+    return kiln_wgmma_smem_bytes(v->head_dim, KILN_WGMMA_BM, bn, stages,
+                                 is_fp8(v->kv_dtype) ? 1 : 2, v->rope);
 }
 
 static int prefill_smem(const kiln_variant *v, int warps, int mt, int bn, int stages, int pack)
@@ -102,6 +103,7 @@ typedef enum when {
     ELEMENT_MASK,  /* a mask snippet or mask data (evaluated per element in mixed tiles) */
     NO_ALIBI,      /* no ALiBi bias (its slopes and positions add live registers) */
     FP8_KV,        /* fp8 KV (e4m3, e5m2) */
+    XFORM,         /* fp8 KV or RoPE: the wgmma producer's transforms (raw stages) */
 } when;
 
 /* The shared-memory class a row needs. */
@@ -159,10 +161,14 @@ static const tile_row tile_rows[] = {
      "64-key tiles: a 64-column mask block keeps whole tiles hidden or full in the tile map"},
     {FAM_WGMMA,         64,  ANY,           ALWAYS, 8,    1, 128,         3,     0,
      "two 64-row consumer warpgroups, 128-key tiles, three stages: 113 KiB"},
+    {FAM_WGMMA,         128, XFORM,         ALWAYS, 8,    1, 128,         2,     0,
+     "fp8 KV or RoPE: two 128-key stages beside the producer's two raw stages: 225 KiB"},
     {FAM_WGMMA,         128, ANY,           ALWAYS, 8,    1, 128,         3,     0,
      "three 128-key stages keep the producer a tile ahead: 225 KiB of the 227"},
     {FAM_WGMMA,         256, ELEMENT_MASK,  FITS,   8,    1, 64,          2,     0,
      "as above where four stages do not fit: two"},
+    {FAM_WGMMA,         256, XFORM,         ALWAYS, 8,    1, 64,          2,     0,
+     "fp8 KV or RoPE: 64-key tiles, two stages and one raw stage: 225 KiB"},
     {FAM_WGMMA,         256, NO_ALIBI,      ALWAYS, 8,    1, 80,          2,     0,
      "80-key tiles, two stages: 225 KiB; S = Q K^T on m64n80 reads less shared memory a FLOP "
      "than m64n64 (4 x 4096 causal 451 -> 475 TFLOP/s, non-causal 466 -> 495)"},
@@ -222,6 +228,8 @@ static int row_serves(const tile_row *r, const kiln_variant *v, int pack)
             return !kiln__logits_alibi(v);
         case FP8_KV:
             return is_fp8(v->kv_dtype);
+        case XFORM:
+            return is_fp8(v->kv_dtype) || v->rope;
         default:
             return 1;
     }
@@ -365,8 +373,6 @@ const char *kiln__wgmma_refusal(const kiln_variant *v, int sm, int *can)
     *can = 0;
     if (sm != 90) return "wgmma needs sm_90a";
     if (v->op != KILN_OP_PREFILL) return "decode keeps its own kernels";
-    if (is_fp8(v->kv_dtype)) return "fp8 KV is not on the wgmma family yet";
-    if (v->rope) return "RoPE is not on the wgmma family yet";
     if (v->q_tokens)
         return "q_tokens: few query tokens a request take the packed rows of the mma.sync family "
                "(each K/V tile read once for all of them)";

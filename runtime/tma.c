@@ -19,13 +19,14 @@
 
 /* ---- the memo: a thread's last maps, by a hash of their arguments ---- */
 
-/* Everything cuTensorMapEncodeTiled is given, bar what is constant here (16-bit elements, the
- * 128-byte swizzle, 64-column boxes of one head): equal keys encode equal maps. */
+/* Everything cuTensorMapEncodeTiled is given, bar what follows from the element size (16-bit:
+ * the 128-byte swizzle, 64-column boxes; fp8: no swizzle, whole rows) and the one head a box:
+ * equal keys encode equal maps. */
 typedef struct map_key {
     unsigned long long base;
     long long stride_page, stride_n, stride_h;
     int64_t rows;
-    int heads, box_rows, D, pad;
+    int heads, box_rows, D, es;
 } map_key;
 
 /* 64 sets of 4 maps (each set refilled round robin): an engine's Q and O, and the K and V
@@ -74,7 +75,7 @@ static unsigned memo_set(const map_key *key)
                           (uint64_t)key->stride_h,
                           (uint64_t)key->rows,
                           (uint64_t)key->heads << 32 | (uint32_t)key->box_rows,
-                          (uint64_t)key->D};
+                          (uint64_t)key->D << 8 | (uint32_t)key->es};
     for (size_t i = 0; i < sizeof w / sizeof w[0]; i++) {
         h ^= w[i];
         h *= 0xff51afd7ed558ccdull;
@@ -83,10 +84,11 @@ static unsigned memo_set(const map_key *key)
     return (unsigned)(h % MEMO_SETS);
 }
 
-/* One map: 16-bit [rows, heads, D] at base with the given element strides, boxes of 64
- * columns x 1 head x box_rows rows, swizzled 128 bytes (the layout the kernel's wgmma reads).
- * stride_page > 0: a paged pool, [pages, rows = page_size, heads, D], one page a box. */
-static kiln_status encode(const kiln_kernel *k, const char *what, const char *name,
+/* One map: [rows, heads, D] of es-byte elements at base with the given element strides. es 2:
+ * boxes of 64 columns x 1 head x box_rows rows, swizzled 128 bytes (the layout the kernel's
+ * wgmma reads); es 1 (fp8 K/V, into the producer's raw stages): boxes of whole D-byte rows, not
+ * swizzled. stride_page > 0: a paged pool, [pages, rows = page_size, heads, D], one page a box. */
+static kiln_status encode(const kiln_kernel *k, const char *what, const char *name, int es,
                           unsigned long long base, long long stride_page, long long stride_n,
                           long long stride_h, int64_t rows, int heads, int box_rows,
                           kiln_tma_map *out, kiln__err *e)
@@ -108,6 +110,7 @@ static kiln_status encode(const kiln_kernel *k, const char *what, const char *na
     key.heads = heads;
     key.box_rows = box_rows;
     key.D = D;
+    key.es = es;
     memo_table *t = memo_get();
     const unsigned set = memo_set(&key);
     if (t)
@@ -122,12 +125,15 @@ static kiln_status encode(const kiln_kernel *k, const char *what, const char *na
     const cuuint64_t dim[4] = {(cuuint64_t)D, (cuuint64_t)heads, (cuuint64_t)rows,
                                (cuuint64_t)INT32_MAX};
     /* a head stride of 0 (one head) still has to be a valid stride: any multiple of 16 */
-    const cuuint64_t stride[3] = {(cuuint64_t)(stride_h ? stride_h : D) * 2,
-                                  (cuuint64_t)stride_n * 2, (cuuint64_t)stride_page * 2};
-    const cuuint32_t box[4] = {64, 1, (cuuint32_t)box_rows, 1}, unit[4] = {1, 1, 1, 1};
+    const cuuint64_t stride[3] = {(cuuint64_t)(stride_h ? stride_h : D) * es,
+                                  (cuuint64_t)stride_n * es, (cuuint64_t)stride_page * es};
+    const cuuint32_t box[4] = {es == 2 ? 64 : (cuuint32_t)D, 1, (cuuint32_t)box_rows, 1},
+                     unit[4] = {1, 1, 1, 1};
     CUresult r = k->ctx->cu->cuTensorMapEncodeTiled(
-        &map, CU_TENSOR_MAP_DATA_TYPE_UINT16, paged ? 4 : 3, (void *)(uintptr_t)base, dim, stride,
-        box, unit, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+        &map, es == 2 ? CU_TENSOR_MAP_DATA_TYPE_UINT16 : CU_TENSOR_MAP_DATA_TYPE_UINT8,
+        paged ? 4 : 3, (void *)(uintptr_t)base, dim, stride, box, unit,
+        CU_TENSOR_MAP_INTERLEAVE_NONE,
+        es == 2 ? CU_TENSOR_MAP_SWIZZLE_128B : CU_TENSOR_MAP_SWIZZLE_NONE,
         CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
     if (r != CUDA_SUCCESS)
         return kiln__cu_fail(e, r,
@@ -155,8 +161,8 @@ static void encode_o(const kiln_kernel *k, kiln_launch_params *p, int64_t rows, 
 {
     const long long sn = p->o_stride_n, sh = p->o_stride_h;
     p->o_by_tma = !(p->o % 16 || sn % 8 || sh % 8 || sn >= (1LL << 38) || sh >= (1LL << 38)) &&
-                  encode(k, "run", "o", p->o, 0, sn, sh, rows, p->num_qo_heads, KILN_WGMMA_BM / 2,
-                         out, NULL) == KILN_STATUS_OK; /* no message: not an error */
+                  encode(k, "run", "o", 2, p->o, 0, sn, sh, rows, p->num_qo_heads,
+                         KILN_WGMMA_BM / 2, out, NULL) == KILN_STATUS_OK; /* not an error */
     if (!p->o_by_tma) memset(out, 0, sizeof *out);
 }
 
@@ -169,19 +175,21 @@ kiln_status kiln__tma_maps(const kiln_kernel *k, kiln_launch_params *p, const ch
      * maps are never read */
     const int rows =
         paged ? kiln_wgmma_tma_page_rows(p->page_size, k->cfg.block_n) : k->cfg.block_n;
-    kiln_status st = encode(k, what, "q", p->q, 0, p->q_stride_n, p->q_stride_h, q_rows,
+    kiln_status st = encode(k, what, "q", 2, p->q, 0, p->q_stride_n, p->q_stride_h, q_rows,
                             p->num_qo_heads, KILN_WGMMA_BM, &m->q, e);
+    /* fp8 K/V: byte maps, for the copies into the producer's raw stages */
+    const int es = k->v.kv_dtype == KILN_DTYPE_E4M3 || k->v.kv_dtype == KILN_DTYPE_E5M2 ? 1 : 2;
     if (st || !rows) {
         memset(&m->k, 0, sizeof m->k);
         memset(&m->v, 0, sizeof m->v);
         return st;
     }
     if (paged) kv_rows = p->page_size;
-    st = encode(k, what, "k", p->k, paged ? p->k_stride_page : 0, p->k_stride_n, p->k_stride_h,
-                kv_rows, p->num_kv_heads, rows, &m->k, e);
+    st = encode(k, what, "k", es, p->k, paged ? p->k_stride_page : 0, p->k_stride_n,
+                p->k_stride_h, kv_rows, p->num_kv_heads, rows, &m->k, e);
     if (!st)
-        st = encode(k, what, "v", p->v, paged ? p->v_stride_page : 0, p->v_stride_n, p->v_stride_h,
-                    kv_rows, p->num_kv_heads, rows, &m->v, e);
+        st = encode(k, what, "v", es, p->v, paged ? p->v_stride_page : 0, p->v_stride_n,
+                    p->v_stride_h, kv_rows, p->num_kv_heads, rows, &m->v, e);
     return st;
 }
 

@@ -666,6 +666,21 @@ __device__ __forceinline__ int o_pair(const float (&o)[mma_shape<Cfg>::DTN][4], 
     }
 }
 
+/* O's factor: V's scale, in the units of its converted tiles (1 for 16-bit V). */
+template <class Cfg> __device__ __forceinline__ float v_unit(const kiln_launch_params &p)
+{
+    using L = prefill_layout<Cfg>;
+    return !L::FP8 ? 1.0f : L::F8P ? p.v_scale / f8_pair_unit<Cfg::KV_DT>() : p.v_scale;
+}
+
+/* S's factor: K's scale, in the units of its converted tiles and q's (F8P with bf16 q: f16
+ * q times f8_q_unit); it joins c2 or the logits transform's input. */
+template <class Cfg> __device__ __forceinline__ float k_unit(const kiln_launch_params &p)
+{
+    using L = prefill_layout<Cfg>;
+    return !L::FP8 ? 1.0f : L::F8P ? p.k_scale / (f8_pair_unit<Cfg::KV_DT>() * f8_q_unit<Cfg>()) : p.k_scale;
+}
+
 /* Normalise and store: o rows (and lse) directly, or a partial state of the item's slot. */
 template <class Cfg>
 __device__ __forceinline__ void store_rows(const mma_state<Cfg> &st, const mma_rows<Cfg> &rows,
@@ -675,9 +690,7 @@ __device__ __forceinline__ void store_rows(const mma_state<Cfg> &st, const mma_r
     using S = mma_shape<Cfg>;
     constexpr int D = Cfg::D;
     u16 *og = reinterpret_cast<u16 *>(p.o) + (i64)w.q_start * p.o_stride_n;
-    const float vsc = !prefill_layout<Cfg>::FP8 ? 1.0f
-                      : prefill_layout<Cfg>::F8R ? p.v_scale / f8_pair_unit<Cfg::KV_DT>()
-                                                 : p.v_scale;
+    const float vsc = v_unit<Cfg>(p);
 #pragma unroll
     for (int mt = 0; mt < Cfg::MT; mt++) {
 #pragma unroll
@@ -753,9 +766,7 @@ template <class Cfg> __device__ void mma_attention_kernel(const kiln_launch_para
     }
     /* fp8 K: its scale joins the raw product (c2, or the transform's input); F8R's pairs and
      * f16 q carry their own units */
-    const float ksc = !L::FP8 ? 1.0f
-                      : L::F8R ? p.k_scale / (f8_pair_unit<Cfg::KV_DT>() * f8_q_unit<Cfg>())
-                               : p.k_scale;
+    const float ksc = k_unit<Cfg>(p);
     const float c2 = S::RAW ? p.sm_scale * LOG2E * ksc : 1.0f;
 
     kv_pipeline<Cfg> pipe;

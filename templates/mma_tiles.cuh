@@ -24,6 +24,9 @@ template <class Cfg> struct prefill_layout {
     static constexpr int ES = FP8 ? 1 : 2;                           /* bytes per stored K/V element */
     /* fp8 read by the MMAs from the loaded tiles (mma_attention.cuh, "fp8 in registers") */
     static constexpr bool F8R = kiln_prefill_fp8_in_regs(ES, Cfg::PACK, Cfg::ROPE);
+    /* fp8 K/V widened exactly (fp8x4_f16: F8R's registers, the wgmma producer's tiles), and so
+     * f8_pair_unit times the converted tiles' values, which their scales give back */
+    static constexpr bool F8P = F8R || (FP8 && Cfg::WGMMA);
     static constexpr int Q_BYTES = kiln_prefill_q_bytes(D, BM);
     static constexpr int STAGE_TILE = kiln_prefill_stage_tile(D, ES, BN); /* one K or V tile as loaded */
     static constexpr int TILE_BYTES = BN * D * 2;                    /* one K or V tile as the MMAs read it */

@@ -22,9 +22,8 @@
  *
  * Cfg as mma_attention.cuh's, with WARPS = 8 (the consumer warps), MT = 1, PACK = 0, LOAD (the
  * producer's copies, KILN_WGMMA_LOAD_*), PERSIST (a persistent grid, KILN_WGMMA_PERSIST_*:
- * wg_produce_jobs), and
- * neither RoPE nor fp8 KV (jit/config.c keeps those on the mma.sync family, and head dims
- * 64 / 256 and mask data unless KILN_TUNE says wgmma=1: measured slower). Launch: 384
+ * wg_produce_jobs). fp8 KV and RoPE go through the producer's transforms (wg_produce_x); mask
+ * data stays on the mma.sync family unless KILN_TUNE says wgmma=1 (measured slower). Launch: 384
  * threads, kiln_wgmma_smem_bytes (params.h), grid (ceil(L_Q / 128), H) or (work items, H),
  * with PERSIST (kiln__persistent_grid(jobs), 1); with LOAD_TMA the second argument is the
  * kiln_tma_maps of Q, K, V and O (runtime/tma.c).
@@ -42,28 +41,44 @@ namespace kiln {
 
 template <class Cfg> struct wg_layout {
     static constexpr int D = Cfg::D, BN = Cfg::BN, STAGES = Cfg::STAGES, BM = KILN_WGMMA_BM;
+    /* the producer's transforms (wg_produce_x): K (XK) and V (XV) copied as stored into raw
+     * stages and widened / rotated from there, Q transformed in place (XQ); MDT the MMAs'
+     * operand type: f16 with fp8 KV (fp8 widens exactly into it; bf16 q goes to f16 times
+     * f8_q_unit), q's type otherwise */
+    static constexpr bool FP8 = Cfg::KV_DT >= KV_E4M3;
+    static constexpr int ES = FP8 ? 1 : 2;
+    static constexpr bool XK = FP8 || Cfg::ROPE, XV = FP8, XQ = Cfg::ROPE || (FP8 && Cfg::DT == BF16);
+    static constexpr int MDT = FP8 ? F16 : Cfg::DT;
+    static constexpr int RAW = kiln_wgmma_raw_stages(D, ES, Cfg::ROPE), RAW_TILE = BN * D * ES;
+    static constexpr int RAW_STAGE = kiln_wgmma_raw_tiles(ES, Cfg::ROPE) * RAW_TILE;
     static constexpr int Q_BYTES = BM * D * 2, TILE = BN * D * 2;
-    static constexpr int Q_AT = 0, K_AT = Q_BYTES, V_AT = K_AT + STAGES * TILE, BAR_AT = V_AT + STAGES * TILE;
-    static constexpr int JOB_AT = BAR_AT + kiln_wgmma_bar_bytes(STAGES);
+    static constexpr int Q_AT = 0, K_AT = Q_BYTES, V_AT = K_AT + STAGES * TILE, RAW_AT = V_AT + STAGES * TILE;
+    static constexpr int FREQ_AT = RAW_AT + RAW * RAW_STAGE, BAR_AT = FREQ_AT + kiln_rope_freq_bytes(D, Cfg::ROPE);
+    static constexpr int JOB_AT = BAR_AT + kiln_wgmma_bar_bytes(STAGES, RAW);
     static constexpr int PRODUCER = KILN_WGMMA_PRODUCER_THREADS, CONSUMERS = Cfg::WARPS * WARP;
-    static constexpr int BYTES = kiln_wgmma_smem_bytes(D, BM, BN, STAGES);
+    /* a stage's full barrier: the producer's arrivals, twice with RoPE on 16-bit K/V (V's copies
+     * straight into the stage, and K once rotated into it) */
+    static constexpr int FULL_COUNT = XK && !XV ? 2 * PRODUCER : PRODUCER;
+    static constexpr int BYTES = kiln_wgmma_smem_bytes(D, BM, BN, STAGES, ES, Cfg::ROPE);
     static_assert(Cfg::WARPS == 8 && Cfg::MT == 1 && !Cfg::PACK, "two consumer warpgroups of 64 rows");
     static_assert(prefill_layout<Cfg>::BM == BM, "the work items' tile is the CTA's");
-    static_assert(!Cfg::ROPE && Cfg::KV_DT < KV_E4M3, "16-bit K/V, no RoPE");
+    static_assert(XK == (RAW > 0) && BAR_AT % 8 == 0, "raw stages exactly where K is transformed");
     static_assert(D % 64 == 0, "whole 64-column swizzle blocks");
     static_assert(BN % 16 == 0 && BN >= 64 && BN <= 256, "key tiles of whole k16 slices of P V, an m64nBN S");
     static_assert(BYTES == KILN_WGMMA_ALIGN + JOB_AT + KILN_WGMMA_JOB_BYTES, "the regions fill the layout");
 };
 
-/* The shared-memory addresses of one CTA: the tiles and the barriers. */
+/* The shared-memory addresses of one CTA: the tiles, the producer's raw stages and RoPE
+ * frequencies, the barriers and the job slot. */
 template <int STAGES> struct wg_smem {
-    u32 q, k, v, bar;
+    u32 q, k, v, raw, freq, bar, slot;
     __device__ __forceinline__ u32 full(int s) const { return bar + 8 * s; }
     __device__ __forceinline__ u32 empty(int s) const { return bar + 8 * (STAGES + s); }
     __device__ __forceinline__ u32 q_full() const { return bar + 16 * STAGES; }
     __device__ __forceinline__ u32 q_empty() const { return bar + 16 * STAGES + 8; }
     __device__ __forceinline__ u32 job_full() const { return bar + 16 * STAGES + 16; }
-    __device__ __forceinline__ u32 job() const { return bar + kiln_wgmma_bar_bytes(STAGES); } /* the slot */
+    __device__ __forceinline__ u32 raw_full(int r) const { return bar + 16 * STAGES + 32 + 8 * r; }
+    __device__ __forceinline__ u32 job() const { return slot; }
 };
 
 /* The persistent grid's job slot (shared memory, after the barriers): producer thread 0 writes
@@ -132,7 +147,7 @@ __device__ __forceinline__ wg_tiles<Cfg> wg_job_tiles(const kiln_launch_params &
  * wait) or by cp.async (generic-proxy writes, fenced by the consumer before its wgmma reads
  * them): the producer's test (with kv=paged, box_rows != 0), for the consumers' fence. */
 template <class Cfg>
-__device__ __forceinline__ bool wg_kv_by_tma(const kiln_launch_params &p, const mma_work &w, int t)
+__device__ __forceinline__ bool wg_tile_by_tma(const kiln_launch_params &p, const mma_work &w, int t)
 {
     if constexpr (Cfg::LOAD != KILN_WGMMA_LOAD_TMA) return false;
     const bool whole = (t + 1) * Cfg::BN <= w.L_KV;
@@ -140,10 +155,18 @@ __device__ __forceinline__ bool wg_kv_by_tma(const kiln_launch_params &p, const 
     return whole;
 }
 
+/* The same for a stage's K and V tiles as the consumers read them: generic-proxy writes of the
+ * producer wherever it transforms K (wg_produce_x). */
+template <class Cfg>
+__device__ __forceinline__ bool wg_kv_by_tma(const kiln_launch_params &p, const mma_work &w, int t)
+{
+    return !wg_layout<Cfg>::XK && wg_tile_by_tma<Cfg>(p, w, t);
+}
+
 /* The same for the job's Q tile (wg_produce_tile's test with its BM rows). */
 template <class Cfg> __device__ __forceinline__ bool wg_q_by_tma(const mma_work &w)
 {
-    return Cfg::LOAD == KILN_WGMMA_LOAD_TMA && w.m0 + KILN_WGMMA_BM <= w.L_Q;
+    return Cfg::LOAD == KILN_WGMMA_LOAD_TMA && !wg_layout<Cfg>::XQ && w.m0 + KILN_WGMMA_BM <= w.L_Q;
 }
 
 /* ---- the producer ---- */
@@ -336,6 +359,341 @@ __device__ __forceinline__ void wg_produce(const kiln_launch_params &p, const ki
     if (n - n0 < STAGES) filled();
 }
 
+/* ---- the producer's transforms (fp8 KV, RoPE) ----
+ * Where K (or V) is not what the MMAs read as stored, the producer copies it as stored into a
+ * raw stage (cp.async: fp8 rows plain, [BN][D] bytes; 16-bit rows in the swizzled layout of
+ * wg_load_rows), and once the copies have landed (the raw stage's full barrier: every producer
+ * thread's copies) turns it into the 16-bit stage the consumers read: fp8 widened exactly into
+ * f16 pairs (fp8x4_f16, one cvt a pair: the values times f8_pair_unit, which k_unit / v_unit
+ * give back), K rotated at its positions with RoPE. It writes the stage with generic stores,
+ * fences them for the async proxy and arrives on the stage's full barrier; the consumers fence
+ * again after their wait (wg_kv_by_tma is false). The raw stages form a ring of their own
+ * (RAW deep; the raw tile of ring count n sits in raw stage n % RAW), filled RAW tiles ahead
+ * within a job, so that the next tile's copies are in flight while the producer converts this
+ * one; before refilling a raw stage the producer's threads meet (a named barrier), every
+ * thread having read its part of it. V of 16-bit K/V with RoPE goes straight into the stage
+ * (TMA or rows, as without transforms): the stage's full barrier then counts both arrivals.
+ * Q with RoPE, or bf16 q beside fp8 K/V (the MMAs run in f16), is copied by rows, waited for,
+ * and transformed in place before the producer arrives on q_full. */
+
+/* cp.async of fp8 rows [row0, row0 + ROWS) of a [*, D]-byte matrix into a plain raw tile
+ * [ROWS][D] (LOAD_WARP's shape: each warp takes ROWS / 4 rows, lane l works out the address
+ * of its row l, and the warp copies whole rows, D / 16 lanes a row); rows at or past row_hi
+ * zero-filled. */
+template <int D, int ROWS, class RowAt>
+__device__ __forceinline__ void wg_load_raw8(u32 dst, const unsigned char *g, const RowAt &row_at, int row0,
+                                             int row_hi, int tid)
+{
+    constexpr int LPR = D / 16, RPI = WARP / LPR, RW = ROWS / (KILN_WGMMA_PRODUCER_THREADS / WARP);
+    static_assert(LPR <= WARP && RW % RPI == 0, "load shape");
+    const int lane = tid % WARP, rw0 = tid / WARP * RW, ch = lane % LPR;
+#pragma unroll
+    for (int q0 = 0; q0 < RW; q0 += WARP) {
+        const int qn = RW - q0 < WARP ? RW - q0 : WARP, jl = row0 + rw0 + q0 + lane;
+        const i64 own = lane < qn && jl < row_hi ? row_at(jl) : -1; /* -1: zero-fill */
+        const int own_lo = (int)(unsigned)(own & 0xffffffff), own_hi = (int)(own >> 32);
+#pragma unroll 4
+        for (int i = 0; i < qn / RPI; i++) {
+            const int rl = i * RPI + lane / LPR, r = rw0 + q0 + rl;
+            const i64 off = ((i64)__shfl_sync(0xffffffffu, own_hi, rl) << 32) |
+                            (i64)(unsigned)__shfl_sync(0xffffffffu, own_lo, rl);
+            const bool ok = off >= 0;
+            cp_async16(dst + (u32)(r * D + ch * 16), ok ? g + off + ch * 16 : g, ok ? 16 : 0);
+        }
+    }
+}
+
+/* Byte offset of 16-byte chunk c (elements 8c .. 8c + 7) of row r in a 16-bit swizzled tile of
+ * ROWS rows (D / 64 blocks of 64 columns, the layout wgmma reads and wg_load_rows writes). */
+template <int ROWS> __device__ __forceinline__ u32 wg_chunk_at(int r, int c)
+{
+    return (u32)((c >> 3) * ROWS * 128 + r * 128 + (((c & 7) ^ (r & 7)) << 4));
+}
+
+/* Eight floats times `mul` as chunk c of row r of a 16-bit swizzled tile of type DT. */
+template <int DT, int ROWS>
+__device__ __forceinline__ void wg_write8(u32 tile, int r, int c, const float (&f)[8], float mul = 1.0f)
+{
+    uint4 w;
+    w.x = pack2<DT>(f[0] * mul, f[1] * mul);
+    w.y = pack2<DT>(f[2] * mul, f[3] * mul);
+    w.z = pack2<DT>(f[4] * mul, f[5] * mul);
+    w.w = pack2<DT>(f[6] * mul, f[7] * mul);
+    sts128(tile + wg_chunk_at<ROWS>(r, c), w);
+}
+
+/* Rotate chunks c (d = 8c ..) and c + D / 16 (d + D / 2) of a row at position pos. */
+template <int D>
+__device__ __forceinline__ void wg_rope8(float (&a)[8], float (&b)[8], u32 freq, int c, float pos)
+{
+#pragma unroll
+    for (int u = 0; u < 8; u++)
+        rope_rotate(a[u], b[u], pos * __int_as_float(ld_shared(freq + (u32)(4 * (c * 8 + u)))));
+}
+
+/* A raw fp8 tile [BN][D] at src widened into the 16-bit swizzled tile at dst (the exact f16
+ * pairs, no float round trip). Each thread keeps one 8-byte chunk column c of the rows r0,
+ * r0 + RP, ... (RP rows a pass), so that its addresses are two bases and immediates (a row
+ * RP further has the same swizzle, or with RP = 4 the other of two), and loads G chunks
+ * before it converts and stores them: G shared loads in flight. */
+template <class Cfg> __device__ __forceinline__ void wg_widen(u32 src, u32 dst, int tid)
+{
+    constexpr int D = Cfg::D, BN = Cfg::BN, C = D / 8, RP = KILN_WGMMA_PRODUCER_THREADS / C, PASSES = BN / RP;
+    constexpr int G = 4;
+    static_assert(RP * C == KILN_WGMMA_PRODUCER_THREADS && PASSES * RP == BN && PASSES % G == 0 &&
+                      (RP % 8 == 0 || RP == 4),
+                  "widen shape");
+    const int c = tid % C, r0 = tid / C;
+    const u32 s0 = src + (u32)(r0 * D + c * 8);
+    const u32 d0 = dst + wg_chunk_at<BN>(r0, c);
+    const u32 d1 = RP == 4 ? dst + wg_chunk_at<BN>(r0 + 4, c) - 4 * 128 : d0; /* odd passes at RP 4 */
+#pragma unroll
+    for (int i0 = 0; i0 < PASSES; i0 += G) {
+        uint2 w[G];
+#pragma unroll
+        for (int g = 0; g < G; g++) w[g] = lds64(s0 + (u32)((i0 + g) * RP * D));
+#pragma unroll
+        for (int g = 0; g < G; g++) {
+            const int i = i0 + g;
+            uint4 h;
+            fp8x4_f16<Cfg::KV_DT>(w[g].x, h.x, h.y);
+            fp8x4_f16<Cfg::KV_DT>(w[g].y, h.z, h.w);
+            sts128((i & 1 ? d1 : d0) + (u32)(i * RP * 128), h);
+        }
+    }
+}
+
+/* A raw K tile [BN][D] (fp8, or 16-bit swizzled) at raw rotated into the 16-bit swizzled tile
+ * at kd, row r at position pos0 + r. Each thread keeps the pair of chunk columns c and
+ * c + D / 16 (d and d + D / 2) of rows r0, r0 + RP, ..., a half chunk (4 elements: their 4
+ * frequencies, one 16-byte load) at a time, as wg_widen keeps its column. */
+template <class Cfg> __device__ __forceinline__ void wg_rope_k(u32 raw, u32 kd, u32 freq, int pos0, int tid)
+{
+    using L = wg_layout<Cfg>;
+    constexpr int D = Cfg::D, BN = Cfg::BN, C2 = D / 16, RP = KILN_WGMMA_PRODUCER_THREADS / C2, PASSES = BN / RP;
+    static_assert(RP * C2 == KILN_WGMMA_PRODUCER_THREADS && PASSES * RP == BN && (RP % 8 == 0 || RP == 4),
+                  "rope shape");
+    const int c = tid % C2, r0 = tid / C2;
+    /* 4 elements (half h) of chunk column cc of row r of the raw tile, as floats */
+    auto read4 = [&](int r, int cc, int h, float (&f)[4]) {
+        u32 w0, w1;
+        if constexpr (L::FP8) {
+            fp8x4_f16<Cfg::KV_DT>((u32)ld_shared(raw + (u32)(r * D + cc * 8 + h * 4)), w0, w1);
+            half2_to_f(w0, f[0], f[1]);
+            half2_to_f(w1, f[2], f[3]);
+        } else {
+            const uint2 w = lds64(raw + wg_chunk_at<BN>(r, cc) + (u32)(h * 8));
+            unpack2<Cfg::DT>(w.x, f[0], f[1]);
+            unpack2<Cfg::DT>(w.y, f[2], f[3]);
+        }
+    };
+#pragma unroll 1
+    for (int i = 0; i < PASSES; i++) {
+        const int r = r0 + i * RP;
+        const float pos = (float)(pos0 + r);
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            const uint4 fw = lds128(freq + (u32)(4 * (c * 8 + h * 4)));
+            const float fr[4] = {__int_as_float(fw.x), __int_as_float(fw.y), __int_as_float(fw.z), __int_as_float(fw.w)};
+            float a[4], b[4];
+            read4(r, c, h, a);
+            read4(r, c + C2, h, b);
+#pragma unroll
+            for (int u = 0; u < 4; u++) rope_rotate(a[u], b[u], pos * fr[u]);
+            sts64(kd + wg_chunk_at<BN>(r, c) + (u32)(h * 8), make_uint2(pack2<L::MDT>(a[0], a[1]), pack2<L::MDT>(a[2], a[3])));
+            sts64(kd + wg_chunk_at<BN>(r, c + C2) + (u32)(h * 8),
+                  make_uint2(pack2<L::MDT>(b[0], b[1]), pack2<L::MDT>(b[2], b[3])));
+        }
+    }
+}
+
+/* The raw tile of keys j0 .. j0 + BN in raw stage `raw` into the stage's 16-bit K (and, fp8, V)
+ * tiles kd, vd: fp8 pairs widened (the exact f16 pairs, no float round trip) and, with RoPE, K
+ * rotated at positions j + rope_off. */
+template <class Cfg>
+__device__ __forceinline__ void wg_xform_kv(u32 raw, u32 kd, u32 vd, u32 freq, int j0, int rope_off, int tid)
+{
+    using L = wg_layout<Cfg>;
+    constexpr int D = Cfg::D, BN = Cfg::BN, C = D / 8, P = L::PRODUCER;
+    if constexpr (Cfg::ROPE) wg_rope_k<Cfg>(raw, kd, freq, j0 + rope_off, tid);
+    else wg_widen<Cfg>(raw, kd, tid);
+    if constexpr (L::XV) wg_widen<Cfg>(raw + L::RAW_TILE, vd, tid);
+}
+
+/* Q in place: RoPE at positions (m0 + r) + pos_off, and with fp8 K/V bf16 q to f16 times
+ * f8_q_unit (the MMAs' type). */
+template <class Cfg> __device__ __forceinline__ void wg_xform_q(u32 q, u32 freq, int m0, int pos_off, int tid)
+{
+    using L = wg_layout<Cfg>;
+    constexpr int D = Cfg::D, BM = L::BM, C = D / 8, P = L::PRODUCER;
+    constexpr float MUL = L::FP8 ? f8_q_unit<Cfg>() : 1.0f;
+    auto read8 = [&](int r, int c, float (&f)[8]) {
+        const uint4 w = lds128(q + wg_chunk_at<BM>(r, c));
+        unpack2<Cfg::DT>(w.x, f[0], f[1]);
+        unpack2<Cfg::DT>(w.y, f[2], f[3]);
+        unpack2<Cfg::DT>(w.z, f[4], f[5]);
+        unpack2<Cfg::DT>(w.w, f[6], f[7]);
+    };
+    if constexpr (Cfg::ROPE) {
+        for (int e = tid; e < BM * (C / 2); e += P) {
+            const int r = e / (C / 2), c = e % (C / 2);
+            float a[8], b[8];
+            read8(r, c, a);
+            read8(r, c + C / 2, b);
+            wg_rope8<D>(a, b, freq, c, (float)(m0 + r + pos_off));
+            wg_write8<L::MDT, BM>(q, r, c, a, MUL);
+            wg_write8<L::MDT, BM>(q, r, c + C / 2, b, MUL);
+        }
+    } else {
+        for (int e = tid; e < BM * C; e += P) {
+            float a[8];
+            read8(e / C, e % C, a);
+            wg_write8<L::MDT, BM>(q, e / C, e % C, a, MUL);
+        }
+    }
+}
+
+/* wg_produce with the transforms: the same tiles, stages, arrivals on full / q_full and calls
+ * of q_turn and filled, the K (and V) tiles through the raw stages. */
+template <class Cfg, class QTurn, class Filled>
+__device__ __forceinline__ void wg_produce_x(const kiln_launch_params &p, const kiln_tma_maps *maps, const mma_work &w,
+                                             const wg_tiles<Cfg> &tiles, const wg_smem<Cfg::STAGES> &sm, int h,
+                                             int hk, int tid, int &n, const QTurn &q_turn, const Filled &filled)
+{
+    using L = wg_layout<Cfg>;
+    constexpr int D = Cfg::D, BN = Cfg::BN, STAGES = Cfg::STAGES, RAW = L::RAW, ES = L::ES, P = L::PRODUCER;
+    constexpr bool TMA = Cfg::LOAD == KILN_WGMMA_LOAD_TMA;
+    const int rope_off =
+        Cfg::ROPE && Cfg::KV != KV_CONTIGUOUS && p.rope_offsets ? reinterpret_cast<const int *>(p.rope_offsets)[w.b] : 0;
+    auto produce_q = [&] {
+        q_turn();
+        const unsigned char *qg = reinterpret_cast<const unsigned char *>(p.q) +
+                                  ((i64)w.q_start * p.q_stride_n + (i64)h * p.q_stride_h) * 2;
+        const i64 qs = p.q_stride_n * 2;
+        if constexpr (L::XQ) {
+            wg_load_rows<KILN_WGMMA_LOAD_WARP, D, L::BM>(sm.q, qg, [&](int j) { return (i64)j * qs; }, w.m0, w.L_Q,
+                                                         tid);
+            cp_async_commit();
+            cp_async_wait<0>(); /* this thread's copies (and its raw copies in flight) */
+            named_sync(WG_PRODUCER_BAR, P);
+            wg_xform_q<Cfg>(sm.q, sm.freq, w.m0, w.off + rope_off, tid);
+            fence_proxy_async();
+            mbar_arrive(sm.q_full());
+        } else {
+            wg_produce_tile<Cfg, L::BM>(sm.q, sm.q_full(), qg, [&](int j) { return (i64)j * qs; }, w.m0, w.L_Q,
+                                        TMA ? &maps->q : nullptr, h, w.q_start + w.m0, tid);
+        }
+    };
+
+    const unsigned char *kg = reinterpret_cast<const unsigned char *>(p.k) + (i64)hk * p.k_stride_h * ES;
+    const unsigned char *vg = reinterpret_cast<const unsigned char *>(p.v) + (i64)hk * p.v_stride_h * ES;
+    const int kv_row0 = Cfg::KV == KV_RAGGED ? w.kv_start : 0;
+    kg += (i64)kv_row0 * p.k_stride_n * ES;
+    vg += (i64)kv_row0 * p.v_stride_n * ES;
+    const i64 ks = p.k_stride_n * ES, vs = p.v_stride_n * ES;
+    const int *pages = Cfg::KV == KV_PAGED ? reinterpret_cast<const int *>(p.kv_indices) + w.kv_start : nullptr;
+    auto k_at = [&](int j) {
+        if constexpr (Cfg::KV == KV_PAGED) {
+            const int pg = j / p.page_size;
+            return (i64)pages[pg] * p.k_stride_page * ES + (i64)(j - pg * p.page_size) * ks;
+        } else {
+            return (i64)j * ks;
+        }
+    };
+    auto v_at = [&](int j) {
+        if constexpr (Cfg::KV == KV_PAGED) {
+            const int pg = j / p.page_size;
+            return (i64)pages[pg] * p.v_stride_page * ES + (i64)(j - pg * p.page_size) * vs;
+        } else {
+            return (i64)j * vs;
+        }
+    };
+    /* the raw copies of key tile t into raw stage r: by TMA where the tile is whole and not
+     * paged (K and V boxes from maps of es-byte elements: fp8 rows plain, 16-bit rows in the
+     * swizzle; through a page table the boxes' extra state spilled the producer), else by rows */
+    auto issue = [&](int t, int r) {
+        const u32 kr = sm.raw + (u32)(r * L::RAW_STAGE), bar = sm.raw_full(r);
+        const int j0 = t * BN;
+        if constexpr (TMA && Cfg::KV != KV_PAGED) {
+            if (wg_tile_by_tma<Cfg>(p, w, t)) {
+                constexpr int TILES = kiln_wgmma_raw_tiles(ES, Cfg::ROPE);
+                if (tid == 0) {
+                    mbar_arrive_expect_tx(bar, TILES * L::RAW_TILE);
+                    if constexpr (L::FP8) {
+                        tma_load_3d(kr, &maps->k, bar, 0, hk, kv_row0 + j0);
+                        tma_load_3d(kr + L::RAW_TILE, &maps->v, bar, 0, hk, kv_row0 + j0);
+                    } else {
+                        wg_tma_tile<D, BN>(kr, &maps->k, bar, hk, kv_row0 + j0);
+                    }
+                } else {
+                    mbar_arrive(bar);
+                }
+                return;
+            }
+        }
+        if constexpr (L::FP8) {
+            wg_load_raw8<D, BN>(kr, kg, k_at, j0, w.L_KV, tid);
+            wg_load_raw8<D, BN>(kr + L::RAW_TILE, vg, v_at, j0, w.L_KV, tid);
+        } else {
+            wg_load_rows<KILN_WGMMA_LOAD_WARP, D, BN>(kr, kg, k_at, j0, w.L_KV, tid);
+        }
+        cp_async_arrive(bar);
+    };
+    /* V of 16-bit K/V straight into its stage: TMA for a whole tile where it can, else rows */
+    auto v_direct = [&](u32 vd, u32 full, int t) {
+        const int j0 = t * BN;
+        if constexpr (TMA && Cfg::KV != KV_PAGED) {
+            if (wg_tile_by_tma<Cfg>(p, w, t)) {
+                if (tid == 0) {
+                    mbar_arrive_expect_tx(full, L::TILE);
+                    wg_tma_tile<D, BN>(vd, &maps->v, full, hk, kv_row0 + j0);
+                } else {
+                    mbar_arrive(full);
+                }
+                return;
+            }
+        }
+        wg_load_rows<KILN_WGMMA_LOAD_WARP, D, BN>(vd, vg, v_at, j0, w.L_KV, tid);
+        cp_async_arrive(full);
+    };
+
+    const int n0 = n;
+    int ta = tiles.next(w.t_first), na = n; /* the next tile to copy raw, and its ring count */
+    if (n0 > 0) named_sync(WG_PRODUCER_BAR, P); /* the last job's raw stages are read */
+    for (; ta < w.t_end && na < n0 + RAW; ta = tiles.next(ta + 1), na++) issue(ta, na % RAW);
+    for (int t = tiles.next(w.t_first); t < w.t_end; t = tiles.next(t + 1), n++) {
+        const int s = n % STAGES, r = n % RAW;
+        if (n >= STAGES) mbar_wait(sm.empty(s), (n / STAGES - 1) & 1);
+        const u32 kd = sm.k + s * L::TILE, vd = sm.v + s * L::TILE;
+        if constexpr (!L::XV) v_direct(vd, sm.full(s), t);
+        mbar_wait(sm.raw_full(r), (n / RAW) & 1);
+        wg_xform_kv<Cfg>(sm.raw + (u32)(r * L::RAW_STAGE), kd, vd, sm.freq, t * BN, rope_off, tid);
+        fence_proxy_async();
+        mbar_arrive(sm.full(s));
+        if (ta < w.t_end) { /* raw stage r again, for the tile RAW ahead */
+            named_sync(WG_PRODUCER_BAR, P);
+            issue(ta, na % RAW);
+            ta = tiles.next(ta + 1);
+            na++;
+        }
+        if (n == n0) produce_q();
+        if (n == n0 + STAGES - 1) filled();
+    }
+    if (n == n0) produce_q(); /* a job without key tiles */
+    if (n - n0 < STAGES) filled();
+}
+
+/* The copies of one job, with or without the transforms. */
+template <class Cfg, class QTurn, class Filled>
+__device__ __forceinline__ void wg_produce_job(const kiln_launch_params &p, const kiln_tma_maps *maps,
+                                               const mma_work &w, const wg_tiles<Cfg> &tiles,
+                                               const wg_smem<Cfg::STAGES> &sm, int h, int hk, int tid, int &n,
+                                               const QTurn &q_turn, const Filled &filled)
+{
+    if constexpr (wg_layout<Cfg>::XK) wg_produce_x<Cfg>(p, maps, w, tiles, sm, h, hk, tid, n, q_turn, filled);
+    else wg_produce<Cfg>(p, maps, w, tiles, sm, h, hk, tid, n, q_turn, filled);
+}
+
 /* Job i's Q rows into L2 (its TMA boxes: no barrier, no shared memory), i past the last job:
  * nothing. The item words it reads are then in cache for mma_load_work. */
 template <class Cfg>
@@ -370,7 +728,7 @@ template <class Cfg> __device__ __forceinline__ void wg_issue_qk(float (&s)[Cfg:
     for (int kk = 0; kk < D / 16; kk++) {
         const u64 da = smem_desc(q_rows + (kk / 4) * BM * 128 + (kk % 4) * 32, 16, 1024);
         const u64 db = smem_desc(k_tile + (kk / 4) * BN * 128 + (kk % 4) * 32, 16, 1024);
-        wgmma_ss<Cfg::DT, BN>(s, da, db, kk > 0);
+        wgmma_ss<wg_layout<Cfg>::MDT, BN>(s, da, db, kk > 0);
     }
     wgmma_commit();
 }
@@ -382,7 +740,7 @@ __device__ __forceinline__ void wg_issue_pv(float (&o)[Cfg::D / 8][4], const u32
     constexpr int BN = Cfg::BN;
 #pragma unroll
     for (int kk = 0; kk < BN / 16; kk++)
-        wgmma_rs<Cfg::DT, Cfg::D>(o, pf[kk], smem_desc(v_tile + kk * 16 * 128, BN * 128, 1024), 1);
+        wgmma_rs<wg_layout<Cfg>::MDT, Cfg::D>(o, pf[kk], smem_desc(v_tile + kk * 16 * 128, BN * 128, 1024), 1);
     wgmma_commit();
 }
 
@@ -396,7 +754,7 @@ __device__ __forceinline__ void wg_softmax_rows(mma_state<Cfg> &st, float (&sc)[
     using S = mma_shape<Cfg>;
     const int j0 = t * Cfg::BN;
     const bool elem = S::ELEM && (!tiles.map || tiles.map[t] == TILE_MIXED);
-    if constexpr (!S::RAW) logits_tile<Cfg>(sc, p, w, rows, 1.0f, hk, j0, lane);
+    if constexpr (!S::RAW) logits_tile<Cfg>(sc, p, w, rows, k_unit<Cfg>(p), hk, j0, lane);
     if (tile_needs_mask<Cfg>(p, w, elem, j0)) mask_tile<Cfg>(sc, p, w, rows, elem, hk, j0, lane);
     softmax_rows<Cfg, true>(st, sc, c2, scale); /* lazy: mma_attention.cuh, RESCALE_SLACK */
 }
@@ -406,7 +764,7 @@ template <class Cfg>
 __device__ __forceinline__ void wg_to_p(const float (&sc)[Cfg::BN / 8][4], u32 (&pf)[Cfg::BN / 16][4])
 {
 #pragma unroll
-    for (int kk = 0; kk < Cfg::BN / 16; kk++) acc_to_a<Cfg::DT>(sc, kk, pf[kk]);
+    for (int kk = 0; kk < Cfg::BN / 16; kk++) acc_to_a<wg_layout<Cfg>::MDT>(sc, kk, pf[kk]);
 }
 
 /* The turns of the two warpgroups: group c waits on barrier 1 + c, issues, then lets the
@@ -502,10 +860,11 @@ __device__ __forceinline__ void wg_store_o_tma(const mma_state<Cfg> &st, const m
 {
     constexpr int D = Cfg::D;
     const int lane = tid % WARP, wr = (tid / WARP) % 4 * 16; /* the warp's first row of the 64 */
+    const float vsc = v_unit<Cfg>(p);
 #pragma unroll
     for (int r = 0; r < 2; r++) {
         const float lr = quad_sum(st.l[0][r]);
-        const float inv = lr > 0.f ? 1.0f / lr : 0.f;
+        const float inv = lr > 0.f ? vsc / lr : 0.f;
         if (Cfg::LSE && lane % 4 == 0) {
             const float lse2 = lr > 0.f ? st.m[0][r] * c2 + log2_fast(lr) : neg_inf();
             reinterpret_cast<float *>(p.lse)[((i64)w.q_start + rows.i[0][r]) * p.num_qo_heads + rows.h[0][r]] =
@@ -579,7 +938,7 @@ __device__ __forceinline__ wg_next wg_consume(const kiln_launch_params &p, const
     rows.init(p, w.m0, wrow, h, lane);
     mma_state<Cfg> st;
     st.init();
-    const float c2 = S::RAW ? p.sm_scale * LOG2E : 1.0f;
+    const float c2 = S::RAW ? p.sm_scale * LOG2E * k_unit<Cfg>(p) : 1.0f;
     const u32 q_rows = sm.q + c * 64 * 128;
     wg_next next = {-1, false};
     bool taken = !Cfg::PERSIST; /* the next job (none with a CTA per job) */
@@ -735,7 +1094,7 @@ __device__ __forceinline__ void wg_produce_jobs(const kiln_launch_params &p, con
         const mma_work w = mma_load_work<Cfg>(p, i / H, wg_nx<Cfg>(p));
         const int h = i % H;
         const u32 next = sm.job() + 4 * (WG_JOB_NEXT + (it & 1));
-        wg_produce<Cfg>(
+        wg_produce_job<Cfg>(
             p, maps, w, wg_job_tiles<Cfg>(p, w), sm, h, h / Cfg::G, tid, n,
             [&] { /* the job slot, once the consumers let the last job's Q go */
                 if (it > 0) mbar_wait(sm.q_empty(), (it - 1) & 1);
@@ -796,21 +1155,28 @@ template <class Cfg> __device__ void wgmma_attention_kernel(const kiln_launch_pa
     sm.q = base + L::Q_AT;
     sm.k = base + L::K_AT;
     sm.v = base + L::V_AT;
+    sm.raw = base + L::RAW_AT;
+    sm.freq = base + L::FREQ_AT;
     sm.bar = base + L::BAR_AT;
+    sm.slot = base + L::JOB_AT;
 
     const int tid = threadIdx.x;
     let_merge_launch<Cfg>(); /* first thing: merge.cuh says why */
     if (Cfg::KV != KV_CONTIGUOUS && !Cfg::PERSIST && (int)blockIdx.x >= num_items(p)) return; /* padding of a graph-sized grid */
     if (tid == 0) {
         for (int s = 0; s < Cfg::STAGES; s++) {
-            mbar_init(sm.full(s), L::PRODUCER);
+            mbar_init(sm.full(s), L::FULL_COUNT);
             mbar_init(sm.empty(s), L::CONSUMERS);
         }
+        for (int r = 0; r < L::RAW; r++) mbar_init(sm.raw_full(r), L::PRODUCER);
         mbar_init(sm.q_full(), L::PRODUCER);
         mbar_init(sm.q_empty(), L::CONSUMERS);
         mbar_init(sm.job_full(), 1);
         mbar_init_fence();
     }
+    if constexpr (Cfg::ROPE) /* the producer's RoPE frequencies, before the barrier */
+        for (int d = tid; d < Cfg::D / 2; d += blockDim.x)
+            st_shared(sm.freq + 4 * d, __float_as_int(rope_freq(d, Cfg::D, p.rope_rcp_scale, p.rope_log2_theta)));
     __syncthreads();
     /* one branch per role (setmaxnreg), each going through the same jobs */
     if constexpr (Cfg::PERSIST) {
@@ -830,7 +1196,7 @@ template <class Cfg> __device__ void wgmma_attention_kernel(const kiln_launch_pa
         if (tid < L::PRODUCER) {
             regs_dec<KILN_WGMMA_PRODUCER_REGS>();
             const mma_work w = mma_load_work<Cfg>(p, blockIdx.x, gridDim.x);
-            wg_produce<Cfg>(p, maps, w, wg_job_tiles<Cfg>(p, w), sm, h, h / Cfg::G, tid, n, [] {}, [] {});
+            wg_produce_job<Cfg>(p, maps, w, wg_job_tiles<Cfg>(p, w), sm, h, h / Cfg::G, tid, n, [] {}, [] {});
             cp_async_wait<0>();
         } else {
             regs_inc<KILN_WGMMA_CONSUMER_REGS>();

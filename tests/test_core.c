@@ -587,9 +587,18 @@ KT_TEST(core_wgmma_family_choice)
         {"op=prefill dtype=bf16 head_dim=128 group=4 mask_data=bsr", 90, 0, 1, "mask data"},
         {"op=prefill dtype=bf16 head_dim=128 group=4 mask=causal", 80, 0, 0, "sm_90a"},
         {"op=prefill dtype=bf16 head_dim=128 group=4 mask=causal", 100, 0, 0, "sm_90a"},
-        {"op=prefill dtype=bf16 head_dim=128 group=4 rope=1 kv=ragged", 90, 0, 0, "RoPE"},
+        /* fp8 KV and RoPE: the producer's transforms (raw stages beside the 16-bit ones) */
+        {"op=prefill dtype=bf16 head_dim=128 group=4 rope=1 kv=ragged", 90, 1, 1, NULL},
         {"op=prefill q_dtype=bf16 kv_dtype=e4m3 out_dtype=bf16 head_dim=128 group=4 kv=paged", 90,
-         0, 0, "fp8"},
+         1, 1, NULL},
+        {"op=prefill q_dtype=f16 kv_dtype=e5m2 out_dtype=f16 head_dim=64 group=1 rope=1 kv=ragged",
+         90, 1, 1, NULL},
+        {"op=prefill q_dtype=bf16 kv_dtype=e4m3 out_dtype=bf16 head_dim=256 group=8 kv=ragged "
+         "rope=1 logits=alibi",
+         90, 1, 1, NULL},
+        {"op=prefill q_dtype=bf16 kv_dtype=e4m3 out_dtype=bf16 head_dim=128 group=4 kv=paged "
+         "q_tokens=4",
+         90, 0, 0, "q_tokens"},
         {"op=decode dtype=bf16 head_dim=128 group=4 kv=paged", 90, 0, 0, "decode"},
     };
     kiln_variant v;
@@ -619,6 +628,13 @@ KT_TEST(core_wgmma_family_choice)
         if (cfg.wgmma) {
             KT_CHECK(cfg.threads == 384 && cfg.block_m == 128 && cfg.warps == 8 && cfg.mt == 1);
             KT_CHECK(cfg.smem_bytes <= kiln__smem_limit(90));
+            /* the transforms' raw stages: two beside two 16-bit stages at d128, one at d256 */
+            const int es = v.kv_dtype == KILN_DTYPE_E4M3 || v.kv_dtype == KILN_DTYPE_E5M2 ? 1 : 2;
+            const int raw = kiln_wgmma_raw_stages(v.head_dim, es, v.rope);
+            KT_EQ_INT(raw, es == 1 || v.rope ? (v.head_dim == 256 ? 1 : 2) : 0);
+            if (raw && v.head_dim >= 128) KT_EQ_INT(cfg.stages, 2);
+            KT_EQ_INT(cfg.smem_bytes,
+                      kiln_wgmma_smem_bytes(v.head_dim, 128, cfg.block_n, cfg.stages, es, v.rope));
             char *src = NULL;
             KT_OK(kiln__expand(&v, &cfg, "sm_90a", &src, &e), e.msg);
             KT_REQUIRE(src);

@@ -232,6 +232,15 @@ __device__ __forceinline__ uint4 lds128(u32 addr)
                  : "r"(addr));
     return r;
 }
+__device__ __forceinline__ void sts128(u32 addr, uint4 v)
+{
+    asm volatile("st.shared.v4.u32 [%0], {%1,%2,%3,%4};\n" ::"r"(addr), "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w)
+                 : "memory");
+}
+__device__ __forceinline__ void sts64(u32 addr, uint2 v)
+{
+    asm volatile("st.shared.v2.u32 [%0], {%1,%2};\n" ::"r"(addr), "r"(v.x), "r"(v.y) : "memory");
+}
 __device__ __forceinline__ uint2 lds64(u32 addr)
 {
     uint2 r;

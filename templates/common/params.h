@@ -283,7 +283,8 @@ KILN_CONTRACT_FN int kiln_prefill_smem_bytes(int d, int es, int bm, int bn, int 
 /* ---- shared memory of the warp-specialized Hopper kernel (templates/wgmma_attention.cuh) ----
  * Layout, from the first 1024-byte boundary of the dynamic window (the 128-byte swizzle needs
  * it; KILN_WGMMA_ALIGN bytes are reserved for the shift): Q [bm][d] | K stages | V stages (each
- * [bn][d], 16-bit, as D / 64 swizzled 64-column blocks) | the mbarriers (kiln_wgmma_bar_bytes) |
+ * [bn][d], 16-bit, as D / 64 swizzled 64-column blocks) | the producer's raw stages and RoPE
+ * frequencies (kiln_wgmma_raw_bytes: fp8 KV or RoPE) | the mbarriers (kiln_wgmma_bar_bytes) |
  * the persistent grid's job slot (KILN_WGMMA_JOB_BYTES). */
 enum {
     KILN_WGMMA_ALIGN = 1024,
@@ -342,13 +343,29 @@ KILN_CONTRACT_FN int kiln_wgmma_tma_page_rows(int page_size, int bn)
 {
     return page_size <= 0 || page_size % 8 ? 0 : bn % page_size == 0 ? page_size : page_size % bn == 0 ? bn : 0;
 }
-/* full[stages], empty[stages], Q's full and empty, the job slot's full, one spare: a multiple
- * of 16 bytes, so that the job slot after them is 16-byte aligned */
-KILN_CONTRACT_FN int kiln_wgmma_bar_bytes(int stages) { return (2 * stages + 4) * 8; }
-KILN_CONTRACT_FN int kiln_wgmma_smem_bytes(int d, int bm, int bn, int stages)
+/* The producer's transforms (wgmma_attention.cuh, "The producer's transforms"): with fp8 KV
+ * or RoPE the producer copies K (fp8: and V) as stored, es bytes an element, into raw stages
+ * of their own, and widens (and rotates) them into the 16-bit stages the consumers read. Two
+ * raw stages keep the next tile's copies in flight while the producer converts this one; one
+ * at d 256, where two do not fit beside 64-key stages. RoPE's d / 2 frequencies follow them. */
+KILN_CONTRACT_FN int kiln_wgmma_raw_stages(int d, int es, int rope)
 {
-    return KILN_WGMMA_ALIGN + bm * d * 2 + 2 * stages * bn * d * 2 + kiln_wgmma_bar_bytes(stages) +
-           KILN_WGMMA_JOB_BYTES;
+    return es == 1 || rope ? (d >= 256 ? 1 : 2) : 0;
+}
+KILN_CONTRACT_FN int kiln_wgmma_raw_tiles(int es, int rope) { return (es == 1 || rope) + (es == 1); } /* K, V */
+KILN_CONTRACT_FN int kiln_wgmma_raw_bytes(int d, int bn, int es, int rope)
+{
+    return kiln_wgmma_raw_stages(d, es, rope) * kiln_wgmma_raw_tiles(es, rope) * bn * d * es +
+           kiln_rope_freq_bytes(d, rope);
+}
+/* full[stages], empty[stages], Q's full and empty, the job slot's full, one spare, then the
+ * raw stages' full[raw] and as many spares: a multiple of 16 bytes, so that the job slot after
+ * them is 16-byte aligned */
+KILN_CONTRACT_FN int kiln_wgmma_bar_bytes(int stages, int raw) { return (2 * stages + 4 + 2 * raw) * 8; }
+KILN_CONTRACT_FN int kiln_wgmma_smem_bytes(int d, int bm, int bn, int stages, int es, int rope)
+{
+    return KILN_WGMMA_ALIGN + bm * d * 2 + 2 * stages * bn * d * 2 + kiln_wgmma_raw_bytes(d, bn, es, rope) +
+           kiln_wgmma_bar_bytes(stages, kiln_wgmma_raw_stages(d, es, rope)) + KILN_WGMMA_JOB_BYTES;
 }
 
 /* Whether a setmaxnreg split (the producer's 128 threads at prod registers, the consumers' 256
