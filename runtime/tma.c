@@ -185,8 +185,8 @@ kiln_status kiln__tma_maps(const kiln_kernel *k, kiln_launch_params *p, const ch
         return st;
     }
     if (paged) kv_rows = p->page_size;
-    st = encode(k, what, "k", es, p->k, paged ? p->k_stride_page : 0, p->k_stride_n,
-                p->k_stride_h, kv_rows, p->num_kv_heads, rows, &m->k, e);
+    st = encode(k, what, "k", es, p->k, paged ? p->k_stride_page : 0, p->k_stride_n, p->k_stride_h,
+                kv_rows, p->num_kv_heads, rows, &m->k, e);
     if (!st)
         st = encode(k, what, "v", es, p->v, paged ? p->v_stride_page : 0, p->v_stride_n,
                     p->v_stride_h, kv_rows, p->num_kv_heads, rows, &m->v, e);
