@@ -171,6 +171,43 @@ template <class Cfg> __device__ __forceinline__ bool wg_q_by_tma(const mma_work 
 
 /* ---- the producer ---- */
 
+/* Byte offset of 16-byte chunk c (elements 8c .. 8c + 7) of row r in a 16-bit swizzled tile of
+ * ROWS rows (D / 64 blocks of 64 columns, the layout wgmma reads and wg_load_rows writes). */
+template <int ROWS> __device__ __forceinline__ u32 wg_chunk_at(int r, int c)
+{
+    return (u32)((c >> 3) * ROWS * 128 + r * 128 + (((c & 7) ^ (r & 7)) << 4));
+}
+
+/* LOAD_WARP's copies of rows [row0, row0 + ROWS) of CH 16-byte chunks each: each producer
+ * warp takes ROWS / 4 rows, 32 at a time, lane l works out the address of its row l, and the
+ * warp copies whole rows an instruction at a time, each row's address passed by shuffle;
+ * chunk ch of tile row r lands at dst_at(r, ch), rows at or past row_hi zero-filled. */
+template <int CH, int ROWS, class RowAt, class DstAt>
+__device__ __forceinline__ void wg_copy_rows(const DstAt &dst_at, const unsigned char *g, const RowAt &row_at, int row0,
+                                             int row_hi, int tid)
+{
+    constexpr int LPR = CH < WARP ? CH : WARP; /* lanes per row in one instruction */
+    constexpr int RPI = WARP / LPR;            /* rows per instruction */
+    constexpr int RW = ROWS / (KILN_WGMMA_PRODUCER_THREADS / WARP); /* rows per warp */
+    static_assert(CH <= WARP && RW * (KILN_WGMMA_PRODUCER_THREADS / WARP) == ROWS && RW % RPI == 0, "load shape");
+    const int lane = tid % WARP, rw0 = tid / WARP * RW, ch = lane % LPR;
+    /* a warp's rows in rounds of up to 32 (a lane's row each) */
+#pragma unroll
+    for (int q0 = 0; q0 < RW; q0 += WARP) {
+        const int qn = RW - q0 < WARP ? RW - q0 : WARP, jl = row0 + rw0 + q0 + lane;
+        const i64 own = lane < qn && jl < row_hi ? row_at(jl) : -1; /* -1: zero-fill */
+        const int own_lo = (int)(unsigned)(own & 0xffffffff), own_hi = (int)(own >> 32);
+#pragma unroll 4
+        for (int i = 0; i < qn / RPI; i++) {
+            const int rl = i * RPI + lane / LPR, r = rw0 + q0 + rl;
+            const i64 off = ((i64)__shfl_sync(0xffffffffu, own_hi, rl) << 32) |
+                            (i64)(unsigned)__shfl_sync(0xffffffffu, own_lo, rl);
+            const bool ok = off >= 0;
+            cp_async16(dst_at(r, ch), ok ? g + off + ch * 16 : g, ok ? 16 : 0);
+        }
+    }
+}
+
 /* cp.async of rows [row0, row0 + ROWS) of a 16-bit [*, D] matrix into a swizzled tile: row j
  * from byte row_at(j) of g, rows at or past row_hi zero-filled. Two ways (the LOAD argument):
  *   LOAD_ROWS (KILN_TUNE load=0, the first version): one row (ROWS = 64: half a row) per
@@ -200,28 +237,8 @@ __device__ __forceinline__ void wg_load_rows(u32 dst, const unsigned char *g, co
                        ok ? 16 : 0);
         }
     } else {
-        constexpr int LPR = CH < WARP ? CH : WARP; /* lanes per row in one instruction */
-        constexpr int RPI = WARP / LPR;            /* rows per instruction */
-        constexpr int RW = ROWS / (KILN_WGMMA_PRODUCER_THREADS / WARP); /* rows per warp */
-        static_assert(CH <= WARP && RW * (KILN_WGMMA_PRODUCER_THREADS / WARP) == ROWS && RW % RPI == 0,
-                      "load shape");
-        const int lane = tid % WARP, rw0 = tid / WARP * RW, ch = lane % LPR;
-        /* a warp's rows in rounds of up to 32 (a lane's row each) */
-#pragma unroll
-        for (int q0 = 0; q0 < RW; q0 += WARP) {
-            const int qn = RW - q0 < WARP ? RW - q0 : WARP, jl = row0 + rw0 + q0 + lane;
-            const i64 own = lane < qn && jl < row_hi ? row_at(jl) : -1; /* -1: zero-fill */
-            const int own_lo = (int)(unsigned)(own & 0xffffffff), own_hi = (int)(own >> 32);
-#pragma unroll 4
-            for (int i = 0; i < qn / RPI; i++) {
-                const int rl = i * RPI + lane / LPR, r = rw0 + q0 + rl;
-                const i64 off = ((i64)__shfl_sync(0xffffffffu, own_hi, rl) << 32) |
-                                (i64)(unsigned)__shfl_sync(0xffffffffu, own_lo, rl);
-                const bool ok = off >= 0;
-                cp_async16(dst + (u32)((ch >> 3) * ROWS * 128 + r * 128 + (((ch & 7) ^ (r & 7)) << 4)),
-                           ok ? g + off + ch * 16 : g, ok ? 16 : 0);
-            }
-        }
+        wg_copy_rows<CH, ROWS>(
+            [&](int r, int c) { return dst + wg_chunk_at<ROWS>(r, c); }, g, row_at, row0, row_hi, tid);
     }
 }
 
@@ -377,37 +394,13 @@ __device__ __forceinline__ void wg_produce(const kiln_launch_params &p, const ki
  * and transformed in place before the producer arrives on q_full. */
 
 /* cp.async of fp8 rows [row0, row0 + ROWS) of a [*, D]-byte matrix into a plain raw tile
- * [ROWS][D] (LOAD_WARP's shape: each warp takes ROWS / 4 rows, lane l works out the address
- * of its row l, and the warp copies whole rows, D / 16 lanes a row); rows at or past row_hi
- * zero-filled. */
+ * [ROWS][D] (wg_copy_rows, D / 16 lanes a row); rows at or past row_hi zero-filled. */
 template <int D, int ROWS, class RowAt>
 __device__ __forceinline__ void wg_load_raw8(u32 dst, const unsigned char *g, const RowAt &row_at, int row0,
                                              int row_hi, int tid)
 {
-    constexpr int LPR = D / 16, RPI = WARP / LPR, RW = ROWS / (KILN_WGMMA_PRODUCER_THREADS / WARP);
-    static_assert(LPR <= WARP && RW % RPI == 0, "load shape");
-    const int lane = tid % WARP, rw0 = tid / WARP * RW, ch = lane % LPR;
-#pragma unroll
-    for (int q0 = 0; q0 < RW; q0 += WARP) {
-        const int qn = RW - q0 < WARP ? RW - q0 : WARP, jl = row0 + rw0 + q0 + lane;
-        const i64 own = lane < qn && jl < row_hi ? row_at(jl) : -1; /* -1: zero-fill */
-        const int own_lo = (int)(unsigned)(own & 0xffffffff), own_hi = (int)(own >> 32);
-#pragma unroll 4
-        for (int i = 0; i < qn / RPI; i++) {
-            const int rl = i * RPI + lane / LPR, r = rw0 + q0 + rl;
-            const i64 off = ((i64)__shfl_sync(0xffffffffu, own_hi, rl) << 32) |
-                            (i64)(unsigned)__shfl_sync(0xffffffffu, own_lo, rl);
-            const bool ok = off >= 0;
-            cp_async16(dst + (u32)(r * D + ch * 16), ok ? g + off + ch * 16 : g, ok ? 16 : 0);
-        }
-    }
-}
-
-/* Byte offset of 16-byte chunk c (elements 8c .. 8c + 7) of row r in a 16-bit swizzled tile of
- * ROWS rows (D / 64 blocks of 64 columns, the layout wgmma reads and wg_load_rows writes). */
-template <int ROWS> __device__ __forceinline__ u32 wg_chunk_at(int r, int c)
-{
-    return (u32)((c >> 3) * ROWS * 128 + r * 128 + (((c & 7) ^ (r & 7)) << 4));
+    wg_copy_rows<D / 16, ROWS>([&](int r, int c) { return dst + (u32)(r * D + c * 16); }, g, row_at, row0, row_hi,
+                               tid);
 }
 
 /* Eight floats times `mul` as chunk c of row r of a 16-bit swizzled tile of type DT. */
@@ -592,22 +585,17 @@ __device__ __forceinline__ void wg_produce_x(const kiln_launch_params &p, const 
     vg += (i64)kv_row0 * p.v_stride_n * ES;
     const i64 ks = p.k_stride_n * ES, vs = p.v_stride_n * ES;
     const int *pages = Cfg::KV == KV_PAGED ? reinterpret_cast<const int *>(p.kv_indices) + w.kv_start : nullptr;
-    auto k_at = [&](int j) {
+    /* the byte offset of key j's row, through its page with kv=paged (wg_produce's paged_at) */
+    auto row_at = [&](int j, long long stride_page, i64 stride) {
         if constexpr (Cfg::KV == KV_PAGED) {
             const int pg = j / p.page_size;
-            return (i64)pages[pg] * p.k_stride_page * ES + (i64)(j - pg * p.page_size) * ks;
+            return (i64)pages[pg] * stride_page * ES + (i64)(j - pg * p.page_size) * stride;
         } else {
-            return (i64)j * ks;
+            return (i64)j * stride;
         }
     };
-    auto v_at = [&](int j) {
-        if constexpr (Cfg::KV == KV_PAGED) {
-            const int pg = j / p.page_size;
-            return (i64)pages[pg] * p.v_stride_page * ES + (i64)(j - pg * p.page_size) * vs;
-        } else {
-            return (i64)j * vs;
-        }
-    };
+    auto k_at = [&](int j) { return row_at(j, p.k_stride_page, ks); };
+    auto v_at = [&](int j) { return row_at(j, p.v_stride_page, vs); };
     /* the raw copies of key tile t into raw stage r: by TMA where the tile is whole and not
      * paged (K and V boxes from maps of es-byte elements: fp8 rows plain, 16-bit rows in the
      * swizzle; through a page table the boxes' extra state spilled the producer), else by rows */
