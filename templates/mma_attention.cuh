@@ -498,26 +498,67 @@ __device__ __forceinline__ void pv_tile_f8(mma_state<Cfg> &st, const float (&s)[
     }
 }
 
-/* Logits: the variant's transform of every element of S (log2 units), keys from j0. */
+/* The factor c2 that takes S, as the logits pass leaves it, into exp2 units inside the
+ * softmax's one FFMA per element (exp2(S c2 - m c2)): with no transform S is the raw q.k and c2
+ * sm_scale log2(e) (times the fp8 K unit ksc); a builtin transform without a snippet leaves S
+ * in units of its own (logits_tile: soft-cap tanh's, c2 = cap log2(e); ALiBi natural, c2 =
+ * log2(e)); a snippet leaves it in exp2 units (logit_full), c2 = 1. Every c2 > 0 keeps the
+ * order, so the row max is taken on S as it is. */
+template <class Cfg> __device__ __forceinline__ float logits_c2(const kiln_launch_params &p, float ksc)
+{
+    if constexpr (mma_shape<Cfg>::RAW) return p.sm_scale * LOG2E * ksc;
+    else if constexpr (Cfg::HAS_LOGITS_EXPR) return 1.0f;
+    else if constexpr (Cfg::LOGITS == LOGITS_SOFTCAP || Cfg::LOGITS == LOGITS_SOFTCAP_ALIBI) return p.softcap * LOG2E;
+    else return LOG2E;
+}
+
+/* Logits: the variant's transform of every element of S, keys from j0, into the units
+ * logits_c2 names. A builtin transform without a snippet takes two instructions an element
+ * (the softmax's exp2 units in c2): soft-cap tanh(q.k a), a = ksc sm_scale / cap; ALiBi
+ * q.k a + slope rel, rel = rel_0 + (the element's column in the lane's quad: a constant), so
+ * that no element converts an integer (an I2F costs what an exp2 does); with both, tanh of
+ * the sum, ALiBi inside the tanh (logit_nat's order). A snippet: logit_full, exp2 units. */
 template <class Cfg>
 __device__ __forceinline__ void logits_tile(float (&s)[Cfg::MT][mma_shape<Cfg>::NT][4], const kiln_launch_params &p,
                                             const mma_work &w, const mma_rows<Cfg> &rows, float ksc, int hk, int j0,
                                             int lane)
 {
     using S = mma_shape<Cfg>;
+    if constexpr (!Cfg::HAS_LOGITS_EXPR) {
+        constexpr bool CAP = Cfg::LOGITS == LOGITS_SOFTCAP || Cfg::LOGITS == LOGITS_SOFTCAP_ALIBI;
+        constexpr bool ALI = Cfg::LOGITS == LOGITS_ALIBI || Cfg::LOGITS == LOGITS_SOFTCAP_ALIBI;
+        const float a = CAP ? ksc * p.sm_scale / p.softcap : ksc * p.sm_scale;
 #pragma unroll
-    for (int mt = 0; mt < S::MT; mt++)
+        for (int mt = 0; mt < S::MT; mt++)
 #pragma unroll
-        for (int r = 0; r < 2; r++)
+            for (int r = 0; r < 2; r++) {
+                const float sl = rows.slope[mt][r];
+                /* slope times the distance of the lane's first column from the row's diagonal */
+                const float sb = ALI ? sl * (float)(j0 + acc_col(lane, 0, 0) - (rows.i[mt][r] + w.L_KV - w.L_Q)) : 0.f;
 #pragma unroll
-            for (int nt = 0; nt < S::NT; nt++)
+                for (int nt = 0; nt < S::NT; nt++)
 #pragma unroll
-                for (int c = 0; c < 2; c++) {
-                    const int j = j0 + acc_col(lane, nt, c);
-                    float &x = s[mt][nt][r * 2 + c];
-                    x = logit_full<Cfg>(x * ksc, p, rows.slope[mt][r], rows.i[mt][r], j, rows.h[mt][r], hk, w.b,
-                                        w.L_Q, w.L_KV);
-                }
+                    for (int c = 0; c < 2; c++) {
+                        float &x = s[mt][nt][r * 2 + c];
+                        const float y = ALI ? fmaf(x, a, fmaf(sl, (float)(nt * 8 + c), sb)) : x * a;
+                        x = CAP ? tanh_fast(y) : y;
+                    }
+            }
+    } else {
+#pragma unroll
+        for (int mt = 0; mt < S::MT; mt++)
+#pragma unroll
+            for (int r = 0; r < 2; r++)
+#pragma unroll
+                for (int nt = 0; nt < S::NT; nt++)
+#pragma unroll
+                    for (int c = 0; c < 2; c++) {
+                        const int j = j0 + acc_col(lane, nt, c);
+                        float &x = s[mt][nt][r * 2 + c];
+                        x = logit_full<Cfg>(x * ksc, p, rows.slope[mt][r], rows.i[mt][r], j, rows.h[mt][r], hk,
+                                            w.b, w.L_Q, w.L_KV);
+                    }
+    }
 }
 
 /* Whether the key tile at j0 needs the mask pass: element masks in a mixed tile, or the
@@ -575,7 +616,7 @@ constexpr float RESCALE_SLACK = 8.0f;
  * re-based only when the tile's max passes it by more than RESCALE_SLACK, and always from
  * -inf), S -> P = exp2(S c2 - m c2) in place, the row sum; scale[mt][r] is the factor O must
  * take for the new reference (rescale_rows; with LAZY exactly 1 where it stays). */
-template <class Cfg, bool LAZY = false>
+template <class Cfg, bool LAZY = false, int EMU = 0>
 __device__ __forceinline__ void softmax_rows(mma_state<Cfg> &st, float (&s)[Cfg::MT][mma_shape<Cfg>::NT][4], float c2,
                                              float (&scale)[Cfg::MT][2])
 {
@@ -590,7 +631,7 @@ __device__ __forceinline__ void softmax_rows(mma_state<Cfg> &st, float (&s)[Cfg:
             const float m_scaled = m_use * c2;
             scale[mt][r] = LAZY && m_new == m_old ? 1.f : exp2_fast((m_old - m_use) * c2);
             st.m[mt][r] = m_new;
-            const float rsum = exp2_row(s[mt], r, c2, m_scaled);
+            const float rsum = exp2_row<mma_shape<Cfg>::NT, EMU>(s[mt], r, c2, m_scaled);
             st.l[mt][r] = st.l[mt][r] * scale[mt][r] + rsum;
         }
     }
@@ -767,7 +808,7 @@ template <class Cfg> __device__ void mma_attention_kernel(const kiln_launch_para
     /* fp8 K: its scale joins the raw product (c2, or the transform's input); F8R's pairs and
      * f16 q carry their own units */
     const float ksc = k_unit<Cfg>(p);
-    const float c2 = S::RAW ? p.sm_scale * LOG2E * ksc : 1.0f;
+    const float c2 = logits_c2<Cfg>(p, ksc);
 
     kv_pipeline<Cfg> pipe;
     pipe.k_in = k_in;

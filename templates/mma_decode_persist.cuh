@@ -141,7 +141,7 @@ template <class Cfg> __device__ void mma_decode_persist_kernel(const kiln_launch
     const int nx = num_items(p), step = (int)gridDim.x;
     const unsigned char *kbase = reinterpret_cast<const unsigned char *>(p.k) + (i64)hk * p.k_stride_h * L::ES;
     const unsigned char *vbase = reinterpret_cast<const unsigned char *>(p.v) + (i64)hk * p.v_stride_h * L::ES;
-    const float c2 = S::RAW ? p.sm_scale * LOG2E : 1.0f;
+    const float c2 = logits_c2<Cfg>(p, 1.0f);
     const int wrow = warp * MT * 16; /* this warp's first row in the CTA tile */
     const mma_addrs a = mma_frag_addrs<Cfg>(q_s, k_in, v_in, wrow, lane);
 

@@ -744,7 +744,8 @@ __device__ __forceinline__ void wg_softmax_rows(mma_state<Cfg> &st, float (&sc)[
     const bool elem = S::ELEM && (!tiles.map || tiles.map[t] == TILE_MIXED);
     if constexpr (!S::RAW) logits_tile<Cfg>(sc, p, w, rows, k_unit<Cfg>(p), hk, j0, lane);
     if (tile_needs_mask<Cfg>(p, w, elem, j0)) mask_tile<Cfg>(sc, p, w, rows, elem, hk, j0, lane);
-    softmax_rows<Cfg, true>(st, sc, c2, scale); /* lazy: mma_attention.cuh, RESCALE_SLACK */
+    /* lazy: mma_attention.cuh, RESCALE_SLACK; EX2 of every four n8 tiles' exp2 on the FMA pipes */
+    softmax_rows<Cfg, true, Cfg::EX2>(st, sc, c2, scale);
 }
 
 /* P, the softmax'd S, as the A fragments of P V. */
@@ -926,7 +927,7 @@ __device__ __forceinline__ wg_next wg_consume(const kiln_launch_params &p, const
     rows.init(p, w.m0, wrow, h, lane);
     mma_state<Cfg> st;
     st.init();
-    const float c2 = S::RAW ? p.sm_scale * LOG2E * k_unit<Cfg>(p) : 1.0f;
+    const float c2 = logits_c2<Cfg>(p, k_unit<Cfg>(p));
     const u32 q_rows = sm.q + c * 64 * 128;
     wg_next next = {-1, false};
     bool taken = !Cfg::PERSIST; /* the next job (none with a CTA per job) */
