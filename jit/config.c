@@ -299,12 +299,11 @@ static kiln_status apply_tune(kiln__config *c, kiln__err *e)
         else if (!strcmp(tok, "persist")) c->persist = val;
         else if (!strcmp(tok, "merge")) c->fused_merge = val;
         else if (!strcmp(tok, "xjob")) c->xjob = val;
-        else if (!strcmp(tok, "ex2")) c->ex2 = val;
         else if (!strcmp(tok, "pdl")) c->pdl = val;
         else
             return kiln__fail(e, KILN_STATUS_INVALID_ARGUMENT,
                               "KILN_TUNE: unknown field '%s' (warps, mt, bn, stages, qregs, gb, "
-                              "minb, pack, wgmma, load, persist, xjob, ex2, merge, pdl)",
+                              "minb, pack, wgmma, load, persist, xjob, merge, pdl)",
                               tok);
     }
     return KILN_STATUS_OK;
@@ -429,12 +428,11 @@ static kiln_status pick_wgmma(const kiln_variant *v, int smem_limit, kiln__confi
      * producer's copies were the limit": causal 321 -> 489 TFLOP/s a row per thread -> rows
      * per warp, 562 by TMA), with kv=paged one box per page where pages are a multiple of 8
      * rows, rows per warp otherwise (page 16: 380 -> 403 TFLOP/s over rows per warp) */
-    c->load = c->persist = c->xjob = c->ex2 = -1;
+    c->load = c->persist = c->xjob = -1;
     if ((st = apply_tune(c, e))) return st;
     if (c->load < 0) c->load = KILN_WGMMA_LOAD_TMA;
     if (c->persist < 0) c->persist = wgmma_persist_default(v);
     if (c->xjob < 0) c->xjob = 0; /* 1 passes its GPU tests but measured no faster (docs/perf.md) */
-    if (c->ex2 < 0) c->ex2 = 0;
     if (c->warps != 8 || c->mt != 1 || c->q_in_regs || c->gb || c->pack || c->min_blocks != 1 ||
         !wgmma_bn_ok(c->block_n, c->load) || c->stages < 2 || c->stages > 4 ||
         c->load > KILN_WGMMA_LOAD_TMA || c->persist > KILN_WGMMA_PERSIST_DYNAMIC)
@@ -450,11 +448,6 @@ static kiln_status pick_wgmma(const kiln_variant *v, int smem_limit, kiln__confi
         return kiln__fail(e, KILN_STATUS_UNSUPPORTED,
                           "config: persist=2 claims jobs from a batch schedule's counter; a "
                           "single-request prefill (kv=contiguous) has none: persist=1 there");
-    if (c->ex2 > 4)
-        return kiln__fail(e, KILN_STATUS_UNSUPPORTED,
-                          "config: ex2=%d (KILN_TUNE): the exp2 of 0 to 4 of every four n8 tiles "
-                          "of S on the FMA pipes",
-                          c->ex2);
     if (c->xjob > 1 || (c->xjob && c->persist == KILN_WGMMA_PERSIST_NONE))
         return kiln__fail(e, KILN_STATUS_UNSUPPORTED,
                           "config: xjob=%d (KILN_TUNE): xjob is 0 or 1, and 1 (a job's last P V "
@@ -574,11 +567,10 @@ kiln_status kiln__config_pick(const kiln_variant *v, int sm, kiln__config *c, ki
     c->fused_merge = fused_merge; /* the family's apply_tune wrote KILN_TUNE's value again */
     c->pdl = pdl;
     /* persist on the mma.sync family: pick_mma said whether the tensor-core decode takes it */
-    if ((c->load || c->xjob || c->ex2 || (c->persist && !pack)) && !c->wgmma)
-        return kiln__fail(
-            e, KILN_STATUS_UNSUPPORTED,
-            "config: load=, persist=, xjob= and ex2= (KILN_TUNE) are the wgmma family's "
-            "(and persist=1 the tensor-core decode's)");
+    if ((c->load || c->xjob || (c->persist && !pack)) && !c->wgmma)
+        return kiln__fail(e, KILN_STATUS_UNSUPPORTED,
+                          "config: load=, persist= and xjob= (KILN_TUNE) are the wgmma family's "
+                          "(and persist=1 the tensor-core decode's)");
     c->threads = c->warps * 32 + (c->wgmma ? KILN_WGMMA_PRODUCER_THREADS : 0);
     if (c->min_blocks < 1 || c->min_blocks * c->threads > 2048)
         return kiln__fail(e, KILN_STATUS_UNSUPPORTED, "config: minb=%d is not valid for %d threads",
@@ -604,9 +596,6 @@ void kiln__config_format(const kiln__config *c, char *buf, size_t cap)
         if (n < cap)
             snprintf(buf + n, cap - n, " wgmma=1 load=%d persist=%d xjob=%d", c->load, c->persist,
                      c->xjob);
-        /* ex2 only where set, so that the configs without it (key material) stay as they were */
-        const size_t m = strlen(buf);
-        if (c->ex2 && m < cap) snprintf(buf + m, cap - m, " ex2=%d", c->ex2);
     }
     /* the tensor-core decode on its persistent grid (persist=1), likewise */
     if (!c->wgmma && c->persist) {

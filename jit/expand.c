@@ -277,9 +277,8 @@ kiln_status kiln__expand(const kiln_variant *v, const kiln__config *cfg, const c
                          "WGMMA = %d;\n",
                          cfg->mt, cfg->block_n, cfg->q_in_regs, cfg->pack, cfg->wgmma);
     if (cfg->wgmma)
-        kiln__str_printf(&s,
-                         "    static constexpr int LOAD = %d, PERSIST = %d, XJOB = %d, EX2 = %d;\n",
-                         cfg->load, cfg->persist, cfg->xjob, cfg->ex2);
+        kiln__str_printf(&s, "    static constexpr int LOAD = %d, PERSIST = %d, XJOB = %d;\n",
+                         cfg->load, cfg->persist, cfg->xjob);
     else /* the families that can merge their own splits (jit/config.c: batch decode) */
         kiln__str_printf(&s, "    static constexpr int FUSED_MERGE = %d;\n", cfg->fused_merge);
     emit_pdl(&s, cfg);

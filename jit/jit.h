@@ -94,10 +94,6 @@ typedef struct kiln__config {
     int xjob;          /* wgmma family, persistent grid: a job's last P V is issued with the
                           next job's first S (wgmma_attention.cuh, wg_consume), its O stored
                           under that S's softmax; 0: the last P V is a turn of its own */
-    int ex2;           /* wgmma family: of every four n8 tiles of S, the softmax computes the
-                          exp2 of the first ex2 on the FMA pipes (fragment.cuh exp2_fma), the
-                          others on the exp2 unit (MUFU), which soft-cap's tanh also takes;
-                          0 (the default): every exp2 on MUFU */
     int fused_merge;   /* batch decode: the split CTAs merge their task's partial states (the
                           last of each task to finish, merge.cuh merge_task_if_last) and
                           kiln_plan_run launches no merge kernel; 0: the merge kernel does */

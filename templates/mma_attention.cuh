@@ -616,7 +616,7 @@ constexpr float RESCALE_SLACK = 8.0f;
  * re-based only when the tile's max passes it by more than RESCALE_SLACK, and always from
  * -inf), S -> P = exp2(S c2 - m c2) in place, the row sum; scale[mt][r] is the factor O must
  * take for the new reference (rescale_rows; with LAZY exactly 1 where it stays). */
-template <class Cfg, bool LAZY = false, int EMU = 0>
+template <class Cfg, bool LAZY = false>
 __device__ __forceinline__ void softmax_rows(mma_state<Cfg> &st, float (&s)[Cfg::MT][mma_shape<Cfg>::NT][4], float c2,
                                              float (&scale)[Cfg::MT][2])
 {
@@ -631,7 +631,7 @@ __device__ __forceinline__ void softmax_rows(mma_state<Cfg> &st, float (&s)[Cfg:
             const float m_scaled = m_use * c2;
             scale[mt][r] = LAZY && m_new == m_old ? 1.f : exp2_fast((m_old - m_use) * c2);
             st.m[mt][r] = m_new;
-            const float rsum = exp2_row<mma_shape<Cfg>::NT, EMU>(s[mt], r, c2, m_scaled);
+            const float rsum = exp2_row(s[mt], r, c2, m_scaled);
             st.l[mt][r] = st.l[mt][r] * scale[mt][r] + rsum;
         }
     }

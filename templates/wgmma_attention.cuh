@@ -744,8 +744,7 @@ __device__ __forceinline__ void wg_softmax_rows(mma_state<Cfg> &st, float (&sc)[
     const bool elem = S::ELEM && (!tiles.map || tiles.map[t] == TILE_MIXED);
     if constexpr (!S::RAW) logits_tile<Cfg>(sc, p, w, rows, k_unit<Cfg>(p), hk, j0, lane);
     if (tile_needs_mask<Cfg>(p, w, elem, j0)) mask_tile<Cfg>(sc, p, w, rows, elem, hk, j0, lane);
-    /* lazy: mma_attention.cuh, RESCALE_SLACK; EX2 of every four n8 tiles' exp2 on the FMA pipes */
-    softmax_rows<Cfg, true, Cfg::EX2>(st, sc, c2, scale);
+    softmax_rows<Cfg, true>(st, sc, c2, scale); /* lazy: mma_attention.cuh, RESCALE_SLACK */
 }
 
 /* P, the softmax'd S, as the A fragments of P V. */

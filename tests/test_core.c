@@ -728,7 +728,7 @@ KT_TEST(core_wgmma_family_choice)
     KT_CHECK(cfg.xjob == 0 && strcmp(conf, plain) != 0);
     KT_OK(kiln__expand(&v, &cfg, "sm_90a", &src0, &e), e.msg);
     KT_REQUIRE(src0);
-    KT_CONTAINS(src0, "PERSIST = 2, XJOB = 0, EX2 = 0;");
+    KT_CONTAINS(src0, "PERSIST = 2, XJOB = 0;");
     free(src0);
     setenv("KILN_TUNE", "persist=0 xjob=1", 1);
     KT_CHECK(kiln__config_pick(&v, 90, &cfg, &e) == KILN_STATUS_UNSUPPORTED);

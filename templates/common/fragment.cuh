@@ -70,35 +70,16 @@ template <int NT> __device__ __forceinline__ float row_max(const float (&a)[NT][
     return quad_max(x);
 }
 
-/* 2^x on the FMA pipes, for a share of the softmax's exponentials beside the exp2 unit (MUFU,
- * 16 an SM a clock, which soft-cap's tanh takes too): x's nearest integer n by the 1.5 * 2^23
- * shift (in r's low mantissa bits), 2^(x - n) by a degree-3 polynomial (relative error 7.5e-5
- * over [-0.5, 0.5], below P's 16-bit rounding), n added to its exponent. 0 below -126 (as
- * ex2.approx.ftz flushes), -inf and NaN included. */
-__device__ __forceinline__ float exp2_fma(float x)
-{
-    const float xc = fmaxf(x, -127.0f);
-    const float r = xc + 12582912.0f;
-    const float f = xc - (r - 12582912.0f);
-    float y = fmaf(0.0551716685f, f, 0.2426111400f);
-    y = fmaf(y, f, 0.6932609677f);
-    y = fmaf(y, f, 0.9999280572f);
-    y = __int_as_float(__float_as_int(y) + (__float_as_int(r) << 23));
-    return x >= -126.0f ? y : 0.0f;
-}
-
 /* a = exp2(a * c2 - m_scaled) over row r, in place; returns this lane's part of the row sum
- * (quad_sum completes it). Of every four n8 tiles the first EMU on the FMA pipes (exp2_fma). */
-template <int NT, int EMU = 0>
-__device__ __forceinline__ float exp2_row(float (&a)[NT][4], int r, float c2, float m_scaled)
+ * (quad_sum completes it). */
+template <int NT> __device__ __forceinline__ float exp2_row(float (&a)[NT][4], int r, float c2, float m_scaled)
 {
     float sum = 0.f;
 #pragma unroll
     for (int nt = 0; nt < NT; nt++)
 #pragma unroll
         for (int c = 0; c < 2; c++) {
-            const float e = fmaf(a[nt][r * 2 + c], c2, -m_scaled);
-            const float x = nt % 4 < EMU ? exp2_fma(e) : exp2_fast(e);
+            const float x = exp2_fast(fmaf(a[nt][r * 2 + c], c2, -m_scaled));
             a[nt][r * 2 + c] = x;
             sum += x;
         }
