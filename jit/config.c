@@ -42,23 +42,21 @@ _Static_assert(SAME_ID(KILN_MASK_DATA_NONE, KILN_ID_MASK_DATA_NONE) &&
 
 /* ---- shared-memory formulas (the contract's, templates/common/params.h) ------------------ */
 
-static int is_fp8(kiln_dtype t) { return t == KILN_DTYPE_E4M3 || t == KILN_DTYPE_E5M2; }
-
 static int decode_smem(const kiln_variant *v, int gb, int warps, int stages)
 {
-    return kiln_decode_smem_bytes(v->head_dim, is_fp8(v->kv_dtype) ? 1 : 2, gb, warps, stages,
+    return kiln_decode_smem_bytes(v->head_dim, kiln__kv_fp8(v) ? 1 : 2, gb, warps, stages,
                                   v->kv == KILN_KV_PAGED, v->rope);
 }
 
 static int wgmma_smem(const kiln_variant *v, int bn, int stages)
 {
-    return kiln_wgmma_smem_bytes(v->head_dim, KILN_WGMMA_BM, bn, stages,
-                                 is_fp8(v->kv_dtype) ? 1 : 2, v->rope);
+    return kiln_wgmma_smem_bytes(v->head_dim, KILN_WGMMA_BM, bn, stages, kiln__kv_fp8(v) ? 1 : 2,
+                                 v->rope);
 }
 
 static int prefill_smem(const kiln_variant *v, int warps, int mt, int bn, int stages, int pack)
 {
-    return kiln_prefill_smem_bytes(v->head_dim, is_fp8(v->kv_dtype) ? 1 : 2, warps * mt * 16, bn,
+    return kiln_prefill_smem_bytes(v->head_dim, kiln__kv_fp8(v) ? 1 : 2, warps * mt * 16, bn,
                                    stages, v->kv == KILN_KV_PAGED, v->rope, pack);
 }
 
@@ -190,7 +188,7 @@ const char *kiln__decode_pack_refusal(const kiln_variant *v)
     if (v->group < 4 || 16 % v->group)
         return v->group < 4 ? "groups below 4 would leave most of each MMA's 16 rows empty"
                             : "the group does not divide the MMA's 16 rows (4, 8 or 16 do)";
-    if (is_fp8(v->kv_dtype) && v->rope)
+    if (kiln__kv_fp8(v) && v->rope)
         return "fp8 KV with RoPE: rotated fp8 tiles go through shared memory behind a barrier";
     return NULL;
 }
@@ -212,7 +210,7 @@ static int prefill_packs(const kiln_variant *v)
 static int prefill_plain(const kiln_variant *v)
 {
     return v->logits == KILN_LOGITS_NONE && !v->window && v->mask_data == KILN_MASK_DATA_NONE &&
-           !v->logits_expr[0] && !v->mask_expr[0] && !v->rope && !is_fp8(v->kv_dtype);
+           !v->logits_expr[0] && !v->mask_expr[0] && !v->rope && !kiln__kv_fp8(v);
 }
 
 static int row_serves(const tile_row *r, const kiln_variant *v, int pack)
@@ -221,15 +219,15 @@ static int row_serves(const tile_row *r, const kiln_variant *v, int pack)
         case PLAIN:
             return prefill_plain(v) && !pack;
         case SINGLE_OR_FP8:
-            return v->kv == KILN_KV_CONTIGUOUS || is_fp8(v->kv_dtype);
+            return v->kv == KILN_KV_CONTIGUOUS || kiln__kv_fp8(v);
         case ELEMENT_MASK:
             return kiln__variant_has_element_mask(v);
         case NO_ALIBI:
             return !kiln__logits_alibi(v);
         case FP8_KV:
-            return is_fp8(v->kv_dtype);
+            return kiln__kv_fp8(v);
         case XFORM:
-            return is_fp8(v->kv_dtype) || v->rope;
+            return kiln__kv_fp8(v) || v->rope;
         default:
             return 1;
     }
@@ -319,7 +317,7 @@ static const char *decode_persist_refusal(const kiln_variant *v, const kiln__con
         return "the persistent grid of the mma.sync family is the tensor-core decode's (a batch "
                "decode, group 4, 8 or 16; the wgmma family has its own)";
     if (!c->q_in_regs) return "the persistent decode keeps Q in registers (qregs=1)";
-    if (is_fp8(v->kv_dtype)) return "fp8 KV is not on the persistent decode";
+    if (kiln__kv_fp8(v)) return "fp8 KV is not on the persistent decode";
     if (v->rope) return "RoPE is not on the persistent decode";
     if (kiln__variant_has_element_mask(v))
         return "element masks (a mask snippet, mask data) are not on the persistent decode";

@@ -168,6 +168,12 @@ static inline int kiln__logits_softcap(const kiln_variant *v)
     return v->logits == KILN_LOGITS_SOFTCAP || v->logits == KILN_LOGITS_SOFTCAP_ALIBI;
 }
 
+/* 1 when the variant's K/V are stored as fp8 (e4m3, e5m2): one byte an element, not two. */
+static inline int kiln__kv_fp8(const kiln_variant *v)
+{
+    return v->kv_dtype == KILN_DTYPE_E4M3 || v->kv_dtype == KILN_DTYPE_E5M2;
+}
+
 /* 1 when the variant masks per element beyond the builtin masks (snippet or mask data). */
 static inline int kiln__variant_has_element_mask(const kiln_variant *v)
 {

@@ -120,7 +120,7 @@ static kiln_status fill_tensors(const kiln_kernel *k, const kiln_attn_args *a,
     p->k_stride_h = a->k_stride_h ? a->k_stride_h : nhd ? D : (int64_t)L_KV * D;
     p->v_stride_n = a->v_stride_n ? a->v_stride_n : nhd ? (int64_t)H_KV * D : D;
     p->v_stride_h = a->v_stride_h ? a->v_stride_h : nhd ? D : (int64_t)L_KV * D;
-    const int fp8 = v->kv_dtype == KILN_DTYPE_E4M3 || v->kv_dtype == KILN_DTYPE_E5M2;
+    const int fp8 = kiln__kv_fp8(v);
     if ((p->q_stride_h | p->q_stride_n) % 8 ||
         (p->k_stride_n | p->k_stride_h | p->v_stride_n | p->v_stride_h) % (fp8 ? 16 : 8) ||
         (p->o_stride_h | p->o_stride_n) % 2)
@@ -137,7 +137,7 @@ static kiln_status fill_values(const kiln_kernel *k, const kiln_attn_args *a, ki
 {
     const kiln_variant *v = &k->v;
     const kiln_params *rp = &a->params;
-    const int fp8 = v->kv_dtype == KILN_DTYPE_E4M3 || v->kv_dtype == KILN_DTYPE_E5M2;
+    const int fp8 = kiln__kv_fp8(v);
     /* fp8: e4m3 is decoded through f16 bits at 2^-8 of its value (device.cuh) */
     const float k_scale = rp->k_scale != 0.f ? rp->k_scale : 1.f,
                 v_scale = rp->v_scale != 0.f ? rp->v_scale : 1.f;
@@ -310,7 +310,7 @@ kiln_status kiln__batch_prepare(kiln_kernel *k, const kiln_batch_args *b, int H,
         p->v_stride_n = b->v_stride_n ? b->v_stride_n : (int64_t)HK * D;
         p->v_stride_h = b->v_stride_h ? b->v_stride_h : D;
     }
-    const int es = k->v.kv_dtype == KILN_DTYPE_E4M3 || k->v.kv_dtype == KILN_DTYPE_E5M2 ? 1 : 2;
+    const int es = kiln__kv_fp8(&k->v) ? 1 : 2;
     const int64_t align = 16 / es;
     if ((p->k_stride_n | p->k_stride_h | p->k_stride_page | p->v_stride_n | p->v_stride_h |
          p->v_stride_page) %

@@ -178,7 +178,7 @@ kiln_status kiln__tma_maps(const kiln_kernel *k, kiln_launch_params *p, const ch
     kiln_status st = encode(k, what, "q", 2, p->q, 0, p->q_stride_n, p->q_stride_h, q_rows,
                             p->num_qo_heads, KILN_WGMMA_BM, &m->q, e);
     /* fp8 K/V: byte maps, for the copies into the producer's raw stages */
-    const int es = k->v.kv_dtype == KILN_DTYPE_E4M3 || k->v.kv_dtype == KILN_DTYPE_E5M2 ? 1 : 2;
+    const int es = kiln__kv_fp8(&k->v) ? 1 : 2;
     if (st || !rows) {
         memset(&m->k, 0, sizeof m->k);
         memset(&m->v, 0, sizeof m->v);
