@@ -337,8 +337,13 @@ __device__ __forceinline__ void wg_produce(const kiln_launch_params &p, const ki
 #pragma unroll
                         for (int cb = 0; cb < D / 64; cb++) {
                             const u32 at = (u32)(cb * BN * 128 + tid * rows * 128);
-                            tma_load_4d(kd + at, &maps->k, sm.full(s), cb * 64, hk, r, pg);
-                            tma_load_4d(vd + at, &maps->v, sm.full(s), cb * 64, hk, r, pg);
+                            if (p.kv_map_rows) { /* a dense pool: rows of one 3-D map */
+                                tma_load_3d(kd + at, &maps->k, sm.full(s), cb * 64, hk, pg * p.page_size + r);
+                                tma_load_3d(vd + at, &maps->v, sm.full(s), cb * 64, hk, pg * p.page_size + r);
+                            } else {
+                                tma_load_4d(kd + at, &maps->k, sm.full(s), cb * 64, hk, r, pg);
+                                tma_load_4d(vd + at, &maps->v, sm.full(s), cb * 64, hk, r, pg);
+                            }
                         }
                     }
                 }
