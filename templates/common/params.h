@@ -92,7 +92,10 @@ typedef struct kiln_launch_params {
     int kv_begin;     /* decode: first key any query can see (window) */
     float sm_scale;   /* scale of q.k */
     float softcap;    /* logits=softcap: the cap */
-    float pad0, pad1; /* keep the size a multiple of 8 */
+    int kv_map_rows;  /* paged, TMA (runtime/tma.c): 1 where the pool is dense (a page's rows at
+                         the row stride, pages page_size rows apart), so that K's and V's maps are
+                         3-D over rows page * page_size + r; 0: 4-D (page, row, head, column) */
+    float pad1;       /* keep the size a multiple of 8 */
     unsigned long long user[8]; /* user parameters: f32/i32 bits in the low word, or pointers */
     unsigned long long mask_bits;   /* bitmask: u8 packed, bit i * L_KV + j, little-endian */
     unsigned long long bsr_indptr;  /* bsr: int [ceil(L_Q / bsr_r) + 1] */
