@@ -573,18 +573,25 @@ __device__ __forceinline__ bool tile_needs_mask(const kiln_launch_params &p, con
            (Cfg::WINDOW && j0 < w.tq1 + w.off - p.window_left);
 }
 
-/* The mask: hidden elements of S to -inf (builtin masks, then the element masks when elem). */
+/* The mask: hidden elements of S to -inf (builtin masks, then the element masks when elem).
+ * BSR mask data whose blocks are at least two keys wide (a tile spans at most 64 column blocks)
+ * reads each row's blocks of the tile once (bsr_row_bits) and tests a bit per element. */
 template <class Cfg>
 __device__ __forceinline__ void mask_tile(float (&s)[Cfg::MT][mma_shape<Cfg>::NT][4], const kiln_launch_params &p,
                                           const mma_work &w, const mma_rows<Cfg> &rows, bool elem, int hk, int j0,
                                           int lane)
 {
     using S = mma_shape<Cfg>;
+    constexpr bool BSR = Cfg::MASK_DATA == MASK_DATA_BSR;
+    const int cb0 = BSR ? j0 / p.bsr_c : 0;
+    const bool by_bits = BSR && S::ELEM && elem && (j0 + Cfg::BN - 1) / p.bsr_c - cb0 < 64;
 #pragma unroll
     for (int mt = 0; mt < S::MT; mt++)
 #pragma unroll
         for (int r = 0; r < 2; r++) {
             const int i = rows.i[mt][r], hr = rows.h[mt][r];
+            /* rows past the request read no mask data (below) */
+            const unsigned long long bits = by_bits && i < w.L_Q ? bsr_row_bits(p, w.mb, i, cb0) : 0;
 #pragma unroll
             for (int nt = 0; nt < S::NT; nt++)
 #pragma unroll
@@ -598,7 +605,9 @@ __device__ __forceinline__ void mask_tile(float (&s)[Cfg::MT][mma_shape<Cfg>::NT
                      * end, and its garbage bounds sent the search anywhere (CUDA error 717 /
                      * 700 under torch's allocator); those rows are never stored */
                     if (S::ELEM && elem)
-                        vis = vis && i < w.L_Q && mask_data<Cfg>(p, w.mb, w.L_KV, i, j) &&
+                        vis = vis && i < w.L_Q &&
+                              (by_bits ? (bits >> (j / p.bsr_c - cb0)) & 1
+                                       : mask_data<Cfg>(p, w.mb, w.L_KV, i, j)) &&
                               mask_user<Cfg>(p, i, j, hr, hk, w.b, w.L_Q, w.L_KV);
                     if (!vis) s[mt][nt][r * 2 + c] = neg_inf();
                 }

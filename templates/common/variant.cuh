@@ -95,6 +95,31 @@ __device__ __forceinline__ bool mask_data(const P &p, const mask_base &mb, int L
     return true;
 }
 
+/* BSR: which of the column blocks cb0 .. cb0 + 63 the block row of query row i holds (the
+ * request's data from mb), as bits 1 << (cb - cb0): one binary search for the first at or past
+ * cb0, then a walk to the first past cb0 + 63. A tile's element test is then a shift of these
+ * bits (mask_tile), not a search per element. */
+template <class P>
+__device__ __forceinline__ unsigned long long bsr_row_bits(const P &p, const mask_base &mb, int i, int cb0)
+{
+    const int *indptr = reinterpret_cast<const int *>(p.bsr_indptr);
+    const int *cols = reinterpret_cast<const int *>(p.bsr_indices);
+    const int rb = mb.row0 + i / p.bsr_r, end = indptr[rb + 1];
+    int lo = indptr[rb], hi = end;
+    while (lo < hi) {
+        const int mid = (lo + hi) >> 1;
+        if (cols[mid] < cb0) lo = mid + 1;
+        else hi = mid;
+    }
+    unsigned long long bits = 0;
+    for (; lo < end; lo++) {
+        const int d = cols[lo] - cb0;
+        if (d >= 64) break;
+        bits |= 1ull << d;
+    }
+    return bits;
+}
+
 /* The variant's mask snippet (true: visible); always true without one. */
 template <class Cfg, class P>
 __device__ __forceinline__ bool mask_user(const P &p, int i, int j, int h, int hk, int b, int L_Q,
