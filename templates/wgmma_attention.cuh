@@ -118,26 +118,44 @@ template <class Cfg> __device__ __forceinline__ int wg_nx(const kiln_launch_para
     else return (p.qo_len + KILN_WGMMA_BM - 1) / KILN_WGMMA_BM;
 }
 
-/* The key tiles a CTA visits, in order: [t_first, t_end), less those the tile map hides. */
+/* The key tiles a CTA visits, in order: [t_first, t_end), less those the tile map hides from
+ * both consumer warpgroups. The map has a row per warpgroup (64 query rows: kiln_tile_map_bm),
+ * at map and map + stride; a warpgroup whose rows start past the request (two: 0) has none,
+ * and every tile is hidden from it. */
 template <class Cfg> struct wg_tiles {
     const unsigned char *map;
-    int t_end;
+    int t_end, stride;
+    bool two;
+    /* tile t's class for warpgroup c's rows (TILE_MIXED without a map) */
+    __device__ __forceinline__ int cls(int t, int c) const
+    {
+        if (!mma_shape<Cfg>::ELEM || !map) return TILE_MIXED;
+        return c && !two ? TILE_HIDDEN : map[c * stride + t];
+    }
+    /* whether warpgroup c skips tile t (no S, no P V), where it may: an element mask, and no
+     * job's last P V issued with the next job's first S (XJOB) */
+    __device__ __forceinline__ bool skip(int t, int c) const
+    {
+        return mma_shape<Cfg>::ELEM && !Cfg::XJOB && map && cls(t, c) == TILE_HIDDEN;
+    }
     __device__ __forceinline__ int next(int t) const
     {
         if (mma_shape<Cfg>::ELEM && map)
-            while (t < t_end && map[t] == TILE_HIDDEN) t++;
+            while (t < t_end && cls(t, 0) == TILE_HIDDEN && cls(t, 1) == TILE_HIDDEN) t++;
         return t;
     }
 };
 
-/* The key tiles of work w: its row of the tile map, if any. */
+/* The key tiles of work w: its two rows of the tile map, if any. */
 template <class Cfg>
 __device__ __forceinline__ wg_tiles<Cfg> wg_job_tiles(const kiln_launch_params &p, const mma_work &w)
 {
     wg_tiles<Cfg> tiles;
     tiles.map = mma_shape<Cfg>::ELEM && p.tile_map
-                    ? reinterpret_cast<const unsigned char *>(p.tile_map) + (i64)w.m_block * p.kv_tiles
+                    ? reinterpret_cast<const unsigned char *>(p.tile_map) + (i64)(2 * w.m_block) * p.kv_tiles
                     : nullptr;
+    tiles.stride = p.kv_tiles;
+    tiles.two = w.m0 + KILN_WGMMA_BM / 2 < w.L_Q;
     tiles.t_end = w.t_end;
     return tiles;
 }
@@ -758,11 +776,13 @@ template <class Cfg>
 __device__ __forceinline__ void wg_softmax_rows(mma_state<Cfg> &st, float (&sc)[1][Cfg::BN / 8][4],
                                                 const kiln_launch_params &p, const mma_work &w,
                                                 const mma_rows<Cfg> &rows, const wg_tiles<Cfg> &tiles, float c2,
-                                                int hk, int t, int lane, float (&scale)[1][2])
+                                                int hk, int t, int c, int lane, float (&scale)[1][2])
 {
     using S = mma_shape<Cfg>;
     const int j0 = t * Cfg::BN;
-    const bool elem = S::ELEM && (!tiles.map || tiles.map[t] == TILE_MIXED);
+    /* the element masks unless the map shows this warpgroup every key (a hidden tile that is
+     * not skipped, with XJOB, is masked element by element) */
+    const bool elem = S::ELEM && tiles.cls(t, c) != TILE_FULL;
     if constexpr (!S::RAW) logits_tile<Cfg>(sc, p, w, rows, k_unit<Cfg>(p), hk, j0, lane);
     if (tile_needs_mask<Cfg>(p, w, elem, j0)) mask_tile<Cfg>(sc, p, w, rows, elem, hk, j0, lane);
     softmax_rows<Cfg, true>(st, sc, c2, scale); /* lazy: mma_attention.cuh, RESCALE_SLACK */
@@ -957,15 +977,18 @@ __device__ __forceinline__ wg_next wg_consume(const kiln_launch_params &p, const
     if (!s_ready) mbar_wait(sm.q_full(), it & 1);
     int t = tiles.next(w.t_first);
     if (t < w.t_end) {
-        /* the first tile: S (unless the last job's turn issued it), softmax, P */
+        /* the first tile: S (unless the last job's turn issued it), softmax, P. A tile the
+         * map hides from this warpgroup's rows (skip) has no S, softmax or P V here: the
+         * group still waits for it, takes its turns and frees its stage */
         int s = n % STAGES;
+        bool skip = tiles.skip(t, c);
         if (!s_ready) {
             mbar_wait(sm.full(s), (n / STAGES) & 1);
             /* the producer's cp.async writes (K / V, or Q), for the tensor cores */
             if (!wg_q_by_tma<Cfg>(w) || !wg_kv_by_tma<Cfg>(p, w, t)) fence_proxy_async();
             wg_turn_wait(c);
             wgmma_fence();
-            wg_issue_qk<Cfg>(sc[0], q_rows, sm.k + s * L::TILE);
+            if (!skip) wg_issue_qk<Cfg>(sc[0], q_rows, sm.k + s * L::TILE);
             wg_turn_pass(c);
             wg_release_o(held); /* the last job's staged O, read by now */
             wgmma_wait<0>();
@@ -973,29 +996,40 @@ __device__ __forceinline__ wg_next wg_consume(const kiln_launch_params &p, const
         }
         wg_q_done<Cfg>(tiles, w, sm, t);
         float scale[1][2]; /* O is still zero: its factor is not applied */
-        wg_softmax_rows<Cfg>(st, sc, p, w, rows, tiles, c2, hk, t, lane, scale);
-        wg_to_p<Cfg>(sc[0], pf);
+        if (!skip) {
+            wg_softmax_rows<Cfg>(st, sc, p, w, rows, tiles, c2, hk, t, c, lane, scale);
+            wg_to_p<Cfg>(sc[0], pf);
+        }
         int prev = s;
+        bool skip_prev = skip;
         n++;
         for (t = tiles.next(t + 1); t < w.t_end; t = tiles.next(t + 1), n++) {
             s = n % STAGES;
+            skip = tiles.skip(t, c);
             mbar_wait(sm.full(s), (n / STAGES) & 1);
             if (!wg_kv_by_tma<Cfg>(p, w, t)) fence_proxy_async();
             wg_turn_wait(c);
             wgmma_fence();
-            wg_issue_qk<Cfg>(sc[0], q_rows, sm.k + s * L::TILE);
-            wg_issue_pv<Cfg>(st.o[0], pf, sm.v + prev * L::TILE);
+            if (!skip) wg_issue_qk<Cfg>(sc[0], q_rows, sm.k + s * L::TILE);
+            if (!skip_prev) wg_issue_pv<Cfg>(st.o[0], pf, sm.v + prev * L::TILE);
             wg_turn_pass(c);
-            wgmma_wait<1>(); /* S; P V of the previous tile may still run */
-            reg_fence(sc[0]);
+            if (!skip) {
+                /* S; P V of the previous tile may still run (issued after S) */
+                if (skip_prev) wgmma_wait<0>();
+                else wgmma_wait<1>();
+                reg_fence(sc[0]);
+            }
             wg_q_done<Cfg>(tiles, w, sm, t);
-            wg_softmax_rows<Cfg>(st, sc, p, w, rows, tiles, c2, hk, t, lane, scale);
+            if (!skip) wg_softmax_rows<Cfg>(st, sc, p, w, rows, tiles, c2, hk, t, c, lane, scale);
             wgmma_wait<0>(); /* P V of the previous tile: O and its stage are free */
             reg_fence(st.o[0]);
             mbar_arrive(sm.empty(prev));
-            rescale_rows<Cfg, true>(st, scale);
-            wg_to_p<Cfg>(sc[0], pf);
+            if (!skip) {
+                rescale_rows<Cfg, true>(st, scale);
+                wg_to_p<Cfg>(sc[0], pf);
+            }
             prev = s;
+            skip_prev = skip;
         }
         if (!Cfg::PERSIST) mbar_arrive(sm.q_empty());
         if constexpr (Cfg::XJOB) { /* the next job, and its first S with this last P V */
@@ -1027,7 +1061,7 @@ __device__ __forceinline__ wg_next wg_consume(const kiln_launch_params &p, const
         /* P V of the last tile, a turn of its own */
         wg_turn_wait(c);
         wgmma_fence();
-        wg_issue_pv<Cfg>(st.o[0], pf, sm.v + prev * L::TILE);
+        if (!skip_prev) wg_issue_pv<Cfg>(st.o[0], pf, sm.v + prev * L::TILE);
         wg_turn_pass(c);
         wgmma_wait<0>();
         reg_fence(st.o[0]);
