@@ -132,11 +132,14 @@ template <class Cfg> struct wg_tiles {
         if (!mma_shape<Cfg>::ELEM || !map) return TILE_MIXED;
         return c && !two ? TILE_HIDDEN : map[c * stride + t];
     }
-    /* whether warpgroup c skips tile t (no S, no P V), where it may: an element mask, and no
-     * job's last P V issued with the next job's first S (XJOB) */
+    /* whether warpgroup c skips tile t's S and softmax (its P is zero), where it may: an
+     * element mask, and no job's last P V issued with the next job's first S (XJOB). Lane 0's
+     * answer, broadcast: ptxas then knows the branch around the S issue is warp-uniform (a
+     * divergent one serializes every wgmma of the kernel: its warning C7520) */
     __device__ __forceinline__ bool skip(int t, int c) const
     {
-        return mma_shape<Cfg>::ELEM && !Cfg::XJOB && map && cls(t, c) == TILE_HIDDEN;
+        if constexpr (!mma_shape<Cfg>::ELEM || Cfg::XJOB) return false;
+        return __shfl_sync(0xffffffffu, map && cls(t, c) == TILE_HIDDEN, 0);
     }
     __device__ __forceinline__ int next(int t) const
     {
@@ -796,6 +799,20 @@ __device__ __forceinline__ void wg_to_p(const float (&sc)[Cfg::BN / 8][4], u32 (
     for (int kk = 0; kk < Cfg::BN / 16; kk++) acc_to_a<wg_layout<Cfg>::MDT>(sc, kk, pf[kk]);
 }
 
+/* P of the tile, or 0 for a tile this warpgroup skips (wg_tiles::skip; its P V adds nothing):
+ * selected, not branched, since P is an operand of the P V in flight (a branch that writes it
+ * makes ptxas serialize every wgmma of the kernel, its warning C7520). */
+template <class Cfg>
+__device__ __forceinline__ void wg_to_p_or_zero(const float (&sc)[Cfg::BN / 8][4], u32 (&pf)[Cfg::BN / 16][4],
+                                                bool zero)
+{
+    wg_to_p<Cfg>(sc, pf);
+#pragma unroll
+    for (int kk = 0; kk < Cfg::BN / 16; kk++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) pf[kk][e] = zero ? 0u : pf[kk][e];
+}
+
 /* The turns of the two warpgroups: group c waits on barrier 1 + c, issues, then lets the
  * other go, so that their issues alternate and every arrival on a barrier is waited for
  * before its group arrives there again (a group's next arrival follows its own wait, which
@@ -978,8 +995,10 @@ __device__ __forceinline__ wg_next wg_consume(const kiln_launch_params &p, const
     int t = tiles.next(w.t_first);
     if (t < w.t_end) {
         /* the first tile: S (unless the last job's turn issued it), softmax, P. A tile the
-         * map hides from this warpgroup's rows (skip) has no S, softmax or P V here: the
-         * group still waits for it, takes its turns and frees its stage */
+         * map hides from this warpgroup's rows (skip) has no S or softmax here, and P = 0: its
+         * P V still runs, since a P V issued on a condition makes ptxas serialize every
+         * wgmma of the kernel (its warning C7520: the accumulator O is in flight across the
+         * softmax); the group waits for the tile, takes its turns and frees its stage */
         int s = n % STAGES;
         bool skip = tiles.skip(t, c);
         if (!s_ready) {
@@ -996,12 +1015,9 @@ __device__ __forceinline__ wg_next wg_consume(const kiln_launch_params &p, const
         }
         wg_q_done<Cfg>(tiles, w, sm, t);
         float scale[1][2]; /* O is still zero: its factor is not applied */
-        if (!skip) {
-            wg_softmax_rows<Cfg>(st, sc, p, w, rows, tiles, c2, hk, t, c, lane, scale);
-            wg_to_p<Cfg>(sc[0], pf);
-        }
+        if (!skip) wg_softmax_rows<Cfg>(st, sc, p, w, rows, tiles, c2, hk, t, c, lane, scale);
+        wg_to_p_or_zero<Cfg>(sc[0], pf, skip);
         int prev = s;
-        bool skip_prev = skip;
         n++;
         for (t = tiles.next(t + 1); t < w.t_end; t = tiles.next(t + 1), n++) {
             s = n % STAGES;
@@ -1011,12 +1027,10 @@ __device__ __forceinline__ wg_next wg_consume(const kiln_launch_params &p, const
             wg_turn_wait(c);
             wgmma_fence();
             if (!skip) wg_issue_qk<Cfg>(sc[0], q_rows, sm.k + s * L::TILE);
-            if (!skip_prev) wg_issue_pv<Cfg>(st.o[0], pf, sm.v + prev * L::TILE);
+            wg_issue_pv<Cfg>(st.o[0], pf, sm.v + prev * L::TILE);
             wg_turn_pass(c);
             if (!skip) {
-                /* S; P V of the previous tile may still run (issued after S) */
-                if (skip_prev) wgmma_wait<0>();
-                else wgmma_wait<1>();
+                wgmma_wait<1>(); /* S; P V of the previous tile may still run */
                 reg_fence(sc[0]);
             }
             wg_q_done<Cfg>(tiles, w, sm, t);
@@ -1024,12 +1038,9 @@ __device__ __forceinline__ wg_next wg_consume(const kiln_launch_params &p, const
             wgmma_wait<0>(); /* P V of the previous tile: O and its stage are free */
             reg_fence(st.o[0]);
             mbar_arrive(sm.empty(prev));
-            if (!skip) {
-                rescale_rows<Cfg, true>(st, scale);
-                wg_to_p<Cfg>(sc[0], pf);
-            }
+            if (!skip) rescale_rows<Cfg, true>(st, scale);
+            wg_to_p_or_zero<Cfg>(sc[0], pf, skip);
             prev = s;
-            skip_prev = skip;
         }
         if (!Cfg::PERSIST) mbar_arrive(sm.q_empty());
         if constexpr (Cfg::XJOB) { /* the next job, and its first S with this last P V */
@@ -1061,7 +1072,7 @@ __device__ __forceinline__ wg_next wg_consume(const kiln_launch_params &p, const
         /* P V of the last tile, a turn of its own */
         wg_turn_wait(c);
         wgmma_fence();
-        if (!skip_prev) wg_issue_pv<Cfg>(st.o[0], pf, sm.v + prev * L::TILE);
+        wg_issue_pv<Cfg>(st.o[0], pf, sm.v + prev * L::TILE);
         wg_turn_pass(c);
         wgmma_wait<0>();
         reg_fence(st.o[0]);
