@@ -799,20 +799,6 @@ __device__ __forceinline__ void wg_to_p(const float (&sc)[Cfg::BN / 8][4], u32 (
     for (int kk = 0; kk < Cfg::BN / 16; kk++) acc_to_a<wg_layout<Cfg>::MDT>(sc, kk, pf[kk]);
 }
 
-/* P of the tile, or 0 for a tile this warpgroup skips (wg_tiles::skip; its P V adds nothing):
- * selected, not branched, since P is an operand of the P V in flight (a branch that writes it
- * makes ptxas serialize every wgmma of the kernel, its warning C7520). */
-template <class Cfg>
-__device__ __forceinline__ void wg_to_p_or_zero(const float (&sc)[Cfg::BN / 8][4], u32 (&pf)[Cfg::BN / 16][4],
-                                                bool zero)
-{
-    wg_to_p<Cfg>(sc, pf);
-#pragma unroll
-    for (int kk = 0; kk < Cfg::BN / 16; kk++)
-#pragma unroll
-        for (int e = 0; e < 4; e++) pf[kk][e] = zero ? 0u : pf[kk][e];
-}
-
 /* The turns of the two warpgroups: group c waits on barrier 1 + c, issues, then lets the
  * other go, so that their issues alternate and every arrival on a barrier is waited for
  * before its group arrives there again (a group's next arrival follows its own wait, which
@@ -1005,41 +991,81 @@ __device__ __forceinline__ wg_next wg_consume(const kiln_launch_params &p, const
             mbar_wait(sm.full(s), (n / STAGES) & 1);
             /* the producer's cp.async writes (K / V, or Q), for the tensor cores */
             if (!wg_q_by_tma<Cfg>(w) || !wg_kv_by_tma<Cfg>(p, w, t)) fence_proxy_async();
-            wg_turn_wait(c);
-            wgmma_fence();
-            if (!skip) wg_issue_qk<Cfg>(sc[0], q_rows, sm.k + s * L::TILE);
-            wg_turn_pass(c);
-            wg_release_o(held); /* the last job's staged O, read by now */
-            wgmma_wait<0>();
-            reg_fence(sc[0]);
+            if (skip) {
+                wg_turn_wait(c);
+                wg_turn_pass(c);
+                wg_release_o(held);
+            } else {
+                wg_turn_wait(c);
+                wgmma_fence();
+                wg_issue_qk<Cfg>(sc[0], q_rows, sm.k + s * L::TILE);
+                wg_turn_pass(c);
+                wg_release_o(held); /* the last job's staged O, read by now */
+                wgmma_wait<0>();
+                reg_fence(sc[0]);
+            }
         }
         wg_q_done<Cfg>(tiles, w, sm, t);
         float scale[1][2]; /* O is still zero: its factor is not applied */
-        if (!skip) wg_softmax_rows<Cfg>(st, sc, p, w, rows, tiles, c2, hk, t, c, lane, scale);
-        wg_to_p_or_zero<Cfg>(sc[0], pf, skip);
+        if (!skip) {
+            wg_softmax_rows<Cfg>(st, sc, p, w, rows, tiles, c2, hk, t, c, lane, scale);
+            wg_to_p<Cfg>(sc[0], pf);
+        }
+        bool have = !skip; /* P of tile prev is in pf (this warpgroup did not skip it) */
         int prev = s;
         n++;
+        /* each case of (this tile skipped, the last one skipped) is a branch of its own, with
+         * its issues, waits and P whole: P V on a condition inside a shared body, or P zeroed
+         * to skip one, makes ptxas serialize every wgmma of the kernel (C7520, C7513) */
         for (t = tiles.next(t + 1); t < w.t_end; t = tiles.next(t + 1), n++) {
             s = n % STAGES;
             skip = tiles.skip(t, c);
             mbar_wait(sm.full(s), (n / STAGES) & 1);
             if (!wg_kv_by_tma<Cfg>(p, w, t)) fence_proxy_async();
-            wg_turn_wait(c);
-            wgmma_fence();
-            if (!skip) wg_issue_qk<Cfg>(sc[0], q_rows, sm.k + s * L::TILE);
-            wg_issue_pv<Cfg>(st.o[0], pf, sm.v + prev * L::TILE);
-            wg_turn_pass(c);
-            if (!skip) {
+            if (!skip && have) {
+                wg_turn_wait(c);
+                wgmma_fence();
+                wg_issue_qk<Cfg>(sc[0], q_rows, sm.k + s * L::TILE);
+                wg_issue_pv<Cfg>(st.o[0], pf, sm.v + prev * L::TILE);
+                wg_turn_pass(c);
                 wgmma_wait<1>(); /* S; P V of the previous tile may still run */
                 reg_fence(sc[0]);
+                wg_q_done<Cfg>(tiles, w, sm, t);
+                wg_softmax_rows<Cfg>(st, sc, p, w, rows, tiles, c2, hk, t, c, lane, scale);
+                wgmma_wait<0>(); /* P V of the previous tile: O and its stage are free */
+                reg_fence(st.o[0]);
+                mbar_arrive(sm.empty(prev));
+                rescale_rows<Cfg, true>(st, scale);
+                wg_to_p<Cfg>(sc[0], pf);
+            } else if (!skip) { /* S alone: the last tile was skipped */
+                wg_turn_wait(c);
+                wgmma_fence();
+                wg_issue_qk<Cfg>(sc[0], q_rows, sm.k + s * L::TILE);
+                wg_turn_pass(c);
+                wgmma_wait<0>();
+                reg_fence(sc[0]);
+                wg_q_done<Cfg>(tiles, w, sm, t);
+                mbar_arrive(sm.empty(prev));
+                wg_softmax_rows<Cfg>(st, sc, p, w, rows, tiles, c2, hk, t, c, lane, scale);
+                rescale_rows<Cfg, true>(st, scale);
+                wg_to_p<Cfg>(sc[0], pf);
+                have = true;
+            } else if (have) { /* P V alone: this tile is skipped */
+                wg_turn_wait(c);
+                wgmma_fence();
+                wg_issue_pv<Cfg>(st.o[0], pf, sm.v + prev * L::TILE);
+                wg_turn_pass(c);
+                wg_q_done<Cfg>(tiles, w, sm, t);
+                wgmma_wait<0>();
+                reg_fence(st.o[0]);
+                mbar_arrive(sm.empty(prev));
+                have = false;
+            } else { /* neither: the turn alone */
+                wg_turn_wait(c);
+                wg_turn_pass(c);
+                wg_q_done<Cfg>(tiles, w, sm, t);
+                mbar_arrive(sm.empty(prev));
             }
-            wg_q_done<Cfg>(tiles, w, sm, t);
-            if (!skip) wg_softmax_rows<Cfg>(st, sc, p, w, rows, tiles, c2, hk, t, c, lane, scale);
-            wgmma_wait<0>(); /* P V of the previous tile: O and its stage are free */
-            reg_fence(st.o[0]);
-            mbar_arrive(sm.empty(prev));
-            if (!skip) rescale_rows<Cfg, true>(st, scale);
-            wg_to_p_or_zero<Cfg>(sc[0], pf, skip);
             prev = s;
         }
         if (!Cfg::PERSIST) mbar_arrive(sm.q_empty());
@@ -1069,13 +1095,18 @@ __device__ __forceinline__ wg_next wg_consume(const kiln_launch_params &p, const
                 return next;
             }
         }
-        /* P V of the last tile, a turn of its own */
-        wg_turn_wait(c);
-        wgmma_fence();
-        wg_issue_pv<Cfg>(st.o[0], pf, sm.v + prev * L::TILE);
-        wg_turn_pass(c);
-        wgmma_wait<0>();
-        reg_fence(st.o[0]);
+        /* P V of the last tile, a turn of its own (the turn alone where it was skipped) */
+        if (have) {
+            wg_turn_wait(c);
+            wgmma_fence();
+            wg_issue_pv<Cfg>(st.o[0], pf, sm.v + prev * L::TILE);
+            wg_turn_pass(c);
+            wgmma_wait<0>();
+            reg_fence(st.o[0]);
+        } else {
+            wg_turn_wait(c);
+            wg_turn_pass(c);
+        }
         last = prev;
     } else {
         wg_release_o(held);
