@@ -177,13 +177,10 @@ __device__ __forceinline__ bool wg_tile_by_tma(const kiln_launch_params &p, cons
 }
 
 /* The same for a stage's K and V tiles as the consumers read them: generic-proxy writes of the
- * producer wherever it transforms K (wg_produce_x), and V's rows where pages are smaller than
- * the tile (wg_produce: K by boxes, V by rows). */
+ * producer wherever it transforms K (wg_produce_x). */
 template <class Cfg>
 __device__ __forceinline__ bool wg_kv_by_tma(const kiln_launch_params &p, const mma_work &w, int t)
 {
-    if constexpr (Cfg::KV == KV_PAGED)
-        if (kiln_wgmma_tma_page_rows(p.page_size, Cfg::BN) < Cfg::BN) return false;
     return !wg_layout<Cfg>::XK && wg_tile_by_tma<Cfg>(p, w, t);
 }
 
@@ -351,17 +348,10 @@ __device__ __forceinline__ void wg_produce(const kiln_launch_params &p, const ki
             if (box_rows) {
                 /* a whole tile from pages of a multiple of 8 rows: one box per page (or per
                  * tile of a larger page), lane b of warp 0 the b-th, from its page-table
-                 * entry; lane 0's expect_tx first, for both tiles' bytes. Pages smaller than
-                 * the tile (split): K by boxes, V by rows per warp, so that the TMA unit issues
-                 * half the boxes and the load units copy the rest; every producer thread then
-                 * arrives by its copies, and lane 0's expect_tx is K's bytes alone */
+                 * entry; lane 0's expect_tx first, for both tiles' bytes */
                 const int rows = box_rows;
-                const bool split = rows < BN;
                 if (tid < WARP) {
-                    if (tid == 0) {
-                        if (split) mbar_expect_tx(sm.full(s), L::TILE);
-                        else mbar_arrive_expect_tx(sm.full(s), 2 * L::TILE);
-                    }
+                    if (tid == 0) mbar_arrive_expect_tx(sm.full(s), 2 * L::TILE);
                     __syncwarp();
                     if (tid < BN / rows) {
                         const int j = j0 + tid * rows, pg = box_page, r = j % p.page_size;
@@ -370,21 +360,15 @@ __device__ __forceinline__ void wg_produce(const kiln_launch_params &p, const ki
                             const u32 at = (u32)(cb * BN * 128 + tid * rows * 128);
                             if (p.kv_map_rows) { /* a dense pool: rows of one 3-D map */
                                 tma_load_3d(kd + at, &maps->k, sm.full(s), cb * 64, hk, pg * p.page_size + r);
-                                if (!split) tma_load_3d(vd + at, &maps->v, sm.full(s), cb * 64, hk, pg * p.page_size + r);
+                                tma_load_3d(vd + at, &maps->v, sm.full(s), cb * 64, hk, pg * p.page_size + r);
                             } else {
                                 tma_load_4d(kd + at, &maps->k, sm.full(s), cb * 64, hk, r, pg);
-                                if (!split) tma_load_4d(vd + at, &maps->v, sm.full(s), cb * 64, hk, r, pg);
+                                tma_load_4d(vd + at, &maps->v, sm.full(s), cb * 64, hk, r, pg);
                             }
                         }
                     }
                 }
-                if (split) {
-                    wg_load_rows<KILN_WGMMA_LOAD_WARP, D, BN>(
-                        vd, vg, [&](int j) { return paged_at(j, p.v_stride_page, vs); }, j0, w.L_KV, tid);
-                    cp_async_arrive(sm.full(s));
-                } else if (tid != 0) {
-                    mbar_arrive(sm.full(s));
-                }
+                if (tid != 0) mbar_arrive(sm.full(s));
             } else {
                 constexpr int ROWS_LOAD = TMA ? KILN_WGMMA_LOAD_WARP : Cfg::LOAD;
                 wg_load_rows<ROWS_LOAD, D, BN>(kd, kg, [&](int j) { return paged_at(j, p.k_stride_page, ks); }, j0, w.L_KV, tid);

@@ -86,12 +86,6 @@ __device__ __forceinline__ void mbar_arrive_expect_tx(u32 bar, u32 bytes)
 {
     asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
 }
-/* Add `bytes` to the transaction count of bar's current phase, without an arrival (the
- * thread arrives otherwise: cp_async_arrive). */
-__device__ __forceinline__ void mbar_expect_tx(u32 bar, u32 bytes)
-{
-    asm volatile("mbarrier.expect_tx.relaxed.cta.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
-}
 /* TMA: the box at (c0, c1, c2) of the 3-D tensor map (a __grid_constant__ parameter's address)
  * into shared memory at dst, completing `box bytes` of bar's transactions. */
 __device__ __forceinline__ void tma_load_3d(u32 dst, const void *map, u32 bar, int c0, int c1, int c2)
