@@ -417,7 +417,8 @@ KILN_API kiln_status kiln_single_decode(kiln_kernel *k, const kiln_attn_args *a,
 KILN_API kiln_status kiln_single_prefill(kiln_kernel *k, const kiln_attn_args *a, void *stream);
 
 /* Prefill variants with a mask snippet or mask data: bytes of the tile map for this shape
- * (one byte per query tile x key tile). */
+ * (one byte per query tile x key tile; the wgmma family's query tiles are its warpgroups' 64
+ * rows). */
 KILN_API kiln_status kiln_prefill_tile_map_size(const kiln_kernel *k, int qo_len, int kv_len,
                                                 size_t *bytes);
 

@@ -17,10 +17,17 @@ static kiln_status fail(kiln_kernel *k, kiln_status st, kiln__err *e)
     return kiln__ctx_error(k ? k->ctx : NULL, st, e);
 }
 
-/* Query tiles of L_Q rows (the prefill grid's x and the tile map's rows). */
+/* Query tiles of L_Q rows (the prefill grid's x). */
 static unsigned q_tiles(const kiln_kernel *k, int L_Q)
 {
     return (unsigned)((L_Q + k->cfg.block_m - 1) / k->cfg.block_m);
+}
+
+/* Rows of the tile map of L_Q query rows: one per kiln_tile_map_bm rows (params.h). */
+static unsigned map_rows(const kiln_kernel *k, int L_Q)
+{
+    const int bm = kiln_tile_map_bm(k->cfg.block_m, k->cfg.wgmma);
+    return (unsigned)((L_Q + bm - 1) / bm);
 }
 
 /* The call fits the kernel: the right op, a single-request kernel for a single request, and
@@ -193,7 +200,7 @@ static kiln_status fill_mask(const kiln_kernel *k, const kiln_attn_args *a, kiln
     if (op == KILN_OP_PREFILL) {
         p->kv_tiles = (a->kv_len + k->cfg.block_n - 1) / k->cfg.block_n;
         if (kiln__variant_has_element_mask(v) && a->tile_map) {
-            const size_t need = (size_t)q_tiles(k, p->qo_len) * (size_t)p->kv_tiles;
+            const size_t need = (size_t)map_rows(k, p->qo_len) * (size_t)p->kv_tiles;
             if (a->tile_map_bytes < need)
                 return kiln__fail(e, KILN_STATUS_WORKSPACE,
                                   "%s %s: tile_map holds %zu bytes, the shape needs %zu "
@@ -498,7 +505,7 @@ kiln_status kiln_prefill_tile_map_size(const kiln_kernel *k, int qo_len, int kv_
             k->spec, qo_len, kv_len);
         return kiln__ctx_error(k->ctx, KILN_STATUS_INVALID_ARGUMENT, &e);
     }
-    *bytes = (size_t)q_tiles(k, qo_len) * (size_t)((kv_len + k->cfg.block_n - 1) / k->cfg.block_n);
+    *bytes = (size_t)map_rows(k, qo_len) * (size_t)((kv_len + k->cfg.block_n - 1) / k->cfg.block_n);
     return KILN_STATUS_OK;
 }
 
@@ -520,7 +527,7 @@ kiln_status kiln_prefill_tile_map(kiln_kernel *k, const kiln_attn_args *a, void 
     CUresult r = k->ctx->cu->cuModuleGetFunction(&fn, k->module, KILN__ENTRY_TILE_MAP);
     if (r == CUDA_SUCCESS) {
         void *args[] = {&p};
-        const unsigned mblocks = q_tiles(k, a->qo_len);
+        const unsigned mblocks = map_rows(k, a->qo_len);
         r = k->ctx->cu->cuLaunchKernel(fn, mblocks, (unsigned)p.kv_tiles, 1, KILN__TILE_MAP_THREADS,
                                        1, 1, 0, (CUstream)stream, args, NULL);
     }

@@ -171,6 +171,7 @@ kiln_status kiln__tma_maps(const kiln_kernel *k, kiln_launch_params *p, const ch
 {
     encode_o(k, p, q_rows, &m->o);
     const int paged = k->v.kv == KILN_KV_PAGED;
+    p->kv_map_rows = 0;
     /* paged: one box per page; pages the kernel cannot copy by boxes go by rows, and their
      * maps are never read */
     const int rows =
@@ -184,11 +185,16 @@ kiln_status kiln__tma_maps(const kiln_kernel *k, kiln_launch_params *p, const ch
         memset(&m->v, 0, sizeof m->v);
         return st;
     }
-    if (paged) kv_rows = p->page_size;
-    st = encode(k, what, "k", es, p->k, paged ? p->k_stride_page : 0, p->k_stride_n, p->k_stride_h,
+    /* a dense pool (pages page_size rows apart at the row stride: NHD as FlashInfer allocates
+     * it) takes 3-D maps over rows page * page_size + r, as ragged K/V do; other pools 4-D */
+    p->kv_map_rows = paged && p->k_stride_page == (long long)p->page_size * p->k_stride_n &&
+                     p->v_stride_page == (long long)p->page_size * p->v_stride_n;
+    const int four_d = paged && !p->kv_map_rows;
+    if (four_d) kv_rows = p->page_size;
+    st = encode(k, what, "k", es, p->k, four_d ? p->k_stride_page : 0, p->k_stride_n, p->k_stride_h,
                 kv_rows, p->num_kv_heads, rows, &m->k, e);
     if (!st)
-        st = encode(k, what, "v", es, p->v, paged ? p->v_stride_page : 0, p->v_stride_n,
+        st = encode(k, what, "v", es, p->v, four_d ? p->v_stride_page : 0, p->v_stride_n,
                     p->v_stride_h, kv_rows, p->num_kv_heads, rows, &m->v, e);
     return st;
 }

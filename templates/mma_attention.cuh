@@ -502,12 +502,12 @@ __device__ __forceinline__ void pv_tile_f8(mma_state<Cfg> &st, const float (&s)[
  * softmax's one FFMA per element (exp2(S c2 - m c2)): with no transform S is the raw q.k and c2
  * sm_scale log2(e) (times the fp8 K unit ksc); a builtin transform without a snippet leaves S
  * in units of its own (logits_tile: soft-cap tanh's, c2 = cap log2(e); ALiBi natural, c2 =
- * log2(e)); a snippet leaves it in exp2 units (logit_full), c2 = 1. Every c2 > 0 keeps the
- * order, so the row max is taken on S as it is. */
+ * log2(e)); a snippet leaves it in natural units too (logit_scaled), c2 = log2(e). Every
+ * c2 > 0 keeps the order, so the row max is taken on S as it is. */
 template <class Cfg> __device__ __forceinline__ float logits_c2(const kiln_launch_params &p, float ksc)
 {
     if constexpr (mma_shape<Cfg>::RAW) return p.sm_scale * LOG2E * ksc;
-    else if constexpr (Cfg::HAS_LOGITS_EXPR) return 1.0f;
+    else if constexpr (Cfg::HAS_LOGITS_EXPR) return LOG2E;
     else if constexpr (Cfg::LOGITS == LOGITS_SOFTCAP || Cfg::LOGITS == LOGITS_SOFTCAP_ALIBI) return p.softcap * LOG2E;
     else return LOG2E;
 }
@@ -517,7 +517,8 @@ template <class Cfg> __device__ __forceinline__ float logits_c2(const kiln_launc
  * (the softmax's exp2 units in c2): soft-cap tanh(q.k a), a = ksc sm_scale / cap; ALiBi
  * q.k a + slope rel, rel = rel_0 + (the element's column in the lane's quad: a constant), so
  * that no element converts an integer (an I2F costs what an exp2 does); with both, tanh of
- * the sum, ALiBi inside the tanh (logit_nat's order). A snippet: logit_full, exp2 units. */
+ * the sum, ALiBi inside the tanh (logit_nat's order). A snippet: logit_scaled of q.k a, a =
+ * ksc sm_scale (one multiply before the snippet's own work), natural units. */
 template <class Cfg>
 __device__ __forceinline__ void logits_tile(float (&s)[Cfg::MT][mma_shape<Cfg>::NT][4], const kiln_launch_params &p,
                                             const mma_work &w, const mma_rows<Cfg> &rows, float ksc, int hk, int j0,
@@ -545,6 +546,7 @@ __device__ __forceinline__ void logits_tile(float (&s)[Cfg::MT][mma_shape<Cfg>::
                     }
             }
     } else {
+        const float a = ksc * p.sm_scale;
 #pragma unroll
         for (int mt = 0; mt < S::MT; mt++)
 #pragma unroll
@@ -555,8 +557,8 @@ __device__ __forceinline__ void logits_tile(float (&s)[Cfg::MT][mma_shape<Cfg>::
                     for (int c = 0; c < 2; c++) {
                         const int j = j0 + acc_col(lane, nt, c);
                         float &x = s[mt][nt][r * 2 + c];
-                        x = logit_full<Cfg>(x * ksc, p, rows.slope[mt][r], rows.i[mt][r], j, rows.h[mt][r], hk,
-                                            w.b, w.L_Q, w.L_KV);
+                        x = logit_scaled<Cfg>(x * a, p, rows.slope[mt][r], rows.i[mt][r], j, rows.h[mt][r], hk,
+                                              w.b, w.L_Q, w.L_KV);
                     }
     }
 }
@@ -571,18 +573,25 @@ __device__ __forceinline__ bool tile_needs_mask(const kiln_launch_params &p, con
            (Cfg::WINDOW && j0 < w.tq1 + w.off - p.window_left);
 }
 
-/* The mask: hidden elements of S to -inf (builtin masks, then the element masks when elem). */
+/* The mask: hidden elements of S to -inf (builtin masks, then the element masks when elem).
+ * BSR mask data whose blocks are at least two keys wide (a tile spans at most 64 column blocks)
+ * reads each row's blocks of the tile once (bsr_row_bits) and tests a bit per element. */
 template <class Cfg>
 __device__ __forceinline__ void mask_tile(float (&s)[Cfg::MT][mma_shape<Cfg>::NT][4], const kiln_launch_params &p,
                                           const mma_work &w, const mma_rows<Cfg> &rows, bool elem, int hk, int j0,
                                           int lane)
 {
     using S = mma_shape<Cfg>;
+    constexpr bool BSR = Cfg::MASK_DATA == MASK_DATA_BSR;
+    const int cb0 = BSR ? j0 / p.bsr_c : 0;
+    const bool by_bits = BSR && S::ELEM && elem && (j0 + Cfg::BN - 1) / p.bsr_c - cb0 < 64;
 #pragma unroll
     for (int mt = 0; mt < S::MT; mt++)
 #pragma unroll
         for (int r = 0; r < 2; r++) {
             const int i = rows.i[mt][r], hr = rows.h[mt][r];
+            /* rows past the request read no mask data (below) */
+            const unsigned long long bits = by_bits && i < w.L_Q ? bsr_row_bits(p, w.mb, i, cb0) : 0;
 #pragma unroll
             for (int nt = 0; nt < S::NT; nt++)
 #pragma unroll
@@ -596,7 +605,9 @@ __device__ __forceinline__ void mask_tile(float (&s)[Cfg::MT][mma_shape<Cfg>::NT
                      * end, and its garbage bounds sent the search anywhere (CUDA error 717 /
                      * 700 under torch's allocator); those rows are never stored */
                     if (S::ELEM && elem)
-                        vis = vis && i < w.L_Q && mask_data<Cfg>(p, w.mb, w.L_KV, i, j) &&
+                        vis = vis && i < w.L_Q &&
+                              (by_bits ? (bits >> (j / p.bsr_c - cb0)) & 1
+                                       : mask_data<Cfg>(p, w.mb, w.L_KV, i, j)) &&
                               mask_user<Cfg>(p, i, j, hr, hk, w.b, w.L_Q, w.L_KV);
                     if (!vis) s[mt][nt][r * 2 + c] = neg_inf();
                 }

@@ -6,8 +6,9 @@
  * TILE_MIXED otherwise. A mask snippet that reads qo_head or kv_head is evaluated for every
  * head.
  *
- * Shapes: tile_map u8 [ceil(L_Q / BM)][kv_tiles]. Launch: grid (query tiles, key tiles), any
- * thread count (KILN__TILE_MAP_THREADS). Checked by the prefill tests with and without a map.
+ * Shapes: tile_map u8 [ceil(L_Q / BM)][kv_tiles], BM = kiln_tile_map_bm (the CTA's rows, or a
+ * wgmma consumer warpgroup's 64). Launch: grid (map rows, key tiles), any thread count
+ * (KILN__TILE_MAP_THREADS). Checked by the prefill tests with and without a map.
  */
 #ifndef KILN_TILE_MAP_CUH
 #define KILN_TILE_MAP_CUH
@@ -21,7 +22,7 @@ namespace kiln {
 
 template <class Cfg> __device__ void tile_map_kernel(const kiln_launch_params &p)
 {
-    constexpr int BM = prefill_layout<Cfg>::BM, BN = Cfg::BN;
+    constexpr int BM = kiln_tile_map_bm(prefill_layout<Cfg>::BM, Cfg::WGMMA), BN = Cfg::BN;
     const int mb = blockIdx.x, t = blockIdx.y;
     const int L_Q = p.qo_len, L_KV = p.kv_len, off = L_KV - L_Q;
     const int heads = Cfg::MASK_USES_HEAD ? p.num_qo_heads : 1;

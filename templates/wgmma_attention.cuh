@@ -118,26 +118,47 @@ template <class Cfg> __device__ __forceinline__ int wg_nx(const kiln_launch_para
     else return (p.qo_len + KILN_WGMMA_BM - 1) / KILN_WGMMA_BM;
 }
 
-/* The key tiles a CTA visits, in order: [t_first, t_end), less those the tile map hides. */
+/* The key tiles a CTA visits, in order: [t_first, t_end), less those the tile map hides from
+ * both consumer warpgroups. The map has a row per warpgroup (64 query rows: kiln_tile_map_bm),
+ * at map and map + stride; a warpgroup whose rows start past the request (two: 0) has none,
+ * and every tile is hidden from it. */
 template <class Cfg> struct wg_tiles {
     const unsigned char *map;
-    int t_end;
+    int t_end, stride;
+    bool two;
+    /* tile t's class for warpgroup c's rows (TILE_MIXED without a map) */
+    __device__ __forceinline__ int cls(int t, int c) const
+    {
+        if (!mma_shape<Cfg>::ELEM || !map) return TILE_MIXED;
+        return c && !two ? TILE_HIDDEN : map[c * stride + t];
+    }
+    /* whether warpgroup c skips tile t's S and softmax (its P is zero), where it may: an
+     * element mask, and no job's last P V issued with the next job's first S (XJOB). Lane 0's
+     * answer, broadcast: ptxas then knows the branch around the S issue is warp-uniform (a
+     * divergent one serializes every wgmma of the kernel: its warning C7520) */
+    __device__ __forceinline__ bool skip(int t, int c) const
+    {
+        if constexpr (!mma_shape<Cfg>::ELEM || Cfg::XJOB) return false;
+        return __shfl_sync(0xffffffffu, map && cls(t, c) == TILE_HIDDEN, 0);
+    }
     __device__ __forceinline__ int next(int t) const
     {
         if (mma_shape<Cfg>::ELEM && map)
-            while (t < t_end && map[t] == TILE_HIDDEN) t++;
+            while (t < t_end && cls(t, 0) == TILE_HIDDEN && cls(t, 1) == TILE_HIDDEN) t++;
         return t;
     }
 };
 
-/* The key tiles of work w: its row of the tile map, if any. */
+/* The key tiles of work w: its two rows of the tile map, if any. */
 template <class Cfg>
 __device__ __forceinline__ wg_tiles<Cfg> wg_job_tiles(const kiln_launch_params &p, const mma_work &w)
 {
     wg_tiles<Cfg> tiles;
     tiles.map = mma_shape<Cfg>::ELEM && p.tile_map
-                    ? reinterpret_cast<const unsigned char *>(p.tile_map) + (i64)w.m_block * p.kv_tiles
+                    ? reinterpret_cast<const unsigned char *>(p.tile_map) + (i64)(2 * w.m_block) * p.kv_tiles
                     : nullptr;
+    tiles.stride = p.kv_tiles;
+    tiles.two = w.m0 + KILN_WGMMA_BM / 2 < w.L_Q;
     tiles.t_end = w.t_end;
     return tiles;
 }
@@ -337,8 +358,13 @@ __device__ __forceinline__ void wg_produce(const kiln_launch_params &p, const ki
 #pragma unroll
                         for (int cb = 0; cb < D / 64; cb++) {
                             const u32 at = (u32)(cb * BN * 128 + tid * rows * 128);
-                            tma_load_4d(kd + at, &maps->k, sm.full(s), cb * 64, hk, r, pg);
-                            tma_load_4d(vd + at, &maps->v, sm.full(s), cb * 64, hk, r, pg);
+                            if (p.kv_map_rows) { /* a dense pool: rows of one 3-D map */
+                                tma_load_3d(kd + at, &maps->k, sm.full(s), cb * 64, hk, pg * p.page_size + r);
+                                tma_load_3d(vd + at, &maps->v, sm.full(s), cb * 64, hk, pg * p.page_size + r);
+                            } else {
+                                tma_load_4d(kd + at, &maps->k, sm.full(s), cb * 64, hk, r, pg);
+                                tma_load_4d(vd + at, &maps->v, sm.full(s), cb * 64, hk, r, pg);
+                            }
                         }
                     }
                 }
@@ -737,11 +763,13 @@ template <class Cfg>
 __device__ __forceinline__ void wg_softmax_rows(mma_state<Cfg> &st, float (&sc)[1][Cfg::BN / 8][4],
                                                 const kiln_launch_params &p, const mma_work &w,
                                                 const mma_rows<Cfg> &rows, const wg_tiles<Cfg> &tiles, float c2,
-                                                int hk, int t, int lane, float (&scale)[1][2])
+                                                int hk, int t, int c, int lane, float (&scale)[1][2])
 {
     using S = mma_shape<Cfg>;
     const int j0 = t * Cfg::BN;
-    const bool elem = S::ELEM && (!tiles.map || tiles.map[t] == TILE_MIXED);
+    /* the element masks unless the map shows this warpgroup every key (a hidden tile that is
+     * not skipped, with XJOB, is masked element by element) */
+    const bool elem = S::ELEM && tiles.cls(t, c) != TILE_FULL;
     if constexpr (!S::RAW) logits_tile<Cfg>(sc, p, w, rows, k_unit<Cfg>(p), hk, j0, lane);
     if (tile_needs_mask<Cfg>(p, w, elem, j0)) mask_tile<Cfg>(sc, p, w, rows, elem, hk, j0, lane);
     softmax_rows<Cfg, true>(st, sc, c2, scale); /* lazy: mma_attention.cuh, RESCALE_SLACK */
@@ -936,44 +964,92 @@ __device__ __forceinline__ wg_next wg_consume(const kiln_launch_params &p, const
     if (!s_ready) mbar_wait(sm.q_full(), it & 1);
     int t = tiles.next(w.t_first);
     if (t < w.t_end) {
-        /* the first tile: S (unless the last job's turn issued it), softmax, P */
+        /* the first tile: S (unless the last job's turn issued it), softmax, P. A tile the
+         * map hides from this warpgroup's rows (skip) has no S or softmax here, and P = 0: its
+         * P V still runs, since a P V issued on a condition makes ptxas serialize every
+         * wgmma of the kernel (its warning C7520: the accumulator O is in flight across the
+         * softmax); the group waits for the tile, takes its turns and frees its stage */
         int s = n % STAGES;
+        bool skip = tiles.skip(t, c);
         if (!s_ready) {
             mbar_wait(sm.full(s), (n / STAGES) & 1);
             /* the producer's cp.async writes (K / V, or Q), for the tensor cores */
             if (!wg_q_by_tma<Cfg>(w) || !wg_kv_by_tma<Cfg>(p, w, t)) fence_proxy_async();
-            wg_turn_wait(c);
-            wgmma_fence();
-            wg_issue_qk<Cfg>(sc[0], q_rows, sm.k + s * L::TILE);
-            wg_turn_pass(c);
-            wg_release_o(held); /* the last job's staged O, read by now */
-            wgmma_wait<0>();
-            reg_fence(sc[0]);
+            if (skip) {
+                wg_turn_wait(c);
+                wg_turn_pass(c);
+                wg_release_o(held);
+            } else {
+                wg_turn_wait(c);
+                wgmma_fence();
+                wg_issue_qk<Cfg>(sc[0], q_rows, sm.k + s * L::TILE);
+                wg_turn_pass(c);
+                wg_release_o(held); /* the last job's staged O, read by now */
+                wgmma_wait<0>();
+                reg_fence(sc[0]);
+            }
         }
         wg_q_done<Cfg>(tiles, w, sm, t);
         float scale[1][2]; /* O is still zero: its factor is not applied */
-        wg_softmax_rows<Cfg>(st, sc, p, w, rows, tiles, c2, hk, t, lane, scale);
-        wg_to_p<Cfg>(sc[0], pf);
+        if (!skip) {
+            wg_softmax_rows<Cfg>(st, sc, p, w, rows, tiles, c2, hk, t, c, lane, scale);
+            wg_to_p<Cfg>(sc[0], pf);
+        }
+        bool have = !skip; /* P of tile prev is in pf (this warpgroup did not skip it) */
         int prev = s;
         n++;
+        /* each case of (this tile skipped, the last one skipped) is a branch of its own, with
+         * its issues, waits and P whole: P V on a condition inside a shared body, or P zeroed
+         * to skip one, makes ptxas serialize every wgmma of the kernel (C7520, C7513) */
         for (t = tiles.next(t + 1); t < w.t_end; t = tiles.next(t + 1), n++) {
             s = n % STAGES;
+            skip = tiles.skip(t, c);
             mbar_wait(sm.full(s), (n / STAGES) & 1);
             if (!wg_kv_by_tma<Cfg>(p, w, t)) fence_proxy_async();
-            wg_turn_wait(c);
-            wgmma_fence();
-            wg_issue_qk<Cfg>(sc[0], q_rows, sm.k + s * L::TILE);
-            wg_issue_pv<Cfg>(st.o[0], pf, sm.v + prev * L::TILE);
-            wg_turn_pass(c);
-            wgmma_wait<1>(); /* S; P V of the previous tile may still run */
-            reg_fence(sc[0]);
-            wg_q_done<Cfg>(tiles, w, sm, t);
-            wg_softmax_rows<Cfg>(st, sc, p, w, rows, tiles, c2, hk, t, lane, scale);
-            wgmma_wait<0>(); /* P V of the previous tile: O and its stage are free */
-            reg_fence(st.o[0]);
-            mbar_arrive(sm.empty(prev));
-            rescale_rows<Cfg, true>(st, scale);
-            wg_to_p<Cfg>(sc[0], pf);
+            if (!skip && have) {
+                wg_turn_wait(c);
+                wgmma_fence();
+                wg_issue_qk<Cfg>(sc[0], q_rows, sm.k + s * L::TILE);
+                wg_issue_pv<Cfg>(st.o[0], pf, sm.v + prev * L::TILE);
+                wg_turn_pass(c);
+                wgmma_wait<1>(); /* S; P V of the previous tile may still run */
+                reg_fence(sc[0]);
+                wg_q_done<Cfg>(tiles, w, sm, t);
+                wg_softmax_rows<Cfg>(st, sc, p, w, rows, tiles, c2, hk, t, c, lane, scale);
+                wgmma_wait<0>(); /* P V of the previous tile: O and its stage are free */
+                reg_fence(st.o[0]);
+                mbar_arrive(sm.empty(prev));
+                rescale_rows<Cfg, true>(st, scale);
+                wg_to_p<Cfg>(sc[0], pf);
+            } else if (!skip) { /* S alone: the last tile was skipped */
+                wg_turn_wait(c);
+                wgmma_fence();
+                wg_issue_qk<Cfg>(sc[0], q_rows, sm.k + s * L::TILE);
+                wg_turn_pass(c);
+                wgmma_wait<0>();
+                reg_fence(sc[0]);
+                wg_q_done<Cfg>(tiles, w, sm, t);
+                mbar_arrive(sm.empty(prev));
+                wg_softmax_rows<Cfg>(st, sc, p, w, rows, tiles, c2, hk, t, c, lane, scale);
+                rescale_rows<Cfg, true>(st, scale);
+                wg_to_p<Cfg>(sc[0], pf);
+                have = true;
+            } else if (have) { /* P V alone: this tile is skipped */
+                wg_turn_wait(c);
+                wgmma_fence();
+                wg_issue_pv<Cfg>(st.o[0], pf, sm.v + prev * L::TILE);
+                wg_turn_pass(c);
+                wg_q_done<Cfg>(tiles, w, sm, t);
+                wgmma_wait<0>();
+                reg_fence(st.o[0]);
+                mbar_arrive(sm.empty(prev));
+                have = false;
+            } else { /* neither: the turn alone */
+                wg_turn_wait(c);
+                wg_turn_pass(c);
+                wg_q_done<Cfg>(tiles, w, sm, t);
+                mbar_arrive(sm.empty(prev));
+            }
             prev = s;
         }
         if (!Cfg::PERSIST) mbar_arrive(sm.q_empty());
@@ -1003,13 +1079,18 @@ __device__ __forceinline__ wg_next wg_consume(const kiln_launch_params &p, const
                 return next;
             }
         }
-        /* P V of the last tile, a turn of its own */
-        wg_turn_wait(c);
-        wgmma_fence();
-        wg_issue_pv<Cfg>(st.o[0], pf, sm.v + prev * L::TILE);
-        wg_turn_pass(c);
-        wgmma_wait<0>();
-        reg_fence(st.o[0]);
+        /* P V of the last tile, a turn of its own (the turn alone where it was skipped) */
+        if (have) {
+            wg_turn_wait(c);
+            wgmma_fence();
+            wg_issue_pv<Cfg>(st.o[0], pf, sm.v + prev * L::TILE);
+            wg_turn_pass(c);
+            wgmma_wait<0>();
+            reg_fence(st.o[0]);
+        } else {
+            wg_turn_wait(c);
+            wg_turn_pass(c);
+        }
         last = prev;
     } else {
         wg_release_o(held);

@@ -3,7 +3,8 @@
  * through a fake cuTensorMapEncodeTiled: the memo gives back exactly the map an encode of the
  * same arguments gives, encodes again any map whose arguments changed (one tensor's pointer,
  * stride or rows; the head dim; paged or not), and keeps no failure, so a bad map is refused
- * with its message every time.
+ * with its message every time; a dense paged pool's K and V maps are 3-D over rows, another
+ * pool's 4-D.
  */
 #include <string.h>
 
@@ -12,6 +13,8 @@
 
 static int encodes;                     /* calls of the fake since the last reset */
 static unsigned long long refused_base; /* the fake fails for this base address */
+static unsigned long long rank_base;    /* the fake records the rank of this base's map */
+static cuuint32_t rank_seen, rows_seen; /* ... and the size of its row dimension's box */
 
 /* A map that is a function of every argument: a hash of them, spread over the 128 bytes. */
 static CUresult fake_encode(CUtensorMap *map, CUtensorMapDataType dt, cuuint32_t rank, void *base,
@@ -21,6 +24,7 @@ static CUresult fake_encode(CUtensorMap *map, CUtensorMapDataType dt, cuuint32_t
 {
     encodes++;
     if ((unsigned long long)(uintptr_t)base == refused_base) return CUDA_ERROR_INVALID_VALUE;
+    if ((unsigned long long)(uintptr_t)base == rank_base) rank_seen = rank, rows_seen = box[2];
     uint64_t h = 1469598103934665603ull;
 #define MIX(x) (h = (h ^ (uint64_t)(x)) * 1099511628211ull)
     MIX(dt);
@@ -197,5 +201,40 @@ KT_TEST(tma_memo_keeps_no_failure)
     KT_EQ_INT(kiln__tma_maps(k, &p, "run", INT32_MAX, INT32_MAX, &m, &e),
               KILN_STATUS_INVALID_ARGUMENT);
     KT_CONTAINS(e.msg, "q's strides");
+    kiln__tma_memo_clear();
+}
+
+/* kv=paged: a dense pool (pages page_size rows apart at the row stride) takes 3-D maps over
+ * rows page * page_size + r, boxes of a page's rows; a pool whose pages are apart otherwise (HND:
+ * a head's rows of a page together) 4-D maps; the kernel reads which from kv_map_rows. */
+KT_TEST(tma_paged_dense_pool_3d)
+{
+    refused_base = 0;
+    kiln_kernel *k = kernel(128, KILN_KV_PAGED);
+    kiln_launch_params p = params(128, 1);
+    kiln_tma_maps m;
+    rank_base = p.k;
+    kiln__tma_memo_clear();
+    p.kv_map_rows = 7; /* whatever the caller left there */
+    maps_of(k, &p, &m);
+    KT_EQ_INT(p.kv_map_rows, 1);
+    KT_EQ_INT((int)rank_seen, 3);
+    KT_EQ_INT((int)rows_seen, 16);
+    /* HND: [pages][8 heads][16 rows][D] */
+    p.k_stride_n = p.v_stride_n = 128;
+    p.k_stride_h = p.v_stride_h = 16 * 128;
+    kiln__tma_memo_clear();
+    maps_of(k, &p, &m);
+    KT_EQ_INT(p.kv_map_rows, 0);
+    KT_EQ_INT((int)rank_seen, 4);
+    KT_EQ_INT((int)rows_seen, 16);
+    /* V alone apart: both stay 4-D (the kernel has one flag for both) */
+    p = params(128, 1);
+    p.v_stride_page *= 2;
+    kiln__tma_memo_clear();
+    maps_of(k, &p, &m);
+    KT_EQ_INT(p.kv_map_rows, 0);
+    KT_EQ_INT((int)rank_seen, 4);
+    rank_base = 0;
     kiln__tma_memo_clear();
 }

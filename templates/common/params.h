@@ -92,12 +92,16 @@ typedef struct kiln_launch_params {
     int kv_begin;     /* decode: first key any query can see (window) */
     float sm_scale;   /* scale of q.k */
     float softcap;    /* logits=softcap: the cap */
-    float pad0, pad1; /* keep the size a multiple of 8 */
+    int kv_map_rows;  /* paged, TMA (runtime/tma.c): 1 where the pool is dense (a page's rows at
+                         the row stride, pages page_size rows apart), so that K's and V's maps are
+                         3-D over rows page * page_size + r; 0: 4-D (page, row, head, column) */
+    float pad1;       /* keep the size a multiple of 8 */
     unsigned long long user[8]; /* user parameters: f32/i32 bits in the low word, or pointers */
     unsigned long long mask_bits;   /* bitmask: u8 packed, bit i * L_KV + j, little-endian */
     unsigned long long bsr_indptr;  /* bsr: int [ceil(L_Q / bsr_r) + 1] */
     unsigned long long bsr_indices; /* bsr: int column-block indices, sorted per row */
-    unsigned long long tile_map;    /* prefill: u8 [q tiles][kv_tiles] tile_class_id; 0 = none */
+    unsigned long long tile_map;    /* prefill: u8 [map rows][kv_tiles] tile_class_id (a row per
+                                       kiln_tile_map_bm query rows); 0 = none */
     int bsr_r, bsr_c;               /* bsr block shape */
     int kv_tiles;                   /* prefill: key tiles per query tile (row stride of the map) */
     int o_by_tma;                   /* wgmma family with TMA loads: kiln_tma_maps.o is valid, and
@@ -335,6 +339,10 @@ enum {
     /* the persistent grid's job slot after the barriers (wgmma_attention.cuh, wg_job_put) */
     KILN_WGMMA_JOB_BYTES = 96,
 };
+/* The query rows of one row of a prefill's tile map (kiln_prefill_tile_map): the kernel's
+ * block_m, or with the wgmma family a consumer warpgroup's 64, so that each warpgroup skips the
+ * key tiles hidden for its own rows (wgmma_attention.cuh, wg_tiles). */
+KILN_CONTRACT_FN int kiln_tile_map_bm(int block_m, int wgmma) { return wgmma ? block_m / 2 : block_m; }
 /* kv=paged with LOAD_TMA: the rows of one TMA box of a K/V tile of bn keys from pages of
  * page_size rows (a page, or a tile-sized part of a larger one), or 0 where pages cannot be
  * copied by boxes (a box must start on a 1024-byte swizzle boundary: 8 rows; pages and tiles

@@ -30,19 +30,27 @@ __device__ __forceinline__ float logit_nat(float qk, float sm_scale, float cap, 
     return x;
 }
 
-/* The full logit in log2 units (times LOG2E, for exp2): the builtin transform, then the
- * variant's logits snippet when it has one. */
+/* The logit in natural units from x = sm_scale * q.k: the builtin transform, then the variant's
+ * logits snippet when it has one. */
 template <class Cfg, class P>
-__device__ __forceinline__ float logit_full(float qk, const P &p, float slope, int i, int j, int h,
-                                            int hk, int b, int L_Q, int L_KV)
+__device__ __forceinline__ float logit_scaled(float x, const P &p, float slope, int i, int j, int h, int hk, int b,
+                                              int L_Q, int L_KV)
 {
-    float x = logit_nat<Cfg::LOGITS>(qk, p.sm_scale, p.softcap, slope, j - (i + L_KV - L_Q));
+    x = logit_nat<Cfg::LOGITS>(x, 1.0f, p.softcap, slope, j - (i + L_KV - L_Q));
     /* A partial tile also computes rows and keys past the request (never stored): the snippet
      * sees them as the last row and key, so that its array reads (seg[qo_idx], bias[kv_idx])
      * stay inside arrays of L_Q and L_KV entries. Valid (i, j) are passed unchanged. */
     if constexpr (Cfg::HAS_LOGITS_EXPR)
         x = Cfg::logits_expr(x, b, i < L_Q ? i : L_Q - 1, j < L_KV ? j : L_KV - 1, h, hk, L_Q, L_KV, p);
-    return x * LOG2E;
+    return x;
+}
+
+/* The full logit in log2 units (times LOG2E, for exp2) from the raw q.k. */
+template <class Cfg, class P>
+__device__ __forceinline__ float logit_full(float qk, const P &p, float slope, int i, int j, int h,
+                                            int hk, int b, int L_Q, int L_KV)
+{
+    return logit_scaled<Cfg>(qk * p.sm_scale, p, slope, i, j, h, hk, b, L_Q, L_KV) * LOG2E;
 }
 
 /* The ALiBi slope of query head h (0 without ALiBi). */
@@ -85,6 +93,31 @@ __device__ __forceinline__ bool mask_data(const P &p, const mask_base &mb, int L
         return false;
     }
     return true;
+}
+
+/* BSR: which of the column blocks cb0 .. cb0 + 63 the block row of query row i holds (the
+ * request's data from mb), as bits 1 << (cb - cb0): one binary search for the first at or past
+ * cb0, then a walk to the first past cb0 + 63. A tile's element test is then a shift of these
+ * bits (mask_tile), not a search per element. */
+template <class P>
+__device__ __forceinline__ unsigned long long bsr_row_bits(const P &p, const mask_base &mb, int i, int cb0)
+{
+    const int *indptr = reinterpret_cast<const int *>(p.bsr_indptr);
+    const int *cols = reinterpret_cast<const int *>(p.bsr_indices);
+    const int rb = mb.row0 + i / p.bsr_r, end = indptr[rb + 1];
+    int lo = indptr[rb], hi = end;
+    while (lo < hi) {
+        const int mid = (lo + hi) >> 1;
+        if (cols[mid] < cb0) lo = mid + 1;
+        else hi = mid;
+    }
+    unsigned long long bits = 0;
+    for (; lo < end; lo++) {
+        const int d = cols[lo] - cb0;
+        if (d >= 64) break;
+        bits |= 1ull << d;
+    }
+    return bits;
 }
 
 /* The variant's mask snippet (true: visible); always true without one. */
