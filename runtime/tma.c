@@ -176,6 +176,7 @@ kiln_status kiln__tma_maps(const kiln_kernel *k, kiln_launch_params *p, const ch
      * maps are never read */
     const int rows =
         paged ? kiln_wgmma_tma_page_rows(p->page_size, k->cfg.block_n) : k->cfg.block_n;
+    p->kv_box_rows = paged ? rows : 0;
     kiln_status st = encode(k, what, "q", 2, p->q, 0, p->q_stride_n, p->q_stride_h, q_rows,
                             p->num_qo_heads, KILN_WGMMA_BM, &m->q, e);
     /* fp8 K/V: byte maps, for the copies into the producer's raw stages */

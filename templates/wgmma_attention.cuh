@@ -172,7 +172,7 @@ __device__ __forceinline__ bool wg_tile_by_tma(const kiln_launch_params &p, cons
 {
     if constexpr (Cfg::LOAD != KILN_WGMMA_LOAD_TMA) return false;
     const bool whole = (t + 1) * Cfg::BN <= w.L_KV;
-    if constexpr (Cfg::KV == KV_PAGED) return whole && kiln_wgmma_tma_page_rows(p.page_size, Cfg::BN) != 0;
+    if constexpr (Cfg::KV == KV_PAGED) return whole && p.kv_box_rows != 0;
     return whole;
 }
 
@@ -339,7 +339,7 @@ __device__ __forceinline__ void wg_produce(const kiln_launch_params &p, const ki
         /* paged by TMA, a whole tile: lane b of warp 0 reads the page-table entry of the
          * tile's b-th box before the wait for the stage, so that the read's latency hides
          * under it (after the wait it came before every tile's copies) */
-        const int box_rows = TMA && Cfg::KV == KV_PAGED && j0 + BN <= w.L_KV ? kiln_wgmma_tma_page_rows(p.page_size, BN) : 0;
+        const int box_rows = TMA && Cfg::KV == KV_PAGED && j0 + BN <= w.L_KV ? p.kv_box_rows : 0;
         int box_page = 0;
         if (box_rows && tid < BN / box_rows) box_page = pages[(j0 + tid * box_rows) / p.page_size];
         if (n >= STAGES) mbar_wait(sm.empty(s), (n / STAGES - 1) & 1);

@@ -216,10 +216,12 @@ KT_TEST(tma_paged_dense_pool_3d)
     rank_base = p.k;
     kiln__tma_memo_clear();
     p.kv_map_rows = 7; /* whatever the caller left there */
+    p.kv_box_rows = 7;
     maps_of(k, &p, &m);
     KT_EQ_INT(p.kv_map_rows, 1);
     KT_EQ_INT((int)rank_seen, 3);
     KT_EQ_INT((int)rows_seen, 16);
+    KT_EQ_INT(p.kv_box_rows, 16); /* a page a box: 16 rows of the 128-key tile */
     /* HND: [pages][8 heads][16 rows][D] */
     p.k_stride_n = p.v_stride_n = 128;
     p.k_stride_h = p.v_stride_h = 16 * 128;
@@ -228,6 +230,13 @@ KT_TEST(tma_paged_dense_pool_3d)
     KT_EQ_INT(p.kv_map_rows, 0);
     KT_EQ_INT((int)rank_seen, 4);
     KT_EQ_INT((int)rows_seen, 16);
+    /* pages that do not nest with the tile go by rows: no box (the kernel reads 0) */
+    p = params(128, 1);
+    p.page_size = 24;
+    p.kv_box_rows = 7;
+    kiln__tma_memo_clear();
+    maps_of(k, &p, &m);
+    KT_EQ_INT(p.kv_box_rows, 0);
     /* V alone apart: both stay 4-D (the kernel has one flag for both) */
     p = params(128, 1);
     p.v_stride_page *= 2;

@@ -95,7 +95,9 @@ typedef struct kiln_launch_params {
     int kv_map_rows;  /* paged, TMA (runtime/tma.c): 1 where the pool is dense (a page's rows at
                          the row stride, pages page_size rows apart), so that K's and V's maps are
                          3-D over rows page * page_size + r; 0: 4-D (page, row, head, column) */
-    float pad1;       /* keep the size a multiple of 8 */
+    int kv_box_rows;  /* paged, TMA (runtime/tma.c): the rows of a TMA box of a whole K/V tile,
+                         kiln_wgmma_tma_page_rows(page_size, BN), read once a launch instead of
+                         a division a tile; 0: pages go by rows */
     unsigned long long user[8]; /* user parameters: f32/i32 bits in the low word, or pointers */
     unsigned long long mask_bits;   /* bitmask: u8 packed, bit i * L_KV + j, little-endian */
     unsigned long long bsr_indptr;  /* bsr: int [ceil(L_Q / bsr_r) + 1] */
