@@ -163,6 +163,13 @@ __device__ __forceinline__ wg_tiles<Cfg> wg_job_tiles(const kiln_launch_params &
     return tiles;
 }
 
+/* The box of a paged K/V tile that producer thread tid copies by TMA (paged, whole tiles):
+ * box b is lane b / 4 of warp b % 4, so that a tile's boxes spread over the four warps. A TMA
+ * copy takes its operands in uniform registers, so a warp issues its lanes' copies one lane
+ * after another (ptxas loops over them); eight boxes of page 16 in one warp took eight rounds
+ * of four copies each. */
+__device__ __forceinline__ int wg_box_of_thread(int tid) { return tid % WARP * 4 + tid / WARP; }
+
 /* Whether the producer copies K/V tile t of work w by TMA (a whole tile, and with kv=paged
  * pages that nest with it: the async proxy, as wgmma reads it, so no proxy fence after the
  * wait) or by cp.async (generic-proxy writes, fenced by the consumer before its wgmma reads
@@ -336,39 +343,39 @@ __device__ __forceinline__ void wg_produce(const kiln_launch_params &p, const ki
     const int n0 = n;
     for (int t = tiles.next(w.t_first); t < w.t_end; t = tiles.next(t + 1), n++) {
         const int s = n % STAGES, j0 = t * BN;
-        /* paged by TMA, a whole tile: lane b of warp 0 reads the page-table entry of the
-         * tile's b-th box before the wait for the stage, so that the read's latency hides
-         * under it (after the wait it came before every tile's copies) */
+        /* paged by TMA, a whole tile: the tile's b-th box is thread wg_box_thread(b)'s, which
+         * reads its page-table entry before the wait for the stage, so that the read's latency
+         * hides under it (after the wait it came before every tile's copies) */
         const int box_rows = TMA && Cfg::KV == KV_PAGED && j0 + BN <= w.L_KV ? p.kv_box_rows : 0;
+        const int box = wg_box_of_thread(tid);
         int box_page = 0;
-        if (box_rows && tid < BN / box_rows) box_page = pages[(j0 + tid * box_rows) / p.page_size];
+        if (box_rows && box < BN / box_rows) box_page = pages[(j0 + box * box_rows) / p.page_size];
         if (n >= STAGES) mbar_wait(sm.empty(s), (n / STAGES - 1) & 1);
         const u32 kd = sm.k + s * L::TILE, vd = sm.v + s * L::TILE;
         if constexpr (Cfg::KV == KV_PAGED) {
             if (box_rows) {
                 /* a whole tile from pages of a multiple of 8 rows: one box per page (or per
-                 * tile of a larger page), lane b of warp 0 the b-th, from its page-table
-                 * entry; lane 0's expect_tx first, for both tiles' bytes */
+                 * tile of a larger page), each from its thread's page-table entry; each box's
+                 * thread expects its own bytes (K's and V's) before its copies, the others
+                 * arrive: a tile's boxes sum to both tiles' bytes */
                 const int rows = box_rows;
-                if (tid < WARP) {
-                    if (tid == 0) mbar_arrive_expect_tx(sm.full(s), 2 * L::TILE);
-                    __syncwarp();
-                    if (tid < BN / rows) {
-                        const int j = j0 + tid * rows, pg = box_page, r = j % p.page_size;
+                if (box < BN / rows) {
+                    const int j = j0 + box * rows, pg = box_page, r = j % p.page_size;
+                    mbar_arrive_expect_tx(sm.full(s), 2 * rows * 128 * (D / 64));
 #pragma unroll
-                        for (int cb = 0; cb < D / 64; cb++) {
-                            const u32 at = (u32)(cb * BN * 128 + tid * rows * 128);
-                            if (p.kv_map_rows) { /* a dense pool: rows of one 3-D map */
-                                tma_load_3d(kd + at, &maps->k, sm.full(s), cb * 64, hk, pg * p.page_size + r);
-                                tma_load_3d(vd + at, &maps->v, sm.full(s), cb * 64, hk, pg * p.page_size + r);
-                            } else {
-                                tma_load_4d(kd + at, &maps->k, sm.full(s), cb * 64, hk, r, pg);
-                                tma_load_4d(vd + at, &maps->v, sm.full(s), cb * 64, hk, r, pg);
-                            }
+                    for (int cb = 0; cb < D / 64; cb++) {
+                        const u32 at = (u32)(cb * BN * 128 + box * rows * 128);
+                        if (p.kv_map_rows) { /* a dense pool: rows of one 3-D map */
+                            tma_load_3d(kd + at, &maps->k, sm.full(s), cb * 64, hk, pg * p.page_size + r);
+                            tma_load_3d(vd + at, &maps->v, sm.full(s), cb * 64, hk, pg * p.page_size + r);
+                        } else {
+                            tma_load_4d(kd + at, &maps->k, sm.full(s), cb * 64, hk, r, pg);
+                            tma_load_4d(vd + at, &maps->v, sm.full(s), cb * 64, hk, r, pg);
                         }
                     }
+                } else {
+                    mbar_arrive(sm.full(s));
                 }
-                if (tid != 0) mbar_arrive(sm.full(s));
             } else {
                 constexpr int ROWS_LOAD = TMA ? KILN_WGMMA_LOAD_WARP : Cfg::LOAD;
                 wg_load_rows<ROWS_LOAD, D, BN>(kd, kg, [&](int j) { return paged_at(j, p.k_stride_page, ks); }, j0, w.L_KV, tid);
