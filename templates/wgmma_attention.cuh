@@ -132,7 +132,7 @@ template <class Cfg> struct wg_tiles {
         if (!mma_shape<Cfg>::ELEM || !map) return TILE_MIXED;
         return c && !two ? TILE_HIDDEN : map[c * stride + t];
     }
-    /* whether warpgroup c skips tile t's S and softmax (its P is zero), where it may: an
+    /* whether warpgroup c skips tile t (no S, softmax or P V of its own), where it may: an
      * element mask, and no job's last P V issued with the next job's first S (XJOB). Lane 0's
      * answer, broadcast: ptxas then knows the branch around the S issue is warp-uniform (a
      * divergent one serializes every wgmma of the kernel: its warning C7520) */
@@ -343,8 +343,8 @@ __device__ __forceinline__ void wg_produce(const kiln_launch_params &p, const ki
     const int n0 = n;
     for (int t = tiles.next(w.t_first); t < w.t_end; t = tiles.next(t + 1), n++) {
         const int s = n % STAGES, j0 = t * BN;
-        /* paged by TMA, a whole tile: the tile's b-th box is thread wg_box_thread(b)'s, which
-         * reads its page-table entry before the wait for the stage, so that the read's latency
+        /* paged by TMA, a whole tile: this thread's box of the tile (wg_box_of_thread), whose
+         * page-table entry it reads before the wait for the stage, so that the read's latency
          * hides under it (after the wait it came before every tile's copies) */
         const int box_rows = TMA && Cfg::KV == KV_PAGED && j0 + BN <= w.L_KV ? p.kv_box_rows : 0;
         const int box = wg_box_of_thread(tid);
@@ -361,7 +361,7 @@ __device__ __forceinline__ void wg_produce(const kiln_launch_params &p, const ki
                 const int rows = box_rows;
                 if (box < BN / rows) {
                     const int j = j0 + box * rows, pg = box_page, r = j % p.page_size;
-                    mbar_arrive_expect_tx(sm.full(s), 2 * rows * 128 * (D / 64));
+                    mbar_arrive_expect_tx(sm.full(s), 2 * rows * (L::TILE / BN)); /* K's and V's */
 #pragma unroll
                     for (int cb = 0; cb < D / 64; cb++) {
                         const u32 at = (u32)(cb * BN * 128 + box * rows * 128);
@@ -972,10 +972,9 @@ __device__ __forceinline__ wg_next wg_consume(const kiln_launch_params &p, const
     int t = tiles.next(w.t_first);
     if (t < w.t_end) {
         /* the first tile: S (unless the last job's turn issued it), softmax, P. A tile the
-         * map hides from this warpgroup's rows (skip) has no S or softmax here, and P = 0: its
-         * P V still runs, since a P V issued on a condition makes ptxas serialize every
-         * wgmma of the kernel (its warning C7520: the accumulator O is in flight across the
-         * softmax); the group waits for the tile, takes its turns and frees its stage */
+         * map hides from this warpgroup's rows (skip) has no S, softmax or P here (have, below,
+         * says no P V follows for it); the group still waits for the tile, takes its turns and
+         * frees its stage */
         int s = n % STAGES;
         bool skip = tiles.skip(t, c);
         if (!s_ready) {
