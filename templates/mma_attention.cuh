@@ -592,14 +592,20 @@ __device__ __forceinline__ void mask_tile(float (&s)[Cfg::MT][mma_shape<Cfg>::NT
             const int i = rows.i[mt][r], hr = rows.h[mt][r];
             /* rows past the request read no mask data (below) */
             const unsigned long long bits = by_bits && i < w.L_Q ? bsr_row_bits(p, w.mb, i, cb0) : 0;
+            /* the row's keys the builtin masks leave, as columns past this thread's first one
+             * (col0): [lo, hi], so that an element tests its constant column offset against
+             * them (two compares with immediates) instead of its key against three bounds */
+            const int col0 = j0 + acc_col(lane, 0, 0);
+            int hi = w.key_hi - 1 - col0;
+            if (Cfg::CAUSAL) hi = min(hi, i + w.off - col0);
+            const int lo = Cfg::WINDOW ? i + w.off - p.window_left - col0 : 0;
 #pragma unroll
             for (int nt = 0; nt < S::NT; nt++)
 #pragma unroll
                 for (int c = 0; c < 2; c++) {
-                    const int j = j0 + acc_col(lane, nt, c);
-                    bool vis = j < w.key_hi;
-                    if (Cfg::CAUSAL) vis = vis && j <= i + w.off;
-                    if (Cfg::WINDOW) vis = vis && j >= i + w.off - p.window_left;
+                    const int dc = acc_col(0, nt, c), j = col0 + dc;
+                    bool vis = dc <= hi;
+                    if (Cfg::WINDOW) vis = vis && dc >= lo;
                     /* rows past the request (a partial tile) never read the mask data or
                      * the snippet: a BSR row block past the last one reads indptr past its
                      * end, and its garbage bounds sent the search anywhere (CUDA error 717 /
