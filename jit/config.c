@@ -378,14 +378,10 @@ const char *kiln__wgmma_refusal(const kiln_variant *v, int sm, int *can)
         return "the wgmma family has head dims 64, 128 and 256";
     /* Head dims 64 and 256 measured slower with the first producer and faster with TMA ("The
      * producer's copies were the limit": 4 x 4096 causal 371 and 451 TFLOP/s, mma.sync 282 and
-     * 294), so they are on it. It can run mask data (KILN_TUNE wgmma=1 takes it): session 42
-     * measured it 7 % faster on the one BSR point (docs/perf/notes.md, "Session 42"), its mask
-     * tests passed there, but no bitmask point and no Python mask test has run on it yet, so
-     * the default stays. */
+     * 294), so they are on it. Mask data too since session 42 (a tile map row per consumer
+     * warpgroup, each warpgroup's skipped tiles a branch of their own): BSR 26 % 254 us against
+     * 273 on mma.sync (docs/perf/notes.md, "Session 42"); KILN_TUNE wgmma=0 keeps mma.sync. */
     *can = 1;
-    if (v->mask_data != KILN_MASK_DATA_NONE)
-        return "mask data stays on mma.sync until more than one point is measured (BSR 26 %, "
-               "1 x 4096: 254 us on wgmma with KILN_TUNE wgmma=1, 273 on mma.sync)";
     return NULL;
 }
 

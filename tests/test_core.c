@@ -567,8 +567,8 @@ KT_TEST(core_pdl_compile)
 }
 
 /* Prefill on sm_90 takes the warp-specialized wgmma family at head dims 64, 128 and 256 without
- * mask data; where it measured slower (mask data) it could still run, where it cannot
- * (RoPE, fp8 KV, decode, other archs) the other families stay; kiln__wgmma_refusal says why.
+ * mask data; where it cannot (q_tokens, decode, other archs) the other families stay;
+ * kiln__wgmma_refusal says why.
  * KILN_TUNE wgmma=0 forces the mma.sync family; wgmma=1 takes wgmma where it can run, and is
  * refused where it cannot. */
 KT_TEST(core_wgmma_family_choice)
@@ -584,7 +584,9 @@ KT_TEST(core_wgmma_family_choice)
          NULL},
         {"op=prefill dtype=f16 head_dim=64 group=1 kv=paged lse=1", 90, 1, 1, NULL},
         {"op=prefill dtype=bf16 head_dim=256 group=8 kv=ragged", 90, 1, 1, NULL},
-        {"op=prefill dtype=bf16 head_dim=128 group=4 mask_data=bsr", 90, 0, 1, "mask data"},
+        {"op=prefill dtype=bf16 head_dim=128 group=4 mask_data=bsr", 90, 1, 1, NULL},
+        {"op=prefill dtype=f16 head_dim=64 group=1 mask=causal mask_data=bitmask kv=paged", 90, 1,
+         1, NULL},
         {"op=prefill dtype=bf16 head_dim=128 group=4 mask=causal", 80, 0, 0, "sm_90a"},
         {"op=prefill dtype=bf16 head_dim=128 group=4 mask=causal", 100, 0, 0, "sm_90a"},
         /* fp8 KV and RoPE: the producer's transforms (raw stages beside the 16-bit ones) */

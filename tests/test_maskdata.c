@@ -146,9 +146,13 @@ KT_TEST(maskdata_compiles)
     kiln_ctx_destroy(ctx);
 }
 
-KT_GPU_TEST(gpu_maskdata)
+/* Every mask-data case against the float64 reference; tune, where not NULL, is KILN_TUNE for
+ * the prefills (wgmma=0: the mma.sync family, which sm_80-89 run and sm_90 takes on request). */
+static void maskdata_all(const char *tune)
 {
+    if (tune) setenv("KILN_TUNE", tune, 1);
     kiln_ctx *ctx = KT_CTX(NULL, 1);
+    if (!ctx) unsetenv("KILN_TUNE");
     KT_REQUIRE(ctx);
     int cases = 0, bad = 0;
     const char *specs[] = {"op=decode dtype=f16 head_dim=128 group=4",
@@ -167,9 +171,14 @@ KT_GPU_TEST(gpu_maskdata)
                     run_one(ctx, specs[si], (kiln_mask_data)md, shapes[sh][0], shapes[sh][1], map,
                             r, c, 7000 + sh * 13 + si, &cases, &bad);
                 }
-    printf("    mask data: %d cases, %d bad\n", cases, bad);
+    printf("    mask data%s%s: %d cases, %d bad\n", tune ? ", KILN_TUNE " : "", tune ? tune : "",
+           cases, bad);
     kiln_ctx_destroy(ctx);
+    if (tune) unsetenv("KILN_TUNE");
 }
+
+KT_GPU_TEST(gpu_maskdata) { maskdata_all(NULL); }
+KT_GPU_TEST(gpu_mma_sync_maskdata) { maskdata_all("wgmma=0"); }
 
 /* Mask data is part of the key: a plain, a bitmask and a BSR variant never share a cache row. */
 KT_TEST(maskdata_key_distinct)

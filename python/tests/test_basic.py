@@ -258,8 +258,8 @@ class TestCompile(unittest.TestCase):
 
     def test_kernel_family(self):
         """The family a kernel was generated for: wgmma for a d128 or d64 prefill on sm_90a,
-        mma.sync for the same on sm_80 or with mask data (measured slower on wgmma), simt for a
-        decode of group 1."""
+        mask data included, mma.sync for the same on sm_80 or with few query tokens a request
+        (q_tokens), simt for a decode of group 1."""
         with kiln.Context(cache_dir=self.cache, no_device=True) as ctx:
             pre = "op=prefill dtype=bf16 head_dim=128 group=4 mask=causal"
             self.assertEqual(ctx.compile(pre, arch="sm_90a").family, "wgmma")
@@ -267,6 +267,8 @@ class TestCompile(unittest.TestCase):
             self.assertEqual(ctx.compile(pre.replace("128", "64"), arch="sm_90a").family,
                              "wgmma")
             self.assertEqual(ctx.compile(pre + " mask_data=bsr", arch="sm_90a").family,
+                             "wgmma")
+            self.assertEqual(ctx.compile(pre + " mask_data=bsr", arch="sm_80").family,
                              "mma.sync")
             self.assertEqual(ctx.compile("op=decode dtype=bf16 head_dim=64 group=1",
                                          arch="sm_90a").family, "simt")
