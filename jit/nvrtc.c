@@ -102,7 +102,8 @@ static kiln_status nvrtc_api(kiln__err *e)
  * once, outside the tile loop (a snippet soft-cap `cap * tanhf(logits / cap)`: 959 -> 817
  * FMULs in the sm_90a kernel, two predicated scalings an element fewer). */
 static const char *const base_options[] = {"-std=c++17",  "-minimal",         "--ptxas-options=-v",
-                                           "--fmad=true", "--prec-div=false", "--ftz=true", NULL};
+                                           "--fmad=true", "--prec-div=false", "--ftz=true",
+                                           NULL};
 
 /* With NVRTC 12.4 or newer, -split-compile=2: the optimizer works on two functions at once (a
  * batch kernel's main and merge entries). The same SASS, instruction for instruction, for the
