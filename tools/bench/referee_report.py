@@ -37,13 +37,13 @@ def summary():
     for r in RES.rows:
         by.setdefault((r["suite"], r["point"]), []).append(r)
     for (suite, point), rows in by.items():
-        k = [r for r in rows if r["lib"] in ("kiln", "kiln paged") and r.get("gpu_us")]
+        k = [r for r in rows if r["lib"] in ("kiln", "kiln paged", "kiln single") and r.get("gpu_us")]
         for kr in k:
             peers = [r for r in rows if r["lib"] in PEERS and r.get("gpu_us") and not r["check"].startswith("MISMATCH")
                      and (("paged" in r["lib"]) == ("paged" in kr["lib"]) or r["lib"] in ("FA2", "cuDNN", "Flex"))]
             ceil = read if kr["unit"] == "GB/s" else mm
             share = f"{100 * kr['rate'] / ceil:.1f}" if ceil and kr.get("rate") else ""
-            name = point + (" (paged)" if "paged" in kr["lib"] else "")
+            name = point + (" (paged)" if "paged" in kr["lib"] else " (single)" if "single" in kr["lib"] else "")
             if not peers:
                 lines.append(f"| {suite} | {name} | {kr['gpu_us']:.1f} | — | | | {kr['rate']:.0f} {kr['unit']} | {share} |")
                 continue

@@ -68,7 +68,8 @@ def suite_decode(a, suite):
 
 
 def prefill_point(suite, B, S, D, causal, a, variant=None, paged=True, sdpa=True):
-    """Ragged (and paged) batch prefill of B requests of S tokens (L_Q = L_KV = S)."""
+    """Ragged (and paged) batch prefill of B requests of S tokens (L_Q = L_KV = S); at B = 1
+    also kiln's single-request prefill ("kiln single")."""
     import kiln
     pairs = S * (S + 1) // 2 if causal else S * S
     if variant == "window":
@@ -103,6 +104,9 @@ def prefill_point(suite, B, S, D, causal, a, variant=None, paged=True, sdpa=True
     if variant == "snippet softcap":
         cont = [("kiln", kiln_snippet_softcap(qs, ks, vs, qo, B * S, D), ident)]
         w = None
+    if B == 1 and variant is None:  # the single-request API on the same request (its own grid)
+        cont.append(("kiln single",
+                     lambda c: kiln.single_prefill_with_kv_cache(qs[c], ks[c], vs[c], causal=causal), ident))
     fkey = f"ragged{'-' + variant if variant in ('softcap', 'alibi', 'window') else ''}:d{D}"
     if variant != "snippet softcap":
         if FI.has(fkey):
