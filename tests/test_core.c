@@ -566,8 +566,8 @@ KT_TEST(core_pdl_compile)
     unsetenv("KILN_TUNE");
 }
 
-/* Prefill on sm_90 takes the warp-specialized wgmma family at head dims 64, 128 and 256 without
- * mask data; where it cannot (q_tokens, decode, other archs) the other families stay;
+/* Prefill on sm_90 takes the warp-specialized wgmma family at head dims 64, 128 and 256, mask
+ * data included; where it cannot (q_tokens, decode, other archs) the other families stay;
  * kiln__wgmma_refusal says why.
  * KILN_TUNE wgmma=0 forces the mma.sync family; wgmma=1 takes wgmma where it can run, and is
  * refused where it cannot. */
