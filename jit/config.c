@@ -297,11 +297,12 @@ static kiln_status apply_tune(kiln__config *c, kiln__err *e)
         else if (!strcmp(tok, "persist")) c->persist = val;
         else if (!strcmp(tok, "merge")) c->fused_merge = val;
         else if (!strcmp(tok, "xjob")) c->xjob = val;
+        else if (!strcmp(tok, "kvsplit")) c->kvsplit = val;
         else if (!strcmp(tok, "pdl")) c->pdl = val;
         else
             return kiln__fail(e, KILN_STATUS_INVALID_ARGUMENT,
                               "KILN_TUNE: unknown field '%s' (warps, mt, bn, stages, qregs, gb, "
-                              "minb, pack, wgmma, load, persist, xjob, merge, pdl)",
+                              "minb, pack, wgmma, load, persist, xjob, kvsplit, merge, pdl)",
                               tok);
     }
     return KILN_STATUS_OK;
@@ -403,6 +404,17 @@ static int wgmma_persist_default(const kiln_variant *v)
                                                              : KILN_WGMMA_PERSIST_NONE;
 }
 
+/* K and V of a stage on barriers of their own (kvsplit=1) where that measured faster, one
+ * pair for both elsewhere (H100, kiln check 4 x 2048 H 8 causal, one build, docs/perf/notes.md
+ * "Session 44"): d256, whose two stages left every tile waiting for a load, 433 -> 557
+ * TFLOP/s; the transforming producer's fp8 e4m3 KV 330 -> 411 (RoPE 195 -> 205 against the
+ * build before); d128 480 either way, d64 303 -> 296 */
+static int wgmma_kvsplit_default(const kiln_variant *v)
+{
+    return v->head_dim >= 256 || v->kv_dtype == KILN_DTYPE_E4M3 || v->kv_dtype == KILN_DTYPE_E5M2 ||
+           v->rope;
+}
+
 /* The key tiles the wgmma family has an S = Q K^T instruction for (m64nBNk16: the shapes
  * tools/build/gen_wgmma.py writes into templates/common/wgmma.cuh). Copying rows a thread
  * each (load=0) takes 64 or 128. */
@@ -424,11 +436,12 @@ static kiln_status pick_wgmma(const kiln_variant *v, int smem_limit, kiln__confi
      * producer's copies were the limit": causal 321 -> 489 TFLOP/s a row per thread -> rows
      * per warp, 562 by TMA), with kv=paged one box per page where pages are a multiple of 8
      * rows, rows per warp otherwise (page 16: 380 -> 403 TFLOP/s over rows per warp) */
-    c->load = c->persist = c->xjob = -1;
+    c->load = c->persist = c->xjob = c->kvsplit = -1;
     if ((st = apply_tune(c, e))) return st;
     if (c->load < 0) c->load = KILN_WGMMA_LOAD_TMA;
     if (c->persist < 0) c->persist = wgmma_persist_default(v);
     if (c->xjob < 0) c->xjob = 0; /* 1 passes its GPU tests but measured no faster (docs/perf.md) */
+    if (c->kvsplit < 0) c->kvsplit = wgmma_kvsplit_default(v);
     if (c->warps != 8 || c->mt != 1 || c->q_in_regs || c->gb || c->pack || c->min_blocks != 1 ||
         !wgmma_bn_ok(c->block_n, c->load) || c->stages < 2 || c->stages > 4 ||
         c->load > KILN_WGMMA_LOAD_TMA || c->persist > KILN_WGMMA_PERSIST_DYNAMIC)
@@ -449,6 +462,11 @@ static kiln_status pick_wgmma(const kiln_variant *v, int smem_limit, kiln__confi
                           "config: xjob=%d (KILN_TUNE): xjob is 0 or 1, and 1 (a job's last P V "
                           "with the next job's first S) needs a persistent grid (persist=1 or 2)",
                           c->xjob);
+    if (c->kvsplit > 1)
+        return kiln__fail(e, KILN_STATUS_UNSUPPORTED,
+                          "config: kvsplit=%d (KILN_TUNE): kvsplit is 0 (one barrier pair for a "
+                          "stage's K and V) or 1 (a pair each)",
+                          c->kvsplit);
     c->block_m = KILN_WGMMA_BM;
     c->merge_threads = v->kv != KILN_KV_CONTIGUOUS ? 128 : 0;
     c->smem_bytes = wgmma_smem(v, c->block_n, c->stages);
@@ -563,10 +581,10 @@ kiln_status kiln__config_pick(const kiln_variant *v, int sm, kiln__config *c, ki
     c->fused_merge = fused_merge; /* the family's apply_tune wrote KILN_TUNE's value again */
     c->pdl = pdl;
     /* persist on the mma.sync family: pick_mma said whether the tensor-core decode takes it */
-    if ((c->load || c->xjob || (c->persist && !pack)) && !c->wgmma)
+    if ((c->load || c->xjob || c->kvsplit || (c->persist && !pack)) && !c->wgmma)
         return kiln__fail(e, KILN_STATUS_UNSUPPORTED,
-                          "config: load=, persist= and xjob= (KILN_TUNE) are the wgmma family's "
-                          "(and persist=1 the tensor-core decode's)");
+                          "config: load=, persist=, xjob= and kvsplit= (KILN_TUNE) are the wgmma "
+                          "family's (and persist=1 the tensor-core decode's)");
     c->threads = c->warps * 32 + (c->wgmma ? KILN_WGMMA_PRODUCER_THREADS : 0);
     if (c->min_blocks < 1 || c->min_blocks * c->threads > 2048)
         return kiln__fail(e, KILN_STATUS_UNSUPPORTED, "config: minb=%d is not valid for %d threads",
@@ -590,8 +608,8 @@ void kiln__config_format(const kiln__config *c, char *buf, size_t cap)
     if (c->wgmma) {
         const size_t n = strlen(buf);
         if (n < cap)
-            snprintf(buf + n, cap - n, " wgmma=1 load=%d persist=%d xjob=%d", c->load, c->persist,
-                     c->xjob);
+            snprintf(buf + n, cap - n, " wgmma=1 load=%d persist=%d xjob=%d kvsplit=%d", c->load,
+                     c->persist, c->xjob, c->kvsplit);
     }
     /* the tensor-core decode on its persistent grid (persist=1), likewise */
     if (!c->wgmma && c->persist) {

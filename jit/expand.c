@@ -277,8 +277,10 @@ kiln_status kiln__expand(const kiln_variant *v, const kiln__config *cfg, const c
                          "WGMMA = %d;\n",
                          cfg->mt, cfg->block_n, cfg->q_in_regs, cfg->pack, cfg->wgmma);
     if (cfg->wgmma)
-        kiln__str_printf(&s, "    static constexpr int LOAD = %d, PERSIST = %d, XJOB = %d;\n",
-                         cfg->load, cfg->persist, cfg->xjob);
+        kiln__str_printf(&s,
+                         "    static constexpr int LOAD = %d, PERSIST = %d, XJOB = %d, KVSPLIT = "
+                         "%d;\n",
+                         cfg->load, cfg->persist, cfg->xjob, cfg->kvsplit);
     else /* the families that can merge their own splits (jit/config.c: batch decode) */
         kiln__str_printf(&s, "    static constexpr int FUSED_MERGE = %d;\n", cfg->fused_merge);
     emit_pdl(&s, cfg);

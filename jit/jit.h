@@ -94,6 +94,9 @@ typedef struct kiln__config {
     int xjob;          /* wgmma family, persistent grid: a job's last P V is issued with the
                           next job's first S (wgmma_attention.cuh, wg_consume), its O stored
                           under that S's softmax; 0: the last P V is a turn of its own */
+    int kvsplit;       /* wgmma family: a stage's K and V tiles have full and empty barriers of
+                          their own, K let go after S, V after P V (wgmma_attention.cuh
+                          wg_smem); 0: one pair for both, let go after P V */
     int fused_merge;   /* batch decode: the split CTAs merge their task's partial states (the
                           last of each task to finish, merge.cuh merge_task_if_last) and
                           kiln_plan_run launches no merge kernel; 0: the merge kernel does */

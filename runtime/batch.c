@@ -983,12 +983,14 @@ kiln_status kiln_plan_run(kiln_plan *pl, const kiln_batch_args *a, void *stream)
                        all = kiln__persistent_grid(k, (int64_t)pl->grid * pl->hpi);
         r = cu->cuLaunchKernel(k->fn_main, (all + hk - 1) / hk, hk, 1, (unsigned)k->cfg.threads, 1,
                                1, (unsigned)k->cfg.smem_bytes, (CUstream)stream, args, NULL);
-    } else if (k->cfg.wgmma && k->cfg.persist) {
-        /* persistent: the CTAs loop over the items x H jobs of whatever schedule the
-         * workspace holds (graph mode: pl->grid bounds the items of any later one) */
-        r = cu->cuLaunchKernel(k->fn_main, kiln__persistent_grid(k, (int64_t)pl->grid * pl->hpi), 1,
-                               1, (unsigned)k->cfg.threads, 1, 1, (unsigned)k->cfg.smem_bytes,
-                               (CUstream)stream, args, NULL);
+    } else if (k->cfg.wgmma) {
+        /* the items x H jobs of whatever schedule the workspace holds (graph mode: pl->grid
+         * bounds the items of any later one; a CTA-per-job grid's padding returns at once) */
+        unsigned gx;
+        if ((st = kiln__wgmma_grid(k, (int64_t)pl->grid * pl->hpi, "run", &gx, &e)))
+            return plan_fail(pl, st, &e);
+        r = cu->cuLaunchKernel(k->fn_main, gx, 1, 1, (unsigned)k->cfg.threads, 1, 1,
+                               (unsigned)k->cfg.smem_bytes, (CUstream)stream, args, NULL);
     } else {
         r = cu->cuLaunchKernel(k->fn_main, (unsigned)pl->grid, (unsigned)pl->hpi, 1,
                                (unsigned)k->cfg.threads, 1, 1, (unsigned)k->cfg.smem_bytes,

@@ -465,6 +465,22 @@ unsigned kiln__persistent_grid(const kiln_kernel *k, int64_t jobs)
     return (unsigned)(jobs < 1 ? 1 : jobs < slots ? jobs : slots);
 }
 
+kiln_status kiln__wgmma_grid(const kiln_kernel *k, int64_t jobs, const char *what, unsigned *gx,
+                             kiln__err *e)
+{
+    if (k->cfg.persist) {
+        *gx = kiln__persistent_grid(k, jobs);
+        return KILN_STATUS_OK;
+    }
+    if (jobs > INT32_MAX)
+        return kiln__fail(e, KILN_STATUS_INVALID_ARGUMENT,
+                          "%s: %lld (work, head) jobs, a CTA each: more than a grid holds "
+                          "(2^31 - 1)",
+                          what, (long long)jobs);
+    *gx = (unsigned)jobs;
+    return KILN_STATUS_OK;
+}
+
 kiln_status kiln_single_prefill(kiln_kernel *k, const kiln_attn_args *a, void *stream)
 {
     kiln__err e;
@@ -478,11 +494,14 @@ kiln_status kiln_single_prefill(kiln_kernel *k, const kiln_attn_args *a, void *s
     if (k->cfg.wgmma && k->cfg.load == KILN_WGMMA_LOAD_TMA &&
         (st = kiln__tma_maps(k, &p, "single prefill", a->qo_len, a->kv_len, &maps, &e)))
         return fail(k, st, &e);
-    /* persistent: the CTAs loop over the mblocks x H tiles (wgmma_attention.cuh, wg_produce_jobs) */
-    const int persist = k->cfg.wgmma && k->cfg.persist;
-    const unsigned gx = persist ? kiln__persistent_grid(k, (int64_t)mblocks * a->num_qo_heads)
-                                : mblocks,
-                   gy = persist ? 1 : (unsigned)a->num_qo_heads;
+    /* the wgmma family: its mblocks x H jobs along x; the mma.sync family: (tiles, heads) */
+    unsigned gx = mblocks, gy = (unsigned)a->num_qo_heads;
+    if (k->cfg.wgmma) {
+        gy = 1;
+        if ((st = kiln__wgmma_grid(k, (int64_t)mblocks * a->num_qo_heads, "single prefill", &gx,
+                                   &e)))
+            return fail(k, st, &e);
+    }
     CUresult r =
         k->ctx->cu->cuLaunchKernel(k->fn_main, gx, gy, 1, (unsigned)k->cfg.threads, 1, 1,
                                    (unsigned)k->cfg.smem_bytes, (CUstream)stream, args, NULL);

@@ -145,6 +145,12 @@ CUresult kiln__launch_merge(const kiln_kernel *k, unsigned gx, unsigned gy, int 
  * as many as fit on the GPU at once, at most one per job (and at least 1). */
 unsigned kiln__persistent_grid(const kiln_kernel *k, int64_t jobs);
 
+/* launch.c: *gx, the CTAs along x (the only grid dimension) of a wgmma kernel with `jobs`
+ * (work, head) jobs: the persistent grid's (cfg.persist), else one a job (wgmma_attention.cuh,
+ * wg_flat_job). KILN_STATUS_INVALID_ARGUMENT (e says so, for `what`) past what a grid holds. */
+kiln_status kiln__wgmma_grid(const kiln_kernel *k, int64_t jobs, const char *what, unsigned *gx,
+                             kiln__err *e);
+
 /* tma.c: the Q, K, V and O tensor maps of a wgmma kernel that loads by TMA (cfg.load ==
  * KILN_WGMMA_LOAD_TMA) for the tensors of p; q_rows and kv_rows bound the rows each map covers
  * (the kernel copies only whole tiles by TMA, inside a request). Sets p->o_by_tma: whether O's

@@ -56,9 +56,10 @@ template <class Cfg> struct wg_layout {
     static constexpr int FREQ_AT = RAW_AT + RAW * RAW_STAGE, BAR_AT = FREQ_AT + kiln_rope_freq_bytes(D, Cfg::ROPE);
     static constexpr int JOB_AT = BAR_AT + kiln_wgmma_bar_bytes(STAGES, RAW);
     static constexpr int PRODUCER = KILN_WGMMA_PRODUCER_THREADS, CONSUMERS = Cfg::WARPS * WARP;
-    /* a stage's full barrier: the producer's arrivals, twice with RoPE on 16-bit K/V (V's copies
-     * straight into the stage, and K once rotated into it) */
-    static constexpr int FULL_COUNT = XK && !XV ? 2 * PRODUCER : PRODUCER;
+    /* a stage's full barrier: the producer's arrivals, once for K's and once for V's with
+     * KVSPLIT; without, once for both (wg_produce), or once each for K and V into the one
+     * barrier where the producer transforms them (wg_produce_x) */
+    static constexpr int FULL_COUNT = Cfg::KVSPLIT || !XK ? PRODUCER : 2 * PRODUCER;
     static constexpr int BYTES = kiln_wgmma_smem_bytes(D, BM, BN, STAGES, ES, Cfg::ROPE);
     static_assert(Cfg::WARPS == 8 && Cfg::MT == 1 && !Cfg::PACK, "two consumer warpgroups of 64 rows");
     static_assert(prefill_layout<Cfg>::BM == BM, "the work items' tile is the CTA's");
@@ -69,15 +70,26 @@ template <class Cfg> struct wg_layout {
 };
 
 /* The shared-memory addresses of one CTA: the tiles, the producer's raw stages and RoPE
- * frequencies, the barriers and the job slot. */
-template <int STAGES> struct wg_smem {
+ * frequencies, the barriers and the job slot. With SPLIT (KILN_TUNE kvsplit, jit/config.c) a
+ * stage's K and V have barriers of their own (full: landed; empty: both consumer warpgroups
+ * are done with it): a K tile is free once both groups' S of it are done, half a turn before
+ * its V tile (free after their P V), so the producer loads the next K that much earlier. With
+ * two stages, as at d256, one barrier for both let the K of tile t + 2 in only after the
+ * second group's P V of tile t, which the first group's S of tile t + 2 follows at once in
+ * the tensor pipe: every tile waited for a load. Without SPLIT V's barriers are K's: the
+ * producer's two arrivals complete one full barrier, and the consumers arrive on the empty
+ * one once, after P V (wg_consume's k_done arrives only with SPLIT). */
+template <class Cfg> struct wg_smem {
+    static constexpr int STAGES = Cfg::STAGES, SPLIT = Cfg::KVSPLIT;
     u32 q, k, v, raw, freq, bar, slot;
-    __device__ __forceinline__ u32 full(int s) const { return bar + 8 * s; }
-    __device__ __forceinline__ u32 empty(int s) const { return bar + 8 * (STAGES + s); }
-    __device__ __forceinline__ u32 q_full() const { return bar + 16 * STAGES; }
-    __device__ __forceinline__ u32 q_empty() const { return bar + 16 * STAGES + 8; }
-    __device__ __forceinline__ u32 job_full() const { return bar + 16 * STAGES + 16; }
-    __device__ __forceinline__ u32 raw_full(int r) const { return bar + 16 * STAGES + 32 + 8 * r; }
+    __device__ __forceinline__ u32 full_k(int s) const { return bar + 8 * s; }
+    __device__ __forceinline__ u32 full_v(int s) const { return bar + 8 * ((SPLIT ? STAGES : 0) + s); }
+    __device__ __forceinline__ u32 empty_k(int s) const { return bar + 8 * (2 * STAGES + s); }
+    __device__ __forceinline__ u32 empty_v(int s) const { return bar + 8 * ((SPLIT ? 3 : 2) * STAGES + s); }
+    __device__ __forceinline__ u32 q_full() const { return bar + 32 * STAGES; }
+    __device__ __forceinline__ u32 q_empty() const { return bar + 32 * STAGES + 8; }
+    __device__ __forceinline__ u32 job_full() const { return bar + 32 * STAGES + 16; }
+    __device__ __forceinline__ u32 raw_full(int r) const { return bar + 32 * STAGES + 32 + 8 * r; }
     __device__ __forceinline__ u32 job() const { return slot; }
 };
 
@@ -313,7 +325,7 @@ __device__ __forceinline__ void wg_produce_tile(u32 dst, u32 bar, const unsigned
  * the producer is then a ring ahead, and a pause costs the consumers nothing. */
 template <class Cfg, class QTurn, class Filled>
 __device__ __forceinline__ void wg_produce(const kiln_launch_params &p, const kiln_tma_maps *maps, const mma_work &w,
-                                           const wg_tiles<Cfg> &tiles, const wg_smem<Cfg::STAGES> &sm, int h, int hk,
+                                           const wg_tiles<Cfg> &tiles, const wg_smem<Cfg> &sm, int h, int hk,
                                            int tid, int &n, const QTurn &q_turn, const Filled &filled)
 {
     using L = wg_layout<Cfg>;
@@ -348,59 +360,69 @@ __device__ __forceinline__ void wg_produce(const kiln_launch_params &p, const ki
          * hides under it (after the wait it came before every tile's copies) */
         const int box_rows = TMA && Cfg::KV == KV_PAGED && j0 + BN <= w.L_KV ? p.kv_box_rows : 0;
         const int box = wg_box_of_thread(tid);
-        int box_page = 0;
-        if (box_rows && box < BN / box_rows) box_page = pages[(j0 + box * box_rows) / p.page_size];
-        if (n >= STAGES) mbar_wait(sm.empty(s), (n / STAGES - 1) & 1);
+        const bool has_box = box_rows && box < BN / box_rows; /* a box of this tile is its own */
+        int box_page = 0, box_row = 0;                          /* its page, its first row there */
+        if (has_box) {
+            box_page = pages[(j0 + box * box_rows) / p.page_size];
+            box_row = (j0 + box * box_rows) % p.page_size;
+        }
         const u32 kd = sm.k + s * L::TILE, vd = sm.v + s * L::TILE;
-        if constexpr (Cfg::KV == KV_PAGED) {
-            if (box_rows) {
-                /* a whole tile from pages of a multiple of 8 rows: one box per page (or per
-                 * tile of a larger page), each from its thread's page-table entry; each box's
-                 * thread expects its own bytes (K's and V's) before its copies, the others
-                 * arrive: a tile's boxes sum to both tiles' bytes */
-                const int rows = box_rows;
-                if (box < BN / rows) {
-                    const int j = j0 + box * rows, pg = box_page, r = j % p.page_size;
-                    mbar_arrive_expect_tx(sm.full(s), 2 * rows * (L::TILE / BN)); /* K's and V's */
+        /* K into its stage once both groups' S of its last tile are done, then V once their
+         * P V are: each on its own full barrier (wg_smem). Without KVSPLIT, one wait for the
+         * stage and one arrival a thread for both tiles, their bytes expected at once: with
+         * K's copies (first), the arrivals with V's (last) */
 #pragma unroll
-                    for (int cb = 0; cb < D / 64; cb++) {
-                        const u32 at = (u32)(cb * BN * 128 + box * rows * 128);
-                        if (p.kv_map_rows) { /* a dense pool: rows of one 3-D map */
-                            tma_load_3d(kd + at, &maps->k, sm.full(s), cb * 64, hk, pg * p.page_size + r);
-                            tma_load_3d(vd + at, &maps->v, sm.full(s), cb * 64, hk, pg * p.page_size + r);
-                        } else {
-                            tma_load_4d(kd + at, &maps->k, sm.full(s), cb * 64, hk, r, pg);
-                            tma_load_4d(vd + at, &maps->v, sm.full(s), cb * 64, hk, r, pg);
+        for (int kv = 0; kv < 2; kv++) {
+            const bool first = Cfg::KVSPLIT || kv == 0, last = Cfg::KVSPLIT || kv == 1;
+            constexpr int TILES = Cfg::KVSPLIT ? 1 : 2; /* the tiles a full barrier's bytes cover */
+            const u32 dst = kv ? vd : kd, full = kv ? sm.full_v(s) : sm.full_k(s);
+            const unsigned char *g = kv ? vg : kg;
+            const kiln_tma_map *map = !TMA ? nullptr : kv ? &maps->v : &maps->k;
+            const i64 st = kv ? vs : ks;
+            const long long st_page = kv ? p.v_stride_page : p.k_stride_page;
+            if (first && n >= STAGES) mbar_wait(kv ? sm.empty_v(s) : sm.empty_k(s), (n / STAGES - 1) & 1);
+            if constexpr (Cfg::KV == KV_PAGED) {
+                if (box_rows) {
+                    /* a whole tile from pages of a multiple of 8 rows: one box per page (or
+                     * per tile of a larger page), each from its thread's page-table entry;
+                     * each box's thread expects its own bytes before its copies, the others
+                     * arrive: a tile's boxes sum to the tile's bytes */
+                    const int rows = box_rows;
+                    if (has_box) {
+                        const int pg = box_page, r = box_row;
+                        if (first) mbar_arrive_expect_tx(full, TILES * rows * (L::TILE / BN));
+#pragma unroll
+                        for (int cb = 0; cb < D / 64; cb++) {
+                            const u32 at = (u32)(cb * BN * 128 + box * rows * 128);
+                            if (p.kv_map_rows) /* a dense pool: rows of one 3-D map */
+                                tma_load_3d(dst + at, map, full, cb * 64, hk, pg * p.page_size + r);
+                            else
+                                tma_load_4d(dst + at, map, full, cb * 64, hk, r, pg);
                         }
+                    } else if (last) {
+                        mbar_arrive(full);
                     }
                 } else {
-                    mbar_arrive(sm.full(s));
+                    constexpr int ROWS_LOAD = TMA ? KILN_WGMMA_LOAD_WARP : Cfg::LOAD;
+                    wg_load_rows<ROWS_LOAD, D, BN>(dst, g, [&](int j) { return paged_at(j, st_page, st); }, j0, w.L_KV, tid);
+                    if (last) cp_async_arrive(full);
                 }
-            } else {
-                constexpr int ROWS_LOAD = TMA ? KILN_WGMMA_LOAD_WARP : Cfg::LOAD;
-                wg_load_rows<ROWS_LOAD, D, BN>(kd, kg, [&](int j) { return paged_at(j, p.k_stride_page, ks); }, j0, w.L_KV, tid);
-                wg_load_rows<ROWS_LOAD, D, BN>(vd, vg, [&](int j) { return paged_at(j, p.v_stride_page, vs); }, j0, w.L_KV, tid);
-                cp_async_arrive(sm.full(s));
-            }
-        } else if constexpr (TMA) {
-            /* K and V of a whole tile: one expect_tx of both (two tiles of bytes) */
-            if (wg_kv_by_tma<Cfg>(p, w, t)) {
-                if (tid == 0) {
-                    mbar_arrive_expect_tx(sm.full(s), 2 * L::TILE);
-                    wg_tma_tile<D, BN>(kd, &maps->k, sm.full(s), hk, kv_row0 + j0);
-                    wg_tma_tile<D, BN>(vd, &maps->v, sm.full(s), hk, kv_row0 + j0);
+            } else if constexpr (TMA) {
+                if (wg_kv_by_tma<Cfg>(p, w, t)) { /* a whole tile: one thread's TMA */
+                    if (tid == 0) {
+                        if (first) mbar_arrive_expect_tx(full, TILES * L::TILE);
+                        wg_tma_tile<D, BN>(dst, map, full, hk, kv_row0 + j0);
+                    } else if (last) {
+                        mbar_arrive(full);
+                    }
                 } else {
-                    mbar_arrive(sm.full(s));
+                    wg_load_rows<KILN_WGMMA_LOAD_WARP, D, BN>(dst, g, [&](int j) { return (i64)j * st; }, j0, w.L_KV, tid);
+                    if (last) cp_async_arrive(full);
                 }
             } else {
-                wg_load_rows<KILN_WGMMA_LOAD_WARP, D, BN>(kd, kg, [&](int j) { return (i64)j * ks; }, j0, w.L_KV, tid);
-                wg_load_rows<KILN_WGMMA_LOAD_WARP, D, BN>(vd, vg, [&](int j) { return (i64)j * vs; }, j0, w.L_KV, tid);
-                cp_async_arrive(sm.full(s));
+                wg_load_rows<Cfg::LOAD, D, BN>(dst, g, [&](int j) { return (i64)j * st; }, j0, w.L_KV, tid);
+                if (last) cp_async_arrive(full);
             }
-        } else {
-            wg_load_rows<Cfg::LOAD, D, BN>(kd, kg, [&](int j) { return (i64)j * ks; }, j0, w.L_KV, tid);
-            wg_load_rows<Cfg::LOAD, D, BN>(vd, vg, [&](int j) { return (i64)j * vs; }, j0, w.L_KV, tid);
-            cp_async_arrive(sm.full(s));
         }
         if (n == n0) produce_q();
         if (n == n0 + STAGES - 1) filled();
@@ -533,17 +555,14 @@ template <class Cfg> __device__ __forceinline__ void wg_rope_k(u32 raw, u32 kd, 
     }
 }
 
-/* The raw tile of keys j0 .. j0 + BN in raw stage `raw` into the stage's 16-bit K (and, fp8, V)
- * tiles kd, vd: fp8 pairs widened (the exact f16 pairs, no float round trip) and, with RoPE, K
- * rotated at positions j + rope_off. */
+/* The raw K tile of keys j0 .. j0 + BN in raw stage `raw` into the stage's 16-bit K tile kd:
+ * fp8 pairs widened (the exact f16 pairs, no float round trip) and, with RoPE, rotated at
+ * positions j + rope_off. (fp8 V: wg_widen of the raw stage's second tile.) */
 template <class Cfg>
-__device__ __forceinline__ void wg_xform_kv(u32 raw, u32 kd, u32 vd, u32 freq, int j0, int rope_off, int tid)
+__device__ __forceinline__ void wg_xform_k(u32 raw, u32 kd, u32 freq, int j0, int rope_off, int tid)
 {
-    using L = wg_layout<Cfg>;
-    constexpr int D = Cfg::D, BN = Cfg::BN, C = D / 8, P = L::PRODUCER;
     if constexpr (Cfg::ROPE) wg_rope_k<Cfg>(raw, kd, freq, j0 + rope_off, tid);
     else wg_widen<Cfg>(raw, kd, tid);
-    if constexpr (L::XV) wg_widen<Cfg>(raw + L::RAW_TILE, vd, tid);
 }
 
 /* Q in place: RoPE at positions (m0 + r) + pos_off, and with fp8 K/V bf16 q to f16 times
@@ -583,7 +602,7 @@ template <class Cfg> __device__ __forceinline__ void wg_xform_q(u32 q, u32 freq,
  * of q_turn and filled, the K (and V) tiles through the raw stages. */
 template <class Cfg, class QTurn, class Filled>
 __device__ __forceinline__ void wg_produce_x(const kiln_launch_params &p, const kiln_tma_maps *maps, const mma_work &w,
-                                             const wg_tiles<Cfg> &tiles, const wg_smem<Cfg::STAGES> &sm, int h,
+                                             const wg_tiles<Cfg> &tiles, const wg_smem<Cfg> &sm, int h,
                                              int hk, int tid, int &n, const QTurn &q_turn, const Filled &filled)
 {
     using L = wg_layout<Cfg>;
@@ -684,13 +703,22 @@ __device__ __forceinline__ void wg_produce_x(const kiln_launch_params &p, const 
     for (; ta < w.t_end && na < n0 + RAW; ta = tiles.next(ta + 1), na++) issue(ta, na % RAW);
     for (int t = tiles.next(w.t_first); t < w.t_end; t = tiles.next(t + 1), n++) {
         const int s = n % STAGES, r = n % RAW;
-        if (n >= STAGES) mbar_wait(sm.empty(s), (n / STAGES - 1) & 1);
-        const u32 kd = sm.k + s * L::TILE, vd = sm.v + s * L::TILE;
-        if constexpr (!L::XV) v_direct(vd, sm.full(s), t);
+        /* K first, once its tile is free, then V once its tile is (wg_smem: K frees half a
+         * turn sooner): fp8 V widened from the raw stage, 16-bit V straight into its stage */
+        const u32 kd = sm.k + s * L::TILE, vd = sm.v + s * L::TILE, raw = sm.raw + (u32)(r * L::RAW_STAGE);
+        if (n >= STAGES) mbar_wait(sm.empty_k(s), (n / STAGES - 1) & 1);
         mbar_wait(sm.raw_full(r), (n / RAW) & 1);
-        wg_xform_kv<Cfg>(sm.raw + (u32)(r * L::RAW_STAGE), kd, vd, sm.freq, t * BN, rope_off, tid);
+        wg_xform_k<Cfg>(raw, kd, sm.freq, t * BN, rope_off, tid);
         fence_proxy_async();
-        mbar_arrive(sm.full(s));
+        mbar_arrive(sm.full_k(s));
+        if (n >= STAGES) mbar_wait(sm.empty_v(s), (n / STAGES - 1) & 1);
+        if constexpr (L::XV) {
+            wg_widen<Cfg>(raw + L::RAW_TILE, vd, tid);
+            fence_proxy_async();
+            mbar_arrive(sm.full_v(s));
+        } else {
+            v_direct(vd, sm.full_v(s), t);
+        }
         if (ta < w.t_end) { /* raw stage r again, for the tile RAW ahead */
             named_sync(WG_PRODUCER_BAR, P);
             issue(ta, na % RAW);
@@ -708,7 +736,7 @@ __device__ __forceinline__ void wg_produce_x(const kiln_launch_params &p, const 
 template <class Cfg, class QTurn, class Filled>
 __device__ __forceinline__ void wg_produce_job(const kiln_launch_params &p, const kiln_tma_maps *maps,
                                                const mma_work &w, const wg_tiles<Cfg> &tiles,
-                                               const wg_smem<Cfg::STAGES> &sm, int h, int hk, int tid, int &n,
+                                               const wg_smem<Cfg> &sm, int h, int hk, int tid, int &n,
                                                const QTurn &q_turn, const Filled &filled)
 {
     if constexpr (wg_layout<Cfg>::XK) wg_produce_x<Cfg>(p, maps, w, tiles, sm, h, hk, tid, n, q_turn, filled);
@@ -765,6 +793,21 @@ __device__ __forceinline__ void wg_issue_pv(float (&o)[Cfg::D / 8][4], const u32
     wgmma_commit();
 }
 
+/* A soft-cap bounds every logit: |cap tanh(.)| <= cap. Where cap log2(e) <= CAP_REF_MAX, every
+ * row's softmax can take the fixed reference m = 0 instead of its running max: P = 2^(t c2)
+ * lies in [2^-80, 2^80] (t the tanh, c2 = cap log2(e)), inside f32 and bf16 with room for a
+ * sum of 2^20 keys times any |v| below 2^28, far above the flush to zero; the row max, its
+ * quad shuffles and the rescale of O go (one instruction an element of about seven soft-cap
+ * takes). Caps up to 55 (Gemma 2's 50, Grok's 30) take it; a larger one keeps the running
+ * max. A snippet's soft-cap is not known to be bounded: it keeps the running max. */
+constexpr float CAP_REF_MAX = 80.0f;
+template <class Cfg> __device__ __forceinline__ bool wg_cap_ref(const kiln_launch_params &p)
+{
+    if constexpr ((Cfg::LOGITS == LOGITS_SOFTCAP || Cfg::LOGITS == LOGITS_SOFTCAP_ALIBI) && !Cfg::HAS_LOGITS_EXPR)
+        return p.softcap * LOG2E <= CAP_REF_MAX;
+    else return false;
+}
+
 /* Logits, mask and the rows' softmax of the S tile of key tile t (O's factor in scale). */
 template <class Cfg>
 __device__ __forceinline__ void wg_softmax_rows(mma_state<Cfg> &st, float (&sc)[1][Cfg::BN / 8][4],
@@ -779,6 +822,14 @@ __device__ __forceinline__ void wg_softmax_rows(mma_state<Cfg> &st, float (&sc)[
     const bool elem = S::ELEM && tiles.cls(t, c) != TILE_FULL;
     if constexpr (!S::RAW) logits_tile<Cfg>(sc, p, w, rows, k_unit<Cfg>(p), hk, j0, lane);
     if (tile_needs_mask<Cfg>(p, w, elem, j0)) mask_tile<Cfg>(sc, p, w, rows, elem, hk, j0, lane);
+    if (wg_cap_ref<Cfg>(p)) { /* the fixed reference: m stays 0 (wg_consume set it) */
+#pragma unroll
+        for (int r = 0; r < 2; r++) {
+            scale[0][r] = 1.f;
+            st.l[0][r] += exp2_row(sc[0], r, c2, 0.f);
+        }
+        return;
+    }
     softmax_rows<Cfg, true>(st, sc, c2, scale); /* lazy: mma_attention.cuh, RESCALE_SLACK */
 }
 
@@ -815,7 +866,7 @@ __device__ __forceinline__ void wg_turns_end(int c)
  * producer loads the next job's Q under this job's softmax, last P V and store. One job per
  * CTA: nothing waits (and the test would cost a register), Q is let go at the end. */
 template <class Cfg>
-__device__ __forceinline__ void wg_q_done(const wg_tiles<Cfg> &tiles, const mma_work &w, const wg_smem<Cfg::STAGES> &sm,
+__device__ __forceinline__ void wg_q_done(const wg_tiles<Cfg> &tiles, const mma_work &w, const wg_smem<Cfg> &sm,
                                           int t)
 {
     if (Cfg::PERSIST && tiles.next(t + 1) >= w.t_end) mbar_arrive(sm.q_empty());
@@ -823,7 +874,7 @@ __device__ __forceinline__ void wg_q_done(const wg_tiles<Cfg> &tiles, const mma_
 
 /* The head of job `it` in the slot, once the producer has put it there (job_full's phase it;
  * h < 0: no more jobs). */
-template <int STAGES> __device__ __forceinline__ int wg_slot_head(const wg_smem<STAGES> &sm, int it)
+template <class Cfg> __device__ __forceinline__ int wg_slot_head(const wg_smem<Cfg> &sm, int it)
 {
     mbar_wait(sm.job_full(), it & 1);
     return ld_shared(sm.job() + 4 * WG_JOB_H);
@@ -855,7 +906,7 @@ struct wg_o_stage {
 };
 template <class Cfg>
 __device__ __forceinline__ wg_o_stage wg_o_stage_at(const kiln_launch_params &p, const mma_work &w,
-                                                    const wg_smem<Cfg::STAGES> &sm, int c, int last)
+                                                    const wg_smem<Cfg> &sm, int c, int last)
 {
     using L = wg_layout<Cfg>;
     constexpr int BOX = 64 * 128; /* 64 rows x 128 bytes */
@@ -947,7 +998,7 @@ __device__ __forceinline__ wg_tiles<Cfg> wg_slot_tiles(const kiln_launch_params 
  * over, so that no P or O registers live across the jobs). */
 template <class Cfg>
 __device__ __forceinline__ wg_next wg_consume(const kiln_launch_params &p, const kiln_tma_maps *maps, const mma_work &w,
-                                              const wg_tiles<Cfg> &tiles, const wg_smem<Cfg::STAGES> &sm, int h, int hk,
+                                              const wg_tiles<Cfg> &tiles, const wg_smem<Cfg> &sm, int h, int hk,
                                               int tid, int it, int &n, float (&sc)[1][Cfg::BN / 8][4], bool s_ready,
                                               u32 &held)
 {
@@ -961,6 +1012,7 @@ __device__ __forceinline__ wg_next wg_consume(const kiln_launch_params &p, const
     rows.init(p, w.m0, wrow, h, lane);
     mma_state<Cfg> st;
     st.init();
+    if (wg_cap_ref<Cfg>(p)) st.m[0][0] = st.m[0][1] = 0.f; /* the soft-cap's fixed reference */
     const float c2 = logits_c2<Cfg>(p, k_unit<Cfg>(p));
     const u32 q_rows = sm.q + c * 64 * 128;
     wg_next next = {-1, false};
@@ -968,6 +1020,28 @@ __device__ __forceinline__ wg_next wg_consume(const kiln_launch_params &p, const
 
     u32 pf[BN / 16][4]; /* P of the previous tile */
     int last = -1;      /* the stage of the job's last key tile */
+    /* A stage's K is let go once this group's S of it is done (where the group skips the
+     * tile, once it has landed), its V once the group's P V of it is (wg_smem; without
+     * KVSPLIT the one barrier once, with V). The persistent grid stages O in the K tile of the
+     * job's last stage (wg_o_stage_at): that K is let go after the store instead (hold_k). */
+    const bool hold_k = Cfg::PERSIST && wg_o_stage_at<Cfg>(p, w, sm, c, 0).base != 0;
+    auto k_done = [&](int sk, int tk) {
+        if (Cfg::KVSPLIT && !(hold_k && tiles.next(tk + 1) >= w.t_end)) mbar_arrive(sm.empty_k(sk));
+    };
+    /* V of the tile in stage sp (ring count np) landed: before its P V (v_ready: fenced where
+     * cp.async wrote it), or before it is let go unread (v_unread). Without KVSPLIT the wait
+     * for K's full barrier, and its fence, were V's too */
+    auto v_landed = [&](int sp, int np) {
+        if (Cfg::KVSPLIT) mbar_wait(sm.full_v(sp), (np / STAGES) & 1);
+    };
+    auto v_ready = [&](int sp, int np, int tp) {
+        v_landed(sp, np);
+        if (Cfg::KVSPLIT && !wg_kv_by_tma<Cfg>(p, w, tp)) fence_proxy_async();
+    };
+    auto v_unread = [&](int sp, int np) {
+        v_landed(sp, np);
+        mbar_arrive(sm.empty_v(sp));
+    };
     if (!s_ready) mbar_wait(sm.q_full(), it & 1);
     int t = tiles.next(w.t_first);
     if (t < w.t_end) {
@@ -978,10 +1052,11 @@ __device__ __forceinline__ wg_next wg_consume(const kiln_launch_params &p, const
         int s = n % STAGES;
         bool skip = tiles.skip(t, c);
         if (!s_ready) {
-            mbar_wait(sm.full(s), (n / STAGES) & 1);
-            /* the producer's cp.async writes (K / V, or Q), for the tensor cores */
+            mbar_wait(sm.full_k(s), (n / STAGES) & 1);
+            /* the producer's cp.async writes (K, or Q), for the tensor cores */
             if (!wg_q_by_tma<Cfg>(w) || !wg_kv_by_tma<Cfg>(p, w, t)) fence_proxy_async();
             if (skip) {
+                k_done(s, t);
                 wg_turn_wait(c);
                 wg_turn_pass(c);
                 wg_release_o(held);
@@ -993,7 +1068,10 @@ __device__ __forceinline__ wg_next wg_consume(const kiln_launch_params &p, const
                 wg_release_o(held); /* the last job's staged O, read by now */
                 wgmma_wait<0>();
                 reg_fence(sc[0]);
+                k_done(s, t);
             }
+        } else {
+            k_done(s, t); /* its S, issued in the last job's last turn, is done */
         }
         wg_q_done<Cfg>(tiles, w, sm, t);
         float scale[1][2]; /* O is still zero: its factor is not applied */
@@ -1002,7 +1080,7 @@ __device__ __forceinline__ wg_next wg_consume(const kiln_launch_params &p, const
             wg_to_p<Cfg>(sc[0], pf);
         }
         bool have = !skip; /* P of tile prev is in pf (this warpgroup did not skip it) */
-        int prev = s;
+        int prev = s, np = n, tprev = t;
         n++;
         /* each case of (this tile skipped, the last one skipped) is a branch of its own, with
          * its issues, waits and P whole: P V on a condition inside a shared body, or P zeroed
@@ -1010,9 +1088,10 @@ __device__ __forceinline__ wg_next wg_consume(const kiln_launch_params &p, const
         for (t = tiles.next(t + 1); t < w.t_end; t = tiles.next(t + 1), n++) {
             s = n % STAGES;
             skip = tiles.skip(t, c);
-            mbar_wait(sm.full(s), (n / STAGES) & 1);
+            mbar_wait(sm.full_k(s), (n / STAGES) & 1);
             if (!wg_kv_by_tma<Cfg>(p, w, t)) fence_proxy_async();
             if (!skip && have) {
+                v_ready(prev, np, tprev);
                 wg_turn_wait(c);
                 wgmma_fence();
                 wg_issue_qk<Cfg>(sc[0], q_rows, sm.k + s * L::TILE);
@@ -1020,11 +1099,12 @@ __device__ __forceinline__ wg_next wg_consume(const kiln_launch_params &p, const
                 wg_turn_pass(c);
                 wgmma_wait<1>(); /* S; P V of the previous tile may still run */
                 reg_fence(sc[0]);
+                k_done(s, t);
                 wg_q_done<Cfg>(tiles, w, sm, t);
                 wg_softmax_rows<Cfg>(st, sc, p, w, rows, tiles, c2, hk, t, c, lane, scale);
-                wgmma_wait<0>(); /* P V of the previous tile: O and its stage are free */
+                wgmma_wait<0>(); /* P V of the previous tile: O and its V are free */
                 reg_fence(st.o[0]);
-                mbar_arrive(sm.empty(prev));
+                mbar_arrive(sm.empty_v(prev));
                 rescale_rows<Cfg, true>(st, scale);
                 wg_to_p<Cfg>(sc[0], pf);
             } else if (!skip) { /* S alone: the last tile was skipped */
@@ -1034,13 +1114,16 @@ __device__ __forceinline__ wg_next wg_consume(const kiln_launch_params &p, const
                 wg_turn_pass(c);
                 wgmma_wait<0>();
                 reg_fence(sc[0]);
+                k_done(s, t);
                 wg_q_done<Cfg>(tiles, w, sm, t);
-                mbar_arrive(sm.empty(prev));
+                v_unread(prev, np);
                 wg_softmax_rows<Cfg>(st, sc, p, w, rows, tiles, c2, hk, t, c, lane, scale);
                 rescale_rows<Cfg, true>(st, scale);
                 wg_to_p<Cfg>(sc[0], pf);
                 have = true;
             } else if (have) { /* P V alone: this tile is skipped */
+                k_done(s, t);
+                v_ready(prev, np, tprev);
                 wg_turn_wait(c);
                 wgmma_fence();
                 wg_issue_pv<Cfg>(st.o[0], pf, sm.v + prev * L::TILE);
@@ -1048,15 +1131,18 @@ __device__ __forceinline__ wg_next wg_consume(const kiln_launch_params &p, const
                 wg_q_done<Cfg>(tiles, w, sm, t);
                 wgmma_wait<0>();
                 reg_fence(st.o[0]);
-                mbar_arrive(sm.empty(prev));
+                mbar_arrive(sm.empty_v(prev));
                 have = false;
             } else { /* neither: the turn alone */
+                k_done(s, t);
                 wg_turn_wait(c);
                 wg_turn_pass(c);
                 wg_q_done<Cfg>(tiles, w, sm, t);
-                mbar_arrive(sm.empty(prev));
+                v_unread(prev, np);
             }
             prev = s;
+            np = n;
+            tprev = t;
         }
         if (!Cfg::PERSIST) mbar_arrive(sm.q_empty());
         if constexpr (Cfg::XJOB) { /* the next job, and its first S with this last P V */
@@ -1066,10 +1152,11 @@ __device__ __forceinline__ wg_next wg_consume(const kiln_launch_params &p, const
             const wg_tiles<Cfg> tiles2 = wg_slot_tiles<Cfg>(p, sm.job(), t2);
             t2 = next.h >= 0 ? tiles2.next(t2) : tiles2.t_end;
             if (t2 < tiles2.t_end) {
-                s = n % STAGES; /* the next job's first tile */
+                s = n % STAGES; /* the next job's first tile (its K let go in that job) */
                 mbar_wait(sm.q_full(), (it + 1) & 1);
-                mbar_wait(sm.full(s), (n / STAGES) & 1);
+                mbar_wait(sm.full_k(s), (n / STAGES) & 1);
                 fence_proxy_async();
+                v_ready(prev, np, tprev); /* XJOB skips no tile: P of prev is here */
                 wg_turn_wait(c);
                 wgmma_fence();
                 wg_issue_pv<Cfg>(st.o[0], pf, sm.v + prev * L::TILE);
@@ -1077,7 +1164,7 @@ __device__ __forceinline__ wg_next wg_consume(const kiln_launch_params &p, const
                 wg_turn_pass(c);
                 wgmma_wait<1>(); /* this job's O; the next job's S may still run */
                 reg_fence(st.o[0]);
-                mbar_arrive(sm.empty(prev));
+                mbar_arrive(sm.empty_v(prev));
                 store_rows<Cfg>(st, rows, p, w, c2, wrow, lane);
                 wgmma_wait<0>();
                 reg_fence(sc[0]);
@@ -1087,6 +1174,7 @@ __device__ __forceinline__ wg_next wg_consume(const kiln_launch_params &p, const
         }
         /* P V of the last tile, a turn of its own (the turn alone where it was skipped) */
         if (have) {
+            v_ready(prev, np, tprev);
             wg_turn_wait(c);
             wgmma_fence();
             wg_issue_pv<Cfg>(st.o[0], pf, sm.v + prev * L::TILE);
@@ -1094,6 +1182,7 @@ __device__ __forceinline__ wg_next wg_consume(const kiln_launch_params &p, const
             wgmma_wait<0>();
             reg_fence(st.o[0]);
         } else {
+            v_landed(prev, np); /* let go below, with a used one's */
             wg_turn_wait(c);
             wg_turn_pass(c);
         }
@@ -1104,29 +1193,48 @@ __device__ __forceinline__ wg_next wg_consume(const kiln_launch_params &p, const
         wg_turn_wait(c); /* the job's last turn, without an issue */
         wg_turn_pass(c);
     }
+    /* the last V: its P V done, or skipped and landed (without KVSPLIT, where K is held, the
+     * one arrival is the held one below) */
+    if (last >= 0 && (Cfg::KVSPLIT || !hold_k)) mbar_arrive(sm.empty_v(last));
     const wg_o_stage o = wg_o_stage_at<Cfg>(p, w, sm, c, last);
     if (o.base) {
         if (Cfg::PERSIST) mbar_wait(sm.q_empty(), it & 1); /* both groups' last S: the K tile is free */
         wg_store_o_tma<Cfg>(st, rows, p, maps, w, c2, o, c, h, tid);
-        if (Cfg::PERSIST) {
-            if (tid % 128 == 0) held = sm.empty(last);
-            else mbar_arrive(sm.empty(last));
+        if (Cfg::PERSIST) { /* hold_k: the K tile, once the stores have read it */
+            if (tid % 128 == 0) held = sm.empty_k(last);
+            else mbar_arrive(sm.empty_k(last));
         }
     } else {
-        if (last >= 0) mbar_arrive(sm.empty(last));
         store_rows<Cfg>(st, rows, p, w, c2, wrow, lane);
     }
     if (!taken) next.h = wg_slot_head(sm, it + 1);
     return next;
 }
 
-/* The jobs of a CTA: (work x of nx, query head h). One job, (blockIdx.x, blockIdx.y), with a
- * CTA per tile; with PERSIST, job i of all nx x H is (i / H, i % H), heads innermost, so that
- * the first wave takes the heaviest causal tiles of every head (x = 0 is the last query tile
- * of a single request, a batch's items are longest first) and a KV head's G query heads run
- * side by side. CTA b takes job b, then its job of each later round (STATIC: wg_static_job),
- * or claims each later one from the schedule's counter (DYNAMIC: the CTA that frees first
- * takes the next). */
+/* The jobs of a CTA: (work x of nx, query head h). With PERSIST, job i of all nx x H is
+ * (i / H, i % H), heads innermost, so that the first wave takes the heaviest causal tiles of
+ * every head (x = 0 is the last query tile of a single request, a batch's items are longest
+ * first) and a KV head's G query heads run side by side; CTA b takes job b, then its job of
+ * each later round (STATIC: wg_static_job), or claims each later one from the schedule's
+ * counter (DYNAMIC: the CTA that frees first takes the next). With a CTA per job, CTA i runs
+ * job i of a KV-head-major order (wg_flat_job), which the GPU starts in index order. */
+
+/* The (work x, query head h) of job i of a CTA-per-job grid of nx x H: KV head outermost,
+ * then x, the KV head's G query heads innermost. So a KV head's heaviest tiles start first,
+ * its G query heads side by side on one tile, and the CTAs running at once read one or two KV
+ * heads' K/V (L2 holds them). With x innermost (the grid (nx, H) before) each head's heaviest
+ * tiles started after every earlier head's lightest, and the last head's ran on alone: 35 %
+ * of a 1 x 4096 causal prefill's time at H 8 by a list-scheduling model, 12 % at H 32. Heads
+ * innermost (all nx x H jobs as (i / H, i % H)) balanced them (measured on an H200, session
+ * 43: 369 -> 549 TFLOP/s at H 8) but ran every KV head at once, and d256 4 x 4096 H 32, whose
+ * K/V then streamed past L2, lost 13 %. This order is not yet measured. */
+template <class Cfg> __device__ __forceinline__ void wg_flat_job(const kiln_launch_params &p, int i, int &x, int &h)
+{
+    const int per_hk = (int)gridDim.x / p.num_qo_heads * Cfg::G; /* the grid's nx x G */
+    const int hk = i / per_hk, r = i % per_hk;
+    x = r / Cfg::G;
+    h = hk * Cfg::G + r % Cfg::G;
+}
 
 /* The static persistent grid's job of round r (KILN_WGMMA_PERSIST_STATIC): rounds of gridDim.x
  * jobs, taken forwards in even rounds and backwards in odd ones (CTA b: job b, then 2G - 1 - b,
@@ -1150,7 +1258,7 @@ __device__ __forceinline__ int wg_static_job(int r)
  * claim follows it). */
 template <class Cfg>
 __device__ __forceinline__ void wg_produce_jobs(const kiln_launch_params &p, const kiln_tma_maps *maps,
-                                                const wg_smem<Cfg::STAGES> &sm, int tid)
+                                                const wg_smem<Cfg> &sm, int tid)
 {
     /* nx and H are read again where used (a parameter, a schedule word): the producer's
      * registers hold the current job's copies */
@@ -1203,7 +1311,7 @@ __device__ __forceinline__ void wg_produce_jobs(const kiln_launch_params &p, con
 /* The persistent consumers: each job as the slot gives it, until h = -1. */
 template <class Cfg>
 __device__ __forceinline__ void wg_consume_jobs(const kiln_launch_params &p, const kiln_tma_maps *maps,
-                                                const wg_smem<Cfg::STAGES> &sm, int tid)
+                                                const wg_smem<Cfg> &sm, int tid)
 {
     const int c = tid / 128 - 1;
     wg_turns_begin(c);
@@ -1226,7 +1334,7 @@ template <class Cfg> __device__ void wgmma_attention_kernel(const kiln_launch_pa
     extern __shared__ __align__(1024) unsigned char smem[];
     const u32 raw = smem_addr(smem);
     const u32 base = (raw + (KILN_WGMMA_ALIGN - 1)) & ~(u32)(KILN_WGMMA_ALIGN - 1);
-    wg_smem<Cfg::STAGES> sm;
+    wg_smem<Cfg> sm;
     sm.q = base + L::Q_AT;
     sm.k = base + L::K_AT;
     sm.v = base + L::V_AT;
@@ -1237,11 +1345,17 @@ template <class Cfg> __device__ void wgmma_attention_kernel(const kiln_launch_pa
 
     const int tid = threadIdx.x;
     let_merge_launch<Cfg>(); /* first thing: merge.cuh says why */
-    if (Cfg::KV != KV_CONTIGUOUS && !Cfg::PERSIST && (int)blockIdx.x >= num_items(p)) return; /* padding of a graph-sized grid */
+    int x = 0, h = 0; /* a CTA per job: its job */
+    if constexpr (!Cfg::PERSIST) wg_flat_job<Cfg>(p, (int)blockIdx.x, x, h);
+    if (Cfg::KV != KV_CONTIGUOUS && !Cfg::PERSIST && x >= num_items(p)) return; /* padding of a graph-sized grid */
     if (tid == 0) {
         for (int s = 0; s < Cfg::STAGES; s++) {
-            mbar_init(sm.full(s), L::FULL_COUNT);
-            mbar_init(sm.empty(s), L::CONSUMERS);
+            mbar_init(sm.full_k(s), L::FULL_COUNT);
+            mbar_init(sm.empty_k(s), L::CONSUMERS);
+            if (Cfg::KVSPLIT) {
+                mbar_init(sm.full_v(s), L::FULL_COUNT);
+                mbar_init(sm.empty_v(s), L::CONSUMERS);
+            }
         }
         for (int r = 0; r < L::RAW; r++) mbar_init(sm.raw_full(r), L::PRODUCER);
         mbar_init(sm.q_full(), L::PRODUCER);
@@ -1264,18 +1378,17 @@ template <class Cfg> __device__ void wgmma_attention_kernel(const kiln_launch_pa
             wg_consume_jobs<Cfg>(p, maps, sm, tid);
             bulk_wait<0>(); /* O's stores done before the CTA ends */
         }
-    } else { /* a CTA per (tile, head) job; each role reads the work after its setmaxnreg
-                (read before it, the work's registers cost the consumers spills) */
-        const int h = blockIdx.y;
+    } else { /* a CTA per (tile, head) job, (x, h) above; each role reads the work after its
+                setmaxnreg (read before it, the work's registers cost the consumers spills) */
         int n = 0;
         if (tid < L::PRODUCER) {
             regs_dec<KILN_WGMMA_PRODUCER_REGS>();
-            const mma_work w = mma_load_work<Cfg>(p, blockIdx.x, gridDim.x);
+            const mma_work w = mma_load_work<Cfg>(p, x, wg_nx<Cfg>(p));
             wg_produce_job<Cfg>(p, maps, w, wg_job_tiles<Cfg>(p, w), sm, h, h / Cfg::G, tid, n, [] {}, [] {});
             cp_async_wait<0>();
         } else {
             regs_inc<KILN_WGMMA_CONSUMER_REGS>();
-            const mma_work w = mma_load_work<Cfg>(p, blockIdx.x, gridDim.x);
+            const mma_work w = mma_load_work<Cfg>(p, x, wg_nx<Cfg>(p));
             const int c = tid / 128 - 1;
             float sc[1][Cfg::BN / 8][4];
             wg_turns_begin(c);

@@ -838,13 +838,15 @@ KT_GPU_TEST(gpu_batch_pdl)
     kiln_ctx_destroy(c0);
 }
 
-/* The wgmma persistent grid with a job's last P V issued in one turn with the next job's first
- * S (KILN_TUNE xjob=1, opt-in) writes the bits the plain persistent grid writes (xjob=0): batch
- * prefill over causal and plain masks, ragged and paged KV, head dims 64, 128 and 256 (d256 on
- * the persistent grid it takes with persist=2), a logits transform with a window; requests of
- * one row to several tiles, an empty one, run eagerly and from a CUDA graph; the xjob=1
- * kernels against the float64 reference too. Skipped below sm_90 (no wgmma family). */
-KT_GPU_TEST(gpu_wgmma_xjob)
+/* Twin wgmma kernels of each case's spec, built under KILN_TUNE tune0 and tune1, write the same
+ * bits (twin_check: batch prefill over requests of one row to several tiles, an empty one, run
+ * eagerly and from a CUDA graph; the tune1 kernels against the float64 reference too); differs
+ * says the two configs are the ones asked for. Skipped below sm_90 (no wgmma family). */
+typedef struct {
+    const char *spec, *tune0, *tune1;
+} wgmma_twin;
+static void wgmma_twins(const wgmma_twin *cases, size_t n, const char *what,
+                        int (*differs)(const kiln__config *, const kiln__config *))
 {
     kiln_ctx *c0 = KT_CTX(kt_cache_dir(), 1), *c1 = KT_CTX(kt_cache_dir(), 1);
     KT_REQUIRE(c0 && c1);
@@ -854,9 +856,48 @@ KT_GPU_TEST(gpu_wgmma_xjob)
         kiln_ctx_destroy(c0);
         return;
     }
-    static const struct {
-        const char *spec, *tune0, *tune1;
-    } cases[] = {
+    static const int pqo[6] = {3, 200, 700, 1, 0, 130}, pkv[6] = {4097, 900, 700, 17, 33, 130};
+    for (size_t i = 0; i < n; i++) {
+        kiln_variant v;
+        if (!parsed(cases[i].spec, &v)) continue;
+        /* KILN_TUNE is read when a kernel is built; each context memoises its own */
+        setenv("KILN_TUNE", cases[i].tune0, 1);
+        kiln_kernel *k0 = get(c0, &v);
+        setenv("KILN_TUNE", cases[i].tune1, 1);
+        kiln_kernel *k1 = get(c1, &v);
+        unsetenv("KILN_TUNE");
+        if (!k0 || !k1) continue;
+        KT_CHECK(k0->cfg.wgmma && k1->cfg.wgmma && differs(&k0->cfg, &k1->cfg));
+        for (int mode = 0; mode < 2; mode++) { /* eager / graph */
+            kiln_check_batch s = {.batch = 6,
+                                  .qo_lens = pqo,
+                                  .kv_lens = pkv,
+                                  .num_qo_heads = 4 * v.group,
+                                  .page_size = 16,
+                                  .window_left = v.window ? 301 : -1,
+                                  .graph = mode,
+                                  .seed = 131u + (uint64_t)(i * 2 + mode)};
+            const kiln_check_pair p = twin_check(c1, k0, k1, &s, cases[i].spec, mode, what);
+            KT_CHECK(p.same_split);
+        }
+    }
+    kiln_ctx_destroy(c1);
+    kiln_ctx_destroy(c0);
+}
+
+/* xjob=1 against xjob=0: the same persistent grid, only the job's last P V moved */
+static int xjob_twins(const kiln__config *a, const kiln__config *b)
+{
+    return a->persist && b->persist == a->persist && a->xjob == 0 && b->xjob == 1;
+}
+
+/* The wgmma persistent grid with a job's last P V issued in one turn with the next job's first
+ * S (KILN_TUNE xjob=1, opt-in) writes the bits the plain persistent grid writes (xjob=0): batch
+ * prefill over causal and plain masks, ragged and paged KV, head dims 64, 128 and 256 (d256 on
+ * the persistent grid it takes with persist=2), a logits transform with a window. */
+KT_GPU_TEST(gpu_wgmma_xjob)
+{
+    static const wgmma_twin cases[] = {
         {"op=prefill dtype=bf16 head_dim=128 group=4 kv=ragged mask=causal lse=1", "xjob=0",
          "xjob=1"},
         {"op=prefill dtype=bf16 head_dim=128 group=1 kv=paged lse=1", "xjob=0", "xjob=1"},
@@ -868,34 +909,48 @@ KT_GPU_TEST(gpu_wgmma_xjob)
         {"op=prefill dtype=bf16 head_dim=256 group=4 kv=ragged mask=causal lse=1",
          "persist=2,xjob=0", "persist=2,xjob=1"},
     };
-    static const int pqo[6] = {3, 200, 700, 1, 0, 130}, pkv[6] = {4097, 900, 700, 17, 33, 130};
-    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
-        kiln_variant v;
-        if (!parsed(cases[i].spec, &v)) continue;
-        /* KILN_TUNE is read when a kernel is built; each context memoises its own */
-        setenv("KILN_TUNE", cases[i].tune0, 1);
-        kiln_kernel *k0 = get(c0, &v);
-        setenv("KILN_TUNE", cases[i].tune1, 1);
-        kiln_kernel *k1 = get(c1, &v);
-        unsetenv("KILN_TUNE");
-        if (!k0 || !k1) continue;
-        KT_CHECK(k0->cfg.wgmma && k0->cfg.persist && k0->cfg.xjob == 0);
-        KT_CHECK(k1->cfg.wgmma && k1->cfg.persist == k0->cfg.persist && k1->cfg.xjob == 1);
-        for (int mode = 0; mode < 2; mode++) { /* eager / graph */
-            kiln_check_batch s = {.batch = 6,
-                                  .qo_lens = pqo,
-                                  .kv_lens = pkv,
-                                  .num_qo_heads = 4 * v.group,
-                                  .page_size = 16,
-                                  .window_left = v.window ? 301 : -1,
-                                  .graph = mode,
-                                  .seed = 131u + (uint64_t)(i * 2 + mode)};
-            const kiln_check_pair p = twin_check(c1, k0, k1, &s, cases[i].spec, mode, "xjob=1");
-            KT_CHECK(p.same_split);
-        }
-    }
-    kiln_ctx_destroy(c1);
-    kiln_ctx_destroy(c0);
+    wgmma_twins(cases, sizeof cases / sizeof cases[0], "xjob=1", xjob_twins);
+}
+
+/* kvsplit=1 against kvsplit=0: the same kernel, only the stages' barriers split */
+static int kvsplit_twins(const kiln__config *a, const kiln__config *b)
+{
+    return a->persist == b->persist && a->xjob == b->xjob && a->kvsplit == 0 && b->kvsplit == 1;
+}
+
+/* A stage's K and V on barriers of their own (KILN_TUNE kvsplit=1, the default at d256 and for
+ * the producer's fp8 and RoPE transforms) writes the bits one pair for both writes (kvsplit=0):
+ * a CTA per job and both persistent grids (O staged in the held K tile), xjob=1, head dims 64,
+ * 128 and 256, ragged and paged KV (TMA boxes per page, rows per warp), fp8 e4m3 and e5m2 KV,
+ * RoPE (without LSE: bf16's rounding of the rotated q and k puts the LSE of a few rows with one
+ * or two keys 1-3e-3 off the float64 reference, over the checker's 1e-3), a logits transform
+ * with a window. */
+KT_GPU_TEST(gpu_wgmma_kvsplit)
+{
+    static const wgmma_twin cases[] = {
+        {"op=prefill dtype=bf16 head_dim=128 group=4 kv=ragged mask=causal lse=1", "kvsplit=0",
+         "kvsplit=1"},
+        {"op=prefill dtype=bf16 head_dim=128 group=1 kv=paged lse=1", "kvsplit=0", "kvsplit=1"},
+        {"op=prefill dtype=bf16 head_dim=128 group=4 kv=paged mask=causal lse=1",
+         "load=1,kvsplit=0", "load=1,kvsplit=1"},
+        {"op=prefill dtype=f16 head_dim=64 group=4 kv=ragged mask=causal lse=1",
+         "persist=1,xjob=1,kvsplit=0", "persist=1,xjob=1,kvsplit=1"},
+        {"op=prefill dtype=bf16 head_dim=128 group=4 kv=paged mask=causal logits=softcap "
+         "window=1 lse=1",
+         "kvsplit=0", "kvsplit=1"},
+        {"op=prefill dtype=bf16 head_dim=256 group=4 kv=ragged mask=causal lse=1", "kvsplit=0",
+         "kvsplit=1"},
+        {"op=prefill dtype=bf16 head_dim=256 group=2 kv=paged lse=1", "persist=2,kvsplit=0",
+         "persist=2,kvsplit=1"},
+        {"op=prefill q_dtype=bf16 kv_dtype=e4m3 out_dtype=bf16 head_dim=128 group=4 kv=paged "
+         "mask=causal lse=1",
+         "kvsplit=0", "kvsplit=1"},
+        {"op=prefill q_dtype=f16 kv_dtype=e5m2 out_dtype=f16 head_dim=64 group=4 kv=ragged lse=1",
+         "kvsplit=0", "kvsplit=1"},
+        {"op=prefill dtype=bf16 head_dim=128 group=4 kv=ragged mask=causal rope=1", "kvsplit=0",
+         "kvsplit=1"},
+    };
+    wgmma_twins(cases, sizeof cases / sizeof cases[0], "kvsplit=1", kvsplit_twins);
 }
 
 /* Unused pool slots and padding full of NaN must not leak into any output. */

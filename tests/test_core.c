@@ -730,7 +730,7 @@ KT_TEST(core_wgmma_family_choice)
     KT_CHECK(cfg.xjob == 0 && strcmp(conf, plain) != 0);
     KT_OK(kiln__expand(&v, &cfg, "sm_90a", &src0, &e), e.msg);
     KT_REQUIRE(src0);
-    KT_CONTAINS(src0, "PERSIST = 2, XJOB = 0;");
+    KT_CONTAINS(src0, "PERSIST = 2, XJOB = 0, KVSPLIT = 0;");
     free(src0);
     setenv("KILN_TUNE", "persist=0 xjob=1", 1);
     KT_CHECK(kiln__config_pick(&v, 90, &cfg, &e) == KILN_STATUS_UNSUPPORTED);
@@ -741,6 +741,44 @@ KT_TEST(core_wgmma_family_choice)
     setenv("KILN_TUNE", "persist=0", 1);
     KT_OK(kiln__config_pick(&v, 90, &cfg, &e), e.msg);
     KT_EQ_INT(cfg.xjob, 0);
+    /* K and V on barriers of their own (kvsplit): by default at d256 and where the producer
+     * transforms K (fp8 KV, RoPE), not at d128 bf16; KILN_TUNE sets it either way, its own
+     * key; 2 is refused, and so is the field on the mma.sync family */
+    unsetenv("KILN_TUNE");
+    static const struct {
+        const char *spec;
+        int split;
+    } splits[] = {{"op=prefill dtype=bf16 head_dim=128 group=4 kv=ragged", 0},
+                  {"op=prefill dtype=bf16 head_dim=64 group=4 kv=ragged mask=causal", 0},
+                  {"op=prefill dtype=bf16 head_dim=256 group=4 kv=ragged", 1},
+                  {"op=prefill q_dtype=bf16 kv_dtype=e4m3 out_dtype=bf16 head_dim=128 group=4 "
+                   "kv=paged",
+                   1},
+                  {"op=prefill dtype=f16 head_dim=128 group=4 kv=ragged rope=1", 1}};
+    for (size_t i = 0; i < sizeof splits / sizeof splits[0]; i++) {
+        parse(splits[i].spec, &v);
+        KT_OK(kiln__config_pick(&v, 90, &cfg, &e), e.msg);
+        KT_CHECK(cfg.wgmma);
+        KT_EQ_INT(cfg.kvsplit, splits[i].split);
+    }
+    parse("op=prefill dtype=bf16 head_dim=128 group=4 kv=ragged", &v);
+    KT_OK(kiln__config_pick(&v, 90, &cfg, &e), e.msg);
+    kiln__config_format(&cfg, plain, sizeof plain);
+    KT_CONTAINS(plain, " kvsplit=0");
+    setenv("KILN_TUNE", "kvsplit=1", 1);
+    KT_OK(kiln__config_pick(&v, 90, &cfg, &e), e.msg);
+    kiln__config_format(&cfg, conf, sizeof conf);
+    KT_CHECK(cfg.kvsplit == 1 && strcmp(conf, plain) != 0);
+    KT_OK(kiln__expand(&v, &cfg, "sm_90a", &src0, &e), e.msg);
+    KT_REQUIRE(src0);
+    KT_CONTAINS(src0, "KVSPLIT = 1;");
+    free(src0);
+    setenv("KILN_TUNE", "kvsplit=2", 1);
+    KT_CHECK(kiln__config_pick(&v, 90, &cfg, &e) == KILN_STATUS_UNSUPPORTED);
+    KT_CONTAINS(e.msg, "kvsplit is 0 (one barrier pair");
+    setenv("KILN_TUNE", "kvsplit=1", 1);
+    KT_CHECK(kiln__config_pick(&v, 80, &cfg, &e) == KILN_STATUS_UNSUPPORTED);
+    KT_CONTAINS(e.msg, "kvsplit=");
     /* rows per warp through a page table (KILN_TUNE load=1): no maps argument */
     parse("op=prefill dtype=bf16 head_dim=128 group=4 kv=paged", &v);
     setenv("KILN_TUNE", "load=1", 1);

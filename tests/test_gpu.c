@@ -220,7 +220,9 @@ KT_GPU_TEST(gpu_launch_errors)
  * order) on every kernel family against the float64 reference: single decode (CUDA cores
  * G 1 and G 8), single prefill (wgmma d128 causal, d64 with a window), batch decode on the
  * packed tensor-core rows (G 4, paged, and fp8 KV) and batch prefill (ragged causal, paged);
- * a small cap (5) so the tanh bends the logits, odd lengths. */
+ * a small cap (5) so the tanh bends the logits, and a large one (200): the wgmma family's
+ * softmax takes a fixed reference for caps up to 55 and its running max above
+ * (wgmma_attention.cuh, CAP_REF_MAX); odd lengths. */
 KT_GPU_TEST(gpu_softcap_alibi)
 {
     kiln_ctx *ctx = KT_CTX(kt_cache_dir(), 1);
@@ -239,12 +241,12 @@ KT_GPU_TEST(gpu_softcap_alibi)
         }
         const int decode = k->v.op == KILN_OP_DECODE;
         static const int lq[] = {1, 37, 200}, lkv[] = {1, 577, 4093};
-        for (int c = 0; c < 3; c++) {
-            kiln_check_shape s = {.num_qo_heads = 2 * k->v.group * (c + 1),
-                                  .qo_len = decode ? 1 : lq[c],
-                                  .kv_len = lkv[c] < lq[c] ? lq[c] : lkv[c],
+        for (int c = 0; c < 4; c++) {
+            kiln_check_shape s = {.num_qo_heads = 2 * k->v.group * (c % 3 + 1),
+                                  .qo_len = decode ? 1 : lq[c % 3],
+                                  .kv_len = lkv[c % 3] < lq[c % 3] ? lq[c % 3] : lkv[c % 3],
                                   .window_left = -1,
-                                  .softcap = 5.0f,
+                                  .softcap = c == 3 ? 200.0f : 5.0f,
                                   .strided = c == 1};
             kiln_check_result r;
             char msg[512];
@@ -262,10 +264,12 @@ KT_GPU_TEST(gpu_softcap_alibi)
         "op=prefill dtype=f16 head_dim=64 group=1 kv=paged logits=softcap_alibi lse=1",
     };
     static const int kv[5] = {1, 300, 0, 2049, 77}, qo[5] = {1, 37, 3, 64, 5};
-    for (size_t i = 0; i < sizeof batched / sizeof batched[0]; i++) {
+    for (size_t i = 0; i < 2 * sizeof batched / sizeof batched[0]; i++) {
+        const size_t b = i % (sizeof batched / sizeof batched[0]);
+        const float cap = i == b ? 5.0f : 200.0f;
         kiln_kernel *k = NULL;
-        if (kiln_kernel_get_spec(ctx, batched[i], &k) != KILN_STATUS_OK) {
-            kt_fail(__FILE__, __LINE__, "%s: %s", batched[i], kiln_ctx_errmsg(ctx));
+        if (kiln_kernel_get_spec(ctx, batched[b], &k) != KILN_STATUS_OK) {
+            kt_fail(__FILE__, __LINE__, "%s: %s", batched[b], kiln_ctx_errmsg(ctx));
             continue;
         }
         kiln_check_batch s = {.batch = 5,
@@ -274,12 +278,13 @@ KT_GPU_TEST(gpu_softcap_alibi)
                               .num_qo_heads = 4 * k->v.group,
                               .page_size = 16,
                               .window_left = -1,
-                              .softcap = 5.0f,
+                              .softcap = cap,
                               .seed = 211u + (uint64_t)i};
         kiln_check_batch_result r;
         char msg[1024];
         if (kiln_check_batch_run(ctx, k, &s, 0, &r, msg, sizeof msg) != KILN_STATUS_OK)
-            kt_fail(__FILE__, __LINE__, "%s: %s (request %d)", batched[i], msg, r.bad_request);
+            kt_fail(__FILE__, __LINE__, "%s cap %g: %s (request %d)", batched[b], cap, msg,
+                    r.bad_request);
     }
     kiln_ctx_destroy(ctx);
 }

@@ -368,10 +368,10 @@ KILN_CONTRACT_FN int kiln_wgmma_raw_bytes(int d, int bn, int es, int rope)
     return kiln_wgmma_raw_stages(d, es, rope) * kiln_wgmma_raw_tiles(es, rope) * bn * d * es +
            kiln_rope_freq_bytes(d, rope);
 }
-/* full[stages], empty[stages], Q's full and empty, the job slot's full, one spare, then the
- * raw stages' full[raw] and as many spares: a multiple of 16 bytes, so that the job slot after
- * them is 16-byte aligned */
-KILN_CONTRACT_FN int kiln_wgmma_bar_bytes(int stages, int raw) { return (2 * stages + 4 + 2 * raw) * 8; }
+/* the stages' K full[stages], V full[stages], K empty[stages], V empty[stages], Q's full and
+ * empty, the job slot's full, one spare, then the raw stages' full[raw] and as many spares: a
+ * multiple of 16 bytes, so that the job slot after them is 16-byte aligned */
+KILN_CONTRACT_FN int kiln_wgmma_bar_bytes(int stages, int raw) { return (4 * stages + 4 + 2 * raw) * 8; }
 KILN_CONTRACT_FN int kiln_wgmma_smem_bytes(int d, int bm, int bn, int stages, int es, int rope)
 {
     return KILN_WGMMA_ALIGN + bm * d * 2 + 2 * stages * bn * d * 2 + kiln_wgmma_raw_bytes(d, bn, es, rope) +
