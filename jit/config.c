@@ -415,6 +415,13 @@ static int wgmma_kvsplit_default(const kiln_variant *v)
            v->rope;
 }
 
+/* S = Q K^T with Q in registers (qregs=1): its instructions then read K alone from shared
+ * memory. EXPERIMENT (s46-qregs): on at D <= 128 without xjob, to be measured. */
+static int wgmma_qregs_default(const kiln_variant *v, const kiln__config *c)
+{
+    return v->head_dim <= 128 && !c->xjob;
+}
+
 /* The key tiles the wgmma family has an S = Q K^T instruction for (m64nBNk16: the shapes
  * tools/build/gen_wgmma.py writes into templates/common/wgmma.cuh). Copying rows a thread
  * each (load=0) takes 64 or 128. */
@@ -436,23 +443,24 @@ static kiln_status pick_wgmma(const kiln_variant *v, int smem_limit, kiln__confi
      * producer's copies were the limit": causal 321 -> 489 TFLOP/s a row per thread -> rows
      * per warp, 562 by TMA), with kv=paged one box per page where pages are a multiple of 8
      * rows, rows per warp otherwise (page 16: 380 -> 403 TFLOP/s over rows per warp) */
-    c->load = c->persist = c->xjob = c->kvsplit = -1;
+    c->load = c->persist = c->xjob = c->kvsplit = c->q_in_regs = -1;
     if ((st = apply_tune(c, e))) return st;
     if (c->load < 0) c->load = KILN_WGMMA_LOAD_TMA;
     if (c->persist < 0) c->persist = wgmma_persist_default(v);
     if (c->xjob < 0) c->xjob = 0; /* 1 passes its GPU tests but measured no faster (docs/perf.md) */
     if (c->kvsplit < 0) c->kvsplit = wgmma_kvsplit_default(v);
-    if (c->warps != 8 || c->mt != 1 || c->q_in_regs || c->gb || c->pack || c->min_blocks != 1 ||
+    if (c->q_in_regs < 0) c->q_in_regs = wgmma_qregs_default(v, c);
+    if (c->warps != 8 || c->mt != 1 || c->gb || c->pack || c->min_blocks != 1 ||
         !wgmma_bn_ok(c->block_n, c->load) || c->stages < 2 || c->stages > 4 ||
         c->load > KILN_WGMMA_LOAD_TMA || c->persist > KILN_WGMMA_PERSIST_DYNAMIC)
         return kiln__fail(e, KILN_STATUS_UNSUPPORTED,
-                          "config: the wgmma family takes warps=8 mt=1 qregs=0 minb=1, bn 64, 80, "
+                          "config: the wgmma family takes warps=8 mt=1 minb=1, bn 64, 80, "
                           "128, 176, 192 or 256 (64 or 128 with load=0), 2-4 stages (a consumer "
                           "frees a stage only once the next tile has landed), load 0, 1 or 2 and "
                           "persist 0, 1 or 2 (got warps=%d mt=%d "
-                          "qregs=%d minb=%d bn=%d stages=%d load=%d persist=%d)",
-                          c->warps, c->mt, c->q_in_regs, c->min_blocks, c->block_n, c->stages,
-                          c->load, c->persist);
+                          "minb=%d bn=%d stages=%d load=%d persist=%d)",
+                          c->warps, c->mt, c->min_blocks, c->block_n, c->stages, c->load,
+                          c->persist);
     if (c->persist == KILN_WGMMA_PERSIST_DYNAMIC && v->kv == KILN_KV_CONTIGUOUS)
         return kiln__fail(e, KILN_STATUS_UNSUPPORTED,
                           "config: persist=2 claims jobs from a batch schedule's counter; a "
@@ -462,6 +470,12 @@ static kiln_status pick_wgmma(const kiln_variant *v, int smem_limit, kiln__confi
                           "config: xjob=%d (KILN_TUNE): xjob is 0 or 1, and 1 (a job's last P V "
                           "with the next job's first S) needs a persistent grid (persist=1 or 2)",
                           c->xjob);
+    if (c->q_in_regs > 1 || (c->q_in_regs && (v->head_dim > 128 || c->xjob)))
+        return kiln__fail(e, KILN_STATUS_UNSUPPORTED,
+                          "config: qregs=%d (KILN_TUNE): the wgmma family's qregs is 0 (S reads Q "
+                          "from shared memory) or 1 (from registers: head dims 64 and 128, "
+                          "without xjob)",
+                          c->q_in_regs);
     if (c->kvsplit > 1)
         return kiln__fail(e, KILN_STATUS_UNSUPPORTED,
                           "config: kvsplit=%d (KILN_TUNE): kvsplit is 0 (one barrier pair for a "

@@ -769,15 +769,39 @@ __device__ __forceinline__ void wg_prefetch_q(const kiln_launch_params &p, const
  * do; and within a group, S of tile n = Q K^T is issued together with O += P V of tile n - 1,
  * so that the softmax of tile n runs while P V of tile n - 1 is still on the tensor cores. */
 
-/* Issue S = Q K^T for this warpgroup's 64 rows (q_rows) and the K tile at k_tile. */
-template <class Cfg> __device__ __forceinline__ void wg_issue_qk(float (&s)[Cfg::BN / 8][4], u32 q_rows, u32 k_tile)
+/* Q's A fragments of this warpgroup's 64 rows where S takes Q from registers (Q_IN_REGS, at
+ * D <= 128: the S instructions then read only K from shared memory, whose bandwidth S Q K^T
+ * from two shared-memory operands nearly fills). One array of a single fragment otherwise. */
+template <class Cfg> using wg_qfrag = u32[Cfg::Q_IN_REGS ? Cfg::D / 16 : 1][4];
+
+/* Load them from the swizzled Q tile once it has landed: warp w's 16 rows, the m16k16 block of
+ * k-step kk by one ldmatrix.x4 (lanes 0-15 address rows 0-15 at columns 0-7, lanes 16-31 the
+ * same rows at columns 8-15: registers a0..a3 of the m16n8k16 A fragment). */
+template <class Cfg> __device__ __forceinline__ void wg_load_q(wg_qfrag<Cfg> &qf, u32 q_rows, int tid)
+{
+    if constexpr (Cfg::Q_IN_REGS) {
+        const int row = (tid / WARP) % 4 * 16 + tid % 16, half = (tid % WARP) / 16;
+#pragma unroll
+        for (int kk = 0; kk < Cfg::D / 16; kk++)
+            ldmatrix_x4(q_rows + (kk / 4) * KILN_WGMMA_BM * 128 + row * 128 + ((((kk % 4) * 2 + half) ^ (row & 7)) << 4),
+                        qf[kk][0], qf[kk][1], qf[kk][2], qf[kk][3]);
+    }
+}
+
+/* Issue S = Q K^T for this warpgroup's 64 rows (q_rows, or qf) and the K tile at k_tile. */
+template <class Cfg>
+__device__ __forceinline__ void wg_issue_qk(float (&s)[Cfg::BN / 8][4], const wg_qfrag<Cfg> &qf, u32 q_rows, u32 k_tile)
 {
     constexpr int D = Cfg::D, BN = Cfg::BN, BM = KILN_WGMMA_BM;
 #pragma unroll
     for (int kk = 0; kk < D / 16; kk++) {
-        const u64 da = smem_desc(q_rows + (kk / 4) * BM * 128 + (kk % 4) * 32, 16, 1024);
         const u64 db = smem_desc(k_tile + (kk / 4) * BN * 128 + (kk % 4) * 32, 16, 1024);
-        wgmma_ss<wg_layout<Cfg>::MDT, BN>(s, da, db, kk > 0);
+        if constexpr (Cfg::Q_IN_REGS) {
+            wgmma_rk<wg_layout<Cfg>::MDT, BN>(s, qf[kk], db, kk > 0);
+        } else {
+            const u64 da = smem_desc(q_rows + (kk / 4) * BM * 128 + (kk % 4) * 32, 16, 1024);
+            wgmma_ss<wg_layout<Cfg>::MDT, BN>(s, da, db, kk > 0);
+        }
     }
     wgmma_commit();
 }
@@ -1015,6 +1039,8 @@ __device__ __forceinline__ wg_next wg_consume(const kiln_launch_params &p, const
     if (wg_cap_ref<Cfg>(p)) st.m[0][0] = st.m[0][1] = 0.f; /* the soft-cap's fixed reference */
     const float c2 = logits_c2<Cfg>(p, k_unit<Cfg>(p));
     const u32 q_rows = sm.q + c * 64 * 128;
+    wg_qfrag<Cfg> qf;
+    static_assert(!Cfg::Q_IN_REGS || !Cfg::XJOB, "Q in registers: one job's at a time (jit/config.c)");
     wg_next next = {-1, false};
     bool taken = !Cfg::PERSIST; /* the next job (none with a CTA per job) */
 
@@ -1042,7 +1068,10 @@ __device__ __forceinline__ wg_next wg_consume(const kiln_launch_params &p, const
         v_landed(sp, np);
         mbar_arrive(sm.empty_v(sp));
     };
-    if (!s_ready) mbar_wait(sm.q_full(), it & 1);
+    if (!s_ready) {
+        mbar_wait(sm.q_full(), it & 1);
+        wg_load_q<Cfg>(qf, q_rows, tid);
+    }
     int t = tiles.next(w.t_first);
     if (t < w.t_end) {
         /* the first tile: S (unless the last job's turn issued it), softmax, P. A tile the
@@ -1063,7 +1092,7 @@ __device__ __forceinline__ wg_next wg_consume(const kiln_launch_params &p, const
             } else {
                 wg_turn_wait(c);
                 wgmma_fence();
-                wg_issue_qk<Cfg>(sc[0], q_rows, sm.k + s * L::TILE);
+                wg_issue_qk<Cfg>(sc[0], qf, q_rows, sm.k + s * L::TILE);
                 wg_turn_pass(c);
                 wg_release_o(held); /* the last job's staged O, read by now */
                 wgmma_wait<0>();
@@ -1094,7 +1123,7 @@ __device__ __forceinline__ wg_next wg_consume(const kiln_launch_params &p, const
                 v_ready(prev, np, tprev);
                 wg_turn_wait(c);
                 wgmma_fence();
-                wg_issue_qk<Cfg>(sc[0], q_rows, sm.k + s * L::TILE);
+                wg_issue_qk<Cfg>(sc[0], qf, q_rows, sm.k + s * L::TILE);
                 wg_issue_pv<Cfg>(st.o[0], pf, sm.v + prev * L::TILE);
                 wg_turn_pass(c);
                 wgmma_wait<1>(); /* S; P V of the previous tile may still run */
@@ -1110,7 +1139,7 @@ __device__ __forceinline__ wg_next wg_consume(const kiln_launch_params &p, const
             } else if (!skip) { /* S alone: the last tile was skipped */
                 wg_turn_wait(c);
                 wgmma_fence();
-                wg_issue_qk<Cfg>(sc[0], q_rows, sm.k + s * L::TILE);
+                wg_issue_qk<Cfg>(sc[0], qf, q_rows, sm.k + s * L::TILE);
                 wg_turn_pass(c);
                 wgmma_wait<0>();
                 reg_fence(sc[0]);
@@ -1160,7 +1189,7 @@ __device__ __forceinline__ wg_next wg_consume(const kiln_launch_params &p, const
                 wg_turn_wait(c);
                 wgmma_fence();
                 wg_issue_pv<Cfg>(st.o[0], pf, sm.v + prev * L::TILE);
-                wg_issue_qk<Cfg>(sc[0], q_rows, sm.k + s * L::TILE);
+                wg_issue_qk<Cfg>(sc[0], qf, q_rows, sm.k + s * L::TILE);
                 wg_turn_pass(c);
                 wgmma_wait<1>(); /* this job's O; the next job's S may still run */
                 reg_fence(st.o[0]);

@@ -37,14 +37,14 @@ def emit_ss(n, out):
     out.append("}\n")
 
 
-def emit_rs(n, out):
+def emit_rs(n, out, kind="rs", trans_b=1):
     r = n // 2
-    out.append(f"template <int DT> __device__ __forceinline__ void wgmma_rs_{n}(float (&d)[{n // 8}][4], const u32 (&a)[4], u64 db, int acc)\n{{")
+    out.append(f"template <int DT> __device__ __forceinline__ void wgmma_{kind}_{n}(float (&d)[{n // 8}][4], const u32 (&a)[4], u64 db, int acc)\n{{")
     for dt, ptx in TYPES:
         out.append(f"    if constexpr (DT == {dt})")
         out.append('        asm volatile("{\\n.reg .pred p;\\nsetp.ne.b32 p, %' + str(r + 5) + ', 0;\\n"')
         out.append(f'                     "wgmma.mma_async.sync.aligned.m64n{n}k16.f32.{ptx}.{ptx} "')
-        out.append(f'                     "{{{placeholders(0, r)}}}, {{%{r}, %{r + 1}, %{r + 2}, %{r + 3}}}, %{r + 4}, p, 1, 1, 1;\\n}}\\n"')
+        out.append(f'                     "{{{placeholders(0, r)}}}, {{%{r}, %{r + 1}, %{r + 2}, %{r + 3}}}, %{r + 4}, p, 1, 1, {trans_b};\\n}}\\n"')
         out.append(f"                     : {acc_operands(n)}")
         out.append('                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(acc));')
     out.append("}\n")
@@ -60,6 +60,8 @@ def main():
  *     shared memory (descriptors da, db): S = Q K^T.
  *   wgmma_rs_N<DT>(d, a, db, acc): d (+)= A B, A [64][16] from registers (the m16n8k16 A
  *     fragment of each warp's 16 rows), B [16][N] N-major in shared memory: O += P V.
+ *   wgmma_rk_N<DT>(d, a, db, acc): d (+)= A B^T, A [64][16] from registers as above, B [N][16]
+ *     K-major in shared memory: S = Q K^T with Q in registers (KILN_TUNE qregs=1).
  * acc = 0 overwrites d. d is float[N/8][4] per thread in the m16n8 accumulator layout of
  * fragment.cuh, warp w of the warpgroup holding rows 16 w .. 16 w + 15.
  *
@@ -78,9 +80,12 @@ namespace kiln {
         emit_ss(n, out)
     for n in RS_SHAPES:
         emit_rs(n, out)
-    out.append("/* By N, for the templates: wgmma_ss<DT, N>(...), wgmma_rs<DT, N>(...). */")
+    for n in SS_SHAPES:
+        emit_rs(n, out, "rk", 0)
+    out.append("/* By N, for the templates: wgmma_ss<DT, N>(...), wgmma_rs<DT, N>(...), wgmma_rk<DT, N>(...). */")
     for kind, args, call, shapes in (("ss", "u64 da, u64 db, int acc", "da, db, acc", SS_SHAPES),
-                                     ("rs", "const u32 (&a)[4], u64 db, int acc", "a, db, acc", RS_SHAPES)):
+                                     ("rs", "const u32 (&a)[4], u64 db, int acc", "a, db, acc", RS_SHAPES),
+                                     ("rk", "const u32 (&a)[4], u64 db, int acc", "a, db, acc", SS_SHAPES)):
         out.append(f"template <int DT, int N> __device__ __forceinline__ void wgmma_{kind}(float (&d)[N / 8][4], {args})\n{{")
         for i, n in enumerate(shapes):
             kw = "if" if i == 0 else "else if"
