@@ -953,6 +953,41 @@ KT_GPU_TEST(gpu_wgmma_kvsplit)
     wgmma_twins(cases, sizeof cases / sizeof cases[0], "kvsplit=1", kvsplit_twins);
 }
 
+/* qregs=1 against qregs=0: the same kernel, only where S takes Q from */
+static int qregs_twins(const kiln__config *a, const kiln__config *b)
+{
+    return a->persist == b->persist && a->kvsplit == b->kvsplit && a->q_in_regs == 0 &&
+           b->q_in_regs == 1;
+}
+
+/* S = Q K^T with Q's fragments in registers (KILN_TUNE qregs=1) writes the bits S from Q in
+ * shared memory writes (qregs=0): a CTA per job and both persistent grids, head dims 64 and
+ * 128, f16 and bf16, ragged and paged KV (by boxes and by rows), fp8 KV (Q widened beside it),
+ * RoPE (Q rotated in place by the producer; without LSE, as in gpu_wgmma_kvsplit), a logits
+ * transform with a window, K and V on split barriers. */
+KT_GPU_TEST(gpu_wgmma_qregs)
+{
+    static const wgmma_twin cases[] = {
+        {"op=prefill dtype=bf16 head_dim=128 group=4 kv=ragged mask=causal lse=1", "qregs=0",
+         "qregs=1"},
+        {"op=prefill dtype=bf16 head_dim=128 group=1 kv=paged lse=1", "persist=0,qregs=0",
+         "persist=0,qregs=1"},
+        {"op=prefill dtype=bf16 head_dim=128 group=4 kv=paged mask=causal lse=1", "load=1,qregs=0",
+         "load=1,qregs=1"},
+        {"op=prefill dtype=f16 head_dim=64 group=4 kv=ragged mask=causal lse=1",
+         "persist=1,qregs=0", "persist=1,qregs=1"},
+        {"op=prefill dtype=bf16 head_dim=128 group=4 kv=paged mask=causal logits=softcap "
+         "window=1 lse=1",
+         "kvsplit=1,qregs=0", "kvsplit=1,qregs=1"},
+        {"op=prefill q_dtype=bf16 kv_dtype=e4m3 out_dtype=bf16 head_dim=128 group=4 kv=paged "
+         "mask=causal lse=1",
+         "qregs=0", "qregs=1"},
+        {"op=prefill dtype=bf16 head_dim=128 group=4 kv=ragged mask=causal rope=1", "qregs=0",
+         "qregs=1"},
+    };
+    wgmma_twins(cases, sizeof cases / sizeof cases[0], "qregs=1", qregs_twins);
+}
+
 /* Unused pool slots and padding full of NaN must not leak into any output. */
 KT_GPU_TEST(gpu_batch_nan_pool)
 {
