@@ -213,6 +213,17 @@ gpu-seed: all
 	    'op=prefill dtype=bf16 head_dim=128 group=4 kv=ragged mask=causal rope=1|' | \
 	    while IFS='|' read -r spec pre; do echo "$$spec arch=sm_90a" | KILN_TUNE=$$pre$$t \
 	        KILN_CACHE_DIR=$(BUILD)/seed $(KILN) warm --arch sm_90a --jobs 1 - > /dev/null || exit 1; done || exit 1; done
+	# gpu_wgmma_qregs: its twins' kernels, each under its two tunes (tests/test_batch.c)
+	for t in qregs=0 qregs=1; do printf '%s\n' \
+	    'op=prefill dtype=bf16 head_dim=128 group=4 kv=ragged mask=causal lse=1|' \
+	    'op=prefill dtype=bf16 head_dim=128 group=1 kv=paged lse=1|persist=0,' \
+	    'op=prefill dtype=bf16 head_dim=128 group=4 kv=paged mask=causal lse=1|load=1,' \
+	    'op=prefill dtype=f16 head_dim=64 group=4 kv=ragged mask=causal lse=1|persist=1,' \
+	    'op=prefill dtype=bf16 head_dim=128 group=4 kv=paged mask=causal logits=softcap window=1 lse=1|kvsplit=1,' \
+	    'op=prefill q_dtype=bf16 kv_dtype=e4m3 out_dtype=bf16 head_dim=128 group=4 kv=paged mask=causal lse=1|' \
+	    'op=prefill dtype=bf16 head_dim=128 group=4 kv=ragged mask=causal rope=1|' | \
+	    while IFS='|' read -r spec pre; do echo "$$spec arch=sm_90a" | KILN_TUNE=$$pre$$t \
+	        KILN_CACHE_DIR=$(BUILD)/seed $(KILN) warm --arch sm_90a --jobs 1 - > /dev/null || exit 1; done || exit 1; done
 	python3 -c "import sqlite3, sys; sqlite3.connect(sys.argv[1]).execute('PRAGMA wal_checkpoint(TRUNCATE)')" $(BUILD)/seed/kernels.db
 	tar -C $(BUILD)/seed -cf - kernels.db nvrtc-version | xz -6 -T0 > .seed/cache.tar.xz
 	@ls -l .seed/cache.tar.xz

@@ -415,8 +415,13 @@ static int wgmma_kvsplit_default(const kiln_variant *v)
            v->rope;
 }
 
-/* S = Q K^T with Q in registers (qregs=1): its instructions then read K alone from shared
- * memory. EXPERIMENT (s46-qregs): on at D <= 128 without xjob, to be measured. */
+/* S = Q K^T with Q's fragments in registers (qregs=1): each S instruction then reads K alone
+ * from shared memory (m64n128k16 from two shared operands reads 6 KB in its 64 tensor cycles,
+ * near the SM's 128 bytes a cycle with the producer's writes). At D <= 128 (32 registers a
+ * thread at D 128; d256's O leaves no room) and without xjob (the next job's Q would be needed
+ * under this job's last P V). H100, the referee's timing, two rounds (docs/perf/notes.md,
+ * "Session 45"): D 128 non-causal 4 x 4096 1900 / 1927 -> 1843 / 1872 us, causal 1 x 16384
+ * 3712 / 3723 -> 3664 / 3621, D 64 693 / 689 -> 663 / 672, the other points within noise. */
 static int wgmma_qregs_default(const kiln_variant *v, const kiln__config *c)
 {
     return v->head_dim <= 128 && !c->xjob;
