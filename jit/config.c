@@ -421,10 +421,14 @@ static int wgmma_kvsplit_default(const kiln_variant *v)
  * thread at D 128; d256's O leaves no room) and without xjob (the next job's Q would be needed
  * under this job's last P V). H100, the referee's timing, two rounds (docs/perf/notes.md,
  * "Session 45"): D 128 non-causal 4 x 4096 1900 / 1927 -> 1843 / 1872 us, causal 1 x 16384
- * 3712 / 3723 -> 3664 / 3621, D 64 693 / 689 -> 663 / 672, the other points within noise. */
+ * 3712 / 3723 -> 3664 / 3621, D 64 693 / 689 -> 663 / 672, the other points within noise.
+ * Not where the consumers are short of registers already: the producer's transforms (fp8 KV,
+ * RoPE: 20-150 more bytes of spills at d128 with soft-cap or ALiBi) and snippets (the cookbook's
+ * softplus logits spilled 24 bytes, none with qregs=0). */
 static int wgmma_qregs_default(const kiln_variant *v, const kiln__config *c)
 {
-    return v->head_dim <= 128 && !c->xjob;
+    return v->head_dim <= 128 && !c->xjob && !kiln__kv_fp8(v) && !v->rope && !v->logits_expr[0] &&
+           !v->mask_expr[0];
 }
 
 /* The key tiles the wgmma family has an S = Q K^T instruction for (m64nBNk16: the shapes
