@@ -411,8 +411,7 @@ static int wgmma_persist_default(const kiln_variant *v)
  * build before); d128 480 either way, d64 303 -> 296 */
 static int wgmma_kvsplit_default(const kiln_variant *v)
 {
-    return v->head_dim >= 256 || v->kv_dtype == KILN_DTYPE_E4M3 || v->kv_dtype == KILN_DTYPE_E5M2 ||
-           v->rope;
+    return v->head_dim >= 256 || kiln__kv_fp8(v) || v->rope;
 }
 
 /* S = Q K^T with Q's fragments in registers (qregs=1): each S instruction then reads K alone
