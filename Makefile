@@ -170,6 +170,11 @@ $(BUILD)/bin/wgmma-probe: tools/probe/wgmma_probe.cu templates/common/hopper.cuh
 	@mkdir -p $(dir $@)
 	$(CUDA_HOME)/bin/nvcc -std=c++17 -O2 -gencode arch=compute_90a,code=sm_90a -Itemplates -o $@ $<
 
+# gpu-seed's twin tests: lines 'SPEC|TUNE-PREFIX' on stdin, each warmed with KILN_TUNE
+# TUNE-PREFIX followed by the loop's $$t (tests/test_batch.c's wgmma_twins cases)
+WARM_TWINS = while IFS='|' read -r spec pre; do echo "$$spec arch=sm_90a" | KILN_TUNE=$$pre$$t \
+	KILN_CACHE_DIR=$(BUILD)/seed $(KILN) warm --arch sm_90a --jobs 1 - > /dev/null || exit 1; done
+
 gpu-seed: all
 	rm -rf $(BUILD)/seed && mkdir -p $(BUILD)/seed .seed
 	KILN_CACHE_DIR=$(BUILD)/seed $(KILN) warm --arch sm_90a --jobs $$(nproc) tests/gpu.manifest
@@ -211,8 +216,7 @@ gpu-seed: all
 	    'op=prefill q_dtype=bf16 kv_dtype=e4m3 out_dtype=bf16 head_dim=128 group=4 kv=paged mask=causal lse=1|' \
 	    'op=prefill q_dtype=f16 kv_dtype=e5m2 out_dtype=f16 head_dim=64 group=4 kv=ragged lse=1|' \
 	    'op=prefill dtype=bf16 head_dim=128 group=4 kv=ragged mask=causal rope=1|' | \
-	    while IFS='|' read -r spec pre; do echo "$$spec arch=sm_90a" | KILN_TUNE=$$pre$$t \
-	        KILN_CACHE_DIR=$(BUILD)/seed $(KILN) warm --arch sm_90a --jobs 1 - > /dev/null || exit 1; done || exit 1; done
+	    $(WARM_TWINS) || exit 1; done
 	# gpu_wgmma_qregs: its twins' kernels, each under its two tunes (tests/test_batch.c)
 	for t in qregs=0 qregs=1; do printf '%s\n' \
 	    'op=prefill dtype=bf16 head_dim=128 group=4 kv=ragged mask=causal lse=1|' \
@@ -222,8 +226,7 @@ gpu-seed: all
 	    'op=prefill dtype=bf16 head_dim=128 group=4 kv=paged mask=causal logits=softcap window=1 lse=1|kvsplit=1,' \
 	    'op=prefill q_dtype=bf16 kv_dtype=e4m3 out_dtype=bf16 head_dim=128 group=4 kv=paged mask=causal lse=1|' \
 	    'op=prefill dtype=bf16 head_dim=128 group=4 kv=ragged mask=causal rope=1|' | \
-	    while IFS='|' read -r spec pre; do echo "$$spec arch=sm_90a" | KILN_TUNE=$$pre$$t \
-	        KILN_CACHE_DIR=$(BUILD)/seed $(KILN) warm --arch sm_90a --jobs 1 - > /dev/null || exit 1; done || exit 1; done
+	    $(WARM_TWINS) || exit 1; done
 	python3 -c "import sqlite3, sys; sqlite3.connect(sys.argv[1]).execute('PRAGMA wal_checkpoint(TRUNCATE)')" $(BUILD)/seed/kernels.db
 	tar -C $(BUILD)/seed -cf - kernels.db nvrtc-version | xz -6 -T0 > .seed/cache.tar.xz
 	@ls -l .seed/cache.tar.xz
