@@ -299,10 +299,12 @@ static kiln_status apply_tune(kiln__config *c, kiln__err *e)
         else if (!strcmp(tok, "xjob")) c->xjob = val;
         else if (!strcmp(tok, "kvsplit")) c->kvsplit = val;
         else if (!strcmp(tok, "pdl")) c->pdl = val;
+        else if (!strcmp(tok, "ksplit")) c->ksplit = val;
         else
             return kiln__fail(e, KILN_STATUS_INVALID_ARGUMENT,
                               "KILN_TUNE: unknown field '%s' (warps, mt, bn, stages, qregs, gb, "
-                              "minb, pack, wgmma, load, persist, xjob, kvsplit, merge, pdl)",
+                              "minb, pack, wgmma, load, persist, xjob, kvsplit, merge, pdl, "
+                              "ksplit)",
                               tok);
     }
     return KILN_STATUS_OK;
@@ -550,6 +552,23 @@ static const char *pdl_refusal(const kiln_variant *v, int sm, int fused)
     return NULL;
 }
 
+/* Why config c of v cannot take KILN_TUNE ksplit= (the tensor-core decode's key split,
+ * mma_attention.cuh KSPLIT), or NULL when it can: the one-warp packed decode with 16-bit or
+ * in-register fp8 K/V, and none of what needs the block (RoPE, element masks, the fused merge,
+ * the persistent grid); 2, 4 or 8 pipelines. */
+static const char *ksplit_refusal(const kiln_variant *v, const kiln__config *c)
+{
+    if (c->ksplit != 2 && c->ksplit != 4 && c->ksplit != 8) return "ksplit is 1, 2, 4 or 8";
+    if (v->op != KILN_OP_DECODE || !c->pack || c->wgmma || c->warps != 1)
+        return "the key split is the one-warp tensor-core batch decode's (group 4, 8 or 16)";
+    if (v->rope) return "RoPE is not on the key split";
+    if (kiln__variant_has_element_mask(v))
+        return "element masks (a mask snippet, mask data) are not on the key split";
+    if (c->fused_merge) return "merge=1: the key split's work items are merged by the merge kernel";
+    if (c->persist) return "persist=1: the persistent decode has one pipeline a CTA";
+    return NULL;
+}
+
 /* ---- internal API --------------------------------------------------------------------------- */
 
 kiln_status kiln__config_pick(const kiln_variant *v, int sm, kiln__config *c, kiln__err *e)
@@ -602,12 +621,19 @@ kiln_status kiln__config_pick(const kiln_variant *v, int sm, kiln__config *c, ki
     if (st) return st;
     c->fused_merge = fused_merge; /* the family's apply_tune wrote KILN_TUNE's value again */
     c->pdl = pdl;
+    const char *no_ksplit = ksplit_refusal(v, c);
+    if (c->ksplit > 1 && no_ksplit)
+        return kiln__fail(e, KILN_STATUS_UNSUPPORTED, "config: ksplit=%d (KILN_TUNE): %s",
+                          c->ksplit, no_ksplit);
+    if (c->ksplit == 1) c->ksplit = 0; /* one pipeline: the kernel without the split */
+    if (c->ksplit) c->smem_bytes = c->ksplit * kiln_ksplit_region(c->smem_bytes);
     /* persist on the mma.sync family: pick_mma said whether the tensor-core decode takes it */
     if ((c->load || c->xjob || c->kvsplit || (c->persist && !pack)) && !c->wgmma)
         return kiln__fail(e, KILN_STATUS_UNSUPPORTED,
                           "config: load=, persist=, xjob= and kvsplit= (KILN_TUNE) are the wgmma "
                           "family's (and persist=1 the tensor-core decode's)");
-    c->threads = c->warps * 32 + (c->wgmma ? KILN_WGMMA_PRODUCER_THREADS : 0);
+    c->threads =
+        c->warps * 32 * (c->ksplit ? c->ksplit : 1) + (c->wgmma ? KILN_WGMMA_PRODUCER_THREADS : 0);
     if (c->min_blocks < 1 || c->min_blocks * c->threads > 2048)
         return kiln__fail(e, KILN_STATUS_UNSUPPORTED, "config: minb=%d is not valid for %d threads",
                           c->min_blocks, c->threads);
@@ -642,6 +668,11 @@ void kiln__config_format(const kiln__config *c, char *buf, size_t cap)
     if (c->fused_merge) {
         const size_t n = strlen(buf);
         if (n < cap) snprintf(buf + n, cap - n, " fused_merge=1");
+    }
+    /* the tensor-core decode's key split, likewise */
+    if (c->ksplit) {
+        const size_t n = strlen(buf);
+        if (n < cap) snprintf(buf + n, cap - n, " ksplit=%d", c->ksplit);
     }
     /* and the programmatic dependent launch: only the kernels whose source has it */
     if (c->pdl) {

@@ -97,6 +97,11 @@ typedef struct kiln__config {
     int kvsplit;       /* wgmma family: a stage's K and V tiles have full and empty barriers of
                           their own, K let go after S, V after P V (wgmma_attention.cuh
                           wg_smem); 0: one pair for both, let go after P V */
+    int ksplit;        /* the tensor-core decode's key split (mma_attention.cuh KSPLIT): the CTA
+                          holds ksplit one-warp pipelines, each on every ksplit-th key tile of
+                          the work item, merged in shared memory at the end; threads and
+                          shared memory ksplit times the one warp's. 0 (the default): none.
+                          KILN_TUNE ksplit=2|4|8, opt-in, not yet run on a GPU */
     int fused_merge;   /* batch decode: the split CTAs merge their task's partial states (the
                           last of each task to finish, merge.cuh merge_task_if_last) and
                           kiln_plan_run launches no merge kernel; 0: the merge kernel does */

@@ -24,7 +24,8 @@
  * Cfg::mask_expr, the user snippets; MASK_DATA (mask_data_id); MASK_USES_HEAD (the mask
  * snippet reads a head index); FUSED_MERGE in {0,1} (batches: a split CTA's task is merged by
  * its last CTA, merge_task_if_last); PDL in {0,1} (sm_90+: the merge kernel is a programmatic
- * dependent launch, merge.cuh). Element masks (snippet, data) are evaluated per element in
+ * dependent launch, merge.cuh); KSPLIT (the tensor-core decode's key split, below). Element
+ * masks (snippet, data) are evaluated per element in
  * every tile unless a tile map from tile_map_kernel (tile_map.cuh) says a tile is hidden
  * (skipped) or fully visible (no element work). BM = WARPS * MT * 16 query rows per CTA.
  *
@@ -33,7 +34,16 @@
  * is loaded once for the whole group. This is kiln's tensor-core decode (a decode request is
  * one token, its G heads are G rows of the m16 MMA) and an option of batch prefill.
  *
- * Launch: grid (ceil(L_Q / BM), H), WARPS*32 threads, smem kiln_prefill_smem_bytes (params.h)
+ * KSPLIT > 1 (PACK decode, one row warp, 16-bit or in-register fp8 K/V, no RoPE, no element mask,
+ * no fused merge; KILN_TUNE ksplit=): the CTA holds KSPLIT copies of the one-warp kernel, each
+ * on a layout of its own (prefill_layout::REGION apart) and on every KSPLIT-th key tile of the
+ * work item (warp k: tiles t_first + k, + 2 KSPLIT, ...), synchronised by __syncwarp only; at
+ * the end warps 1 .. KSPLIT - 1 leave their softmax states (m, l, O, register for register) in
+ * their regions and warp 0 merges them in that order and stores. A split of the keys inside the
+ * CTA, with no partial state in global memory: fewer, longer work items than one-warp CTAs need
+ * for the same number of warps an SM, and so fewer splits for the merge kernel.
+ *
+ * Launch: grid (ceil(L_Q / BM), H), WARPS*32*KSPLIT threads, smem kiln_prefill_smem_bytes (params.h; KSPLIT regions)
  * (batches: grid (work items, H); PACK: (work items, H_KV)). A CTA's head scope, the heads of
  * its fused merge, is its blockIdx.y: one query head, or with PACK the G of its KV head.
  *
@@ -122,12 +132,21 @@ template <class Cfg> __device__ __forceinline__ mma_work mma_load_work(const kil
     return w;
 }
 
+/* The barrier of a CTA's K/V pipeline: the block's, or with the key split (KSPLIT > 1: a
+ * one-warp pipeline per warp) the warp's. */
+template <class Cfg> __device__ __forceinline__ void pipe_sync()
+{
+    if constexpr (Cfg::KSPLIT > 1) __syncwarp();
+    else __syncthreads();
+}
+
 /* The K/V pipeline of a CTA: STAGES tiles in flight (pend[], oldest first; t_next the next to
  * load), tiles the tile map hides skipped, and for paged KV the row-offset table refilled a
  * tile ahead (page_rows). */
 template <class Cfg> struct kv_pipeline {
     using L = prefill_layout<Cfg>;
     static constexpr int STAGES = Cfg::STAGES, BN = Cfg::BN, THREADS = L::THREADS;
+    static constexpr int STEP = Cfg::KSPLIT; /* the key split's warps take every STEP-th tile */
     unsigned char *k_in, *v_in; /* [STAGES] loaded K, V tiles */
     i64 *tab_s;
     const unsigned char *kg, *vg;
@@ -162,11 +181,11 @@ template <class Cfg> struct kv_pipeline {
                 if constexpr (L::PAGED) { /* the prologue fills each table in place */
                     pr.page_ids(p, pages, t_next, L_KV, tid);
                     pr.write(tab_s, p, tid);
-                    __syncthreads();
+                    pipe_sync<Cfg>();
                 }
                 issue(p, s, t_next);
-                t_next = next_tile(t_next + 1);
-                if constexpr (L::PAGED) __syncthreads();
+                t_next = next_tile(t_next + STEP);
+                if constexpr (L::PAGED) pipe_sync<Cfg>();
             }
             cp_async_commit();
         }
@@ -174,9 +193,9 @@ template <class Cfg> struct kv_pipeline {
             if (t_next < t_end) {
                 pr.page_ids(p, pages, t_next, L_KV, tid);
                 pr.write(tab_s, p, tid);
-                pr.page_ids(p, pages, next_tile(t_next + 1), L_KV, tid);
+                pr.page_ids(p, pages, next_tile(t_next + STEP), L_KV, tid);
             }
-            __syncthreads();
+            pipe_sync<Cfg>();
         }
     }
     /* Issue the next tile into the stage freed last iteration; returns the tile to compute now
@@ -186,7 +205,7 @@ template <class Cfg> struct kv_pipeline {
         pend[STAGES - 1] = t_next;
         if (t_next < t_end) {
             issue(p, (idx + STAGES - 1) % STAGES, t_next);
-            t_next = next_tile(t_next + 1);
+            t_next = next_tile(t_next + STEP);
         }
         cp_async_commit();
         return pend[0];
@@ -196,11 +215,11 @@ template <class Cfg> struct kv_pipeline {
     __device__ __forceinline__ void wait(const kiln_launch_params &p)
     {
         cp_async_wait<STAGES - 1>();
-        __syncthreads();
+        pipe_sync<Cfg>();
         if constexpr (L::PAGED)
             if (t_next < t_end) {
                 pr.write(tab_s, p, tid); /* ids loaded an iteration ago */
-                pr.page_ids(p, pages, next_tile(t_next + 1), L_KV, tid);
+                pr.page_ids(p, pages, next_tile(t_next + STEP), L_KV, tid);
             }
     }
     __device__ __forceinline__ void retire()
@@ -785,6 +804,61 @@ __device__ __forceinline__ void store_rows(const mma_state<Cfg> &st, const mma_r
     }
 }
 
+/* The key split's end (KSPLIT > 1): warps 1 .. KSPLIT - 1 leave their states in their own
+ * regions (every pipeline has drained: cp_async_wait<0> before the block barrier), warp 0 takes
+ * them in that order into its own and goes on to store; the others are done (false). Lane i of
+ * every warp holds the same rows and columns (the same fragments), so the merge is register
+ * for register: per row the larger reference max, both sides rescaled to it (exp2 of -inf is
+ * 0: a warp with no keys adds nothing), l (the lane's part of the row sum) and O alike. */
+template <class Cfg>
+__device__ __forceinline__ bool ksplit_merge(mma_state<Cfg> &st, unsigned char *smem_all, int ks, float c2, int lane)
+{
+    using L = prefill_layout<Cfg>;
+    constexpr int MT = Cfg::MT, DTN = mma_shape<Cfg>::DTN, WORDS = MT * 4 + MT * DTN * 4;
+    static_assert(WORDS * 32 * 4 <= L::BYTES, "a state fits its pipeline's region");
+    __syncthreads();
+    if (ks > 0) {
+        float *x = reinterpret_cast<float *>(smem_all + ks * L::REGION) + lane;
+#pragma unroll
+        for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+            for (int r = 0; r < 2; r++) {
+                x[32 * (mt * 2 + r)] = st.m[mt][r];
+                x[32 * (MT * 2 + mt * 2 + r)] = st.l[mt][r];
+            }
+#pragma unroll
+        for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+            for (int dn = 0; dn < DTN; dn++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) x[32 * (MT * 4 + (mt * DTN + dn) * 4 + e)] = st.o[mt][dn][e];
+    }
+    __syncthreads();
+    if (ks > 0) return false;
+    for (int k = 1; k < Cfg::KSPLIT; k++) {
+        const float *x = reinterpret_cast<const float *>(smem_all + k * L::REGION) + lane;
+#pragma unroll
+        for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+            for (int r = 0; r < 2; r++) {
+                const float mb = x[32 * (mt * 2 + r)], lb = x[32 * (MT * 2 + mt * 2 + r)];
+                const float ma = st.m[mt][r], m = max_f(ma, mb);
+                const float mu = m == neg_inf() ? 0.f : m;
+                const float sa = exp2_fast((ma - mu) * c2), sb = exp2_fast((mb - mu) * c2);
+                st.m[mt][r] = m;
+                st.l[mt][r] = st.l[mt][r] * sa + lb * sb;
+#pragma unroll
+                for (int dn = 0; dn < DTN; dn++)
+#pragma unroll
+                    for (int c = 0; c < 2; c++) {
+                        const int e = r * 2 + c;
+                        st.o[mt][dn][e] = st.o[mt][dn][e] * sa + x[32 * (MT * 4 + (mt * DTN + dn) * 4 + e)] * sb;
+                    }
+            }
+    }
+    return true;
+}
+
 template <class Cfg> __device__ void mma_attention_kernel(const kiln_launch_params &p)
 {
     using L = prefill_layout<Cfg>;
@@ -794,7 +868,15 @@ template <class Cfg> __device__ void mma_attention_kernel(const kiln_launch_para
     constexpr bool CONV = L::FP8 && !L::F8R; /* the MMAs read converted tiles */
     constexpr bool BATCH = Cfg::KV != KV_CONTIGUOUS, XFORM = CONV || Cfg::ROPE;
 
-    extern __shared__ __align__(128) unsigned char smem[];
+    constexpr int KSPLIT = Cfg::KSPLIT;
+    static_assert(KSPLIT == 1 || (Cfg::PACK && Cfg::WARPS == 1 && !XFORM && !mma_shape<Cfg>::ELEM && !Cfg::FUSED_MERGE),
+                  "the key split: the one-warp packed decode, no transform, element mask or fused merge");
+
+    /* ks: this thread's pipeline (the key split's warp; 0 without it), tid its thread in it */
+    const int ks = KSPLIT > 1 ? (int)threadIdx.x / THREADS : 0;
+    const int tid = KSPLIT > 1 ? (int)threadIdx.x % THREADS : (int)threadIdx.x, warp = tid / WARP, lane = tid % WARP;
+    extern __shared__ __align__(128) unsigned char smem_all[];
+    unsigned char *smem = smem_all + ks * L::REGION;            /* this pipeline's layout */
     u16 *q_s = reinterpret_cast<u16 *>(smem);
     unsigned char *k_in = smem + L::K_AT;                       /* [STAGES] loaded K tiles */
     unsigned char *v_in = smem + L::V_AT;                       /* [STAGES] loaded V tiles */
@@ -802,7 +884,6 @@ template <class Cfg> __device__ void mma_attention_kernel(const kiln_launch_para
     u16 *vc_s = kc_s + BN * D;
     float *freq_s = reinterpret_cast<float *>(smem + L::FREQ_AT);
 
-    const int tid = threadIdx.x, warp = tid / WARP, lane = tid % WARP;
     /* h is the CTA's (PACK: first) query head */
     const int hk = Cfg::PACK ? (int)blockIdx.y : (int)blockIdx.y / Cfg::G;
     const int h = Cfg::PACK ? hk * Cfg::G : (int)blockIdx.y;
@@ -839,7 +920,7 @@ template <class Cfg> __device__ void mma_attention_kernel(const kiln_launch_para
     pipe.t_end = w.t_end;
     pipe.L_KV = w.L_KV;
     pipe.tid = tid;
-    pipe.t_next = pipe.next_tile(w.t_first);
+    pipe.t_next = pipe.next_tile(w.t_first + ks);
     load_q_tile<Cfg>(q_s, qg, p, w.m0, w.L_Q, tid);
     pipe.prologue(p);
 
@@ -887,10 +968,12 @@ template <class Cfg> __device__ void mma_attention_kernel(const kiln_launch_para
         online_softmax<Cfg>(st, s, c2);
         if constexpr (L::F8R) pv_tile_f8<Cfg>(st, s, a8, smem_addr(v_in) + stage);
         else pv_tile<Cfg>(st, s, a, a.v + stage);
-        __syncthreads(); /* the stage read here is refilled by the next iteration */
+        pipe_sync<Cfg>(); /* the stage read here is refilled by the next iteration */
         pipe.retire();
     }
     cp_async_wait<0>();
+    if constexpr (KSPLIT > 1)
+        if (!ksplit_merge<Cfg>(st, smem_all, ks, c2, lane)) return;
     store_rows<Cfg>(st, rows, p, w, c2, wrow, lane);
     if constexpr (BATCH && Cfg::FUSED_MERGE)
         if (w.slot >= 0) merge_task_if_last<Cfg>(p, load_item(p, blockIdx.x).task, h, S::PG);

@@ -47,6 +47,9 @@ template <class Cfg> struct prefill_layout {
     static __device__ __forceinline__ int tab_at(int r) { return (r % STEP) * ITERS + r / STEP; }
     static constexpr int BYTES = kiln_prefill_smem_bytes(D, ES, BM, BN, Cfg::STAGES, PAGED, Cfg::ROPE, Cfg::PACK);
     static_assert(BYTES == TAB_AT + TAB_BYTES, "the regions fill the layout");
+    /* KSPLIT > 1 (the tensor-core decode's key split, mma_attention.cuh): each of the CTA's
+     * KSPLIT pipelines (THREADS threads each) owns a layout of its own, REGION bytes apart */
+    static constexpr int REGION = kiln_ksplit_region(BYTES);
 };
 
 /* Element offset of 16-byte chunk `chunk` of row `row` in a swizzled [rows][D] tile. */

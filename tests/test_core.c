@@ -525,6 +525,96 @@ KT_TEST(core_decode_persist)
     }
 }
 
+/* KILN_TUNE ksplit= splits the keys of the one-warp tensor-core decode over 2, 4 or 8 warps of
+ * one CTA (mma_attention.cuh KSPLIT): the config line and key say so, the threads and shared
+ * memory are ksplit times the one warp's (its layout 128-byte aligned), the source names
+ * KSPLIT, and the kernel compiles for sm_90a without spills (sm_80 at ksplit=2: four d128
+ * pipelines pass its shared memory); the kernels it cannot serve are refused with the reason,
+ * and ksplit=1 is the kernel without it. */
+KT_TEST(core_decode_ksplit)
+{
+    static const struct {
+        const char *spec, *tune;
+    } ok[] = {
+        {"op=decode dtype=bf16 head_dim=128 group=4 kv=paged lse=1", "ksplit=4"},
+        {"op=decode dtype=f16 head_dim=64 group=8 kv=ragged logits=softcap", "ksplit=2"},
+        {"op=decode q_dtype=bf16 kv_dtype=e4m3 out_dtype=bf16 head_dim=128 group=4 kv=paged",
+         "ksplit=4"},
+    };
+    for (size_t i = 0; i < sizeof ok / sizeof ok[0]; i++) {
+        kiln_variant v;
+        kiln__config c0, c1;
+        kiln__err e;
+        char f0[256], f1[256], want[32];
+        parse(ok[i].spec, &v);
+        unsetenv("KILN_TUNE");
+        KT_OK(kiln__config_pick(&v, 90, &c0, &e), e.msg);
+        setenv("KILN_TUNE", ok[i].tune, 1);
+        KT_OK(kiln__config_pick(&v, 90, &c1, &e), e.msg);
+        const int n = atoi(strchr(ok[i].tune, '=') + 1);
+        kiln__config_format(&c0, f0, sizeof f0);
+        kiln__config_format(&c1, f1, sizeof f1);
+        KT_CHECK(c0.ksplit == 0 && c1.ksplit == n && c1.pack && c1.warps == 1);
+        KT_CHECK(!strstr(f0, "ksplit"));
+        snprintf(want, sizeof want, " ksplit=%d", n);
+        KT_CONTAINS(f1, want);
+        KT_EQ_INT(c1.threads, 32 * n);
+        KT_EQ_INT(c1.smem_bytes, n * ((c0.smem_bytes + 127) / 128 * 128));
+        char *src = sm90a_source(ok[i].spec, &c1);
+        if (src) {
+            snprintf(want, sizeof want, "KSPLIT = %d;", n);
+            KT_CONTAINS(src, want);
+            free(src);
+        }
+        for (int a = 0; a < 2; a++) {
+            if (a && n > 2) continue; /* sm_80's 163 KiB hold two d128 pipelines, not four */
+            char dir[600];
+            snprintf(dir, sizeof dir, "%s/ksplit%zu", kt_tmpdir(), i);
+            kiln_ctx *ctx = KT_CTX(dir, 0);
+            KT_REQUIRE(ctx);
+            kiln_kernel *k = NULL;
+            KT_OK(kiln_kernel_compile(ctx, &v, a ? "sm_80" : "sm_90a", &k), kiln_ctx_errmsg(ctx));
+            if (k) {
+                kiln_kernel_info info;
+                KT_OK(kiln_kernel_describe(k, &info), kiln_errmsg());
+                KT_EQ_INT(info.spill_bytes, 0);
+            }
+            kiln_ctx_destroy(ctx);
+        }
+        setenv("KILN_TUNE", "ksplit=1", 1); /* one pipeline: the default kernel */
+        KT_OK(kiln__config_pick(&v, 90, &c1, &e), e.msg);
+        kiln__config_format(&c1, f1, sizeof f1);
+        KT_EQ_STR(f1, f0);
+        unsetenv("KILN_TUNE");
+    }
+    static const struct {
+        const char *spec, *tune, *why;
+    } refused[] = {
+        {"op=decode dtype=bf16 head_dim=128 group=1 kv=paged", "ksplit=4",
+         "tensor-core batch decode"},
+        {"op=prefill dtype=bf16 head_dim=128 group=4 kv=paged", "ksplit=2",
+         "tensor-core batch decode"},
+        {"op=decode dtype=bf16 head_dim=128 group=4 kv=paged rope=1", "ksplit=2", "RoPE"},
+        {"op=decode dtype=bf16 head_dim=128 group=4 kv=paged", "ksplit=2,merge=1", "merge kernel"},
+        {"op=decode dtype=bf16 head_dim=128 group=4 kv=paged", "ksplit=2,persist=1", "persistent"},
+        {"op=decode dtype=bf16 head_dim=128 group=4 kv=paged", "ksplit=3", "1, 2, 4 or 8"},
+        {"op=decode dtype=bf16 head_dim=128 group=4 kv=paged", "ksplit=8", "shared memory"},
+    };
+    for (size_t i = 0; i < sizeof refused / sizeof refused[0]; i++) {
+        kiln_variant v;
+        kiln__config c;
+        kiln__err e;
+        parse(refused[i].spec, &v);
+        setenv("KILN_TUNE", refused[i].tune, 1);
+        const kiln_status st = kiln__config_pick(&v, 90, &c, &e);
+        unsetenv("KILN_TUNE");
+        if (st != KILN_STATUS_UNSUPPORTED)
+            kt_fail(__FILE__, __LINE__, "%s %s: status %d, not refused", refused[i].spec,
+                    refused[i].tune, (int)st);
+        else KT_CONTAINS(e.msg, refused[i].why);
+    }
+}
+
 /* A pdl=1 kernel compiles with NVRTC (griddepcontrol in both entries, sm_90a), as its pdl=0
  * twin does, under keys of their own and without spills: the CUDA-core batch decode and the
  * tensor-core one. */

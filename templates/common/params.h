@@ -286,6 +286,10 @@ KILN_CONTRACT_FN int kiln_prefill_smem_bytes(int d, int es, int bm, int bn, int 
            kiln_prefill_tab_bytes(bn, paged);
 }
 
+/* The tensor-core decode's key split (kiln__config.ksplit, KSPLIT in the templates): the CTA's
+ * ksplit warps each run the one-warp layout above on their own region, 128-byte aligned. */
+KILN_CONTRACT_FN int kiln_ksplit_region(int bytes) { return (bytes + 127) / 128 * 128; }
+
 /* ---- shared memory of the warp-specialized Hopper kernel (templates/wgmma_attention.cuh) ----
  * Layout, from the first 1024-byte boundary of the dynamic window (the 128-byte swizzle needs
  * it; KILN_WGMMA_ALIGN bytes are reserved for the shift): Q [bm][d] | K stages | V stages (each
