@@ -227,6 +227,16 @@ gpu-seed: all
 	    'op=prefill q_dtype=bf16 kv_dtype=e4m3 out_dtype=bf16 head_dim=128 group=4 kv=paged mask=causal lse=1|' \
 	    'op=prefill dtype=bf16 head_dim=128 group=4 kv=ragged mask=causal rope=1|' | \
 	    $(WARM_TWINS) || exit 1; done
+	# gpu_batch_decode_ksplit: its kernels under their KILN_TUNE ksplit= (opt-in; tests/test_batch.c)
+	t=; printf '%s\n' \
+	    'op=decode dtype=bf16 head_dim=128 group=4 kv=paged lse=1|ksplit=4' \
+	    'op=decode dtype=bf16 head_dim=128 group=4 kv=paged lse=1|ksplit=2' \
+	    'op=decode dtype=f16 head_dim=64 group=4 kv=ragged logits=softcap|ksplit=4' \
+	    'op=decode dtype=f16 head_dim=128 group=8 kv=paged logits=alibi window=1 lse=1|ksplit=4' \
+	    'op=decode dtype=bf16 head_dim=128 group=16 kv=paged|ksplit=2' \
+	    'op=decode dtype=bf16 head_dim=256 group=4 kv=paged lse=1|ksplit=2' \
+	    'op=decode q_dtype=bf16 kv_dtype=e4m3 out_dtype=bf16 head_dim=128 group=4 kv=paged lse=1|ksplit=4' | \
+	    $(WARM_TWINS) || exit 1
 	python3 -c "import sqlite3, sys; sqlite3.connect(sys.argv[1]).execute('PRAGMA wal_checkpoint(TRUNCATE)')" $(BUILD)/seed/kernels.db
 	tar -C $(BUILD)/seed -cf - kernels.db nvrtc-version | xz -6 -T0 > .seed/cache.tar.xz
 	@ls -l .seed/cache.tar.xz
