@@ -17,7 +17,9 @@ Points (c: causal, n: not):
     pre:B:S:c|n[:D]     ragged batch prefill, B requests of S tokens (BatchPrefillWithRaggedKVCacheWrapper)
     ppre:B:S:c|n:P      the same rows in shuffled pages of P tokens (BatchPrefillWithPagedKVCacheWrapper)
     single:S:c|n        single_prefill_with_kv_cache of S tokens
-    dec:B:L             paged decode (page 16), B requests of L keys (BatchDecodeWithPagedKVCacheWrapper)
+    dec:B:L[:OPT...]    paged decode (page 16), B requests of L keys (BatchDecodeWithPagedKVCacheWrapper);
+                        OPT: d64 / d256 (head dim, else 128), e4m3 / e5m2 (fp8 KV), split=P (plan's
+                        fixed_split_size, P pages), nosplit (disable_split_kv)
 --tunes: settings of KILN_TUNE separated by ';' (an empty one is the default); --lib NAME=PATH
 adds a run of another library with no KILN_TUNE. $KILN_LIB is the library of the --tunes runs.
 Prints each measurement as it comes, then a table: µs and TFLOP/s or GB/s, a column a setting,
@@ -81,14 +83,28 @@ def point_fn(f):
         fn = lambda c: kiln.single_prefill_with_kv_cache(qs[c], ks[c], vs[c], causal=causal)
         return fn, copies, prefill_flops(1, S, causal, 128), "TFLOP/s"
     if kind == "dec":
+        import torch
         B, L, D = int(f[1]), int(f[2]), 128
-        nbytes = B * L * H_KV * D * 2 * 2 + B * H * D * 2 * 2
+        kv_dt, kw = BF16, {}
+        for o in f[3:]:
+            if o in ("d64", "d256"):
+                D = int(o[1:])
+            elif o in ("e4m3", "e5m2"):
+                kv_dt = torch.float8_e4m3fn if o == "e4m3" else torch.float8_e5m2
+            elif o.startswith("split="):
+                kw["fixed_split_size"] = int(o[6:])
+            elif o == "nosplit":
+                kw["disable_split_kv"] = True
+            elif o:
+                raise ValueError(f"unknown dec option {o!r}")
+        es = 1 if kv_dt != BF16 else 2
+        nbytes = B * L * H_KV * D * es * 2 + B * H * D * 2 * 2
         copies = copies_for(nbytes)
-        pk = rp.PagedKV([L] * B, D, BF16, copies)
+        pk = rp.PagedKV([L] * B, D, kv_dt, copies)
         qs = [rp.rnd(B, H, D) for _ in range(copies)]
         w = kiln.BatchDecodeWithPagedKVCacheWrapper(rp.kiln_ws(), "NHD")
         w.plan(pk.indptr_h, pk.indices, pk.last_h, H, H_KV, D, PAGE, q_data_type=BF16,
-               kv_data_type=BF16)
+               kv_data_type=kv_dt, **kw)
         return (lambda c: w.run(qs[c], (pk.k[c], pk.v[c]))), copies, nbytes, "GB/s"
     raise ValueError(f"unknown point kind {kind!r}")
 
