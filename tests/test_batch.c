@@ -792,6 +792,11 @@ KT_GPU_TEST(gpu_batch_decode_ksplit)
 {
     kiln_ctx *ctx = KT_CTX(kt_cache_dir(), 1);
     KT_REQUIRE(ctx);
+    if (ctx->arch_sm < 90) { /* four d128 pipelines take 210 KiB of shared memory */
+        kt_skip("the key split's cases need sm_90's shared memory (this GPU: sm_%d)", ctx->arch_sm);
+        kiln_ctx_destroy(ctx);
+        return;
+    }
     static const struct {
         const char *spec, *tune;
     } cases[] = {

@@ -450,6 +450,29 @@ KT_TEST(core_pdl_choice)
     unsetenv("KILN_TUNE");
 }
 
+/* A spec under a KILN_TUNE setting that kiln__config_pick must refuse on sm_90
+ * (KILN_STATUS_UNSUPPORTED), its message containing why. */
+typedef struct {
+    const char *spec, *tune, *why;
+} tune_refusal;
+
+static void check_refused(const tune_refusal *refused, size_t n)
+{
+    for (size_t i = 0; i < n; i++) {
+        kiln_variant v;
+        kiln__config c;
+        kiln__err e;
+        parse(refused[i].spec, &v);
+        setenv("KILN_TUNE", refused[i].tune, 1);
+        const kiln_status st = kiln__config_pick(&v, 90, &c, &e);
+        unsetenv("KILN_TUNE");
+        if (st != KILN_STATUS_UNSUPPORTED)
+            kt_fail(__FILE__, __LINE__, "%s %s: status %d, not refused", refused[i].spec,
+                    refused[i].tune, (int)st);
+        else KT_CONTAINS(e.msg, refused[i].why);
+    }
+}
+
 /* KILN_TUNE persist=1 puts the tensor-core batch decode on its persistent grid
  * (mma_decode_persist.cuh): its config line and key say so, its source calls that kernel and
  * compiles for sm_90a and sm_80 without spills; the decode kernels it cannot serve are refused
@@ -497,9 +520,7 @@ KT_TEST(core_decode_persist)
         }
         unsetenv("KILN_TUNE");
     }
-    static const struct {
-        const char *spec, *tune, *why;
-    } refused[] = {
+    static const tune_refusal refused[] = {
         {"op=decode dtype=bf16 head_dim=128 group=1 kv=paged", "persist=1", "wgmma family's"},
         {"op=decode dtype=bf16 head_dim=256 group=4 kv=paged", "persist=1", "Q in registers"},
         {"op=decode q_dtype=bf16 kv_dtype=e4m3 out_dtype=bf16 head_dim=128 group=4 kv=paged",
@@ -510,19 +531,7 @@ KT_TEST(core_decode_persist)
         {"op=prefill dtype=bf16 head_dim=128 group=4 kv=paged", "persist=1,wgmma=0",
          "tensor-core decode"},
     };
-    for (size_t i = 0; i < sizeof refused / sizeof refused[0]; i++) {
-        kiln_variant v;
-        kiln__config c;
-        kiln__err e;
-        parse(refused[i].spec, &v);
-        setenv("KILN_TUNE", refused[i].tune, 1);
-        const kiln_status st = kiln__config_pick(&v, 90, &c, &e);
-        unsetenv("KILN_TUNE");
-        if (st != KILN_STATUS_UNSUPPORTED)
-            kt_fail(__FILE__, __LINE__, "%s %s: status %d, not refused", refused[i].spec,
-                    refused[i].tune, (int)st);
-        else KT_CONTAINS(e.msg, refused[i].why);
-    }
+    check_refused(refused, sizeof refused / sizeof refused[0]);
 }
 
 /* KILN_TUNE ksplit= splits the keys of the one-warp tensor-core decode over 2, 4 or 8 warps of
@@ -587,9 +596,7 @@ KT_TEST(core_decode_ksplit)
         KT_EQ_STR(f1, f0);
         unsetenv("KILN_TUNE");
     }
-    static const struct {
-        const char *spec, *tune, *why;
-    } refused[] = {
+    static const tune_refusal refused[] = {
         {"op=decode dtype=bf16 head_dim=128 group=1 kv=paged", "ksplit=4",
          "tensor-core batch decode"},
         {"op=prefill dtype=bf16 head_dim=128 group=4 kv=paged", "ksplit=2",
@@ -600,19 +607,7 @@ KT_TEST(core_decode_ksplit)
         {"op=decode dtype=bf16 head_dim=128 group=4 kv=paged", "ksplit=3", "1, 2, 4 or 8"},
         {"op=decode dtype=bf16 head_dim=128 group=4 kv=paged", "ksplit=8", "shared memory"},
     };
-    for (size_t i = 0; i < sizeof refused / sizeof refused[0]; i++) {
-        kiln_variant v;
-        kiln__config c;
-        kiln__err e;
-        parse(refused[i].spec, &v);
-        setenv("KILN_TUNE", refused[i].tune, 1);
-        const kiln_status st = kiln__config_pick(&v, 90, &c, &e);
-        unsetenv("KILN_TUNE");
-        if (st != KILN_STATUS_UNSUPPORTED)
-            kt_fail(__FILE__, __LINE__, "%s %s: status %d, not refused", refused[i].spec,
-                    refused[i].tune, (int)st);
-        else KT_CONTAINS(e.msg, refused[i].why);
-    }
+    check_refused(refused, sizeof refused / sizeof refused[0]);
 }
 
 /* A pdl=1 kernel compiles with NVRTC (griddepcontrol in both entries, sm_90a), as its pdl=0
