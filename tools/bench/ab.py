@@ -20,6 +20,7 @@ Points (c: causal, n: not):
     dec:B:L[:OPT...]    paged decode (page 16), B requests of L keys (BatchDecodeWithPagedKVCacheWrapper);
                         OPT: d64 / d256 (head dim, else 128), e4m3 / e5m2 (fp8 KV), split=P (plan's
                         fixed_split_size, P pages), nosplit (disable_split_kv)
+--eager N runs each point's call N times in this process, untimed (a target for ncu).
 --tunes: settings of KILN_TUNE separated by ';' (an empty one is the default); --lib NAME=PATH
 adds a run of another library with no KILN_TUNE. $KILN_LIB is the library of the --tunes runs.
 Prints each measurement as it comes, then a table: µs and TFLOP/s or GB/s, a column a setting,
@@ -109,6 +110,19 @@ def point_fn(f):
     raise ValueError(f"unknown point kind {kind!r}")
 
 
+def eager(points, n):
+    """Each point's call n times in this process, synchronised, untimed: a profiler's target
+    (ncu -k regex:kiln_main --launch-skip ... python3 ab.py --eager 3 --points ...)."""
+    import torch
+    for p in points:
+        fn, _, _, _ = point_fn(p.split(":"))
+        for _ in range(n):
+            fn(0)
+        torch.cuda.synchronize()
+        print(f"{p}: {n} calls", flush=True)
+    return 0
+
+
 def child(points):
     """Measure every point in this process; one JSON line: point -> (µs, rate, unit)."""
     import torch
@@ -131,10 +145,14 @@ def main():
     ap.add_argument("--tunes", default="", help="KILN_TUNE settings separated by ';'")
     ap.add_argument("--lib", action="append", default=[], help="NAME=PATH of another libkiln.so")
     ap.add_argument("--rounds", type=int, default=1)
+    ap.add_argument("--eager", type=int, default=0,
+                    help="run each point N times eagerly in this process and time nothing (for ncu)")
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     a = ap.parse_args()
     if a.child:
         return child(a.points.split(","))
+    if a.eager:
+        return eager(a.points.split(","), a.eager)
     configs = [("tune", t) for t in a.tunes.split(";")] + [("lib", x) for x in a.lib]
     res = {}
     for r in range(a.rounds):
