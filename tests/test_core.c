@@ -473,6 +473,24 @@ static void check_refused(const tune_refusal *refused, size_t n)
     }
 }
 
+/* v compiled for arch in a fresh cache at dir (under the KILN_TUNE set now): no spill, and its
+ * source holds in_source where that is not NULL. */
+static void compiles_without_spills(const kiln_variant *v, const char *dir, const char *arch,
+                                    const char *in_source)
+{
+    kiln_ctx *ctx = KT_CTX(dir, 0);
+    KT_REQUIRE(ctx);
+    kiln_kernel *k = NULL;
+    KT_OK(kiln_kernel_compile(ctx, v, arch, &k), kiln_ctx_errmsg(ctx));
+    if (k) {
+        kiln_kernel_info info;
+        KT_OK(kiln_kernel_describe(k, &info), kiln_errmsg());
+        KT_EQ_INT(info.spill_bytes, 0);
+        if (in_source) KT_CONTAINS(kiln_kernel_source(k), in_source);
+    }
+    kiln_ctx_destroy(ctx);
+}
+
 /* KILN_TUNE persist=1 puts the tensor-core batch decode on its persistent grid
  * (mma_decode_persist.cuh): its config line and key say so, its source calls that kernel and
  * compiles for sm_90a and sm_80 without spills; the decode kernels it cannot serve are refused
@@ -506,17 +524,7 @@ KT_TEST(core_decode_persist)
         for (int a = 0; a < 2; a++) {
             char dir[600];
             snprintf(dir, sizeof dir, "%s/persist%d", kt_tmpdir(), i);
-            kiln_ctx *ctx = KT_CTX(dir, 0);
-            KT_REQUIRE(ctx);
-            kiln_kernel *k = NULL;
-            KT_OK(kiln_kernel_compile(ctx, &v, a ? "sm_80" : "sm_90a", &k), kiln_ctx_errmsg(ctx));
-            if (k) {
-                kiln_kernel_info info;
-                KT_OK(kiln_kernel_describe(k, &info), kiln_errmsg());
-                KT_EQ_INT(info.spill_bytes, 0);
-                KT_CONTAINS(kiln_kernel_source(k), "mma_decode_persist_kernel");
-            }
-            kiln_ctx_destroy(ctx);
+            compiles_without_spills(&v, dir, a ? "sm_80" : "sm_90a", "mma_decode_persist_kernel");
         }
         unsetenv("KILN_TUNE");
     }
@@ -579,16 +587,7 @@ KT_TEST(core_decode_ksplit)
             if (a && n > 2) continue; /* sm_80's 163 KiB hold two d128 pipelines, not four */
             char dir[600];
             snprintf(dir, sizeof dir, "%s/ksplit%zu", kt_tmpdir(), i);
-            kiln_ctx *ctx = KT_CTX(dir, 0);
-            KT_REQUIRE(ctx);
-            kiln_kernel *k = NULL;
-            KT_OK(kiln_kernel_compile(ctx, &v, a ? "sm_80" : "sm_90a", &k), kiln_ctx_errmsg(ctx));
-            if (k) {
-                kiln_kernel_info info;
-                KT_OK(kiln_kernel_describe(k, &info), kiln_errmsg());
-                KT_EQ_INT(info.spill_bytes, 0);
-            }
-            kiln_ctx_destroy(ctx);
+            compiles_without_spills(&v, dir, a ? "sm_80" : "sm_90a", NULL);
         }
         setenv("KILN_TUNE", "ksplit=1", 1); /* one pipeline: the default kernel */
         KT_OK(kiln__config_pick(&v, 90, &c1, &e), e.msg);
