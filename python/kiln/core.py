@@ -336,9 +336,18 @@ class _Hold:
     """One call's hold on a context (Context._use): entering counts the call in, or raises
     KilnInvalidArgumentError once close() has begun; leaving counts it out and wakes close().
     __enter__ returns the context's handle, or make(handle) when make is given (a kernel's or
-    plan's pointer with it). A class, not a generator: it sits on every launch. kiln/hot.c's
-    hold() and unhold() count a C run in and out the same way (_lock, _handle, _closing,
-    _busy, _cv), without the per-thread count: change the protocol in both places."""
+    plan's pointer with it). A class, not a generator: it sits on every launch.
+
+    The count is the length of the list ctx._calls (one entry a call in progress). Here it
+    changes under ctx._lock, with the check of _closing. kiln/hot.c's hold() and unhold() count
+    a C run in and out without the lock: a list's append and pop are each atomic under the GIL
+    (the Runner is a stable-ABI extension, so there is one), and the order does the rest: the
+    Runner appends, then reads _handle and _closing, and backs out if closing; close() sets
+    _closing, then reads the length, and waits while it is not 0. Whichever of the two reads
+    comes second sees the other's write, so either the run backs out or close() waits for it.
+    The Runner's last count-out wakes close() under the condition's lock (close() checks the
+    length and waits holding it, so the wake-up cannot fall between the two). Change the
+    protocol in both places."""
 
     __slots__ = ("_ctx", "_make")
 
@@ -352,7 +361,7 @@ class _Hold:
         with ctx._lock:
             if ctx._handle is None or ctx._closing:
                 raise error_for(_lib.STATUS["INVALID_ARGUMENT"], _CLOSED)
-            ctx._busy += 1
+            ctx._calls.append(None)
             ctx._holders[tid] = ctx._holders.get(tid, 0) + 1
             handle = ctx._handle
         if self._make is None:
@@ -367,11 +376,11 @@ class _Hold:
         ctx = self._ctx
         tid = threading.get_ident()
         with ctx._lock:
-            ctx._busy -= 1
+            ctx._calls.pop()
             n = ctx._holders.pop(tid) - 1
             if n:
                 ctx._holders[tid] = n
-            if not ctx._busy and ctx._closing:  # close() waits (it sets _closing first)
+            if not ctx._calls and ctx._closing:  # close() waits (it sets _closing first)
                 ctx._cv.notify_all()
         return False
 
@@ -405,9 +414,9 @@ class Context:
         self._handle = None
         # An RLock: a Plan collected by the garbage collector inside close() re-enters _use on
         # this thread (and finds the context closing) instead of deadlocking.
-        self._lock = threading.RLock()  # the condition's lock, taken bare by every call
+        self._lock = threading.RLock()  # the condition's lock, taken bare by every Python-path call
         self._cv = threading.Condition(self._lock)
-        self._busy = 0  # calls into the C context in progress (see _use)
+        self._calls = []  # one entry a call into the C context in progress (_Hold: why a list)
         self._holders = {}  # thread ident -> its calls in progress (close() refuses to self-wait)
         self._closing = False
         self._kernels = {}  # kiln_kernel * -> Kernel, so one C kernel is one Python object
@@ -455,7 +464,7 @@ class Context:
                 raise RuntimeError("kiln: Context.close() called from inside a call on the same "
                                    "context on the same thread; it would wait for itself")
             self._closing = True
-            while self._busy:
+            while self._calls:
                 self._cv.wait()
             handle, self._handle = self._handle, None
             if handle:

@@ -37,7 +37,8 @@ typedef kiln_status (*schedule_fn)(kiln_plan *, const kiln_batch_shape *, kiln_d
 typedef struct runner {
     PyObject ob_base;     /* PyObject_HEAD */
     PyObject *lock, *cv;  /* the context's _lock (an RLock) and _cv (a Condition on it) */
-    PyObject *ctx, *plan; /* kiln.Context (_handle, _closing, _busy), kiln.Plan (_handle) */
+    PyObject *calls;      /* the context's _calls (a list: one entry a call in progress) */
+    PyObject *ctx, *plan; /* kiln.Context (_handle, _closing), kiln.Plan (_handle) */
     PyObject *cfg;        /* the plan's _Config (scaled: the args hold a run's scales) */
     PyObject *seen_q, *seen_kv, *seen_out, *seen_lse, *out_info; /* cfg's checked tensors */
     PyObject *empty;                                             /* torch.empty */
@@ -69,7 +70,7 @@ typedef struct runner {
 } runner;
 
 static PyObject *s_shape, *s_stride, *s_dtype, *s_device, *s_data_ptr, *s_acquire, *s_release,
-    *s_notify_all, *s_handle, *s_closing, *s_busy, *s_scaled, *s_mul_, *s_is_cpu, *s_typecode,
+    *s_notify_all, *s_handle, *s_closing, *s_scaled, *s_mul_, *s_is_cpu, *s_typecode,
     *s_buffer_info, *s_batch, *s_total_qo, *s_total_kv, *s_kv_indptr, *s_qo_indptr, *s_last,
     *s_indices, *s_forwarded;
 
@@ -142,62 +143,46 @@ static long long item(PyObject *tuple, Py_ssize_t i)
 
 /* The hold of Context._use (core._Hold) without its per-thread count, which exists so that a
  * close() called from inside a call on the same thread raises: no Python code runs inside this
- * call. 1: held; 0: the context is closed or closing (the Python path raises); -1: an error. */
+ * call. Counted in on the context's _calls list (an append, then _handle and _closing read:
+ * core._Hold says why no lock is needed) under the GIL. 1: held; 0: the context is closed or
+ * closing (counted out again; the Python path raises); -1: an error. */
+static void unhold(runner *r, PyObject *ctx_handle);
 static int hold(runner *r, PyObject **ctx_handle)
 {
-    PyObject *ok = PyObject_CallMethodObjArgs(r->lock, s_acquire, NULL);
-    if (!ok) return -1;
-    Py_DECREF(ok);
-    int held = -1;
+    if (PyList_Append(r->calls, Py_None)) return -1;
     PyObject *handle = PyObject_GetAttr(r->ctx, s_handle);
     PyObject *closing = handle ? PyObject_GetAttr(r->ctx, s_closing) : NULL;
-    PyObject *busy = closing ? PyObject_GetAttr(r->ctx, s_busy) : NULL;
-    if (busy) {
-        const int shut = handle == Py_None ? 1 : PyObject_IsTrue(closing);
-        if (shut > 0) {
-            held = 0;
-        } else if (shut == 0) {
-            PyObject *one = PyLong_FromLong(1);
-            PyObject *more = one ? PyNumber_Add(busy, one) : NULL;
-            if (more && PyObject_SetAttr(r->ctx, s_busy, more) == 0) held = 1;
-            Py_XDECREF(more);
-            Py_XDECREF(one);
-        }
-    }
+    const int shut = !closing ? -1 : handle == Py_None ? 1 : PyObject_IsTrue(closing);
     Py_XDECREF(closing);
-    Py_XDECREF(busy);
-    if (held == 1) *ctx_handle = handle;
-    else Py_XDECREF(handle);
-    PyObject *exc_type, *exc, *tb;
-    PyErr_Fetch(&exc_type, &exc, &tb);
-    ok = PyObject_CallMethodObjArgs(r->lock, s_release, NULL);
-    Py_XDECREF(ok);
-    PyErr_Restore(exc_type, exc, tb);
-    return held;
+    if (shut == 0) {
+        *ctx_handle = handle;
+        return 1;
+    }
+    Py_INCREF(Py_None); /* unhold drops a reference to what it is given */
+    unhold(r, Py_None);
+    Py_XDECREF(handle);
+    return shut > 0 ? 0 : -1;
 }
 
-/* The end of a hold: count the call out and wake close(), keeping any error already set. */
+/* The end of a hold: count the call out (a pop of _calls) and, where close() has begun and this
+ * was the last call, wake it under its condition's lock; keeping any error already set. */
 static void unhold(runner *r, PyObject *ctx_handle)
 {
     Py_DECREF(ctx_handle);
     PyObject *exc_type, *exc, *tb;
     PyErr_Fetch(&exc_type, &exc, &tb);
-    PyObject *ok = PyObject_CallMethodObjArgs(r->lock, s_acquire, NULL);
-    if (ok) {
-        Py_DECREF(ok);
-        PyObject *busy = PyObject_GetAttr(r->ctx, s_busy);
-        PyObject *one = PyLong_FromLong(1);
-        PyObject *less = busy && one ? PyNumber_Subtract(busy, one) : NULL;
-        if (less && PyObject_SetAttr(r->ctx, s_busy, less) == 0 && PyObject_Not(less) == 1) {
-            PyObject *closing = PyObject_GetAttr(r->ctx, s_closing);
-            if (closing && PyObject_IsTrue(closing) == 1)
+    const Py_ssize_t n = PyList_Size(r->calls);
+    if (n > 0 && PyList_SetSlice(r->calls, n - 1, n, NULL) == 0 && n == 1) {
+        PyObject *closing = PyObject_GetAttr(r->ctx, s_closing);
+        if (closing && PyObject_IsTrue(closing) == 1 && PyList_Size(r->calls) == 0) {
+            PyObject *ok = PyObject_CallMethodObjArgs(r->lock, s_acquire, NULL);
+            if (ok) {
+                Py_DECREF(ok);
                 Py_XDECREF(PyObject_CallMethodObjArgs(r->cv, s_notify_all, NULL));
-            Py_XDECREF(closing);
+                Py_XDECREF(PyObject_CallMethodObjArgs(r->lock, s_release, NULL));
+            }
         }
-        Py_XDECREF(less);
-        Py_XDECREF(one);
-        Py_XDECREF(busy);
-        Py_XDECREF(PyObject_CallMethodObjArgs(r->lock, s_release, NULL));
+        Py_XDECREF(closing);
     }
     PyErr_Clear(); /* a failure to count out is not the caller's error (there is none here) */
     PyErr_Restore(exc_type, exc, tb);
@@ -682,15 +667,15 @@ static PyObject *runner_arm(PyObject *self, PyObject *argv)
 
 /* The object fields of a runner, for the collector. */
 static const size_t object_fields[] = {
-    offsetof(runner, lock),       offsetof(runner, cv),       offsetof(runner, ctx),
-    offsetof(runner, plan),       offsetof(runner, cfg),      offsetof(runner, seen_q),
-    offsetof(runner, seen_kv),    offsetof(runner, seen_out), offsetof(runner, seen_lse),
-    offsetof(runner, out_info),   offsetof(runner, empty),    offsetof(runner, empty_like),
-    offsetof(runner, o_kw),       offsetof(runner, lse_kw),   offsetof(runner, get_device),
-    offsetof(runner, get_stream), offsetof(runner, index),    offsetof(runner, fail),
-    offsetof(runner, log2e),      offsetof(runner, scalars),  offsetof(runner, state),
-    offsetof(runner, device),     offsetof(runner, cpu),      offsetof(runner, int32),
-    offsetof(runner, tensor),
+    offsetof(runner, lock),       offsetof(runner, cv),         offsetof(runner, calls),
+    offsetof(runner, ctx),        offsetof(runner, plan),       offsetof(runner, cfg),
+    offsetof(runner, seen_q),     offsetof(runner, seen_kv),    offsetof(runner, seen_out),
+    offsetof(runner, seen_lse),   offsetof(runner, out_info),   offsetof(runner, empty),
+    offsetof(runner, empty_like), offsetof(runner, o_kw),       offsetof(runner, lse_kw),
+    offsetof(runner, get_device), offsetof(runner, get_stream), offsetof(runner, index),
+    offsetof(runner, fail),       offsetof(runner, log2e),      offsetof(runner, scalars),
+    offsetof(runner, state),      offsetof(runner, device),     offsetof(runner, cpu),
+    offsetof(runner, int32),      offsetof(runner, tensor),
 };
 
 static PyObject **field(PyObject *self, size_t i)
@@ -748,18 +733,19 @@ static PyObject *runner_new(PyTypeObject *type, PyObject *argv, PyObject *kwargs
     }
     PyObject *lock = PyObject_GetAttrString(o[0], "_lock");
     PyObject *cv = lock ? PyObject_GetAttrString(o[0], "_cv") : NULL;
-    if (!cv) {
-        Py_XDECREF(lock);
-        return NULL;
-    }
-    runner *r = (runner *)PyType_GenericAlloc(type, 0);
+    PyObject *calls = cv ? PyObject_GetAttrString(o[0], "_calls") : NULL;
+    if (calls && !PyList_CheckExact(calls))
+        PyErr_SetString(PyExc_TypeError, "Runner: the context's _calls is not a list");
+    runner *r = PyErr_Occurred() ? NULL : (runner *)PyType_GenericAlloc(type, 0);
     if (!r) {
-        Py_DECREF(lock);
-        Py_DECREF(cv);
+        Py_XDECREF(lock);
+        Py_XDECREF(cv);
+        Py_XDECREF(calls);
         return NULL;
     }
     r->lock = lock;
     r->cv = cv;
+    r->calls = calls;
     PyObject **dst[17] = {&r->ctx,        &r->plan,       &r->cfg,      &r->seen_q,
                           &r->seen_kv,    &r->seen_out,   &r->seen_lse, &r->out_info,
                           &r->empty,      &r->empty_like, &r->o_kw,     &r->lse_kw,
@@ -831,18 +817,15 @@ static int hot_exec(PyObject *m)
     struct {
         PyObject **slot;
         const char *name;
-    } names[] = {{&s_shape, "shape"},         {&s_stride, "stride"},
-                 {&s_dtype, "dtype"},         {&s_device, "device"},
-                 {&s_data_ptr, "data_ptr"},   {&s_acquire, "acquire"},
-                 {&s_release, "release"},     {&s_notify_all, "notify_all"},
-                 {&s_handle, "_handle"},      {&s_closing, "_closing"},
-                 {&s_busy, "_busy"},          {&s_scaled, "scaled"},
-                 {&s_mul_, "mul_"},           {&s_is_cpu, "is_cpu"},
-                 {&s_typecode, "typecode"},   {&s_buffer_info, "buffer_info"},
-                 {&s_batch, "batch"},         {&s_total_qo, "total_qo"},
-                 {&s_total_kv, "total_kv"},   {&s_kv_indptr, "kv_indptr"},
-                 {&s_qo_indptr, "qo_indptr"}, {&s_last, "last"},
-                 {&s_indices, "indices"},     {&s_forwarded, "forwarded"}};
+    } names[] = {
+        {&s_shape, "shape"},         {&s_stride, "stride"},         {&s_dtype, "dtype"},
+        {&s_device, "device"},       {&s_data_ptr, "data_ptr"},     {&s_acquire, "acquire"},
+        {&s_release, "release"},     {&s_notify_all, "notify_all"}, {&s_handle, "_handle"},
+        {&s_closing, "_closing"},    {&s_scaled, "scaled"},         {&s_mul_, "mul_"},
+        {&s_is_cpu, "is_cpu"},       {&s_typecode, "typecode"},     {&s_buffer_info, "buffer_info"},
+        {&s_batch, "batch"},         {&s_total_qo, "total_qo"},     {&s_total_kv, "total_kv"},
+        {&s_kv_indptr, "kv_indptr"}, {&s_qo_indptr, "qo_indptr"},   {&s_last, "last"},
+        {&s_indices, "indices"},     {&s_forwarded, "forwarded"}};
     for (size_t i = 0; i < sizeof names / sizeof names[0]; i++)
         if (!*names[i].slot && !(*names[i].slot = PyUnicode_InternFromString(names[i].name)))
             return -1;

@@ -417,7 +417,7 @@ class TestClose(unittest.TestCase):
         holder.join(10)
         self.assertFalse(closer.is_alive())
         self.assertIsNone(ctx._handle)
-        self.assertEqual(ctx._busy, 0)
+        self.assertEqual(len(ctx._calls), 0)
 
     def test_close_while_threads_compile(self):
         # Real NVRTC compiles in flight when close() is called: each one either returns a
@@ -499,7 +499,7 @@ class TestClose(unittest.TestCase):
         self.assertFalse(ctx.closed)
         self.assertEqual(ctx.compile(SPEC, arch="sm_80").arch, "sm_80")  # still usable
         ctx.close()
-        self.assertEqual((ctx._busy, ctx._holders), (0, {}))
+        self.assertEqual((len(ctx._calls), ctx._holders), (0, {}))
 
     def test_close_from_several_threads(self):
         ctx = context()

@@ -103,7 +103,7 @@ class Harness:
             self.calls.append((plan, stream, a.q, a.k, a.v, a.o, a.lse, a.q_stride_n,
                                a.q_stride_h, a.o_stride_n, a.o_stride_h, a.k_stride_page,
                                a.k_stride_n, a.k_stride_h, a.v_stride_page, a.v_stride_n,
-                               a.v_stride_h, self.ctx._busy))
+                               a.v_stride_h, len(self.ctx._calls)))
             if self.during:
                 self.during()
             return self.status
@@ -119,7 +119,7 @@ class Harness:
         return t
 
     def on_fail(self, status, handle):
-        self.failed.append((status, handle, self.ctx._busy))
+        self.failed.append((status, handle, len(self.ctx._calls)))
         raise Failed(f"status {status}")
 
     def empty_like(self, t):
@@ -162,7 +162,7 @@ class TestRunner(Harness, unittest.TestCase):
         self.assertEqual(self.calls, [(0x2000, 0xabc0, 0x10000, 0x20000, 0x30000, o.data_ptr(),
                                        0x5550, H * D + 64, D, H * D, D, 2048, 128, 64, 4096,
                                        256, 128, 1)])
-        self.assertEqual(self.ctx._busy, 0)
+        self.assertEqual(len(self.ctx._calls), 0)
         self.assertEqual(o.muls, [])
 
     def test_o_like_a_dense_q(self):
@@ -272,7 +272,7 @@ class TestRunner(Harness, unittest.TestCase):
             with self.subTest(name):
                 self.assertIs(r(*call), NotImplemented)
         self.assertEqual(self.calls, [])
-        self.assertEqual(self.ctx._busy, 0)
+        self.assertEqual(len(self.ctx._calls), 0)
 
     def test_rows_the_plan_does_not_have(self):
         q, kv = self.tensors(rows=3)
@@ -299,7 +299,7 @@ class TestRunner(Harness, unittest.TestCase):
         self.device = 0
         self.plan._handle = None  # a destroyed plan: the Python path raises
         self.assertIs(r(q, kv, None, None, False), NotImplemented)
-        self.assertEqual(self.ctx._busy, 0)
+        self.assertEqual(len(self.ctx._calls), 0)
         self.plan._handle = 0x2000
         unbound = _hot.module().Runner(  # the same dicts: only bind() is missing
             self.ctx, self.plan, self.cfg, self.seen_q, self.seen_kv, self.seen_out,
@@ -311,6 +311,10 @@ class TestRunner(Harness, unittest.TestCase):
         self.seen_q[_meta(q0)] = (0, H * D, D)
         self.out_info[0] = (0, H * D, D)
         self.assertIs(unbound(q0, kv, None, None, False), NotImplemented)
+        self.ctx._closing = True  # close() begun (it waits for calls in flight): counted out again
+        self.assertIs(r(q, kv, None, None, False), NotImplemented)
+        self.assertEqual(len(self.ctx._calls), 0)
+        self.ctx._closing = False
         self.ctx.close()  # a closed context: the Python path raises
         self.assertIs(r(q, kv, None, None, False), NotImplemented)
         self.assertEqual(self.calls, [])
@@ -323,7 +327,7 @@ class TestRunner(Harness, unittest.TestCase):
             r(q, kv, None, None, False)
         handle = self.ctx._handle
         self.assertEqual(self.failed, [(3, handle, 1)])
-        self.assertEqual(self.ctx._busy, 0)
+        self.assertEqual(len(self.ctx._calls), 0)
 
     def test_other_errors_propagate(self):
         r = self.runner()
@@ -394,7 +398,7 @@ class TestRunner(Harness, unittest.TestCase):
         t.join(10)
         closer.join(10)
         self.assertEqual(order, ["run returns", "closed"])
-        self.assertEqual(self.ctx._busy, 0)
+        self.assertEqual(len(self.ctx._calls), 0)
 
 
 class HT:
@@ -436,7 +440,7 @@ class TestReplan(Harness, unittest.TestCase):
             self.scheds.append((plan, B, list(s.qo_indptr[:B + 1]) if s.qo_indptr else None,
                                 list(s.kv_indptr[:B + 1]),
                                 list(s.kv_last_page_len[:B]) if s.kv_last_page_len else None,
-                                ws, ws_bytes, scratch, scratch_bytes, stream, self.ctx._busy))
+                                ws, ws_bytes, scratch, scratch_bytes, stream, len(self.ctx._calls)))
             return self.sched_status
 
         self.schedule = SCHEDULE_T(schedule)
@@ -470,7 +474,7 @@ class TestReplan(Harness, unittest.TestCase):
         self.assertEqual((list(array.array("i", st.kv_indptr)), list(array.array("i", st.last))),
                          ([0, 2, 2, 5], [16, 7, 1]))
         self.assertEqual(self.args.kv_indices, 0xd000)
-        self.assertEqual(self.ctx._busy, 0)
+        self.assertEqual(len(self.ctx._calls), 0)
         indptr._buf[1] = 99  # the state holds copies
         self.assertEqual(list(array.array("i", st.kv_indptr)), [0, 2, 2, 5])
         # the run that follows takes the new batch's rows
@@ -547,7 +551,7 @@ class TestReplan(Harness, unittest.TestCase):
         self.assertEqual(len(self.scheds), 1)
         self.assertEqual((self.state.batch, self.state.indices, self.state.forwarded),
                          (1, "old ids", "memo"))
-        self.assertEqual((self.args.kv_indices, self.ctx._busy), (0, 0))
+        self.assertEqual((self.args.kv_indices, len(self.ctx._calls)), (0, 0))
 
     def test_a_paged_prefill(self):
         r = self.armed(prefill=True, sched_qo=20, lse_cap=20 * H)
