@@ -141,40 +141,16 @@ static long long item(PyObject *tuple, Py_ssize_t i)
     return PyLong_AsLongLong(PyTuple_GetItem(tuple, i));
 }
 
-/* The hold of Context._use (core._Hold) without its per-thread count, which exists so that a
- * close() called from inside a call on the same thread raises: no Python code runs inside this
- * call. Counted in on the context's _calls list (an append, then _handle and _closing read:
- * core._Hold says why no lock is needed) under the GIL. 1: held; 0: the context is closed or
- * closing (counted out again; the Python path raises); -1: an error. */
-static void unhold(runner *r, PyObject *ctx_handle);
-static int hold(runner *r, PyObject **ctx_handle)
+/* A count-out of the context's _calls (a pop) and, where close() has begun and no call is left,
+ * close() woken under its condition's lock; keeping any error already set. */
+static void count_out(runner *r)
 {
-    if (PyList_Append(r->calls, Py_None)) return -1;
-    PyObject *handle = PyObject_GetAttr(r->ctx, s_handle);
-    PyObject *closing = handle ? PyObject_GetAttr(r->ctx, s_closing) : NULL;
-    const int shut = !closing ? -1 : handle == Py_None ? 1 : PyObject_IsTrue(closing);
-    Py_XDECREF(closing);
-    if (shut == 0) {
-        *ctx_handle = handle;
-        return 1;
-    }
-    Py_INCREF(Py_None); /* unhold drops a reference to what it is given */
-    unhold(r, Py_None);
-    Py_XDECREF(handle);
-    return shut > 0 ? 0 : -1;
-}
-
-/* The end of a hold: count the call out (a pop of _calls) and, where close() has begun and this
- * was the last call, wake it under its condition's lock; keeping any error already set. */
-static void unhold(runner *r, PyObject *ctx_handle)
-{
-    Py_DECREF(ctx_handle);
     PyObject *exc_type, *exc, *tb;
     PyErr_Fetch(&exc_type, &exc, &tb);
     const Py_ssize_t n = PyList_Size(r->calls);
-    if (n > 0 && PyList_SetSlice(r->calls, n - 1, n, NULL) == 0 && n == 1) {
+    if (n > 0 && PyList_SetSlice(r->calls, n - 1, n, NULL) == 0 && PyList_Size(r->calls) == 0) {
         PyObject *closing = PyObject_GetAttr(r->ctx, s_closing);
-        if (closing && PyObject_IsTrue(closing) == 1 && PyList_Size(r->calls) == 0) {
+        if (closing && PyObject_IsTrue(closing) == 1) {
             PyObject *ok = PyObject_CallMethodObjArgs(r->lock, s_acquire, NULL);
             if (ok) {
                 Py_DECREF(ok);
@@ -186,6 +162,34 @@ static void unhold(runner *r, PyObject *ctx_handle)
     }
     PyErr_Clear(); /* a failure to count out is not the caller's error (there is none here) */
     PyErr_Restore(exc_type, exc, tb);
+}
+
+/* The hold of Context._use (core._Hold) without its per-thread count, which exists so that a
+ * close() called from inside a call on the same thread raises: no Python code runs inside this
+ * call. Counted in on the context's _calls list (an append, then _handle and _closing read:
+ * core._Hold says why no lock is needed) under the GIL. 1: held; 0: the context is closed or
+ * closing (counted out again; the Python path raises); -1: an error. */
+static int hold(runner *r, PyObject **ctx_handle)
+{
+    if (PyList_Append(r->calls, Py_None)) return -1;
+    PyObject *handle = PyObject_GetAttr(r->ctx, s_handle);
+    PyObject *closing = handle ? PyObject_GetAttr(r->ctx, s_closing) : NULL;
+    const int shut = !closing ? -1 : handle == Py_None ? 1 : PyObject_IsTrue(closing);
+    Py_XDECREF(closing);
+    if (shut == 0) {
+        *ctx_handle = handle;
+        return 1;
+    }
+    Py_XDECREF(handle);
+    count_out(r);
+    return shut > 0 ? 0 : -1;
+}
+
+/* The end of a hold. */
+static void unhold(runner *r, PyObject *ctx_handle)
+{
+    Py_DECREF(ctx_handle);
+    count_out(r);
 }
 
 /* fn(plan, a, stream) with the GIL released, as ctypes calls it. */
