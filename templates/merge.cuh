@@ -9,13 +9,15 @@
  * partial_o [slot][H][slot_rows][D], partial_lse [slot][H][slot_rows]. Public states are in
  * the variant's dtype with natural-log lse: v [rows, H, D] (strides at run time), lse [rows, H].
  *
- * A batch plan's splits are merged one of two ways, element by element with the same function
- * (merge_split_element), so both write the same bits:
- *   - batch_merge_kernel, the second launch of kiln_plan_run: grid (tasks, H), any thread count;
+ * A batch plan's splits are merged one of two ways, each element's sums in the same order
+ * (merge_partials' M, then the states s = 0, 1, ...), so both write the same bits:
+ *   - batch_merge_kernel, the second launch of kiln_plan_run: grid (tasks, H), any thread count,
+ *     element by element (merge_split_element);
  *   - with kiln_cfg::FUSED_MERGE (the batch decode kernels), merge_task_if_last at the end of
  *     the main kernel: the last CTA of a merge task to finish its partial merges the task's
- *     slots for the heads it covers, and kiln_plan_run launches nothing more. It counts the
- *     CTAs on the schedule's arrival counters (common/params.h).
+ *     slots for the heads it covers (fused_merge_rows: a lane's columns of several heads at
+ *     once), and kiln_plan_run launches nothing more. It counts the CTAs on the schedule's
+ *     arrival counters (common/params.h).
  *
  * With kiln_cfg::PDL (sm_90+) the merge kernel is a programmatic dependent launch of the main
  * kernel (let_merge_launch, wait_main_grid below).
@@ -57,23 +59,15 @@ template <class Cfg> __device__ __forceinline__ void wait_main_grid()
     if constexpr (Cfg::PDL) Cfg::griddep_wait();
 }
 
-/* A partial-state word: FRESH reads it from L2 (ld.global.cg), for a reader in the kernel whose
- * other CTAs wrote it (their stores reach L2; this SM's L1 is not kept coherent with them). */
-template <bool FRESH> __device__ __forceinline__ float load_partial(const float *at)
-{
-    if constexpr (FRESH) return __ldcg(at);
-    else return *at;
-}
-
 /* The loads of a split merge in flight at once: a merge is latency bound, so it loads the
  * partial states N at a time before it uses any (one L2 round trip per batch, not per state).
  * The merge kernels take batches of up to MERGE_BATCH (32 states in one round trip; 8 when
  * there are no more), the batch decode's wide merge kernel MERGE_BATCH_WIDE (64: the B1
  * decode's 64 splits in one round trip instead of four, with twice the registers, so it is
  * launched only where a task has more than MERGE_BATCH slots); the fused merge, in a main
- * kernel with few registers to spare, FUSED_MERGE_BATCH. The bits do not depend on N
+ * kernel with few registers to spare, fused_merge_rows (below: its own loop). The bits do not depend on N
  * (merge_partials). */
-constexpr int MERGE_BATCH = KILN_MERGE_BATCH, MERGE_BATCH_WIDE = KILN_MERGE_BATCH_WIDE, FUSED_MERGE_BATCH = 8;
+constexpr int MERGE_BATCH = KILN_MERGE_BATCH, MERGE_BATCH_WIDE = KILN_MERGE_BATCH_WIDE;
 
 /* N partial states s0 .. s0 + N - 1 of one element, loaded before any is used: those from ns
  * on are read again at state ns - 1 (in bounds, no branch: a load behind a branch is issued
@@ -81,13 +75,13 @@ constexpr int MERGE_BATCH = KILN_MERGE_BATCH, MERGE_BATCH_WIDE = KILN_MERGE_BATC
  * every load and each load takes it or the last state's, whichever is lower: stepping it only
  * while in bounds made NVVM far slower on every kernel with a merge, and one address computed
  * per load measured slower on the GPU (docs/perf/notes.md, session 38). */
-template <bool FRESH, int N> struct partial_batch {
+template <int N> struct partial_batch {
     float ls[N], os[N];
     static __device__ __forceinline__ void load_field(float (&x)[N], int s0, int ns, const float *at, i64 step)
     {
         const float *q = at + s0 * step, *const last = at + (ns - 1) * step;
 #pragma unroll
-        for (int j = 0; j < N; j++, q += step) x[j] = load_partial<FRESH>(q < last ? q : last);
+        for (int j = 0; j < N; j++, q += step) x[j] = *(q < last ? q : last);
     }
     __device__ __forceinline__ void load_lse(int s0, int ns, const float *lse, i64 lse_step)
     {
@@ -115,10 +109,10 @@ template <bool FRESH, int N> struct partial_batch {
 };
 
 /* merge_partials of ns <= N states in one batch: one round trip. */
-template <bool FRESH, int N>
+template <int N>
 __device__ __forceinline__ state_merge merge_one_batch(int ns, const float *lse, i64 lse_step, const float *o, i64 o_step)
 {
-    partial_batch<FRESH, N> b;
+    partial_batch<N> b;
     b.load(0, ns, lse, lse_step, o, o_step);
     state_merge acc(b.max_lse(neg_inf()));
     b.add_to(acc, 0, ns);
@@ -127,11 +121,11 @@ __device__ __forceinline__ state_merge merge_one_batch(int ns, const float *lse,
 
 /* merge_partials in batches of N: one round trip when ns <= N; else one a batch for the
  * largest lse and one a batch for the sums. */
-template <bool FRESH, int N>
+template <int N>
 __device__ __forceinline__ state_merge merge_batches(int ns, const float *lse, i64 lse_step, const float *o, i64 o_step)
 {
-    if (ns <= N) return merge_one_batch<FRESH, N>(ns, lse, lse_step, o, o_step);
-    partial_batch<FRESH, N> b;
+    if (ns <= N) return merge_one_batch<N>(ns, lse, lse_step, o, o_step);
+    partial_batch<N> b;
     float M = neg_inf();
     for (int s0 = 0; s0 < ns; s0 += N) {
         b.load_lse(s0, ns, lse, lse_step);
@@ -152,16 +146,16 @@ __device__ __forceinline__ state_merge merge_batches(int ns, const float *lse, i
  * MERGE_BATCH: batches of 8 where ns <= 8, else of N. N > MERGE_BATCH (the wide merge):
  * one batch of N where MERGE_BATCH < ns <= N, else batches of MERGE_BATCH (the code of one
  * wide batch only: a two-pass loop of wide batches is slower to compile). */
-template <bool FRESH, int N>
+template <int N>
 __device__ __forceinline__ state_merge merge_partials(int ns, const float *lse, i64 lse_step, const float *o, i64 o_step)
 {
     if constexpr (N > 8)
-        if (ns <= 8) return merge_batches<FRESH, 8>(ns, lse, lse_step, o, o_step);
+        if (ns <= 8) return merge_batches<8>(ns, lse, lse_step, o, o_step);
     if constexpr (N > MERGE_BATCH) { /* the wide batch: one round trip for up to N states */
-        if (ns <= MERGE_BATCH || ns > N) return merge_batches<FRESH, MERGE_BATCH>(ns, lse, lse_step, o, o_step);
-        return merge_one_batch<FRESH, N>(ns, lse, lse_step, o, o_step);
+        if (ns <= MERGE_BATCH || ns > N) return merge_batches<MERGE_BATCH>(ns, lse, lse_step, o, o_step);
+        return merge_one_batch<N>(ns, lse, lse_step, o, o_step);
     }
-    return merge_batches<FRESH, N>(ns, lse, lse_step, o, o_step);
+    return merge_batches<N>(ns, lse, lse_step, o, o_step);
 }
 
 /* Combine the num_splits partial states of each query head of a single decode: grid H, any
@@ -174,7 +168,7 @@ template <class Cfg> __device__ void decode_merge_kernel(const kiln_launch_param
     const float *po = reinterpret_cast<const float *>(p.partial_o);
     wait_main_grid<Cfg>(); /* the partial states are the main kernel's */
     for (int d = threadIdx.x; d < D; d += blockDim.x) {
-        const state_merge acc = merge_partials<false, MERGE_BATCH>(S, plse + h, H, po + (i64)h * D + d, (i64)H * D);
+        const state_merge acc = merge_partials<MERGE_BATCH>(S, plse + h, H, po + (i64)h * D + d, (i64)H * D);
         reinterpret_cast<u16 *>(p.o)[(i64)h * p.o_stride_h + d] = from_float<Cfg::OUT_DT>(acc.out());
         if (Cfg::LSE && d == 0) reinterpret_cast<float *>(p.lse)[h] = acc.lse_nat_of_log2();
     }
@@ -183,8 +177,8 @@ template <class Cfg> __device__ void decode_merge_kernel(const kiln_launch_param
 /* Element d of row rr (of the task's query tile) of head h of merge task t of request r: the
  * merge of the partial states of slots slot0 .. slot0 + nslots - 1, in that order, into o and,
  * for d == 0, lse (natural log), N states a round trip. The one per-element merge of a batch
- * plan's splits, for the merge kernel and the fused epilogue alike. */
-template <class Cfg, bool FRESH, int N>
+ * plan's splits in the merge kernels (fused_merge_rows sums in the same order). */
+template <class Cfg, int N>
 __device__ __forceinline__ void merge_split_element(const kiln_launch_params &p, const kiln_merge_task &t,
                                                     const work_req &r, int h, int rr, int d)
 {
@@ -193,7 +187,7 @@ __device__ __forceinline__ void merge_split_element(const kiln_launch_params &p,
     const float *plse = reinterpret_cast<const float *>(p.partial_lse);
     const float *po = reinterpret_cast<const float *>(p.partial_o);
     const i64 at = ((i64)t.slot0 * H + h) * R + rr, step = (i64)H * R;
-    const state_merge acc = merge_partials<FRESH, N>(ns, plse + at, step, po + at * D + d, step * D);
+    const state_merge acc = merge_partials<N>(ns, plse + at, step, po + at * D + d, step * D);
     const i64 row = (i64)r.q_start + t.m * R + rr;
     reinterpret_cast<u16 *>(p.o)[row * p.o_stride_n + (i64)h * p.o_stride_h + d] = from_float<Cfg::OUT_DT>(acc.out());
     if (Cfg::LSE && d == 0) reinterpret_cast<float *>(p.lse)[row * H + h] = acc.lse_nat_of_log2();
@@ -216,15 +210,149 @@ template <class Cfg, int N = MERGE_BATCH> __device__ void batch_merge_kernel(con
     const work_req r = load_req(p, t.b);
     wait_main_grid<Cfg>(); /* the partial states are the main kernel's */
     const int h = blockIdx.y, R = p.slot_rows, nrows = min(R, r.qo_len - t.m * R);
-    for (int e = threadIdx.x; e < nrows * D; e += blockDim.x) merge_split_element<Cfg, false, N>(p, t, r, h, e / D, e % D);
+    for (int e = threadIdx.x; e < nrows * D; e += blockDim.x) merge_split_element<Cfg, N>(p, t, r, h, e / D, e % D);
+}
+
+/* The fused merge's loads: float4 (CV = 4 columns) at D >= 128, float2 at D = 64. */
+template <int CV> struct cols;
+template <> struct cols<2> {
+    float x[2];
+    __device__ __forceinline__ void load(const float *at)
+    {
+        const float2 v = __ldcg(reinterpret_cast<const float2 *>(at));
+        x[0] = v.x, x[1] = v.y;
+    }
+};
+template <> struct cols<4> {
+    float x[4];
+    __device__ __forceinline__ void load(const float *at)
+    {
+        const float4 v = __ldcg(reinterpret_cast<const float4 *>(at));
+        x[0] = v.x, x[1] = v.y, x[2] = v.z, x[3] = v.w;
+    }
+};
+
+/* SB slots from `first` (past the last: the last again) of UB units at at[], this lane's columns. */
+template <int D, int CV, int NC, int SB, int UB>
+__device__ __forceinline__ void load_slots(cols<CV> (&v)[SB][UB][NC], const float *po, const i64 (&at)[UB], i64 step,
+                                           int first, int ns, int lane)
+{
+#pragma unroll
+    for (int b = 0; b < SB; b++) {
+        const int s = min(first + b, ns - 1);
+#pragma unroll
+        for (int j = 0; j < UB; j++)
+#pragma unroll
+            for (int c = 0; c < NC; c++) v[b][j][c].load(po + (at[j] + s * step) * D + (c * WARP + lane) * CV);
+    }
+}
+
+/* The last CTA's merge of a task (merge_task_if_last): its nrows rows of heads h0 .. h0 + nh - 1,
+ * (head, row) units UB at a time a warp (UB: the caller's, about its heads a warp, at most 4).
+ * Lane `lane` holds columns (c * WARP + lane) * CV .. + CV - 1 of chunk c < NC of each unit, so
+ * a warp reads a slot's row of a unit with one vector load a lane; SB slots of the UB units are
+ * in flight at once, FLOATS floats a lane (the caller's: 128 in a one-warp CTA, a round trip
+ * for every 8 slots of 4 heads at D 128, where the per-element loop took one per element and
+ * slot batch; fewer in a CTA of more warps, whose registers it shares). Each lane loads the lse of slot c0 + lane of every 32, the largest M comes by shuffles,
+ * and each weight is computed once, by the lane that loaded its lse, and handed round by a
+ * shuffle. The sums are merge_partials's, element by element: M over every slot, then
+ * l += w_s, o += w_s o_s for s = 0 .. ns - 1 in order, w_s = state_merge::weight; so the bits
+ * are the merge kernel's. */
+template <class Cfg, int UB, int FLOATS>
+__device__ __forceinline__ void fused_merge_rows(const kiln_launch_params &p, const kiln_merge_task &t, const work_req &r,
+                                                 int h0, int nh, int nrows)
+{
+    constexpr int D = Cfg::D, CV = D >= 128 ? 4 : 2, NC = D / (WARP * CV);
+    constexpr int SB = FLOATS / (UB * NC * CV) > 0 ? FLOATS / (UB * NC * CV) : 1;
+    static_assert(D % (WARP * CV) == 0, "the fused merge's columns: D a multiple of 64");
+    const int H = p.num_qo_heads, R = p.slot_rows, ns = t.nslots, units = nh * nrows;
+    const int lane = (int)threadIdx.x % WARP, warp = (int)threadIdx.x / WARP, warps = (int)blockDim.x / WARP;
+    const float *plse = reinterpret_cast<const float *>(p.partial_lse);
+    const float *po = reinterpret_cast<const float *>(p.partial_o);
+    const i64 step = (i64)H * R; /* from one slot to the next, in lse words */
+    for (int u0 = warp * UB; u0 < units; u0 += warps * UB) {
+        i64 at[UB]; /* unit j's state in slot slot0 (units past the last: the last, not stored) */
+#pragma unroll
+        for (int j = 0; j < UB; j++) {
+            const int u = min(u0 + j, units - 1);
+            at[j] = ((i64)t.slot0 * H + h0 + u / nrows) * R + u % nrows;
+        }
+        /* M: the largest lse of each unit, over every slot */
+        float M[UB], ls0[UB];
+#pragma unroll
+        for (int j = 0; j < UB; j++) M[j] = neg_inf();
+        for (int c0 = 0; c0 < ns; c0 += WARP) {
+            const int s = min(c0 + lane, ns - 1); /* past ns: slot ns - 1 again, no change to a max */
+#pragma unroll
+            for (int j = 0; j < UB; j++) {
+                const float x = __ldcg(plse + at[j] + s * step);
+                if (c0 == 0) ls0[j] = x;
+                M[j] = max_f(M[j], x);
+            }
+        }
+#pragma unroll
+        for (int j = 0; j < UB; j++)
+#pragma unroll
+            for (int sh = WARP / 2; sh > 0; sh /= 2) M[j] = max_f(M[j], __shfl_xor_sync(0xffffffffu, M[j], sh));
+        float l[UB], o[UB][NC][CV]; /* each element's state_merge l and o; its M is its unit's */
+#pragma unroll
+        for (int j = 0; j < UB; j++) {
+            l[j] = 0.f;
+#pragma unroll
+            for (int c = 0; c < NC; c++)
+#pragma unroll
+                for (int e = 0; e < CV; e++) o[j][c][e] = 0.f;
+        }
+        for (int c0 = 0; c0 < ns; c0 += WARP) {
+            const int n = min(WARP, ns - c0), s_own = min(c0 + lane, ns - 1);
+            float w_own[UB]; /* the weight of slot c0 + lane */
+#pragma unroll
+            for (int j = 0; j < UB; j++)
+                w_own[j] = state_merge(M[j]).weight(c0 == 0 ? ls0[j] : __ldcg(plse + at[j] + s_own * step));
+            for (int s0 = 0; s0 < n; s0 += SB) {
+                cols<CV> v[SB][UB][NC];
+                load_slots<D, CV, NC, SB, UB>(v, po, at, step, c0 + s0, ns, lane);
+#pragma unroll
+                for (int b = 0; b < SB; b++) {
+                    if (s0 + b >= n) break;
+#pragma unroll
+                    for (int j = 0; j < UB; j++) {
+                        const float w = __shfl_sync(0xffffffffu, w_own[j], s0 + b);
+                        l[j] += w; /* state_merge::add, once for the unit's elements */
+#pragma unroll
+                        for (int c = 0; c < NC; c++)
+#pragma unroll
+                            for (int e = 0; e < CV; e++) o[j][c][e] += w * v[b][j][c].x[e];
+                    }
+                }
+            }
+        }
+#pragma unroll
+        for (int j = 0; j < UB; j++) {
+            if (u0 + j >= units) break;
+            const int h = h0 + (u0 + j) / nrows, rr = (u0 + j) % nrows;
+            const i64 row = (i64)r.q_start + t.m * R + rr;
+            u16 *out = reinterpret_cast<u16 *>(p.o) + row * p.o_stride_n + (i64)h * p.o_stride_h;
+            state_merge acc(M[j]);
+            acc.l = l[j];
+#pragma unroll
+            for (int c = 0; c < NC; c++)
+#pragma unroll
+                for (int e = 0; e < CV; e++) {
+                    acc.o = o[j][c][e];
+                    out[(c * WARP + lane) * CV + e] = from_float<Cfg::OUT_DT>(acc.out());
+                }
+            if (Cfg::LSE && lane == 0) reinterpret_cast<float *>(p.lse)[row * H + h] = acc.lse_nat_of_log2();
+        }
+    }
 }
 
 /* The fused merge (kiln_cfg::FUSED_MERGE): called by every thread of a split CTA of a batch
- * plan once its partial state of query heads h0 .. h0 + nh - 1 is written; those heads are its
+ * plan (WARPS warps) once its partial state of query heads h0 .. h0 + NH - 1 is written; those heads are its
  * head scope, scope blockIdx.y * gridDim.z + blockIdx.z of the grid's y x z. The CTA counts
  * itself on the (task, scope) counter; the one that draws nslots - 1 (every other CTA of the
  * task has written its partial of these heads) puts the counter back to 0 and merges the
- * task's slots for its heads into o and lse, element by element as batch_merge_kernel does.
+ * task's slots for its heads into o and lse (fused_merge_rows: the merge kernel's bits).
  *
  * Memory order: each thread's partial stores, then its __threadfence (a device-scope fence),
  * then the block barrier, then thread 0's atomicAdd: a CTA's whole partial is visible device
@@ -235,9 +363,11 @@ template <class Cfg, int N = MERGE_BATCH> __device__ void batch_merge_kernel(con
  * __syncthreads_or hands the outcome to every thread (no shared memory), and the merge reads
  * the partials with __ldcg from L2. The counter's reset needs no fence: no CTA adds to it again
  * in this run, and the next run (a graph replay) starts after this kernel ends. */
-template <class Cfg> __device__ __forceinline__ void merge_task_if_last(const kiln_launch_params &p, int task, int h0, int nh)
+template <class Cfg, int NH, int WARPS>
+__device__ __forceinline__ void merge_task_if_last(const kiln_launch_params &p, int task, int h0)
 {
-    constexpr int D = Cfg::D;
+    /* the units a warp takes at once */
+    constexpr int UB = (NH + WARPS - 1) / WARPS < 4 ? (NH + WARPS - 1) / WARPS : 4;
     const int scopes = gridDim.y * gridDim.z, scope = blockIdx.y * gridDim.z + blockIdx.z;
     const kiln_merge_task t = load_task(p, (unsigned)task);
     __threadfence();
@@ -254,11 +384,8 @@ template <class Cfg> __device__ __forceinline__ void merge_task_if_last(const ki
     }
     if (!__syncthreads_or(last)) return;
     const work_req r = load_req(p, t.b);
-    const int R = p.slot_rows, nrows = min(R, r.qo_len - t.m * R), per_head = nrows * D;
-    for (int e = threadIdx.x; e < nh * per_head; e += blockDim.x) {
-        const int hh = e / per_head, rd = e % per_head;
-        merge_split_element<Cfg, true, FUSED_MERGE_BATCH>(p, t, r, h0 + hh, rd / D, rd % D);
-    }
+    constexpr int FLOATS = 128 / WARPS < 16 ? 16 : 128 / WARPS;
+    fused_merge_rows<Cfg, UB, FLOATS>(p, t, r, h0, NH, min(p.slot_rows, r.qo_len - t.m * p.slot_rows));
 }
 
 /* ---- public state merges (op=merge): grid (rows, H), D threads ---- */

@@ -976,7 +976,7 @@ template <class Cfg> __device__ void mma_attention_kernel(const kiln_launch_para
         if (!ksplit_merge<Cfg>(st, smem_all, ks, c2, lane)) return;
     store_rows<Cfg>(st, rows, p, w, c2, wrow, lane);
     if constexpr (BATCH && Cfg::FUSED_MERGE)
-        if (w.slot >= 0) merge_task_if_last<Cfg>(p, load_item(p, blockIdx.x).task, h, S::PG);
+        if (w.slot >= 0) merge_task_if_last<Cfg, S::PG, THREADS / WARP>(p, load_item(p, blockIdx.x).task, h);
 }
 
 } /* namespace kiln */

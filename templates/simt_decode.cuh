@@ -494,7 +494,7 @@ template <class Cfg> __device__ void simt_decode_kernel(const kiln_launch_params
     __syncthreads();
     decode_store<Cfg>(cm, p, w, hk, g0, tid);
     if constexpr (BATCH && Cfg::FUSED_MERGE)
-        if (w.slot >= 0) merge_task_if_last<Cfg>(p, w.task, hk * Cfg::G + g0, GB);
+        if (w.slot >= 0) merge_task_if_last<Cfg, GB, Cfg::WARPS>(p, w.task, hk * Cfg::G + g0);
 }
 
 } /* namespace kiln */

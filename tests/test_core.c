@@ -441,9 +441,9 @@ KT_TEST(core_pdl_choice)
                       "wait_main_grid<Cfg>(); /* the partial states"));
     KT_CHECK(in_order(src, "void batch_merge_kernel(",
                       "wait_main_grid<Cfg>(); /* the partial states",
-                      "merge_split_element<Cfg, false, N>("));
+                      "merge_split_element<Cfg, N>("));
     KT_CHECK(in_order(src, "void decode_merge_kernel(", "wait_main_grid<Cfg>();",
-                      "merge_partials<false, MERGE_BATCH>("));
+                      "merge_partials<MERGE_BATCH>("));
     KT_CONTAINS(src, "kiln::batch_merge_kernel<kiln_cfg>(p);");
     KT_CONTAINS(src, "kiln::batch_merge_kernel<kiln_cfg, kiln::MERGE_BATCH_WIDE>(p);");
     free(src);
