@@ -253,9 +253,9 @@ __device__ __forceinline__ void load_slots(cols<CV> (&v)[SB][UB][NC], const floa
  * a warp reads a slot's row of a unit with one vector load a lane; SB slots of the UB units are
  * in flight at once, FLOATS floats a lane (the caller's: 128 in a one-warp CTA, a round trip
  * for every 8 slots of 4 heads at D 128, where the per-element loop took one per element and
- * slot batch; fewer in a CTA of more warps, whose registers it shares). Each lane loads the lse of slot c0 + lane of every 32, the largest M comes by shuffles,
- * and each weight is computed once, by the lane that loaded its lse, and handed round by a
- * shuffle. The sums are merge_partials's, element by element: M over every slot, then
+ * slot batch; fewer in a CTA of more warps, whose registers it shares). Each lane loads the
+ * lse of slot c0 + lane of every 32, the largest M comes by shuffles, and each weight is
+ * computed once, by the lane that loaded its lse, and handed round by a shuffle. The sums are merge_partials's, element by element: M over every slot, then
  * l += w_s, o += w_s o_s for s = 0 .. ns - 1 in order, w_s = state_merge::weight; so the bits
  * are the merge kernel's. */
 template <class Cfg, int UB, int FLOATS>
