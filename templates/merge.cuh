@@ -64,9 +64,8 @@ template <class Cfg> __device__ __forceinline__ void wait_main_grid()
  * The merge kernels take batches of up to MERGE_BATCH (32 states in one round trip; 8 when
  * there are no more), the batch decode's wide merge kernel MERGE_BATCH_WIDE (64: the B1
  * decode's 64 splits in one round trip instead of four, with twice the registers, so it is
- * launched only where a task has more than MERGE_BATCH slots); the fused merge, in a main
- * kernel with few registers to spare, fused_merge_rows (below: its own loop). The bits do not depend on N
- * (merge_partials). */
+ * launched only where a task has more than MERGE_BATCH slots). The bits do not depend on N
+ * (merge_partials). The fused merge batches its loads its own way (fused_merge_rows). */
 constexpr int MERGE_BATCH = KILN_MERGE_BATCH, MERGE_BATCH_WIDE = KILN_MERGE_BATCH_WIDE;
 
 /* N partial states s0 .. s0 + N - 1 of one element, loaded before any is used: those from ns
@@ -232,21 +231,6 @@ template <> struct cols<4> {
     }
 };
 
-/* SB slots from `first` (past the last: the last again) of UB units at at[], this lane's columns. */
-template <int D, int CV, int NC, int SB, int UB>
-__device__ __forceinline__ void load_slots(cols<CV> (&v)[SB][UB][NC], const float *po, const i64 (&at)[UB], i64 step,
-                                           int first, int ns, int lane)
-{
-#pragma unroll
-    for (int b = 0; b < SB; b++) {
-        const int s = min(first + b, ns - 1);
-#pragma unroll
-        for (int j = 0; j < UB; j++)
-#pragma unroll
-            for (int c = 0; c < NC; c++) v[b][j][c].load(po + (at[j] + s * step) * D + (c * WARP + lane) * CV);
-    }
-}
-
 /* The last CTA's merge of a task (merge_task_if_last): its nrows rows of heads h0 .. h0 + nh - 1,
  * (head, row) units UB at a time a warp (UB: the caller's, about its heads a warp, at most 4).
  * Lane `lane` holds columns (c * WARP + lane) * CV .. + CV - 1 of chunk c < NC of each unit, so
@@ -255,9 +239,9 @@ __device__ __forceinline__ void load_slots(cols<CV> (&v)[SB][UB][NC], const floa
  * for every 8 slots of 4 heads at D 128, where the per-element loop took one per element and
  * slot batch; fewer in a CTA of more warps, whose registers it shares). Each lane loads the
  * lse of slot c0 + lane of every 32, the largest M comes by shuffles, and each weight is
- * computed once, by the lane that loaded its lse, and handed round by a shuffle. The sums are merge_partials's, element by element: M over every slot, then
- * l += w_s, o += w_s o_s for s = 0 .. ns - 1 in order, w_s = state_merge::weight; so the bits
- * are the merge kernel's. */
+ * computed once, by the lane that loaded its lse, and handed round by a shuffle. The sums are
+ * merge_partials's, element by element: M over every slot, then l += w_s, o += w_s o_s for
+ * s = 0 .. ns - 1 in order, w_s = state_merge::weight; so the bits are the merge kernel's. */
 template <class Cfg, int UB, int FLOATS>
 __device__ __forceinline__ void fused_merge_rows(const kiln_launch_params &p, const kiln_merge_task &t, const work_req &r,
                                                  int h0, int nh, int nrows)
@@ -310,8 +294,15 @@ __device__ __forceinline__ void fused_merge_rows(const kiln_launch_params &p, co
             for (int j = 0; j < UB; j++)
                 w_own[j] = state_merge(M[j]).weight(c0 == 0 ? ls0[j] : __ldcg(plse + at[j] + s_own * step));
             for (int s0 = 0; s0 < n; s0 += SB) {
-                cols<CV> v[SB][UB][NC];
-                load_slots<D, CV, NC, SB, UB>(v, po, at, step, c0 + s0, ns, lane);
+                cols<CV> v[SB][UB][NC]; /* past ns: slot ns - 1 again, not added */
+#pragma unroll
+                for (int b = 0; b < SB; b++) {
+                    const int s = min(c0 + s0 + b, ns - 1);
+#pragma unroll
+                    for (int j = 0; j < UB; j++)
+#pragma unroll
+                        for (int c = 0; c < NC; c++) v[b][j][c].load(po + (at[j] + s * step) * D + (c * WARP + lane) * CV);
+                }
 #pragma unroll
                 for (int b = 0; b < SB; b++) {
                     if (s0 + b >= n) break;
@@ -348,8 +339,8 @@ __device__ __forceinline__ void fused_merge_rows(const kiln_launch_params &p, co
 }
 
 /* The fused merge (kiln_cfg::FUSED_MERGE): called by every thread of a split CTA of a batch
- * plan (WARPS warps) once its partial state of query heads h0 .. h0 + NH - 1 is written; those heads are its
- * head scope, scope blockIdx.y * gridDim.z + blockIdx.z of the grid's y x z. The CTA counts
+ * plan (WARPS warps) once its partial state of query heads h0 .. h0 + NH - 1 is written; those
+ * heads are its head scope, scope blockIdx.y * gridDim.z + blockIdx.z of the grid's y x z. The CTA counts
  * itself on the (task, scope) counter; the one that draws nslots - 1 (every other CTA of the
  * task has written its partial of these heads) puts the counter back to 0 and merges the
  * task's slots for its heads into o and lse (fused_merge_rows: the merge kernel's bits).
