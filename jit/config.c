@@ -175,9 +175,10 @@ static const tile_row tile_rows[] = {
 };
 /* clang-format on */
 
-/* Tensor-core decode: a batch whose group fills a useful part of the m16 MMA rows and divides
- * them (G in {4, 8, 16}); smaller groups would waste 15/16 or 7/8 of every MMA, and their CUDA-core
- * kernel reads each K/V row once anyway. fp8 KV too, widened in the MMAs' registers
+/* Tensor-core decode by default: a batch whose group fills a useful part of the m16 MMA rows
+ * and divides them (G in {4, 8, 16}); smaller groups would waste 15/16 or 7/8 of every MMA, and
+ * their CUDA-core kernel reads each K/V row once anyway. KILN_TUNE pack=1 puts any group up to
+ * 16 on tensor cores (pick_mma; not yet timed against the CUDA-core kernel on a GPU). fp8 KV too, widened in the MMAs' registers
  * (kiln_prefill_fp8_in_regs), but not with RoPE: rotated fp8 tiles go through shared memory
  * behind a block barrier, which a one-warp CTA pays in full. */
 const char *kiln__decode_pack_refusal(const kiln_variant *v)
@@ -186,8 +187,10 @@ const char *kiln__decode_pack_refusal(const kiln_variant *v)
     if (v->kv == KILN_KV_CONTIGUOUS)
         return "a single request (kv=contiguous) decodes on CUDA cores";
     if (v->group < 4 || 16 % v->group)
-        return v->group < 4 ? "groups below 4 would leave most of each MMA's 16 rows empty"
-                            : "the group does not divide the MMA's 16 rows (4, 8 or 16 do)";
+        return v->group < 4    ? "groups below 4 would leave most of each MMA's 16 rows empty"
+               : v->group > 16 ? "the group's rows exceed the MMA's 16"
+                               : "by default only groups dividing the MMA's 16 rows (4, 8, 16); "
+                                 "KILN_TUNE pack=1 takes any group up to 16";
     if (kiln__kv_fp8(v) && v->rope)
         return "fp8 KV with RoPE: rotated fp8 tiles go through shared memory behind a barrier";
     return NULL;
@@ -353,12 +356,14 @@ static kiln_status pick_mma(const kiln_variant *v, int smem_limit, kiln__config 
                           "config: %s warps=%d mt=%d bn=%d stages=%d is not valid",
                           decode ? "tensor-core decode" : "prefill", c->warps, c->mt, c->block_n,
                           c->stages);
-    if (c->pack && (v->kv == KILN_KV_CONTIGUOUS || c->block_m % v->group))
-        return kiln__fail(
-            e, KILN_STATUS_UNSUPPORTED,
-            "config: pack=1 needs a batch (kv=ragged|paged) and a group dividing the %d rows "
-            "of a CTA tile (group=%d)",
-            c->block_m, v->group);
+    /* a decode item is one token, whose G rows need only fit the tile; prefill tiles hold
+     * whole tokens (the plan's rows a tile are block_m / G) */
+    if (c->pack && (v->kv == KILN_KV_CONTIGUOUS ||
+                    (decode ? v->group > c->block_m : c->block_m % v->group != 0)))
+        return kiln__fail(e, KILN_STATUS_UNSUPPORTED,
+                          "config: pack=1 needs a batch (kv=ragged|paged) and a group %s the %d "
+                          "rows of a CTA tile (group=%d)",
+                          decode ? "within" : "dividing", c->block_m, v->group);
     const char *no_persist = decode_persist_refusal(v, c);
     if (c->persist > 1 || (c->persist && no_persist))
         return kiln__fail(e, KILN_STATUS_UNSUPPORTED, "config: persist=%d (KILN_TUNE): %s",

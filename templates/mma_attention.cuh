@@ -29,7 +29,7 @@
  * every tile unless a tile map from tile_map_kernel (tile_map.cuh) says a tile is hidden
  * (skipped) or fully visible (no element work). BM = WARPS * MT * 16 query rows per CTA.
  *
- * PACK (batches only; G divides 16): one CTA per (query tile, KV head) whose rows are the G
+ * PACK (batches only; G divides BM, or for decode G <= BM): one CTA per (query tile, KV head) whose rows are the G
  * query heads of each query token, row R = token R / G, head hk * G + R % G, so every K/V tile
  * is loaded once for the whole group. This is kiln's tensor-core decode (a decode request is
  * one token, its G heads are G rows of the m16 MMA) and an option of batch prefill.
@@ -75,7 +75,8 @@ template <class Cfg> struct mma_shape {
      * and c2 = sm_scale * log2(e) turns it into exp2 units inside one FFMA per element */
     static constexpr bool RAW = Cfg::LOGITS == LOGITS_NONE && !Cfg::HAS_LOGITS_EXPR;
     static_assert(BN % 16 == 0 && D % 64 == 0, "tile shape");
-    static_assert(!Cfg::PACK || (Cfg::KV != KV_CONTIGUOUS && BM % Cfg::G == 0), "PACK: batches, G divides BM");
+    /* jit/config.c admits a G that does not divide BM only for decode, whose item is one token */
+    static_assert(!Cfg::PACK || (Cfg::KV != KV_CONTIGUOUS && Cfg::G <= BM), "PACK: batches, G rows fit BM");
 };
 
 /* What one CTA covers: a query tile of the single request (heaviest causal tiles first), or

@@ -850,6 +850,65 @@ KT_GPU_TEST(gpu_batch_decode_ksplit)
     kiln_ctx_destroy(ctx);
 }
 
+/* KILN_TUNE pack=1: the tensor-core decode at groups that do not divide the MMA's 16 rows
+ * (and at 1 and 2, which the default leaves on CUDA cores), against the float64 reference:
+ * 300 requests of 0 to 1500 keys (empties among them) and 3 long ones, split by the planner and
+ * by fixed_split, eagerly and from a CUDA graph; bf16 / f16 / fp8 e4m3 KV, d64 / d128 / d256,
+ * soft-cap, ALiBi with a window, and the fused merge at group 3. */
+KT_GPU_TEST(gpu_batch_decode_pack_groups)
+{
+    static const struct {
+        const char *spec, *tune;
+    } cases[] = {
+        {"op=decode dtype=bf16 head_dim=128 group=1 kv=paged lse=1", "pack=1"},
+        {"op=decode dtype=bf16 head_dim=128 group=2 kv=paged lse=1", "pack=1"},
+        {"op=decode dtype=bf16 head_dim=128 group=3 kv=paged lse=1", "pack=1"},
+        {"op=decode dtype=bf16 head_dim=128 group=3 kv=paged lse=1", "pack=1,merge=1"},
+        {"op=decode dtype=f16 head_dim=64 group=5 kv=ragged logits=softcap", "pack=1"},
+        {"op=decode dtype=bf16 head_dim=256 group=6 kv=paged logits=alibi window=1 lse=1",
+         "pack=1"},
+        {"op=decode q_dtype=bf16 kv_dtype=e4m3 out_dtype=bf16 head_dim=128 group=7 kv=paged lse=1",
+         "pack=1"},
+    };
+    enum { B = 300 };
+    static int kv[B];
+    for (int b = 0; b < B; b++) kv[b] = b % 7 == 3 ? 0 : 1 + (b * 7919) % 1500;
+    static const int kv_long[3] = {8191, 1, 4097};
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        kiln_variant v;
+        if (!parsed(cases[i].spec, &v)) continue;
+        /* KILN_TUNE is read when a kernel is built, and the context memoises it */
+        kiln_ctx *c1 = KT_CTX(kt_cache_dir(), 1);
+        KT_REQUIRE(c1);
+        setenv("KILN_TUNE", cases[i].tune, 1);
+        kiln_kernel *k = get(c1, &v);
+        unsetenv("KILN_TUNE");
+        if (!k) {
+            kiln_ctx_destroy(c1);
+            continue;
+        }
+        KT_CHECK(k->cfg.pack == 1 &&
+                 k->cfg.fused_merge == (strstr(cases[i].tune, "merge=1") != NULL));
+        for (int mode = 0; mode < 8; mode++) { /* batch / long, planner / fixed, eager / graph */
+            const int lng = mode & 1;
+            kiln_check_batch s = {.batch = lng ? 3 : B,
+                                  .kv_lens = lng ? kv_long : kv,
+                                  .num_qo_heads = 4 * v.group,
+                                  .page_size = 16,
+                                  .window_left = v.window ? 700 : -1,
+                                  .fixed_split = mode & 2 ? 256 : 0,
+                                  .graph = mode >> 2,
+                                  .seed = 911u + (uint64_t)(i * 8 + mode)};
+            kiln_check_batch_result r;
+            char msg[1024];
+            if (kiln_check_batch_run(c1, k, &s, 0, &r, msg, sizeof msg) != KILN_STATUS_OK)
+                kt_fail(__FILE__, __LINE__, "%s %s mode %d: %s (request %d)", cases[i].spec,
+                        cases[i].tune, mode, msg, r.bad_request);
+        }
+        kiln_ctx_destroy(c1);
+    }
+}
+
 /* The merge kernel as a programmatic dependent launch (pdl=1, the default on sm_90 and newer:
  * scheduled while the main kernel's last CTAs run, waiting in the kernel) writes the bits the
  * ordinary launch writes (KILN_TUNE pdl=0): the batch decode on both families (tensor cores

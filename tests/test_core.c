@@ -174,9 +174,18 @@ KT_TEST(core_decode_kernel_choice)
     parse("op=decode dtype=bf16 head_dim=128 group=8", &v); /* single request */
     KT_CHECK(kiln__config_pick(&v, 90, &cfg, &e) == KILN_STATUS_UNSUPPORTED);
     KT_CONTAINS(e.msg, "pack=1 needs a batch");
+    /* a decode item is one token: its G rows need only fit the 16 (core_decode_pack_groups) */
     parse("op=decode dtype=bf16 head_dim=128 group=3 kv=paged", &v);
+    KT_OK(kiln__config_pick(&v, 90, &cfg, &e), e.msg);
+    KT_CHECK(cfg.pack == 1 && cfg.block_m == 16);
+    parse("op=decode dtype=bf16 head_dim=128 group=32 kv=paged", &v);
     KT_CHECK(kiln__config_pick(&v, 90, &cfg, &e) == KILN_STATUS_UNSUPPORTED);
-    KT_CONTAINS(e.msg, "group=3");
+    KT_CONTAINS(e.msg, "group=32");
+    KT_CONTAINS(e.msg, "within the 16 rows");
+    /* prefill tiles hold whole tokens */
+    parse("op=prefill dtype=bf16 head_dim=128 group=3 kv=paged", &v);
+    KT_CHECK(kiln__config_pick(&v, 90, &cfg, &e) == KILN_STATUS_UNSUPPORTED);
+    KT_CONTAINS(e.msg, "dividing the 64 rows");
     unsetenv("KILN_TUNE");
 }
 
@@ -489,6 +498,38 @@ static void compiles_without_spills(const kiln_variant *v, const char *dir, cons
         if (in_source) KT_CONTAINS(kiln_kernel_source(k), in_source);
     }
     kiln_ctx_destroy(ctx);
+}
+
+/* KILN_TUNE pack=1 puts a batch decode of any group up to 16 on tensor cores, the groups that
+ * do not divide the MMA's 16 rows included (a decode item is one token; rows G .. 15 are
+ * padding): the kernels compile with NVRTC for sm_90a and sm_80 without spills. By default
+ * groups other than 4, 8 and 16 keep the CUDA-core decode (core_decode_family_choice). */
+KT_TEST(core_decode_pack_groups)
+{
+    static const char *const specs[] = {
+        "op=decode dtype=bf16 head_dim=128 group=3 kv=paged lse=1",
+        "op=decode dtype=f16 head_dim=64 group=5 kv=ragged logits=softcap",
+        "op=decode dtype=bf16 head_dim=256 group=6 kv=paged logits=alibi window=1 lse=1",
+        "op=decode q_dtype=bf16 kv_dtype=e4m3 out_dtype=bf16 head_dim=128 group=7 kv=paged lse=1",
+    };
+    for (size_t i = 0; i < sizeof specs / sizeof specs[0]; i++) {
+        kiln_variant v;
+        kiln__config c;
+        kiln__err e;
+        parse(specs[i], &v);
+        unsetenv("KILN_TUNE");
+        KT_OK(kiln__config_pick(&v, 90, &c, &e), e.msg);
+        KT_CHECK(c.pack == 0);
+        setenv("KILN_TUNE", "pack=1", 1);
+        KT_OK(kiln__config_pick(&v, 90, &c, &e), e.msg);
+        KT_CHECK(c.pack == 1 && c.block_m == 16 && c.warps == 1);
+        for (int a = 0; a < 2; a++) {
+            char dir[600];
+            snprintf(dir, sizeof dir, "%s/packg%zu%d", kt_tmpdir(), i, a);
+            compiles_without_spills(&v, dir, a ? "sm_80" : "sm_90a", NULL);
+        }
+        unsetenv("KILN_TUNE");
+    }
 }
 
 /* KILN_TUNE persist=1 puts the tensor-core batch decode on its persistent grid

@@ -19,7 +19,8 @@ Points (c: causal, n: not):
     single:S:c|n        single_prefill_with_kv_cache of S tokens
     dec:B:L[:OPT...]    paged decode (page 16), B requests of L keys (BatchDecodeWithPagedKVCacheWrapper);
                         OPT: d64 / d256 (head dim, else 128), e4m3 / e5m2 (fp8 KV), split=P (plan's
-                        fixed_split_size, P pages), nosplit (disable_split_kv)
+                        fixed_split_size, P pages), nosplit (disable_split_kv), gN (group N,
+                        1..16: 8 N query heads over the 8 KV heads; else 4)
 --eager N runs each point's call N times in this process, untimed (a target for ncu).
 --tunes: settings of KILN_TUNE separated by ';' (an empty one is the default); --lib NAME=PATH
 adds a run of another library with no KILN_TUNE. $KILN_LIB is the library of the --tunes runs.
@@ -86,10 +87,12 @@ def point_fn(f):
     if kind == "dec":
         import torch
         B, L, D = int(f[1]), int(f[2]), 128
-        kv_dt, kw = BF16, {}
+        kv_dt, kw, hq = BF16, {}, H
         for o in f[3:]:
             if o in ("d64", "d256"):
                 D = int(o[1:])
+            elif o[:1] == "g" and o[1:].isdigit() and 1 <= int(o[1:]) <= 16:
+                hq = H_KV * int(o[1:])
             elif o in ("e4m3", "e5m2"):
                 kv_dt = torch.float8_e4m3fn if o == "e4m3" else torch.float8_e5m2
             elif o.startswith("split="):
@@ -99,12 +102,12 @@ def point_fn(f):
             elif o:
                 raise ValueError(f"unknown dec option {o!r}")
         es = 1 if kv_dt != BF16 else 2
-        nbytes = B * L * H_KV * D * es * 2 + B * H * D * 2 * 2
+        nbytes = B * L * H_KV * D * es * 2 + B * hq * D * 2 * 2
         copies = copies_for(nbytes)
         pk = rp.PagedKV([L] * B, D, kv_dt, copies)
-        qs = [rp.rnd(B, H, D) for _ in range(copies)]
+        qs = [rp.rnd(B, hq, D) for _ in range(copies)]
         w = kiln.BatchDecodeWithPagedKVCacheWrapper(rp.kiln_ws(), "NHD")
-        w.plan(pk.indptr_h, pk.indices, pk.last_h, H, H_KV, D, PAGE, q_data_type=BF16,
+        w.plan(pk.indptr_h, pk.indices, pk.last_h, hq, H_KV, D, PAGE, q_data_type=BF16,
                kv_data_type=kv_dt, **kw)
         return (lambda c: w.run(qs[c], (pk.k[c], pk.v[c]))), copies, nbytes, "GB/s"
     raise ValueError(f"unknown point kind {kind!r}")
