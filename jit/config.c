@@ -303,11 +303,12 @@ static kiln_status apply_tune(kiln__config *c, kiln__err *e)
         else if (!strcmp(tok, "kvsplit")) c->kvsplit = val;
         else if (!strcmp(tok, "pdl")) c->pdl = val;
         else if (!strcmp(tok, "ksplit")) c->ksplit = val;
+        else if (!strcmp(tok, "hx")) c->hx = val;
         else
             return kiln__fail(e, KILN_STATUS_INVALID_ARGUMENT,
                               "KILN_TUNE: unknown field '%s' (warps, mt, bn, stages, qregs, gb, "
                               "minb, pack, wgmma, load, persist, xjob, kvsplit, merge, pdl, "
-                              "ksplit)",
+                              "ksplit, hx)",
                               tok);
     }
     return KILN_STATUS_OK;
@@ -574,6 +575,18 @@ static const char *ksplit_refusal(const kiln_variant *v, const kiln__config *c)
     return NULL;
 }
 
+/* Why config c of v cannot take KILN_TUNE hx=1 (an item's KV heads on adjacent CTAs,
+ * mma_attention.cuh HX), or NULL when it can. */
+static const char *hx_refusal(const kiln_variant *v, const kiln__config *c)
+{
+    if (!c->pack || c->wgmma || v->kv == KILN_KV_CONTIGUOUS)
+        return "the item-major CTA order is the packed mma.sync batch kernels' (the tensor-core "
+               "decode)";
+    if (c->persist) return "persist=1: the persistent decode's CTAs loop over items of their own";
+    if (c->fused_merge) return "merge=1: the fused merge counts a task's CTAs by their blockIdx.y";
+    return NULL;
+}
+
 /* ---- internal API --------------------------------------------------------------------------- */
 
 kiln_status kiln__config_pick(const kiln_variant *v, int sm, kiln__config *c, kiln__err *e)
@@ -631,6 +644,10 @@ kiln_status kiln__config_pick(const kiln_variant *v, int sm, kiln__config *c, ki
         return kiln__fail(e, KILN_STATUS_UNSUPPORTED, "config: ksplit=%d (KILN_TUNE): %s",
                           c->ksplit, no_ksplit);
     if (c->ksplit == 1) c->ksplit = 0; /* one pipeline: the kernel without the split */
+    const char *no_hx = hx_refusal(v, c);
+    if (c->hx > 1 || (c->hx && no_hx))
+        return kiln__fail(e, KILN_STATUS_UNSUPPORTED, "config: hx=%d (KILN_TUNE): %s", c->hx,
+                          c->hx > 1 ? "hx is 0 or 1" : no_hx);
     if (c->ksplit) c->smem_bytes = c->ksplit * kiln_ksplit_region(c->smem_bytes);
     /* persist on the mma.sync family: pick_mma said whether the tensor-core decode takes it */
     if ((c->load || c->xjob || c->kvsplit || (c->persist && !pack)) && !c->wgmma)
@@ -678,6 +695,11 @@ void kiln__config_format(const kiln__config *c, char *buf, size_t cap)
     if (c->ksplit) {
         const size_t n = strlen(buf);
         if (n < cap) snprintf(buf + n, cap - n, " ksplit=%d", c->ksplit);
+    }
+    /* the item-major CTA order, likewise */
+    if (c->hx) {
+        const size_t n = strlen(buf);
+        if (n < cap) snprintf(buf + n, cap - n, " hx=1");
     }
     /* and the programmatic dependent launch: only the kernels whose source has it */
     if (c->pdl) {

@@ -283,7 +283,8 @@ kiln_status kiln__expand(const kiln_variant *v, const kiln__config *cfg, const c
                          "%d;\n",
                          cfg->load, cfg->persist, cfg->xjob, cfg->kvsplit);
     else /* the families that can merge their own splits (jit/config.c: batch decode) */
-        kiln__str_printf(&s, "    static constexpr int FUSED_MERGE = %d;\n", cfg->fused_merge);
+        kiln__str_printf(&s, "    static constexpr int FUSED_MERGE = %d, HX = %d;\n",
+                         cfg->fused_merge, cfg->hx);
     emit_pdl(&s, cfg);
     /* the wgmma family takes its kernel's arguments and, loading by TMA, the tensor maps */
     const int tma = cfg->wgmma && cfg->load == KILN_WGMMA_LOAD_TMA;

@@ -102,6 +102,11 @@ typedef struct kiln__config {
                           the work item, merged in shared memory at the end; threads and
                           shared memory ksplit times the one warp's. 0 (the default): none.
                           KILN_TUNE ksplit=2|4|8, opt-in (checked on an H100, session 47) */
+    int hx;            /* the packed mma.sync batch kernels (the tensor-core decode): an item's
+                          KV heads take adjacent CTAs in dispatch order (mma_attention.cuh HX),
+                          so the CTAs that read one page's rows run together; 0 (the default):
+                          blockIdx.x is the item, .y the KV head. KILN_TUNE hx=1, opt-in (not
+                          yet run on a GPU, session 50) */
     int fused_merge;   /* batch decode: the split CTAs merge their task's partial states (the
                           last of each task to finish, merge.cuh merge_task_if_last) and
                           kiln_plan_run launches no merge kernel; 0: the merge kernel does */

@@ -24,7 +24,8 @@
  * Cfg::mask_expr, the user snippets; MASK_DATA (mask_data_id); MASK_USES_HEAD (the mask
  * snippet reads a head index); FUSED_MERGE in {0,1} (batches: a split CTA's task is merged by
  * its last CTA, merge_task_if_last); PDL in {0,1} (sm_90+: the merge kernel is a programmatic
- * dependent launch, merge.cuh); KSPLIT (the tensor-core decode's key split, below). Element
+ * dependent launch, merge.cuh); KSPLIT (the tensor-core decode's key split, below); HX (an
+ * item's KV heads on adjacent CTAs, mma_attention_kernel). Element
  * masks (snippet, data) are evaluated per element in
  * every tile unless a tile map from tile_map_kernel (tile_map.cuh) says a tile is hidden
  * (skipped) or fully visible (no element work). BM = WARPS * MT * 16 query rows per CTA.
@@ -885,12 +886,21 @@ template <class Cfg> __device__ void mma_attention_kernel(const kiln_launch_para
     u16 *vc_s = kc_s + BN * D;
     float *freq_s = reinterpret_cast<float *>(smem + L::FREQ_AT);
 
+    /* the CTA's work item cx and head scope cy: blockIdx.x and .y, or with HX (KILN_TUNE hx=1,
+     * PACK batches without the fused merge, whose counters go by blockIdx.y) the KV heads of an
+     * item on adjacent CTAs in the order CTAs are dispatched (blockIdx.x fastest), so the CTAs
+     * reading one page's rows run at once */
+    constexpr bool HX = Cfg::HX;
+    static_assert(!HX || (Cfg::PACK && BATCH && !Cfg::FUSED_MERGE), "HX: PACK batches, no fused merge");
+    const int lin = (int)(blockIdx.y * gridDim.x + blockIdx.x);
+    const int cx = HX ? lin / (int)gridDim.y : (int)blockIdx.x;
+    const int cy = HX ? lin % (int)gridDim.y : (int)blockIdx.y;
     /* h is the CTA's (PACK: first) query head */
-    const int hk = Cfg::PACK ? (int)blockIdx.y : (int)blockIdx.y / Cfg::G;
-    const int h = Cfg::PACK ? hk * Cfg::G : (int)blockIdx.y;
+    const int hk = Cfg::PACK ? cy : cy / Cfg::G;
+    const int h = Cfg::PACK ? hk * Cfg::G : cy;
     let_merge_launch<Cfg>(); /* first thing: merge.cuh says why */
-    if (BATCH && (int)blockIdx.x >= num_items(p)) return; /* padding of a graph-sized grid */
-    const mma_work w = mma_load_work<Cfg>(p, blockIdx.x, gridDim.x);
+    if (BATCH && cx >= num_items(p)) return; /* padding of a graph-sized grid */
+    const mma_work w = mma_load_work<Cfg>(p, cx, gridDim.x);
 
     const u16 *qg = reinterpret_cast<const u16 *>(p.q) + (i64)w.q_start * p.q_stride_n + (i64)h * p.q_stride_h;
     const unsigned char *kg = reinterpret_cast<const unsigned char *>(p.k) + (i64)hk * p.k_stride_h * ES;
@@ -977,7 +987,7 @@ template <class Cfg> __device__ void mma_attention_kernel(const kiln_launch_para
         if (!ksplit_merge<Cfg>(st, smem_all, ks, c2, lane)) return;
     store_rows<Cfg>(st, rows, p, w, c2, wrow, lane);
     if constexpr (BATCH && Cfg::FUSED_MERGE)
-        if (w.slot >= 0) merge_task_if_last<Cfg, S::PG, THREADS / WARP>(p, load_item(p, blockIdx.x).task, h);
+        if (w.slot >= 0) merge_task_if_last<Cfg, S::PG, THREADS / WARP>(p, load_item(p, cx).task, h);
 }
 
 } /* namespace kiln */

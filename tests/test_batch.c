@@ -782,39 +782,22 @@ KT_GPU_TEST(gpu_batch_decode_persist)
     kiln_ctx_destroy(c0);
 }
 
-/* The tensor-core decode's key split (KILN_TUNE ksplit=2 / 4: 2 or 4 one-warp pipelines a CTA
- * over every other / fourth key tile, merged in shared memory) against the float64 reference:
- * 300 requests of 0 to 1500 keys (empties among them) and 3 long ones, split by the planner and
- * by fixed_split, eagerly and from a CUDA graph; bf16 and f16, d64 / d128 / d256, groups 4 / 8 /
- * 16, soft-cap, ALiBi with a window, fp8 e4m3 KV. The bits are not the one-warp kernel's (the
- * keys are summed in another order), so each is checked against the reference only. */
-KT_GPU_TEST(gpu_batch_decode_ksplit)
+/* A spec and the KILN_TUNE it is built under. */
+typedef struct {
+    const char *spec, *tune;
+} tune_case;
+
+/* Each case's kernel, built under its KILN_TUNE, against the float64 reference: 300 requests of
+ * 0 to 1500 keys (empties among them) and 3 long ones, split by the planner and by fixed_split,
+ * eagerly and from a CUDA graph. check(k, tune) says whether the tune reached the config. */
+static void decode_tune_cases(const tune_case *cases, size_t n, unsigned seed,
+                              int (*check)(const kiln_kernel *, const char *))
 {
-    kiln_ctx *ctx = KT_CTX(kt_cache_dir(), 1);
-    KT_REQUIRE(ctx);
-    if (ctx->arch_sm < 90) { /* four d128 pipelines take 210 KiB of shared memory */
-        kt_skip("the key split's cases need sm_90's shared memory (this GPU: sm_%d)", ctx->arch_sm);
-        kiln_ctx_destroy(ctx);
-        return;
-    }
-    static const struct {
-        const char *spec, *tune;
-    } cases[] = {
-        {"op=decode dtype=bf16 head_dim=128 group=4 kv=paged lse=1", "ksplit=4"},
-        {"op=decode dtype=bf16 head_dim=128 group=4 kv=paged lse=1", "ksplit=2"},
-        {"op=decode dtype=f16 head_dim=64 group=4 kv=ragged logits=softcap", "ksplit=4"},
-        {"op=decode dtype=f16 head_dim=128 group=8 kv=paged logits=alibi window=1 lse=1",
-         "ksplit=4"},
-        {"op=decode dtype=bf16 head_dim=128 group=16 kv=paged", "ksplit=2"},
-        {"op=decode dtype=bf16 head_dim=256 group=4 kv=paged lse=1", "ksplit=2"},
-        {"op=decode q_dtype=bf16 kv_dtype=e4m3 out_dtype=bf16 head_dim=128 group=4 kv=paged lse=1",
-         "ksplit=4"},
-    };
     enum { B = 300 };
     static int kv[B];
     for (int b = 0; b < B; b++) kv[b] = b % 7 == 3 ? 0 : 1 + (b * 7919) % 1500;
     static const int kv_long[3] = {8191, 1, 4097};
-    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+    for (size_t i = 0; i < n; i++) {
         kiln_variant v;
         if (!parsed(cases[i].spec, &v)) continue;
         /* KILN_TUNE is read when a kernel is built, and the context memoises it: a context of
@@ -828,7 +811,9 @@ KT_GPU_TEST(gpu_batch_decode_ksplit)
             kiln_ctx_destroy(c1);
             continue;
         }
-        KT_CHECK(k->cfg.ksplit == atoi(strchr(cases[i].tune, '=') + 1) && k->cfg.pack);
+        if (!check(k, cases[i].tune))
+            kt_fail(__FILE__, __LINE__, "%s: KILN_TUNE %s is not in the config", cases[i].spec,
+                    cases[i].tune);
         for (int mode = 0; mode < 8; mode++) { /* batch / long, planner / fixed, eager / graph */
             const int lng = mode & 1;
             kiln_check_batch s = {.batch = lng ? 3 : B,
@@ -838,7 +823,7 @@ KT_GPU_TEST(gpu_batch_decode_ksplit)
                                   .window_left = v.window ? 700 : -1,
                                   .fixed_split = mode & 2 ? 256 : 0,
                                   .graph = mode >> 2,
-                                  .seed = 313u + (uint64_t)(i * 8 + mode)};
+                                  .seed = seed + (uint64_t)(i * 8 + mode)};
             kiln_check_batch_result r;
             char msg[1024];
             if (kiln_check_batch_run(c1, k, &s, 0, &r, msg, sizeof msg) != KILN_STATUS_OK)
@@ -847,19 +832,60 @@ KT_GPU_TEST(gpu_batch_decode_ksplit)
         }
         kiln_ctx_destroy(c1);
     }
+}
+
+static int tune_int(const char *tune, const char *field)
+{
+    const char *at = strstr(tune, field);
+    return at ? atoi(at + strlen(field)) : 0;
+}
+
+static int has_ksplit(const kiln_kernel *k, const char *tune)
+{
+    return k->cfg.ksplit == tune_int(tune, "ksplit=") && k->cfg.pack;
+}
+
+/* The tensor-core decode's key split (KILN_TUNE ksplit=2 / 4: 2 or 4 one-warp pipelines a CTA
+ * over every other / fourth key tile, merged in shared memory) against the float64 reference
+ * (decode_tune_cases): bf16 and f16, d64 / d128 / d256, groups 4 / 8 / 16, soft-cap, ALiBi
+ * with a window, fp8 e4m3 KV. The bits are not the one-warp kernel's (the keys are summed in
+ * another order), so each is checked against the reference only. */
+KT_GPU_TEST(gpu_batch_decode_ksplit)
+{
+    kiln_ctx *ctx = KT_CTX(kt_cache_dir(), 1);
+    KT_REQUIRE(ctx);
+    const int sm = ctx->arch_sm;
     kiln_ctx_destroy(ctx);
+    if (sm < 90) { /* four d128 pipelines take 210 KiB of shared memory */
+        kt_skip("the key split's cases need sm_90's shared memory (this GPU: sm_%d)", sm);
+        return;
+    }
+    static const tune_case cases[] = {
+        {"op=decode dtype=bf16 head_dim=128 group=4 kv=paged lse=1", "ksplit=4"},
+        {"op=decode dtype=bf16 head_dim=128 group=4 kv=paged lse=1", "ksplit=2"},
+        {"op=decode dtype=f16 head_dim=64 group=4 kv=ragged logits=softcap", "ksplit=4"},
+        {"op=decode dtype=f16 head_dim=128 group=8 kv=paged logits=alibi window=1 lse=1",
+         "ksplit=4"},
+        {"op=decode dtype=bf16 head_dim=128 group=16 kv=paged", "ksplit=2"},
+        {"op=decode dtype=bf16 head_dim=256 group=4 kv=paged lse=1", "ksplit=2"},
+        {"op=decode q_dtype=bf16 kv_dtype=e4m3 out_dtype=bf16 head_dim=128 group=4 kv=paged lse=1",
+         "ksplit=4"},
+    };
+    decode_tune_cases(cases, sizeof cases / sizeof cases[0], 313u, has_ksplit);
+}
+
+static int has_pack(const kiln_kernel *k, const char *tune)
+{
+    return k->cfg.pack == 1 && k->cfg.fused_merge == tune_int(tune, "merge=");
 }
 
 /* KILN_TUNE pack=1: the tensor-core decode at groups that do not divide the MMA's 16 rows
- * (and at 1 and 2, which the default leaves on CUDA cores), against the float64 reference:
- * 300 requests of 0 to 1500 keys (empties among them) and 3 long ones, split by the planner and
- * by fixed_split, eagerly and from a CUDA graph; bf16 / f16 / fp8 e4m3 KV, d64 / d128 / d256,
- * soft-cap, ALiBi with a window, and the fused merge at group 3. */
+ * (and at 1 and 2, which the default leaves on CUDA cores), against the float64 reference
+ * (decode_tune_cases): bf16 / f16 / fp8 e4m3 KV, d64 / d128 / d256, soft-cap, ALiBi with a
+ * window, and the fused merge at group 3. */
 KT_GPU_TEST(gpu_batch_decode_pack_groups)
 {
-    static const struct {
-        const char *spec, *tune;
-    } cases[] = {
+    static const tune_case cases[] = {
         {"op=decode dtype=bf16 head_dim=128 group=1 kv=paged lse=1", "pack=1"},
         {"op=decode dtype=bf16 head_dim=128 group=2 kv=paged lse=1", "pack=1"},
         {"op=decode dtype=bf16 head_dim=128 group=3 kv=paged lse=1", "pack=1"},
@@ -870,43 +896,28 @@ KT_GPU_TEST(gpu_batch_decode_pack_groups)
         {"op=decode q_dtype=bf16 kv_dtype=e4m3 out_dtype=bf16 head_dim=128 group=7 kv=paged lse=1",
          "pack=1"},
     };
-    enum { B = 300 };
-    static int kv[B];
-    for (int b = 0; b < B; b++) kv[b] = b % 7 == 3 ? 0 : 1 + (b * 7919) % 1500;
-    static const int kv_long[3] = {8191, 1, 4097};
-    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
-        kiln_variant v;
-        if (!parsed(cases[i].spec, &v)) continue;
-        /* KILN_TUNE is read when a kernel is built, and the context memoises it */
-        kiln_ctx *c1 = KT_CTX(kt_cache_dir(), 1);
-        KT_REQUIRE(c1);
-        setenv("KILN_TUNE", cases[i].tune, 1);
-        kiln_kernel *k = get(c1, &v);
-        unsetenv("KILN_TUNE");
-        if (!k) {
-            kiln_ctx_destroy(c1);
-            continue;
-        }
-        KT_CHECK(k->cfg.pack == 1 &&
-                 k->cfg.fused_merge == (strstr(cases[i].tune, "merge=1") != NULL));
-        for (int mode = 0; mode < 8; mode++) { /* batch / long, planner / fixed, eager / graph */
-            const int lng = mode & 1;
-            kiln_check_batch s = {.batch = lng ? 3 : B,
-                                  .kv_lens = lng ? kv_long : kv,
-                                  .num_qo_heads = 4 * v.group,
-                                  .page_size = 16,
-                                  .window_left = v.window ? 700 : -1,
-                                  .fixed_split = mode & 2 ? 256 : 0,
-                                  .graph = mode >> 2,
-                                  .seed = 911u + (uint64_t)(i * 8 + mode)};
-            kiln_check_batch_result r;
-            char msg[1024];
-            if (kiln_check_batch_run(c1, k, &s, 0, &r, msg, sizeof msg) != KILN_STATUS_OK)
-                kt_fail(__FILE__, __LINE__, "%s %s mode %d: %s (request %d)", cases[i].spec,
-                        cases[i].tune, mode, msg, r.bad_request);
-        }
-        kiln_ctx_destroy(c1);
-    }
+    decode_tune_cases(cases, sizeof cases / sizeof cases[0], 911u, has_pack);
+}
+
+static int has_hx(const kiln_kernel *k, const char *tune)
+{
+    return k->cfg.hx == 1 && k->cfg.pack && k->cfg.ksplit == tune_int(tune, "ksplit=");
+}
+
+/* KILN_TUNE hx=1: the packed batch kernels with an item's KV heads on adjacent CTAs (the same
+ * work per CTA, another order of dispatch) against the float64 reference (decode_tune_cases):
+ * the referee's decode, d64 soft-cap, fp8 e4m3 KV, group 3 and the key split. */
+KT_GPU_TEST(gpu_batch_decode_hx)
+{
+    static const tune_case cases[] = {
+        {"op=decode dtype=bf16 head_dim=128 group=4 kv=paged lse=1", "hx=1"},
+        {"op=decode dtype=f16 head_dim=64 group=8 kv=ragged logits=softcap", "hx=1"},
+        {"op=decode q_dtype=bf16 kv_dtype=e4m3 out_dtype=bf16 head_dim=128 group=4 kv=paged lse=1",
+         "hx=1"},
+        {"op=decode dtype=bf16 head_dim=128 group=3 kv=paged lse=1", "pack=1,hx=1"},
+        {"op=decode dtype=bf16 head_dim=128 group=4 kv=paged lse=1", "hx=1,ksplit=2"},
+    };
+    decode_tune_cases(cases, sizeof cases / sizeof cases[0], 1709u, has_hx);
 }
 
 /* The merge kernel as a programmatic dependent launch (pdl=1, the default on sm_90 and newer:

@@ -237,7 +237,7 @@ KT_TEST(core_fused_merge_choice)
             /* kiln_cfg says it to the families that can merge (not wgmma, not op=merge), and
              * the merge kernel stays in every batch module (merge=0 launches it) */
             const int has = v.op != KILN_OP_MERGE && !cfg.wgmma;
-            KT_CHECK(!strstr(src, "static constexpr int FUSED_MERGE = 1;") == !fused);
+            KT_CHECK(!strstr(src, "static constexpr int FUSED_MERGE = 1,") == !fused);
             KT_CHECK(!strstr(src, "static constexpr int FUSED_MERGE") == !has);
             if (v.kv != KILN_KV_CONTIGUOUS && v.op != KILN_OP_MERGE)
                 KT_CONTAINS(src, "kiln::batch_merge_kernel<kiln_cfg>(p);");
@@ -434,7 +434,7 @@ KT_TEST(core_pdl_choice)
         sm90a_source("op=decode dtype=bf16 head_dim=128 group=8 kv=paged", &cfg); /* tensor cores */
     KT_REQUIRE(src);
     KT_CHECK(in_order(src, "void mma_attention_kernel(", "let_merge_launch<Cfg>();",
-                      "mma_load_work<Cfg>(p, blockIdx.x"));
+                      "mma_load_work<Cfg>(p, cx"));
     free(src);
     src = sm90a_source("op=prefill dtype=bf16 head_dim=128 group=4 kv=ragged", &cfg); /* wgmma */
     KT_REQUIRE(src);
@@ -646,6 +646,57 @@ KT_TEST(core_decode_ksplit)
         {"op=decode dtype=bf16 head_dim=128 group=4 kv=paged", "ksplit=2,persist=1", "persistent"},
         {"op=decode dtype=bf16 head_dim=128 group=4 kv=paged", "ksplit=3", "1, 2, 4 or 8"},
         {"op=decode dtype=bf16 head_dim=128 group=4 kv=paged", "ksplit=8", "shared memory"},
+    };
+    check_refused(refused, sizeof refused / sizeof refused[0]);
+}
+
+/* KILN_TUNE hx=1 gives an item's KV heads adjacent CTAs in the packed mma.sync batch kernels
+ * (mma_attention.cuh HX): the config line and the source say so (the default's say hx=0 nowhere
+ * but the source's HX = 0), the kernel compiles for sm_90a and sm_80 without spills, with the
+ * key split too; the kernels it cannot serve are refused with the reason. */
+KT_TEST(core_decode_hx)
+{
+    static const struct {
+        const char *spec, *tune;
+    } ok[] = {
+        {"op=decode dtype=bf16 head_dim=128 group=4 kv=paged lse=1", "hx=1"},
+        {"op=decode dtype=bf16 head_dim=128 group=4 kv=paged lse=1", "hx=1,ksplit=2"},
+        {"op=decode q_dtype=bf16 kv_dtype=e4m3 out_dtype=bf16 head_dim=128 group=8 kv=ragged",
+         "hx=1"},
+    };
+    for (size_t i = 0; i < sizeof ok / sizeof ok[0]; i++) {
+        kiln_variant v;
+        kiln__config c0, c1;
+        kiln__err e;
+        char f0[256], f1[256];
+        parse(ok[i].spec, &v);
+        unsetenv("KILN_TUNE");
+        KT_OK(kiln__config_pick(&v, 90, &c0, &e), e.msg);
+        setenv("KILN_TUNE", ok[i].tune, 1);
+        KT_OK(kiln__config_pick(&v, 90, &c1, &e), e.msg);
+        kiln__config_format(&c0, f0, sizeof f0);
+        kiln__config_format(&c1, f1, sizeof f1);
+        KT_CHECK(c0.hx == 0 && c1.hx == 1 && c1.pack);
+        KT_CHECK(!strstr(f0, "hx="));
+        KT_CONTAINS(f1, " hx=1");
+        char *src = sm90a_source(ok[i].spec, &c1);
+        if (src) {
+            KT_CONTAINS(src, "HX = 1;");
+            free(src);
+        }
+        for (int a = 0; a < 2; a++) {
+            char dir[600];
+            snprintf(dir, sizeof dir, "%s/hx%zu%d", kt_tmpdir(), i, a);
+            compiles_without_spills(&v, dir, a ? "sm_80" : "sm_90a", NULL);
+        }
+        unsetenv("KILN_TUNE");
+    }
+    static const tune_refusal refused[] = {
+        {"op=decode dtype=bf16 head_dim=128 group=1 kv=paged", "hx=1", "packed mma.sync"},
+        {"op=prefill dtype=bf16 head_dim=128 group=4 kv=paged", "hx=1", "packed mma.sync"},
+        {"op=decode dtype=bf16 head_dim=128 group=4 kv=paged", "hx=1,merge=1", "fused merge"},
+        {"op=decode dtype=bf16 head_dim=128 group=4 kv=paged", "hx=1,persist=1", "persistent"},
+        {"op=decode dtype=bf16 head_dim=128 group=4 kv=paged", "hx=2", "0 or 1"},
     };
     check_refused(refused, sizeof refused / sizeof refused[0]);
 }
