@@ -178,9 +178,10 @@ static const tile_row tile_rows[] = {
 /* Tensor-core decode by default: a batch whose group fills a useful part of the m16 MMA rows
  * and divides them (G in {4, 8, 16}); smaller groups would waste 15/16 or 7/8 of every MMA, and
  * their CUDA-core kernel reads each K/V row once anyway. KILN_TUNE pack=1 puts any group up to
- * 16 on tensor cores (pick_mma; not yet timed against the CUDA-core kernel on a GPU). fp8 KV too, widened in the MMAs' registers
- * (kiln_prefill_fp8_in_regs), but not with RoPE: rotated fp8 tiles go through shared memory
- * behind a block barrier, which a one-warp CTA pays in full. */
+ * 16 on tensor cores (pick_mma; not yet timed against the CUDA-core kernel on a GPU). fp8 KV
+ * too, widened in the MMAs' registers (kiln_prefill_fp8_in_regs), but not with RoPE: rotated
+ * fp8 tiles go through shared memory behind a block barrier, which a one-warp CTA pays in
+ * full. */
 const char *kiln__decode_pack_refusal(const kiln_variant *v)
 {
     if (v->op != KILN_OP_DECODE) return "not a decode";
@@ -575,11 +576,11 @@ static const char *ksplit_refusal(const kiln_variant *v, const kiln__config *c)
     return NULL;
 }
 
-/* Why config c of v cannot take KILN_TUNE hx=1 (an item's KV heads on adjacent CTAs,
+/* Why config c cannot take KILN_TUNE hx=1 (an item's KV heads on adjacent CTAs,
  * mma_attention.cuh HX), or NULL when it can. */
-static const char *hx_refusal(const kiln_variant *v, const kiln__config *c)
+static const char *hx_refusal(const kiln__config *c)
 {
-    if (!c->pack || c->wgmma || v->kv == KILN_KV_CONTIGUOUS)
+    if (!c->pack || c->wgmma) /* pick_mma packs batches only */
         return "the item-major CTA order is the packed mma.sync batch kernels' (the tensor-core "
                "decode)";
     if (c->persist) return "persist=1: the persistent decode's CTAs loop over items of their own";
@@ -644,7 +645,7 @@ kiln_status kiln__config_pick(const kiln_variant *v, int sm, kiln__config *c, ki
         return kiln__fail(e, KILN_STATUS_UNSUPPORTED, "config: ksplit=%d (KILN_TUNE): %s",
                           c->ksplit, no_ksplit);
     if (c->ksplit == 1) c->ksplit = 0; /* one pipeline: the kernel without the split */
-    const char *no_hx = hx_refusal(v, c);
+    const char *no_hx = hx_refusal(c);
     if (c->hx > 1 || (c->hx && no_hx))
         return kiln__fail(e, KILN_STATUS_UNSUPPORTED, "config: hx=%d (KILN_TUNE): %s", c->hx,
                           c->hx > 1 ? "hx is 0 or 1" : no_hx);

@@ -503,7 +503,7 @@ static void compiles_without_spills(const kiln_variant *v, const char *dir, cons
 /* KILN_TUNE pack=1 puts a batch decode of any group up to 16 on tensor cores, the groups that
  * do not divide the MMA's 16 rows included (a decode item is one token; rows G .. 15 are
  * padding): the kernels compile with NVRTC for sm_90a and sm_80 without spills. By default
- * groups other than 4, 8 and 16 keep the CUDA-core decode (core_decode_family_choice). */
+ * groups other than 4, 8 and 16 keep the CUDA-core decode (core_decode_kernel_choice). */
 KT_TEST(core_decode_pack_groups)
 {
     static const char *const specs[] = {
