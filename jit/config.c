@@ -54,10 +54,11 @@ static int wgmma_smem(const kiln_variant *v, int bn, int stages)
                                  v->rope);
 }
 
-static int prefill_smem(const kiln_variant *v, int warps, int mt, int bn, int stages, int pack)
+static int prefill_smem(const kiln_variant *v, int warps, int mt, int bn, int stages, int pack,
+                        int bulk)
 {
     return kiln_prefill_smem_bytes(v->head_dim, kiln__kv_fp8(v) ? 1 : 2, warps * mt * 16, bn,
-                                   stages, v->kv == KILN_KV_PAGED, v->rope, pack);
+                                   stages, v->kv == KILN_KV_PAGED, v->rope, pack, bulk);
 }
 
 /* ---- limits --------------------------------------------------------------------------------- */
@@ -246,7 +247,8 @@ static int row_smem(const tile_row *r, const kiln_variant *v, int gb, int pack)
         case FAM_WGMMA:
             return wgmma_smem(v, r->bn, r->stages);
         default:
-            return prefill_smem(v, r->warps, r->mt, r->bn, r->stages, pack);
+            /* without bulk=1's pads, which pick_mma adds (the limit is checked again) */
+            return prefill_smem(v, r->warps, r->mt, r->bn, r->stages, pack, 0);
     }
 }
 
@@ -305,11 +307,12 @@ static kiln_status apply_tune(kiln__config *c, kiln__err *e)
         else if (!strcmp(tok, "pdl")) c->pdl = val;
         else if (!strcmp(tok, "ksplit")) c->ksplit = val;
         else if (!strcmp(tok, "hx")) c->hx = val;
+        else if (!strcmp(tok, "bulk")) c->bulk = val;
         else
             return kiln__fail(e, KILN_STATUS_INVALID_ARGUMENT,
                               "KILN_TUNE: unknown field '%s' (warps, mt, bn, stages, qregs, gb, "
                               "minb, pack, wgmma, load, persist, xjob, kvsplit, merge, pdl, "
-                              "ksplit, hx)",
+                              "ksplit, hx, bulk)",
                               tok);
     }
     return KILN_STATUS_OK;
@@ -351,7 +354,7 @@ static kiln_status pick_mma(const kiln_variant *v, int smem_limit, kiln__config 
                           decode ? "tensor-core decode" : "prefill");
     c->block_m = c->warps * c->mt * 16;
     c->merge_threads = v->kv != KILN_KV_CONTIGUOUS ? (decode ? d : 128) : 0;
-    c->smem_bytes = prefill_smem(v, c->warps, c->mt, c->block_n, c->stages, c->pack);
+    c->smem_bytes = prefill_smem(v, c->warps, c->mt, c->block_n, c->stages, c->pack, c->bulk);
     if (c->warps < 1 || c->warps > MAX_WARPS || c->mt < 1 || c->mt > 4 || c->block_n < 16 ||
         c->block_n % 16 || c->stages < 1 || c->stages > 4)
         return kiln__fail(e, KILN_STATUS_UNSUPPORTED,
@@ -588,6 +591,22 @@ static const char *hx_refusal(const kiln__config *c)
     return NULL;
 }
 
+/* Why config c of v on sm_<sm> cannot take KILN_TUNE bulk=1 (K/V rows by cp.async.bulk,
+ * mma_attention.cuh BULK), or NULL when it can: the one-warp tensor-core batch decode of 16-bit
+ * K/V without RoPE, on its CTA-per-item grid. */
+static const char *bulk_refusal(const kiln_variant *v, const kiln__config *c, int sm)
+{
+    if (sm < 90) return "bulk copies (cp.async.bulk) need sm_90 or newer";
+    if (v->op != KILN_OP_DECODE || !c->pack || c->wgmma || c->warps != 1)
+        return "the bulk loads are the one-warp tensor-core batch decode's";
+    if (kiln__kv_fp8(v))
+        return "fp8 KV: the bulk loads copy 16-bit rows (fp8 is read in registers from swizzled "
+               "rows)";
+    if (v->rope) return "RoPE is not on the bulk loads (its keys are rotated in the swizzled tile)";
+    if (c->persist) return "persist=1: the persistent decode keeps its cp.async loads";
+    return NULL;
+}
+
 /* ---- internal API --------------------------------------------------------------------------- */
 
 kiln_status kiln__config_pick(const kiln_variant *v, int sm, kiln__config *c, kiln__err *e)
@@ -649,6 +668,10 @@ kiln_status kiln__config_pick(const kiln_variant *v, int sm, kiln__config *c, ki
     if (c->hx > 1 || (c->hx && no_hx))
         return kiln__fail(e, KILN_STATUS_UNSUPPORTED, "config: hx=%d (KILN_TUNE): %s", c->hx,
                           c->hx > 1 ? "hx is 0 or 1" : no_hx);
+    const char *no_bulk = bulk_refusal(v, c, sm);
+    if (c->bulk > 1 || (c->bulk && no_bulk))
+        return kiln__fail(e, KILN_STATUS_UNSUPPORTED, "config: bulk=%d (KILN_TUNE) on sm_%d: %s",
+                          c->bulk, sm, c->bulk > 1 ? "bulk is 0 or 1" : no_bulk);
     if (c->ksplit) c->smem_bytes = c->ksplit * kiln_ksplit_region(c->smem_bytes);
     /* persist on the mma.sync family: pick_mma said whether the tensor-core decode takes it */
     if ((c->load || c->xjob || c->kvsplit || (c->persist && !pack)) && !c->wgmma)
@@ -701,6 +724,11 @@ void kiln__config_format(const kiln__config *c, char *buf, size_t cap)
     if (c->hx) {
         const size_t n = strlen(buf);
         if (n < cap) snprintf(buf + n, cap - n, " hx=1");
+    }
+    /* the bulk loads, likewise */
+    if (c->bulk) {
+        const size_t n = strlen(buf);
+        if (n < cap) snprintf(buf + n, cap - n, " bulk=1");
     }
     /* and the programmatic dependent launch: only the kernels whose source has it */
     if (c->pdl) {

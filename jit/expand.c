@@ -274,9 +274,9 @@ kiln_status kiln__expand(const kiln_variant *v, const kiln__config *cfg, const c
     else
         kiln__str_printf(&s,
                          "    static constexpr int MT = %d, BN = %d, Q_IN_REGS = %d, PACK = %d, "
-                         "WGMMA = %d, KSPLIT = %d;\n",
+                         "WGMMA = %d, KSPLIT = %d, BULK = %d;\n",
                          cfg->mt, cfg->block_n, cfg->q_in_regs, cfg->pack, cfg->wgmma,
-                         cfg->ksplit ? cfg->ksplit : 1);
+                         cfg->ksplit ? cfg->ksplit : 1, cfg->bulk);
     if (cfg->wgmma)
         kiln__str_printf(&s,
                          "    static constexpr int LOAD = %d, PERSIST = %d, XJOB = %d, KVSPLIT = "

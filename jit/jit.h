@@ -107,6 +107,11 @@ typedef struct kiln__config {
                           so the CTAs that read one page's rows run together; 0 (the default):
                           blockIdx.x is the item, .y the KV head. KILN_TUNE hx=1, opt-in (not
                           yet run on a GPU, session 50) */
+    int bulk;          /* the tensor-core decode (pack, 16-bit K/V, sm_90+): each K/V row of a
+                          tile is one cp.async.bulk from its lane into rows padded by 16 bytes,
+                          completing the stage's mbarrier (mma_attention.cuh BULK); 0 (the
+                          default): 16-byte cp.async copies into XOR-swizzled rows. KILN_TUNE
+                          bulk=1, opt-in (session 51) */
     int fused_merge;   /* batch decode: the split CTAs merge their task's partial states (the
                           last of each task to finish, merge.cuh merge_task_if_last) and
                           kiln_plan_run launches no merge kernel; 0: the merge kernel does */

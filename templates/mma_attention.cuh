@@ -30,6 +30,11 @@
  * every tile unless a tile map from tile_map_kernel (tile_map.cuh) says a tile is hidden
  * (skipped) or fully visible (no element work). BM = WARPS * MT * 16 query rows per CTA.
  *
+ * BULK (KILN_TUNE bulk=1; the PACK decode, 16-bit K/V, sm_90): each K and V row of a tile is one
+ * cp.async.bulk issued by the row's lane into rows padded to KV_ROW_BYTES (no swizzle), a
+ * stage's copies completing its mbarrier, which the consumer waits on instead of cp.async's
+ * groups (kv_pipeline).
+ *
  * PACK (batches only; G divides BM, or for decode G <= BM): one CTA per (query tile, KV head) whose rows are the G
  * query heads of each query token, row R = token R / G, head hk * G + R % G, so every K/V tile
  * is loaded once for the whole group. This is kiln's tensor-core decode (a decode request is
@@ -70,7 +75,11 @@ template <class Cfg> struct mma_shape {
     static constexpr int DTN = D / 8;  /* n8 tiles of O */
     static constexpr int KD = D / 16;  /* k16 steps over D */
     static constexpr int PG = Cfg::PACK ? Cfg::G : 1; /* rows per query token */
-    static constexpr int ROW_BYTES = D * 2;
+    static constexpr int ROW_BYTES = D * 2; /* a row of Q (and of converted fp8 K / V tiles) */
+    /* a row of the K / V tiles the MMAs read, and whether its chunks are XOR-swizzled: BULK's
+     * copied rows are padded instead (prefill_layout::KV_ROW) */
+    static constexpr int KV_ROW_BYTES = Cfg::BULK ? D * 2 + 16 : D * 2;
+    static constexpr bool KV_SWZ = !Cfg::BULK;
     static constexpr bool ELEM = has_element_mask<Cfg>();
     /* With no logits transform the row max is taken on raw q.k (sm_scale > 0 keeps the order)
      * and c2 = sm_scale * log2(e) turns it into exp2 units inside one FFMA per element */
@@ -158,6 +167,11 @@ template <class Cfg> struct kv_pipeline {
     int pend[STAGES];
     int t_next;
     page_rows<Cfg> pr;
+    /* BULK: the stages' mbarriers (bar + 8 s), the stage the next wait is for, and the parity
+     * each stage's next completion has (bit s) */
+    u32 bar;
+    int wst;
+    u32 phase;
 
     /* next_tile and issue are plain inline functions, not __forceinline__: inlined late (as
      * the lambdas they replace were), they keep the main loop's SASS and registers as before */
@@ -169,13 +183,34 @@ template <class Cfg> struct kv_pipeline {
     }
     __device__ __forceinline__ void issue(const kiln_launch_params &p, int st, int t)
     {
-        load_kv_rows<Cfg, BN, THREADS>(k_in + st * L::STAGE_TILE, kg, p.k_stride_n, tab_s, t * BN, L_KV, tid);
-        load_kv_rows<Cfg, BN, THREADS>(v_in + st * L::STAGE_TILE, vg, p.v_stride_n, tab_s + BN, t * BN, L_KV, tid);
+        if constexpr (L::BULK) {
+            const u32 b = bar + 8u * (u32)st;
+            const int rows = min(BN, L_KV - t * BN);
+            if (tid == 0) mbar_arrive_expect_tx(b, (u32)(2 * rows * Cfg::D * L::ES));
+            load_kv_rows_bulk<Cfg, BN, THREADS>(k_in + st * L::STAGE_TILE, kg, p.k_stride_n, tab_s, t * BN, L_KV, b,
+                                                tid);
+            load_kv_rows_bulk<Cfg, BN, THREADS>(v_in + st * L::STAGE_TILE, vg, p.v_stride_n, tab_s + BN, t * BN, L_KV,
+                                                b, tid);
+        } else {
+            load_kv_rows<Cfg, BN, THREADS>(k_in + st * L::STAGE_TILE, kg, p.k_stride_n, tab_s, t * BN, L_KV, tid);
+            load_kv_rows<Cfg, BN, THREADS>(v_in + st * L::STAGE_TILE, vg, p.v_stride_n, tab_s + BN, t * BN, L_KV,
+                                           tid);
+        }
     }
     /* the first STAGES - 1 tiles, then the table of the first tile of the loop and the page ids
      * of the tile after it, whose table the first iteration writes */
     __device__ __forceinline__ void prologue(const kiln_launch_params &p)
     {
+        if constexpr (L::BULK) { /* one arrival (the expecting thread's) a phase */
+            wst = 0;
+            phase = 0;
+            if (tid == 0) {
+#pragma unroll
+                for (int s = 0; s < STAGES; s++) mbar_init(bar + 8u * (u32)s, 1);
+                mbar_init_fence();
+            }
+            pipe_sync<Cfg>();
+        }
 #pragma unroll
         for (int s = 0; s < STAGES - 1; s++) {
             pend[s] = t_next;
@@ -216,7 +251,12 @@ template <class Cfg> struct kv_pipeline {
      * the next iteration's tile (the barrier at the end of this iteration publishes it). */
     __device__ __forceinline__ void wait(const kiln_launch_params &p)
     {
-        cp_async_wait<STAGES - 1>();
+        cp_async_wait<STAGES - 1>(); /* BULK too: Q's copies are the first group's */
+        if constexpr (L::BULK) { /* tiles are consumed in stage order, each stage's in turn */
+            mbar_wait(bar + 8u * (u32)wst, (phase >> wst) & 1);
+            phase ^= 1u << wst;
+            wst = wst + 1 == STAGES ? 0 : wst + 1;
+        }
         pipe_sync<Cfg>();
         if constexpr (L::PAGED)
             if (t_next < t_end) {
@@ -264,18 +304,18 @@ template <class Cfg>
 __device__ __forceinline__ mma_addrs mma_frag_addrs(const u16 *q_s, const void *k_tiles, const void *v_tiles, int wrow,
                                                     int lane)
 {
-    constexpr int ROW_BYTES = mma_shape<Cfg>::ROW_BYTES;
-    const int r7 = lane & 7;
+    constexpr int ROW_BYTES = mma_shape<Cfg>::ROW_BYTES, KV_ROW_BYTES = mma_shape<Cfg>::KV_ROW_BYTES;
+    const int r7 = lane & 7, kv7 = mma_shape<Cfg>::KV_SWZ ? r7 : 0;
     const int bq = lane >> 4, bk = (lane >> 3) & 1, bv = lane >> 4;
     mma_addrs a;
     a.q = smem_addr(q_s) + (u32)((wrow + (lane & 15)) * ROW_BYTES);
-    a.k = smem_addr(k_tiles) + (u32)(((lane >> 4) * 8 + r7) * ROW_BYTES);
-    a.v = smem_addr(v_tiles) + (u32)((((lane >> 3) & 1) * 8 + r7) * ROW_BYTES);
+    a.k = smem_addr(k_tiles) + (u32)(((lane >> 4) * 8 + r7) * KV_ROW_BYTES);
+    a.v = smem_addr(v_tiles) + (u32)((((lane >> 3) & 1) * 8 + r7) * KV_ROW_BYTES);
 #pragma unroll
     for (int rem = 0; rem < 4; rem++) {
         a.xq[rem] = (u32)(((2 * rem + bq) ^ r7) << 4);
-        a.xk[rem] = (u32)(((2 * rem + bk) ^ r7) << 4);
-        a.xv[rem] = (u32)(((2 * rem + bv) ^ r7) << 4);
+        a.xk[rem] = (u32)(((2 * rem + bk) ^ kv7) << 4);
+        a.xv[rem] = (u32)(((2 * rem + bv) ^ kv7) << 4);
     }
     return a;
 }
@@ -344,7 +384,7 @@ __device__ __forceinline__ void qk_tile(float (&s)[Cfg::MT][mma_shape<Cfg>::NT][
 #pragma unroll
         for (int np = 0; np < NT / 2; np++) {
             u32 b0, b1, b2, b3;
-            ldmatrix_x4(ks + np * 16 * ROW_BYTES + kq * 128 + a.xk[rem], b0, b1, b2, b3);
+            ldmatrix_x4(ks + np * 16 * S::KV_ROW_BYTES + kq * 128 + a.xk[rem], b0, b1, b2, b3);
 #pragma unroll
             for (int mt = 0; mt < MT; mt++) {
                 mma16816<DT>(s[mt][2 * np], af[mt], b0, b1);
@@ -707,7 +747,7 @@ __device__ __forceinline__ void pv_tile(mma_state<Cfg> &st, const float (&s)[Cfg
                                         const mma_addrs &a, u32 vs)
 {
     using S = mma_shape<Cfg>;
-    constexpr int MT = S::MT, DTN = S::DTN, ROW_BYTES = S::ROW_BYTES, DT = Cfg::DT;
+    constexpr int MT = S::MT, DTN = S::DTN, KV_ROW_BYTES = S::KV_ROW_BYTES, DT = Cfg::DT;
 #pragma unroll
     for (int kk = 0; kk < Cfg::BN / 16; kk++) {
         u32 af[MT][4];
@@ -716,7 +756,7 @@ __device__ __forceinline__ void pv_tile(mma_state<Cfg> &st, const float (&s)[Cfg
 #pragma unroll
         for (int dp = 0; dp < DTN / 2; dp++) {
             u32 b0, b1, b2, b3;
-            ldmatrix_x4_trans(vs + kk * 16 * ROW_BYTES + (dp >> 2) * 128 + a.xv[dp & 3], b0, b1, b2, b3);
+            ldmatrix_x4_trans(vs + kk * 16 * KV_ROW_BYTES + (dp >> 2) * 128 + a.xv[dp & 3], b0, b1, b2, b3);
 #pragma unroll
             for (int mt = 0; mt < MT; mt++) {
                 mma16816<DT>(st.o[mt][2 * dp], af[mt], b0, b1);
@@ -874,6 +914,9 @@ template <class Cfg> __device__ void mma_attention_kernel(const kiln_launch_para
     static_assert(KSPLIT == 1 || (Cfg::PACK && Cfg::WARPS == 1 && !XFORM && !mma_shape<Cfg>::ELEM && !Cfg::FUSED_MERGE),
                   "the key split: the one-warp packed decode, no transform, element mask or fused merge");
 
+    static_assert(!Cfg::BULK || (Cfg::PACK && BATCH && !XFORM && !L::F8R && THREADS >= BN),
+                  "BULK: the packed batch decode's 16-bit K/V, a row a thread");
+
     /* ks: this thread's pipeline (the key split's warp; 0 without it), tid its thread in it */
     const int ks = KSPLIT > 1 ? (int)threadIdx.x / THREADS : 0;
     const int tid = KSPLIT > 1 ? (int)threadIdx.x % THREADS : (int)threadIdx.x, warp = tid / WARP, lane = tid % WARP;
@@ -932,6 +975,7 @@ template <class Cfg> __device__ void mma_attention_kernel(const kiln_launch_para
     pipe.L_KV = w.L_KV;
     pipe.tid = tid;
     pipe.t_next = pipe.next_tile(w.t_first + ks);
+    pipe.bar = smem_addr(smem + L::BAR_AT);
     load_q_tile<Cfg>(q_s, qg, p, w.m0, w.L_Q, tid);
     pipe.prologue(p);
 

@@ -125,10 +125,10 @@ template <class Cfg> __device__ void mma_decode_persist_kernel(const kiln_launch
     using L = prefill_layout<Cfg>;
     using S = mma_shape<Cfg>;
     constexpr int STAGES = Cfg::STAGES, MT = Cfg::MT;
-    static_assert(Cfg::PACK && Cfg::KV != KV_CONTIGUOUS && Cfg::Q_IN_REGS && !L::FP8 && !Cfg::ROPE &&
+    static_assert(Cfg::PACK && Cfg::KV != KV_CONTIGUOUS && Cfg::Q_IN_REGS && !L::FP8 && !Cfg::ROPE && !Cfg::BULK &&
                       !Cfg::FUSED_MERGE && !S::ELEM,
-                  "the persistent decode: packed rows, a batch, Q in registers, 16-bit K/V, no RoPE, no fused "
-                  "merge, no element mask");
+                  "the persistent decode: packed rows, a batch, Q in registers, 16-bit K/V, no RoPE, no bulk "
+                  "loads, no fused merge, no element mask");
 
     extern __shared__ __align__(128) unsigned char smem[];
     u16 *q_s = reinterpret_cast<u16 *>(smem);

@@ -11,6 +11,7 @@
 #define KILN_MMA_TILES_CUH
 
 #include "common/device.cuh"
+#include "common/hopper.cuh"
 #include "common/params.h"
 
 namespace kiln {
@@ -28,7 +29,11 @@ template <class Cfg> struct prefill_layout {
      * f8_pair_unit times the converted tiles' values, which their scales give back */
     static constexpr bool F8P = F8R || (FP8 && Cfg::WGMMA);
     static constexpr int Q_BYTES = kiln_prefill_q_bytes(D, BM);
-    static constexpr int STAGE_TILE = kiln_prefill_stage_tile(D, ES, BN); /* one K or V tile as loaded */
+    /* BULK (KILN_TUNE bulk=1): K/V rows copied whole by cp.async.bulk into padded rows
+     * (load_kv_rows_bulk), each stage completing an mbarrier */
+    static constexpr bool BULK = Cfg::BULK;
+    static constexpr int KV_ROW = kiln_prefill_kv_row_bytes(D, ES, BULK); /* a K/V row as loaded */
+    static constexpr int STAGE_TILE = kiln_prefill_stage_tile(D, ES, BN, BULK); /* one K or V tile as loaded */
     static constexpr int TILE_BYTES = BN * D * 2;                    /* one K or V tile as the MMAs read it */
     static constexpr int FREQ_BYTES = kiln_rope_freq_bytes(D, Cfg::ROPE);
     /* fp8 not in registers: the pipeline's fp8 tiles converted into one 16-bit K and V tile
@@ -38,15 +43,18 @@ template <class Cfg> struct prefill_layout {
     static constexpr int TAB_BYTES = kiln_prefill_tab_bytes(BN, PAGED);
     /* where each region starts */
     static constexpr int K_AT = Q_BYTES, V_AT = K_AT + Cfg::STAGES * STAGE_TILE, CONV_AT = V_AT + Cfg::STAGES * STAGE_TILE,
-                         FREQ_AT = CONV_AT + CONV_BYTES, TAB_AT = FREQ_AT + FREQ_BYTES;
+                         FREQ_AT = CONV_AT + CONV_BYTES, TAB_AT = FREQ_AT + FREQ_BYTES,
+                         BAR_AT = TAB_AT + TAB_BYTES;
     /* a K/V tile load: each thread copies one 16-byte chunk of every STEP-th row */
     static constexpr int THREADS = Cfg::WARPS * 32, CHUNKS = D * ES / 16, STEP = THREADS / CHUNKS,
                          ITERS = BN / STEP;
     /* where row r's offset sits in a table: a thread's rows r0, r0 + STEP, ... are adjacent,
      * so it reads them with a few wide loads instead of one dependent load per row */
     static __device__ __forceinline__ int tab_at(int r) { return (r % STEP) * ITERS + r / STEP; }
-    static constexpr int BYTES = kiln_prefill_smem_bytes(D, ES, BM, BN, Cfg::STAGES, PAGED, Cfg::ROPE, Cfg::PACK);
-    static_assert(BYTES == TAB_AT + TAB_BYTES, "the regions fill the layout");
+    static constexpr int BYTES =
+        kiln_prefill_smem_bytes(D, ES, BM, BN, Cfg::STAGES, PAGED, Cfg::ROPE, Cfg::PACK, BULK);
+    static_assert(BYTES == BAR_AT + kiln_prefill_bar_bytes(Cfg::STAGES, BULK), "the regions fill the layout");
+    static_assert(!BULK || (BAR_AT % 8 == 0 && KV_ROW % 16 == 0), "mbarriers 8-byte and rows 16-byte aligned");
     /* KSPLIT > 1 (the tensor-core decode's key split, mma_attention.cuh): each of the CTA's
      * KSPLIT pipelines (THREADS threads each) owns a layout of its own, REGION bytes apart */
     static constexpr int REGION = kiln_ksplit_region(BYTES);
@@ -159,6 +167,33 @@ __device__ __forceinline__ void load_kv_rows(unsigned char *tile, const unsigned
                                    : smem_addr(reinterpret_cast<u16 *>(tile) + swz<D>(row, ch));
             cp_async16(dst, ok ? g + off + ch * 16 : g, ok ? 16 : 0);
         }
+    }
+}
+
+/* BULK (KILN_TUNE bulk=1, sm_90): keys [row0, row0 + ROWS) of one request's 16-bit K or V into a
+ * stage of padded rows (prefill_layout::KV_ROW bytes apart, not swizzled), one cp.async.bulk a
+ * row, issued by the row's thread, completing its bytes on the stage's mbarrier `bar` (the
+ * caller expects the copied rows' bytes). Rows at or past row_hi are zeroed by plain stores
+ * instead, fenced for the async proxy that may copy into them later. Contiguous / ragged rows
+ * at base + j * stride, paged at base + tab[tab_at(row)], as load_kv_rows. */
+template <class Cfg, int ROWS, int THREADS>
+__device__ __forceinline__ void load_kv_rows_bulk(unsigned char *tile, const unsigned char *g, i64 stride_n,
+                                                  const i64 *tab, int row0, int row_hi, u32 bar, int tid)
+{
+    using L = prefill_layout<Cfg>;
+    constexpr int RB = Cfg::D * L::ES; /* bytes a row copies */
+    static_assert(L::BULK && !L::FP8 && THREADS >= ROWS && RB % 16 == 0, "bulk: a 16-bit row a thread");
+    if (tid >= ROWS) return;
+    const int j = row0 + tid;
+    const u32 dst = smem_addr(tile + tid * L::KV_ROW);
+    if (j < row_hi) {
+        const i64 off = Cfg::KV == KV_PAGED ? tab[L::tab_at(tid)] : (i64)j * stride_n * L::ES;
+        bulk_load(dst, g + off, RB, bar);
+    } else {
+        const uint4 zero = {0u, 0u, 0u, 0u};
+#pragma unroll
+        for (int c = 0; c < RB / 16; c++) sts128(dst + c * 16, zero);
+        fence_proxy_async();
     }
 }
 

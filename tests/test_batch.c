@@ -920,6 +920,39 @@ KT_GPU_TEST(gpu_batch_decode_hx)
     decode_tune_cases(cases, sizeof cases / sizeof cases[0], 1709u, has_hx);
 }
 
+static int has_bulk(const kiln_kernel *k, const char *tune)
+{
+    return k->cfg.bulk == 1 && k->cfg.pack && k->cfg.ksplit == tune_int(tune, "ksplit=") &&
+           k->cfg.fused_merge == tune_int(tune, "merge=");
+}
+
+/* KILN_TUNE bulk=1: the tensor-core decode's K/V rows by cp.async.bulk into padded rows, a
+ * stage's mbarrier waited on instead of cp.async's groups, against the float64 reference
+ * (decode_tune_cases; the empty requests and the tails past each request's last key are the
+ * zero-filled rows): the referee's decode, f16 d64 soft-cap on ragged KV, d256 ALiBi with a
+ * window, group 3, the key split with the item-major order, the fused merge. sm_90 and newer. */
+KT_GPU_TEST(gpu_batch_decode_bulk)
+{
+    kiln_ctx *ctx = KT_CTX(kt_cache_dir(), 1);
+    KT_REQUIRE(ctx);
+    const int sm = ctx->arch_sm;
+    kiln_ctx_destroy(ctx);
+    if (sm < 90) {
+        kt_skip("bulk copies need sm_90 (this GPU: sm_%d)", sm);
+        return;
+    }
+    static const tune_case cases[] = {
+        {"op=decode dtype=bf16 head_dim=128 group=4 kv=paged lse=1", "bulk=1"},
+        {"op=decode dtype=f16 head_dim=64 group=8 kv=ragged logits=softcap", "bulk=1"},
+        {"op=decode dtype=bf16 head_dim=256 group=4 kv=paged logits=alibi window=1 lse=1",
+         "bulk=1"},
+        {"op=decode dtype=bf16 head_dim=128 group=3 kv=paged lse=1", "pack=1,bulk=1"},
+        {"op=decode dtype=bf16 head_dim=128 group=4 kv=paged lse=1", "bulk=1,ksplit=2,hx=1"},
+        {"op=decode dtype=bf16 head_dim=128 group=8 kv=paged lse=1", "bulk=1,merge=1"},
+    };
+    decode_tune_cases(cases, sizeof cases / sizeof cases[0], 2203u, has_bulk);
+}
+
 /* The merge kernel as a programmatic dependent launch (pdl=1, the default on sm_90 and newer:
  * scheduled while the main kernel's last CTAs run, waiting in the kernel) writes the bits the
  * ordinary launch writes (KILN_TUNE pdl=0): the batch decode on both families (tensor cores

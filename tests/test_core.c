@@ -620,7 +620,7 @@ KT_TEST(core_decode_ksplit)
         KT_EQ_INT(c1.smem_bytes, n * ((c0.smem_bytes + 127) / 128 * 128));
         char *src = sm90a_source(ok[i].spec, &c1);
         if (src) {
-            snprintf(want, sizeof want, "KSPLIT = %d;", n);
+            snprintf(want, sizeof want, "KSPLIT = %d,", n);
             KT_CONTAINS(src, want);
             free(src);
         }
@@ -697,6 +697,76 @@ KT_TEST(core_decode_hx)
         {"op=decode dtype=bf16 head_dim=128 group=4 kv=paged", "hx=1,merge=1", "fused merge"},
         {"op=decode dtype=bf16 head_dim=128 group=4 kv=paged", "hx=1,persist=1", "persistent"},
         {"op=decode dtype=bf16 head_dim=128 group=4 kv=paged", "hx=2", "0 or 1"},
+    };
+    check_refused(refused, sizeof refused / sizeof refused[0]);
+}
+
+/* KILN_TUNE bulk=1 copies the tensor-core decode's K/V rows by cp.async.bulk into padded rows
+ * (mma_attention.cuh BULK): the config line, the source and the shared memory say so (16 bytes
+ * more a row, an mbarrier a stage), the kernels compile for sm_90a without spills (with the key
+ * split and at group 3 too); sm_80 and the kernels it cannot serve are refused with the reason. */
+KT_TEST(core_decode_bulk)
+{
+    static const struct {
+        const char *spec, *tune;
+    } ok[] = {
+        {"op=decode dtype=bf16 head_dim=128 group=4 kv=paged lse=1", "bulk=1"},
+        {"op=decode dtype=f16 head_dim=64 group=8 kv=ragged logits=softcap", "bulk=1"},
+        {"op=decode dtype=bf16 head_dim=256 group=4 kv=paged logits=alibi window=1", "bulk=1"},
+        {"op=decode dtype=bf16 head_dim=128 group=3 kv=paged lse=1", "pack=1,bulk=1"},
+        {"op=decode dtype=bf16 head_dim=128 group=4 kv=paged lse=1", "bulk=1,ksplit=2,hx=1"},
+    };
+    for (size_t i = 0; i < sizeof ok / sizeof ok[0]; i++) {
+        kiln_variant v;
+        kiln__config c0, c1;
+        kiln__err e;
+        char f0[256], f1[256];
+        parse(ok[i].spec, &v);
+        setenv("KILN_TUNE", strstr(ok[i].tune, "pack=1") ? "pack=1" : "", 1);
+        KT_OK(kiln__config_pick(&v, 90, &c0, &e), e.msg);
+        setenv("KILN_TUNE", ok[i].tune, 1);
+        KT_OK(kiln__config_pick(&v, 90, &c1, &e), e.msg);
+        kiln__config_format(&c0, f0, sizeof f0);
+        kiln__config_format(&c1, f1, sizeof f1);
+        KT_CHECK(c0.bulk == 0 && c1.bulk == 1 && c1.pack);
+        KT_CHECK(!strstr(f0, "bulk="));
+        KT_CONTAINS(f1, " bulk=1");
+        /* a pad of 16 bytes a K and V row and an mbarrier a stage, in each pipeline (c0 has
+         * one) */
+        const int one = c0.smem_bytes + 2 * c1.stages * c1.block_n * 16 + 8 * c1.stages;
+        KT_EQ_INT(c1.smem_bytes, c1.ksplit ? c1.ksplit * kiln_ksplit_region(one) : one);
+        char *src = sm90a_source(ok[i].spec, &c1);
+        if (src) {
+            KT_CONTAINS(src, "BULK = 1;");
+            KT_CONTAINS(src, "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes");
+            free(src);
+        }
+        char dir[600];
+        snprintf(dir, sizeof dir, "%s/bulk%zu", kt_tmpdir(), i);
+        compiles_without_spills(&v, dir, "sm_90a", NULL);
+        unsetenv("KILN_TUNE");
+    }
+    /* sm_80 has no bulk copies */
+    {
+        kiln_variant v;
+        kiln__config c;
+        kiln__err e;
+        parse("op=decode dtype=bf16 head_dim=128 group=4 kv=paged", &v);
+        setenv("KILN_TUNE", "bulk=1", 1);
+        KT_CHECK(kiln__config_pick(&v, 80, &c, &e) == KILN_STATUS_UNSUPPORTED);
+        KT_CONTAINS(e.msg, "sm_90 or newer");
+        unsetenv("KILN_TUNE");
+    }
+    static const tune_refusal refused[] = {
+        {"op=decode dtype=bf16 head_dim=128 group=1 kv=paged", "bulk=1",
+         "tensor-core batch decode"},
+        {"op=prefill dtype=bf16 head_dim=128 group=4 kv=paged", "bulk=1",
+         "tensor-core batch decode"},
+        {"op=decode q_dtype=bf16 kv_dtype=e4m3 out_dtype=bf16 head_dim=128 group=4 kv=paged",
+         "bulk=1", "fp8 KV"},
+        {"op=decode dtype=bf16 head_dim=128 group=4 kv=paged rope=1", "bulk=1", "RoPE"},
+        {"op=decode dtype=bf16 head_dim=128 group=4 kv=paged", "bulk=1,persist=1", "persistent"},
+        {"op=decode dtype=bf16 head_dim=128 group=4 kv=paged", "bulk=2", "0 or 1"},
     };
     check_refused(refused, sizeof refused / sizeof refused[0]);
 }

@@ -1,9 +1,11 @@
 /*
  * hopper.cuh — the sm_90a vocabulary of the warp-specialized kernels: shared-memory matrix
  * descriptors of the 128-byte swizzle, the wgmma fences and groups, shared-memory words by
- * address, mbarriers (the producer / consumer handshake of a shared-memory ring), named
- * barriers, register reallocation
- * (setmaxnreg) and the async-proxy fence. Requires --gpu-architecture=sm_90a.
+ * address, mbarriers (the producer / consumer handshake of a shared-memory ring), TMA and bulk
+ * copies, named barriers, register reallocation (setmaxnreg) and the async-proxy fence. The
+ * wgmma and setmaxnreg forms require --gpu-architecture=sm_90a, the rest sm_90; the mma.sync
+ * kernels include it for their bulk loads (BULK), and a function no kernel calls is not
+ * compiled for any arch.
  *
  * The 128-byte swizzled tile (swz128_at): a [rows][64] block of 16-bit elements, 128 bytes a
  * row, its 16-byte chunk c of row r stored at chunk c ^ (r % 8); a [rows][D] matrix is D / 64
@@ -101,6 +103,15 @@ __device__ __forceinline__ void tma_load_4d(u32 dst, const void *map, u32 bar, i
     asm volatile("cp.async.bulk.tensor.4d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
                  " [%0], [%1, {%2, %3, %4, %5}], [%6];\n" ::"r"(dst),
                  "l"(map), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(bar)
+                 : "memory");
+}
+/* A bulk copy without a tensor map: `bytes` (a multiple of 16; both addresses 16-byte aligned)
+ * from global src into shared memory at dst, completing `bytes` of bar's transactions. sm_90. */
+__device__ __forceinline__ void bulk_load(u32 dst, const void *src, u32 bytes, u32 bar)
+{
+    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(
+                     dst),
+                 "l"(src), "r"(bytes), "r"(bar)
                  : "memory");
 }
 /* Fetch the box at (c0, c1, c2) of a 3-D tensor map into L2 only (no barrier, no shared

@@ -239,9 +239,18 @@ KILN_CONTRACT_FN int kiln_decode_smem_bytes(int d, int es, int gb, int warps, in
 /* ---- shared memory of the tensor-core kernels (templates/mma_attention.cuh) ----
  * bm query rows, bn keys per tile. Layout: Q [bm][d] 16-bit | K stages | V stages (as loaded,
  * es bytes an element) | fp8: one converted 16-bit K and V tile | RoPE freq | paged: the byte
- * offsets of the next tile's K and V rows. */
+ * offsets of the next tile's K and V rows | bulk: the stages' mbarriers. */
 KILN_CONTRACT_FN int kiln_prefill_q_bytes(int d, int bm) { return bm * d * 2; }
-KILN_CONTRACT_FN int kiln_prefill_stage_tile(int d, int es, int bn) { return bn * d * es; }
+/* a K/V row as a stage holds it: d * es bytes, or with bulk (KILN_TUNE bulk=1, the tensor-core
+ * decode's rows copied by cp.async.bulk, mma_tiles.cuh load_kv_rows_bulk) 16 more, a pad that
+ * puts ldmatrix's eight rows on eight bank groups where the other loads XOR-swizzle */
+KILN_CONTRACT_FN int kiln_prefill_kv_row_bytes(int d, int es, int bulk) { return d * es + (bulk ? 16 : 0); }
+KILN_CONTRACT_FN int kiln_prefill_stage_tile(int d, int es, int bn, int bulk)
+{
+    return bn * kiln_prefill_kv_row_bytes(d, es, bulk);
+}
+/* bulk: an mbarrier a stage, which the stage's copies complete */
+KILN_CONTRACT_FN int kiln_prefill_bar_bytes(int stages, int bulk) { return bulk ? 8 * stages : 0; }
 /* fp8 K/V in the packed rows without RoPE go from the loaded tiles into the MMAs' registers;
  * elsewhere they are converted into one 16-bit K and V tile per step */
 KILN_CONTRACT_FN int kiln_prefill_fp8_in_regs(int es, int pack, int rope) { return es == 1 && pack && !rope; }
@@ -279,11 +288,11 @@ KILN_CONTRACT_FN int kiln_f8_d(int d, int dn, int n)
     return d == 64 ? n * 8 + dn : (dn / 16) * 128 + n * 16 + dn % 16;
 }
 KILN_CONTRACT_FN int kiln_prefill_smem_bytes(int d, int es, int bm, int bn, int stages, int paged, int rope,
-                                             int pack)
+                                             int pack, int bulk)
 {
-    return kiln_prefill_q_bytes(d, bm) + 2 * stages * kiln_prefill_stage_tile(d, es, bn) +
+    return kiln_prefill_q_bytes(d, bm) + 2 * stages * kiln_prefill_stage_tile(d, es, bn, bulk) +
            kiln_prefill_conv_bytes(d, es, bn, pack, rope) + kiln_rope_freq_bytes(d, rope) +
-           kiln_prefill_tab_bytes(bn, paged);
+           kiln_prefill_tab_bytes(bn, paged) + kiln_prefill_bar_bytes(stages, bulk);
 }
 
 /* The tensor-core decode's key split (kiln__config.ksplit, KSPLIT in the templates): the CTA's
