@@ -583,6 +583,35 @@ KT_TEST(core_decode_persist)
     check_refused(refused, sizeof refused / sizeof refused[0]);
 }
 
+/* A spec's sm_90 configs without and with a KILN_TUNE option, and their config lines. */
+typedef struct {
+    kiln_variant v;
+    kiln__config c0, c1; /* under KILN_TUNE base (unset where NULL), then under base's tune */
+    char f0[256], f1[256];
+} tune_pair;
+
+/* Fill t for spec; KILN_TUNE is left set to tune (the caller compiles under it, then unsets
+ * it). 0 where a pick failed (a test failure says why). */
+static int tune_pair_pick(tune_pair *t, const char *spec, const char *base, const char *tune)
+{
+    kiln__err e;
+    parse(spec, &t->v);
+    if (base) setenv("KILN_TUNE", base, 1);
+    else unsetenv("KILN_TUNE");
+    if (kiln__config_pick(&t->v, 90, &t->c0, &e) != KILN_STATUS_OK) {
+        kt_fail(__FILE__, __LINE__, "%s under '%s': %s", spec, base ? base : "", e.msg);
+        return 0;
+    }
+    setenv("KILN_TUNE", tune, 1);
+    if (kiln__config_pick(&t->v, 90, &t->c1, &e) != KILN_STATUS_OK) {
+        kt_fail(__FILE__, __LINE__, "%s under '%s': %s", spec, tune, e.msg);
+        return 0;
+    }
+    kiln__config_format(&t->c0, t->f0, sizeof t->f0);
+    kiln__config_format(&t->c1, t->f1, sizeof t->f1);
+    return 1;
+}
+
 /* KILN_TUNE ksplit= splits the keys of the one-warp tensor-core decode over 2, 4 or 8 warps of
  * one CTA (mma_attention.cuh KSPLIT): the config line and key say so, the threads and shared
  * memory are ksplit times the one warp's (its layout 128-byte aligned), the source names
@@ -600,25 +629,18 @@ KT_TEST(core_decode_ksplit)
          "ksplit=4"},
     };
     for (size_t i = 0; i < sizeof ok / sizeof ok[0]; i++) {
-        kiln_variant v;
-        kiln__config c0, c1;
-        kiln__err e;
-        char f0[256], f1[256], want[32];
-        parse(ok[i].spec, &v);
-        unsetenv("KILN_TUNE");
-        KT_OK(kiln__config_pick(&v, 90, &c0, &e), e.msg);
-        setenv("KILN_TUNE", ok[i].tune, 1);
-        KT_OK(kiln__config_pick(&v, 90, &c1, &e), e.msg);
+        tune_pair t;
+        char want[32];
+        if (!tune_pair_pick(&t, ok[i].spec, NULL, ok[i].tune)) continue;
+        const kiln__config c0 = t.c0, c1 = t.c1;
         const int n = atoi(strchr(ok[i].tune, '=') + 1);
-        kiln__config_format(&c0, f0, sizeof f0);
-        kiln__config_format(&c1, f1, sizeof f1);
         KT_CHECK(c0.ksplit == 0 && c1.ksplit == n && c1.pack && c1.warps == 1);
-        KT_CHECK(!strstr(f0, "ksplit"));
+        KT_CHECK(!strstr(t.f0, "ksplit"));
         snprintf(want, sizeof want, " ksplit=%d", n);
-        KT_CONTAINS(f1, want);
+        KT_CONTAINS(t.f1, want);
         KT_EQ_INT(c1.threads, 32 * n);
         KT_EQ_INT(c1.smem_bytes, n * ((c0.smem_bytes + 127) / 128 * 128));
-        char *src = sm90a_source(ok[i].spec, &c1);
+        char *src = sm90a_source(ok[i].spec, &t.c1);
         if (src) {
             snprintf(want, sizeof want, "KSPLIT = %d,", n);
             KT_CONTAINS(src, want);
@@ -628,12 +650,10 @@ KT_TEST(core_decode_ksplit)
             if (a && n > 2) continue; /* sm_80's 163 KiB hold two d128 pipelines, not four */
             char dir[600];
             snprintf(dir, sizeof dir, "%s/ksplit%zu", kt_tmpdir(), i);
-            compiles_without_spills(&v, dir, a ? "sm_80" : "sm_90a", NULL);
+            compiles_without_spills(&t.v, dir, a ? "sm_80" : "sm_90a", NULL);
         }
-        setenv("KILN_TUNE", "ksplit=1", 1); /* one pipeline: the default kernel */
-        KT_OK(kiln__config_pick(&v, 90, &c1, &e), e.msg);
-        kiln__config_format(&c1, f1, sizeof f1);
-        KT_EQ_STR(f1, f0);
+        tune_pair one; /* ksplit=1, one pipeline: the default kernel */
+        if (tune_pair_pick(&one, ok[i].spec, NULL, "ksplit=1")) KT_EQ_STR(one.f1, t.f0);
         unsetenv("KILN_TUNE");
     }
     static const tune_refusal refused[] = {
@@ -665,21 +685,12 @@ KT_TEST(core_decode_hx)
          "hx=1"},
     };
     for (size_t i = 0; i < sizeof ok / sizeof ok[0]; i++) {
-        kiln_variant v;
-        kiln__config c0, c1;
-        kiln__err e;
-        char f0[256], f1[256];
-        parse(ok[i].spec, &v);
-        unsetenv("KILN_TUNE");
-        KT_OK(kiln__config_pick(&v, 90, &c0, &e), e.msg);
-        setenv("KILN_TUNE", ok[i].tune, 1);
-        KT_OK(kiln__config_pick(&v, 90, &c1, &e), e.msg);
-        kiln__config_format(&c0, f0, sizeof f0);
-        kiln__config_format(&c1, f1, sizeof f1);
-        KT_CHECK(c0.hx == 0 && c1.hx == 1 && c1.pack);
-        KT_CHECK(!strstr(f0, "hx="));
-        KT_CONTAINS(f1, " hx=1");
-        char *src = sm90a_source(ok[i].spec, &c1);
+        tune_pair t;
+        if (!tune_pair_pick(&t, ok[i].spec, NULL, ok[i].tune)) continue;
+        KT_CHECK(t.c0.hx == 0 && t.c1.hx == 1 && t.c1.pack);
+        KT_CHECK(!strstr(t.f0, "hx="));
+        KT_CONTAINS(t.f1, " hx=1");
+        char *src = sm90a_source(ok[i].spec, &t.c1);
         if (src) {
             KT_CONTAINS(src, "HX = 1;");
             free(src);
@@ -687,7 +698,7 @@ KT_TEST(core_decode_hx)
         for (int a = 0; a < 2; a++) {
             char dir[600];
             snprintf(dir, sizeof dir, "%s/hx%zu%d", kt_tmpdir(), i, a);
-            compiles_without_spills(&v, dir, a ? "sm_80" : "sm_90a", NULL);
+            compiles_without_spills(&t.v, dir, a ? "sm_80" : "sm_90a", NULL);
         }
         unsetenv("KILN_TUNE");
     }
@@ -717,25 +728,19 @@ KT_TEST(core_decode_bulk)
         {"op=decode dtype=bf16 head_dim=128 group=4 kv=paged lse=1", "bulk=1,ksplit=2,hx=1"},
     };
     for (size_t i = 0; i < sizeof ok / sizeof ok[0]; i++) {
-        kiln_variant v;
-        kiln__config c0, c1;
-        kiln__err e;
-        char f0[256], f1[256];
-        parse(ok[i].spec, &v);
-        setenv("KILN_TUNE", strstr(ok[i].tune, "pack=1") ? "pack=1" : "", 1);
-        KT_OK(kiln__config_pick(&v, 90, &c0, &e), e.msg);
-        setenv("KILN_TUNE", ok[i].tune, 1);
-        KT_OK(kiln__config_pick(&v, 90, &c1, &e), e.msg);
-        kiln__config_format(&c0, f0, sizeof f0);
-        kiln__config_format(&c1, f1, sizeof f1);
+        tune_pair t;
+        if (!tune_pair_pick(&t, ok[i].spec, strstr(ok[i].tune, "pack=1") ? "pack=1" : NULL,
+                            ok[i].tune))
+            continue;
+        const kiln__config c0 = t.c0, c1 = t.c1;
         KT_CHECK(c0.bulk == 0 && c1.bulk == 1 && c1.pack);
-        KT_CHECK(!strstr(f0, "bulk="));
-        KT_CONTAINS(f1, " bulk=1");
+        KT_CHECK(!strstr(t.f0, "bulk="));
+        KT_CONTAINS(t.f1, " bulk=1");
         /* a pad of 16 bytes a K and V row and an mbarrier a stage, in each pipeline (c0 has
          * one) */
         const int one = c0.smem_bytes + 2 * c1.stages * c1.block_n * 16 + 8 * c1.stages;
         KT_EQ_INT(c1.smem_bytes, c1.ksplit ? c1.ksplit * kiln_ksplit_region(one) : one);
-        char *src = sm90a_source(ok[i].spec, &c1);
+        char *src = sm90a_source(ok[i].spec, &t.c1);
         if (src) {
             KT_CONTAINS(src, "BULK = 1;");
             KT_CONTAINS(src, "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes");
@@ -743,7 +748,7 @@ KT_TEST(core_decode_bulk)
         }
         char dir[600];
         snprintf(dir, sizeof dir, "%s/bulk%zu", kt_tmpdir(), i);
-        compiles_without_spills(&v, dir, "sm_90a", NULL);
+        compiles_without_spills(&t.v, dir, "sm_90a", NULL);
         unsetenv("KILN_TUNE");
     }
     /* sm_80 has no bulk copies */
