@@ -13,6 +13,7 @@
 #                                `kiln warm --arch sm_90a`) into $KILN_CACHE_DIR first
 #   KILN_TEST_TIMEOUT=S          the limit for one test process (default 300)
 #   KILN_DEMO=0                  skip the demo
+#   KILN_PY=0                    skip the Python tests (a short lease: the C GPU tests alone)
 set -u
 OUT=${OUT:-/tmp/kiln-out}
 JOBS=${KILN_JOBS:-16}
@@ -43,9 +44,13 @@ c_pid=$!
 # (python/kiln/hot.c) required where make built it, and the files that run the batch wrappers
 # once more on the ctypes path alone (KILN_HOT=0), which is the fall-back without it.
 hot=; [ -e build/lib/_kiln_hot.abi3.so ] && hot=1
-{ ls python/tests/test_*.py | xargs -n1 basename | sed "s/\.py\$/-hot$hot/"
-  ls python/tests/test_{batch_torch,graph,ops,prefix,sparse,wrapper_semantics,fi_attributes}.py |
-      xargs -n1 basename | sed 's/\.py$/-hot0/'; } > "$OUT/python/files.txt"
+if [ "${KILN_PY:-1}" != 0 ]; then
+    { ls python/tests/test_*.py | xargs -n1 basename | sed "s/\.py\$/-hot$hot/"
+      ls python/tests/test_{batch_torch,graph,ops,prefix,sparse,wrapper_semantics,fi_attributes}.py |
+          xargs -n1 basename | sed 's/\.py$/-hot0/'; } > "$OUT/python/files.txt"
+else
+    : > "$OUT/python/files.txt"
+fi
 xargs -P "$JOBS" -I{} sh -c 'f=${3%-hot*} hot=${3##*-hot}; cd python/tests &&
         KILN_HOT=$hot timeout "$2" python3 -m unittest -v "$f" > "$1/python/$3.log" 2>&1;
         echo "rc=$?" >> "$1/python/$3.log"' sh "$OUT" "$LIMIT" {} \
@@ -73,8 +78,12 @@ while read -r f; do
         echo "python FAIL: $f: $(grep -E '^(FAILED|OK|Ran)' "$OUT/python/$f.log" | tr '\n' ' ')"
     fi
 done < "$OUT/python/files.txt"
-echo "python: $pyok files OK, $pybad failed ($(cat "$OUT"/python/*.log | grep -c '\.\.\. ok$') tests ok," \
-    "$(cat "$OUT"/python/*.log | grep -c '\.\.\. skipped') skipped; $((SECONDS - t0)) s)"
+if [ "${KILN_PY:-1}" != 0 ]; then
+    echo "python: $pyok files OK, $pybad failed ($(cat "$OUT"/python/*.log | grep -c '\.\.\. ok$') tests ok," \
+        "$(cat "$OUT"/python/*.log | grep -c '\.\.\. skipped') skipped; $((SECONDS - t0)) s)"
+else
+    echo "python: not run (KILN_PY=0)"
+fi
 if [ "${KILN_DEMO:-1}" != 0 ]; then
     timeout 90 tools/scripts/demo.sh build/bin/kiln > "$OUT/demo.log" 2>&1
     echo "demo: exit $?"
