@@ -78,7 +78,7 @@ template <class Cfg> struct mma_shape {
     static constexpr int ROW_BYTES = D * 2; /* a row of Q (and of converted fp8 K / V tiles) */
     /* a row of the K / V tiles the MMAs read, and whether its chunks are XOR-swizzled: BULK's
      * copied rows are padded instead (prefill_layout::KV_ROW) */
-    static constexpr int KV_ROW_BYTES = Cfg::BULK ? D * 2 + 16 : D * 2;
+    static constexpr int KV_ROW_BYTES = kiln_prefill_kv_row_bytes(D, 2, Cfg::BULK);
     static constexpr bool KV_SWZ = !Cfg::BULK;
     static constexpr bool ELEM = has_element_mask<Cfg>();
     /* With no logits transform the row max is taken on raw q.k (sm_scale > 0 keeps the order)
@@ -167,11 +167,9 @@ template <class Cfg> struct kv_pipeline {
     int pend[STAGES];
     int t_next;
     page_rows<Cfg> pr;
-    /* BULK: the stages' mbarriers (bar + 8 s), the stage the next wait is for, and the parity
-     * each stage's next completion has (bit s) */
-    u32 bar;
-    int wst;
-    u32 phase;
+    /* BULK: the stages' mbarriers (bar + 8 s) and the tiles waited for so far: tiles are
+     * consumed in stage order, so wait n is for stage n % STAGES, phase parity (n / STAGES) & 1 */
+    u32 bar, waits;
 
     /* next_tile and issue are plain inline functions, not __forceinline__: inlined late (as
      * the lambdas they replace were), they keep the main loop's SASS and registers as before */
@@ -202,8 +200,7 @@ template <class Cfg> struct kv_pipeline {
     __device__ __forceinline__ void prologue(const kiln_launch_params &p)
     {
         if constexpr (L::BULK) { /* one arrival (the expecting thread's) a phase */
-            wst = 0;
-            phase = 0;
+            waits = 0;
             if (tid == 0) {
 #pragma unroll
                 for (int s = 0; s < STAGES; s++) mbar_init(bar + 8u * (u32)s, 1);
@@ -252,10 +249,9 @@ template <class Cfg> struct kv_pipeline {
     __device__ __forceinline__ void wait(const kiln_launch_params &p)
     {
         cp_async_wait<STAGES - 1>(); /* BULK too: Q's copies are the first group's */
-        if constexpr (L::BULK) { /* tiles are consumed in stage order, each stage's in turn */
-            mbar_wait(bar + 8u * (u32)wst, (phase >> wst) & 1);
-            phase ^= 1u << wst;
-            wst = wst + 1 == STAGES ? 0 : wst + 1;
+        if constexpr (L::BULK) {
+            mbar_wait(bar + 8u * (waits % STAGES), (int)((waits / STAGES) & 1u));
+            waits++;
         }
         pipe_sync<Cfg>();
         if constexpr (L::PAGED)

@@ -109,9 +109,8 @@ __device__ __forceinline__ void tma_load_4d(u32 dst, const void *map, u32 bar, i
  * from global src into shared memory at dst, completing `bytes` of bar's transactions. sm_90. */
 __device__ __forceinline__ void bulk_load(u32 dst, const void *src, u32 bytes, u32 bar)
 {
-    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(
-                     dst),
-                 "l"(src), "r"(bytes), "r"(bar)
+    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n"
+                 ::"r"(dst), "l"(src), "r"(bytes), "r"(bar)
                  : "memory");
 }
 /* Fetch the box at (c0, c1, c2) of a 3-D tensor map into L2 only (no barrier, no shared
