@@ -10,6 +10,7 @@
  * The shared-memory formulas are the contract's (templates/common/params.h), which the
  * templates' layouts use too.
  */
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -690,6 +691,18 @@ kiln_status kiln__config_pick(const kiln_variant *v, int sm, kiln__config *c, ki
     return KILN_STATUS_OK;
 }
 
+/* Append fmt's text to the config line in buf (cap bytes), truncated as snprintf truncates. */
+static void line_append(char *buf, size_t cap, const char *fmt, ...) KILN__PRINTF(3, 4);
+static void line_append(char *buf, size_t cap, const char *fmt, ...)
+{
+    const size_t n = strlen(buf);
+    if (n >= cap) return;
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(buf + n, cap - n, fmt, ap);
+    va_end(ap);
+}
+
 void kiln__config_format(const kiln__config *c, char *buf, size_t cap)
 {
     snprintf(buf, cap,
@@ -699,40 +712,19 @@ void kiln__config_format(const kiln__config *c, char *buf, size_t cap)
              c->q_in_regs, c->gb, c->min_blocks, c->merge_threads, c->pack);
     /* the Hopper family only, so that the other families' configs (key material) stay as
      * they were */
-    if (c->wgmma) {
-        const size_t n = strlen(buf);
-        if (n < cap)
-            snprintf(buf + n, cap - n, " wgmma=1 load=%d persist=%d xjob=%d kvsplit=%d", c->load,
-                     c->persist, c->xjob, c->kvsplit);
-    }
+    if (c->wgmma)
+        line_append(buf, cap, " wgmma=1 load=%d persist=%d xjob=%d kvsplit=%d", c->load, c->persist,
+                    c->xjob, c->kvsplit);
     /* the tensor-core decode on its persistent grid (persist=1), likewise */
-    if (!c->wgmma && c->persist) {
-        const size_t n = strlen(buf);
-        if (n < cap) snprintf(buf + n, cap - n, " persist=1");
-    }
+    if (!c->wgmma && c->persist) line_append(buf, cap, " persist=1");
     /* likewise the fused merge: only the kernels that merge their own splits say so */
-    if (c->fused_merge) {
-        const size_t n = strlen(buf);
-        if (n < cap) snprintf(buf + n, cap - n, " fused_merge=1");
-    }
+    if (c->fused_merge) line_append(buf, cap, " fused_merge=1");
     /* the tensor-core decode's key split, likewise */
-    if (c->ksplit) {
-        const size_t n = strlen(buf);
-        if (n < cap) snprintf(buf + n, cap - n, " ksplit=%d", c->ksplit);
-    }
+    if (c->ksplit) line_append(buf, cap, " ksplit=%d", c->ksplit);
     /* the item-major CTA order, likewise */
-    if (c->hx) {
-        const size_t n = strlen(buf);
-        if (n < cap) snprintf(buf + n, cap - n, " hx=1");
-    }
+    if (c->hx) line_append(buf, cap, " hx=1");
     /* the bulk loads, likewise */
-    if (c->bulk) {
-        const size_t n = strlen(buf);
-        if (n < cap) snprintf(buf + n, cap - n, " bulk=1");
-    }
+    if (c->bulk) line_append(buf, cap, " bulk=1");
     /* and the programmatic dependent launch: only the kernels whose source has it */
-    if (c->pdl) {
-        const size_t n = strlen(buf);
-        if (n < cap) snprintf(buf + n, cap - n, " pdl=1");
-    }
+    if (c->pdl) line_append(buf, cap, " pdl=1");
 }
