@@ -256,7 +256,14 @@ gpu-seed: all
 	    'op=decode dtype=bf16 head_dim=256 group=4 kv=paged logits=alibi window=1 lse=1|bulk=1' \
 	    'op=decode dtype=bf16 head_dim=128 group=3 kv=paged lse=1|pack=1,bulk=1' \
 	    'op=decode dtype=bf16 head_dim=128 group=4 kv=paged lse=1|bulk=1,ksplit=2,hx=1' \
-	    'op=decode dtype=bf16 head_dim=128 group=8 kv=paged lse=1|bulk=1,merge=1' | \
+	    'op=decode dtype=bf16 head_dim=128 group=8 kv=paged lse=1|bulk=1,merge=1' \
+	    'op=decode dtype=bf16 head_dim=128 group=4 kv=paged lse=1|bulk=2' \
+	    'op=decode dtype=bf16 head_dim=128 group=4 kv=paged layout=hnd lse=1|bulk=2' \
+	    'op=decode dtype=f16 head_dim=64 group=8 kv=ragged logits=softcap|bulk=2' \
+	    'op=decode dtype=bf16 head_dim=256 group=4 kv=paged logits=alibi window=1 lse=1|bulk=2' \
+	    'op=decode dtype=bf16 head_dim=128 group=3 kv=paged lse=1|pack=1,bulk=2' \
+	    'op=decode dtype=bf16 head_dim=128 group=4 kv=paged lse=1|bulk=2,ksplit=2,hx=1' \
+	    'op=decode dtype=bf16 head_dim=128 group=8 kv=paged lse=1|bulk=2,merge=1' | \
 	    $(WARM_TWINS) || exit 1
 	python3 -c "import sqlite3, sys; sqlite3.connect(sys.argv[1]).execute('PRAGMA wal_checkpoint(TRUNCATE)')" $(BUILD)/seed/kernels.db
 	tar -C $(BUILD)/seed -cf - kernels.db nvrtc-version | xz -6 -T0 > .seed/cache.tar.xz

@@ -670,10 +670,13 @@ kiln_status kiln__config_pick(const kiln_variant *v, int sm, kiln__config *c, ki
         return kiln__fail(e, KILN_STATUS_UNSUPPORTED, "config: hx=%d (KILN_TUNE): %s", c->hx,
                           c->hx > 1 ? "hx is 0 or 1" : no_hx);
     const char *no_bulk = bulk_refusal(v, c, sm);
-    if (c->bulk > 1 || (c->bulk && no_bulk))
+    if (c->bulk < 0 || c->bulk > 2 || (c->bulk && no_bulk))
         return kiln__fail(e, KILN_STATUS_UNSUPPORTED, "config: bulk=%d (KILN_TUNE) on sm_%d: %s",
-                          c->bulk, sm, c->bulk > 1 ? "bulk is 0 or 1" : no_bulk);
-    if (c->ksplit) c->smem_bytes = c->ksplit * kiln_ksplit_region(c->smem_bytes);
+                          c->bulk, sm,
+                          c->bulk < 0 || c->bulk > 2 ? "bulk is 0, 1 (rows by bulk copies) or 2 "
+                                                       "(pages by TMA boxes)"
+                                                     : no_bulk);
+    c->smem_bytes = kiln_prefill_cta_bytes(c->smem_bytes, c->ksplit, c->bulk);
     /* persist on the mma.sync family: pick_mma said whether the tensor-core decode takes it */
     if ((c->load || c->xjob || c->kvsplit || (c->persist && !pack)) && !c->wgmma)
         return kiln__fail(e, KILN_STATUS_UNSUPPORTED,
@@ -703,6 +706,11 @@ static void line_append(char *buf, size_t cap, const char *fmt, ...)
     va_end(ap);
 }
 
+int kiln__config_tma_maps(const kiln__config *c)
+{
+    return (c->wgmma && c->load == KILN_WGMMA_LOAD_TMA) || c->bulk == 2;
+}
+
 void kiln__config_format(const kiln__config *c, char *buf, size_t cap)
 {
     snprintf(buf, cap,
@@ -724,7 +732,7 @@ void kiln__config_format(const kiln__config *c, char *buf, size_t cap)
     /* the item-major CTA order, likewise */
     if (c->hx) line_append(buf, cap, " hx=1");
     /* the bulk loads, likewise */
-    if (c->bulk) line_append(buf, cap, " bulk=1");
+    if (c->bulk) line_append(buf, cap, " bulk=%d", c->bulk);
     /* and the programmatic dependent launch: only the kernels whose source has it */
     if (c->pdl) line_append(buf, cap, " pdl=1");
 }

@@ -286,8 +286,9 @@ kiln_status kiln__expand(const kiln_variant *v, const kiln__config *cfg, const c
         kiln__str_printf(&s, "    static constexpr int FUSED_MERGE = %d, HX = %d;\n",
                          cfg->fused_merge, cfg->hx);
     emit_pdl(&s, cfg);
-    /* the wgmma family takes its kernel's arguments and, loading by TMA, the tensor maps */
-    const int tma = cfg->wgmma && cfg->load == KILN_WGMMA_LOAD_TMA;
+    /* the kernel's arguments and, loading by TMA (the wgmma family's load, the tensor-core
+     * decode's bulk=2), the tensor maps */
+    const int tma = kiln__config_tma_maps(cfg);
     kiln__str_printf(&s,
                      "};\n\n"
                      "extern \"C\" __global__ void __launch_bounds__(%d, %d)\n"

@@ -109,9 +109,11 @@ typedef struct kiln__config {
                           yet run on a GPU, session 50) */
     int bulk;          /* the tensor-core decode (pack, 16-bit K/V, sm_90+): each K/V row of a
                           tile is one cp.async.bulk from its lane into rows padded by 16 bytes,
-                          completing the stage's mbarrier (mma_attention.cuh BULK); 0 (the
-                          default): 16-byte cp.async copies into XOR-swizzled rows. KILN_TUNE
-                          bulk=1, opt-in (session 51) */
+                          completing the stage's mbarrier (mma_attention.cuh BULK); 2: a
+                          whole tile's pages as TMA boxes issued by one lane (the kernel takes
+                          the tensor maps, runtime/tma.c) into 64-column blocks in the 128-byte
+                          swizzle; 0 (the default): 16-byte cp.async copies into XOR-swizzled
+                          rows. KILN_TUNE bulk=1 / bulk=2, opt-in (sessions 51, 52) */
     int fused_merge;   /* batch decode: the split CTAs merge their task's partial states (the
                           last of each task to finish, merge.cuh merge_task_if_last) and
                           kiln_plan_run launches no merge kernel; 0: the merge kernel does */
@@ -144,6 +146,9 @@ int kiln__smem_limit(int sm);
 kiln_status kiln__config_pick(const kiln_variant *v, int sm, kiln__config *cfg, kiln__err *e);
 /* One-line text of a config (part of the key material). */
 void kiln__config_format(const kiln__config *cfg, char *buf, size_t cap);
+/* Whether cfg's main kernel takes the tensor maps (kiln_tma_maps, runtime/tma.c) as its second
+ * argument: the wgmma family loading by TMA, the tensor-core decode with bulk=2. */
+int kiln__config_tma_maps(const kiln__config *cfg);
 
 /* ---- expansion (jit/expand.c) --------------------------------------------------------------- */
 

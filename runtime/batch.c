@@ -968,7 +968,7 @@ kiln_status kiln_plan_run(kiln_plan *pl, const kiln_batch_args *a, void *stream)
     void *args[] = {&p, &maps};
     /* the maps' rows: any bound past the batch's (whole tiles inside a request are all the
      * kernel copies by TMA), so that one captured run serves every later schedule */
-    if (k->cfg.wgmma && k->cfg.load == KILN_WGMMA_LOAD_TMA &&
+    if (kiln__config_tma_maps(&k->cfg) &&
         (st = kiln__tma_maps(k, &p, "run", INT32_MAX, INT32_MAX, &maps, &e)))
         return plan_fail(pl, st, &e);
     CUresult r;

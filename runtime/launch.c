@@ -491,7 +491,7 @@ kiln_status kiln_single_prefill(kiln_kernel *k, const kiln_attn_args *a, void *s
     const unsigned mblocks = q_tiles(k, a->qo_len);
     kiln_tma_maps maps;
     void *args[] = {&p, &maps};
-    if (k->cfg.wgmma && k->cfg.load == KILN_WGMMA_LOAD_TMA &&
+    if (kiln__config_tma_maps(&k->cfg) &&
         (st = kiln__tma_maps(k, &p, "single prefill", a->qo_len, a->kv_len, &maps, &e)))
         return fail(k, st, &e);
     /* the wgmma family: its mblocks x H jobs along x; the mma.sync family: (tiles, heads) */

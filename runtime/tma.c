@@ -97,9 +97,12 @@ static kiln_status encode(const kiln_kernel *k, const char *what, const char *na
     if (stride_page < 0 || stride_n <= 0 || stride_h < 0 || rows < 1)
         return kiln__fail(e, KILN_STATUS_INVALID_ARGUMENT,
                           "%s %s: %s's strides (page %lld, n %lld, h %lld elements) must be "
-                          "positive for the wgmma family's TMA loads (KILN_TUNE load=1 copies "
-                          "without them)",
-                          what, k->spec, name, stride_page, stride_n, stride_h);
+                          "positive for %s",
+                          what, k->spec, name, stride_page, stride_n, stride_h,
+                          k->cfg.wgmma ? "the wgmma family's TMA loads (KILN_TUNE load=1 copies "
+                                         "without them)"
+                                       : "bulk=2's TMA loads (KILN_TUNE bulk=0 copies without "
+                                         "them)");
     map_key key;
     memset(&key, 0, sizeof key); /* the padding too: keys are compared with memcmp */
     key.base = base;
@@ -169,7 +172,14 @@ static void encode_o(const kiln_kernel *k, kiln_launch_params *p, int64_t rows, 
 kiln_status kiln__tma_maps(const kiln_kernel *k, kiln_launch_params *p, const char *what,
                            int64_t q_rows, int64_t kv_rows, kiln_tma_maps *m, kiln__err *e)
 {
-    encode_o(k, p, q_rows, &m->o);
+    /* the wgmma family's Q and O maps; the tensor-core decode (bulk=2) takes K's and V's only */
+    const int wg = k->cfg.wgmma;
+    if (wg) {
+        encode_o(k, p, q_rows, &m->o);
+    } else {
+        p->o_by_tma = 0;
+        memset(&m->o, 0, sizeof m->o);
+    }
     const int paged = k->v.kv == KILN_KV_PAGED;
     p->kv_map_rows = 0;
     /* paged: one box per page; pages the kernel cannot copy by boxes go by rows, and their
@@ -177,8 +187,11 @@ kiln_status kiln__tma_maps(const kiln_kernel *k, kiln_launch_params *p, const ch
     const int rows =
         paged ? kiln_wgmma_tma_page_rows(p->page_size, k->cfg.block_n) : k->cfg.block_n;
     p->kv_box_rows = paged ? rows : 0;
-    kiln_status st = encode(k, what, "q", 2, p->q, 0, p->q_stride_n, p->q_stride_h, q_rows,
-                            p->num_qo_heads, KILN_WGMMA_BM, &m->q, e);
+    kiln_status st = KILN_STATUS_OK;
+    if (wg)
+        st = encode(k, what, "q", 2, p->q, 0, p->q_stride_n, p->q_stride_h, q_rows, p->num_qo_heads,
+                    KILN_WGMMA_BM, &m->q, e);
+    else memset(&m->q, 0, sizeof m->q);
     /* fp8 K/V: byte maps, for the copies into the producer's raw stages */
     const int es = kiln__kv_fp8(&k->v) ? 1 : 2;
     if (st || !rows) {

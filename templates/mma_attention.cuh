@@ -33,7 +33,10 @@
  * BULK (KILN_TUNE bulk=1; the PACK decode, 16-bit K/V, sm_90): each K and V row of a tile is one
  * cp.async.bulk issued by the row's lane into rows padded to KV_ROW_BYTES (no swizzle), a
  * stage's copies completing its mbarrier, which the consumer waits on instead of cp.async's
- * groups (kv_pipeline).
+ * groups (kv_pipeline). BULK == 2 (bulk=2): a whole tile is TMA boxes issued by thread 0 (a box
+ * a page and 64 columns from the paged maps of runtime/tma.c, the kernel's `maps`; ragged, a
+ * box a tile and 64 columns), landing in D / 64 blocks of [BN][64] in the 128-byte swizzle; a
+ * partial tile goes by cp.async rows into the same layout.
  *
  * PACK (batches only; G divides BM, or for decode G <= BM): one CTA per (query tile, KV head) whose rows are the G
  * query heads of each query token, row R = token R / G, head hk * G + R % G, so every K/V tile
@@ -76,10 +79,13 @@ template <class Cfg> struct mma_shape {
     static constexpr int KD = D / 16;  /* k16 steps over D */
     static constexpr int PG = Cfg::PACK ? Cfg::G : 1; /* rows per query token */
     static constexpr int ROW_BYTES = D * 2; /* a row of Q (and of converted fp8 K / V tiles) */
-    /* a row of the K / V tiles the MMAs read, and whether its chunks are XOR-swizzled: BULK's
-     * copied rows are padded instead (prefill_layout::KV_ROW) */
-    static constexpr int KV_ROW_BYTES = kiln_prefill_kv_row_bytes(D, 2, Cfg::BULK);
-    static constexpr bool KV_SWZ = !Cfg::BULK;
+    /* a row of the K / V tiles the MMAs read, the distance between their 64-column blocks, and
+     * whether chunks are XOR-swizzled: rows of D * 2 bytes, swizzled; bulk=1's copied rows
+     * padded instead (prefill_layout::KV_ROW); bulk=2's boxes D / 64 blocks of [BN][64],
+     * swizzled (kiln_kv_box_at) */
+    static constexpr int KV_ROW_BYTES = Cfg::BULK == 2 ? 128 : kiln_prefill_kv_row_bytes(D, 2, Cfg::BULK);
+    static constexpr int KV_COL_BLOCK = Cfg::BULK == 2 ? BN * 128 : 128;
+    static constexpr bool KV_SWZ = Cfg::BULK != 1;
     static constexpr bool ELEM = has_element_mask<Cfg>();
     /* With no logits transform the row max is taken on raw q.k (sm_scale > 0 keeps the order)
      * and c2 = sm_scale * log2(e) turns it into exp2 units inside one FFMA per element */
@@ -170,6 +176,48 @@ template <class Cfg> struct kv_pipeline {
     /* BULK: the stages' mbarriers (bar + 8 s) and the tiles waited for so far: tiles are
      * consumed in stage order, so wait n is for stage n % STAGES, phase parity (n / STAGES) & 1 */
     u32 bar, waits;
+    /* BULK == 2: the K and V maps (runtime/tma.c), the CTA's KV head, and (ragged) the request's
+     * first row in them */
+    const kiln_tma_maps *maps;
+    int hk, kv_row0;
+
+    /* BULK == 2: whether tile t goes as TMA boxes (a whole tile; paged, of pages that nest with
+     * it: p.kv_box_rows != 0) or by cp.async rows into the same layout (the request's last,
+     * partial tile, whose rows past the end are zero-filled; pages that do not nest) */
+    __device__ __forceinline__ bool by_boxes(const kiln_launch_params &p, int t) const
+    {
+        return (t + 1) * BN <= L_KV && (!L::PAGED || p.kv_box_rows != 0);
+    }
+    /* BULK == 2, one thread: tile t's K and V boxes into stage tiles kd, vd, completing on b.
+     * Paged: a box a page (or a tile of a longer page), from the table's page and row of its
+     * first key (page_rows::write); a dense pool's pages are rows of one 3-D map. */
+    __device__ __forceinline__ void issue_boxes(const kiln_launch_params &p, u32 kd, u32 vd, u32 b, int t) const
+    {
+        constexpr int D = Cfg::D;
+        if constexpr (L::PAGED) {
+            const int2 *ids = reinterpret_cast<const int2 *>(tab_s + 2 * BN);
+            for (int r = 0; r < BN; r += p.kv_box_rows) {
+                const int2 id = ids[r]; /* page, row in it */
+#pragma unroll
+                for (int cb = 0; cb < D / 64; cb++) {
+                    const u32 at = (u32)(cb * BN * 128 + r * 128);
+                    if (p.kv_map_rows) {
+                        tma_load_3d(kd + at, &maps->k, b, cb * 64, hk, id.x * p.page_size + id.y);
+                        tma_load_3d(vd + at, &maps->v, b, cb * 64, hk, id.x * p.page_size + id.y);
+                    } else {
+                        tma_load_4d(kd + at, &maps->k, b, cb * 64, hk, id.y, id.x);
+                        tma_load_4d(vd + at, &maps->v, b, cb * 64, hk, id.y, id.x);
+                    }
+                }
+            }
+        } else {
+#pragma unroll
+            for (int cb = 0; cb < D / 64; cb++) {
+                tma_load_3d(kd + (u32)(cb * BN * 128), &maps->k, b, cb * 64, hk, kv_row0 + t * BN);
+                tma_load_3d(vd + (u32)(cb * BN * 128), &maps->v, b, cb * 64, hk, kv_row0 + t * BN);
+            }
+        }
+    }
 
     /* next_tile and issue are plain inline functions, not __forceinline__: inlined late (as
      * the lambdas they replace were), they keep the main loop's SASS and registers as before */
@@ -181,7 +229,20 @@ template <class Cfg> struct kv_pipeline {
     }
     __device__ __forceinline__ void issue(const kiln_launch_params &p, int st, int t)
     {
-        if constexpr (L::BULK) {
+        if constexpr (L::BULK == 2) {
+            const u32 b = bar + 8u * (u32)st;
+            unsigned char *kd = k_in + st * L::STAGE_TILE, *vd = v_in + st * L::STAGE_TILE;
+            if (by_boxes(p, t)) {
+                if (tid == 0) {
+                    mbar_arrive_expect_tx(b, (u32)(2 * L::TILE_BYTES));
+                    issue_boxes(p, smem_addr(kd), smem_addr(vd), b, t);
+                }
+            } else { /* the stage's phase completes on the arrival alone; cp.async's wait covers the rows */
+                load_kv_rows<Cfg, BN, THREADS>(kd, kg, p.k_stride_n, tab_s, t * BN, L_KV, tid);
+                load_kv_rows<Cfg, BN, THREADS>(vd, vg, p.v_stride_n, tab_s + BN, t * BN, L_KV, tid);
+                if (tid == 0) mbar_arrive(b);
+            }
+        } else if constexpr (L::BULK) {
             const u32 b = bar + 8u * (u32)st;
             const int rows = min(BN, L_KV - t * BN);
             if (tid == 0) mbar_arrive_expect_tx(b, (u32)(2 * rows * Cfg::D * L::ES));
@@ -253,6 +314,10 @@ template <class Cfg> struct kv_pipeline {
             mbar_wait(bar + 8u * (waits % STAGES), (int)((waits / STAGES) & 1u));
             waits++;
         }
+        /* BULK == 2: rows written by cp.async (the generic proxy) are fenced before a later
+         * box (the async proxy) lands in their stage */
+        if constexpr (L::BULK == 2)
+            if (!by_boxes(p, pend[0])) fence_proxy_async();
         pipe_sync<Cfg>();
         if constexpr (L::PAGED)
             if (t_next < t_end) {
@@ -380,7 +445,7 @@ __device__ __forceinline__ void qk_tile(float (&s)[Cfg::MT][mma_shape<Cfg>::NT][
 #pragma unroll
         for (int np = 0; np < NT / 2; np++) {
             u32 b0, b1, b2, b3;
-            ldmatrix_x4(ks + np * 16 * S::KV_ROW_BYTES + kq * 128 + a.xk[rem], b0, b1, b2, b3);
+            ldmatrix_x4(ks + np * 16 * S::KV_ROW_BYTES + kq * S::KV_COL_BLOCK + a.xk[rem], b0, b1, b2, b3);
 #pragma unroll
             for (int mt = 0; mt < MT; mt++) {
                 mma16816<DT>(s[mt][2 * np], af[mt], b0, b1);
@@ -752,7 +817,7 @@ __device__ __forceinline__ void pv_tile(mma_state<Cfg> &st, const float (&s)[Cfg
 #pragma unroll
         for (int dp = 0; dp < DTN / 2; dp++) {
             u32 b0, b1, b2, b3;
-            ldmatrix_x4_trans(vs + kk * 16 * KV_ROW_BYTES + (dp >> 2) * 128 + a.xv[dp & 3], b0, b1, b2, b3);
+            ldmatrix_x4_trans(vs + kk * 16 * KV_ROW_BYTES + (dp >> 2) * S::KV_COL_BLOCK + a.xv[dp & 3], b0, b1, b2, b3);
 #pragma unroll
             for (int mt = 0; mt < MT; mt++) {
                 mma16816<DT>(st.o[mt][2 * dp], af[mt], b0, b1);
@@ -897,7 +962,7 @@ __device__ __forceinline__ bool ksplit_merge(mma_state<Cfg> &st, unsigned char *
     return true;
 }
 
-template <class Cfg> __device__ void mma_attention_kernel(const kiln_launch_params &p)
+template <class Cfg> __device__ void mma_attention_kernel(const kiln_launch_params &p, const kiln_tma_maps *maps = nullptr)
 {
     using L = prefill_layout<Cfg>;
     using S = mma_shape<Cfg>;
@@ -912,11 +977,15 @@ template <class Cfg> __device__ void mma_attention_kernel(const kiln_launch_para
 
     static_assert(!Cfg::BULK || (Cfg::PACK && BATCH && !XFORM && !L::F8R && THREADS >= BN),
                   "BULK: the packed batch decode's 16-bit K/V, a row a thread");
+    static_assert(Cfg::BULK != 2 || Cfg::D % 64 == 0, "BULK 2: 64-column boxes");
 
     /* ks: this thread's pipeline (the key split's warp; 0 without it), tid its thread in it */
     const int ks = KSPLIT > 1 ? (int)threadIdx.x / THREADS : 0;
     const int tid = KSPLIT > 1 ? (int)threadIdx.x % THREADS : (int)threadIdx.x, warp = tid / WARP, lane = tid % WARP;
-    extern __shared__ __align__(128) unsigned char smem_all[];
+    extern __shared__ __align__(128) unsigned char smem_raw[];
+    /* BULK == 2: from the window's first 1024-byte boundary (kiln_prefill_align_bytes) */
+    unsigned char *smem_all =
+        Cfg::BULK == 2 ? smem_raw + ((1024u - (smem_addr(smem_raw) & 1023u)) & 1023u) : smem_raw;
     unsigned char *smem = smem_all + ks * L::REGION;            /* this pipeline's layout */
     u16 *q_s = reinterpret_cast<u16 *>(smem);
     unsigned char *k_in = smem + L::K_AT;                       /* [STAGES] loaded K tiles */
@@ -972,6 +1041,9 @@ template <class Cfg> __device__ void mma_attention_kernel(const kiln_launch_para
     pipe.tid = tid;
     pipe.t_next = pipe.next_tile(w.t_first + ks);
     pipe.bar = smem_addr(smem + L::BAR_AT);
+    pipe.maps = maps;
+    pipe.hk = hk;
+    pipe.kv_row0 = Cfg::KV == KV_RAGGED ? w.kv_start : 0;
     load_q_tile<Cfg>(q_s, qg, p, w.m0, w.L_Q, tid);
     pipe.prologue(p);
 

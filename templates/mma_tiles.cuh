@@ -31,7 +31,7 @@ template <class Cfg> struct prefill_layout {
     static constexpr int Q_BYTES = kiln_prefill_q_bytes(D, BM);
     /* BULK (KILN_TUNE bulk=1): K/V rows copied whole by cp.async.bulk into padded rows
      * (load_kv_rows_bulk), each stage completing an mbarrier */
-    static constexpr bool BULK = Cfg::BULK;
+    static constexpr int BULK = Cfg::BULK; /* 2: pages by TMA boxes (kv_pipeline::issue_boxes) */
     static constexpr int KV_ROW = kiln_prefill_kv_row_bytes(D, ES, BULK); /* a K/V row as loaded */
     static constexpr int STAGE_TILE = kiln_prefill_stage_tile(D, ES, BN, BULK); /* one K or V tile as loaded */
     static constexpr int TILE_BYTES = BN * D * 2;                    /* one K or V tile as the MMAs read it */
@@ -40,7 +40,7 @@ template <class Cfg> struct prefill_layout {
      * per step */
     static constexpr int CONV_BYTES = kiln_prefill_conv_bytes(D, ES, BN, Cfg::PACK, Cfg::ROPE);
     /* paged: byte offsets of the K and V rows of the next key tile, filled a step ahead */
-    static constexpr int TAB_BYTES = kiln_prefill_tab_bytes(BN, PAGED);
+    static constexpr int TAB_BYTES = kiln_prefill_tab_bytes(BN, PAGED, BULK);
     /* where each region starts */
     static constexpr int K_AT = Q_BYTES, V_AT = K_AT + Cfg::STAGES * STAGE_TILE, CONV_AT = V_AT + Cfg::STAGES * STAGE_TILE,
                          FREQ_AT = CONV_AT + CONV_BYTES, TAB_AT = FREQ_AT + FREQ_BYTES,
@@ -57,7 +57,7 @@ template <class Cfg> struct prefill_layout {
     static_assert(!BULK || (BAR_AT % 8 == 0 && KV_ROW % 16 == 0), "mbarriers 8-byte and rows 16-byte aligned");
     /* KSPLIT > 1 (the tensor-core decode's key split, mma_attention.cuh): each of the CTA's
      * KSPLIT pipelines (THREADS threads each) owns a layout of its own, REGION bytes apart */
-    static constexpr int REGION = kiln_ksplit_region(BYTES);
+    static constexpr int REGION = kiln_ksplit_region(BYTES, BULK);
 };
 
 /* Element offset of 16-byte chunk `chunk` of row `row` in a swizzled [rows][D] tile. */
@@ -119,7 +119,7 @@ __device__ __forceinline__ void load_kv_rows(unsigned char *tile, const unsigned
 {
     using L = prefill_layout<Cfg>;
     constexpr int D = Cfg::D, ES = L::ES;
-    if constexpr (Cfg::KV != KV_PAGED && !L::FP8) {
+    if constexpr (Cfg::KV != KV_PAGED && !L::FP8 && L::BULK != 2) {
         load_rows<ROWS, D, THREADS>(reinterpret_cast<u16 *>(tile), reinterpret_cast<const u16 *>(g), stride_n,
                                     row0, row_hi, tid);
     } else {
@@ -128,6 +128,13 @@ __device__ __forceinline__ void load_kv_rows(unsigned char *tile, const unsigned
         static_assert(THREADS % CHUNKS == 0 && ROWS % STEP == 0, "load shape");
         const int r0 = tid / CHUNKS, ch = tid % CHUNKS;
         auto f8_chunk = [&](int row) { return L::F8R ? ch ^ kiln_f8_swz(D, row) : ch; };
+        /* where this thread's chunk of a row lands: fp8 rows, the swizzled [rows][D] tile, or
+         * bulk=2's box layout */
+        auto chunk_dst = [&](int row) {
+            if constexpr (L::FP8) return smem_addr(tile + row * D * ES + f8_chunk(row) * 16);
+            else if constexpr (L::BULK == 2) return smem_addr(tile + kiln_kv_box_at(ROWS, row, ch));
+            else return smem_addr(reinterpret_cast<u16 *>(tile) + swz<D>(row, ch));
+        };
         static_assert(Cfg::KV != KV_PAGED || (ROWS == Cfg::BN && STEP == L::STEP), "the table's row order");
         /* this thread's row offsets (tab_at order), read up front: the copies are volatile
          * asm, which no load moves across, so reads between them would each wait in turn */
@@ -152,8 +159,7 @@ __device__ __forceinline__ void load_kv_rows(unsigned char *tile, const unsigned
             for (int it = 0; it < ROWS / STEP; it++) {
                 const int row = r0 + it * STEP;
                 const i64 off = Cfg::KV == KV_PAGED ? trow[Cfg::KV == KV_PAGED ? it : 0] : (i64)(row0 + row) * stride_n * ES;
-                const u32 dst = L::FP8 ? smem_addr(tile + row * D * ES + f8_chunk(row) * 16)
-                                       : smem_addr(reinterpret_cast<u16 *>(tile) + swz<D>(row, ch));
+                const u32 dst = chunk_dst(row);
                 cp_async16_full(dst, g + off + ch * 16);
             }
             return;
@@ -163,8 +169,7 @@ __device__ __forceinline__ void load_kv_rows(unsigned char *tile, const unsigned
             const int row = r0 + it * STEP, j = row0 + row;
             const bool ok = j < row_hi;
             const i64 off = Cfg::KV == KV_PAGED ? trow[Cfg::KV == KV_PAGED ? it : 0] : (i64)j * stride_n * ES;
-            const u32 dst = L::FP8 ? smem_addr(tile + row * D * ES + f8_chunk(row) * 16)
-                                   : smem_addr(reinterpret_cast<u16 *>(tile) + swz<D>(row, ch));
+            const u32 dst = chunk_dst(row);
             cp_async16(dst, ok ? g + off + ch * 16 : g, ok ? 16 : 0);
         }
     }
@@ -230,6 +235,9 @@ template <class Cfg> struct page_rows {
                 const int at = prefill_layout<Cfg>::tab_at(r);
                 tab[at] = ((i64)page[u] * p.k_stride_page + (i64)in[u] * p.k_stride_n) * ES;
                 tab[BN + at] = ((i64)page[u] * p.v_stride_page + (i64)in[u] * p.v_stride_n) * ES;
+                /* bulk=2: the row's page and row in it, by row (the boxes read their first's) */
+                if constexpr (prefill_layout<Cfg>::BULK == 2)
+                    reinterpret_cast<int2 *>(tab + 2 * BN)[r] = make_int2(page[u], in[u]);
             }
         }
     }

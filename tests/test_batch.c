@@ -782,9 +782,10 @@ KT_GPU_TEST(gpu_batch_decode_persist)
     kiln_ctx_destroy(c0);
 }
 
-/* A spec and the KILN_TUNE it is built under. */
+/* A spec, the KILN_TUNE it is built under, and the page size of its paged pool (0: 16). */
 typedef struct {
     const char *spec, *tune;
+    int page_size;
 } tune_case;
 
 /* Each case's kernel, built under its KILN_TUNE, against the float64 reference: 300 requests of
@@ -819,7 +820,7 @@ static void decode_tune_cases(const tune_case *cases, size_t n, unsigned seed,
             kiln_check_batch s = {.batch = lng ? 3 : B,
                                   .kv_lens = lng ? kv_long : kv,
                                   .num_qo_heads = 4 * v.group,
-                                  .page_size = 16,
+                                  .page_size = cases[i].page_size ? cases[i].page_size : 16,
                                   .window_left = v.window ? 700 : -1,
                                   .fixed_split = mode & 2 ? 256 : 0,
                                   .graph = mode >> 2,
@@ -827,8 +828,8 @@ static void decode_tune_cases(const tune_case *cases, size_t n, unsigned seed,
             kiln_check_batch_result r;
             char msg[1024];
             if (kiln_check_batch_run(c1, k, &s, 0, &r, msg, sizeof msg) != KILN_STATUS_OK)
-                kt_fail(__FILE__, __LINE__, "%s %s mode %d: %s (request %d)", cases[i].spec,
-                        cases[i].tune, mode, msg, r.bad_request);
+                kt_fail(__FILE__, __LINE__, "%s %s page %d mode %d: %s (request %d)", cases[i].spec,
+                        cases[i].tune, s.page_size, mode, msg, r.bad_request);
         }
         kiln_ctx_destroy(c1);
     }
@@ -861,15 +862,15 @@ KT_GPU_TEST(gpu_batch_decode_ksplit)
         return;
     }
     static const tune_case cases[] = {
-        {"op=decode dtype=bf16 head_dim=128 group=4 kv=paged lse=1", "ksplit=4"},
-        {"op=decode dtype=bf16 head_dim=128 group=4 kv=paged lse=1", "ksplit=2"},
-        {"op=decode dtype=f16 head_dim=64 group=4 kv=ragged logits=softcap", "ksplit=4"},
+        {"op=decode dtype=bf16 head_dim=128 group=4 kv=paged lse=1", "ksplit=4", 0},
+        {"op=decode dtype=bf16 head_dim=128 group=4 kv=paged lse=1", "ksplit=2", 0},
+        {"op=decode dtype=f16 head_dim=64 group=4 kv=ragged logits=softcap", "ksplit=4", 0},
         {"op=decode dtype=f16 head_dim=128 group=8 kv=paged logits=alibi window=1 lse=1",
-         "ksplit=4"},
-        {"op=decode dtype=bf16 head_dim=128 group=16 kv=paged", "ksplit=2"},
-        {"op=decode dtype=bf16 head_dim=256 group=4 kv=paged lse=1", "ksplit=2"},
+         "ksplit=4", 0},
+        {"op=decode dtype=bf16 head_dim=128 group=16 kv=paged", "ksplit=2", 0},
+        {"op=decode dtype=bf16 head_dim=256 group=4 kv=paged lse=1", "ksplit=2", 0},
         {"op=decode q_dtype=bf16 kv_dtype=e4m3 out_dtype=bf16 head_dim=128 group=4 kv=paged lse=1",
-         "ksplit=4"},
+         "ksplit=4", 0},
     };
     decode_tune_cases(cases, sizeof cases / sizeof cases[0], 313u, has_ksplit);
 }
@@ -886,15 +887,15 @@ static int has_pack(const kiln_kernel *k, const char *tune)
 KT_GPU_TEST(gpu_batch_decode_pack_groups)
 {
     static const tune_case cases[] = {
-        {"op=decode dtype=bf16 head_dim=128 group=1 kv=paged lse=1", "pack=1"},
-        {"op=decode dtype=bf16 head_dim=128 group=2 kv=paged lse=1", "pack=1"},
-        {"op=decode dtype=bf16 head_dim=128 group=3 kv=paged lse=1", "pack=1"},
-        {"op=decode dtype=bf16 head_dim=128 group=3 kv=paged lse=1", "pack=1,merge=1"},
-        {"op=decode dtype=f16 head_dim=64 group=5 kv=ragged logits=softcap", "pack=1"},
-        {"op=decode dtype=bf16 head_dim=256 group=6 kv=paged logits=alibi window=1 lse=1",
-         "pack=1"},
+        {"op=decode dtype=bf16 head_dim=128 group=1 kv=paged lse=1", "pack=1", 0},
+        {"op=decode dtype=bf16 head_dim=128 group=2 kv=paged lse=1", "pack=1", 0},
+        {"op=decode dtype=bf16 head_dim=128 group=3 kv=paged lse=1", "pack=1", 0},
+        {"op=decode dtype=bf16 head_dim=128 group=3 kv=paged lse=1", "pack=1,merge=1", 0},
+        {"op=decode dtype=f16 head_dim=64 group=5 kv=ragged logits=softcap", "pack=1", 0},
+        {"op=decode dtype=bf16 head_dim=256 group=6 kv=paged logits=alibi window=1 lse=1", "pack=1",
+         0},
         {"op=decode q_dtype=bf16 kv_dtype=e4m3 out_dtype=bf16 head_dim=128 group=7 kv=paged lse=1",
-         "pack=1"},
+         "pack=1", 0},
     };
     decode_tune_cases(cases, sizeof cases / sizeof cases[0], 911u, has_pack);
 }
@@ -910,19 +911,20 @@ static int has_hx(const kiln_kernel *k, const char *tune)
 KT_GPU_TEST(gpu_batch_decode_hx)
 {
     static const tune_case cases[] = {
-        {"op=decode dtype=bf16 head_dim=128 group=4 kv=paged lse=1", "hx=1"},
-        {"op=decode dtype=f16 head_dim=64 group=8 kv=ragged logits=softcap", "hx=1"},
+        {"op=decode dtype=bf16 head_dim=128 group=4 kv=paged lse=1", "hx=1", 0},
+        {"op=decode dtype=f16 head_dim=64 group=8 kv=ragged logits=softcap", "hx=1", 0},
         {"op=decode q_dtype=bf16 kv_dtype=e4m3 out_dtype=bf16 head_dim=128 group=4 kv=paged lse=1",
-         "hx=1"},
-        {"op=decode dtype=bf16 head_dim=128 group=3 kv=paged lse=1", "pack=1,hx=1"},
-        {"op=decode dtype=bf16 head_dim=128 group=4 kv=paged lse=1", "hx=1,ksplit=2"},
+         "hx=1", 0},
+        {"op=decode dtype=bf16 head_dim=128 group=3 kv=paged lse=1", "pack=1,hx=1", 0},
+        {"op=decode dtype=bf16 head_dim=128 group=4 kv=paged lse=1", "hx=1,ksplit=2", 0},
     };
     decode_tune_cases(cases, sizeof cases / sizeof cases[0], 1709u, has_hx);
 }
 
 static int has_bulk(const kiln_kernel *k, const char *tune)
 {
-    return k->cfg.bulk == 1 && k->cfg.pack && k->cfg.ksplit == tune_int(tune, "ksplit=") &&
+    return k->cfg.bulk == tune_int(tune, "bulk=") && k->cfg.pack &&
+           k->cfg.ksplit == tune_int(tune, "ksplit=") &&
            k->cfg.fused_merge == tune_int(tune, "merge=");
 }
 
@@ -930,7 +932,11 @@ static int has_bulk(const kiln_kernel *k, const char *tune)
  * stage's mbarrier waited on instead of cp.async's groups, against the float64 reference
  * (decode_tune_cases; the empty requests and the tails past each request's last key are the
  * zero-filled rows): the referee's decode, f16 d64 soft-cap on ragged KV, d256 ALiBi with a
- * window, group 3, the key split with the item-major order, the fused merge. sm_90 and newer. */
+ * window, group 3, the key split with the item-major order, the fused merge. bulk=2 (whole
+ * tiles as TMA boxes, partial ones by rows into the same layout) the same, and over the page
+ * sizes that take its boxes differently: 8 (four boxes a tile), 16 (two), 64 (a box a tile at
+ * a row inside the page), 1 and 48 (no boxes: every tile by rows), a dense pool's 3-D maps and
+ * the HND pool's 4-D ones. sm_90 and newer. */
 KT_GPU_TEST(gpu_batch_decode_bulk)
 {
     kiln_ctx *ctx = KT_CTX(kt_cache_dir(), 1);
@@ -942,13 +948,25 @@ KT_GPU_TEST(gpu_batch_decode_bulk)
         return;
     }
     static const tune_case cases[] = {
-        {"op=decode dtype=bf16 head_dim=128 group=4 kv=paged lse=1", "bulk=1"},
-        {"op=decode dtype=f16 head_dim=64 group=8 kv=ragged logits=softcap", "bulk=1"},
-        {"op=decode dtype=bf16 head_dim=256 group=4 kv=paged logits=alibi window=1 lse=1",
-         "bulk=1"},
-        {"op=decode dtype=bf16 head_dim=128 group=3 kv=paged lse=1", "pack=1,bulk=1"},
-        {"op=decode dtype=bf16 head_dim=128 group=4 kv=paged lse=1", "bulk=1,ksplit=2,hx=1"},
-        {"op=decode dtype=bf16 head_dim=128 group=8 kv=paged lse=1", "bulk=1,merge=1"},
+        {"op=decode dtype=bf16 head_dim=128 group=4 kv=paged lse=1", "bulk=1", 0},
+        {"op=decode dtype=f16 head_dim=64 group=8 kv=ragged logits=softcap", "bulk=1", 0},
+        {"op=decode dtype=bf16 head_dim=256 group=4 kv=paged logits=alibi window=1 lse=1", "bulk=1",
+         0},
+        {"op=decode dtype=bf16 head_dim=128 group=3 kv=paged lse=1", "pack=1,bulk=1", 0},
+        {"op=decode dtype=bf16 head_dim=128 group=4 kv=paged lse=1", "bulk=1,ksplit=2,hx=1", 0},
+        {"op=decode dtype=bf16 head_dim=128 group=8 kv=paged lse=1", "bulk=1,merge=1", 0},
+        {"op=decode dtype=bf16 head_dim=128 group=4 kv=paged lse=1", "bulk=2", 0},
+        {"op=decode dtype=bf16 head_dim=128 group=4 kv=paged layout=hnd lse=1", "bulk=2", 0},
+        {"op=decode dtype=bf16 head_dim=128 group=4 kv=paged lse=1", "bulk=2", 8},
+        {"op=decode dtype=bf16 head_dim=128 group=4 kv=paged layout=hnd lse=1", "bulk=2", 64},
+        {"op=decode dtype=bf16 head_dim=128 group=4 kv=paged lse=1", "bulk=2", 1},
+        {"op=decode dtype=bf16 head_dim=128 group=4 kv=paged lse=1", "bulk=2", 48},
+        {"op=decode dtype=f16 head_dim=64 group=8 kv=ragged logits=softcap", "bulk=2", 0},
+        {"op=decode dtype=bf16 head_dim=256 group=4 kv=paged logits=alibi window=1 lse=1", "bulk=2",
+         0},
+        {"op=decode dtype=bf16 head_dim=128 group=3 kv=paged lse=1", "pack=1,bulk=2", 0},
+        {"op=decode dtype=bf16 head_dim=128 group=4 kv=paged lse=1", "bulk=2,ksplit=2,hx=1", 0},
+        {"op=decode dtype=bf16 head_dim=128 group=8 kv=paged lse=1", "bulk=2,merge=1", 0},
     };
     decode_tune_cases(cases, sizeof cases / sizeof cases[0], 2203u, has_bulk);
 }

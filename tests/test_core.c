@@ -712,10 +712,12 @@ KT_TEST(core_decode_hx)
     check_refused(refused, sizeof refused / sizeof refused[0]);
 }
 
-/* KILN_TUNE bulk=1 copies the tensor-core decode's K/V rows by cp.async.bulk into padded rows
- * (mma_attention.cuh BULK): the config line, the source and the shared memory say so (16 bytes
- * more a row, an mbarrier a stage), the kernels compile for sm_90a without spills (with the key
- * split and at group 3 too); sm_80 and the kernels it cannot serve are refused with the reason. */
+/* KILN_TUNE bulk=1 copies the tensor-core decode's K/V rows by cp.async.bulk into padded rows,
+ * bulk=2 its whole tiles' pages as TMA boxes (mma_attention.cuh BULK): the config line, the
+ * source and the shared memory say so (an mbarrier a stage; bulk=1 16 bytes more a row, bulk=2
+ * the boxes' page table and its alignment), the kernels compile for sm_90a without spills (with
+ * the key split and at group 3 too), bulk=2's layout is the TMA swizzle's; sm_80 and the kernels
+ * it cannot serve are refused with the reason. */
 KT_TEST(core_decode_bulk)
 {
     static const struct {
@@ -726,6 +728,11 @@ KT_TEST(core_decode_bulk)
         {"op=decode dtype=bf16 head_dim=256 group=4 kv=paged logits=alibi window=1", "bulk=1"},
         {"op=decode dtype=bf16 head_dim=128 group=3 kv=paged lse=1", "pack=1,bulk=1"},
         {"op=decode dtype=bf16 head_dim=128 group=4 kv=paged lse=1", "bulk=1,ksplit=2,hx=1"},
+        {"op=decode dtype=bf16 head_dim=128 group=4 kv=paged lse=1", "bulk=2"},
+        {"op=decode dtype=f16 head_dim=64 group=8 kv=ragged logits=softcap", "bulk=2"},
+        {"op=decode dtype=bf16 head_dim=256 group=4 kv=paged logits=alibi window=1", "bulk=2"},
+        {"op=decode dtype=bf16 head_dim=128 group=3 kv=paged lse=1", "pack=1,bulk=2"},
+        {"op=decode dtype=bf16 head_dim=128 group=4 kv=paged lse=1", "bulk=2,ksplit=2,hx=1"},
     };
     for (size_t i = 0; i < sizeof ok / sizeof ok[0]; i++) {
         tune_pair t;
@@ -733,17 +740,30 @@ KT_TEST(core_decode_bulk)
                             ok[i].tune))
             continue;
         const kiln__config c0 = t.c0, c1 = t.c1;
-        KT_CHECK(c0.bulk == 0 && c1.bulk == 1 && c1.pack);
+        const int bulk = strstr(ok[i].tune, "bulk=2") ? 2 : 1;
+        KT_CHECK(c0.bulk == 0 && c1.bulk == bulk && c1.pack);
         KT_CHECK(!strstr(t.f0, "bulk="));
-        KT_CONTAINS(t.f1, " bulk=1");
-        /* a pad of 16 bytes a K and V row and an mbarrier a stage, in each pipeline (c0 has
-         * one) */
-        const int one = c0.smem_bytes + 2 * c1.stages * c1.block_n * 16 + 8 * c1.stages;
-        KT_EQ_INT(c1.smem_bytes, c1.ksplit ? c1.ksplit * kiln_ksplit_region(one) : one);
+        KT_CONTAINS(t.f1, bulk == 2 ? " bulk=2" : " bulk=1");
+        /* an mbarrier a stage in each pipeline (c0 has one), and bulk=1: a pad of 16 bytes a K
+         * and V row; bulk=2: a page and row a key of the paged table, regions 1024-byte
+         * aligned and 1024 bytes for the first one's shift */
+        const int paged = strstr(ok[i].spec, "kv=paged") != NULL;
+        const int one = c0.smem_bytes + 8 * c1.stages +
+                        (bulk == 1 ? 2 * c1.stages * c1.block_n * 16 : paged * c1.block_n * 8);
+        KT_EQ_INT(c1.smem_bytes, (c1.ksplit ? c1.ksplit * kiln_ksplit_region(one, bulk) : one) +
+                                     (bulk == 2 ? 1024 : 0));
+        KT_EQ_INT(kiln_prefill_cta_bytes(one, c1.ksplit, bulk), c1.smem_bytes);
+        KT_EQ_INT(kiln__config_tma_maps(&c1), bulk == 2);
         char *src = sm90a_source(ok[i].spec, &t.c1);
         if (src) {
-            KT_CONTAINS(src, "BULK = 1;");
-            KT_CONTAINS(src, "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes");
+            KT_CONTAINS(src, bulk == 2 ? "BULK = 2;" : "BULK = 1;");
+            if (bulk == 2) { /* the maps are the kernel's second argument */
+                KT_CONTAINS(src, "const __grid_constant__ kiln_tma_maps m)");
+                KT_CONTAINS(src, "mma_attention_kernel<kiln_cfg>(p, &m)");
+            }
+            KT_CONTAINS(src, bulk == 2 ? "cp.async.bulk.tensor.3d.shared::cluster.global.tile"
+                                       : "cp.async.bulk.shared::cluster.global.mbarrier::"
+                                         "complete_tx::bytes");
             free(src);
         }
         char dir[600];
@@ -751,6 +771,23 @@ KT_TEST(core_decode_bulk)
         compiles_without_spills(&t.v, dir, "sm_90a", NULL);
         unsetenv("KILN_TUNE");
     }
+    /* bulk=2's stage layout: every chunk of a [bn][d] tile at its own 16 bytes, inside the
+     * tile, a row's chunks on distinct banks within each 64-column block, and a box of 8 rows
+     * at a 1024-byte boundary is the 128-byte swizzle's pattern (chunk ^ row & 7) */
+    for (int d = 64; d <= 256; d *= 2)
+        for (int bn = 16; bn <= 64; bn *= 2) {
+            static unsigned char seen[64 * 512];
+            memset(seen, 0, sizeof seen);
+            int bad = 0;
+            for (int r = 0; r < bn; r++)
+                for (int c = 0; c < d / 8; c++) {
+                    const int at = kiln_kv_box_at(bn, r, c);
+                    if (at % 16 || at < 0 || at >= bn * d * 2 || seen[at / 16]++) bad++;
+                    if ((at / 1024) * 1024 != (c / 8) * bn * 128 + (r / 8) * 1024) bad++;
+                    if ((at % 1024) / 128 != r % 8 || (at % 128) / 16 != ((c % 8) ^ (r % 8))) bad++;
+                }
+            KT_EQ_INT(bad, 0);
+        }
     /* sm_80 has no bulk copies */
     {
         kiln_variant v;
@@ -771,7 +808,11 @@ KT_TEST(core_decode_bulk)
          "bulk=1", "fp8 KV"},
         {"op=decode dtype=bf16 head_dim=128 group=4 kv=paged rope=1", "bulk=1", "RoPE"},
         {"op=decode dtype=bf16 head_dim=128 group=4 kv=paged", "bulk=1,persist=1", "persistent"},
-        {"op=decode dtype=bf16 head_dim=128 group=4 kv=paged", "bulk=2", "0 or 1"},
+        {"op=decode dtype=bf16 head_dim=128 group=4 kv=paged", "bulk=3", "bulk is 0, 1"},
+        {"op=decode dtype=bf16 head_dim=128 group=1 kv=paged", "bulk=2",
+         "tensor-core batch decode"},
+        {"op=decode q_dtype=bf16 kv_dtype=e4m3 out_dtype=bf16 head_dim=128 group=4 kv=paged",
+         "bulk=2", "fp8 KV"},
     };
     check_refused(refused, sizeof refused / sizeof refused[0]);
 }

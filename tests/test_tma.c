@@ -59,6 +59,8 @@ static kiln_kernel *kernel(int D, kiln_kv_storage kv)
     fake_k.v.head_dim = D;
     fake_k.v.kv = kv;
     fake_k.cfg.block_n = 128;
+    fake_k.cfg.wgmma = 1;
+    fake_k.cfg.load = KILN_WGMMA_LOAD_TMA;
     snprintf(fake_k.spec, sizeof fake_k.spec, "test d%d", D);
     return &fake_k;
 }
@@ -244,6 +246,45 @@ KT_TEST(tma_paged_dense_pool_3d)
     maps_of(k, &p, &m);
     KT_EQ_INT(p.kv_map_rows, 0);
     KT_EQ_INT((int)rank_seen, 4);
+    rank_base = 0;
+    kiln__tma_memo_clear();
+}
+
+/* The tensor-core decode's bulk=2 (a one-warp mma.sync kernel, 32-key tiles) takes K's and V's
+ * maps only: no Q map, no O map (o_by_tma 0); its pages of 16 rows are two boxes a tile, a page of
+ * 64 a box of the tile's 32 rows; kv=ragged a box a tile. */
+KT_TEST(tma_decode_kv_maps_only)
+{
+    refused_base = 0;
+    for (int paged = 0; paged < 2; paged++) {
+        kiln_kernel *k = kernel(128, paged ? KILN_KV_PAGED : KILN_KV_RAGGED);
+        k->cfg.wgmma = 0;
+        k->cfg.load = 0;
+        k->cfg.bulk = 2;
+        k->cfg.block_n = 32;
+        KT_EQ_INT(kiln__config_tma_maps(&k->cfg), 1);
+        kiln_launch_params p = params(128, paged);
+        p.o_by_tma = 1; /* whatever the caller left there */
+        kiln_tma_maps m;
+        memset(&m, 0xab, sizeof m);
+        rank_base = p.k;
+        kiln__tma_memo_clear();
+        KT_EQ_INT(maps_of(k, &p, &m), 2);
+        KT_EQ_INT(p.o_by_tma, 0);
+        static const kiln_tma_map zero;
+        KT_EQ_INT(memcmp(&m.q, &zero, sizeof zero), 0);
+        KT_EQ_INT(memcmp(&m.o, &zero, sizeof zero), 0);
+        KT_EQ_INT((int)rows_seen, paged ? 16 : 32);
+        KT_EQ_INT(p.kv_box_rows, paged ? 16 : 0);
+        if (paged) {
+            p.page_size = 64;
+            p.k_stride_page = p.v_stride_page = 64 * 8 * 128;
+            kiln__tma_memo_clear();
+            KT_EQ_INT(maps_of(k, &p, &m), 2);
+            KT_EQ_INT(p.kv_box_rows, 32);
+            KT_EQ_INT((int)rows_seen, 32);
+        }
+    }
     rank_base = 0;
     kiln__tma_memo_clear();
 }

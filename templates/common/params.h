@@ -241,10 +241,16 @@ KILN_CONTRACT_FN int kiln_decode_smem_bytes(int d, int es, int gb, int warps, in
  * es bytes an element) | fp8: one converted 16-bit K and V tile | RoPE freq | paged: the byte
  * offsets of the next tile's K and V rows | bulk: the stages' mbarriers. */
 KILN_CONTRACT_FN int kiln_prefill_q_bytes(int d, int bm) { return bm * d * 2; }
-/* a K/V row as a stage holds it: d * es bytes, or with bulk (KILN_TUNE bulk=1, the tensor-core
+/* a K/V row as a stage holds it: d * es bytes, or with bulk=1 (KILN_TUNE: the tensor-core
  * decode's rows copied by cp.async.bulk, mma_tiles.cuh load_kv_rows_bulk) 16 more, a pad that
- * puts ldmatrix's eight rows on eight bank groups where the other loads XOR-swizzle */
-KILN_CONTRACT_FN int kiln_prefill_kv_row_bytes(int d, int es, int bulk) { return d * es + (bulk ? 16 : 0); }
+ * puts ldmatrix's eight rows on eight bank groups where the other loads XOR-swizzle. bulk=2
+ * (the same decode's pages copied as TMA boxes, kv_pipeline::issue) keeps d * es bytes a row,
+ * laid out as d / 64 blocks of [bn][64] elements in the 128-byte swizzle (kiln_kv_box_at). */
+KILN_CONTRACT_FN int kiln_prefill_kv_row_bytes(int d, int es, int bulk) { return d * es + (bulk == 1 ? 16 : 0); }
+/* bulk=2: the byte offset of 16-byte chunk c of row r in a stage of bn rows: the chunk's 64-column
+ * block, then the row's 128 bytes, the chunk XOR-swizzled by (r & 7), as a TMA box of the
+ * 128-byte swizzle lands it (boxes of 8, 16 or 32 rows at 1024-byte boundaries) */
+KILN_CONTRACT_FN int kiln_kv_box_at(int bn, int r, int c) { return (c / 8) * bn * 128 + r * 128 + (((c % 8) ^ (r & 7)) << 4); }
 KILN_CONTRACT_FN int kiln_prefill_stage_tile(int d, int es, int bn, int bulk)
 {
     return bn * kiln_prefill_kv_row_bytes(d, es, bulk);
@@ -258,7 +264,12 @@ KILN_CONTRACT_FN int kiln_prefill_conv_bytes(int d, int es, int bn, int pack, in
 {
     return es == 1 && !kiln_prefill_fp8_in_regs(es, pack, rope) ? 2 * bn * d * 2 : 0;
 }
-KILN_CONTRACT_FN int kiln_prefill_tab_bytes(int bn, int paged) { return paged ? 2 * bn * 8 : 0; }
+/* paged: the byte offsets of the next tile's K and V rows (8 bytes each); bulk=2 also keeps each
+ * row's page and row in the page (two ints), whose box starts the TMA copies read */
+KILN_CONTRACT_FN int kiln_prefill_tab_bytes(int bn, int paged, int bulk)
+{
+    return paged ? 2 * bn * 8 + (bulk == 2 ? bn * 8 : 0) : 0;
+}
 /* ---- fp8 in registers: where a lane's fragments sit in the fp8 tiles (mma_attention.cuh,
  * "fp8 in registers"; checked on the CPU by test_batch_check.c's f8_fragment_layout) ----
  * The 16-byte chunk swizzle of an fp8 [rows][d] tile: chunk c of row r is stored at chunk
@@ -292,12 +303,28 @@ KILN_CONTRACT_FN int kiln_prefill_smem_bytes(int d, int es, int bm, int bn, int 
 {
     return kiln_prefill_q_bytes(d, bm) + 2 * stages * kiln_prefill_stage_tile(d, es, bn, bulk) +
            kiln_prefill_conv_bytes(d, es, bn, pack, rope) + kiln_rope_freq_bytes(d, rope) +
-           kiln_prefill_tab_bytes(bn, paged) + kiln_prefill_bar_bytes(stages, bulk);
+           kiln_prefill_tab_bytes(bn, paged, bulk) + kiln_prefill_bar_bytes(stages, bulk);
 }
 
+/* bulk=2's K/V stages take TMA boxes in the 128-byte swizzle, whose pattern follows address bits
+ * 7-9: the layout starts at the first 1024-byte boundary of the dynamic window, this many bytes
+ * reserved for the shift */
+KILN_CONTRACT_FN int kiln_prefill_align_bytes(int bulk) { return bulk == 2 ? 1024 : 0; }
+
 /* The tensor-core decode's key split (kiln__config.ksplit, KSPLIT in the templates): the CTA's
- * ksplit warps each run the one-warp layout above on their own region, 128-byte aligned. */
-KILN_CONTRACT_FN int kiln_ksplit_region(int bytes) { return (bytes + 127) / 128 * 128; }
+ * ksplit warps each run the one-warp layout above on their own region, 128-byte aligned
+ * (bulk=2: 1024-byte, for its boxes). */
+KILN_CONTRACT_FN int kiln_ksplit_region(int bytes, int bulk)
+{
+    const int a = bulk == 2 ? 1024 : 128;
+    return (bytes + a - 1) / a * a;
+}
+/* A CTA's dynamic shared memory: its layouts (one, or ksplit regions) and bulk=2's reserve. */
+KILN_CONTRACT_FN int kiln_prefill_cta_bytes(int layout_bytes, int ksplit, int bulk)
+{
+    return (ksplit > 1 ? ksplit * kiln_ksplit_region(layout_bytes, bulk) : layout_bytes) +
+           kiln_prefill_align_bytes(bulk);
+}
 
 /* ---- shared memory of the warp-specialized Hopper kernel (templates/wgmma_attention.cuh) ----
  * Layout, from the first 1024-byte boundary of the dynamic window (the 128-byte swizzle needs
