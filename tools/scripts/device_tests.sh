@@ -27,6 +27,10 @@ export KILN_TEST_CACHE=${KILN_TEST_CACHE:-$KILN_CACHE_DIR}
 export PYTHONUNBUFFERED=1 KILN_LIB=$PWD/build/lib/libkiln.so PYTHONPATH=$PWD/python${PYTHONPATH:+:$PYTHONPATH}
 mkdir -p "$KILN_CACHE_DIR"
 if [ -n "${KILN_SEED_CACHE:-}" ]; then
+    # the seed replaces the cache whole: a WAL (and its index, and the hit log) left by an
+    # earlier run on this machine would be applied to the seed's kernels.db and corrupt it
+    # (session 52: every put of four tests then failed, and they timed out recompiling)
+    rm -f "$KILN_CACHE_DIR"/kernels.db "$KILN_CACHE_DIR"/kernels.db-*
     python3 -c 'import lzma, shutil, sys, tarfile
 with tarfile.open(fileobj=lzma.open(sys.argv[1])) as t: t.extractall(sys.argv[2])' \
         "$KILN_SEED_CACHE" "$KILN_CACHE_DIR" && echo "seed cache: $(du -sh "$KILN_CACHE_DIR" | cut -f1)"
