@@ -177,23 +177,28 @@ static const tile_row tile_rows[] = {
 };
 /* clang-format on */
 
-/* Tensor-core decode by default: a batch whose group fills a useful part of the m16 MMA rows
- * and divides them (G in {4, 8, 16}); smaller groups would waste 15/16 or 7/8 of every MMA, and
- * their CUDA-core kernel reads each K/V row once anyway. KILN_TUNE pack=1 puts any group up to
- * 16 on tensor cores (pick_mma; not yet timed against the CUDA-core kernel on a GPU). fp8 KV
- * too, widened in the MMAs' registers (kiln_prefill_fp8_in_regs), but not with RoPE: rotated
- * fp8 tiles go through shared memory behind a block barrier, which a one-warp CTA pays in
- * full. */
+/* Tensor-core decode by default: a batch of the groups timed there against the CUDA-core
+ * kernel (G in {2, 3, 4, 8, 16}: the decode is bandwidth-bound, so the MMA rows past G cost
+ * little, and at G 2 and 3 the tensor-core kernel was 4-16 % faster on an H100, session 52).
+ * KILN_TUNE pack=1 puts any group up to 16 on tensor cores (pick_mma; G 1 timed at one point
+ * only, G 5-7 and 9-15 not yet). fp8 KV too, widened in the MMAs' registers
+ * (kiln_prefill_fp8_in_regs), but not with RoPE: rotated fp8 tiles go through shared memory
+ * behind a block barrier, which a one-warp CTA pays in full. */
 const char *kiln__decode_pack_refusal(const kiln_variant *v)
 {
     if (v->op != KILN_OP_DECODE) return "not a decode";
     if (v->kv == KILN_KV_CONTIGUOUS)
         return "a single request (kv=contiguous) decodes on CUDA cores";
-    if (v->group < 4 || 16 % v->group)
-        return v->group < 4    ? "groups below 4 would leave most of each MMA's 16 rows empty"
-               : v->group > 16 ? "the group's rows exceed the MMA's 16"
-                               : "by default only groups dividing the MMA's 16 rows (4, 8, 16); "
-                                 "KILN_TUNE pack=1 takes any group up to 16";
+    /* H100, session 52 (ab.py, the referee's graph timing): pack=1 at G 2 and 3 took B1 x 4096
+     * from 13.1 / 14.4 to 11.5 / 12.1 us, B64 x 4096 from 381 / 392 to 358 / 360, B256 x 512
+     * from 193 / 196 to 186 / 186; G 1 only 372 -> 361 at B64 x 4096, untimed elsewhere */
+    if (v->group == 1)
+        return "one query head a KV head leaves 15 of each MMA's 16 rows empty (KILN_TUNE "
+               "pack=1 takes it; timed at one point only)";
+    if (v->group > 16) return "the group's rows exceed the MMA's 16";
+    if (v->group > 4 && 16 % v->group)
+        return "by default the groups timed on tensor cores (2, 3, 4, 8, 16); KILN_TUNE pack=1 "
+               "takes any group up to 16";
     if (kiln__kv_fp8(v) && v->rope)
         return "fp8 KV with RoPE: rotated fp8 tiles go through shared memory behind a barrier";
     return NULL;

@@ -165,9 +165,14 @@ KT_TEST(cli_compile_names_family)
     KT_CONTAINS(r.out, "family:      simt (not tensor cores: fp8 KV with RoPE: rotated fp8 tiles");
     kt_out_free(&r);
     KT_EQ_INT(RUN(&r, "show", "--arch", "sm_80",
-                  "op=decode dtype=f16 head_dim=64 group=2 kv=paged"),
+                  "op=decode dtype=f16 head_dim=64 group=1 kv=paged"),
               0);
-    KT_CONTAINS(r.out, "family:      simt (not tensor cores: groups below 4");
+    KT_CONTAINS(r.out, "family:      simt (not tensor cores: one query head a KV head");
+    kt_out_free(&r);
+    KT_EQ_INT(RUN(&r, "show", "--arch", "sm_80",
+                  "op=decode dtype=f16 head_dim=64 group=6 kv=paged"),
+              0);
+    KT_CONTAINS(r.out, "family:      simt (not tensor cores: by default the groups timed");
     kt_out_free(&r);
     KT_EQ_INT(RUN(&r, "show", "--arch", "sm_80",
                   "op=decode q_dtype=f16 kv_dtype=e5m2 out_dtype=f16 head_dim=64 group=4 kv=paged"),
