@@ -7,9 +7,9 @@
  * kernels include it for their bulk loads (BULK), and a function no kernel calls is not
  * compiled for any arch.
  *
- * The 128-byte swizzled tile (swz128_at): a [rows][64] block of 16-bit elements, 128 bytes a
- * row, its 16-byte chunk c of row r stored at chunk c ^ (r % 8); a [rows][D] matrix is D / 64
- * such blocks one after another. The block base must be 1024-byte aligned (the swizzle is
+ * The 128-byte swizzled tile (kiln_kv_box_at in params.h gives a chunk's offset): a [rows][64]
+ * block of 16-bit elements, 128 bytes a row, its 16-byte chunk c of row r stored at chunk
+ * c ^ (r % 8); a [rows][D] matrix is D / 64 such blocks one after another. The block base must be 1024-byte aligned (the swizzle is
  * taken from address bits 4-6 and 7-9).
  */
 #ifndef KILN_HOPPER_CUH
@@ -18,12 +18,6 @@
 #include "common/device.cuh"
 
 namespace kiln {
-
-/* Byte offset of 16-byte chunk `chunk` (0 .. D/8 - 1) of row `row` in a swizzled [rows][D]. */
-__device__ __forceinline__ u32 swz128_at(int rows, int row, int chunk)
-{
-    return (u32)((chunk >> 3) * rows * 128 + row * 128 + (((chunk & 7) ^ (row & 7)) << 4));
-}
 
 /* ---- matrix descriptors ----
  * bits 0-13 start address / 16, 16-29 leading byte offset / 16, 32-45 stride byte offset / 16,

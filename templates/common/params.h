@@ -247,9 +247,10 @@ KILN_CONTRACT_FN int kiln_prefill_q_bytes(int d, int bm) { return bm * d * 2; }
  * (the same decode's pages copied as TMA boxes, kv_pipeline::issue) keeps d * es bytes a row,
  * laid out as d / 64 blocks of [bn][64] elements in the 128-byte swizzle (kiln_kv_box_at). */
 KILN_CONTRACT_FN int kiln_prefill_kv_row_bytes(int d, int es, int bulk) { return d * es + (bulk == 1 ? 16 : 0); }
-/* bulk=2: the byte offset of 16-byte chunk c of row r in a stage of bn rows: the chunk's 64-column
- * block, then the row's 128 bytes, the chunk XOR-swizzled by (r & 7), as a TMA box of the
- * 128-byte swizzle lands it (boxes of 8, 16 or 32 rows at 1024-byte boundaries) */
+/* The 128-byte swizzled tile (hopper.cuh), as bulk=2's stages hold it: the byte offset of
+ * 16-byte chunk c of row r in a tile of bn rows: the chunk's 64-column block, then the row's 128
+ * bytes, the chunk XOR-swizzled by (r & 7), as a TMA box of the 128-byte swizzle lands it (boxes
+ * of 8, 16 or 32 rows at 1024-byte boundaries) */
 KILN_CONTRACT_FN int kiln_kv_box_at(int bn, int r, int c) { return (c / 8) * bn * 128 + r * 128 + (((c % 8) ^ (r & 7)) << 4); }
 KILN_CONTRACT_FN int kiln_prefill_stage_tile(int d, int es, int bn, int bulk)
 {
