@@ -246,6 +246,16 @@ gpu-seed: all
 	    'op=decode dtype=f16 head_dim=64 group=5 kv=ragged logits=softcap|pack=1' \
 	    'op=decode dtype=bf16 head_dim=256 group=6 kv=paged logits=alibi window=1 lse=1|pack=1' \
 	    'op=decode q_dtype=bf16 kv_dtype=e4m3 out_dtype=bf16 head_dim=128 group=7 kv=paged lse=1|pack=1' \
+	    'op=decode dtype=bf16 head_dim=128 group=9 kv=paged lse=1|pack=1' \
+	    'op=decode dtype=f16 head_dim=128 group=11 kv=ragged lse=1|pack=1' \
+	    'op=decode q_dtype=bf16 kv_dtype=e5m2 out_dtype=bf16 head_dim=128 group=13 kv=paged|pack=1' \
+	    'op=decode dtype=bf16 head_dim=64 group=15 kv=paged logits=softcap lse=1|pack=1' \
+	    'op=decode dtype=bf16 head_dim=128 group=20 kv=paged lse=1|pack=1' \
+	    'op=decode dtype=bf16 head_dim=128 group=20 kv=paged lse=1|pack=1,merge=1' \
+	    'op=decode q_dtype=bf16 kv_dtype=e4m3 out_dtype=bf16 head_dim=128 group=24 kv=paged|pack=1' \
+	    'op=decode dtype=f16 head_dim=64 group=32 kv=ragged lse=1|pack=1' \
+	    'op=decode dtype=bf16 head_dim=256 group=17 kv=paged logits=alibi window=1|pack=1' \
+	    'op=decode dtype=f16 head_dim=64 group=64 kv=ragged logits=softcap window=1|pack=1' \
 	    'op=decode dtype=bf16 head_dim=128 group=4 kv=paged lse=1|hx=1' \
 	    'op=decode dtype=f16 head_dim=64 group=8 kv=ragged logits=softcap|hx=1' \
 	    'op=decode q_dtype=bf16 kv_dtype=e4m3 out_dtype=bf16 head_dim=128 group=4 kv=paged lse=1|hx=1' \

@@ -177,28 +177,27 @@ static const tile_row tile_rows[] = {
 };
 /* clang-format on */
 
-/* Tensor-core decode by default: a batch of the groups timed there against the CUDA-core
- * kernel (G in {2, 3, 4, 8, 16}: the decode is bandwidth-bound, so the MMA rows past G cost
- * little, and at G 2 and 3 the tensor-core kernel was 4-16 % faster on an H100, session 52).
- * KILN_TUNE pack=1 puts any group up to 16 on tensor cores (pick_mma; G 1 timed at one point
- * only, G 5-7 and 9-15 not yet). fp8 KV too, widened in the MMAs' registers
+/* Tensor-core decode by default: a batch decode of every group from 2 to 64 (groups above 16
+ * on a warp of 16 MMA rows per 16 heads, pick_mma). The decode is bandwidth-bound, so the MMA
+ * rows past G cost little, and one CTA reads each K/V tile once for all G heads where the
+ * CUDA-core kernel reads it once per gb (at most 8) heads. H100, ab.py (the referee's graph
+ * timing), bf16 d128 page 16, CUDA cores -> tensor cores: G 2 / 3 B1 x 4096 13.1 / 14.4 ->
+ * 11.5 / 12.1 us, B64 x 4096 381 / 392 -> 358 / 360 (session 52); G 5 / 6 / 7 B1 x 4096
+ * 15.9 / 16.7 / 17.8 -> 12.1, B64 x 4096 395 / 408 / 427 -> 348; G 12 21.0 -> 12.5 and 772 ->
+ * 351; G 20 / 32 / 64 B1 x 4096 30.4 / 37.6 / 62.5 -> 12.9 / 14.7 / 22.2, B64 x 4096
+ * 1440 / 1684 / 3336 -> 397 / 417 / 360 (session 53). fp8 KV too, widened in the MMAs' registers
  * (kiln_prefill_fp8_in_regs), but not with RoPE: rotated fp8 tiles go through shared memory
- * behind a block barrier, which a one-warp CTA pays in full. */
+ * behind a block barrier, which a one-warp CTA pays in full. Group 1 (one query head a KV
+ * head) stays on CUDA cores by default; KILN_TUNE pack=1 packs it (session 53: B1 x 4096 11.8
+ * -> 11.2 us, B64 x 4096 376 -> 348, B256 x 512 183.4 -> 181.8). */
 const char *kiln__decode_pack_refusal(const kiln_variant *v)
 {
     if (v->op != KILN_OP_DECODE) return "not a decode";
     if (v->kv == KILN_KV_CONTIGUOUS)
         return "a single request (kv=contiguous) decodes on CUDA cores";
-    /* H100, session 52 (ab.py, the referee's graph timing): pack=1 at G 2 and 3 took B1 x 4096
-     * from 13.1 / 14.4 to 11.5 / 12.1 us, B64 x 4096 from 381 / 392 to 358 / 360, B256 x 512
-     * from 193 / 196 to 186 / 186; G 1 only 372 -> 361 at B64 x 4096, untimed elsewhere */
     if (v->group == 1)
         return "one query head a KV head leaves 15 of each MMA's 16 rows empty (KILN_TUNE "
-               "pack=1 takes it; timed at one point only)";
-    if (v->group > 16) return "the group's rows exceed the MMA's 16";
-    if (v->group > 4 && 16 % v->group)
-        return "by default the groups timed on tensor cores (2, 3, 4, 8, 16); KILN_TUNE pack=1 "
-               "takes any group up to 16";
+               "pack=1 takes it)";
     if (kiln__kv_fp8(v) && v->rope)
         return "fp8 KV with RoPE: rotated fp8 tiles go through shared memory behind a barrier";
     return NULL;
@@ -354,7 +353,11 @@ static kiln_status pick_mma(const kiln_variant *v, int smem_limit, kiln__config 
     const int few = prefill_packs(v), few_rows = few ? v->q_tokens * v->group : 0;
     kiln_status st = pick_row(decode || (few && few_rows <= 16) ? FAM_PACKED_DECODE : FAM_PREFILL,
                               v, smem_limit, c, e);
-    if (st || (st = apply_tune(c, e))) return st;
+    if (st) return st;
+    /* a decode's G rows: a warp of 16 MMA rows per 16 heads (groups above 16: 2-4 warps reading
+     * each K/V tile once for all of them) */
+    if (decode && (v->group + 15) / 16 > c->warps) c->warps = (v->group + 15) / 16;
+    if ((st = apply_tune(c, e))) return st;
     if (c->gb)
         return kiln__fail(e, KILN_STATUS_UNSUPPORTED, "config: %s takes no gb (KILN_TUNE)",
                           decode ? "tensor-core decode" : "prefill");

@@ -881,9 +881,10 @@ static int has_pack(const kiln_kernel *k, const char *tune)
 }
 
 /* KILN_TUNE pack=1: the tensor-core decode at groups that do not divide the MMA's 16 rows
- * (and at 1 and 2, which the default leaves on CUDA cores), against the float64 reference
- * (decode_tune_cases): bf16 / f16 / fp8 e4m3 KV, d64 / d128 / d256, soft-cap, ALiBi with a
- * window, and the fused merge at group 3. */
+ * (1 .. 15), and above 16 on a warp of 16 rows per 16 heads (20, 24, 32, 64: 2 to 4 warps),
+ * against the float64 reference (decode_tune_cases): bf16 / f16 / fp8 e4m3 and e5m2 KV, d64 /
+ * d128 / d256, soft-cap, ALiBi with a window, ragged and paged, and the fused merge at groups
+ * 3 and 20. */
 KT_GPU_TEST(gpu_batch_decode_pack_groups)
 {
     static const tune_case cases[] = {
@@ -896,6 +897,18 @@ KT_GPU_TEST(gpu_batch_decode_pack_groups)
          0},
         {"op=decode q_dtype=bf16 kv_dtype=e4m3 out_dtype=bf16 head_dim=128 group=7 kv=paged lse=1",
          "pack=1", 0},
+        {"op=decode dtype=bf16 head_dim=128 group=9 kv=paged lse=1", "pack=1", 0},
+        {"op=decode dtype=f16 head_dim=128 group=11 kv=ragged lse=1", "pack=1", 0},
+        {"op=decode q_dtype=bf16 kv_dtype=e5m2 out_dtype=bf16 head_dim=128 group=13 kv=paged",
+         "pack=1", 0},
+        {"op=decode dtype=bf16 head_dim=64 group=15 kv=paged logits=softcap lse=1", "pack=1", 0},
+        {"op=decode dtype=bf16 head_dim=128 group=20 kv=paged lse=1", "pack=1", 0},
+        {"op=decode dtype=bf16 head_dim=128 group=20 kv=paged lse=1", "pack=1,merge=1", 0},
+        {"op=decode q_dtype=bf16 kv_dtype=e4m3 out_dtype=bf16 head_dim=128 group=24 kv=paged",
+         "pack=1", 0},
+        {"op=decode dtype=f16 head_dim=64 group=32 kv=ragged lse=1", "pack=1", 0},
+        {"op=decode dtype=bf16 head_dim=256 group=17 kv=paged logits=alibi window=1", "pack=1", 0},
+        {"op=decode dtype=f16 head_dim=64 group=64 kv=ragged logits=softcap window=1", "pack=1", 0},
     };
     decode_tune_cases(cases, sizeof cases / sizeof cases[0], 911u, has_pack);
 }

@@ -172,7 +172,7 @@ KT_TEST(cli_compile_names_family)
     KT_EQ_INT(RUN(&r, "show", "--arch", "sm_80",
                   "op=decode dtype=f16 head_dim=64 group=6 kv=paged"),
               0);
-    KT_CONTAINS(r.out, "family:      simt (not tensor cores: by default the groups timed");
+    KT_CONTAINS(r.out, "family:      mma.sync\n");
     kt_out_free(&r);
     KT_EQ_INT(RUN(&r, "show", "--arch", "sm_80",
                   "op=decode q_dtype=f16 kv_dtype=e5m2 out_dtype=f16 head_dim=64 group=4 kv=paged"),

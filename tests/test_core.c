@@ -118,9 +118,9 @@ KT_TEST(core_key_sensitivity)
 }
 
 /* Batch decode picks its kernel by group size: tensor cores (the prefill kernel with the
- * group packed into MMA rows) for G in {4, 8, 16} with 16-bit KV, CUDA cores otherwise
- * and for single requests; KILN_TUNE pack= overrides, and a pack the kernel cannot take is
- * refused. */
+ * group packed into MMA rows; above 16, a warp of 16 rows per 16 heads) for every group from 2
+ * to 64, fp8 KV included; CUDA cores for group 1, fp8 KV with RoPE and single requests;
+ * KILN_TUNE pack= overrides, and a pack the kernel cannot take is refused. */
 KT_TEST(core_decode_kernel_choice)
 {
     static const struct {
@@ -140,8 +140,11 @@ KT_TEST(core_decode_kernel_choice)
         {"op=decode dtype=bf16 head_dim=128 group=1 kv=paged", 0},
         {"op=decode dtype=bf16 head_dim=128 group=2 kv=paged", 1},
         {"op=decode dtype=f16 head_dim=64 group=3 kv=ragged", 1},
-        {"op=decode dtype=bf16 head_dim=128 group=5 kv=paged", 0},
-        {"op=decode dtype=bf16 head_dim=128 group=6 kv=paged", 0},
+        {"op=decode dtype=bf16 head_dim=128 group=5 kv=paged", 1},
+        {"op=decode dtype=bf16 head_dim=128 group=6 kv=paged", 1},
+        {"op=decode q_dtype=bf16 kv_dtype=e5m2 out_dtype=bf16 head_dim=128 group=13 kv=paged", 1},
+        {"op=decode dtype=f16 head_dim=64 group=32 kv=ragged", 1},
+        {"op=decode dtype=bf16 head_dim=256 group=64 kv=paged", 1},
         {"op=decode dtype=bf16 head_dim=128 group=8", 0},
         {"op=prefill dtype=bf16 head_dim=128 group=8 kv=paged", 0},
     };
@@ -180,10 +183,15 @@ KT_TEST(core_decode_kernel_choice)
     parse("op=decode dtype=bf16 head_dim=128 group=3 kv=paged", &v);
     KT_OK(kiln__config_pick(&v, 90, &cfg, &e), e.msg);
     KT_CHECK(cfg.pack == 1 && cfg.block_m == 16);
+    /* above 16, a warp of 16 rows per 16 heads; fewer warps than the group needs are refused */
     parse("op=decode dtype=bf16 head_dim=128 group=32 kv=paged", &v);
+    KT_OK(kiln__config_pick(&v, 90, &cfg, &e), e.msg);
+    KT_CHECK(cfg.pack == 1 && cfg.warps == 2 && cfg.block_m == 32);
+    setenv("KILN_TUNE", "pack=1,warps=1", 1);
     KT_CHECK(kiln__config_pick(&v, 90, &cfg, &e) == KILN_STATUS_UNSUPPORTED);
     KT_CONTAINS(e.msg, "group=32");
     KT_CONTAINS(e.msg, "within the 16 rows");
+    setenv("KILN_TUNE", "pack=1", 1);
     /* prefill tiles hold whole tokens */
     parse("op=prefill dtype=bf16 head_dim=128 group=3 kv=paged", &v);
     KT_CHECK(kiln__config_pick(&v, 90, &cfg, &e) == KILN_STATUS_UNSUPPORTED);
@@ -502,11 +510,11 @@ static void compiles_without_spills(const kiln_variant *v, const char *dir, cons
     kiln_ctx_destroy(ctx);
 }
 
-/* KILN_TUNE pack=1 puts a batch decode of any group up to 16 on tensor cores, the groups that
- * do not divide the MMA's 16 rows included (a decode item is one token; rows G .. 15 are
- * padding): the kernels compile with NVRTC for sm_90a and sm_80 without spills. By default
- * groups 2, 3, 4, 8 and 16 pack (the ones timed there), the others keep the CUDA-core decode
- * (core_decode_kernel_choice); group 3 is so packed by default and by the tune alike. */
+/* KILN_TUNE pack=1 puts a batch decode of any group on tensor cores, the groups that do not
+ * divide the MMA's 16 rows included (a decode item is one token; rows G .. 15 are padding),
+ * and groups above 16 on a warp of 16 rows per 16 heads (2 to 4 warps sharing each K/V tile):
+ * the kernels compile with NVRTC for sm_90a and sm_80 without spills. Every group from 2 packs
+ * by default (core_decode_kernel_choice), with the config, so the key, of the tune. */
 KT_TEST(core_decode_pack_groups)
 {
     static const char *const specs[] = {
@@ -514,6 +522,9 @@ KT_TEST(core_decode_pack_groups)
         "op=decode dtype=f16 head_dim=64 group=5 kv=ragged logits=softcap",
         "op=decode dtype=bf16 head_dim=256 group=6 kv=paged logits=alibi window=1 lse=1",
         "op=decode q_dtype=bf16 kv_dtype=e4m3 out_dtype=bf16 head_dim=128 group=7 kv=paged lse=1",
+        "op=decode q_dtype=bf16 kv_dtype=e5m2 out_dtype=bf16 head_dim=128 group=13 kv=paged",
+        "op=decode dtype=bf16 head_dim=128 group=20 kv=paged lse=1",
+        "op=decode dtype=f16 head_dim=64 group=64 kv=ragged logits=softcap window=1",
     };
     for (size_t i = 0; i < sizeof specs / sizeof specs[0]; i++) {
         kiln_variant v;
@@ -522,10 +533,15 @@ KT_TEST(core_decode_pack_groups)
         parse(specs[i], &v);
         unsetenv("KILN_TUNE");
         KT_OK(kiln__config_pick(&v, 90, &c, &e), e.msg);
-        KT_CHECK(c.pack == (v.group == 3));
+        char byd[256], bytune[256];
+        kiln__config_format(&c, byd, sizeof byd);
+        KT_CHECK(c.pack == 1);
         setenv("KILN_TUNE", "pack=1", 1);
         KT_OK(kiln__config_pick(&v, 90, &c, &e), e.msg);
-        KT_CHECK(c.pack == 1 && c.block_m == 16 && c.warps == 1);
+        kiln__config_format(&c, bytune, sizeof bytune);
+        KT_EQ_STR(byd, bytune);
+        const int warps = (v.group + 15) / 16;
+        KT_CHECK(c.pack == 1 && c.block_m == 16 * warps && c.warps == warps);
         for (int a = 0; a < 2; a++) {
             char dir[600];
             snprintf(dir, sizeof dir, "%s/packg%zu%d", kt_tmpdir(), i, a);

@@ -20,7 +20,7 @@ Points (c: causal, n: not):
     dec:B:L[:OPT...]    paged decode (page 16), B requests of L keys (BatchDecodeWithPagedKVCacheWrapper);
                         OPT: d64 / d256 (head dim, else 128), e4m3 / e5m2 (fp8 KV), split=P (plan's
                         fixed_split_size, P pages), nosplit (disable_split_kv), gN (group N,
-                        1..16: 8 N query heads over the 8 KV heads; else 4)
+                        1..64: 8 N query heads over the 8 KV heads; else 4)
 --eager N runs each point's call N times in this process, untimed (a target for ncu).
 --tunes: settings of KILN_TUNE separated by ';' (an empty one is the default); --lib NAME=PATH
 adds a run of another library with no KILN_TUNE. $KILN_LIB is the library of the --tunes runs.
@@ -91,7 +91,7 @@ def point_fn(f):
         for o in f[3:]:
             if o in ("d64", "d256"):
                 D = int(o[1:])
-            elif o[:1] == "g" and o[1:].isdigit() and 1 <= int(o[1:]) <= 16:
+            elif o[:1] == "g" and o[1:].isdigit() and 1 <= int(o[1:]) <= 64:
                 hq = H_KV * int(o[1:])
             elif o in ("e4m3", "e5m2"):
                 kv_dt = torch.float8_e4m3fn if o == "e4m3" else torch.float8_e5m2
