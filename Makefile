@@ -237,7 +237,7 @@ gpu-seed: all
 	    'op=decode dtype=bf16 head_dim=256 group=4 kv=paged lse=1|ksplit=2' \
 	    'op=decode q_dtype=bf16 kv_dtype=e4m3 out_dtype=bf16 head_dim=128 group=4 kv=paged lse=1|ksplit=4' | \
 	    $(WARM_TWINS) || exit 1
-	# gpu_batch_decode_pack_groups, _hx and _bulk: their kernels under their KILN_TUNE (opt-in)
+	# gpu_batch_decode_pack_groups, _simt, _hx and _bulk: their kernels under their KILN_TUNE (opt-in)
 	t=; printf '%s\n' \
 	    'op=decode dtype=bf16 head_dim=128 group=1 kv=paged lse=1|pack=1' \
 	    'op=decode dtype=bf16 head_dim=128 group=2 kv=paged lse=1|pack=1' \
@@ -256,6 +256,12 @@ gpu-seed: all
 	    'op=decode dtype=f16 head_dim=64 group=32 kv=ragged lse=1|pack=1' \
 	    'op=decode dtype=bf16 head_dim=256 group=17 kv=paged logits=alibi window=1|pack=1' \
 	    'op=decode dtype=f16 head_dim=64 group=64 kv=ragged logits=softcap window=1|pack=1' \
+	    'op=decode dtype=bf16 head_dim=128 group=1 kv=paged lse=1|pack=0' \
+	    'op=decode dtype=f16 head_dim=128 group=1 kv=paged layout=hnd|pack=0' \
+	    'op=decode dtype=f16 head_dim=64 group=4 kv=ragged logits=softcap|pack=0' \
+	    'op=decode dtype=bf16 head_dim=128 group=8 kv=paged logits=alibi window=1 lse=1|pack=0' \
+	    'op=decode dtype=bf16 head_dim=256 group=2 kv=paged lse=1|pack=0' \
+	    'op=decode dtype=bf16 head_dim=128 group=1 kv=paged lse=1|pack=0,merge=1' \
 	    'op=decode dtype=bf16 head_dim=128 group=4 kv=paged lse=1|hx=1' \
 	    'op=decode dtype=f16 head_dim=64 group=8 kv=ragged logits=softcap|hx=1' \
 	    'op=decode q_dtype=bf16 kv_dtype=e4m3 out_dtype=bf16 head_dim=128 group=4 kv=paged lse=1|hx=1' \

@@ -293,8 +293,9 @@ KT_GPU_TEST(gpu_batch_few_tokens)
     run_walk(few_case, quick() ? 20 : 60, "few-token prefill batches");
 }
 
-/* Mask data per request: bitmask and bsr, decode on CUDA cores (G 1) and tensor cores (G 4)
- * and prefill, ragged and paged, with a causal mask on prefill and a graph replay on one. */
+/* Mask data per request: bitmask and bsr, decode on tensor cores (G 1 and 4) and CUDA cores
+ * (fp8 KV with RoPE) and prefill, ragged and paged, with a causal mask on prefill and a graph
+ * replay on one. */
 KT_GPU_TEST(gpu_batch_mask_data)
 {
     kiln_ctx *ctx = KT_CTX(kt_cache_dir(), 1);
@@ -306,6 +307,8 @@ KT_GPU_TEST(gpu_batch_mask_data)
         "op=prefill dtype=bf16 head_dim=128 group=4 kv=paged mask=causal mask_data=bitmask lse=1",
         "op=prefill dtype=f16 head_dim=64 group=1 kv=ragged mask_data=bsr",
         "op=prefill dtype=bf16 head_dim=128 group=8 kv=ragged mask=causal mask_data=bsr",
+        "op=decode q_dtype=f16 kv_dtype=e4m3 out_dtype=f16 head_dim=128 group=1 kv=paged "
+        "mask_data=bitmask rope=1 lse=1",
     };
     int qo[17], kv[17];
     uint64_t seed = 0x6d61736bu;
@@ -677,8 +680,8 @@ KT_GPU_TEST(gpu_plan_scratch_errors)
 
 /* The split merge fused into the batch decode kernels (KILN_TUNE merge=1: the last CTA of each
  * merge task merges it) writes the bits the merge kernel writes (the default), on both
- * decode families: tensor cores (G 4, paged and ragged, and fp8 KV read in registers), CUDA
- * cores (G 1, and fp8 KV with RoPE at G 4).
+ * decode families: tensor cores (G 4 and G 1, paged and ragged, and fp8 KV read in
+ * registers), CUDA cores (fp8 KV with RoPE at G 4).
  * A batch of odd lengths (1, 17, 1000, 4097, 0), pages of 16, lse on, split by fixed_split (256
  * keys, and 64: 33 to 65 slots in the longest request's task, which the merge kernel reads with
  * kiln_merge_wide, 64 states a round trip) and by the planner, run eagerly and from a CUDA
@@ -709,7 +712,7 @@ KT_GPU_TEST(gpu_batch_fused_merge)
         unsetenv("KILN_TUNE");
         if (!k0 || !k1) continue;
         KT_CHECK(k0->cfg.fused_merge == 0 && k1->cfg.fused_merge == 1);
-        KT_EQ_INT(k1->cfg.pack, v.group == 4 && !v.rope);
+        KT_EQ_INT(k1->cfg.pack, !v.rope);      /* fp8 KV with RoPE: CUDA cores */
         for (int mode = 0; mode < 6; mode++) { /* planner / 256 / 64 keys a split, eager / graph */
             static const int split[3] = {0, 256, 64};
             kiln_check_batch s = {.batch = 5,
@@ -911,6 +914,30 @@ KT_GPU_TEST(gpu_batch_decode_pack_groups)
         {"op=decode dtype=f16 head_dim=64 group=64 kv=ragged logits=softcap window=1", "pack=1", 0},
     };
     decode_tune_cases(cases, sizeof cases / sizeof cases[0], 911u, has_pack);
+}
+
+static int has_no_pack(const kiln_kernel *k, const char *tune)
+{
+    (void)tune;
+    return k->cfg.pack == 0 && !k->cfg.wgmma;
+}
+
+/* KILN_TUNE pack=0: the CUDA-core batch decode, which the default keeps only for fp8 KV with
+ * RoPE, at the 16-bit variants every batch decode now runs on tensor cores by default, against
+ * the float64 reference (decode_tune_cases): group 1 paged NHD and HND, group 4 d64 soft-cap
+ * on ragged KV, group 8 ALiBi with a window, group 2 d256, and the fused merge. */
+KT_GPU_TEST(gpu_batch_decode_simt)
+{
+    static const tune_case cases[] = {
+        {"op=decode dtype=bf16 head_dim=128 group=1 kv=paged lse=1", "pack=0", 0},
+        {"op=decode dtype=f16 head_dim=128 group=1 kv=paged layout=hnd", "pack=0", 0},
+        {"op=decode dtype=f16 head_dim=64 group=4 kv=ragged logits=softcap", "pack=0", 0},
+        {"op=decode dtype=bf16 head_dim=128 group=8 kv=paged logits=alibi window=1 lse=1", "pack=0",
+         0},
+        {"op=decode dtype=bf16 head_dim=256 group=2 kv=paged lse=1", "pack=0", 0},
+        {"op=decode dtype=bf16 head_dim=128 group=1 kv=paged lse=1", "pack=0,merge=1", 0},
+    };
+    decode_tune_cases(cases, sizeof cases / sizeof cases[0], 2113u, has_no_pack);
 }
 
 static int has_hx(const kiln_kernel *k, const char *tune)

@@ -167,7 +167,7 @@ KT_TEST(cli_compile_names_family)
     KT_EQ_INT(RUN(&r, "show", "--arch", "sm_80",
                   "op=decode dtype=f16 head_dim=64 group=1 kv=paged"),
               0);
-    KT_CONTAINS(r.out, "family:      simt (not tensor cores: one query head a KV head");
+    KT_CONTAINS(r.out, "family:      mma.sync\n");
     kt_out_free(&r);
     KT_EQ_INT(RUN(&r, "show", "--arch", "sm_80",
                   "op=decode dtype=f16 head_dim=64 group=6 kv=paged"),

@@ -119,7 +119,7 @@ KT_TEST(core_key_sensitivity)
 
 /* Batch decode picks its kernel by group size: tensor cores (the prefill kernel with the
  * group packed into MMA rows; above 16, a warp of 16 rows per 16 heads) for every group from 2
- * to 64, fp8 KV included; CUDA cores for group 1, fp8 KV with RoPE and single requests;
+ * to 64 and for group 1, fp8 KV included; CUDA cores for fp8 KV with RoPE and single requests;
  * KILN_TUNE pack= overrides, and a pack the kernel cannot take is refused. */
 KT_TEST(core_decode_kernel_choice)
 {
@@ -137,7 +137,7 @@ KT_TEST(core_decode_kernel_choice)
         /* fp8 with RoPE: rotated fp8 tiles go through shared memory, so CUDA cores */
         {"op=decode q_dtype=bf16 kv_dtype=e4m3 out_dtype=bf16 head_dim=128 group=8 kv=paged rope=1",
          0},
-        {"op=decode dtype=bf16 head_dim=128 group=1 kv=paged", 0},
+        {"op=decode dtype=bf16 head_dim=128 group=1 kv=paged", 1},
         {"op=decode dtype=bf16 head_dim=128 group=2 kv=paged", 1},
         {"op=decode dtype=f16 head_dim=64 group=3 kv=ragged", 1},
         {"op=decode dtype=bf16 head_dim=128 group=5 kv=paged", 1},
@@ -212,7 +212,7 @@ KT_TEST(core_fused_merge_choice)
     } cases[] = {
         {"op=decode dtype=bf16 head_dim=128 group=4 kv=paged lse=1", 90, 1, "mma_attention"},
         {"op=decode dtype=f16 head_dim=64 group=8 kv=ragged", 80, 1, "mma_attention"},
-        {"op=decode dtype=bf16 head_dim=128 group=1 kv=paged lse=1", 90, 1, "simt_decode"},
+        {"op=decode dtype=bf16 head_dim=128 group=1 kv=paged lse=1", 90, 1, "mma_attention"},
         {"op=decode q_dtype=bf16 kv_dtype=e4m3 out_dtype=bf16 head_dim=256 group=4 kv=ragged", 90,
          1, "mma_attention"},
         {"op=decode q_dtype=bf16 kv_dtype=e4m3 out_dtype=bf16 head_dim=256 group=4 kv=ragged "
@@ -452,7 +452,9 @@ KT_TEST(core_pdl_choice)
     KT_CHECK(in_order(src, "void wgmma_attention_kernel(", "let_merge_launch<Cfg>();",
                       "num_items(p)) return;"));
     free(src);
-    src = sm90a_source("op=decode dtype=bf16 head_dim=128 group=1 kv=paged", &cfg); /* CUDA cores */
+    src = sm90a_source("op=decode q_dtype=bf16 kv_dtype=e4m3 out_dtype=bf16 head_dim=128 group=4 "
+                       "kv=paged rope=1",
+                       &cfg); /* CUDA cores */
     KT_REQUIRE(src);
     KT_CHECK(in_order(src, "void simt_decode_kernel(", "let_merge_launch<Cfg>();",
                       "decode_load_work<Cfg>(p);"));
@@ -589,7 +591,8 @@ KT_TEST(core_decode_persist)
         unsetenv("KILN_TUNE");
     }
     static const tune_refusal refused[] = {
-        {"op=decode dtype=bf16 head_dim=128 group=1 kv=paged", "persist=1", "wgmma family's"},
+        {"op=decode dtype=bf16 head_dim=128 group=1 kv=paged", "pack=0,persist=1",
+         "wgmma family's"},
         {"op=decode dtype=bf16 head_dim=256 group=4 kv=paged", "persist=1", "Q in registers"},
         {"op=decode q_dtype=bf16 kv_dtype=e4m3 out_dtype=bf16 head_dim=128 group=4 kv=paged",
          "persist=1", "fp8"},
@@ -676,7 +679,7 @@ KT_TEST(core_decode_ksplit)
         unsetenv("KILN_TUNE");
     }
     static const tune_refusal refused[] = {
-        {"op=decode dtype=bf16 head_dim=128 group=1 kv=paged", "ksplit=4",
+        {"op=decode dtype=bf16 head_dim=128 group=1 kv=paged", "pack=0,ksplit=4",
          "tensor-core batch decode"},
         {"op=prefill dtype=bf16 head_dim=128 group=4 kv=paged", "ksplit=2",
          "tensor-core batch decode"},
@@ -722,7 +725,7 @@ KT_TEST(core_decode_hx)
         unsetenv("KILN_TUNE");
     }
     static const tune_refusal refused[] = {
-        {"op=decode dtype=bf16 head_dim=128 group=1 kv=paged", "hx=1", "packed mma.sync"},
+        {"op=decode dtype=bf16 head_dim=128 group=1 kv=paged", "pack=0,hx=1", "packed mma.sync"},
         {"op=prefill dtype=bf16 head_dim=128 group=4 kv=paged", "hx=1", "packed mma.sync"},
         {"op=decode dtype=bf16 head_dim=128 group=4 kv=paged", "hx=1,merge=1", "fused merge"},
         {"op=decode dtype=bf16 head_dim=128 group=4 kv=paged", "hx=1,persist=1", "persistent"},
@@ -819,7 +822,7 @@ KT_TEST(core_decode_bulk)
         unsetenv("KILN_TUNE");
     }
     static const tune_refusal refused[] = {
-        {"op=decode dtype=bf16 head_dim=128 group=1 kv=paged", "bulk=1",
+        {"op=decode dtype=bf16 head_dim=128 group=1 kv=paged", "pack=0,bulk=1",
          "tensor-core batch decode"},
         {"op=prefill dtype=bf16 head_dim=128 group=4 kv=paged", "bulk=1",
          "tensor-core batch decode"},
@@ -828,7 +831,7 @@ KT_TEST(core_decode_bulk)
         {"op=decode dtype=bf16 head_dim=128 group=4 kv=paged rope=1", "bulk=1", "RoPE"},
         {"op=decode dtype=bf16 head_dim=128 group=4 kv=paged", "bulk=1,persist=1", "persistent"},
         {"op=decode dtype=bf16 head_dim=128 group=4 kv=paged", "bulk=3", "bulk is 0, 1"},
-        {"op=decode dtype=bf16 head_dim=128 group=1 kv=paged", "bulk=2",
+        {"op=decode dtype=bf16 head_dim=128 group=1 kv=paged", "pack=0,bulk=2",
          "tensor-core batch decode"},
         {"op=decode q_dtype=bf16 kv_dtype=e4m3 out_dtype=bf16 head_dim=128 group=4 kv=paged",
          "bulk=2", "fp8 KV"},

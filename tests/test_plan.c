@@ -742,8 +742,8 @@ KT_TEST(plan_fused_merge_counters)
  * at 255 registers), held to 256 B, and the wgmma family's persistent grid, whose producer
  * spills 128-136 B at its 40 registers (its consumers none: params.h), held to 160 B. The batch
  * decode kernels compile both ways, with the merge kernel (the default) and merging their own
- * splits (KILN_TUNE merge=1, fused_merge) on both decode families: CUDA cores at G 1 (16-bit
- * and fp8 KV), tensor cores at G 4 and 8. */
+ * splits (KILN_TUNE merge=1, fused_merge) on both decode families: CUDA cores for fp8 KV with
+ * RoPE, tensor cores for the rest (G 1, 4, 8, 16; 16-bit and fp8 KV). */
 KT_TEST(plan_batch_kernels_compile)
 {
     kiln_ctx *ctx = KT_CTX(kt_tmpdir(), 0), *ctx1 = KT_CTX(kt_tmpdir(), 0);
@@ -759,6 +759,7 @@ KT_TEST(plan_batch_kernels_compile)
         "op=decode q_dtype=bf16 kv_dtype=e4m3 out_dtype=bf16 head_dim=256 group=16 kv=paged "
         "logits=softcap",
         "op=decode dtype=bf16 head_dim=128 group=1 kv=ragged lse=1",
+        "op=decode q_dtype=bf16 kv_dtype=e4m3 out_dtype=bf16 head_dim=128 group=1 kv=paged rope=1",
         "op=decode dtype=bf16 head_dim=256 group=4 kv=paged lse=1",
         "op=prefill dtype=bf16 head_dim=128 group=4 mask=causal kv=paged lse=1",
         "op=prefill dtype=bf16 head_dim=128 group=4 mask=causal kv=ragged logits=softcap window=1",
@@ -803,7 +804,7 @@ KT_TEST(plan_batch_kernels_compile)
             /* fp8 KV decodes on tensor cores where its group packs (RoPE aside) */
             if (v.op == KILN_OP_DECODE &&
                 (v.kv_dtype == KILN_DTYPE_E4M3 || v.kv_dtype == KILN_DTYPE_E5M2))
-                KT_EQ_INT(cfg.pack, v.group >= 4 && !v.rope);
+                KT_EQ_INT(cfg.pack, !v.rope);
             /* the wgmma producer's transforms (fp8 KV, RoPE) spill some of its state at 40
              * registers: loop-invariant words it reloads once a tile, outside the consumers */
             const int xform = cfg.wgmma && (v.rope || v.kv_dtype == KILN_DTYPE_E4M3 ||

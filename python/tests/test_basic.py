@@ -259,7 +259,8 @@ class TestCompile(unittest.TestCase):
     def test_kernel_family(self):
         """The family a kernel was generated for: wgmma for a d128 or d64 prefill on sm_90a,
         mask data included, mma.sync for the same on sm_80 or with few query tokens a request
-        (q_tokens), simt for a decode of group 1."""
+        (q_tokens), simt for a single-request decode; a batch decode of group 1 is on tensor
+        cores (mma.sync)."""
         with kiln.Context(cache_dir=self.cache, no_device=True) as ctx:
             pre = "op=prefill dtype=bf16 head_dim=128 group=4 mask=causal"
             self.assertEqual(ctx.compile(pre, arch="sm_90a").family, "wgmma")
@@ -272,6 +273,8 @@ class TestCompile(unittest.TestCase):
                              "mma.sync")
             self.assertEqual(ctx.compile("op=decode dtype=bf16 head_dim=64 group=1",
                                          arch="sm_90a").family, "simt")
+            self.assertEqual(ctx.compile("op=decode dtype=bf16 head_dim=64 group=1 kv=paged",
+                                         arch="sm_90a").family, "mma.sync")
 
     def test_context_arch(self):
         with kiln.Context(no_cache=True, no_device=True, arch="sm_90") as ctx:
