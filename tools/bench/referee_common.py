@@ -85,6 +85,17 @@ def time_graph(fn, copies):
     return statistics.median(per)
 
 
+def fresh_memory():
+    """Release what the caching allocator keeps of earlier points before a point allocates its
+    inputs, so every point's tensors (each library's) come from fresh allocations as in a new
+    process. Session 53 (H100): kiln's paged decode at B256 x 512 read 181.6 us on a fresh pool
+    and 188.5 on one carved from the nine earlier decode points' freed blocks, and 196.5-198.0
+    in the referee's runs before this (docs/perf.md, "Session 53")."""
+    import gc
+    gc.collect()
+    torch.cuda.empty_cache()
+
+
 def copies_for(nbytes):
     return max(1, min(MAX_COPIES, math.ceil(ROTATE_BYTES / max(nbytes, 1))))
 

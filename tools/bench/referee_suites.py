@@ -11,7 +11,7 @@ import time
 import torch
 
 from referee_common import (BF16, CASCADE_PREFIX, CASCADE_PRIVATE, DEC_B, DEC_L, FP8, G, H, H_KV, PAGE,
-    PRE_BS, RES, SOFTCAP, WINDOW, copies_for, measure, short)
+    PRE_BS, RES, SOFTCAP, WINDOW, copies_for, fresh_memory, measure, short)
 from referee_peers import (FI, PagedKV, dev_i32, fi_decode, fi_paged, fi_ragged, flex_fn, kiln_ws,
     paged_from_ragged, rnd, torch_peers)
 
@@ -19,6 +19,7 @@ from referee_peers import (FI, PagedKV, dev_i32, fi_decode, fi_paged, fi_ragged,
 # ---- suites ------------------------------------------------------------------------------------
 
 def decode_point(suite, B, L, D, kv_dtype, a):
+    fresh_memory()
     import kiln
     elt = 1 if kv_dtype == FP8 else 2
     nbytes = B * L * H_KV * D * elt * 2 + B * H * D * 2 * 2
@@ -70,6 +71,7 @@ def suite_decode(a, suite):
 def prefill_point(suite, B, S, D, causal, a, variant=None, paged=True, sdpa=True):
     """Ragged (and paged) batch prefill of B requests of S tokens (L_Q = L_KV = S); at B = 1
     also kiln's single-request prefill ("kiln single")."""
+    fresh_memory()
     import kiln
     pairs = S * (S + 1) // 2 if causal else S * S
     if variant == "window":
@@ -279,6 +281,7 @@ def suite_cascade(a, suite):
 
 
 def cascade_point(suite, B):
+    fresh_memory()
     import kiln
     D = 128
     pre, priv = CASCADE_PREFIX // PAGE, CASCADE_PRIVATE // PAGE
