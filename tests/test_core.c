@@ -695,7 +695,9 @@ KT_TEST(core_decode_ksplit)
 /* KILN_TUNE hx=1 gives an item's KV heads adjacent CTAs in the packed mma.sync batch kernels
  * (mma_attention.cuh HX): the config line and the source say so (the default's say hx=0 nowhere
  * but the source's HX = 0), the kernel compiles for sm_90a and sm_80 without spills, with the
- * key split too; the kernels it cannot serve are refused with the reason. */
+ * key split too; the kernels it cannot serve are refused with the reason. The tensor-core decode
+ * takes it by default where a KV head's row is at most 128 bytes (d64 16-bit, fp8 up to d128),
+ * unless KILN_TUNE says hx=0, merge=1 or persist=1. */
 KT_TEST(core_decode_hx)
 {
     static const struct {
@@ -703,9 +705,38 @@ KT_TEST(core_decode_hx)
     } ok[] = {
         {"op=decode dtype=bf16 head_dim=128 group=4 kv=paged lse=1", "hx=1"},
         {"op=decode dtype=bf16 head_dim=128 group=4 kv=paged lse=1", "hx=1,ksplit=2"},
-        {"op=decode q_dtype=bf16 kv_dtype=e4m3 out_dtype=bf16 head_dim=128 group=8 kv=ragged",
+        {"op=decode q_dtype=bf16 kv_dtype=e4m3 out_dtype=bf16 head_dim=256 group=8 kv=ragged",
          "hx=1"},
     };
+    static const struct {
+        const char *spec, *tune;
+        int hx;
+    } by_default[] = {
+        {"op=decode dtype=bf16 head_dim=64 group=4 kv=paged lse=1", "", 1},
+        {"op=decode q_dtype=bf16 kv_dtype=e4m3 out_dtype=bf16 head_dim=128 group=8 kv=ragged", "",
+         1},
+        {"op=decode q_dtype=f16 kv_dtype=e5m2 out_dtype=f16 head_dim=64 group=1 kv=paged", "", 1},
+        {"op=decode dtype=f16 head_dim=64 group=8 kv=ragged", "ksplit=2", 1},
+        {"op=decode dtype=bf16 head_dim=128 group=4 kv=paged", "", 0},
+        {"op=decode dtype=bf16 head_dim=256 group=4 kv=paged", "", 0},
+        {"op=decode dtype=bf16 head_dim=64 group=4 kv=paged lse=1", "hx=0", 0},
+        {"op=decode dtype=bf16 head_dim=64 group=4 kv=paged lse=1", "merge=1", 0},
+        {"op=decode dtype=bf16 head_dim=64 group=4 kv=paged lse=1", "persist=1", 0},
+        {"op=decode dtype=bf16 head_dim=64 group=4", "", 0},                      /* single */
+        {"op=prefill dtype=bf16 head_dim=64 group=4 kv=paged q_tokens=4", "", 0}, /* prefill */
+    };
+    for (size_t i = 0; i < sizeof by_default / sizeof by_default[0]; i++) {
+        kiln_variant v;
+        kiln__config c;
+        kiln__err e;
+        parse(by_default[i].spec, &v);
+        setenv("KILN_TUNE", by_default[i].tune, 1);
+        KT_OK(kiln__config_pick(&v, 90, &c, &e), e.msg);
+        unsetenv("KILN_TUNE");
+        if (c.hx != by_default[i].hx)
+            kt_fail(__FILE__, __LINE__, "%s [%s]: hx=%d", by_default[i].spec, by_default[i].tune,
+                    c.hx);
+    }
     for (size_t i = 0; i < sizeof ok / sizeof ok[0]; i++) {
         tune_pair t;
         if (!tune_pair_pick(&t, ok[i].spec, NULL, ok[i].tune)) continue;
