@@ -355,7 +355,7 @@ static kiln_status pick_mma(const kiln_variant *v, int smem_limit, kiln__config 
     /* a decode's G rows: a warp of 16 MMA rows per 16 heads (groups above 16: 2-4 warps reading
      * each K/V tile once for all of them) */
     if (decode && (v->group + 15) / 16 > c->warps) c->warps = (v->group + 15) / 16;
-    if (decode) c->hx = -1; /* unless KILN_TUNE names it: hx_default, once merge= is known */
+    if (decode) c->hx = -1; /* unless KILN_TUNE names it: hx_rows_short, once merge= is known */
     if ((st = apply_tune(c, e))) return st;
     if (c->gb)
         return kiln__fail(e, KILN_STATUS_UNSUPPORTED, "config: %s takes no gb (KILN_TUNE)",
@@ -595,11 +595,9 @@ static const char *ksplit_refusal(const kiln_variant *v, const kiln__config *c)
  * 9.2 -> 9.3, B16 x 512 10.85 -> 10.95; fp8 e4m3 d128 B256 x 512 103.2 -> 100.5, B64 x 4096
  * 186.1 -> 185.3, B1 x 4096 equal; 16-bit d128 equal (256-byte rows), so not there. Not with
  * the fused merge or the persistent grid (hx_refusal). */
-static int hx_default(const kiln_variant *v, const kiln__config *c)
+static int hx_rows_short(const kiln_variant *v)
 {
-    const int row_bytes = v->head_dim * (kiln__kv_fp8(v) ? 1 : 2);
-    return v->op == KILN_OP_DECODE && c->pack && !c->wgmma && !c->persist && !c->fused_merge &&
-           row_bytes <= 128;
+    return v->head_dim * (kiln__kv_fp8(v) ? 1 : 2) <= 128;
 }
 
 /* Why config c cannot take KILN_TUNE hx=1 (an item's KV heads on adjacent CTAs,
@@ -687,8 +685,8 @@ kiln_status kiln__config_pick(const kiln_variant *v, int sm, kiln__config *c, ki
         return kiln__fail(e, KILN_STATUS_UNSUPPORTED, "config: ksplit=%d (KILN_TUNE): %s",
                           c->ksplit, no_ksplit);
     if (c->ksplit == 1) c->ksplit = 0; /* one pipeline: the kernel without the split */
-    if (c->hx < 0) c->hx = hx_default(v, c);
     const char *no_hx = hx_refusal(c);
+    if (c->hx < 0) c->hx = !no_hx && hx_rows_short(v); /* unset: only pick_mma's decode */
     if (c->hx > 1 || (c->hx && no_hx))
         return kiln__fail(e, KILN_STATUS_UNSUPPORTED, "config: hx=%d (KILN_TUNE): %s", c->hx,
                           c->hx > 1 ? "hx is 0 or 1" : no_hx);
