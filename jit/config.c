@@ -213,6 +213,20 @@ static int prefill_packs(const kiln_variant *v)
     return v->op == KILN_OP_PREFILL && v->q_tokens > 0 && v->kv != KILN_KV_CONTIGUOUS;
 }
 
+/* A prefill with mask data on the wgmma family packs its rows by default (pack=1: a job's 128
+ * rows are the G query heads of a KV head for 128 / G tokens), where G divides a warpgroup's 64
+ * rows. Unpacked, a job's two consumer warpgroups hold 64 tokens each, which a 64-row mask block
+ * shows different key tiles: the producer loads the union and each warpgroup computes alone on
+ * the tiles only it sees (no partner's softmax under its MMAs). Packed, both hold the same
+ * 128 / G tokens. H100, ab.py (the referee's graph timing), 1 x 4096, 64 x 64 blocks, G 4:
+ * 26 % of the blocks 251 -> 212 us, causal 186 -> 142, 1 x 16384 at 10 % 1963 -> 1685
+ * (docs/perf/notes.md, session 54). Not for dense masks: 16 x 1024 causal 302 -> 340 us. */
+static int wgmma_packs(const kiln_variant *v)
+{
+    return v->op == KILN_OP_PREFILL && v->mask_data != KILN_MASK_DATA_NONE && v->group >= 2 &&
+           (KILN_WGMMA_BM / 2) % v->group == 0;
+}
+
 /* Plain attention: no logits transform, window, element mask, RoPE or fp8 conversion, so the
  * softmax adds no live registers to the MMA loop. */
 static int prefill_plain(const kiln_variant *v)
@@ -478,7 +492,12 @@ static kiln_status pick_wgmma(const kiln_variant *v, int smem_limit, kiln__confi
     if (c->xjob < 0) c->xjob = 0; /* 1 passes its GPU tests but measured no faster (docs/perf.md) */
     if (c->kvsplit < 0) c->kvsplit = wgmma_kvsplit_default(v);
     if (c->q_in_regs < 0) c->q_in_regs = wgmma_qregs_default(v, c);
-    if (c->warps != 8 || c->mt != 1 || c->gb || c->pack || c->min_blocks != 1 ||
+    if (c->pack && KILN_WGMMA_BM / 2 % v->group)
+        return kiln__fail(e, KILN_STATUS_UNSUPPORTED,
+                          "config: pack=1 on the wgmma family needs a group dividing %d (a "
+                          "consumer warpgroup's rows hold whole query tokens; group=%d)",
+                          KILN_WGMMA_BM / 2, v->group);
+    if (c->warps != 8 || c->mt != 1 || c->gb || c->min_blocks != 1 ||
         !wgmma_bn_ok(c->block_n, c->load) || c->stages < 2 || c->stages > 4 ||
         c->load > KILN_WGMMA_LOAD_TMA || c->persist > KILN_WGMMA_PERSIST_DYNAMIC)
         return kiln__fail(e, KILN_STATUS_UNSUPPORTED,
@@ -636,15 +655,19 @@ kiln_status kiln__config_pick(const kiln_variant *v, int sm, kiln__config *c, ki
     c->min_blocks = 1;
     const int d = v->head_dim, limit = kiln__smem_limit(sm);
     /* pack and wgmma first: they decide which kernel family the other fields describe */
-    c->pack = decode_packs(v) || prefill_packs(v);
+    c->pack = -1; /* unless KILN_TUNE names it: below, once the family is known */
     int wgmma_can;
     const char *no_wgmma = kiln__wgmma_refusal(v, sm, &wgmma_can);
-    c->wgmma = -1; /* unless KILN_TUNE names it: the Hopper family where it serves, not packed */
+    c->wgmma = -1;       /* unless KILN_TUNE names it: the Hopper family where it serves */
     c->fused_merge = -1; /* likewise merge=: the merge kernel unless KILN_TUNE says merge=1 */
     c->pdl = -1;         /* and pdl=: where the arch and the kernel allow it (pdl_refusal) */
     kiln_status st = apply_tune(c, e);
     if (st) return st;
-    const int pack = c->pack, wgmma = c->wgmma < 0 ? !no_wgmma && !pack : c->wgmma;
+    /* the packed decode and few-token rows are the mma.sync family's (kiln__wgmma_refusal); a
+     * prefill with pack=1 (KILN_TUNE) stays on the wgmma family where it serves, packed there */
+    const int wgmma = c->wgmma < 0 ? !no_wgmma : c->wgmma;
+    const int pack =
+        c->pack >= 0 ? c->pack : decode_packs(v) || prefill_packs(v) || (wgmma && wgmma_packs(v));
     if (wgmma && !wgmma_can)
         return kiln__fail(e, KILN_STATUS_UNSUPPORTED, "config: wgmma=1 (KILN_TUNE): %s", no_wgmma);
     const char *no_fuse = fused_merge_refusal(v);

@@ -17,17 +17,21 @@ static kiln_status fail(kiln_kernel *k, kiln_status st, kiln__err *e)
     return kiln__ctx_error(k ? k->ctx : NULL, st, e);
 }
 
-/* Query tiles of L_Q rows (the prefill grid's x). */
+/* A query token's rows in a tile: the group with pack=1 (the wgmma family's packed rows, a KV
+ * head's query heads), else 1. */
+static int64_t rows_a_token(const kiln_kernel *k) { return k->cfg.pack ? k->v.group : 1; }
+
+/* Query tiles of L_Q tokens (the prefill grid's x). */
 static unsigned q_tiles(const kiln_kernel *k, int L_Q)
 {
-    return (unsigned)((L_Q + k->cfg.block_m - 1) / k->cfg.block_m);
+    return (unsigned)((L_Q * rows_a_token(k) + k->cfg.block_m - 1) / k->cfg.block_m);
 }
 
-/* Rows of the tile map of L_Q query rows: one per kiln_tile_map_bm rows (params.h). */
+/* Rows of the tile map of L_Q query tokens: one per kiln_tile_map_bm rows (params.h). */
 static unsigned map_rows(const kiln_kernel *k, int L_Q)
 {
     const int bm = kiln_tile_map_bm(k->cfg.block_m, k->cfg.wgmma);
-    return (unsigned)((L_Q + bm - 1) / bm);
+    return (unsigned)((L_Q * rows_a_token(k) + bm - 1) / bm);
 }
 
 /* The call fits the kernel: the right op, a single-request kernel for a single request, and
@@ -494,12 +498,13 @@ kiln_status kiln_single_prefill(kiln_kernel *k, const kiln_attn_args *a, void *s
     if (kiln__config_tma_maps(&k->cfg) &&
         (st = kiln__tma_maps(k, &p, "single prefill", a->qo_len, a->kv_len, &maps, &e)))
         return fail(k, st, &e);
-    /* the wgmma family: its mblocks x H jobs along x; the mma.sync family: (tiles, heads) */
+    /* the wgmma family: its mblocks x H jobs along x (with pack=1 mblocks x H_KV: a job takes
+     * the G heads of a KV head); the mma.sync family: (tiles, heads) */
     unsigned gx = mblocks, gy = (unsigned)a->num_qo_heads;
     if (k->cfg.wgmma) {
         gy = 1;
-        if ((st = kiln__wgmma_grid(k, (int64_t)mblocks * a->num_qo_heads, "single prefill", &gx,
-                                   &e)))
+        if ((st = kiln__wgmma_grid(k, (int64_t)mblocks * (a->num_qo_heads / rows_a_token(k)),
+                                   "single prefill", &gx, &e)))
             return fail(k, st, &e);
     }
     CUresult r =

@@ -20,13 +20,13 @@
 /* ---- the memo: a thread's last maps, by a hash of their arguments ---- */
 
 /* Everything cuTensorMapEncodeTiled is given, bar what follows from the element size (16-bit:
- * the 128-byte swizzle, 64-column boxes; fp8: no swizzle, whole rows) and the one head a box:
- * equal keys encode equal maps. */
+ * the 128-byte swizzle, 64-column boxes; fp8: no swizzle, whole rows): equal keys encode equal
+ * maps. */
 typedef struct map_key {
     unsigned long long base;
     long long stride_page, stride_n, stride_h;
     int64_t rows;
-    int heads, box_rows, D, es;
+    int heads, box_heads, box_rows, D, es;
 } map_key;
 
 /* 64 sets of 4 maps (each set refilled round robin): an engine's Q and O, and the K and V
@@ -75,6 +75,7 @@ static unsigned memo_set(const map_key *key)
                           (uint64_t)key->stride_h,
                           (uint64_t)key->rows,
                           (uint64_t)key->heads << 32 | (uint32_t)key->box_rows,
+                          (uint64_t)key->box_heads,
                           (uint64_t)key->D << 8 | (uint32_t)key->es};
     for (size_t i = 0; i < sizeof w / sizeof w[0]; i++) {
         h ^= w[i];
@@ -85,12 +86,14 @@ static unsigned memo_set(const map_key *key)
 }
 
 /* One map: [rows, heads, D] of es-byte elements at base with the given element strides. es 2:
- * boxes of 64 columns x 1 head x box_rows rows, swizzled 128 bytes (the layout the kernel's
- * wgmma reads); es 1 (fp8 K/V, into the producer's raw stages): boxes of whole D-byte rows, not
- * swizzled. stride_page > 0: a paged pool, [pages, rows = page_size, heads, D], one page a box. */
+ * boxes of 64 columns x box_heads heads x box_rows rows, swizzled 128 bytes (the layout the
+ * kernel's wgmma reads: with box_heads > 1, the packed rows of kiln__config.pack, row r token
+ * r / box_heads); es 1 (fp8 K/V, into the producer's raw stages): boxes of whole D-byte rows,
+ * not swizzled. stride_page > 0: a paged pool, [pages, rows = page_size, heads, D], one page a
+ * box. */
 static kiln_status encode(const kiln_kernel *k, const char *what, const char *name, int es,
                           unsigned long long base, long long stride_page, long long stride_n,
-                          long long stride_h, int64_t rows, int heads, int box_rows,
+                          long long stride_h, int64_t rows, int heads, int box_heads, int box_rows,
                           kiln_tma_map *out, kiln__err *e)
 {
     const int D = k->v.head_dim, paged = stride_page > 0;
@@ -111,6 +114,7 @@ static kiln_status encode(const kiln_kernel *k, const char *what, const char *na
     key.stride_h = stride_h;
     key.rows = rows;
     key.heads = heads;
+    key.box_heads = box_heads;
     key.box_rows = box_rows;
     key.D = D;
     key.es = es;
@@ -130,7 +134,8 @@ static kiln_status encode(const kiln_kernel *k, const char *what, const char *na
     /* a head stride of 0 (one head) still has to be a valid stride: any multiple of 16 */
     const cuuint64_t stride[3] = {(cuuint64_t)(stride_h ? stride_h : D) * es,
                                   (cuuint64_t)stride_n * es, (cuuint64_t)stride_page * es};
-    const cuuint32_t box[4] = {es == 2 ? 64 : (cuuint32_t)D, 1, (cuuint32_t)box_rows, 1},
+    const cuuint32_t box[4] = {es == 2 ? 64 : (cuuint32_t)D, (cuuint32_t)box_heads,
+                               (cuuint32_t)box_rows, 1},
                      unit[4] = {1, 1, 1, 1};
     CUresult r = k->ctx->cu->cuTensorMapEncodeTiled(
         &map, es == 2 ? CU_TENSOR_MAP_DATA_TYPE_UINT16 : CU_TENSOR_MAP_DATA_TYPE_UINT8,
@@ -156,6 +161,10 @@ static kiln_status encode(const kiln_kernel *k, const char *what, const char *na
     return KILN_STATUS_OK;
 }
 
+/* Rows a token of the wgmma family's Q and O tiles: the group with pack=1 (a box of the G heads
+ * of a KV head), else 1. */
+static int q_box_heads(const kiln_kernel *k) { return k->cfg.pack ? k->v.group : 1; }
+
 /* O's map, for the kernel's TMA stores of whole 64-row blocks, where O's pointer and strides
  * suit TMA (16-byte multiples, under its stride limit): p->o_by_tma says which. Where they do
  * not, the kernel stores O from registers as it does every partial block: the same bytes land
@@ -164,8 +173,9 @@ static void encode_o(const kiln_kernel *k, kiln_launch_params *p, int64_t rows, 
 {
     const long long sn = p->o_stride_n, sh = p->o_stride_h;
     p->o_by_tma = !(p->o % 16 || sn % 8 || sh % 8 || sn >= (1LL << 38) || sh >= (1LL << 38)) &&
-                  encode(k, "run", "o", 2, p->o, 0, sn, sh, rows, p->num_qo_heads,
-                         KILN_WGMMA_BM / 2, out, NULL) == KILN_STATUS_OK; /* not an error */
+                  encode(k, "run", "o", 2, p->o, 0, sn, sh, rows, p->num_qo_heads, q_box_heads(k),
+                         KILN_WGMMA_BM / 2 / q_box_heads(k), out, NULL) == KILN_STATUS_OK;
+    /* a map that did not encode is no error: O goes from registers */
     if (!p->o_by_tma) memset(out, 0, sizeof *out);
 }
 
@@ -190,7 +200,7 @@ kiln_status kiln__tma_maps(const kiln_kernel *k, kiln_launch_params *p, const ch
     kiln_status st = KILN_STATUS_OK;
     if (wg)
         st = encode(k, what, "q", 2, p->q, 0, p->q_stride_n, p->q_stride_h, q_rows, p->num_qo_heads,
-                    KILN_WGMMA_BM, &m->q, e);
+                    q_box_heads(k), KILN_WGMMA_BM / q_box_heads(k), &m->q, e);
     else memset(&m->q, 0, sizeof m->q);
     /* fp8 K/V: byte maps, for the copies into the producer's raw stages */
     const int es = kiln__kv_fp8(&k->v) ? 1 : 2;
@@ -206,10 +216,10 @@ kiln_status kiln__tma_maps(const kiln_kernel *k, kiln_launch_params *p, const ch
     const int four_d = paged && !p->kv_map_rows;
     if (four_d) kv_rows = p->page_size;
     st = encode(k, what, "k", es, p->k, four_d ? p->k_stride_page : 0, p->k_stride_n, p->k_stride_h,
-                kv_rows, p->num_kv_heads, rows, &m->k, e);
+                kv_rows, p->num_kv_heads, 1, rows, &m->k, e);
     if (!st)
         st = encode(k, what, "v", es, p->v, four_d ? p->v_stride_page : 0, p->v_stride_n,
-                    p->v_stride_h, kv_rows, p->num_kv_heads, rows, &m->v, e);
+                    p->v_stride_h, kv_rows, p->num_kv_heads, 1, rows, &m->v, e);
     return st;
 }
 

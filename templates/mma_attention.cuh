@@ -92,7 +92,8 @@ template <class Cfg> struct mma_shape {
     static constexpr bool RAW = Cfg::LOGITS == LOGITS_NONE && !Cfg::HAS_LOGITS_EXPR;
     static_assert(BN % 16 == 0 && D % 64 == 0, "tile shape");
     /* jit/config.c admits a G that does not divide BM only for decode, whose item is one token */
-    static_assert(!Cfg::PACK || (Cfg::KV != KV_CONTIGUOUS && Cfg::G <= BM), "PACK: batches, G rows fit BM");
+    static_assert(!Cfg::PACK || ((Cfg::KV != KV_CONTIGUOUS || Cfg::WGMMA) && Cfg::G <= BM),
+                  "PACK: batches (a single request too on the wgmma family), G rows fit BM");
 };
 
 /* What one CTA covers: a query tile of the single request (heaviest causal tiles first), or

@@ -23,8 +23,11 @@ template <class Cfg> struct prefill_layout {
     static constexpr bool FP8 = Cfg::KV_DT >= KV_E4M3;
     static constexpr bool PAGED = Cfg::KV == KV_PAGED;
     static constexpr int ES = FP8 ? 1 : 2;                           /* bytes per stored K/V element */
+    /* the mma.sync family's packed rows (its layout's fp8 tiles and conversion buffer follow
+     * them; the wgmma family's packed rows change only which rows a job's Q holds) */
+    static constexpr bool MMA_PACK = Cfg::PACK && !Cfg::WGMMA;
     /* fp8 read by the MMAs from the loaded tiles (mma_attention.cuh, "fp8 in registers") */
-    static constexpr bool F8R = kiln_prefill_fp8_in_regs(ES, Cfg::PACK, Cfg::ROPE);
+    static constexpr bool F8R = kiln_prefill_fp8_in_regs(ES, MMA_PACK, Cfg::ROPE);
     /* fp8 K/V widened exactly (fp8x4_f16: F8R's registers, the wgmma producer's tiles), and so
      * f8_pair_unit times the converted tiles' values, which their scales give back */
     static constexpr bool F8P = F8R || (FP8 && Cfg::WGMMA);
@@ -38,7 +41,7 @@ template <class Cfg> struct prefill_layout {
     static constexpr int FREQ_BYTES = kiln_rope_freq_bytes(D, Cfg::ROPE);
     /* fp8 not in registers: the pipeline's fp8 tiles converted into one 16-bit K and V tile
      * per step */
-    static constexpr int CONV_BYTES = kiln_prefill_conv_bytes(D, ES, BN, Cfg::PACK, Cfg::ROPE);
+    static constexpr int CONV_BYTES = kiln_prefill_conv_bytes(D, ES, BN, MMA_PACK, Cfg::ROPE);
     /* paged: byte offsets of the K and V rows of the next key tile, filled a step ahead */
     static constexpr int TAB_BYTES = kiln_prefill_tab_bytes(BN, PAGED, BULK);
     /* where each region starts */
@@ -52,7 +55,7 @@ template <class Cfg> struct prefill_layout {
      * so it reads them with a few wide loads instead of one dependent load per row */
     static __device__ __forceinline__ int tab_at(int r) { return (r % STEP) * ITERS + r / STEP; }
     static constexpr int BYTES =
-        kiln_prefill_smem_bytes(D, ES, BM, BN, Cfg::STAGES, PAGED, Cfg::ROPE, Cfg::PACK, BULK);
+        kiln_prefill_smem_bytes(D, ES, BM, BN, Cfg::STAGES, PAGED, Cfg::ROPE, MMA_PACK, BULK);
     static_assert(BYTES == BAR_AT + kiln_prefill_bar_bytes(Cfg::STAGES, BULK), "the regions fill the layout");
     static_assert(!BULK || (BAR_AT % 8 == 0 && KV_ROW % 16 == 0), "mbarriers 8-byte and rows 16-byte aligned");
     /* KSPLIT > 1 (the tensor-core decode's key split, mma_attention.cuh): each of the CTA's

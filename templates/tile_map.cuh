@@ -6,9 +6,10 @@
  * TILE_MIXED otherwise. A mask snippet that reads qo_head or kv_head is evaluated for every
  * head.
  *
- * Shapes: tile_map u8 [ceil(L_Q / BM)][kv_tiles], BM = kiln_tile_map_bm (the CTA's rows, or a
- * wgmma consumer warpgroup's 64). Launch: grid (map rows, key tiles), any thread count
- * (KILN__TILE_MAP_THREADS). Checked by the prefill tests with and without a map.
+ * Shapes: tile_map u8 [ceil(L_Q PG / BM)][kv_tiles], BM = kiln_tile_map_bm (the CTA's rows, or
+ * a wgmma consumer warpgroup's 64), PG rows a token (G with PACK, else 1). Launch: grid (map
+ * rows, key tiles), any thread count (KILN__TILE_MAP_THREADS). Checked by the prefill tests
+ * with and without a map.
  */
 #ifndef KILN_TILE_MAP_CUH
 #define KILN_TILE_MAP_CUH
@@ -22,7 +23,10 @@ namespace kiln {
 
 template <class Cfg> __device__ void tile_map_kernel(const kiln_launch_params &p)
 {
-    constexpr int BM = kiln_tile_map_bm(prefill_layout<Cfg>::BM, Cfg::WGMMA), BN = Cfg::BN;
+    /* a map row's query tokens: BM rows, or with PACK (the wgmma family's) BM / G tokens of G
+     * rows each; the map is the same for every head, so a packed row reads its token's */
+    constexpr int BM = kiln_tile_map_bm(prefill_layout<Cfg>::BM, Cfg::WGMMA) / (Cfg::PACK ? Cfg::G : 1);
+    constexpr int BN = Cfg::BN;
     const int mb = blockIdx.x, t = blockIdx.y;
     const int L_Q = p.qo_len, L_KV = p.kv_len, off = L_KV - L_Q;
     const int heads = Cfg::MASK_USES_HEAD ? p.num_qo_heads : 1;

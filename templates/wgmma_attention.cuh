@@ -20,13 +20,14 @@
  * `it` (the CTA's job count), and with PERSIST the job slot its job_full (wg_job_put). The
  * producer gives registers up (setmaxnreg) to the consumers.
  *
- * Cfg as mma_attention.cuh's, with WARPS = 8 (the consumer warps), MT = 1, PACK = 0, LOAD (the
- * producer's copies, KILN_WGMMA_LOAD_*), PERSIST (a persistent grid, KILN_WGMMA_PERSIST_*:
- * wg_produce_jobs). fp8 KV and RoPE go through the producer's transforms (wg_produce_x); mask
- * data stays on the mma.sync family unless KILN_TUNE says wgmma=1 (measured slower). Launch: 384
- * threads, kiln_wgmma_smem_bytes (params.h), grid (ceil(L_Q / 128), H) or (work items, H),
- * with PERSIST (kiln__persistent_grid(jobs), 1); with LOAD_TMA the second argument is the
- * kiln_tma_maps of Q, K, V and O (runtime/tma.c).
+ * Cfg as mma_attention.cuh's, with WARPS = 8 (the consumer warps), MT = 1, PACK (a KV head's
+ * G query heads packed into the rows, wg_pg), LOAD (the producer's copies, KILN_WGMMA_LOAD_*),
+ * PERSIST (a persistent grid, KILN_WGMMA_PERSIST_*: wg_produce_jobs). fp8 KV and RoPE go through
+ * the producer's transforms (wg_produce_x); mask data is element masks with a tile map row per
+ * consumer warpgroup (wg_tiles). Launch: 384 threads, kiln_wgmma_smem_bytes (params.h), grid
+ * (ceil(L_Q / 128) x H) or (work items x H) jobs along x (with PACK ceil(L_Q G / 128) x H_KV, or
+ * items of 128 / G tokens x H_KV), with PERSIST (kiln__persistent_grid(jobs), 1); with LOAD_TMA
+ * the second argument is the kiln_tma_maps of Q, K, V and O (runtime/tma.c).
  *
  * Checked against the float64 CPU reference in tools/check/ (tests/test_gpu.c, kiln check).
  */
@@ -61,7 +62,8 @@ template <class Cfg> struct wg_layout {
      * barrier where the producer transforms them (wg_produce_x) */
     static constexpr int FULL_COUNT = Cfg::KVSPLIT || !XK ? PRODUCER : 2 * PRODUCER;
     static constexpr int BYTES = kiln_wgmma_smem_bytes(D, BM, BN, STAGES, ES, Cfg::ROPE);
-    static_assert(Cfg::WARPS == 8 && Cfg::MT == 1 && !Cfg::PACK, "two consumer warpgroups of 64 rows");
+    static_assert(Cfg::WARPS == 8 && Cfg::MT == 1, "two consumer warpgroups of 64 rows");
+    static_assert(!Cfg::PACK || (BM / 2) % Cfg::G == 0, "PACK: whole tokens in a warpgroup's 64 rows");
     static_assert(prefill_layout<Cfg>::BM == BM, "the work items' tile is the CTA's");
     static_assert(XK == (RAW > 0) && BAR_AT % 8 == 0, "raw stages exactly where K is transformed");
     static_assert(D % 64 == 0, "whole 64-column swizzle blocks");
@@ -123,11 +125,22 @@ __device__ __forceinline__ mma_work wg_job_get(u32 slot)
 }
 constexpr int WG_PRODUCER_BAR = 3; /* named barrier of the producer's threads (1, 2: the turns) */
 
+/* PACK (mask data's default where G divides 64, else KILN_TUNE pack=1; jit/config.c): a job's
+ * rows are the G query heads of a KV head, row R token R / G, head h + R % G (mma_attention.cuh's
+ * packing), so both consumer warpgroups read the same 128 / G tokens' key tiles. wg_pg rows a
+ * token; a job's first query head h is a multiple of it, and a work tile has num_qo_heads /
+ * wg_pg jobs (wg_job_heads). */
+template <class Cfg> __host__ __device__ constexpr int wg_pg() { return Cfg::PACK ? Cfg::G : 1; }
+template <class Cfg> __device__ __forceinline__ int wg_job_heads(const kiln_launch_params &p)
+{
+    return p.num_qo_heads / wg_pg<Cfg>();
+}
+
 /* The works of a CTA's jobs: planned items (a batch), or query tiles (a single request). */
 template <class Cfg> __device__ __forceinline__ int wg_nx(const kiln_launch_params &p)
 {
     if constexpr (Cfg::KV != KV_CONTIGUOUS) return num_items(p);
-    else return (p.qo_len + KILN_WGMMA_BM - 1) / KILN_WGMMA_BM;
+    else return (p.qo_len * wg_pg<Cfg>() + KILN_WGMMA_BM - 1) / KILN_WGMMA_BM;
 }
 
 /* The key tiles a CTA visits, in order: [t_first, t_end), less those the tile map hides from
@@ -170,7 +183,7 @@ __device__ __forceinline__ wg_tiles<Cfg> wg_job_tiles(const kiln_launch_params &
                     ? reinterpret_cast<const unsigned char *>(p.tile_map) + (i64)(2 * w.m_block) * p.kv_tiles
                     : nullptr;
     tiles.stride = p.kv_tiles;
-    tiles.two = w.m0 + KILN_WGMMA_BM / 2 < w.L_Q;
+    tiles.two = w.m0 + KILN_WGMMA_BM / 2 < w.rows_hi;
     tiles.t_end = w.t_end;
     return tiles;
 }
@@ -206,7 +219,7 @@ __device__ __forceinline__ bool wg_kv_by_tma(const kiln_launch_params &p, const 
 /* The same for the job's Q tile (wg_produce_tile's test with its BM rows). */
 template <class Cfg> __device__ __forceinline__ bool wg_q_by_tma(const mma_work &w)
 {
-    return Cfg::LOAD == KILN_WGMMA_LOAD_TMA && !wg_layout<Cfg>::XQ && w.m0 + KILN_WGMMA_BM <= w.L_Q;
+    return Cfg::LOAD == KILN_WGMMA_LOAD_TMA && !wg_layout<Cfg>::XQ && w.m0 + KILN_WGMMA_BM <= w.rows_hi;
 }
 
 /* ---- the producer ---- */
@@ -319,6 +332,30 @@ __device__ __forceinline__ void wg_produce_tile(u32 dst, u32 bar, const unsigned
     cp_async_arrive(bar);
 }
 
+/* Job (w, h)'s Q rows: g is head h's row of the request's first token, and (packed) row j lies
+ * at byte g + (*this)(j): token j, or with PACK token j / G of head h + j % G. map_row is the
+ * tile's first token in Q's map (a box of wg_pg heads: runtime/tma.c). */
+template <class Cfg> struct wg_q_rows {
+    const unsigned char *g;
+    i64 sn, sh;
+    int map_row;
+    __device__ __forceinline__ i64 operator()(int j) const
+    {
+        constexpr int PG = wg_pg<Cfg>();
+        return PG > 1 ? (i64)(j / PG) * sn + (i64)(j % PG) * sh : (i64)j * sn;
+    }
+};
+template <class Cfg>
+__device__ __forceinline__ wg_q_rows<Cfg> wg_q_of(const kiln_launch_params &p, const mma_work &w, int h)
+{
+    wg_q_rows<Cfg> q;
+    q.g = reinterpret_cast<const unsigned char *>(p.q) + ((i64)w.q_start * p.q_stride_n + (i64)h * p.q_stride_h) * 2;
+    q.sn = p.q_stride_n * 2;
+    q.sh = p.q_stride_h * 2;
+    q.map_row = w.q_start + w.m0 / wg_pg<Cfg>();
+    return q;
+}
+
 /* The copies of one job: its first K/V tile into the ring (whose count n runs on across jobs),
  * then Q once q_turn() returns (the consumers are done with the previous job's Q), then the
  * other tiles; filled() once the ring holds the job's first STAGES tiles (or all of them):
@@ -333,11 +370,9 @@ __device__ __forceinline__ void wg_produce(const kiln_launch_params &p, const ki
     constexpr bool TMA = Cfg::LOAD == KILN_WGMMA_LOAD_TMA;
     auto produce_q = [&] {
         q_turn();
-        const unsigned char *qg = reinterpret_cast<const unsigned char *>(p.q) +
-                                  ((i64)w.q_start * p.q_stride_n + (i64)h * p.q_stride_h) * 2;
-        const i64 qs = p.q_stride_n * 2;
-        wg_produce_tile<Cfg, L::BM>(sm.q, sm.q_full(), qg, [&](int j) { return (i64)j * qs; }, w.m0, w.L_Q,
-                                    TMA ? &maps->q : nullptr, h, w.q_start + w.m0, tid);
+        const wg_q_rows<Cfg> q = wg_q_of<Cfg>(p, w, h);
+        wg_produce_tile<Cfg, L::BM>(sm.q, sm.q_full(), q.g, q, w.m0, w.rows_hi, TMA ? &maps->q : nullptr, h,
+                                    q.map_row, tid);
     };
 
     const unsigned char *kg = reinterpret_cast<const unsigned char *>(p.k) + (i64)hk * p.k_stride_h * 2;
@@ -565,8 +600,8 @@ __device__ __forceinline__ void wg_xform_k(u32 raw, u32 kd, u32 freq, int j0, in
     else wg_widen<Cfg>(raw, kd, tid);
 }
 
-/* Q in place: RoPE at positions (m0 + r) + pos_off, and with fp8 K/V bf16 q to f16 times
- * f8_q_unit (the MMAs' type). */
+/* Q in place: RoPE at positions (m0 + r) / wg_pg + pos_off (row r's token), and with fp8 K/V
+ * bf16 q to f16 times f8_q_unit (the MMAs' type). */
 template <class Cfg> __device__ __forceinline__ void wg_xform_q(u32 q, u32 freq, int m0, int pos_off, int tid)
 {
     using L = wg_layout<Cfg>;
@@ -585,7 +620,7 @@ template <class Cfg> __device__ __forceinline__ void wg_xform_q(u32 q, u32 freq,
             float a[8], b[8];
             read8(r, c, a);
             read8(r, c + C / 2, b);
-            wg_rope8<D>(a, b, freq, c, (float)(m0 + r + pos_off));
+            wg_rope8<D>(a, b, freq, c, (float)((m0 + r) / wg_pg<Cfg>() + pos_off));
             wg_write8<L::MDT, BM>(q, r, c, a, MUL);
             wg_write8<L::MDT, BM>(q, r, c + C / 2, b, MUL);
         }
@@ -612,12 +647,9 @@ __device__ __forceinline__ void wg_produce_x(const kiln_launch_params &p, const 
         Cfg::ROPE && Cfg::KV != KV_CONTIGUOUS && p.rope_offsets ? reinterpret_cast<const int *>(p.rope_offsets)[w.b] : 0;
     auto produce_q = [&] {
         q_turn();
-        const unsigned char *qg = reinterpret_cast<const unsigned char *>(p.q) +
-                                  ((i64)w.q_start * p.q_stride_n + (i64)h * p.q_stride_h) * 2;
-        const i64 qs = p.q_stride_n * 2;
+        const wg_q_rows<Cfg> q = wg_q_of<Cfg>(p, w, h);
         if constexpr (L::XQ) {
-            wg_load_rows<KILN_WGMMA_LOAD_WARP, D, L::BM>(sm.q, qg, [&](int j) { return (i64)j * qs; }, w.m0, w.L_Q,
-                                                         tid);
+            wg_load_rows<KILN_WGMMA_LOAD_WARP, D, L::BM>(sm.q, q.g, q, w.m0, w.rows_hi, tid);
             cp_async_commit();
             cp_async_wait<0>(); /* this thread's copies (and its raw copies in flight) */
             named_sync(WG_PRODUCER_BAR, P);
@@ -625,8 +657,8 @@ __device__ __forceinline__ void wg_produce_x(const kiln_launch_params &p, const 
             fence_proxy_async();
             mbar_arrive(sm.q_full());
         } else {
-            wg_produce_tile<Cfg, L::BM>(sm.q, sm.q_full(), qg, [&](int j) { return (i64)j * qs; }, w.m0, w.L_Q,
-                                        TMA ? &maps->q : nullptr, h, w.q_start + w.m0, tid);
+            wg_produce_tile<Cfg, L::BM>(sm.q, sm.q_full(), q.g, q, w.m0, w.rows_hi, TMA ? &maps->q : nullptr, h,
+                                        q.map_row, tid);
         }
     };
 
@@ -749,17 +781,18 @@ template <class Cfg>
 __device__ __forceinline__ void wg_prefetch_q(const kiln_launch_params &p, const kiln_tma_maps *maps, int i)
 {
     if constexpr (Cfg::LOAD == KILN_WGMMA_LOAD_TMA) {
-        const int H = p.num_qo_heads;
+        constexpr int PG = wg_pg<Cfg>();
+        const int H = wg_job_heads<Cfg>(p);
         if (i >= wg_nx<Cfg>(p) * H) return;
         int row;
         if constexpr (Cfg::KV != KV_CONTIGUOUS) {
             const work_item it = load_item(p, i / H);
-            row = it.q_start + it.m * KILN_WGMMA_BM;
+            row = it.q_start + it.m * (KILN_WGMMA_BM / PG);
         } else {
-            row = (wg_nx<Cfg>(p) - 1 - i / H) * KILN_WGMMA_BM; /* mma_load_work's m_block */
+            row = (wg_nx<Cfg>(p) - 1 - i / H) * (KILN_WGMMA_BM / PG); /* mma_load_work's m_block */
         }
 #pragma unroll
-        for (int cb = 0; cb < Cfg::D / 64; cb++) tma_prefetch_3d(&maps->q, cb * 64, i % H, row);
+        for (int cb = 0; cb < Cfg::D / 64; cb++) tma_prefetch_3d(&maps->q, cb * 64, i % H * PG, row);
     }
 }
 
@@ -980,7 +1013,8 @@ __device__ __forceinline__ void wg_store_o_tma(const mma_state<Cfg> &st, const m
     if (tid % 128 == 0) {
 #pragma unroll
         for (int cb = 0; cb < D / 64; cb++)
-            tma_store_3d(&maps->o, o.base + (u32)(cb * o.stride), cb * 64, h, w.q_start + w.m0 + c * 64);
+            tma_store_3d(&maps->o, o.base + (u32)(cb * o.stride), cb * 64, h,
+                         w.q_start + (w.m0 + c * 64) / wg_pg<Cfg>());
         bulk_commit();
     }
 }
@@ -1259,10 +1293,11 @@ __device__ __forceinline__ wg_next wg_consume(const kiln_launch_params &p, const
  * K/V then streamed past L2, lost 13 %. This order is not yet measured. */
 template <class Cfg> __device__ __forceinline__ void wg_flat_job(const kiln_launch_params &p, int i, int &x, int &h)
 {
-    const int per_hk = (int)gridDim.x / p.num_qo_heads * Cfg::G; /* the grid's nx x G */
+    constexpr int PG = wg_pg<Cfg>(), GJ = Cfg::G / PG; /* a KV head's jobs a work tile */
+    const int per_hk = (int)gridDim.x / wg_job_heads<Cfg>(p) * GJ; /* the grid's nx x GJ */
     const int hk = i / per_hk, r = i % per_hk;
-    x = r / Cfg::G;
-    h = hk * Cfg::G + r % Cfg::G;
+    x = r / GJ;
+    h = hk * Cfg::G + r % GJ * PG;
 }
 
 /* The static persistent grid's job of round r (KILN_WGMMA_PERSIST_STATIC): rounds of gridDim.x
@@ -1293,7 +1328,7 @@ __device__ __forceinline__ void wg_produce_jobs(const kiln_launch_params &p, con
      * registers hold the current job's copies */
     int n = 0; /* K/V tiles through the ring so far */
     for (int i = blockIdx.x, it = 0;; it++) {
-        const int H = p.num_qo_heads;
+        const int H = wg_job_heads<Cfg>(p);
         const bool more = i < wg_nx<Cfg>(p) * H;
         if (!more) { /* the slot's end, once the consumers let the last job's Q go */
             if (it > 0) mbar_wait(sm.q_empty(), (it - 1) & 1);
@@ -1304,7 +1339,7 @@ __device__ __forceinline__ void wg_produce_jobs(const kiln_launch_params &p, con
             return;
         }
         const mma_work w = mma_load_work<Cfg>(p, i / H, wg_nx<Cfg>(p));
-        const int h = i % H;
+        const int h = i % H * wg_pg<Cfg>(); /* the job's first query head */
         const u32 next = sm.job() + 4 * (WG_JOB_NEXT + (it & 1));
         wg_produce_job<Cfg>(
             p, maps, w, wg_job_tiles<Cfg>(p, w), sm, h, h / Cfg::G, tid, n,
@@ -1322,7 +1357,7 @@ __device__ __forceinline__ void wg_produce_jobs(const kiln_launch_params &p, con
                     static_assert(Cfg::KV != KV_CONTIGUOUS, "the counter lives in a batch's schedule");
                     int *counter = reinterpret_cast<int *>(p.work) + KILN_WORK_HEADER_NEXT_AT;
                     const int v = atomicAdd(counter, 1);
-                    if (v == wg_nx<Cfg>(p) * p.num_qo_heads - 1) atomicExch(counter, 0);
+                    if (v == wg_nx<Cfg>(p) * wg_job_heads<Cfg>(p) - 1) atomicExch(counter, 0);
                     j = v + (int)gridDim.x;
                     st_shared(next, j);
                 }

@@ -207,7 +207,7 @@ KT_TEST(batch_grid_cases_valid)
             kiln__config cfg;
             if (!case_picks(&c, i, f, &cfg)) continue;
             KT_CHECK(c.s.batch >= 1 && c.s.batch <= 128 && c.s.num_qo_heads % c.v.group == 0);
-            packed += cfg.pack;
+            packed += cfg.pack && !op; /* mask-data prefills pack too, on the wgmma family */
             n++;
         }
     if (f) fclose(f);
@@ -221,6 +221,13 @@ KT_GPU_TEST(gpu_batch_prefill_grid) { run_grid(KILN_OP_PREFILL); }
 KT_GPU_TEST(gpu_mma_sync_batch_prefill_grid)
 {
     setenv("KILN_TUNE", "wgmma=0", 1);
+    run_grid(KILN_OP_PREFILL);
+    unsetenv("KILN_TUNE");
+}
+/* and on the wgmma family with packed rows (pack=1; the grid's groups 1, 4, 8 divide 64) */
+KT_GPU_TEST(gpu_wgmma_pack_batch_prefill_grid)
+{
+    setenv("KILN_TUNE", "pack=1", 1);
     run_grid(KILN_OP_PREFILL);
     unsetenv("KILN_TUNE");
 }

@@ -171,7 +171,8 @@ KT_TEST(core_decode_kernel_choice)
     setenv("KILN_TUNE", "pack=0", 1);
     KT_OK(kiln__config_pick(&v, 90, &cfg, &e), e.msg);
     KT_CHECK(cfg.pack == 0 && cfg.gb == 4);
-    setenv("KILN_TUNE", "pack=1,warps=2", 1);
+    /* the mma.sync family's packed prefill rows (the wgmma family's: core_wgmma_pack) */
+    setenv("KILN_TUNE", "pack=1,warps=2,wgmma=0", 1);
     parse("op=prefill dtype=bf16 head_dim=128 group=8 kv=ragged", &v);
     KT_OK(kiln__config_pick(&v, 90, &cfg, &e), e.msg);
     KT_CHECK(cfg.pack == 1 && cfg.block_m == 32);
@@ -191,7 +192,7 @@ KT_TEST(core_decode_kernel_choice)
     KT_CHECK(kiln__config_pick(&v, 90, &cfg, &e) == KILN_STATUS_UNSUPPORTED);
     KT_CONTAINS(e.msg, "group=32");
     KT_CONTAINS(e.msg, "within the 16 rows");
-    setenv("KILN_TUNE", "pack=1", 1);
+    setenv("KILN_TUNE", "pack=1,wgmma=0", 1);
     /* prefill tiles hold whole tokens */
     parse("op=prefill dtype=bf16 head_dim=128 group=3 kv=paged", &v);
     KT_CHECK(kiln__config_pick(&v, 90, &cfg, &e) == KILN_STATUS_UNSUPPORTED);
@@ -510,6 +511,78 @@ static void compiles_without_spills(const kiln_variant *v, const char *dir, cons
         if (in_source) KT_CONTAINS(kiln_kernel_source(k), in_source);
     }
     kiln_ctx_destroy(ctx);
+}
+
+/* KILN_TUNE pack=1 on a prefill keeps the wgmma family and packs its rows: a job's 128 rows are
+ * the G query heads of a KV head for 128 / G tokens (a single request too), so both consumer
+ * warpgroups read the same tokens' key tiles. Mask data packs by default where G (2 or more)
+ * divides 64, nothing else does; the config says pack= (key material), a group that does not
+ * divide a warpgroup's 64 rows is refused, and each packed kernel compiles for sm_90a with no
+ * more spill than its unpacked kernel (pack=0) and no wgmma serialized by ptxas (C75xx). */
+KT_TEST(core_wgmma_pack)
+{
+    static const char *specs[] = {
+        "op=prefill dtype=bf16 head_dim=128 group=4 mask_data=bsr",
+        "op=prefill dtype=f16 head_dim=64 group=8 kv=ragged mask=causal lse=1",
+        "op=prefill dtype=bf16 head_dim=128 group=2 kv=paged logits=softcap window=1 lse=1",
+        "op=prefill q_dtype=bf16 kv_dtype=e4m3 out_dtype=bf16 head_dim=128 group=4 kv=paged",
+        "op=prefill dtype=bf16 head_dim=128 group=4 rope=1 mask=causal kv=ragged",
+        "op=prefill dtype=bf16 head_dim=256 group=16 kv=ragged logits=alibi mask=causal",
+        "op=prefill dtype=bf16 head_dim=64 group=4 mask=causal mask_data=bitmask kv=paged",
+    };
+    /* a context a setting: a context keeps the kernels it made by variant */
+    kiln_ctx *ctxs[2] = {KT_CTX(kt_path("wgpack0"), 0), KT_CTX(kt_path("wgpack1"), 0)};
+    KT_REQUIRE(ctxs[0] && ctxs[1]);
+    kiln_variant v;
+    kiln__config cfg;
+    kiln__err e;
+    for (size_t i = 0; i < sizeof specs / sizeof specs[0]; i++) {
+        parse(specs[i], &v);
+        KT_OK(kiln__config_pick(&v, 90, &cfg, &e), e.msg);
+        KT_EQ_INT(cfg.pack, v.mask_data != KILN_MASK_DATA_NONE);
+        int spill[2] = {0, 0};
+        for (int pack = 0; pack <= 1; pack++) {
+            setenv("KILN_TUNE", pack ? "pack=1" : "pack=0", 1);
+            KT_OK(kiln__config_pick(&v, 90, &cfg, &e), e.msg);
+            KT_CHECK(cfg.wgmma == 1 && cfg.pack == pack);
+            char conf[256];
+            kiln__config_format(&cfg, conf, sizeof conf);
+            KT_CONTAINS(conf, pack ? "pack=1" : "pack=0");
+            kiln_kernel *k = NULL;
+            KT_OK(kiln_kernel_compile(ctxs[pack], &v, "sm_90a", &k), kiln_ctx_errmsg(ctxs[pack]));
+            unsetenv("KILN_TUNE");
+            if (!k) continue;
+            KT_CONTAINS(kiln_kernel_source(k), pack ? "PACK = 1," : "PACK = 0,");
+            kiln_kernel_info info;
+            KT_OK(kiln_kernel_describe(k, &info), kiln_errmsg());
+            spill[pack] = info.spill_bytes;
+            if (strstr(kiln_kernel_log(k), "C75"))
+                kt_fail(__FILE__, __LINE__, "%s pack=%d: ptxas serialized wgmma: %s", specs[i],
+                        pack, kiln_kernel_log(k));
+        }
+        if (spill[1] > spill[0])
+            kt_fail(__FILE__, __LINE__, "%s: packed spills %d bytes, unpacked %d", specs[i],
+                    spill[1], spill[0]);
+    }
+    kiln_ctx_destroy(ctxs[0]);
+    kiln_ctx_destroy(ctxs[1]);
+    /* groups that leave a warpgroup's 64 rows with part of a token: refused, and mask data
+     * stays unpacked there; group 1 has nothing to pack; wgmma=0 keeps mma.sync's rows */
+    parse("op=prefill dtype=bf16 head_dim=128 group=3 kv=ragged mask_data=bsr", &v);
+    KT_OK(kiln__config_pick(&v, 90, &cfg, &e), e.msg);
+    KT_CHECK(cfg.wgmma && !cfg.pack);
+    parse("op=prefill dtype=bf16 head_dim=128 group=1 mask_data=bitmask", &v);
+    KT_OK(kiln__config_pick(&v, 90, &cfg, &e), e.msg);
+    KT_CHECK(cfg.wgmma && !cfg.pack);
+    parse("op=prefill dtype=bf16 head_dim=128 group=4 kv=paged mask_data=bsr", &v);
+    setenv("KILN_TUNE", "wgmma=0", 1);
+    KT_OK(kiln__config_pick(&v, 90, &cfg, &e), e.msg);
+    KT_CHECK(!cfg.wgmma && !cfg.pack);
+    parse("op=prefill dtype=bf16 head_dim=128 group=3 kv=ragged", &v);
+    setenv("KILN_TUNE", "pack=1", 1);
+    KT_CHECK(kiln__config_pick(&v, 90, &cfg, &e) == KILN_STATUS_UNSUPPORTED);
+    KT_CONTAINS(e.msg, "pack=1 on the wgmma family needs a group dividing 64");
+    unsetenv("KILN_TUNE");
 }
 
 /* KILN_TUNE pack=1 puts a batch decode of any group on tensor cores, the groups that do not

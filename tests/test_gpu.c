@@ -138,7 +138,8 @@ KT_GPU_TEST(gpu_decode_grid)
 }
 
 /* The prefill grid on the context's default kernel family (on sm_90 the wgmma family, for
- * every variant it serves; the check says so), or with KILN_TUNE=wgmma=0 the mma.sync family. */
+ * every variant it serves; the check says so), or with KILN_TUNE=wgmma=0 the mma.sync family
+ * (pack=1: the wgmma family with a KV head's query heads packed into its rows). */
 static void prefill_grid(const char *tune)
 {
     static grid g;
@@ -175,9 +176,9 @@ static void prefill_grid(const char *tune)
             run_case(ctx, v, H, 200 + i, 577, 0, &t);
         }
     }
-    /* on sm_90 the variants the wgmma family serves (head dims 64, 128, 256 without mask data) run on it, unless KILN_TUNE
-     * turned it off; never silently fewer */
-    KT_EQ_INT(wgmma, tune ? 0 : served);
+    /* on sm_90 the variants the wgmma family serves (head dims 64, 128, 256) run on it, unless
+     * KILN_TUNE turned it off; never silently fewer */
+    KT_EQ_INT(wgmma, tune && strstr(tune, "wgmma=0") ? 0 : served);
     KT_CHECK(dev.sm != 90 || served > 0);
     printf("    prefill (%s): %d variants, %d cases, %d bad, worst rel_l2 %.3g\n",
            wgmma ? "wgmma family" : "mma.sync family", g.n, t.cases, t.bad, t.worst_rel);
@@ -191,6 +192,10 @@ KT_GPU_TEST(gpu_prefill_grid) { prefill_grid(NULL); }
 /* On sm_90 the grid once more on the mma.sync family, which the wgmma family replaced there
  * (it stays the family of sm_80 - sm_89 and of what the wgmma family does not serve). */
 KT_GPU_TEST(gpu_mma_sync_prefill_grid) { prefill_grid("wgmma=0"); }
+
+/* The grid on the wgmma family with packed rows (KILN_TUNE pack=1: a job's rows are the G query
+ * heads of each of 128 / G tokens; the grid's groups 1, 4 and 8 divide 64). */
+KT_GPU_TEST(gpu_wgmma_pack_prefill_grid) { prefill_grid("pack=1"); }
 
 /* The same launch twice gives bitwise equal output, and a wrong call is refused cleanly. */
 KT_GPU_TEST(gpu_launch_errors)

@@ -147,8 +147,9 @@ KT_TEST(maskdata_compiles)
 }
 
 /* Every mask-data case against the float64 reference; tune, where not NULL, is KILN_TUNE for
- * the prefills (wgmma=0: the mma.sync family, which sm_80-89 run and sm_90 takes on request). */
-static void maskdata_all(const char *tune)
+ * the prefills (wgmma=0: the mma.sync family, which sm_80-89 run and sm_90 takes on request;
+ * pack=1: the wgmma family's packed rows, prefills only). */
+static void maskdata_all(const char *tune, int prefill_only)
 {
     if (tune) setenv("KILN_TUNE", tune, 1);
     kiln_ctx *ctx = KT_CTX(NULL, 1);
@@ -165,7 +166,7 @@ static void maskdata_all(const char *tune)
         for (int md = 1; md <= 2; md++)
             for (size_t sh = 0; sh < sizeof shapes / sizeof shapes[0]; sh++)
                 for (int map = 0; map <= 1; map++) {
-                    if (strstr(specs[si], "decode") && map) continue;
+                    if (strstr(specs[si], "decode") && (map || prefill_only)) continue;
                     const int r = md == 2 ? (sh % 2 ? 64 : 16) : 0,
                               c = md == 2 ? (sh % 2 ? 64 : 48) : 0;
                     run_one(ctx, specs[si], (kiln_mask_data)md, shapes[sh][0], shapes[sh][1], map,
@@ -177,8 +178,9 @@ static void maskdata_all(const char *tune)
     if (tune) unsetenv("KILN_TUNE");
 }
 
-KT_GPU_TEST(gpu_maskdata) { maskdata_all(NULL); }
-KT_GPU_TEST(gpu_mma_sync_maskdata) { maskdata_all("wgmma=0"); }
+KT_GPU_TEST(gpu_maskdata) { maskdata_all(NULL, 0); }
+KT_GPU_TEST(gpu_mma_sync_maskdata) { maskdata_all("wgmma=0", 0); }
+KT_GPU_TEST(gpu_wgmma_pack_maskdata) { maskdata_all("pack=1", 1); }
 
 /* Mask data is part of the key: a plain, a bitmask and a BSR variant never share a cache row. */
 KT_TEST(maskdata_key_distinct)
