@@ -181,6 +181,10 @@ gpu-seed: all
 	# the gpu_mma_sync_* tests run the prefill grids once more on the mma.sync family
 	grep op=prefill tests/gpu.manifest | KILN_TUNE=wgmma=0 KILN_CACHE_DIR=$(BUILD)/seed \
 	    $(KILN) warm --arch sm_90a --jobs $$(nproc) -
+	# the gpu_wgmma_pack_* tests run them on the wgmma family with packed rows (pack=1; their
+	# groups divide 64, and few-token batches pack on mma.sync as they do by default)
+	grep op=prefill tests/gpu.manifest | grep -E ' group=(1|2|4|8|16|32|64) ' | KILN_TUNE=pack=1 \
+	    KILN_CACHE_DIR=$(BUILD)/seed $(KILN) warm --arch sm_90a --jobs $$(nproc) -
 	# gpu_batch_fused_merge runs its batch decode kernels fused too (merge=1; the patterns
 	# match a few more decode kernels)
 	grep -e 'group=4 layout=nhd mask=none window=0 logits=none lse=1 kv=paged arch' \
