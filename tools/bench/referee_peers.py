@@ -83,6 +83,25 @@ def paged_from_ragged(B, S, copies_k, copies_v, seed=3):
 
 # ---- the libraries -----------------------------------------------------------------------------
 
+def kiln_bsr_args(q, k, v, o, indptr, indices, S, R, tile_map=None, tile_map_bytes=0):
+    """kiln.AttnArgs of a single request of S tokens (q [S, H, D], k / v [S, H_KV, D], o like q)
+    under a block-sparse mask of R x R blocks (int32 device tensors indptr, indices), with its
+    tile map where one is given."""
+    import math
+    import kiln
+    D = q.shape[-1]
+    x = kiln.AttnArgs()
+    x.q, x.k, x.v, x.o = q.data_ptr(), k.data_ptr(), v.data_ptr(), o.data_ptr()
+    x.num_qo_heads, x.qo_len, x.kv_len = H, S, S
+    x.q_stride_n, x.q_stride_h, x.o_stride_n, x.o_stride_h = H * D, D, H * D, D
+    x.k_stride_n, x.k_stride_h, x.v_stride_n, x.v_stride_h = H_KV * D, D, H_KV * D, D
+    x.bsr_indptr, x.bsr_indices, x.bsr_r, x.bsr_c = indptr.data_ptr(), indices.data_ptr(), R, R
+    x.params.sm_scale = 1.0 / math.sqrt(D)
+    if tile_map is not None:
+        x.tile_map, x.tile_map_bytes = tile_map.data_ptr(), tile_map_bytes
+    return x
+
+
 def kiln_ws():
     """A float workspace for one kiln wrapper or plan. Never shared: a kiln plan keeps its
     schedule in its workspace, so a second wrapper planned on the same buffer overwrites the

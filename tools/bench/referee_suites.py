@@ -12,7 +12,7 @@ import torch
 
 from referee_common import (BF16, CASCADE_PREFIX, CASCADE_PRIVATE, DEC_B, DEC_L, FP8, G, H, H_KV, PAGE,
     PRE_BS, RES, SOFTCAP, WINDOW, copies_for, fresh_memory, measure, short)
-from referee_peers import (FI, PagedKV, dev_i32, fi_decode, fi_paged, fi_ragged, flex_fn, kiln_ws,
+from referee_peers import (FI, PagedKV, dev_i32, fi_decode, fi_paged, fi_ragged, flex_fn, kiln_bsr_args, kiln_ws,
     paged_from_ragged, rnd, torch_peers)
 
 
@@ -223,20 +223,13 @@ def suite_bsr(a, suite):
     def kiln_bsr(tile_map):
         def run(c):
             o = torch.empty(S, H, D, device="cuda", dtype=BF16)
-            x = kiln.AttnArgs()
-            x.q, x.k, x.v, x.o = qs[c].data_ptr(), ks[c].data_ptr(), vs[c].data_ptr(), o.data_ptr()
-            x.num_qo_heads, x.qo_len, x.kv_len = H, S, S
-            x.q_stride_n, x.q_stride_h, x.o_stride_n, x.o_stride_h = H * D, D, H * D, D
-            x.k_stride_n, x.k_stride_h, x.v_stride_n, x.v_stride_h = H_KV * D, D, H_KV * D, D
-            x.bsr_indptr, x.bsr_indices, x.bsr_r, x.bsr_c = ip_d.data_ptr(), ix_d.data_ptr(), R, R
-            x.params.sm_scale = 1.0 / math.sqrt(D)
-            if tile_map:
-                if "buf" not in maps:  # planned once, outside any capture: the mask is fixed
-                    n = kern.prefill_mask_plan_size(S, S)
-                    maps["buf"] = torch.empty(max(n, 1), dtype=torch.uint8, device="cuda")
-                    x.tile_map, x.tile_map_bytes = maps["buf"].data_ptr(), n
-                    kern.prefill_mask_plan(x, stream())
-                x.tile_map, x.tile_map_bytes = maps["buf"].data_ptr(), maps["buf"].numel()
+            if tile_map and "buf" not in maps:  # planned once, outside any capture: the mask is fixed
+                n = kern.prefill_mask_plan_size(S, S)
+                maps["buf"] = torch.empty(max(n, 1), dtype=torch.uint8, device="cuda")
+                kern.prefill_mask_plan(kiln_bsr_args(qs[c], ks[c], vs[c], o, ip_d, ix_d, S, R, maps["buf"], n),
+                                       stream())
+            buf = maps["buf"] if tile_map else None
+            x = kiln_bsr_args(qs[c], ks[c], vs[c], o, ip_d, ix_d, S, R, buf, buf.numel() if tile_map else 0)
             kern.single_prefill(x, stream())
             return o
         return run
