@@ -185,6 +185,10 @@ gpu-seed: all
 	# groups divide 64, and few-token batches pack on mma.sync as they do by default)
 	grep op=prefill tests/gpu.manifest | grep -E ' group=(1|2|4|8|16|32|64) ' | KILN_TUNE=pack=1 \
 	    KILN_CACHE_DIR=$(BUILD)/seed $(KILN) warm --arch sm_90a --jobs $$(nproc) -
+	# gpu_wgmma_persist_maskdata: the single-request mask-data prefills on the dynamic persistent
+	# grid (persist=2, opt-in: its job counter after the tile map)
+	grep -E '^op=prefill .*mask_data=' tests/gpu.manifest | grep -v -e kv=ragged -e kv=paged | \
+	    KILN_TUNE=persist=2 KILN_CACHE_DIR=$(BUILD)/seed $(KILN) warm --arch sm_90a --jobs $$(nproc) -
 	# gpu_batch_fused_merge runs its batch decode kernels fused too (merge=1; the patterns
 	# match a few more decode kernels)
 	grep -e 'group=4 layout=nhd mask=none window=0 logits=none lse=1 kv=paged arch' \

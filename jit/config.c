@@ -508,10 +508,15 @@ static kiln_status pick_wgmma(const kiln_variant *v, int smem_limit, kiln__confi
                           "minb=%d bn=%d stages=%d load=%d persist=%d)",
                           c->warps, c->mt, c->min_blocks, c->block_n, c->stages, c->load,
                           c->persist);
-    if (c->persist == KILN_WGMMA_PERSIST_DYNAMIC && v->kv == KILN_KV_CONTIGUOUS)
+    /* a single request's claims count in its tile map's buffer (kiln_tile_map_counter_at):
+     * opt-in, not yet timed on a GPU */
+    if (c->persist == KILN_WGMMA_PERSIST_DYNAMIC && v->kv == KILN_KV_CONTIGUOUS &&
+        !kiln__variant_has_element_mask(v))
         return kiln__fail(e, KILN_STATUS_UNSUPPORTED,
-                          "config: persist=2 claims jobs from a batch schedule's counter; a "
-                          "single-request prefill (kv=contiguous) has none: persist=1 there");
+                          "config: persist=2 claims jobs from a counter: a batch schedule's, or "
+                          "a single request's tile map (element masks only); a single-request "
+                          "prefill (kv=contiguous) without a mask snippet or mask data has none: "
+                          "persist=1 there");
     if (c->xjob > 1 || (c->xjob && c->persist == KILN_WGMMA_PERSIST_NONE))
         return kiln__fail(e, KILN_STATUS_UNSUPPORTED,
                           "config: xjob=%d (KILN_TUNE): xjob is 0 or 1, and 1 (a job's last P V "

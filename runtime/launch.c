@@ -34,6 +34,23 @@ static unsigned map_rows(const kiln_kernel *k, int L_Q)
     return (unsigned)((L_Q * rows_a_token(k) + bm - 1) / bm);
 }
 
+/* Whether a single-request kernel claims its jobs from a counter after its tile map (the wgmma
+ * family's dynamic persistent grid, KILN_TUNE persist=2 with element masks). */
+static int map_counts_jobs(const kiln_kernel *k)
+{
+    return k->cfg.wgmma && k->cfg.persist == KILN_WGMMA_PERSIST_DYNAMIC &&
+           k->v.kv == KILN_KV_CONTIGUOUS;
+}
+
+/* Bytes of a tile map of map rows x kv_tiles: the map, and where the kernel counts its jobs
+ * there, the counter after it (kiln_tile_map_counter_at). */
+static size_t map_bytes(const kiln_kernel *k, unsigned rows, int kv_tiles)
+{
+    const long long map = (long long)rows * kv_tiles;
+    return (size_t)(map_counts_jobs(k) ? kiln_tile_map_counter_at(map) + KILN_TILE_MAP_TAIL_BYTES
+                                       : map);
+}
+
 /* The call fits the kernel: the right op, a single-request kernel for a single request, and
  * loaded on the device. */
 static kiln_status check_kernel(const kiln_kernel *k, kiln_op op, int batch, const char *what,
@@ -204,7 +221,12 @@ static kiln_status fill_mask(const kiln_kernel *k, const kiln_attn_args *a, kiln
     if (op == KILN_OP_PREFILL) {
         p->kv_tiles = (a->kv_len + k->cfg.block_n - 1) / k->cfg.block_n;
         if (kiln__variant_has_element_mask(v) && a->tile_map) {
-            const size_t need = (size_t)map_rows(k, p->qo_len) * (size_t)p->kv_tiles;
+            const size_t need = map_bytes(k, map_rows(k, p->qo_len), p->kv_tiles);
+            if (map_counts_jobs(k) && a->tile_map % 4)
+                return kiln__fail(e, KILN_STATUS_INVALID_ARGUMENT,
+                                  "%s %s: tile_map must be 4-byte aligned (persist=2 counts its "
+                                  "jobs in an int after the map)",
+                                  what, k->spec);
             if (a->tile_map_bytes < need)
                 return kiln__fail(e, KILN_STATUS_WORKSPACE,
                                   "%s %s: tile_map holds %zu bytes, the shape needs %zu "
@@ -492,6 +514,14 @@ kiln_status kiln_single_prefill(kiln_kernel *k, const kiln_attn_args *a, void *s
     kiln_status st = prepare(k, a, KILN_OP_PREFILL, &p, &e);
     if (st) return st;
     if (a->qo_len == 0) return KILN_STATUS_OK; /* an empty request: nothing to write */
+    if (map_counts_jobs(k) && !p.tile_map)
+        return fail(k,
+                    kiln__fail(&e, KILN_STATUS_INVALID_ARGUMENT,
+                               "single prefill %s: persist=2 (KILN_TUNE) claims its jobs from a "
+                               "counter after the tile map: plan one (kiln_prefill_tile_map) and "
+                               "pass it",
+                               k->spec),
+                    &e);
     const unsigned mblocks = q_tiles(k, a->qo_len);
     kiln_tma_maps maps;
     void *args[] = {&p, &maps};
@@ -529,7 +559,7 @@ kiln_status kiln_prefill_tile_map_size(const kiln_kernel *k, int qo_len, int kv_
             k->spec, qo_len, kv_len);
         return kiln__ctx_error(k->ctx, KILN_STATUS_INVALID_ARGUMENT, &e);
     }
-    *bytes = (size_t)map_rows(k, qo_len) * (size_t)((kv_len + k->cfg.block_n - 1) / k->cfg.block_n);
+    *bytes = map_bytes(k, map_rows(k, qo_len), (kv_len + k->cfg.block_n - 1) / k->cfg.block_n);
     return KILN_STATUS_OK;
 }
 

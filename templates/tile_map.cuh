@@ -7,9 +7,10 @@
  * head.
  *
  * Shapes: tile_map u8 [ceil(L_Q PG / BM)][kv_tiles], BM = kiln_tile_map_bm (the CTA's rows, or
- * a wgmma consumer warpgroup's 64), PG rows a token (G with PACK, else 1). Launch: grid (map
- * rows, key tiles), any thread count (KILN__TILE_MAP_THREADS). Checked by the prefill tests
- * with and without a map.
+ * a wgmma consumer warpgroup's 64), PG rows a token (G with PACK, else 1); with the wgmma
+ * family's dynamic persistent grid on a single request, its job counter after the map
+ * (kiln_tile_map_counter_at), written 0 here. Launch: grid (map rows, key tiles), any thread
+ * count (KILN__TILE_MAP_THREADS). Checked by the prefill tests with and without a map.
  */
 #ifndef KILN_TILE_MAP_CUH
 #define KILN_TILE_MAP_CUH
@@ -49,6 +50,13 @@ template <class Cfg> __device__ void tile_map_kernel(const kiln_launch_params &p
     if (threadIdx.x == 0)
         reinterpret_cast<unsigned char *>(p.tile_map)[(i64)mb * p.kv_tiles + t] =
             !any ? TILE_HIDDEN : all ? TILE_FULL : TILE_MIXED;
+    /* a single request's dynamic persistent grid claims its jobs from the int after the map */
+    if constexpr (Cfg::WGMMA && Cfg::KV == KV_CONTIGUOUS) {
+        if constexpr (Cfg::PERSIST == KILN_WGMMA_PERSIST_DYNAMIC)
+            if (mb == 0 && t == 0 && threadIdx.x == 0)
+                *reinterpret_cast<int *>(reinterpret_cast<unsigned char *>(p.tile_map) +
+                                         kiln_tile_map_counter_at((i64)gridDim.x * p.kv_tiles)) = 0;
+    }
 }
 
 } /* namespace kiln */

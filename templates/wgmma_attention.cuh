@@ -1312,6 +1312,22 @@ __device__ __forceinline__ int wg_static_job(int r)
     return r * G + (r & 1 ? G - 1 - b : b);
 }
 
+/* The dynamic persistent grid's claim counter: a batch's in its schedule (next_job), a single
+ * request's after its tile map (kiln_tile_map_counter_at: jit/config.c takes the dynamic grid
+ * for kv=contiguous only with element masks, and the launch refuses a run without the map). */
+template <class Cfg> __device__ __forceinline__ int *wg_job_counter(const kiln_launch_params &p)
+{
+    if constexpr (Cfg::KV != KV_CONTIGUOUS) {
+        return reinterpret_cast<int *>(p.work) + KILN_WORK_HEADER_NEXT_AT;
+    } else {
+        static_assert(mma_shape<Cfg>::ELEM, "a single request's counter lives after its tile map");
+        constexpr int MAP_BM = KILN_WGMMA_BM / 2; /* kiln_tile_map_bm: a warpgroup's rows */
+        const i64 rows = ((i64)p.qo_len * wg_pg<Cfg>() + MAP_BM - 1) / MAP_BM;
+        return reinterpret_cast<int *>(reinterpret_cast<unsigned char *>(p.tile_map) +
+                                       kiln_tile_map_counter_at(rows * p.kv_tiles));
+    }
+}
+
 /* The persistent producer: for each job, its work (read while the ring still holds the last
  * job's tiles), its first K/V tile, the job slot once the consumers let the last Q go, then Q
  * and the other tiles; at the end a slot with h = -1. Once the job's tiles fill the ring,
@@ -1354,8 +1370,7 @@ __device__ __forceinline__ void wg_produce_jobs(const kiln_launch_params &p, con
                 if (tid != 0) return;
                 int j = wg_static_job(it + 1);
                 if constexpr (Cfg::PERSIST == KILN_WGMMA_PERSIST_DYNAMIC) {
-                    static_assert(Cfg::KV != KV_CONTIGUOUS, "the counter lives in a batch's schedule");
-                    int *counter = reinterpret_cast<int *>(p.work) + KILN_WORK_HEADER_NEXT_AT;
+                    int *counter = wg_job_counter<Cfg>(p);
                     const int v = atomicAdd(counter, 1);
                     if (v == wg_nx<Cfg>(p) * wg_job_heads<Cfg>(p) - 1) atomicExch(counter, 0);
                     j = v + (int)gridDim.x;

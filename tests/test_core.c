@@ -585,6 +585,63 @@ KT_TEST(core_wgmma_pack)
     unsetenv("KILN_TUNE");
 }
 
+/* KILN_TUNE persist=2 on a single request with element masks: the dynamic persistent grid
+ * claims its jobs from an int after the tile map (kiln_tile_map_counter_at), so the map's size
+ * grows by KILN_TILE_MAP_TAIL_BYTES there and nowhere else; the kernel compiles for sm_90a within
+ * the persistent grids' spill allowance and with no wgmma serialized. Opt-in:
+ * not yet run on a GPU (gpu_wgmma_persist_maskdata is its test). */
+KT_TEST(core_wgmma_single_dynamic)
+{
+    static const char *specs[] = {
+        "op=prefill dtype=bf16 head_dim=128 group=4 mask_data=bsr",
+        "op=prefill dtype=f16 head_dim=64 group=1 mask=causal mask_data=bitmask lse=1",
+    };
+    kiln_ctx *ctxs[2] = {KT_CTX(kt_path("wgdyn1"), 0), KT_CTX(kt_path("wgdyn2"), 0)};
+    KT_REQUIRE(ctxs[0] && ctxs[1]);
+    kiln_variant v;
+    kiln__config cfg;
+    kiln__err e;
+    for (size_t i = 0; i < sizeof specs / sizeof specs[0]; i++) {
+        parse(specs[i], &v);
+        int spill[2] = {0, 0};
+        for (int dyn = 0; dyn <= 1; dyn++) {
+            setenv("KILN_TUNE", dyn ? "persist=2" : "persist=1", 1);
+            KT_OK(kiln__config_pick(&v, 90, &cfg, &e), e.msg);
+            KT_EQ_INT(cfg.persist, dyn ? KILN_WGMMA_PERSIST_DYNAMIC : KILN_WGMMA_PERSIST_STATIC);
+            kiln_kernel *k = NULL;
+            KT_OK(kiln_kernel_compile(ctxs[dyn], &v, "sm_90a", &k), kiln_ctx_errmsg(ctxs[dyn]));
+            unsetenv("KILN_TUNE");
+            if (!k) continue;
+            kiln_kernel_info info;
+            KT_OK(kiln_kernel_describe(k, &info), kiln_errmsg());
+            spill[dyn] = info.spill_bytes;
+            if (strstr(kiln_kernel_log(k), "C75"))
+                kt_fail(__FILE__, __LINE__, "%s persist=%d: ptxas serialized wgmma", specs[i],
+                        dyn ? 2 : 1);
+            /* 1000 query tokens over 3000 keys: map rows of 64 packed rows, 64-key tiles */
+            const long long rows = (1000LL * (cfg.pack ? v.group : 1) + 63) / 64, tiles = 47;
+            size_t bytes = 0;
+            KT_OK(kiln_prefill_tile_map_size(k, 1000, 3000, &bytes), kiln_errmsg());
+            KT_EQ_INT((long long)bytes,
+                      dyn ? kiln_tile_map_counter_at(rows * tiles) + KILN_TILE_MAP_TAIL_BYTES
+                          : rows * tiles);
+        }
+        /* the persistent grids' producer runs at 40 registers: plan_batch_kernels_compile
+         * allows their kernels 160 bytes (the batch kernels' persist=2 included) */
+        if (spill[1] > 160 || spill[0] > 160)
+            kt_fail(__FILE__, __LINE__, "%s: persist=2 spills %d bytes, persist=1 %d", specs[i],
+                    spill[1], spill[0]);
+    }
+    kiln_ctx_destroy(ctxs[0]);
+    kiln_ctx_destroy(ctxs[1]);
+    /* without an element mask a single request has no map to count in */
+    parse("op=prefill dtype=bf16 head_dim=128 group=4 mask=causal", &v);
+    setenv("KILN_TUNE", "persist=2", 1);
+    KT_CHECK(kiln__config_pick(&v, 90, &cfg, &e) == KILN_STATUS_UNSUPPORTED);
+    KT_CONTAINS(e.msg, "kv=contiguous");
+    unsetenv("KILN_TUNE");
+}
+
 /* KILN_TUNE pack=1 puts a batch decode of any group on tensor cores, the groups that do not
  * divide the MMA's 16 rows included (a decode item is one token; rows G .. 15 are padding),
  * and groups above 16 on a warp of 16 rows per 16 heads (2 to 4 warps sharing each K/V tile):
@@ -1121,7 +1178,8 @@ KT_TEST(core_wgmma_family_choice)
     KT_CHECK(kiln__config_pick(&v, 80, &cfg, &e) == KILN_STATUS_UNSUPPORTED);
     KT_CONTAINS(e.msg, "persist=");
     /* the dynamic grid claims jobs from a batch schedule's counter: refused for a single
-     * request, its own key for a batch; persist=3 is no grid */
+     * request without element masks (with them, its tile map holds the counter:
+     * core_wgmma_single_dynamic), its own key for a batch; persist=3 is no grid */
     setenv("KILN_TUNE", "persist=2", 1);
     KT_CHECK(kiln__config_pick(&v, 90, &cfg, &e) == KILN_STATUS_UNSUPPORTED);
     KT_CONTAINS(e.msg, "kv=contiguous");

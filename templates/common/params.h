@@ -377,8 +377,10 @@ enum {
     KILN_WGMMA_PERSIST_NONE = 0,    /* a CTA per (tile, head) job */
     KILN_WGMMA_PERSIST_STATIC = 1,  /* a CTA per SM, jobs in rounds of gridDim.x, snake order */
     KILN_WGMMA_PERSIST_DYNAMIC = 2, /* a CTA per SM, the first wave as STATIC, each later job
-                                       claimed from the schedule's next_job (batches only;
-                                       jit/config.c says which variants take which) */
+                                       claimed from a counter: the schedule's next_job (batches),
+                                       or for a single request with element masks the int after
+                                       its tile map (kiln_tile_map_counter_at); jit/config.c
+                                       says which variants take which */
     /* the persistent grid's job slot after the barriers (wgmma_attention.cuh, wg_job_put) */
     KILN_WGMMA_JOB_BYTES = 96,
 };
@@ -386,6 +388,12 @@ enum {
  * block_m, or with the wgmma family a consumer warpgroup's 64, so that each warpgroup skips the
  * key tiles hidden for its own rows (wgmma_attention.cuh, wg_tiles). */
 KILN_CONTRACT_FN int kiln_tile_map_bm(int block_m, int wgmma) { return wgmma ? block_m / 2 : block_m; }
+/* A single request's dynamic persistent grid (KILN_WGMMA_PERSIST_DYNAMIC, kv=contiguous) claims
+ * its jobs from an int counter in the tile map's buffer: at this byte offset after the map's
+ * map_bytes (the next multiple of 16), KILN_TILE_MAP_TAIL_BYTES more in the buffer. The tile map
+ * kernel writes it 0, and a run's last claim puts it back to 0. */
+KILN_CONTRACT_FN long long kiln_tile_map_counter_at(long long map_bytes) { return (map_bytes + 15) / 16 * 16; }
+#define KILN_TILE_MAP_TAIL_BYTES 16
 /* kv=paged with LOAD_TMA: the rows of one TMA box of a K/V tile of bn keys from pages of
  * page_size rows (a page, or a tile-sized part of a larger one), or 0 where pages cannot be
  * copied by boxes (a box must start on a 1024-byte swizzle boundary: 8 rows; pages and tiles
