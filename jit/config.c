@@ -221,10 +221,12 @@ static int prefill_packs(const kiln_variant *v)
  * 128 / G tokens. H100, ab.py (the referee's graph timing), 1 x 4096, 64 x 64 blocks, G 4:
  * 26 % of the blocks 251 -> 212 us, causal 186 -> 142, 1 x 16384 at 10 % 1963 -> 1685
  * (docs/perf/notes.md, session 54). Not for dense masks: 16 x 1024 causal 302 -> 340 us. */
+static int wgmma_pack_fits(const kiln_variant *v) { return (KILN_WGMMA_BM / 2) % v->group == 0; }
+
 static int wgmma_packs(const kiln_variant *v)
 {
     return v->op == KILN_OP_PREFILL && v->mask_data != KILN_MASK_DATA_NONE && v->group >= 2 &&
-           (KILN_WGMMA_BM / 2) % v->group == 0;
+           wgmma_pack_fits(v);
 }
 
 /* Plain attention: no logits transform, window, element mask, RoPE or fp8 conversion, so the
@@ -492,7 +494,7 @@ static kiln_status pick_wgmma(const kiln_variant *v, int smem_limit, kiln__confi
     if (c->xjob < 0) c->xjob = 0; /* 1 passes its GPU tests but measured no faster (docs/perf.md) */
     if (c->kvsplit < 0) c->kvsplit = wgmma_kvsplit_default(v);
     if (c->q_in_regs < 0) c->q_in_regs = wgmma_qregs_default(v, c);
-    if (c->pack && KILN_WGMMA_BM / 2 % v->group)
+    if (c->pack && !wgmma_pack_fits(v))
         return kiln__fail(e, KILN_STATUS_UNSUPPORTED,
                           "config: pack=1 on the wgmma family needs a group dividing %d (a "
                           "consumer warpgroup's rows hold whole query tokens; group=%d)",

@@ -17,21 +17,19 @@ static kiln_status fail(kiln_kernel *k, kiln_status st, kiln__err *e)
     return kiln__ctx_error(k ? k->ctx : NULL, st, e);
 }
 
-/* A query token's rows in a tile: the group with pack=1 (the wgmma family's packed rows, a KV
- * head's query heads), else 1. */
-static int64_t rows_a_token(const kiln_kernel *k) { return k->cfg.pack ? k->v.group : 1; }
+int kiln__rows_a_token(const kiln_kernel *k) { return k->cfg.pack ? k->v.group : 1; }
 
 /* Query tiles of L_Q tokens (the prefill grid's x). */
 static unsigned q_tiles(const kiln_kernel *k, int L_Q)
 {
-    return (unsigned)((L_Q * rows_a_token(k) + k->cfg.block_m - 1) / k->cfg.block_m);
+    return (unsigned)(((int64_t)L_Q * kiln__rows_a_token(k) + k->cfg.block_m - 1) / k->cfg.block_m);
 }
 
-/* Rows of the tile map of L_Q query tokens: one per kiln_tile_map_bm rows (params.h). */
+/* Rows of the tile map of L_Q query tokens (params.h). */
 static unsigned map_rows(const kiln_kernel *k, int L_Q)
 {
-    const int bm = kiln_tile_map_bm(k->cfg.block_m, k->cfg.wgmma);
-    return (unsigned)((L_Q * rows_a_token(k) + bm - 1) / bm);
+    return (unsigned)kiln_tile_map_rows(L_Q, kiln__rows_a_token(k),
+                                        kiln_tile_map_bm(k->cfg.block_m, k->cfg.wgmma));
 }
 
 /* Whether a single-request kernel claims its jobs from a counter after its tile map (the wgmma
@@ -533,7 +531,7 @@ kiln_status kiln_single_prefill(kiln_kernel *k, const kiln_attn_args *a, void *s
     unsigned gx = mblocks, gy = (unsigned)a->num_qo_heads;
     if (k->cfg.wgmma) {
         gy = 1;
-        if ((st = kiln__wgmma_grid(k, (int64_t)mblocks * (a->num_qo_heads / rows_a_token(k)),
+        if ((st = kiln__wgmma_grid(k, (int64_t)mblocks * (a->num_qo_heads / kiln__rows_a_token(k)),
                                    "single prefill", &gx, &e)))
             return fail(k, st, &e);
     }

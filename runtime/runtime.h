@@ -144,6 +144,9 @@ CUresult kiln__launch_merge(const kiln_kernel *k, unsigned gx, unsigned gy, int 
 /* launch.c: CTAs along x of a persistent wgmma kernel (cfg.persist) with `jobs` work tiles:
  * as many as fit on the GPU at once, at most one per job (and at least 1). */
 unsigned kiln__persistent_grid(const kiln_kernel *k, int64_t jobs);
+/* A query token's rows in k's tiles: the group where k packs a KV head's query heads into its
+ * rows (pack=1), else 1 (the wgmma family's Q / O boxes and grid, the tile map's rows). */
+int kiln__rows_a_token(const kiln_kernel *k);
 
 /* launch.c: *gx, the CTAs along x (the only grid dimension) of a wgmma kernel with `jobs`
  * (work, head) jobs: the persistent grid's (cfg.persist), else one a job (wgmma_attention.cuh,

@@ -161,10 +161,6 @@ static kiln_status encode(const kiln_kernel *k, const char *what, const char *na
     return KILN_STATUS_OK;
 }
 
-/* Rows a token of the wgmma family's Q and O tiles: the group with pack=1 (a box of the G heads
- * of a KV head), else 1. */
-static int q_box_heads(const kiln_kernel *k) { return k->cfg.pack ? k->v.group : 1; }
-
 /* O's map, for the kernel's TMA stores of whole 64-row blocks, where O's pointer and strides
  * suit TMA (16-byte multiples, under its stride limit): p->o_by_tma says which. Where they do
  * not, the kernel stores O from registers as it does every partial block: the same bytes land
@@ -172,9 +168,10 @@ static int q_box_heads(const kiln_kernel *k) { return k->cfg.pack ? k->v.group :
 static void encode_o(const kiln_kernel *k, kiln_launch_params *p, int64_t rows, kiln_tma_map *out)
 {
     const long long sn = p->o_stride_n, sh = p->o_stride_h;
-    p->o_by_tma = !(p->o % 16 || sn % 8 || sh % 8 || sn >= (1LL << 38) || sh >= (1LL << 38)) &&
-                  encode(k, "run", "o", 2, p->o, 0, sn, sh, rows, p->num_qo_heads, q_box_heads(k),
-                         KILN_WGMMA_BM / 2 / q_box_heads(k), out, NULL) == KILN_STATUS_OK;
+    p->o_by_tma =
+        !(p->o % 16 || sn % 8 || sh % 8 || sn >= (1LL << 38) || sh >= (1LL << 38)) &&
+        encode(k, "run", "o", 2, p->o, 0, sn, sh, rows, p->num_qo_heads, kiln__rows_a_token(k),
+               KILN_WGMMA_BM / 2 / kiln__rows_a_token(k), out, NULL) == KILN_STATUS_OK;
     /* a map that did not encode is no error: O goes from registers */
     if (!p->o_by_tma) memset(out, 0, sizeof *out);
 }
@@ -200,7 +197,7 @@ kiln_status kiln__tma_maps(const kiln_kernel *k, kiln_launch_params *p, const ch
     kiln_status st = KILN_STATUS_OK;
     if (wg)
         st = encode(k, what, "q", 2, p->q, 0, p->q_stride_n, p->q_stride_h, q_rows, p->num_qo_heads,
-                    q_box_heads(k), KILN_WGMMA_BM / q_box_heads(k), &m->q, e);
+                    kiln__rows_a_token(k), KILN_WGMMA_BM / kiln__rows_a_token(k), &m->q, e);
     else memset(&m->q, 0, sizeof m->q);
     /* fp8 K/V: byte maps, for the copies into the producer's raw stages */
     const int es = kiln__kv_fp8(&k->v) ? 1 : 2;

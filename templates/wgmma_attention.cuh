@@ -21,7 +21,7 @@
  * producer gives registers up (setmaxnreg) to the consumers.
  *
  * Cfg as mma_attention.cuh's, with WARPS = 8 (the consumer warps), MT = 1, PACK (a KV head's
- * G query heads packed into the rows, wg_pg), LOAD (the producer's copies, KILN_WGMMA_LOAD_*),
+ * G query heads packed into the rows, mma_shape::PG), LOAD (the producer's copies, KILN_WGMMA_LOAD_*),
  * PERSIST (a persistent grid, KILN_WGMMA_PERSIST_*: wg_produce_jobs). fp8 KV and RoPE go through
  * the producer's transforms (wg_produce_x); mask data is element masks with a tile map row per
  * consumer warpgroup (wg_tiles). Launch: 384 threads, kiln_wgmma_smem_bytes (params.h), grid
@@ -127,20 +127,19 @@ constexpr int WG_PRODUCER_BAR = 3; /* named barrier of the producer's threads (1
 
 /* PACK (mask data's default where G divides 64, else KILN_TUNE pack=1; jit/config.c): a job's
  * rows are the G query heads of a KV head, row R token R / G, head h + R % G (mma_attention.cuh's
- * packing), so both consumer warpgroups read the same 128 / G tokens' key tiles. wg_pg rows a
- * token; a job's first query head h is a multiple of it, and a work tile has num_qo_heads /
- * wg_pg jobs (wg_job_heads). */
-template <class Cfg> __host__ __device__ constexpr int wg_pg() { return Cfg::PACK ? Cfg::G : 1; }
+ * packing), so both consumer warpgroups read the same 128 / G tokens' key tiles. mma_shape::PG
+ * rows a token; a job's first query head h is a multiple of it, and a work tile has
+ * num_qo_heads / PG jobs (wg_job_heads). */
 template <class Cfg> __device__ __forceinline__ int wg_job_heads(const kiln_launch_params &p)
 {
-    return p.num_qo_heads / wg_pg<Cfg>();
+    return p.num_qo_heads / mma_shape<Cfg>::PG;
 }
 
 /* The works of a CTA's jobs: planned items (a batch), or query tiles (a single request). */
 template <class Cfg> __device__ __forceinline__ int wg_nx(const kiln_launch_params &p)
 {
     if constexpr (Cfg::KV != KV_CONTIGUOUS) return num_items(p);
-    else return (p.qo_len * wg_pg<Cfg>() + KILN_WGMMA_BM - 1) / KILN_WGMMA_BM;
+    else return (p.qo_len * mma_shape<Cfg>::PG + KILN_WGMMA_BM - 1) / KILN_WGMMA_BM;
 }
 
 /* The key tiles a CTA visits, in order: [t_first, t_end), less those the tile map hides from
@@ -334,14 +333,14 @@ __device__ __forceinline__ void wg_produce_tile(u32 dst, u32 bar, const unsigned
 
 /* Job (w, h)'s Q rows: g is head h's row of the request's first token, and (packed) row j lies
  * at byte g + (*this)(j): token j, or with PACK token j / G of head h + j % G. map_row is the
- * tile's first token in Q's map (a box of wg_pg heads: runtime/tma.c). */
+ * tile's first token in Q's map (a box of PG heads: runtime/tma.c). */
 template <class Cfg> struct wg_q_rows {
     const unsigned char *g;
     i64 sn, sh;
     int map_row;
     __device__ __forceinline__ i64 operator()(int j) const
     {
-        constexpr int PG = wg_pg<Cfg>();
+        constexpr int PG = mma_shape<Cfg>::PG;
         return PG > 1 ? (i64)(j / PG) * sn + (i64)(j % PG) * sh : (i64)j * sn;
     }
 };
@@ -352,7 +351,7 @@ __device__ __forceinline__ wg_q_rows<Cfg> wg_q_of(const kiln_launch_params &p, c
     q.g = reinterpret_cast<const unsigned char *>(p.q) + ((i64)w.q_start * p.q_stride_n + (i64)h * p.q_stride_h) * 2;
     q.sn = p.q_stride_n * 2;
     q.sh = p.q_stride_h * 2;
-    q.map_row = w.q_start + w.m0 / wg_pg<Cfg>();
+    q.map_row = w.q_start + w.m0 / mma_shape<Cfg>::PG;
     return q;
 }
 
@@ -600,7 +599,7 @@ __device__ __forceinline__ void wg_xform_k(u32 raw, u32 kd, u32 freq, int j0, in
     else wg_widen<Cfg>(raw, kd, tid);
 }
 
-/* Q in place: RoPE at positions (m0 + r) / wg_pg + pos_off (row r's token), and with fp8 K/V
+/* Q in place: RoPE at positions (m0 + r) / PG + pos_off (row r's token), and with fp8 K/V
  * bf16 q to f16 times f8_q_unit (the MMAs' type). */
 template <class Cfg> __device__ __forceinline__ void wg_xform_q(u32 q, u32 freq, int m0, int pos_off, int tid)
 {
@@ -620,7 +619,7 @@ template <class Cfg> __device__ __forceinline__ void wg_xform_q(u32 q, u32 freq,
             float a[8], b[8];
             read8(r, c, a);
             read8(r, c + C / 2, b);
-            wg_rope8<D>(a, b, freq, c, (float)((m0 + r) / wg_pg<Cfg>() + pos_off));
+            wg_rope8<D>(a, b, freq, c, (float)((m0 + r) / mma_shape<Cfg>::PG + pos_off));
             wg_write8<L::MDT, BM>(q, r, c, a, MUL);
             wg_write8<L::MDT, BM>(q, r, c + C / 2, b, MUL);
         }
@@ -781,7 +780,7 @@ template <class Cfg>
 __device__ __forceinline__ void wg_prefetch_q(const kiln_launch_params &p, const kiln_tma_maps *maps, int i)
 {
     if constexpr (Cfg::LOAD == KILN_WGMMA_LOAD_TMA) {
-        constexpr int PG = wg_pg<Cfg>();
+        constexpr int PG = mma_shape<Cfg>::PG;
         const int H = wg_job_heads<Cfg>(p);
         if (i >= wg_nx<Cfg>(p) * H) return;
         int row;
@@ -1014,7 +1013,7 @@ __device__ __forceinline__ void wg_store_o_tma(const mma_state<Cfg> &st, const m
 #pragma unroll
         for (int cb = 0; cb < D / 64; cb++)
             tma_store_3d(&maps->o, o.base + (u32)(cb * o.stride), cb * 64, h,
-                         w.q_start + (w.m0 + c * 64) / wg_pg<Cfg>());
+                         w.q_start + (w.m0 + c * 64) / mma_shape<Cfg>::PG);
         bulk_commit();
     }
 }
@@ -1293,7 +1292,7 @@ __device__ __forceinline__ wg_next wg_consume(const kiln_launch_params &p, const
  * K/V then streamed past L2, lost 13 %. This order is not yet measured. */
 template <class Cfg> __device__ __forceinline__ void wg_flat_job(const kiln_launch_params &p, int i, int &x, int &h)
 {
-    constexpr int PG = wg_pg<Cfg>(), GJ = Cfg::G / PG; /* a KV head's jobs a work tile */
+    constexpr int PG = mma_shape<Cfg>::PG, GJ = Cfg::G / PG; /* a KV head's jobs a work tile */
     const int per_hk = (int)gridDim.x / wg_job_heads<Cfg>(p) * GJ; /* the grid's nx x GJ */
     const int hk = i / per_hk, r = i % per_hk;
     x = r / GJ;
@@ -1321,8 +1320,8 @@ template <class Cfg> __device__ __forceinline__ int *wg_job_counter(const kiln_l
         return reinterpret_cast<int *>(p.work) + KILN_WORK_HEADER_NEXT_AT;
     } else {
         static_assert(mma_shape<Cfg>::ELEM, "a single request's counter lives after its tile map");
-        constexpr int MAP_BM = KILN_WGMMA_BM / 2; /* kiln_tile_map_bm: a warpgroup's rows */
-        const i64 rows = ((i64)p.qo_len * wg_pg<Cfg>() + MAP_BM - 1) / MAP_BM;
+        const long long rows =
+            kiln_tile_map_rows(p.qo_len, mma_shape<Cfg>::PG, kiln_tile_map_bm(KILN_WGMMA_BM, 1));
         return reinterpret_cast<int *>(reinterpret_cast<unsigned char *>(p.tile_map) +
                                        kiln_tile_map_counter_at(rows * p.kv_tiles));
     }
@@ -1355,7 +1354,7 @@ __device__ __forceinline__ void wg_produce_jobs(const kiln_launch_params &p, con
             return;
         }
         const mma_work w = mma_load_work<Cfg>(p, i / H, wg_nx<Cfg>(p));
-        const int h = i % H * wg_pg<Cfg>(); /* the job's first query head */
+        const int h = i % H * mma_shape<Cfg>::PG; /* the job's first query head */
         const u32 next = sm.job() + 4 * (WG_JOB_NEXT + (it & 1));
         wg_produce_job<Cfg>(
             p, maps, w, wg_job_tiles<Cfg>(p, w), sm, h, h / Cfg::G, tid, n,

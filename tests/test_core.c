@@ -513,6 +513,29 @@ static void compiles_without_spills(const kiln_variant *v, const char *dir, cons
     kiln_ctx_destroy(ctx);
 }
 
+/* v compiled for sm_90a in ctx under KILN_TUNE tune (a context a setting: a context keeps the
+ * kernels it made by variant), its config in *cfg and its spill bytes in *spill: the kernel, or
+ * NULL (the failure reported). ptxas serializing wgmma instructions (C75xx) fails the test. */
+static kiln_kernel *wgmma_tuned(kiln_ctx *ctx, const kiln_variant *v, const char *tune,
+                                kiln__config *cfg, int *spill)
+{
+    kiln__err e;
+    kiln_kernel *k = NULL;
+    setenv("KILN_TUNE", tune, 1);
+    KT_OK(kiln__config_pick(v, 90, cfg, &e), e.msg);
+    KT_OK(kiln_kernel_compile(ctx, v, "sm_90a", &k), kiln_ctx_errmsg(ctx));
+    unsetenv("KILN_TUNE");
+    *spill = 0;
+    if (!k) return NULL;
+    kiln_kernel_info info;
+    KT_OK(kiln_kernel_describe(k, &info), kiln_errmsg());
+    *spill = info.spill_bytes;
+    if (strstr(kiln_kernel_log(k), "C75"))
+        kt_fail(__FILE__, __LINE__, "KILN_TUNE %s: ptxas serialized wgmma: %s", tune,
+                kiln_kernel_log(k));
+    return k;
+}
+
 /* KILN_TUNE pack=1 on a prefill keeps the wgmma family and packs its rows: a job's 128 rows are
  * the G query heads of a KV head for 128 / G tokens (a single request too), so both consumer
  * warpgroups read the same tokens' key tiles. Mask data packs by default where G (2 or more)
@@ -542,23 +565,13 @@ KT_TEST(core_wgmma_pack)
         KT_EQ_INT(cfg.pack, v.mask_data != KILN_MASK_DATA_NONE);
         int spill[2] = {0, 0};
         for (int pack = 0; pack <= 1; pack++) {
-            setenv("KILN_TUNE", pack ? "pack=1" : "pack=0", 1);
-            KT_OK(kiln__config_pick(&v, 90, &cfg, &e), e.msg);
+            kiln_kernel *k =
+                wgmma_tuned(ctxs[pack], &v, pack ? "pack=1" : "pack=0", &cfg, &spill[pack]);
             KT_CHECK(cfg.wgmma == 1 && cfg.pack == pack);
             char conf[256];
             kiln__config_format(&cfg, conf, sizeof conf);
             KT_CONTAINS(conf, pack ? "pack=1" : "pack=0");
-            kiln_kernel *k = NULL;
-            KT_OK(kiln_kernel_compile(ctxs[pack], &v, "sm_90a", &k), kiln_ctx_errmsg(ctxs[pack]));
-            unsetenv("KILN_TUNE");
-            if (!k) continue;
-            KT_CONTAINS(kiln_kernel_source(k), pack ? "PACK = 1," : "PACK = 0,");
-            kiln_kernel_info info;
-            KT_OK(kiln_kernel_describe(k, &info), kiln_errmsg());
-            spill[pack] = info.spill_bytes;
-            if (strstr(kiln_kernel_log(k), "C75"))
-                kt_fail(__FILE__, __LINE__, "%s pack=%d: ptxas serialized wgmma: %s", specs[i],
-                        pack, kiln_kernel_log(k));
+            if (k) KT_CONTAINS(kiln_kernel_source(k), pack ? "PACK = 1," : "PACK = 0,");
         }
         if (spill[1] > spill[0])
             kt_fail(__FILE__, __LINE__, "%s: packed spills %d bytes, unpacked %d", specs[i],
@@ -605,19 +618,10 @@ KT_TEST(core_wgmma_single_dynamic)
         parse(specs[i], &v);
         int spill[2] = {0, 0};
         for (int dyn = 0; dyn <= 1; dyn++) {
-            setenv("KILN_TUNE", dyn ? "persist=2" : "persist=1", 1);
-            KT_OK(kiln__config_pick(&v, 90, &cfg, &e), e.msg);
+            kiln_kernel *k =
+                wgmma_tuned(ctxs[dyn], &v, dyn ? "persist=2" : "persist=1", &cfg, &spill[dyn]);
             KT_EQ_INT(cfg.persist, dyn ? KILN_WGMMA_PERSIST_DYNAMIC : KILN_WGMMA_PERSIST_STATIC);
-            kiln_kernel *k = NULL;
-            KT_OK(kiln_kernel_compile(ctxs[dyn], &v, "sm_90a", &k), kiln_ctx_errmsg(ctxs[dyn]));
-            unsetenv("KILN_TUNE");
             if (!k) continue;
-            kiln_kernel_info info;
-            KT_OK(kiln_kernel_describe(k, &info), kiln_errmsg());
-            spill[dyn] = info.spill_bytes;
-            if (strstr(kiln_kernel_log(k), "C75"))
-                kt_fail(__FILE__, __LINE__, "%s persist=%d: ptxas serialized wgmma", specs[i],
-                        dyn ? 2 : 1);
             /* 1000 query tokens over 3000 keys: map rows of 64 packed rows, 64-key tiles */
             const long long rows = (1000LL * (cfg.pack ? v.group : 1) + 63) / 64, tiles = 47;
             size_t bytes = 0;

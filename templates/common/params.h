@@ -388,6 +388,9 @@ enum {
  * block_m, or with the wgmma family a consumer warpgroup's 64, so that each warpgroup skips the
  * key tiles hidden for its own rows (wgmma_attention.cuh, wg_tiles). */
 KILN_CONTRACT_FN int kiln_tile_map_bm(int block_m, int wgmma) { return wgmma ? block_m / 2 : block_m; }
+/* Rows of the tile map of qo_len query tokens of pg rows each (the group where the kernel packs
+ * a KV head's query heads into its rows, else 1): one per bm (kiln_tile_map_bm) rows. */
+KILN_CONTRACT_FN long long kiln_tile_map_rows(long long qo_len, int pg, int bm) { return (qo_len * pg + bm - 1) / bm; }
 /* A single request's dynamic persistent grid (KILN_WGMMA_PERSIST_DYNAMIC, kv=contiguous) claims
  * its jobs from an int counter in the tile map's buffer: at this byte offset after the map's
  * map_bytes (the next multiple of 16), KILN_TILE_MAP_TAIL_BYTES more in the buffer. The tile map
