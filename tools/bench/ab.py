@@ -17,6 +17,8 @@ Points (c: causal, n: not):
     pre:B:S:c|n[:D]     ragged batch prefill, B requests of S tokens (BatchPrefillWithRaggedKVCacheWrapper)
     ppre:B:S:c|n:P      the same rows in shuffled pages of P tokens (BatchPrefillWithPagedKVCacheWrapper)
     single:S:c|n        single_prefill_with_kv_cache of S tokens
+    win:B:S:W           ragged batch prefill, causal, a sliding window of W keys before each query
+                        (window_left=W, the referee's window variant at 4:4096:1024)
     bsr:S:P[:c]         a single request of S tokens under a block-sparse mask (64 x 64 blocks, each
                         kept with probability P %, the diagonal always; the referee's bsr suite is
                         bsr:4096:25), its tile map planned once; TFLOP/s of the kept blocks
@@ -82,6 +84,14 @@ def point_fn(f):
                    q_data_type=BF16, kv_data_type=BF16)
             fn = lambda c: w.run(qs[c], (kp[c], vp[c]))
         return fn, copies, prefill_flops(B, S, causal, D), "TFLOP/s"
+    if kind == "win":
+        B, S, W = int(f[1]), int(f[2]), int(f[3])
+        copies, qs, ks, vs = prefill_inputs(B, S, 128)
+        qo = [i * S for i in range(B + 1)]
+        w = kiln.BatchPrefillWithRaggedKVCacheWrapper(rp.kiln_ws(), "NHD")
+        w.plan(qo, qo, H, H_KV, 128, causal=True, window_left=W, q_data_type=BF16, kv_data_type=BF16)
+        pairs = sum(min(i + 1, W + 1) for i in range(S))
+        return (lambda c: w.run(qs[c], ks[c], vs[c])), copies, 4.0 * 128 * pairs * H * B, "TFLOP/s"
     if kind == "single":
         S, causal = int(f[1]), f[2] == "c"
         copies, qs, ks, vs = prefill_inputs(1, S, 128)
