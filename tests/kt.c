@@ -448,6 +448,43 @@ void kt_cubin(unsigned char out[64], int tag)
     out[52] = 64;                /* e_ehsize */
 }
 
+static uint64_t kt_le(const unsigned char *p, int n)
+{
+    uint64_t v = 0;
+    for (int i = n - 1; i >= 0; i--) v = v << 8 | p[i];
+    return v;
+}
+
+int kt_wgmma_serialized(const kiln_kernel *k)
+{
+    size_t n = 0;
+    const unsigned char *b = kiln_kernel_cubin(k, &n);
+    if (!b || n < 64 || memcmp(b, "\177ELF", 4) || b[4] != 2 || b[5] != 1) {
+        fprintf(stderr, "kt_wgmma_serialized: the cubin (%zu bytes) is not ELF64 little-endian\n",
+                n);
+        return -1;
+    }
+    const uint64_t shoff = kt_le(b + 0x28, 8), shentsize = kt_le(b + 0x3A, 2),
+                   shnum = kt_le(b + 0x3C, 2);
+    if (shentsize < 0x28 || shoff > n || shnum > (n - shoff) / shentsize) {
+        fprintf(stderr, "kt_wgmma_serialized: section headers past the cubin's %zu bytes\n", n);
+        return -1;
+    }
+    long syncs = 0, hgmma = 0;
+    for (uint64_t i = 0; i < shnum; i++) {
+        const unsigned char *sh = b + shoff + i * shentsize;
+        const uint64_t flags = kt_le(sh + 0x08, 8), off = kt_le(sh + 0x18, 8),
+                       size = kt_le(sh + 0x20, 8);
+        if (!(flags & 0x4) || off > n || size > n - off) continue; /* SHF_EXECINSTR, in bounds */
+        for (uint64_t at = off; at + 16 <= off + size; at += 16) {
+            const unsigned op = (unsigned)(kt_le(b + at, 8) & 0xfff);
+            syncs += op == 0x9c5;
+            hgmma += op == 0xdf0 || op == 0x9f0;
+        }
+    }
+    return hgmma > 0 && syncs >= hgmma;
+}
+
 void kt_entry_valid(kiln__entry *en, const char *spec, const char *arch, int tag)
 {
     char material[1024];

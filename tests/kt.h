@@ -178,6 +178,13 @@ typedef struct kiln__cache kiln__cache;
 void kt_entry(kiln__entry *en, int i, size_t size);
 void kt_entry_valid(kiln__entry *en, const char *spec, const char *arch, int tag);
 void kt_cubin(unsigned char out[64], int tag);
+/* Whether ptxas serialized the wgmma instructions of kernel k (an sm_90a cubin): it then
+ * brackets every HGMMA with a warpgroup arrive and a wait (WARPGROUP.ARRIVE / .DEPBAR, SASS
+ * opcode 0x9c5 in an instruction's low 12 bits; HGMMA 0xdf0 from registers, 0x9f0 from shared
+ * memory), so such syncs are at least as many as the HGMMAs; a pipelined kernel has a few. Its
+ * advisories (C7511, C7515) go to the process's stderr, not to the NVRTC log. 1 serialized, 0
+ * not, -1 (the reason printed) when the cubin cannot be read as ELF64. */
+int kt_wgmma_serialized(const kiln_kernel *k);
 /* Create the cache directory dir with one kt_entry_valid row per spec (n of them, arch sm_80,
  * tag i); their keys go to keys[n][33] when keys is not NULL. 0 on success. */
 int kt_cache_fill(const char *dir, const char *const *specs, int n, char (*keys)[33]);
