@@ -19,6 +19,8 @@ Points (c: causal, n: not):
     single:S:c|n        single_prefill_with_kv_cache of S tokens
     win:B:S:W           ragged batch prefill, causal, a sliding window of W keys before each query
                         (window_left=W, the referee's window variant at 4:4096:1024)
+    cap:B:S / snip:B:S  ragged batch prefill, causal, soft-cap 30: builtin (logits_soft_cap) / the
+                        referee's snippet `cap * tanhf(logits / cap)` through the raw API
     bsr:S:P[:c]         a single request of S tokens under a block-sparse mask (64 x 64 blocks, each
                         kept with probability P %, the diagonal always; the referee's bsr suite is
                         bsr:4096:25), its tile map planned once; TFLOP/s of the kept blocks
@@ -92,6 +94,20 @@ def point_fn(f):
         w.plan(qo, qo, H, H_KV, 128, causal=True, window_left=W, q_data_type=BF16, kv_data_type=BF16)
         pairs = sum(min(i + 1, W + 1) for i in range(S))
         return (lambda c: w.run(qs[c], ks[c], vs[c])), copies, 4.0 * 128 * pairs * H * B, "TFLOP/s"
+    if kind in ("cap", "snip"):
+        import referee_suites as rs
+        from referee_common import SOFTCAP
+        B, S = int(f[1]), int(f[2])
+        copies, qs, ks, vs = prefill_inputs(B, S, 128)
+        qo = [i * S for i in range(B + 1)]
+        if kind == "snip":
+            fn = rs.kiln_snippet_softcap(qs, ks, vs, qo, B * S, 128)
+        else:
+            w = kiln.BatchPrefillWithRaggedKVCacheWrapper(rp.kiln_ws(), "NHD")
+            w.plan(qo, qo, H, H_KV, 128, causal=True, logits_soft_cap=SOFTCAP, q_data_type=BF16,
+                   kv_data_type=BF16)
+            fn = lambda c: w.run(qs[c], ks[c], vs[c])
+        return fn, copies, prefill_flops(B, S, True, 128), "TFLOP/s"
     if kind == "single":
         S, causal = int(f[1]), f[2] == "c"
         copies, qs, ks, vs = prefill_inputs(1, S, 128)
