@@ -591,11 +591,12 @@ KT_TEST(core_wgmma_pack)
     setenv("KILN_TUNE", "wgmma=0", 1);
     KT_OK(kiln__config_pick(&v, 90, &cfg, &e), e.msg);
     KT_CHECK(!cfg.wgmma && !cfg.pack);
-    parse("op=prefill dtype=bf16 head_dim=128 group=3 kv=ragged", &v);
-    setenv("KILN_TUNE", "pack=1", 1);
-    KT_CHECK(kiln__config_pick(&v, 90, &cfg, &e) == KILN_STATUS_UNSUPPORTED);
-    KT_CONTAINS(e.msg, "pack=1 on the wgmma family needs a group dividing 64");
     unsetenv("KILN_TUNE");
+    static const tune_refusal refused[] = {
+        {"op=prefill dtype=bf16 head_dim=128 group=3 kv=ragged", "pack=1",
+         "pack=1 on the wgmma family needs a group dividing 64"},
+    };
+    check_refused(refused, sizeof refused / sizeof refused[0]);
 }
 
 /* KILN_TUNE persist=2 on a single request with element masks: the dynamic persistent grid
@@ -613,7 +614,6 @@ KT_TEST(core_wgmma_single_dynamic)
     KT_REQUIRE(ctxs[0] && ctxs[1]);
     kiln_variant v;
     kiln__config cfg;
-    kiln__err e;
     for (size_t i = 0; i < sizeof specs / sizeof specs[0]; i++) {
         parse(specs[i], &v);
         int spill[2] = {0, 0};
@@ -639,11 +639,10 @@ KT_TEST(core_wgmma_single_dynamic)
     kiln_ctx_destroy(ctxs[0]);
     kiln_ctx_destroy(ctxs[1]);
     /* without an element mask a single request has no map to count in */
-    parse("op=prefill dtype=bf16 head_dim=128 group=4 mask=causal", &v);
-    setenv("KILN_TUNE", "persist=2", 1);
-    KT_CHECK(kiln__config_pick(&v, 90, &cfg, &e) == KILN_STATUS_UNSUPPORTED);
-    KT_CONTAINS(e.msg, "kv=contiguous");
-    unsetenv("KILN_TUNE");
+    static const tune_refusal refused[] = {
+        {"op=prefill dtype=bf16 head_dim=128 group=4 mask=causal", "persist=2", "kv=contiguous"},
+    };
+    check_refused(refused, sizeof refused / sizeof refused[0]);
 }
 
 /* KILN_TUNE pack=1 puts a batch decode of any group on tensor cores, the groups that do not
