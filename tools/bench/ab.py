@@ -59,6 +59,16 @@ def prefill_flops(B, S, causal, D):
     return 4.0 * D * pairs * H * B
 
 
+def ragged_fn(qs, ks, vs, qo, D, **plan_kw):
+    """run(copy) of kiln's ragged batch prefill wrapper planned over qo with plan_kw."""
+    import kiln
+    import referee_peers as rp
+    from referee_common import BF16, H, H_KV
+    w = kiln.BatchPrefillWithRaggedKVCacheWrapper(rp.kiln_ws(), "NHD")
+    w.plan(qo, qo, H, H_KV, D, q_data_type=BF16, kv_data_type=BF16, **plan_kw)
+    return lambda c: w.run(qs[c], ks[c], vs[c])
+
+
 def point_fn(f):
     """(fn(copy), copies, work, unit) of one point's words f."""
     import kiln
@@ -71,9 +81,7 @@ def point_fn(f):
         copies, qs, ks, vs = prefill_inputs(B, S, D)
         qo = [i * S for i in range(B + 1)]
         if kind == "pre":
-            w = kiln.BatchPrefillWithRaggedKVCacheWrapper(rp.kiln_ws(), "NHD")
-            w.plan(qo, qo, H, H_KV, D, causal=causal, q_data_type=BF16, kv_data_type=BF16)
-            fn = lambda c: w.run(qs[c], ks[c], vs[c])
+            fn = ragged_fn(qs, ks, vs, qo, D, causal=causal)
         else:
             P = int(f[4])
             old, rp.PAGE = rp.PAGE, P  # paged_from_ragged pages by the module's PAGE
@@ -90,10 +98,9 @@ def point_fn(f):
         B, S, W = int(f[1]), int(f[2]), int(f[3])
         copies, qs, ks, vs = prefill_inputs(B, S, 128)
         qo = [i * S for i in range(B + 1)]
-        w = kiln.BatchPrefillWithRaggedKVCacheWrapper(rp.kiln_ws(), "NHD")
-        w.plan(qo, qo, H, H_KV, 128, causal=True, window_left=W, q_data_type=BF16, kv_data_type=BF16)
         pairs = sum(min(i + 1, W + 1) for i in range(S))
-        return (lambda c: w.run(qs[c], ks[c], vs[c])), copies, 4.0 * 128 * pairs * H * B, "TFLOP/s"
+        fn = ragged_fn(qs, ks, vs, qo, 128, causal=True, window_left=W)
+        return fn, copies, 4.0 * 128 * pairs * H * B, "TFLOP/s"
     if kind in ("cap", "snip"):
         import referee_suites as rs
         from referee_common import SOFTCAP
@@ -103,10 +110,7 @@ def point_fn(f):
         if kind == "snip":
             fn = rs.kiln_snippet_softcap(qs, ks, vs, qo, B * S, 128)
         else:
-            w = kiln.BatchPrefillWithRaggedKVCacheWrapper(rp.kiln_ws(), "NHD")
-            w.plan(qo, qo, H, H_KV, 128, causal=True, logits_soft_cap=SOFTCAP, q_data_type=BF16,
-                   kv_data_type=BF16)
-            fn = lambda c: w.run(qs[c], ks[c], vs[c])
+            fn = ragged_fn(qs, ks, vs, qo, 128, causal=True, logits_soft_cap=SOFTCAP)
         return fn, copies, prefill_flops(B, S, True, 128), "TFLOP/s"
     if kind == "single":
         S, causal = int(f[1]), f[2] == "c"
