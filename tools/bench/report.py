@@ -19,7 +19,9 @@ PEERS = ("FlashInfer", "FlashInfer-tc", "FA2", "cuDNN", "Flex")
 
 
 def load(paths):
-    """{suite: (run label, rows)}, later files winning per suite; and each run's metadata."""
+    """{suite: (run label, rows, ceilings, run's suites)}, later files winning per suite; and each
+    run's metadata. A table that reads a second suite (a ceiling, the bf16 decode beside fp8, the
+    plain prefill beside the variants) takes it from the same run, never from another lease."""
     suites, metas = {}, []
     for i, p in enumerate(paths):
         d = json.load(open(p))
@@ -29,12 +31,18 @@ def load(paths):
         for r in d["rows"]:
             by.setdefault(r["suite"], []).append(r)
         for s, rows in by.items():
-            suites[s] = (label, rows, d.get("ceilings", {}))
+            suites[s] = (label, rows, d.get("ceilings", {}), by)
     return suites, metas
 
 
+def same_run(suites, suite, other):
+    """The rows of suite `other` from the run that gave `suite` ([] where that run has none)."""
+    entry = suites.get(suite)
+    return entry[3].get(other, []) if entry else []
+
+
 def rows_of(suites, suite):
-    return suites.get(suite, ("", [], {}))[1]
+    return suites.get(suite, ("", [], {}, {}))[1]
 
 
 def cell(r, what="gpu_us"):
@@ -62,15 +70,19 @@ def best_peer(libs, peers=PEERS):
     return min(c, key=lambda r: r["gpu_us"]) if c else None
 
 
-def ceilings_of(suites):
-    label, rows, ceil = suites.get("ceilings", ("", [], {}))
-    read = ceil.get("kiln_read")
+def ceilings_of(suites, suite):
+    """(read GB/s, matmul TFLOP/s) measured in the run that gave `suite`, None where it measured none."""
+    entry = suites.get(suite)
+    if not entry:
+        return None, None
+    rows = entry[3].get("ceilings", [])
+    read = entry[2].get("kiln_read") if rows else None
     mm = next((r["rate"] for r in rows if r["point"].startswith("bf16 matmul") and r.get("rate")), None)
-    return read, mm, label
+    return read, mm
 
 
 def t_ceilings(suites):
-    label, rows, ceil = suites.get("ceilings", ("", [], {}))
+    label, rows, ceil, _ = suites.get("ceilings", ("", [], {}, {}))
     out = [f"From {label}.", "", "| ceiling | GB/s or TFLOP/s | how |", "|---|---|---|"]
     for r in rows:
         how = r.get("check") if r["lib"] == "kiln" else "torch, CUDA-graph replay"
@@ -79,11 +91,12 @@ def t_ceilings(suites):
 
 
 def t_decode(suites, suite, libs=("kiln", "FlashInfer", "FlashInfer-tc", "cuDNN", "FA2", "Flex")):
-    label, rows, _ = suites.get(suite, ("", [], {}))
-    read, _, _ = ceilings_of(suites)
+    label, rows, _, _ = suites.get(suite, ("", [], {}, {}))
+    read, _ = ceilings_of(suites, suite)
     pts = by_point(rows)
     out = [f"From {label}. GPU µs per call (CUDA-graph replay); kiln / best = best peer's time over kiln's "
-           "(> 1: kiln faster).", "",
+           "(> 1: kiln faster); % of read: of the same run's streaming-read ceiling"
+           + ("" if read else " (this run measured none)") + ".", "",
            "| point | " + " | ".join(libs) + " | best peer | kiln / best | kiln GB/s | % of read |",
            "|" + "---|" * (len(libs) + 5)]
     for p, ls in pts.items():
@@ -96,8 +109,8 @@ def t_decode(suites, suite, libs=("kiln", "FlashInfer", "FlashInfer-tc", "cuDNN"
 
 
 def t_fp8(suites):
-    label, rows, _ = suites.get("fp8", ("", [], {}))
-    bf = by_point(rows_of(suites, "decode"))
+    label, rows, _, _ = suites.get("fp8", ("", [], {}, {}))
+    bf = by_point(same_run(suites, "fp8", "decode"))
     out = [f"From {label} (the bf16 column from the same run's decode suite). GPU µs per call; "
            "fp8 speed-up = kiln bf16 time / kiln fp8 time (tokens/s ratio).", "",
            "| point | kiln fp8 | FlashInfer fp8 | kiln / FlashInfer | kiln bf16 | fp8 speed-up | kiln fp8 GB/s |",
@@ -113,10 +126,11 @@ def t_fp8(suites):
 
 def t_prefill(suites, suite):
     libs = ("kiln", "kiln paged", "FlashInfer", "FlashInfer paged", "cuDNN", "FA2", "Flex")
-    label, rows, _ = suites.get(suite, ("", [], {}))
-    _, mm, _ = ceilings_of(suites)
+    label, rows, _, _ = suites.get(suite, ("", [], {}, {}))
+    _, mm = ceilings_of(suites, suite)
     out = [f"From {label}. TFLOP/s by GPU time (CUDA-graph replay); kiln / best = best peer's time over "
-           "kiln's (paged: against the peers' paged or contiguous rows).", "",
+           "kiln's (paged: against the peers' paged or contiguous rows); % of matmul: of the same run's bf16 "
+           "matmul" + ("" if mm else " (this run measured none)") + ".", "",
            "| point | " + " | ".join(libs) + " | best peer | kiln / best | paged / best | % of matmul |",
            "|" + "---|" * (len(libs) + 5)]
     for p, ls in by_point(rows).items():
@@ -132,10 +146,9 @@ def t_prefill(suites, suite):
 
 
 def t_variants(suites):
-    label, rows, _ = suites.get("variants", ("", [], {}))
-    plabel, prow, _ = suites.get("prefill", ("", [], {}))
-    plain = by_point(prow).get("4 x 4096", {}).get("kiln")
-    out = [f"From {label}; the plain kernel from {plabel} (its 4 x 4096 causal row: "
+    label, rows, _, _ = suites.get("variants", ("", [], {}, {}))
+    plain = by_point(same_run(suites, "variants", "prefill")).get("4 x 4096", {}).get("kiln")
+    out = [f"From {label}; the plain kernel from the same run's prefill suite (its 4 x 4096 causal row: "
            f"{rate(plain)} TFLOP/s).", "",
            "| variant (4 x 4096 causal) | kiln TFLOP/s | FlashInfer | Flex | kiln / plain (TFLOP/s) | kiln / Flex |",
            "|---|---|---|---|---|---|"]
@@ -150,7 +163,7 @@ def t_variants(suites):
 
 
 def t_bsr(suites):
-    label, rows, _ = suites.get("bsr", ("", [], {}))
+    label, rows, _, _ = suites.get("bsr", ("", [], {}, {}))
     out = [f"From {label}. TFLOP/s count the visible pairs only; µs are GPU time.", "",
            "| point | lib | GPU µs | TFLOP/s | check |", "|---|---|---|---|---|"]
     for r in rows:
@@ -159,7 +172,7 @@ def t_bsr(suites):
 
 
 def t_cascade(suites):
-    label, rows, _ = suites.get("cascade", ("", [], {}))
+    label, rows, _, _ = suites.get("cascade", ("", [], {}, {}))
     out = [f"From {label}. GPU µs per call; GB/s count the unique K/V bytes (the prefix once).", "",
            "| point | kiln cascade | FlashInfer cascade | kiln / FlashInfer | kiln plain decode | cuDNN (contiguous, "
            "prefix copied per request) | FA2 (same) |", "|---|---|---|---|---|---|---|"]
@@ -174,7 +187,7 @@ def t_cascade(suites):
 def t_host(suites):
     out = []
     for suite in ("decode", "prefill"):
-        label, rows, _ = suites.get(suite, ("", [], {}))
+        label, rows, _, _ = suites.get(suite, ("", [], {}, {}))
         pts = by_point(rows)
         libs = ("kiln", "FlashInfer", "cuDNN", "FA2", "Flex") if suite == "decode" else (
             "kiln", "kiln paged", "FlashInfer", "FlashInfer paged", "cuDNN", "FA2", "Flex")
@@ -185,7 +198,7 @@ def t_host(suites):
             out.append(f"| {p} | " + " | ".join(cell(ls.get(x), "host_us") for x in libs) + " | " +
                        " | ".join(cell(ls.get(x), "eager_us") for x in libs) + " |")
         out.append("")
-    label, rows, _ = suites.get("host", ("", [], {}))
+    label, rows, _, _ = suites.get("host", ("", [], {}, {}))
     out += [f"plan() and run() wall clock per call, each pair followed by a drain (untimed), from {label}:", "",
             "| call | lib | median µs | spread |", "|---|---|---|---|"]
     for r in rows:
@@ -211,7 +224,8 @@ def plots(suites, out):
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    read, mm, _ = ceilings_of(suites)
+    read, _ = ceilings_of(suites, "decode")
+    _, mm = ceilings_of(suites, "prefill")
     pts = by_point(rows_of(suites, "decode"))
     fig, axes = plt.subplots(1, 4, figsize=(16, 4), sharey=True)
     for ax, B in zip(axes, (1, 16, 64, 256)):
