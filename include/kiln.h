@@ -254,9 +254,12 @@ typedef struct kiln_params {
     kiln_devptr alibi_slopes; /* logits=alibi: float [H], one slope per query head */
     kiln_param_value user[KILN_MAX_USER_PARAMS]; /* the variant's user parameters, in order */
     float k_scale;    /* fp8 KV: k = k_scale * stored value (0 means 1) */
-    float v_scale;    /* fp8 KV: v = v_scale * stored value (0 means 1) */
+    float v_scale;    /* v = v_scale * stored value, any KV dtype (0 means 1): with 16-bit KV, o
+                         is multiplied by it (FlashInfer's v_scale); > 0 */
     float rope_scale; /* rope=1: positions are divided by it (0 means 1) */
     float rope_theta; /* rope=1: base of the frequencies (0 means 1e4) */
+    int lse_base2;    /* variant.lse: 1 writes the LSE in base 2 (log2 of the sum of 2^(s log2 e),
+                         FlashInfer's), 0 in natural log (the default) */
 } kiln_params;
 
 /* Tensors of one single-request launch. Strides are in elements; the last (D) dimension is

@@ -157,7 +157,8 @@ static kiln_status fill_tensors(const kiln_kernel *k, const kiln_attn_args *a,
     return KILN_STATUS_OK;
 }
 
-/* The run-time scalars: fp8 scales, RoPE, lengths and heads, window, sm_scale, softcap. */
+/* The run-time scalars: K/V scales, RoPE, lengths and heads, window, sm_scale, softcap, the
+ * LSE's base. */
 static kiln_status fill_values(const kiln_kernel *k, const kiln_attn_args *a, kiln_op op,
                                kiln_launch_params *p, const char *what, kiln__err *e)
 {
@@ -167,13 +168,18 @@ static kiln_status fill_values(const kiln_kernel *k, const kiln_attn_args *a, ki
     /* fp8: e4m3 is decoded through f16 bits at 2^-8 of its value (device.cuh) */
     const float k_scale = rp->k_scale != 0.f ? rp->k_scale : 1.f,
                 v_scale = rp->v_scale != 0.f ? rp->v_scale : 1.f;
-    if (fp8 && (!(k_scale > 0.f) || !(v_scale > 0.f)))
+    if ((fp8 && !(k_scale > 0.f && k_scale < INFINITY)) || !(v_scale > 0.f && v_scale < INFINITY))
         return kiln__fail(e, KILN_STATUS_INVALID_ARGUMENT,
-                          "%s %s: k_scale and v_scale must be > 0 (got %g, %g)", what, k->spec,
-                          (double)rp->k_scale, (double)rp->v_scale);
+                          "%s %s: k_scale (fp8 KV) and v_scale must be finite and > 0 (got %g, %g)",
+                          what, k->spec, (double)rp->k_scale, (double)rp->v_scale);
+    if (rp->lse_base2 != 0 && rp->lse_base2 != 1)
+        return kiln__fail(e, KILN_STATUS_INVALID_ARGUMENT,
+                          "%s %s: lse_base2 is 0 (natural log) or 1 (base 2), got %d", what,
+                          k->spec, rp->lse_base2);
     const float fp8_unit = v->kv_dtype == KILN_DTYPE_E4M3 ? 256.f : 1.f;
     p->k_scale = fp8 ? k_scale * fp8_unit : 1.f;
-    p->v_scale = fp8 ? v_scale * fp8_unit : 1.f;
+    p->v_scale = fp8 ? v_scale * fp8_unit : v_scale;          /* 16-bit: o's factor */
+    p->lse_unit = rp->lse_base2 ? 1.0f : 0.6931471805599453f; /* device.cuh's LN2 */
     if (v->rope) {
         const float rs = rp->rope_scale != 0.f ? rp->rope_scale : 1.f,
                     th = rp->rope_theta != 0.f ? rp->rope_theta : 1e4f;

@@ -169,13 +169,13 @@ template <class Cfg> __device__ void decode_merge_kernel(const kiln_launch_param
     for (int d = threadIdx.x; d < D; d += blockDim.x) {
         const state_merge acc = merge_partials<MERGE_BATCH>(S, plse + h, H, po + (i64)h * D + d, (i64)H * D);
         reinterpret_cast<u16 *>(p.o)[(i64)h * p.o_stride_h + d] = from_float<Cfg::OUT_DT>(acc.out());
-        if (Cfg::LSE && d == 0) reinterpret_cast<float *>(p.lse)[h] = acc.lse_nat_of_log2();
+        if (Cfg::LSE && d == 0) reinterpret_cast<float *>(p.lse)[h] = acc.lse_of_log2(p.lse_unit);
     }
 }
 
 /* Element d of row rr (of the task's query tile) of head h of merge task t of request r: the
  * merge of the partial states of slots slot0 .. slot0 + nslots - 1, in that order, into o and,
- * for d == 0, lse (natural log), N states a round trip. The one per-element merge of a batch
+ * for d == 0, lse (in p.lse_unit), N states a round trip. The one per-element merge of a batch
  * plan's splits in the merge kernels (fused_merge_rows sums in the same order). */
 template <class Cfg, int N>
 __device__ __forceinline__ void merge_split_element(const kiln_launch_params &p, const kiln_merge_task &t,
@@ -189,7 +189,7 @@ __device__ __forceinline__ void merge_split_element(const kiln_launch_params &p,
     const state_merge acc = merge_partials<N>(ns, plse + at, step, po + at * D + d, step * D);
     const i64 row = (i64)r.q_start + t.m * R + rr;
     reinterpret_cast<u16 *>(p.o)[row * p.o_stride_n + (i64)h * p.o_stride_h + d] = from_float<Cfg::OUT_DT>(acc.out());
-    if (Cfg::LSE && d == 0) reinterpret_cast<float *>(p.lse)[row * H + h] = acc.lse_nat_of_log2();
+    if (Cfg::LSE && d == 0) reinterpret_cast<float *>(p.lse)[row * H + h] = acc.lse_of_log2(p.lse_unit);
 }
 
 /* One merge task of a batch plan per CTA x (padded grid: tasks past the count return), one
@@ -333,7 +333,7 @@ __device__ __forceinline__ void fused_merge_rows(const kiln_launch_params &p, co
                     acc.o = o[j][c][e];
                     out[(c * WARP + lane) * CV + e] = from_float<Cfg::OUT_DT>(acc.out());
                 }
-            if (Cfg::LSE && lane == 0) reinterpret_cast<float *>(p.lse)[row * H + h] = acc.lse_nat_of_log2();
+            if (Cfg::LSE && lane == 0) reinterpret_cast<float *>(p.lse)[row * H + h] = acc.lse_of_log2(p.lse_unit);
         }
     }
 }

@@ -847,11 +847,12 @@ __device__ __forceinline__ int o_pair(const float (&o)[mma_shape<Cfg>::DTN][4], 
     }
 }
 
-/* O's factor: V's scale, in the units of its converted tiles (1 for 16-bit V). */
+/* O's factor: V's scale, in the units of its converted tiles (16-bit V: the scale itself,
+ * FlashInfer's v_scale, 1 by default). */
 template <class Cfg> __device__ __forceinline__ float v_unit(const kiln_launch_params &p)
 {
     using L = prefill_layout<Cfg>;
-    return !L::FP8 ? 1.0f : L::F8P ? p.v_scale / f8_pair_unit<Cfg::KV_DT>() : p.v_scale;
+    return !L::FP8 ? p.v_scale : L::F8P ? p.v_scale / f8_pair_unit<Cfg::KV_DT>() : p.v_scale;
 }
 
 /* S's factor: K's scale, in the units of its converted tiles and q's (F8P with bf16 q: f16
@@ -890,7 +891,7 @@ __device__ __forceinline__ void store_rows(const mma_state<Cfg> &st, const mma_r
                     *reinterpret_cast<u32 *>(orow + d) = pack2<Cfg::OUT_DT>(x * inv, y * inv);
                 }
                 if (Cfg::LSE && lane % 4 == 0)
-                    reinterpret_cast<float *>(p.lse)[((i64)w.q_start + i) * p.num_qo_heads + hr] = lse2 * LN2;
+                    reinterpret_cast<float *>(p.lse)[((i64)w.q_start + i) * p.num_qo_heads + hr] = lse2 * p.lse_unit;
             } else if (in) { /* slot rows are the tile's query tokens */
                 const i64 at = ((i64)w.slot * p.num_qo_heads + hr) * p.slot_rows + (i - w.tq0);
                 float *prow = reinterpret_cast<float *>(p.partial_o) + at * D;

@@ -378,7 +378,7 @@ __device__ __forceinline__ void decode_store(const float *cm, const kiln_launch_
     constexpr int GB = Cfg::GB, WARPS = Cfg::WARPS, D = Cfg::D;
     const float *cl = cm + WARPS * GB;
     const float *co = cl + WARPS * GB;
-    const float vsc = decode_layout<Cfg>::FP8 ? p.v_scale : 1.0f;
+    const float vsc = p.v_scale; /* fp8: with its unit; 16-bit: FlashInfer's v_scale, 1 by default */
     for (int i = tid; i < GB * D; i += WARPS * WARP) {
         const int g = i / D, d = i % D, h = hk * Cfg::G + g0 + g;
         float M = neg_inf();
@@ -396,7 +396,7 @@ __device__ __forceinline__ void decode_store(const float *cm, const kiln_launch_
             reinterpret_cast<u16 *>(p.o)[(i64)w.q_row * p.o_stride_n + (i64)h * p.o_stride_h + d] =
                 from_float<Cfg::OUT_DT>(out);
             if (Cfg::LSE && d == 0)
-                reinterpret_cast<float *>(p.lse)[(i64)w.q_row * p.num_qo_heads + h] = lse2 * LN2;
+                reinterpret_cast<float *>(p.lse)[(i64)w.q_row * p.num_qo_heads + h] = lse2 * p.lse_unit;
         } else {
             reinterpret_cast<float *>(p.partial_o)[((i64)w.slot * p.num_qo_heads + h) * D + d] = out;
             if (d == 0) reinterpret_cast<float *>(p.partial_lse)[(i64)w.slot * p.num_qo_heads + h] = lse2;

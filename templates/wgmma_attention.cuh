@@ -998,7 +998,7 @@ __device__ __forceinline__ void wg_store_o_tma(const mma_state<Cfg> &st, const m
         if (Cfg::LSE && lane % 4 == 0) {
             const float lse2 = lr > 0.f ? st.m[0][r] * c2 + log2_fast(lr) : neg_inf();
             reinterpret_cast<float *>(p.lse)[((i64)w.q_start + rows.i[0][r]) * p.num_qo_heads + rows.h[0][r]] =
-                lse2 * LN2;
+                lse2 * p.lse_unit;
         }
         const int row = wr + acc_row(lane, r);
         const u32 at = o.base + (u32)(row * 128 + (lane % 4) * 4);

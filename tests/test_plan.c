@@ -9,6 +9,7 @@
  * Plans are made with kiln__plan_create_host (runtime.h) for kernels compiled for sm_90a on a
  * 132-SM device running 1 (decode) or 2 (prefill) CTAs per SM, like an H200.
  */
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -953,5 +954,49 @@ KT_TEST(plan_few_tokens)
                 "request 17 has 5 query tokens, more than the kernel's q_tokens=4");
     free(b);
     kiln_plan_destroy(pl);
+    kiln_ctx_destroy(ctx);
+}
+
+/* The run-time values of a batch run's parameter block (kiln__batch_prepare, which
+ * kiln_plan_run fills it with): the LSE's unit from kiln_params.lse_base2 (ln 2 by default, 1
+ * for base 2; anything else refused with the value), and V's scale, O's factor, for 16-bit
+ * K/V too (FlashInfer's v_scale multiplies o; 0 means 1), with fp8 e4m3's unit where the K/V
+ * are fp8; a v_scale that is not finite and > 0 is refused, naming it. */
+KT_TEST(plan_run_values)
+{
+    kiln_ctx *ctx = KT_CTX(kt_tmpdir(), 0);
+    KT_REQUIRE(ctx);
+    kiln_kernel *k16 = compile(ctx, "op=decode dtype=bf16 head_dim=128 group=4 kv=ragged lse=1");
+    kiln_kernel *k8 = compile(ctx, "op=decode q_dtype=bf16 kv_dtype=e4m3 out_dtype=bf16 "
+                                   "head_dim=128 group=4 kv=ragged lse=1");
+    KT_REQUIRE(k16 && k8);
+    /* the block is filled on the host: the kernels pass for loaded while it is (no device call
+     * follows; they go back to inspection-only before the context frees them) */
+    k16->loaded = k8->loaded = 1;
+    kiln_batch_args a = {0};
+    a.q = a.k = a.v = a.o = a.lse = 0x10000;
+    kiln_launch_params p;
+    kiln__err e;
+    KT_OK(kiln__batch_prepare(k16, &a, 32, 0, 0, 0, &p, &e), e.msg);
+    KT_CHECK(p.lse_unit == 0.6931471805599453f && p.v_scale == 1.0f);
+    a.params.lse_base2 = 1;
+    a.params.v_scale = 0.5f;
+    KT_OK(kiln__batch_prepare(k16, &a, 32, 0, 0, 0, &p, &e), e.msg);
+    KT_CHECK(p.lse_unit == 1.0f && p.v_scale == 0.5f);
+    KT_OK(kiln__batch_prepare(k8, &a, 32, 0, 0, 0, &p, &e), e.msg);
+    KT_CHECK(p.lse_unit == 1.0f && p.v_scale == 0.5f * 256.f); /* e4m3's unit, device.cuh */
+    a.params.lse_base2 = 2;
+    KT_STATUS(kiln__batch_prepare(k16, &a, 32, 0, 0, 0, &p, &e), KILN_STATUS_INVALID_ARGUMENT,
+              "lse_base2=2");
+    KT_CONTAINS(e.msg, "lse_base2 is 0 (natural log) or 1 (base 2), got 2");
+    a.params.lse_base2 = 0;
+    const float bad[] = {-1.0f, INFINITY, NAN};
+    for (int i = 0; i < 3; i++) {
+        a.params.v_scale = bad[i];
+        KT_STATUS(kiln__batch_prepare(k16, &a, 32, 0, 0, 0, &p, &e), KILN_STATUS_INVALID_ARGUMENT,
+                  "a bad v_scale");
+        KT_CONTAINS(e.msg, "v_scale must be finite and > 0");
+    }
+    k16->loaded = k8->loaded = 0;
     kiln_ctx_destroy(ctx);
 }

@@ -110,6 +110,7 @@ class kiln_params(ctypes.Structure):
         ("v_scale", ctypes.c_float),
         ("rope_scale", ctypes.c_float),
         ("rope_theta", ctypes.c_float),
+        ("lse_base2", ctypes.c_int),
     ]
 
 

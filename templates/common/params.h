@@ -119,13 +119,15 @@ typedef struct kiln_launch_params {
     int page_size;   /* paged: tokens per page */
     int slot_rows;   /* rows of one partial slot per head: decode 1, prefill BM */
     float k_scale;   /* fp8: effective scale of stored k (e4m3 includes 2^8, see device.cuh) */
-    float v_scale;   /* fp8: effective scale of stored v */
+    float v_scale;   /* effective scale of stored v (fp8: with its unit, see device.cuh); O's factor */
     float rope_rcp_scale; /* rope: 1 / rope_scale */
     float rope_log2_theta; /* rope: log2(rope_theta) */
     int counters_off; /* int offset of the fused merge's arrival counters (kiln_cfg::FUSED_MERGE) */
+    float lse_unit;   /* the stored LSE per log2 unit: ln 2 (natural log) or 1 (base 2,
+                         kiln_params.lse_base2) */
 } kiln_launch_params;
 
-#define KILN_LAUNCH_PARAMS_SIZE 368
+#define KILN_LAUNCH_PARAMS_SIZE 376
 
 /* The op=merge kernels' block: kiln_merge_state(_in_place) read v_a/lse_a, v_b/lse_b (and mask
  * in place), kiln_merge_states v_all [rows, S, H, D] / lse_all [rows, S, H]. */
@@ -457,6 +459,7 @@ KILN_CONTRACT_AT(kiln_launch_params, user, 176);
 KILN_CONTRACT_AT(kiln_launch_params, kv_indices, 288);
 KILN_CONTRACT_AT(kiln_launch_params, items_off, 328);
 KILN_CONTRACT_AT(kiln_launch_params, counters_off, 364);
+KILN_CONTRACT_AT(kiln_launch_params, lse_unit, 368);
 KILN_CONTRACT_AT(kiln_merge_params, v_stride_n, 72);
 KILN_CONTRACT_AT(kiln_merge_params, num_states, 88);
 KILN_CONTRACT_AT(kiln_work_header, items, KILN_WORK_HEADER_ITEMS_AT * 4);

@@ -48,7 +48,9 @@ struct state_merge {
     __device__ __forceinline__ float out(float scale) const { return l > 0.f ? o / l * scale : 0.f; }
     /* the merged lse: in log2 units from log2 states, natural from log2, natural from natural */
     __device__ __forceinline__ float lse2() const { return l > 0.f ? M + log2_fast(l) : neg_inf(); }
-    __device__ __forceinline__ float lse_nat_of_log2() const { return l > 0.f ? (M + log2_fast(l)) * LN2 : neg_inf(); }
+    /* from log2 states, in the caller's unit per log2 unit (kiln_launch_params::lse_unit: LN2
+     * natural, 1 base 2) */
+    __device__ __forceinline__ float lse_of_log2(float unit) const { return l > 0.f ? (M + log2_fast(l)) * unit : neg_inf(); }
     __device__ __forceinline__ float lse_nat() const { return l > 0.f ? M + log2_fast(l) * LN2 : neg_inf(); }
 };
 
