@@ -178,8 +178,8 @@ static kiln_status fill_values(const kiln_kernel *k, const kiln_attn_args *a, ki
                           k->spec, rp->lse_base2);
     const float fp8_unit = v->kv_dtype == KILN_DTYPE_E4M3 ? 256.f : 1.f;
     p->k_scale = fp8 ? k_scale * fp8_unit : 1.f;
-    p->v_scale = fp8 ? v_scale * fp8_unit : v_scale;          /* 16-bit: o's factor */
-    p->lse_unit = rp->lse_base2 ? 1.0f : 0.6931471805599453f; /* device.cuh's LN2 */
+    p->v_scale = fp8 ? v_scale * fp8_unit : v_scale;   /* 16-bit: o's factor */
+    p->lse_unit = rp->lse_base2 ? 1.0f : (float)M_LN2; /* device.cuh's LN2 */
     if (v->rope) {
         const float rs = rp->rope_scale != 0.f ? rp->rope_scale : 1.f,
                     th = rp->rope_theta != 0.f ? rp->rope_theta : 1e4f;
