@@ -35,6 +35,9 @@ def load(paths):
     return suites, metas
 
 
+NO_RUN = ("", [], {}, {})  # a suite no run measured: no label, rows, ceilings or sibling suites
+
+
 def same_run(suites, suite, other):
     """The rows of suite `other` from the run that gave `suite` ([] where that run has none)."""
     entry = suites.get(suite)
@@ -42,7 +45,7 @@ def same_run(suites, suite, other):
 
 
 def rows_of(suites, suite):
-    return suites.get(suite, ("", [], {}, {}))[1]
+    return suites.get(suite, NO_RUN)[1]
 
 
 def cell(r, what="gpu_us"):
@@ -82,7 +85,7 @@ def ceilings_of(suites, suite):
 
 
 def t_ceilings(suites):
-    label, rows, ceil, _ = suites.get("ceilings", ("", [], {}, {}))
+    label, rows, ceil, _ = suites.get("ceilings", NO_RUN)
     out = [f"From {label}.", "", "| ceiling | GB/s or TFLOP/s | how |", "|---|---|---|"]
     for r in rows:
         how = r.get("check") if r["lib"] == "kiln" else "torch, CUDA-graph replay"
@@ -91,7 +94,7 @@ def t_ceilings(suites):
 
 
 def t_decode(suites, suite, libs=("kiln", "FlashInfer", "FlashInfer-tc", "cuDNN", "FA2", "Flex")):
-    label, rows, _, _ = suites.get(suite, ("", [], {}, {}))
+    label, rows, _, _ = suites.get(suite, NO_RUN)
     read, _ = ceilings_of(suites, suite)
     pts = by_point(rows)
     out = [f"From {label}. GPU µs per call (CUDA-graph replay); kiln / best = best peer's time over kiln's "
@@ -109,7 +112,7 @@ def t_decode(suites, suite, libs=("kiln", "FlashInfer", "FlashInfer-tc", "cuDNN"
 
 
 def t_fp8(suites):
-    label, rows, _, _ = suites.get("fp8", ("", [], {}, {}))
+    label, rows, _, _ = suites.get("fp8", NO_RUN)
     bf = by_point(same_run(suites, "fp8", "decode"))
     out = [f"From {label} (the bf16 column from the same run's decode suite). GPU µs per call; "
            "fp8 speed-up = kiln bf16 time / kiln fp8 time (tokens/s ratio).", "",
@@ -126,7 +129,7 @@ def t_fp8(suites):
 
 def t_prefill(suites, suite):
     libs = ("kiln", "kiln paged", "FlashInfer", "FlashInfer paged", "cuDNN", "FA2", "Flex")
-    label, rows, _, _ = suites.get(suite, ("", [], {}, {}))
+    label, rows, _, _ = suites.get(suite, NO_RUN)
     _, mm = ceilings_of(suites, suite)
     out = [f"From {label}. TFLOP/s by GPU time (CUDA-graph replay); kiln / best = best peer's time over "
            "kiln's (paged: against the peers' paged or contiguous rows); % of matmul: of the same run's bf16 "
@@ -146,7 +149,7 @@ def t_prefill(suites, suite):
 
 
 def t_variants(suites):
-    label, rows, _, _ = suites.get("variants", ("", [], {}, {}))
+    label, rows, _, _ = suites.get("variants", NO_RUN)
     plain = by_point(same_run(suites, "variants", "prefill")).get("4 x 4096", {}).get("kiln")
     out = [f"From {label}; the plain kernel from the same run's prefill suite (its 4 x 4096 causal row: "
            f"{rate(plain)} TFLOP/s).", "",
@@ -163,7 +166,7 @@ def t_variants(suites):
 
 
 def t_bsr(suites):
-    label, rows, _, _ = suites.get("bsr", ("", [], {}, {}))
+    label, rows, _, _ = suites.get("bsr", NO_RUN)
     out = [f"From {label}. TFLOP/s count the visible pairs only; µs are GPU time.", "",
            "| point | lib | GPU µs | TFLOP/s | check |", "|---|---|---|---|---|"]
     for r in rows:
@@ -172,7 +175,7 @@ def t_bsr(suites):
 
 
 def t_cascade(suites):
-    label, rows, _, _ = suites.get("cascade", ("", [], {}, {}))
+    label, rows, _, _ = suites.get("cascade", NO_RUN)
     out = [f"From {label}. GPU µs per call; GB/s count the unique K/V bytes (the prefix once).", "",
            "| point | kiln cascade | FlashInfer cascade | kiln / FlashInfer | kiln plain decode | cuDNN (contiguous, "
            "prefix copied per request) | FA2 (same) |", "|---|---|---|---|---|---|---|"]
@@ -187,7 +190,7 @@ def t_cascade(suites):
 def t_host(suites):
     out = []
     for suite in ("decode", "prefill"):
-        label, rows, _, _ = suites.get(suite, ("", [], {}, {}))
+        label, rows, _, _ = suites.get(suite, NO_RUN)
         pts = by_point(rows)
         libs = ("kiln", "FlashInfer", "cuDNN", "FA2", "Flex") if suite == "decode" else (
             "kiln", "kiln paged", "FlashInfer", "FlashInfer paged", "cuDNN", "FA2", "Flex")
@@ -198,7 +201,7 @@ def t_host(suites):
             out.append(f"| {p} | " + " | ".join(cell(ls.get(x), "host_us") for x in libs) + " | " +
                        " | ".join(cell(ls.get(x), "eager_us") for x in libs) + " |")
         out.append("")
-    label, rows, _, _ = suites.get("host", ("", [], {}, {}))
+    label, rows, _, _ = suites.get("host", NO_RUN)
     out += [f"plan() and run() wall clock per call, each pair followed by a drain (untimed), from {label}:", "",
             "| call | lib | median µs | spread |", "|---|---|---|---|"]
     for r in rows:
