@@ -103,15 +103,13 @@ def make_runner(wrapper, cfg):
         return None
     torch = wrapper._torch
     get_device, get_stream = wrapper._cuda
-    from .attention import LOG2E
-
     return mod.Runner(
         cfg.plan.kernel.context, cfg.plan, cfg, cfg.seen_q, cfg.seen_kv, cfg.seen_out,
         cfg.seen_lse, cfg.out_info, torch.empty,
         (torch.empty_like, torch.Tensor) if cfg.o_dtype == cfg.q_dtype else None,
         {"dtype": cfg.o_dtype, "device": wrapper.device},
         {"dtype": torch.float32, "device": wrapper.device},
-        get_device, get_stream, wrapper._device_index, _fail, LOG2E,
+        get_device, get_stream, wrapper._device_index, _fail,
         ctypes.addressof(cfg.args), ctypes.cast(fn, ctypes.c_void_p).value, float(cfg.sm_scale),
         cfg.H, cfg.D, int(bool(wrapper._use_cuda_graph)), int(bool(cfg.lse)),
-        int(wrapper._lse_base == "2"), int(bool(cfg.fp8)))
+        int(bool(cfg.fp8)))

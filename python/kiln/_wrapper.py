@@ -21,7 +21,7 @@ import math
 
 from . import _check, _hot, _lib
 from ._planvalue import _READBACK, _capturing, _copy_into, _effective, _PlanValue, _readback
-from .attention import LOG2E, _stride, alibi_slopes, default_context, request_mask_bits
+from .attention import _stride, alibi_slopes, default_context, request_mask_bits
 from .core import Context
 from .errors import KilnWorkspaceError
 from .plan import Plan, _count, _request_kv_lens, host_ints
@@ -218,11 +218,11 @@ class _Config:
     def set_params(self, qs=1.0, ks=1.0, vs=1.0):
         """The run-time parameters of args for these q / k / v scales (FlashInfer's meaning:
         q_scale and k_scale multiply sm_scale; with fp8 KV, k_scale and v_scale dequantise in
-        the kernel)."""
+        the kernel; with 16-bit KV the kernel multiplies o by v_scale)."""
         p = self.args.params
         p.sm_scale = self.sm_scale * qs * (1.0 if self.fp8 else ks)
         p.k_scale = ks if self.fp8 else 0.0
-        p.v_scale = vs if self.fp8 else 0.0
+        p.v_scale = vs
         self.scaled = (qs, ks, vs) != (1.0, 1.0, 1.0)
 
 
@@ -425,6 +425,7 @@ class _BatchWrapper:
         p.window_left = max(c.window_left, 0)
         p.alibi_slopes = c.slopes.data_ptr() if c.slopes is not None else 0
         p.rope_scale, p.rope_theta = c.rope_scale, c.rope_theta
+        p.lse_base2 = int(self._lse_base == "2")  # the kernel writes the LSE in this base
         c.set_params()
         c.seen_q, c.seen_kv, c.seen_out, c.seen_lse, c.out_info = {}, {}, {}, {}, {}
         c.hot = None  # the C Runner (_hot.make_runner), made by the first plan()
@@ -750,11 +751,9 @@ class _BatchWrapper:
             self._out_info(cfg, out, rows)
             raise ValueError("k / v: data must be 16-byte aligned (data_ptr "
                              f"0x{kp:x} / 0x{vp:x})")
-        vs = 1.0
         if q_scale is not None or k_scale is not None or v_scale is not None:
-            qs, ks, vs = (_float_scale(q_scale, "q_scale"), _float_scale(k_scale, "k_scale"),
-                          _float_scale(v_scale, "v_scale"))
-            cfg.set_params(qs, ks, vs)
+            cfg.set_params(_float_scale(q_scale, "q_scale"), _float_scale(k_scale, "k_scale"),
+                           _float_scale(v_scale, "v_scale"))
         elif cfg.scaled:
             cfg.set_params()
         a = cfg.args  # every field each call: the C Runner (_hot.py) writes them too
@@ -771,10 +770,6 @@ class _BatchWrapper:
         else:
             with torch.cuda.device(index):
                 st.plan._call(st.plan._fn_run, cfg.args_ref, stream)
-        if vs != 1.0 and not cfg.fp8:
-            out.mul_(vs)
-        if lse is not None and self._lse_base == "2":
-            lse.mul_(LOG2E)  # in place: kiln writes natural-log LSE
         return (out, lse) if return_lse else out
 
     def _check_window(self, cfg, window_left):

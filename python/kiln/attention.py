@@ -356,14 +356,8 @@ def _attention(op, q, k, v, *, causal, kv_layout, sm_scale, logits_soft_cap, win
         _batch_of_one(torch, device, fields, q, k, v, o, lse, H, L_Q, L_KV, n_dim, h_dim,
                       scale=scale, cap=cap, window_left=window_left if window else 0,
                       slopes=slopes, bits=bits, rope_scale=rope_scale, rope_theta=rope_theta,
-                      v_scale=v_scale if fp8 else None)
-        if not fp8 and v_scale is not None and v_scale != 1.0:
-            o.mul_(v_scale)
-        if lse is None:
-            return o
-        if lse_base == "2":
-            lse.mul_(LOG2E)
-        return o, lse
+                      v_scale=v_scale, lse_base2=lse_base == "2")
+        return o if lse is None else (o, lse)
 
     from ._lib import kiln_attn_args
 
@@ -382,6 +376,8 @@ def _attention(op, q, k, v, *, causal, kv_layout, sm_scale, logits_soft_cap, win
     a.params.softcap = cap
     a.params.window_left = int(window_left) if window else 0
     a.params.alibi_slopes = slopes.data_ptr() if slopes is not None else 0
+    a.params.v_scale = 0.0 if v_scale is None else v_scale  # the kernel multiplies o by it
+    a.params.lse_base2 = int(lse_base == "2")  # the kernel writes the LSE in this base
     a.mask_bits = bits.data_ptr() if bits is not None else 0
 
     switch = device.index != torch.cuda.current_device()
@@ -403,17 +399,11 @@ def _attention(op, q, k, v, *, causal, kv_layout, sm_scale, logits_soft_cap, win
         if guard is not None:
             guard.__exit__(None, None, None)
 
-    if v_scale is not None and v_scale != 1.0:
-        o.mul_(v_scale)
-    if lse is None:
-        return o
-    if lse_base == "2":
-        lse.mul_(LOG2E)
-    return o, lse
+    return o if lse is None else (o, lse)
 
 
 def _batch_of_one(torch, device, fields, q, k, v, o, lse, H, L_Q, L_KV, n_dim, h_dim, *, scale,
-                  cap, window_left, slopes, bits, rope_scale, rope_theta, v_scale):
+                  cap, window_left, slopes, bits, rope_scale, rope_theta, v_scale, lse_base2):
     """One request as a ragged batch of one (kv_indptr [0, L_KV]; prefill qo_indptr [0, L_Q]):
     the batch kernels have RoPE and fp8 KV, the single-request ones not. The plan is kept per
     (device, variant, H) and used under its lock (kiln_plan is not thread-safe); its schedule
@@ -448,6 +438,7 @@ def _batch_of_one(torch, device, fields, q, k, v, o, lse, H, L_Q, L_KV, n_dim, h
     p.alibi_slopes = slopes.data_ptr() if slopes is not None else 0
     p.rope_scale, p.rope_theta = rope_scale, rope_theta
     p.k_scale, p.v_scale = 1.0, 1.0 if v_scale is None else v_scale  # k's scale is in scale
+    p.lse_base2 = int(lse_base2)
     a.mask_bits = bits.data_ptr() if bits is not None else 0
 
     switch = device.index != torch.cuda.current_device()

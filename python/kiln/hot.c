@@ -46,7 +46,6 @@ typedef struct runner {
     PyObject *o_kw, *lse_kw;                   /* torch.empty's keywords for o and for lse */
     PyObject *get_device, *get_stream, *index; /* torch's current device / raw stream */
     PyObject *fail;        /* fail(status, context handle): raises the status's KilnError */
-    PyObject *log2e;       /* LOG2E, a float (lse_base="2") */
     kiln_batch_args *args; /* the config's, which cfg keeps alive */
     run_fn fn;             /* kiln_plan_run */
     double sm_scale;       /* the config's (the scales multiply it) */
@@ -54,7 +53,7 @@ typedef struct runner {
     long long total_kv;    /* ragged: the rows k and v need; paged: -1 */
     unsigned long long lse_scratch; /* where an LSE nobody asked for goes (0: lse=0 kernel) */
     int bound;                      /* bind() gave it a batch */
-    int H, D, graph, has_lse, base2, fp8;
+    int H, D, graph, has_lse, fp8;
     /* the decode plan()'s fast path (replan), set by arm() after a plan() of this config and
      * cleared by bind(): the plan's scalar arguments, its _State, what the index arrays must
      * be, the buffers the plan used (they must still hold the batch) and the schedule call */
@@ -70,9 +69,9 @@ typedef struct runner {
 } runner;
 
 static PyObject *s_shape, *s_stride, *s_dtype, *s_device, *s_data_ptr, *s_acquire, *s_release,
-    *s_notify_all, *s_handle, *s_closing, *s_scaled, *s_mul_, *s_is_cpu, *s_typecode,
-    *s_buffer_info, *s_batch, *s_total_qo, *s_total_kv, *s_kv_indptr, *s_qo_indptr, *s_last,
-    *s_indices, *s_forwarded;
+    *s_notify_all, *s_handle, *s_closing, *s_scaled, *s_is_cpu, *s_typecode, *s_buffer_info,
+    *s_batch, *s_total_qo, *s_total_kv, *s_kv_indptr, *s_qo_indptr, *s_last, *s_indices,
+    *s_forwarded;
 
 /* ---- helpers --------------------------------------------------------------------------------- */
 
@@ -379,7 +378,7 @@ static PyObject *runner_call(PyObject *self, PyObject *argv, PyObject *kwargs)
     if (scaled || was_scaled) { /* _Config.set_params(qs, ks, vs) */
         a->params.sm_scale = (float)(r->sm_scale * qs * (r->fp8 ? 1.0 : ks));
         a->params.k_scale = r->fp8 ? (float)ks : 0.0f;
-        a->params.v_scale = r->fp8 ? (float)vs : 0.0f;
+        a->params.v_scale = (float)vs; /* 16-bit KV: the kernel multiplies o by it */
         PyObject_SetAttr(r->cfg, s_scaled, scaled ? Py_True : Py_False);
     }
     a->q = qp;
@@ -409,18 +408,6 @@ static PyObject *runner_call(PyObject *self, PyObject *argv, PyObject *kwargs)
     unhold(r, ctx_handle);
     ctx_handle = NULL;
     if (PyErr_Occurred()) goto done;
-    if (vs != 1.0 && !r->fp8) { /* FlashInfer's v_scale on 16-bit KV multiplies o */
-        PyObject *f = PyFloat_FromDouble(vs);
-        PyObject *m = f ? PyObject_CallMethodObjArgs(out, s_mul_, f, NULL) : NULL;
-        Py_XDECREF(f);
-        if (!m) goto done;
-        Py_DECREF(m);
-    }
-    if (lse != Py_None && r->base2) { /* kiln writes natural-log LSE */
-        PyObject *m = PyObject_CallMethodObjArgs(lse, s_mul_, r->log2e, NULL);
-        if (!m) goto done;
-        Py_DECREF(m);
-    }
     res = want_lse ? PyTuple_Pack(2, out, lse) : Py_NewRef(out);
 done:
     Py_XDECREF(qi);
@@ -677,9 +664,9 @@ static const size_t object_fields[] = {
     offsetof(runner, seen_lse),   offsetof(runner, out_info),   offsetof(runner, empty),
     offsetof(runner, empty_like), offsetof(runner, o_kw),       offsetof(runner, lse_kw),
     offsetof(runner, get_device), offsetof(runner, get_stream), offsetof(runner, index),
-    offsetof(runner, fail),       offsetof(runner, log2e),      offsetof(runner, scalars),
-    offsetof(runner, state),      offsetof(runner, device),     offsetof(runner, cpu),
-    offsetof(runner, int32),      offsetof(runner, tensor),
+    offsetof(runner, fail),       offsetof(runner, scalars),    offsetof(runner, state),
+    offsetof(runner, device),     offsetof(runner, cpu),        offsetof(runner, int32),
+    offsetof(runner, tensor),
 };
 
 static PyObject **field(PyObject *self, size_t i)
@@ -712,24 +699,24 @@ static void runner_dealloc(PyObject *self)
 }
 
 /* Runner(ctx, plan, cfg, seen_q, seen_kv, seen_out, seen_lse, out_info, empty, empty_like,
- *        o_kw, lse_kw, get_device, get_stream, index, fail, log2e, args_address, run_address,
- *        sm_scale, H, D, graph, has_lse, base2, fp8): kiln/_hot.py's make_runner, once per config. It runs
+ *        o_kw, lse_kw, get_device, get_stream, index, fail, args_address, run_address,
+ *        sm_scale, H, D, graph, has_lse, fp8): kiln/_hot.py's make_runner, once per config. It runs
  *        nothing until bind() gives it a plan's batch. */
 static PyObject *runner_new(PyTypeObject *type, PyObject *argv, PyObject *kwargs)
 {
-    PyObject *o[17];
+    PyObject *o[16];
     unsigned long long args_addr, run_addr;
     double sm_scale;
-    int H, D, graph, has_lse, base2, fp8;
+    int H, D, graph, has_lse, fp8;
     if (kwargs && PyObject_Length(kwargs) > 0) {
         PyErr_SetString(PyExc_TypeError, "Runner() takes no keyword arguments");
         return NULL;
     }
-    if (!PyArg_ParseTuple(argv, "OOOO!O!O!O!O!OOO!O!OOOOOKKdiiiiii:Runner", &o[0], &o[1], &o[2],
+    if (!PyArg_ParseTuple(argv, "OOOO!O!O!O!O!OOO!O!OOOOKKdiiiii:Runner", &o[0], &o[1], &o[2],
                           &PyDict_Type, &o[3], &PyDict_Type, &o[4], &PyDict_Type, &o[5],
                           &PyDict_Type, &o[6], &PyDict_Type, &o[7], &o[8], &o[9], &PyDict_Type,
-                          &o[10], &PyDict_Type, &o[11], &o[12], &o[13], &o[14], &o[15], &o[16],
-                          &args_addr, &run_addr, &sm_scale, &H, &D, &graph, &has_lse, &base2, &fp8))
+                          &o[10], &PyDict_Type, &o[11], &o[12], &o[13], &o[14], &o[15], &args_addr,
+                          &run_addr, &sm_scale, &H, &D, &graph, &has_lse, &fp8))
         return NULL;
     if (!args_addr || !run_addr) {
         PyErr_SetString(PyExc_ValueError, "Runner: a NULL kiln_batch_args or kiln_plan_run");
@@ -750,12 +737,11 @@ static PyObject *runner_new(PyTypeObject *type, PyObject *argv, PyObject *kwargs
     r->lock = lock;
     r->cv = cv;
     r->calls = calls;
-    PyObject **dst[17] = {&r->ctx,        &r->plan,       &r->cfg,      &r->seen_q,
+    PyObject **dst[16] = {&r->ctx,        &r->plan,       &r->cfg,      &r->seen_q,
                           &r->seen_kv,    &r->seen_out,   &r->seen_lse, &r->out_info,
                           &r->empty,      &r->empty_like, &r->o_kw,     &r->lse_kw,
-                          &r->get_device, &r->get_stream, &r->index,    &r->fail,
-                          &r->log2e};
-    for (int i = 0; i < 17; i++) *dst[i] = Py_NewRef(o[i]);
+                          &r->get_device, &r->get_stream, &r->index,    &r->fail};
+    for (int i = 0; i < 16; i++) *dst[i] = Py_NewRef(o[i]);
     r->args = (kiln_batch_args *)(uintptr_t)args_addr;
     r->fn = (run_fn)(uintptr_t)run_addr;
     r->bound = 0;
@@ -765,7 +751,6 @@ static PyObject *runner_new(PyTypeObject *type, PyObject *argv, PyObject *kwargs
     r->D = D;
     r->graph = graph;
     r->has_lse = has_lse;
-    r->base2 = base2;
     return (PyObject *)r;
 }
 
@@ -821,15 +806,17 @@ static int hot_exec(PyObject *m)
     struct {
         PyObject **slot;
         const char *name;
-    } names[] = {
-        {&s_shape, "shape"},         {&s_stride, "stride"},         {&s_dtype, "dtype"},
-        {&s_device, "device"},       {&s_data_ptr, "data_ptr"},     {&s_acquire, "acquire"},
-        {&s_release, "release"},     {&s_notify_all, "notify_all"}, {&s_handle, "_handle"},
-        {&s_closing, "_closing"},    {&s_scaled, "scaled"},         {&s_mul_, "mul_"},
-        {&s_is_cpu, "is_cpu"},       {&s_typecode, "typecode"},     {&s_buffer_info, "buffer_info"},
-        {&s_batch, "batch"},         {&s_total_qo, "total_qo"},     {&s_total_kv, "total_kv"},
-        {&s_kv_indptr, "kv_indptr"}, {&s_qo_indptr, "qo_indptr"},   {&s_last, "last"},
-        {&s_indices, "indices"},     {&s_forwarded, "forwarded"}};
+    } names[] = {{&s_shape, "shape"},         {&s_stride, "stride"},
+                 {&s_dtype, "dtype"},         {&s_device, "device"},
+                 {&s_data_ptr, "data_ptr"},   {&s_acquire, "acquire"},
+                 {&s_release, "release"},     {&s_notify_all, "notify_all"},
+                 {&s_handle, "_handle"},      {&s_closing, "_closing"},
+                 {&s_scaled, "scaled"},       {&s_is_cpu, "is_cpu"},
+                 {&s_typecode, "typecode"},   {&s_buffer_info, "buffer_info"},
+                 {&s_batch, "batch"},         {&s_total_qo, "total_qo"},
+                 {&s_total_kv, "total_kv"},   {&s_kv_indptr, "kv_indptr"},
+                 {&s_qo_indptr, "qo_indptr"}, {&s_last, "last"},
+                 {&s_indices, "indices"},     {&s_forwarded, "forwarded"}};
     for (size_t i = 0; i < sizeof names / sizeof names[0]; i++)
         if (!*names[i].slot && !(*names[i].slot = PyUnicode_InternFromString(names[i].name)))
             return -1;

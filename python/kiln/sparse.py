@@ -21,7 +21,7 @@ group over the tokens of its selected column blocks, gathered as pages of one to
 import math
 
 from . import _check, _lib
-from .attention import LOG2E, default_context
+from .attention import default_context
 from .batch import BatchPrefillWithPagedKVCacheWrapper, batch_variant, dtype_word
 from .core import Context
 from .page import _torch
@@ -283,6 +283,7 @@ class BlockSparseAttentionWrapper:
             a.tile_map, a.tile_map_bytes = st.tile_map.data_ptr(), st.tile_map.numel()
         a.params.sm_scale = st.sm_scale
         a.params.softcap = st.softcap
+        a.params.lse_base2 = int(self._lse_base == "2")  # the kernel writes the LSE in this base
         return a
 
     def forward(self, q, k, v, scale_q=None, scale_k=None, scale_v=None,
@@ -347,8 +348,6 @@ class BlockSparseAttentionWrapper:
         a.v_stride_n, a.v_stride_h = _stride(v, 0), _stride(v, 1)
         with torch.cuda.device(self.device):
             st.kernel.single_prefill(a, torch.cuda.current_stream(self.device).cuda_stream)
-        if self._lse_base == "2":
-            lse.mul_(LOG2E)
         return (out, lse) if return_lse else out
 
     def end_forward(self):

@@ -35,7 +35,6 @@ from kiln._wrapper import _meta, _State  # noqa: E402
 
 H, D = 4, 64
 SM_SCALE = 0.125
-LOG2E = 1.4426950408889634
 
 
 class T:
@@ -127,15 +126,14 @@ class Harness:
         self.made.append(u)
         return u
 
-    def runner(self, total_qo=2, total_kv=-1, scratch=0x5550, graph=0, has_lse=1, base2=1,
-               fp8=0, like=None):
+    def runner(self, total_qo=2, total_kv=-1, scratch=0x5550, graph=0, has_lse=1, fp8=0,
+               like=None):
         r = _hot.module().Runner(
             self.ctx, self.plan, self.cfg, self.seen_q, self.seen_kv, self.seen_out,
             self.seen_lse, self.out_info, self.empty, like, {"dtype": "o-dtype", "device": "dev0"},
             {"dtype": "f32", "device": "dev0"}, lambda: self.device, lambda index: 0xabc0 + index,
-            0, self.on_fail, LOG2E, ctypes.addressof(self.args),
-            ctypes.cast(self.fn, ctypes.c_void_p).value, SM_SCALE, H, D, graph, has_lse, base2,
-            fp8)
+            0, self.on_fail, ctypes.addressof(self.args),
+            ctypes.cast(self.fn, ctypes.c_void_p).value, SM_SCALE, H, D, graph, has_lse, fp8)
         return r.bind(total_qo, total_kv, scratch)
 
     def tensors(self, rows=2):
@@ -194,7 +192,7 @@ class TestRunner(Harness, unittest.TestCase):
         self.assertIs(r(q, kv, out, lse, False), out)
         call = self.calls[-1]
         self.assertEqual((call[5], call[6], call[9], call[10]), (0x40000, 0x50000, 999, 7))
-        self.assertEqual(lse.muls, [LOG2E])  # lse_base="2": scaled in place, as run() does
+        self.assertEqual(lse.muls, [])  # the kernel writes the LSE's base (params.lse_base2)
         o, lse2 = r(q, kv, out, lse, True)
         self.assertEqual((o, lse2), (out, lse))
         self.assertEqual(self.made, [])
@@ -205,10 +203,7 @@ class TestRunner(Harness, unittest.TestCase):
         o, lse = r(q, kv, None, None, True)
         self.assertEqual((lse.shape, lse.dtype), ((2, H), "f32"))
         self.assertEqual(self.calls[-1][6], lse.data_ptr())
-        self.assertEqual(lse.muls, [LOG2E])
-        r = self.runner(base2=0)
-        o, lse = r(q, kv, None, None, True)
-        self.assertEqual(lse.muls, [])
+        self.assertEqual(lse.muls, [])  # no pass after the kernel: it wrote the base asked for
 
     def test_scales(self):
         params = self.args.params
@@ -216,8 +211,8 @@ class TestRunner(Harness, unittest.TestCase):
         q, kv = self.tensors()
         r = self.runner()
         o = r(q, kv, None, None, False, 2.0, 3.0, 0.5)  # 16-bit KV: FlashInfer's meaning
-        self.assertEqual((params.sm_scale, params.k_scale, params.v_scale), (0.75, 0.0, 0.0))
-        self.assertEqual(o.muls, [0.5])  # v_scale multiplies o
+        self.assertEqual((params.sm_scale, params.k_scale, params.v_scale), (0.75, 0.0, 0.5))
+        self.assertEqual(o.muls, [])  # the kernel multiplies o by v_scale: no pass after it
         self.assertIs(self.cfg.scaled, True)
         o = r(q, kv, None, None, False)  # the next run without scales resets them
         self.assertEqual(params.sm_scale, SM_SCALE)
@@ -304,8 +299,8 @@ class TestRunner(Harness, unittest.TestCase):
         unbound = _hot.module().Runner(  # the same dicts: only bind() is missing
             self.ctx, self.plan, self.cfg, self.seen_q, self.seen_kv, self.seen_out,
             self.seen_lse, self.out_info, self.empty, None, {}, {}, lambda: 0, lambda i: 0, 0,
-            self.on_fail, LOG2E, ctypes.addressof(self.args),
-            ctypes.cast(self.fn, ctypes.c_void_p).value, SM_SCALE, H, D, 0, 1, 1, 0)
+            self.on_fail, ctypes.addressof(self.args),
+            ctypes.cast(self.fn, ctypes.c_void_p).value, SM_SCALE, H, D, 0, 1, 0)
         self.assertIs(unbound(q, kv, None, None, False), NotImplemented)
         q0 = T((0, H, D), 0x10000)  # rows an unbound Runner's zeroed batch would match
         self.seen_q[_meta(q0)] = (0, H * D, D)

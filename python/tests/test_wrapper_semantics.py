@@ -32,7 +32,12 @@ except ImportError:
 
 HAVE_TORCH = torch is not None
 H, H_KV, D, P = 8, 2, 64, 16
-NATURAL_LSE = 0.75  # what the fake kiln_plan_run writes into every LSE entry
+NATURAL_LSE = 0.75  # the fake kiln_plan_run's LSE of every entry, natural log
+
+
+def written_lse(args):
+    """What the fake run writes: NATURAL_LSE in the base args.params.lse_base2 names."""
+    return NATURAL_LSE * (kiln.LOG2E if args.params.lse_base2 else 1.0)
 
 
 RUN_T = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p)
@@ -74,8 +79,8 @@ class FakeDevice:
             a = _lib.kiln_batch_args()
             ctypes.memmove(ctypes.byref(a), args, ctypes.sizeof(a))
             self.runs.append(a)
-            if a.lse and self.lse_count:
-                vals = (ctypes.c_float * self.lse_count)(*([NATURAL_LSE] * self.lse_count))
+            if a.lse and self.lse_count:  # as the kernel: in base 2 where params ask for it
+                vals = (ctypes.c_float * self.lse_count)(*([written_lse(a)] * self.lse_count))
                 ctypes.memmove(a.lse, vals, ctypes.sizeof(vals))
             return 0
 
@@ -257,12 +262,14 @@ class TestLse(CpuCase):
         w.run(q, kv)
         self.assertEqual(self.dev.runs[-1].lse, scratch)  # no new buffer per call
         written = (ctypes.c_float * (2 * H)).from_address(scratch)
-        self.assertEqual(list(written), [NATURAL_LSE] * (2 * H))  # and no conversion pass
+        self.assertEqual(list(written), [ctypes.c_float(written_lse(self.dev.runs[-1])).value] *
+                         (2 * H))  # and no conversion pass
 
     def test_lse_base_two(self):
         w, q, kv = self.decode()
         self.dev.lse_count = 2 * H
         o, lse = w.run(q, kv, return_lse=True)
+        self.assertEqual(self.dev.runs[-1].params.lse_base2, 1)  # the kernel writes base 2
         self.assertEqual(tuple(lse.shape), (2, H))
         self.assertAlmostEqual(float(lse[1, 3]), NATURAL_LSE * kiln.LOG2E, places=5)
         o, lse = w.run_return_lse(q, kv)
@@ -271,6 +278,22 @@ class TestLse(CpuCase):
         o2 = w.run(q, kv, lse=mine)  # a given lse is written (and converted) even unasked
         self.assertIsInstance(o2, torch.Tensor)
         self.assertAlmostEqual(float(mine[0, 1]), NATURAL_LSE * kiln.LOG2E, places=5)
+
+    def test_lse_base_e_and_v_scale(self):
+        """lse_base="e" asks the kernel for the natural log; a v_scale on 16-bit K/V goes to the
+        kernel (which multiplies o by it), with no pass over o or the LSE after the launch."""
+        w, q, kv = self.decode()
+        w2 = kiln.BatchDecodeWithPagedKVCacheWrapper(self.ws(), "NHD", context=self.dev.ctx,
+                                                     lse_base="e")
+        w2.plan(*self.plan_args)
+        self.dev.lse_count = 2 * H
+        o, lse = w2.run(q, kv, return_lse=True)
+        self.assertEqual(self.dev.runs[-1].params.lse_base2, 0)
+        self.assertEqual(float(lse[1, 3]), NATURAL_LSE)
+        w.run(q, kv, v_scale=2.0)
+        self.assertEqual(self.dev.runs[-1].params.v_scale, 2.0)
+        w.run(q, kv)  # the next run without scales resets it
+        self.assertIn(self.dev.runs[-1].params.v_scale, (0.0, 1.0))
 
     def test_lse_false_plan(self):
         w, q, kv = self.decode(lse=False)
