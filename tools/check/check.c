@@ -14,6 +14,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "check_internal.h"
 
@@ -46,59 +47,134 @@ static int visible(const problem *p, int i, int j, int h)
     return 1;
 }
 
-/* Reference for rows (i, h) with (i * H + h) % step == first. */
+/* The reference of KV heads [hk0, hk0 + heads): row t of a head (query i = t / G, head
+ * hk G + t % G), blocks of `rows` rows, task = head * blocks + block; kd, vd hold the heads' keys
+ * and values in float64, [head - hk0][L_KV][D]. */
+typedef struct ref_job {
+    problem *p;
+    int hk0, heads, rows;
+    long blocks;
+    double *kd, *vd;
+} ref_job;
+
 static void ref_work(void *arg, int first, int step)
 {
-    problem *p = arg;
-    const int D = p->D, off = p->L_KV - p->L_Q;
-    double *qd = malloc(sizeof(double) * (size_t)D);
-    double *x = malloc(sizeof(double) * (size_t)p->L_KV);
-    double *acc = malloc(sizeof(double) * (size_t)D);
-    if (!qd || !x || !acc) goto out;
-    for (long r = first; r < (long)p->L_Q * p->H; r += step) {
-        const int i = (int)(r / p->H), h = (int)(r % p->H), hk = h / p->G;
-        const kiln_dtype qt = p->v.q_dtype, kt = p->v.kv_dtype;
-        for (int d = 0; d < D; d++)
-            qd[d] = kiln__check_bits(qt, p->q[i * p->qs_n + h * p->qs_h + d]);
-        double m = -INFINITY;
-        for (int j = 0; j < p->L_KV; j++) {
-            if (!visible(p, i, j, h)) {
-                x[j] = -INFINITY;
-                continue;
-            }
-            const uint16_t *kr = p->k + j * p->ks_n + hk * p->ks_h;
-            double dot = 0;
-            for (int d = 0; d < D; d++) dot += qd[d] * kiln__check_bits(kt, kr[d]);
-            double s = dot * p->sm_scale;
-            s = kiln__check_logit(p->v.logits, s, p->softcap, p->slopes ? p->slopes[h] : 0.f,
-                                  j - (i + off));
-            if (p->shape && p->shape->ref_logits)
-                s = p->shape->ref_logits(p->shape->ref_user, s, i, j, h, hk, p->L_Q, p->L_KV);
-            x[j] = s;
-            if (s > m) m = s;
+    const ref_job *jb = arg;
+    problem *p = jb->p;
+    const int D = p->D, G = p->G, n = p->L_KV, RB = jb->rows, off = p->L_KV - p->L_Q;
+    const long total = (long)p->L_Q * G;
+    double *qT = malloc(sizeof(double) * (size_t)D * RB), *s = malloc(sizeof(double) * RB);
+    double *x = malloc(sizeof(double) * (size_t)RB * n);
+    double *scratch = malloc(sizeof(double) * (size_t)RB * (D + 2));
+    long *at = malloc(sizeof(long) * RB);
+    int *ir = malloc(sizeof(int) * RB), *hr = malloc(sizeof(int) * RB),
+        *vis = malloc(sizeof(int) * RB);
+    const int ok = qT && s && x && scratch && at && ir && hr && vis;
+    for (long task = first; task < jb->heads * jb->blocks; task += step) {
+        const int hk = jb->hk0 + (int)(task / jb->blocks);
+        const long t0 = task % jb->blocks * RB;
+        const int R = (int)(total - t0 < RB ? total - t0 : RB);
+        const double *kd = jb->kd + (size_t)(hk - jb->hk0) * n * D,
+                     *vd = jb->vd + (size_t)(hk - jb->hk0) * n * D;
+        for (int r = 0; r < R; r++) {
+            ir[r] = (int)((t0 + r) / G);
+            hr[r] = hk * G + (int)((t0 + r) % G);
+            at[r] = (long)ir[r] * p->H + hr[r];
         }
-        double l = 0;
-        for (int d = 0; d < D; d++) acc[d] = 0;
-        if (m > -INFINITY) {
-            for (int j = 0; j < p->L_KV; j++) {
-                if (x[j] == -INFINITY) continue;
-                const double w = exp(x[j] - m);
-                l += w;
-                const uint16_t *vr = p->vv + j * p->ks_n + hk * p->ks_h;
-                for (int d = 0; d < D; d++) acc[d] += w * kiln__check_bits(kt, vr[d]);
+        if (!ok) { /* out of memory: NaN rows fail the comparison loudly */
+            for (int r = 0; r < R; r++) {
+                for (int d = 0; d < D; d++) p->ref_o[(size_t)at[r] * D + d] = NAN;
+                p->ref_lse[at[r]] = NAN;
+            }
+            continue;
+        }
+        for (int r = 0; r < R; r++)
+            for (int d = 0; d < D; d++)
+                qT[(size_t)d * R + r] =
+                    kiln__check_bits(p->v.q_dtype, p->q[ir[r] * p->qs_n + hr[r] * p->qs_h + d]);
+        for (int j = 0; j < n; j++) {
+            int any = 0;
+            for (int r = 0; r < R; r++) any |= vis[r] = visible(p, ir[r], j, hr[r]);
+            if (any) kiln__check_dots(qT, R, D, kd + (size_t)j * D, s);
+            for (int r = 0; r < R; r++) {
+                double v = -INFINITY;
+                if (vis[r]) {
+                    v = kiln__check_logit(p->v.logits, s[r] * p->sm_scale, p->softcap,
+                                          p->slopes ? p->slopes[hr[r]] : 0.f, j - (ir[r] + off));
+                    if (p->shape && p->shape->ref_logits)
+                        v = p->shape->ref_logits(p->shape->ref_user, v, ir[r], j, hr[r], hk, p->L_Q,
+                                                 p->L_KV);
+                }
+                x[(size_t)r * n + j] = v;
             }
         }
-        double *o = p->ref_o + ((size_t)i * p->H + h) * D;
-        for (int d = 0; d < D; d++) o[d] = l > 0 ? acc[d] / l : 0;
-        p->ref_lse[(size_t)i * p->H + h] = l > 0 ? m + log(l) : -INFINITY;
+        kiln__check_softmax_pv(x, R, n, vd, D, scratch, at, p->ref_o, p->ref_lse);
     }
-out:
-    free(qd);
+    free(qT);
+    free(s);
     free(x);
-    free(acc);
+    free(scratch);
+    free(at);
+    free(ir);
+    free(hr);
+    free(vis);
 }
 
-static void reference(problem *p) { kiln_check_parallel(ref_work, p, (long)p->L_Q * p->H); }
+/* Decode task (head, key) of the job's heads into kd and vd. */
+static void decode_work(void *arg, int first, int step)
+{
+    const ref_job *jb = arg;
+    const problem *p = jb->p;
+    const int D = p->D, n = p->L_KV;
+    for (long t = first; t < (long)jb->heads * n; t += step) {
+        const int hk = jb->hk0 + (int)(t / n), j = (int)(t % n);
+        const uint16_t *kr = p->k + j * p->ks_n + hk * p->ks_h,
+                       *vr = p->vv + j * p->ks_n + hk * p->ks_h;
+        double *kd = jb->kd + (size_t)t * D, *vd = jb->vd + (size_t)t * D;
+        for (int d = 0; d < D; d++) {
+            kd[d] = kiln__check_bits(p->v.kv_dtype, kr[d]);
+            vd[d] = kiln__check_bits(p->v.kv_dtype, vr[d]);
+        }
+    }
+}
+
+/* The reference, a few KV heads at a time (their keys and values in float64 take at most
+ * REF_KV_BYTES, or one head's), each head's rows in blocks over the CPUs: at least a task a CPU
+ * where the rows allow, and blocks no larger than kiln__check_ref_rows. */
+#define REF_KV_BYTES (256l << 20)
+static void reference(problem *p)
+{
+    const int D = p->D, n = p->L_KV;
+    const size_t head_bytes = 2 * sizeof(double) * ((size_t)n * D + 1);
+    const int heads =
+        (int)(REF_KV_BYTES / (long)head_bytes < 1         ? 1
+              : REF_KV_BYTES / (long)head_bytes > p->H_KV ? p->H_KV
+                                                          : REF_KV_BYTES / (long)head_bytes);
+    const long cpus = sysconf(_SC_NPROCESSORS_ONLN), total = (long)p->L_Q * p->G;
+    long rows = (total * heads + cpus - 1) / (cpus > 0 ? cpus : 1);
+    if (rows > kiln__check_ref_rows(n)) rows = kiln__check_ref_rows(n);
+    if (rows < 1) rows = 1;
+    ref_job job = {p,
+                   0,
+                   heads,
+                   (int)rows,
+                   (total + rows - 1) / rows,
+                   malloc(head_bytes / 2 * heads),
+                   malloc(head_bytes / 2 * heads)};
+    for (int hk0 = 0; hk0 < p->H_KV; hk0 += heads) {
+        if (!job.kd || !job.vd) { /* out of memory: NaN rows fail the comparison loudly */
+            for (size_t i = 0; i < (size_t)p->L_Q * p->H * D; i++) p->ref_o[i] = NAN;
+            for (size_t i = 0; i < (size_t)p->L_Q * p->H; i++) p->ref_lse[i] = NAN;
+            break;
+        }
+        job.hk0 = hk0;
+        job.heads = p->H_KV - hk0 < heads ? p->H_KV - hk0 : heads;
+        kiln_check_parallel(decode_work, &job, (long)job.heads * n);
+        kiln_check_parallel(ref_work, &job, job.heads * job.blocks);
+    }
+    free(job.kd);
+    free(job.vd);
+}
 
 static long long visible_pairs(const problem *p)
 {
@@ -122,19 +198,19 @@ static long long visible_pairs(const problem *p)
 
 /* Shape, scales and strides of k on s (its defaults filled in). INVALID_ARGUMENT for heads
  * that are not a multiple of the group. */
-static kiln_status problem_init(const kiln_kernel *k, const kiln_check_shape *s, problem *p,
+static kiln_status problem_init(const kiln_variant *v, const kiln_check_shape *s, problem *p,
                                 kiln__err *e)
 {
-    p->v = k->v;
+    p->v = *v;
     p->shape = s;
-    p->D = k->v.head_dim;
-    p->G = k->v.group;
+    p->D = v->head_dim;
+    p->G = v->group;
     p->H = s->num_qo_heads;
     if (p->H < p->G || p->H % p->G)
         return kiln__fail(e, KILN_STATUS_INVALID_ARGUMENT,
                           "check: heads=%d must be a multiple of group=%d", p->H, p->G);
     p->H_KV = p->H / p->G;
-    p->L_Q = k->v.op == KILN_OP_DECODE ? 1 : s->qo_len;
+    p->L_Q = v->op == KILN_OP_DECODE ? 1 : s->qo_len;
     p->L_KV = s->kv_len;
     p->sm_scale = s->sm_scale > 0 ? s->sm_scale : 1.0f / sqrtf((float)p->D);
     p->softcap = s->softcap > 0 ? s->softcap : 30.0f;
@@ -144,7 +220,7 @@ static kiln_status problem_init(const kiln_kernel *k, const kiln_check_shape *s,
     p->qs_n = p->H * p->qs_h + pad;
     p->os_h = D + pad;
     p->os_n = p->H * p->os_h + pad;
-    if (k->v.layout == KILN_LAYOUT_NHD) {
+    if (v->layout == KILN_LAYOUT_NHD) {
         p->ks_h = D + pad;
         p->ks_n = p->H_KV * p->ks_h + pad;
         p->kv_elems = (size_t)p->L_KV * p->ks_n;
@@ -460,7 +536,7 @@ kiln_status kiln_check_run(kiln_ctx *ctx, kiln_kernel *k, const kiln_check_shape
                  ctx ? ctx->err.msg : "no context");
         return KILN_STATUS_NO_DEVICE;
     }
-    if ((st = kiln__ctx_bind(ctx, e)) || (st = problem_init(k, s, &p, e)) ||
+    if ((st = kiln__ctx_bind(ctx, e)) || (st = problem_init(&k->v, s, &p, e)) ||
         (st = problem_fill(&p, e)) || (st = upload_inputs(cu, &p, time_reps, &b, e)) ||
         (st = upload_extras(cu, ctx->dev, &p, &b, e)) || (st = alloc_scratch(ctx, k, &p, &b, e)) ||
         (st = run_once(ctx, k, &p, &b, e)))
@@ -471,6 +547,25 @@ kiln_status kiln_check_run(kiln_ctx *ctx, kiln_kernel *k, const kiln_check_shape
 done:
     kiln_check_message(st, r, e->msg, msg, cap);
     if (cu) dev_free(cu, &b);
+    problem_free(&p);
+    return st;
+}
+
+kiln_status kiln__check_reference_cpu(const kiln_variant *v, const kiln_check_shape *s,
+                                      void (*use)(const kiln__check_ref_io *io, void *user),
+                                      void *user)
+{
+    kiln__err err = {{0}}, *e = &err;
+    problem p = {0};
+    kiln_status st;
+    if (!(st = problem_init(v, s, &p, e)) && !(st = problem_fill(&p, e))) {
+        reference(&p);
+        const kiln__check_ref_io io = {p.H,           p.H_KV,     p.L_Q,     p.L_KV, p.D,
+                                       p.window_left, p.sm_scale, p.softcap, p.q,    p.k,
+                                       p.vv,          p.qs_n,     p.qs_h,    p.ks_n, p.ks_h,
+                                       p.slopes,      p.ref_o,    p.ref_lse};
+        use(&io, user);
+    }
     problem_free(&p);
     return st;
 }

@@ -496,91 +496,121 @@ static int request_of(const kiln_check_index *x, int r)
 }
 
 /* A task's keys and values in float64, dequantised (times the fp8 scales) and, with RoPE,
- * the keys rotated at their positions: kd, vd [L_KV][D]. */
+ * the keys rotated at their positions: kd, vd [L_KV][D]. fp8 codes through a table of the
+ * 256 values (kiln_check_decode's, made once a call), 16-bit ones inline. */
 static void ref_decode_kv(const cb_logical *L, int b, int hk, double *kd, double *vd)
 {
     const int D = L->D, L_KV = L->ix.kv_indptr[b + 1] - L->ix.kv_indptr[b];
     const kiln_dtype kt = L->v.kv_dtype;
     const double ks = L->k_scale > 0 ? L->k_scale : 1, vs = L->v_scale > 0 ? L->v_scale : 1;
+    double fp8[256];
+    if (is_fp8(kt))
+        for (int c = 0; c < 256; c++) fp8[c] = kiln_check_decode(kt, (uint16_t)c);
     for (int j = 0; j < L_KV; j++) {
         const size_t at = ((size_t)(L->ix.kv_indptr[b] + j) * L->H_KV + hk) * D;
-        for (int d = 0; d < D; d++) {
-            kd[(size_t)j * D + d] = ks * kiln_check_decode(kt, L->k[at + d]);
-            vd[(size_t)j * D + d] = vs * kiln_check_decode(kt, L->vv[at + d]);
-        }
-        if (L->v.rope)
-            kiln_check_rope(kd + (size_t)j * D, D, j + L->rope_off[b], L->rope_scale,
-                            L->rope_theta);
+        double *kr = kd + (size_t)j * D, *vr = vd + (size_t)j * D;
+        if (is_fp8(kt))
+            for (int d = 0; d < D; d++) {
+                kr[d] = ks * fp8[L->k[at + d] & 0xff];
+                vr[d] = vs * fp8[L->vv[at + d] & 0xff];
+            }
+        else
+            for (int d = 0; d < D; d++) {
+                kr[d] = ks * kiln__check_bits(kt, L->k[at + d]);
+                vr[d] = vs * kiln__check_bits(kt, L->vv[at + d]);
+            }
+        if (L->v.rope) kiln_check_rope(kr, D, j + L->rope_off[b], L->rope_scale, L->rope_theta);
     }
+}
+
+/* Query row t of task tk (row i0 + t / G of its request, head hk G + t % G): its position i,
+ * head h, place in o / lse, and q (scratch of D) in column c of qT (rotated at its position
+ * with RoPE). */
+static void ref_row(const cb_logical *L, const ref_task *tk, int t, int c, int R, double *q,
+                    double *qT, int *i, int *h, long *at)
+{
+    const int D = L->D, b = tk->b;
+    const int L_Q = L->ix.qo_indptr[b + 1] - L->ix.qo_indptr[b];
+    const int L_KV = L->ix.kv_indptr[b + 1] - L->ix.kv_indptr[b];
+    *i = tk->i0 + t / L->G;
+    *h = tk->hk * L->G + t % L->G;
+    *at = (long)(L->ix.qo_indptr[b] + *i) * L->H + *h;
+    for (int d = 0; d < D; d++) q[d] = kiln_check_from_bits(L->v.q_dtype, L->q[*at * D + d]);
+    if (L->v.rope)
+        kiln_check_rope(q, D, *i + L_KV - L_Q + L->rope_off[b], L->rope_scale, L->rope_theta);
+    for (int d = 0; d < D; d++) qT[(size_t)d * R + c] = q[d];
 }
 
 static void ref_work(void *arg, int first, int step)
 {
     const ref_job *jb = arg;
     const cb_logical *L = jb->L;
-    const int D = L->D, H = L->H;
+    const int D = L->D;
     int max_kv = 1;
     for (int b = 0; b < L->ix.batch; b++) {
         const int n = L->ix.kv_indptr[b + 1] - L->ix.kv_indptr[b];
         if (n > max_kv) max_kv = n;
     }
-    double *qd = malloc(sizeof(double) * (size_t)D), *acc = malloc(sizeof(double) * (size_t)D);
-    double *x = malloc(sizeof(double) * (size_t)max_kv);
+    const int RB = kiln__check_ref_rows(max_kv);
+    double *qT = malloc(sizeof(double) * (size_t)D * RB), *s = malloc(sizeof(double) * RB);
+    double *q = malloc(sizeof(double) * (size_t)D),
+           *x = malloc(sizeof(double) * (size_t)RB * max_kv);
+    double *scratch = malloc(sizeof(double) * (size_t)RB * (D + 2));
     double *kd = malloc(sizeof(double) * (size_t)max_kv * D),
            *vd = malloc(sizeof(double) * (size_t)max_kv * D);
-    const int ok = qd && acc && x && kd && vd;
+    long *at = malloc(sizeof(long) * RB);
+    int *ir = malloc(sizeof(int) * RB), *hr = malloc(sizeof(int) * RB),
+        *vis = malloc(sizeof(int) * RB);
+    const int ok = qT && s && q && x && scratch && kd && vd && at && ir && hr && vis;
     for (long t = first; t < jb->ntasks; t += step) {
         const ref_task *tk = &jb->tasks[t];
-        const int b = tk->b, hk = tk->hk;
+        const int b = tk->b, rows = (tk->i1 - tk->i0) * L->G;
         const int L_Q = L->ix.qo_indptr[b + 1] - L->ix.qo_indptr[b];
         const int L_KV = L->ix.kv_indptr[b + 1] - L->ix.kv_indptr[b];
-        if (ok) ref_decode_kv(L, b, hk, kd, vd);
-        for (int i = tk->i0; i < tk->i1; i++)
-            for (int g = 0; g < L->G; g++) {
-                const int h = hk * L->G + g, r = L->ix.qo_indptr[b] + i, diag = i + L_KV - L_Q;
-                double *orow = jb->o + ((size_t)r * H + h) * D, *lrow = jb->lse + (size_t)r * H + h;
-                if (!ok) { /* out of memory: a NaN row fails the comparison loudly */
-                    for (int d = 0; d < D; d++) orow[d] = NAN;
-                    *lrow = NAN;
-                    continue;
-                }
-                for (int d = 0; d < D; d++)
-                    qd[d] = kiln_check_from_bits(L->v.q_dtype, L->q[((size_t)r * H + h) * D + d]);
-                if (L->v.rope)
-                    kiln_check_rope(qd, D, diag + L->rope_off[b], L->rope_scale, L->rope_theta);
-                double m = -INFINITY;
-                for (int j = 0; j < L_KV; j++) {
-                    x[j] = -INFINITY;
-                    if (L->v.mask == KILN_MASK_CAUSAL && j > diag) continue;
-                    if (L->v.window && j < diag - L->window_left) continue;
-                    if (L->v.mask_data && !mask_shows(L, b, i, j, L_KV)) continue;
-                    const double *kr = kd + (size_t)j * D;
-                    double dot = 0;
-                    for (int d = 0; d < D; d++) dot += qd[d] * kr[d];
-                    double s = dot * L->sm_scale;
-                    s = kiln__check_logit(L->v.logits, s, L->softcap,
-                                          L->slopes ? L->slopes[h] : 0.f, j - diag);
-                    x[j] = s;
-                    if (s > m) m = s;
-                }
-                double l = 0;
-                for (int d = 0; d < D; d++) acc[d] = 0;
-                for (int j = 0; m > -INFINITY && j < L_KV; j++) {
-                    if (x[j] == -INFINITY) continue;
-                    const double w = exp(x[j] - m);
-                    const double *vr = vd + (size_t)j * D;
-                    l += w;
-                    for (int d = 0; d < D; d++) acc[d] += w * vr[d];
-                }
-                for (int d = 0; d < D; d++) orow[d] = l > 0 ? acc[d] / l : 0;
-                *lrow = l > 0 ? m + log(l) : -INFINITY;
+        if (!ok) { /* out of memory: NaN rows fail the comparison loudly */
+            for (int r = 0; r < rows; r++) {
+                const long row = (long)(L->ix.qo_indptr[b] + tk->i0 + r / L->G) * L->H +
+                                 tk->hk * L->G + r % L->G;
+                for (int d = 0; d < D; d++) jb->o[(size_t)row * D + d] = NAN;
+                jb->lse[row] = NAN;
             }
+            continue;
+        }
+        ref_decode_kv(L, b, tk->hk, kd, vd);
+        for (int t0 = 0; t0 < rows; t0 += RB) {
+            const int R = rows - t0 < RB ? rows - t0 : RB;
+            for (int r = 0; r < R; r++) ref_row(L, tk, t0 + r, r, R, q, qT, &ir[r], &hr[r], &at[r]);
+            for (int j = 0; j < L_KV; j++) {
+                int any = 0;
+                for (int r = 0; r < R; r++) {
+                    const int diag = ir[r] + L_KV - L_Q;
+                    vis[r] = !(L->v.mask == KILN_MASK_CAUSAL && j > diag) &&
+                             !(L->v.window && j < diag - L->window_left) &&
+                             !(L->v.mask_data && !mask_shows(L, b, ir[r], j, L_KV));
+                    any |= vis[r];
+                }
+                if (any) kiln__check_dots(qT, R, D, kd + (size_t)j * D, s);
+                for (int r = 0; r < R; r++)
+                    x[(size_t)r * L_KV + j] =
+                        vis[r] ? kiln__check_logit(L->v.logits, s[r] * L->sm_scale, L->softcap,
+                                                   L->slopes ? L->slopes[hr[r]] : 0.f,
+                                                   j - (ir[r] + L_KV - L_Q))
+                               : -INFINITY;
+            }
+            kiln__check_softmax_pv(x, R, L_KV, vd, D, scratch, at, jb->o, jb->lse);
+        }
     }
-    free(qd);
-    free(acc);
+    free(qT);
+    free(s);
+    free(q);
     free(x);
+    free(scratch);
     free(kd);
     free(vd);
+    free(at);
+    free(ir);
+    free(hr);
+    free(vis);
 }
 
 kiln_status kiln__cb_reference(const cb_logical *L, double **o, double **lse)

@@ -10,7 +10,9 @@
 
 #include "check_internal.h"
 
-#define MAX_THREADS 64
+#define MAX_THREADS       64
+#define REF_MAX_ROWS      32         /* rows a reference block computes together */
+#define REF_SCRATCH_BYTES (4l << 20) /* a block's logits: at most this many bytes a thread */
 
 void kiln_check_tolerance(const kiln_variant *v, double *atol, double *rtol)
 {
@@ -60,6 +62,73 @@ void kiln__check_rel_l2(kiln_check_result *r, const double sums[2])
 {
     r->rel_l2 = sums[1] > 0 ? sqrt(sums[0] / sums[1]) : sqrt(sums[0]);
     if (isnan(r->rel_l2)) r->rel_l2 = INFINITY;
+}
+
+int kiln__check_ref_rows(int n)
+{
+    const long fit = (REF_SCRATCH_BYTES / (long)sizeof(double)) / (n > 0 ? n : 1);
+    return fit < 1 ? 1 : fit > REF_MAX_ROWS ? REF_MAX_ROWS : (int)fit;
+}
+
+void kiln__check_dots(const double *qT, int R, int D, const double *k, double *s)
+{
+    for (int r = 0; r < R; r++) s[r] = 0;
+    int d = 0;
+    for (; d + 4 <= D; d += 4) { /* four terms a pass, added in d's order: the same rounding */
+        const double k0 = k[d], k1 = k[d + 1], k2 = k[d + 2], k3 = k[d + 3];
+        const double *q0 = qT + (size_t)d * R, *q1 = q0 + R, *q2 = q1 + R, *q3 = q2 + R;
+        for (int r = 0; r < R; r++)
+            s[r] = (((s[r] + q0[r] * k0) + q1[r] * k1) + q2[r] * k2) + q3[r] * k3;
+    }
+    for (; d < D; d++) {
+        const double kd = k[d], *q = qT + (size_t)d * R;
+        for (int r = 0; r < R; r++) s[r] += q[r] * kd;
+    }
+}
+
+void kiln__check_softmax_pv(const double *x, int R, int n, const double *v, int D, double *scratch,
+                            const long *at, double *o, double *lse)
+{
+    double *m = scratch, *l = scratch + R, *acc = scratch + 2 * R;
+    for (int r = 0; r < R; r++) {
+        m[r] = -INFINITY;
+        l[r] = 0;
+        for (int j = 0; j < n; j++)
+            if (x[(size_t)r * n + j] > m[r]) m[r] = x[(size_t)r * n + j];
+    }
+    for (size_t i = 0; i < (size_t)R * D; i++) acc[i] = 0;
+    /* j outermost, four keys a pass: V's rows are read once for the R rows, and each output
+     * element adds its four terms in j's order (the same rounding as one at a time) */
+    for (int j0 = 0; j0 < n; j0 += 4) {
+        const int nj = n - j0 < 4 ? n - j0 : 4;
+        for (int r = 0; r < R; r++) {
+            double w[4] = {0, 0, 0, 0};
+            int live = 0;
+            for (int t = 0; t < nj; t++) {
+                const double xr = x[(size_t)r * n + j0 + t];
+                if (m[r] == -INFINITY || xr == -INFINITY) continue;
+                w[t] = exp(xr - m[r]);
+                l[r] += w[t];
+                live |= 1 << t;
+            }
+            double *a = acc + (size_t)r * D;
+            const double *v0 = v + (size_t)j0 * D;
+            if (live == 15) {
+                const double *v1 = v0 + D, *v2 = v1 + D, *v3 = v2 + D;
+                for (int d = 0; d < D; d++)
+                    a[d] = (((a[d] + w[0] * v0[d]) + w[1] * v1[d]) + w[2] * v2[d]) + w[3] * v3[d];
+            } else {
+                for (int t = 0; t < nj; t++)
+                    if (live >> t & 1)
+                        for (int d = 0; d < D; d++) a[d] += w[t] * v0[(size_t)t * D + d];
+            }
+        }
+    }
+    for (int r = 0; r < R; r++) {
+        double *orow = o + (size_t)at[r] * D;
+        for (int d = 0; d < D; d++) orow[d] = l[r] > 0 ? acc[(size_t)r * D + d] / l[r] : 0;
+        lse[at[r]] = l[r] > 0 ? m[r] + log(l[r]) : -INFINITY;
+    }
 }
 
 int kiln__check_cmp_double(const void *a, const void *b)

@@ -96,6 +96,38 @@ static inline double kiln__check_logit(kiln_logits logits, double s, double cap,
     }
 }
 
+/* The float64 references compute a block of query rows against each key together, so that a
+ * key's row is read once for the block and the block's dot products are independent sums (the
+ * sum of one dot is still taken d = 0 .. D-1, and the softmax's sums j = 0 .. n-1, as the
+ * definition's loops do: the block changes no bit of the result).
+ *   kiln__check_ref_rows    the rows of a block over n keys (its logits fit a thread's share)
+ *   kiln__check_dots        s[r] = q_r . k for R rows, q in columns: qT [D][R]
+ *   kiln__check_softmax_pv  rows r of x [R][n] (-inf: hidden) -> their softmax's weighted sum
+ *                           of v [n][D] into o + at[r] * D, and lse[at[r]] (natural log; -inf and
+ *                           o = 0 for a row with no visible key); scratch holds R * (D + 2) */
+int kiln__check_ref_rows(int n);
+void kiln__check_dots(const double *qT, int R, int D, const double *k, double *s);
+void kiln__check_softmax_pv(const double *x, int R, int n, const double *v, int D, double *scratch,
+                            const long *at, double *o, double *lse);
+
+/* The single-request check's inputs and float64 reference (check.c) as the reference saw them:
+ * q at q[i qs_n + h qs_h + d], k and v at [j ks_n + hk ks_h + d], o [L_Q][H][D], lse [L_Q][H]
+ * (natural log), the builtin parameters with their defaults filled in. */
+typedef struct kiln__check_ref_io {
+    int H, H_KV, L_Q, L_KV, D, window_left;
+    float sm_scale, softcap;
+    const uint16_t *q, *k, *v;
+    int64_t qs_n, qs_h, ks_n, ks_h;
+    const float *slopes;
+    const double *o, *lse;
+} kiln__check_ref_io;
+
+/* Draw v's inputs for shape s (its seed) and compute the single-request reference on the CPU,
+ * no GPU involved; use sees them before they are freed. For the tests of the reference. */
+kiln_status kiln__check_reference_cpu(const kiln_variant *v, const kiln_check_shape *s,
+                                      void (*use)(const kiln__check_ref_io *io, void *user),
+                                      void *user);
+
 /* qsort comparator of doubles, ascending. */
 int kiln__check_cmp_double(const void *a, const void *b);
 
