@@ -142,7 +142,7 @@ static void decode_work(void *arg, int first, int step)
  * REF_KV_BYTES, or one head's), each head's rows in blocks over the CPUs: at least a task a CPU
  * where the rows allow, and blocks no larger than kiln__check_ref_rows. */
 #define REF_KV_BYTES (256l << 20)
-static void reference(problem *p)
+static kiln_status reference(problem *p, kiln__err *e)
 {
     const int D = p->D, n = p->L_KV;
     const size_t head_bytes = 2 * sizeof(double) * ((size_t)n * D + 1);
@@ -161,12 +161,14 @@ static void reference(problem *p)
                    (total + rows - 1) / rows,
                    malloc(head_bytes / 2 * heads),
                    malloc(head_bytes / 2 * heads)};
+    if (!job.kd || !job.vd) {
+        free(job.kd);
+        free(job.vd);
+        return kiln__fail(e, KILN_STATUS_NO_MEMORY,
+                          "check: out of host memory for the reference's keys and values (%zu MB)",
+                          (head_bytes * (size_t)heads) >> 20);
+    }
     for (int hk0 = 0; hk0 < p->H_KV; hk0 += heads) {
-        if (!job.kd || !job.vd) { /* out of memory: NaN rows fail the comparison loudly */
-            for (size_t i = 0; i < (size_t)p->L_Q * p->H * D; i++) p->ref_o[i] = NAN;
-            for (size_t i = 0; i < (size_t)p->L_Q * p->H; i++) p->ref_lse[i] = NAN;
-            break;
-        }
         job.hk0 = hk0;
         job.heads = p->H_KV - hk0 < heads ? p->H_KV - hk0 : heads;
         kiln_check_parallel(decode_work, &job, (long)job.heads * n);
@@ -174,6 +176,7 @@ static void reference(problem *p)
     }
     free(job.kd);
     free(job.vd);
+    return KILN_STATUS_OK;
 }
 
 static long long visible_pairs(const problem *p)
@@ -444,13 +447,15 @@ static kiln_status run_once(kiln_ctx *ctx, kiln_kernel *k, problem *p, const dev
 
 /* ---- comparison and timing ------------------------------------------------------------------ */
 
-/* The reference against the kernel's o and lse into r; keep_output copies o out as doubles. */
-static void compare(problem *p, kiln_check_result *r)
+/* The reference against the kernel's o and lse into r; keep_output copies o out as doubles.
+ * NO_MEMORY (with the size) where the reference's keys and values do not fit in host memory. */
+static kiln_status compare(problem *p, kiln_check_result *r, kiln__err *e)
 {
     const int D = p->D, rows = p->shape->skip_reference ? 0 : p->L_Q;
     const kiln_dtype ot = p->v.out_dtype;
     double sums[2] = {0, 0};
-    if (!p->shape->skip_reference) reference(p);
+    kiln_status st;
+    if (!p->shape->skip_reference && (st = reference(p, e))) return st;
     kiln_check_tolerance(&p->v, &r->atol, &r->rtol);
     for (int i = 0; i < rows; i++)
         for (int h = 0; h < p->H; h++) {
@@ -479,6 +484,7 @@ static void compare(problem *p, kiln_check_result *r)
     kiln__check_rel_l2(r, sums);
     r->flops = 4.0 * D * (double)visible_pairs(p) * p->H;
     r->bytes = (double)(p->L_Q * (double)p->H * D * 2) * 2 + 2.0 * p->L_KV * p->H_KV * D * 2;
+    return KILN_STATUS_OK;
 }
 
 /* Median and fastest of reps launches with CUDA events (three warm-ups first), rotating the
@@ -541,7 +547,7 @@ kiln_status kiln_check_run(kiln_ctx *ctx, kiln_kernel *k, const kiln_check_shape
         (st = upload_extras(cu, ctx->dev, &p, &b, e)) || (st = alloc_scratch(ctx, k, &p, &b, e)) ||
         (st = run_once(ctx, k, &p, &b, e)))
         goto done;
-    compare(&p, r);
+    if ((st = compare(&p, r, e))) goto done;
     if (time_reps > 0 && (st = time_launches(ctx, k, &p, &b, time_reps, r, e))) goto done;
     if (r->bad) st = KILN_STATUS_MISMATCH;
 done:
@@ -559,13 +565,14 @@ kiln_status kiln__check_reference_cpu(const kiln_variant *v, const kiln_check_sh
     problem p = {0};
     kiln_status st;
     if (!(st = problem_init(v, s, &p, e)) && !(st = problem_fill(&p, e))) {
-        reference(&p);
+        if ((st = reference(&p, e))) goto done;
         const kiln__check_ref_io io = {p.H,           p.H_KV,     p.L_Q,     p.L_KV, p.D,
                                        p.window_left, p.sm_scale, p.softcap, p.q,    p.k,
                                        p.vv,          p.qs_n,     p.qs_h,    p.ks_n, p.ks_h,
                                        p.slopes,      p.ref_o,    p.ref_lse};
         use(&io, user);
     }
+done:
     problem_free(&p);
     return st;
 }
