@@ -7,6 +7,7 @@
  */
 #include <ctype.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "jit.h"
@@ -101,6 +102,48 @@ static int has_word(const char *text, const char *word)
     return 0;
 }
 
+/* A bound on every value of a logits snippet, read from its canonical tokens (single spaces
+ * between them, as kiln__variant_canonicalize writes them): `B * tanhf ( ... )` or
+ * `tanhf ( ... ) * B`, the call's parentheses spanning the rest, with B a float literal or an f32
+ * scalar parameter, gives |B| (the snippet's tanhf is tanh.approx, within [-1, 1]). The wgmma
+ * softmax then takes the fixed reference m = 0 where |B| log2(e) allows (wg_cap_ref), as the
+ * builtin soft-cap does. Writes the bound's C expression into out (the parameter read from the
+ * launch block) and returns 1; 0 for any other snippet. */
+static int logits_bound(const kiln_variant *v, char *out, size_t cap)
+{
+    char buf[sizeof v->logits_expr];
+    snprintf(buf, sizeof buf, "%s", v->logits_expr);
+    const char *t[64];
+    int n = 0;
+    char *save = NULL;
+    for (char *w = strtok_r(buf, " ", &save); w; w = strtok_r(NULL, " ", &save)) {
+        if (n == 64) return 0;
+        t[n++] = w;
+    }
+    /* the tanhf call from token `at`: its closing parenthesis, or -1 */
+    int b, call;
+    if (n >= 6 && !strcmp(t[1], "*") && !strcmp(t[2], "tanhf")) b = 0, call = 2;
+    else if (n >= 6 && !strcmp(t[0], "tanhf") && !strcmp(t[n - 2], "*")) b = n - 1, call = 0;
+    else return 0;
+    if (strcmp(t[call + 1], "(")) return 0;
+    int depth = 0, close = -1;
+    for (int i = call + 1; i < n && close < 0; i++) {
+        depth += !strcmp(t[i], "(") - !strcmp(t[i], ")");
+        if (!depth) close = i;
+    }
+    if (close != (call ? n - 1 : n - 3)) return 0;
+    for (int i = 0; i < v->num_params; i++)
+        if (v->params[i].type == KILN_PARAM_F32 && !strcmp(v->params[i].name, t[b])) {
+            snprintf(out, cap, "fabsf(__int_as_float((int)(unsigned)p.user[%d]))", i);
+            return 1;
+        }
+    char *end = NULL;
+    const float f = strtof(t[b], &end);
+    if (end == t[b] || (*end && strcmp(end, "f") && strcmp(end, "F")) || !(f == f)) return 0;
+    snprintf(out, cap, "fabsf(%s)", t[b]);
+    return 1;
+}
+
 /* The user snippets (validated and canonicalised before expansion) as static members of the
  * config struct; the templates call them only when HAS_*_EXPR is true. */
 static void emit_hooks(kiln__str *s, const kiln_variant *v)
@@ -129,6 +172,15 @@ static void emit_hooks(kiln__str *s, const kiln_variant *v)
                      "    static constexpr int MASK_DATA = %d;\n    static constexpr bool "
                      "MASK_USES_HEAD = %s;\n",
                      (int)v->mask_data, uses_head ? "true" : "false");
+    char bound[96];
+    const int bounded = has_logits && logits_bound(v, bound, sizeof bound);
+    kiln__str_printf(s, "    static constexpr bool LOGITS_BOUNDED = %s;\n",
+                     bounded ? "true" : "false");
+    if (bounded)
+        kiln__str_printf(s,
+                         "    static __device__ __forceinline__ float logits_bound(const "
+                         "kiln_launch_params &p) { return %s; }\n",
+                         bound);
     if (has_logits) {
         kiln__str_puts(
             s, "    static __device__ __forceinline__ float logits_expr(float logits, int batch,\n"

@@ -855,11 +855,14 @@ __device__ __forceinline__ void wg_issue_pv(float (&o)[Cfg::D / 8][4], const u32
  * sum of 2^20 keys times any |v| below 2^28, far above the flush to zero; the row max, its
  * quad shuffles and the rescale of O go (one instruction an element of about seven soft-cap
  * takes). Caps up to 55 (Gemma 2's 50, Grok's 30) take it; a larger one keeps the running
- * max. A snippet's soft-cap is not known to be bounded: it keeps the running max. */
+ * max. A logits snippet is bounded where kiln reads a bound from its form (jit/expand.c
+ * logits_bound: `cap * tanhf(...)`; its values, in natural units, c2 = log2(e)); any other
+ * snippet keeps the running max. */
 constexpr float CAP_REF_MAX = 80.0f;
 template <class Cfg> __device__ __forceinline__ bool wg_cap_ref(const kiln_launch_params &p)
 {
-    if constexpr ((Cfg::LOGITS == LOGITS_SOFTCAP || Cfg::LOGITS == LOGITS_SOFTCAP_ALIBI) && !Cfg::HAS_LOGITS_EXPR)
+    if constexpr (Cfg::HAS_LOGITS_EXPR && Cfg::LOGITS_BOUNDED) return Cfg::logits_bound(p) * LOG2E <= CAP_REF_MAX;
+    else if constexpr ((Cfg::LOGITS == LOGITS_SOFTCAP || Cfg::LOGITS == LOGITS_SOFTCAP_ALIBI) && !Cfg::HAS_LOGITS_EXPR)
         return p.softcap * LOG2E <= CAP_REF_MAX;
     else return false;
 }

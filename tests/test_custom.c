@@ -10,6 +10,7 @@
 #include <string.h>
 
 #include "check.h"
+#include "jit.h"
 #include "kt.h"
 
 #define SEG_MAX 8192
@@ -223,6 +224,48 @@ KT_GPU_TEST(gpu_custom_cookbook)
             }
     printf("    cookbook: %d variants x dtypes x ops, %d cases, %d bad\n", NCOOK, cases, bad);
     kiln_ctx_destroy(ctx);
+}
+
+/* A logits snippet of the form `B * tanhf(...)` (or `tanhf(...) * B`), B a float literal or an
+ * f32 parameter, is bounded by |B|: the source says LOGITS_BOUNDED and reads the bound, so that
+ * the wgmma softmax can take the builtin soft-cap's fixed reference (wg_cap_ref). Any other form,
+ * an integer or array parameter, a sum after the call or a second factor is not. */
+KT_TEST(custom_logits_bound)
+{
+    static const struct {
+        const char *spec, *bound; /* bound: the C expression, or NULL (not bounded) */
+    } cases[] = {
+        {"params=cap:f32 logits_expr=\"cap * tanhf(logits / cap)\"",
+         "fabsf(__int_as_float((int)(unsigned)p.user[0]))"},
+        {"params=w:i32,cap:f32 logits_expr=\"tanhf((logits + (float)w) / cap) * cap\"",
+         "fabsf(__int_as_float((int)(unsigned)p.user[1]))"},
+        {"logits_expr=\"30.0f * tanhf(logits / 30.0f)\"", "fabsf(30.0f)"},
+        {"logits_expr=\"30.0f * tanhf(logits) + 1.0f\"", NULL},
+        {"logits_expr=\"30.0f * tanhf(logits) * 2.0f\"", NULL},
+        {"logits_expr=\"tanhf(logits) * tanhf(logits)\"", NULL},
+        {"params=n:i32 logits_expr=\"(float)n * tanhf(logits)\"", NULL},
+        {"params=caps:f32[] logits_expr=\"caps[qo_head] * tanhf(logits)\"", NULL},
+        {"logits_expr=\"logits - logf(1.0f + expf(logits))\"", NULL},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        char spec[512];
+        snprintf(spec, sizeof spec, "op=prefill dtype=bf16 head_dim=128 group=4 mask=causal %s",
+                 cases[i].spec);
+        kiln_variant v;
+        kiln__config cfg;
+        kiln__err e;
+        char *src = NULL;
+        if (kiln_variant_parse(spec, &v) != KILN_STATUS_OK) {
+            kt_fail(__FILE__, __LINE__, "%s: %s", spec, kiln_errmsg());
+            continue;
+        }
+        KT_OK(kiln__config_pick(&v, 90, &cfg, &e), e.msg);
+        KT_OK(kiln__expand(&v, &cfg, "sm_90a", &src, &e), e.msg);
+        if (!src) continue;
+        KT_CONTAINS(src, cases[i].bound ? "LOGITS_BOUNDED = true;" : "LOGITS_BOUNDED = false;");
+        if (cases[i].bound) KT_CONTAINS(src, cases[i].bound);
+        free(src);
+    }
 }
 
 /* Builtin soft-cap and the snippet soft-cap on identical inputs give the same output. */
