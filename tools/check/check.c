@@ -1,8 +1,9 @@
 /*
  * check.c — runs a kernel on fresh random inputs and compares it with a float64 CPU
- * reference that evaluates the attention definition directly (no tiling, no online softmax):
- * for each query row and head, the visible keys under the mask, the logits transform, a
- * softmax in double and the weighted sum of V. Inputs are drawn in float, rounded to the
+ * reference that evaluates the attention definition directly (no online softmax): for each
+ * query row and head, the visible keys under the mask, the logits transform, a softmax in
+ * double and the weighted sum of V. Rows go in blocks against each key (check_internal.h), each
+ * sum in the definition's order, so the blocks change no bit of the result. Inputs are drawn in float, rounded to the
  * kernel's dtype, and the reference reads the rounded values. Outputs are poisoned (NaN)
  * before the launch, so an element the kernel never wrote fails the comparison.
  *
