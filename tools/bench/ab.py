@@ -44,6 +44,8 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.join(HERE, "..", "..", "python"))
 
+from clocks import describe  # noqa: E402 — after the path
+
 
 def prefill_inputs(B, S, D):
     from referee_common import H, H_KV, copies_for
@@ -190,18 +192,26 @@ def eager(points, n):
 
 
 def child(points):
-    """Measure every point in this process; one JSON line: point -> (µs, rate, unit)."""
+    """Measure every point in this process; one JSON line: point -> (µs, rate, unit, clock), the
+    clock the SM ran at meanwhile (clocks.py; {} where none was sampled)."""
+    import time
+
     import torch
+    from clocks import CLOCKS
     from referee_common import time_graph
+    CLOCKS.start()
     out = {}
     for p in points:
         try:
             fn, copies, work, unit = point_fn(p.split(":"))
+            t0 = time.time()
             us = time_graph(fn, copies)
-            out[p] = (us, work / (us * 1e-6) / (1e9 if unit == "GB/s" else 1e12), unit)
+            out[p] = (us, work / (us * 1e-6) / (1e9 if unit == "GB/s" else 1e12), unit,
+                      CLOCKS.window(t0, time.time()))
         except Exception as e:  # noqa: BLE001 — a point that fails is a row that says so
-            out[p] = (None, None, f"{type(e).__name__}: {str(e)[:200]}")
+            out[p] = (None, None, f"{type(e).__name__}: {str(e)[:200]}", {})
         torch.cuda.empty_cache()
+    CLOCKS.stop()
     print("AB_JSON " + json.dumps(out), flush=True)
 
 
@@ -239,15 +249,20 @@ def main():
                 continue
             for k, v in json.loads(line[0][8:]).items():
                 res.setdefault(k, {}).setdefault(name, []).append(v)
-                us, rate, unit = v
-                print(f"round {r} {name:>16} {k:>20}: " + (f"{us:9.2f} us {rate:8.1f} {unit}" if us else unit),
-                      flush=True)
+                us, rate, unit, clock = v
+                print(f"round {r} {name:>16} {k:>20}: " +
+                      (f"{us:9.2f} us {rate:8.1f} {unit}  {describe(clock)}" if us else unit), flush=True)
     if not res:
         return 1
     names = list(next(iter(res.values())))
     print("\n| point | " + " | ".join(names) + " |\n|---|" + "---|" * len(names))
     for k, by in res.items():
         cells = [" / ".join(f"{v[0]:.1f} us {v[1]:.0f}" if v[0] else "failed" for v in by.get(n, [])) for n in names]
+        print(f"| {k} | " + " | ".join(cells) + " |")
+    print("\nSM clock while each was timed (mean MHz, a round each; clocks.py):\n\n| point | " +
+          " | ".join(names) + " |\n|---|" + "---|" * len(names))
+    for k, by in res.items():
+        cells = [" / ".join(str(v[3].get("sm_mhz", "—")) if v[0] else "—" for v in by.get(n, [])) for n in names]
         print(f"| {k} | " + " | ".join(cells) + " |")
     return 0
 

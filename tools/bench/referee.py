@@ -27,7 +27,10 @@ a failure to build, capture or run is printed in the row, never dropped.
 
 Shapes: bf16, H 32, H_KV 8 (G 4), D 128 unless a row says otherwise; decode KV paged in pages of
 16 (NHD, pages shuffled in the pool). Decode GB/s counts K + V + q + o bytes; prefill TFLOP/s
-counts 4 * D * visible (query, key) pairs * H.
+counts 4 * D * visible (query, key) pairs * H. Beside each GPU time: the mean SM clock, power and
+the share of samples with a power throttle reason while it was measured (clocks.py: nvidia-smi
+every 50 ms; none for timings shorter than that), since a power-capped clock, not the kernel,
+can be what a figure shows.
 
 usage (on a GPU machine, from the repository root):
   python3 tools/bench/referee.py [--quick] [--only SUITE,...] [--csv F] [--md F] [--json F]
@@ -38,7 +41,8 @@ tools/bench/referee.sh runs the whole thing (FlashInfer install and JIT included
 
 This file is the command line; the parts live beside it: referee_common.py (shapes, the three
 timings, the results table), referee_peers.py (inputs, the libraries, FlashInfer's JIT),
-referee_suites.py (the suites) and referee_report.py (the summary and the output files).
+referee_suites.py (the suites), referee_report.py (the summary and the output files) and
+clocks.py (the clock samples).
 """
 import argparse
 import json
@@ -47,6 +51,7 @@ import time
 
 import torch
 
+from clocks import CLOCKS
 from referee_common import BURSTS, EAGER_CALLS, REPLAYS, RES, ROTATE_BYTES, short
 from referee_peers import FI, FI_CONFIGS, fi_compile_only  # noqa: F401 — referee.sh reads FI_CONFIGS
 from referee_report import summary, write_files
@@ -82,6 +87,8 @@ def main():
                     date=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), quick=a.quick,
                     method=f"graph {REPLAYS} replays x {BURSTS} bursts, rotate {ROTATE_BYTES >> 20} MiB; "
                            f"host: back-to-back calls no sync; eager: events + sync, {EAGER_CALLS} calls")
+    why = CLOCKS.start()
+    RES.meta.update(clocks=f"nvidia-smi every {CLOCKS.period_ms} ms: {CLOCKS.query}" if not why else why)
     if a.flashinfer:
         FI.load(a.fi_ok)
     else:
@@ -104,6 +111,7 @@ def main():
             RES.add(dict(suite=s, point="(suite)", lib="-", unit="", check="failed", error=short(e)))
         print(f"<!-- suite {s}: {time.time() - ts:.0f} s -->", flush=True)
         torch.cuda.empty_cache()
+    CLOCKS.stop()
     text = summary()
     print(text)
     print(f"\nreferee: {len(RES.rows)} rows in {time.time() - t0:.0f} s")

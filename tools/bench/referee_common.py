@@ -7,6 +7,8 @@ import time
 
 import torch
 
+from clocks import CLOCKS
+
 
 H, H_KV, PAGE = 32, 8, 16
 G = H // H_KV
@@ -165,7 +167,9 @@ def measure(suite, point, unit, work, contenders, copies, ref_lib="kiln"):
         except Exception as e:  # noqa: BLE001
             errs.append("host: " + short(e))
         try:
+            t0 = time.time()
             row["gpu_us"] = time_graph(fn, copies)
+            row.update(CLOCKS.window(t0, time.time()))  # the SM clock while it ran (clocks.py)
             row["rate"] = work / (row["gpu_us"] * 1e-6) / (1e9 if unit == "GB/s" else 1e12)
         except Exception as e:  # noqa: BLE001
             errs.append("graph: " + short(e))

@@ -3,6 +3,7 @@ time; kiln's share of the measured ceilings; host time per call) and its CSV, JS
 files."""
 import json
 
+from clocks import describe
 from referee_common import RES
 
 
@@ -25,14 +26,19 @@ def ceilings():
     return read, mm
 
 
+def clock(row):
+    """The row's clock while its GPU time was measured (clocks.py), or '—'."""
+    return describe({k: row[k] for k in ("sm_mhz", "power_w", "power_capped") if k in row}) or "—"
+
+
 def summary():
     """kiln / best peer per point, by GPU time (ratio > 1: kiln is faster), and kiln's share of
     the measured ceiling (GB/s: the streaming read; TFLOP/s: the bf16 matmul)."""
     read, mm = ceilings()
     lines = ["", "### kiln against the best peer, by GPU time (CUDA-graph replay)", "",
              f"Ceilings in this run: streaming read {read or 0:.0f} GB/s, bf16 matmul {mm or 0:.0f} TFLOP/s.", "",
-             "| suite | point | kiln µs | best peer | peer µs | kiln / best | kiln rate | % of ceiling |",
-             "|---|---|---|---|---|---|---|---|"]
+             "| suite | point | kiln µs | best peer | peer µs | kiln / best | kiln rate | % of ceiling | clock: kiln / peer |",
+             "|---|---|---|---|---|---|---|---|---|"]
     by = {}
     for r in RES.rows:
         by.setdefault((r["suite"], r["point"]), []).append(r)
@@ -45,12 +51,13 @@ def summary():
             share = f"{100 * kr['rate'] / ceil:.1f}" if ceil and kr.get("rate") else ""
             name = point + (" (paged)" if "paged" in kr["lib"] else " (single)" if "single" in kr["lib"] else "")
             if not peers:
-                lines.append(f"| {suite} | {name} | {kr['gpu_us']:.1f} | — | | | {kr['rate']:.0f} {kr['unit']} | {share} |")
+                lines.append(f"| {suite} | {name} | {kr['gpu_us']:.1f} | — | | | {kr['rate']:.0f} {kr['unit']} | {share} "
+                             f"| {clock(kr)} |")
                 continue
             best = min(peers, key=lambda r: r["gpu_us"])
             ratio = best["gpu_us"] / kr["gpu_us"]
             lines.append(f"| {suite} | {name} | {kr['gpu_us']:.1f} | {best['lib']} | {best['gpu_us']:.1f} | "
-                         f"{ratio:.2f} | {kr['rate']:.0f} {kr['unit']} | {share} |")
+                         f"{ratio:.2f} | {kr['rate']:.0f} {kr['unit']} | {share} | {clock(kr)} / {clock(best)} |")
     lines += ["", "### Host time per call (µs; run: back-to-back, no sync; plan: each call then a drain)", "",
               "| suite | point | lib | host µs/call | eager µs/call | GPU µs |", "|---|---|---|---|---|---|"]
     for r in RES.rows:
@@ -64,7 +71,8 @@ def write_files(text, csv_path, json_path, md_path):
     """The rows as CSV (a metadata line first), the whole run as JSON, the summary as markdown;
     each only when its path is given."""
     if csv_path:
-        keys = ["suite", "point", "lib", "unit", "gpu_us", "rate", "host_us", "eager_us", "check", "copies", "error"]
+        keys = ["suite", "point", "lib", "unit", "gpu_us", "rate", "host_us", "eager_us", "check", "copies",
+                "sm_mhz", "power_w", "power_capped", "error"]
         with open(csv_path, "w") as f:
             f.write("# " + json.dumps(RES.meta) + "\n" + ",".join(keys) + "\n")
             for r in RES.rows:
