@@ -72,7 +72,7 @@ help:
 	@echo "make demo       build, warm docs/demo.manifest into the default cache, list it,"
 	@echo "                and run 'kiln check' on each variant when a GPU is present"
 	@echo "make probe      build/bin/wgmma-probe (nvcc): checks the wgmma descriptor forms on an sm_90 GPU"
-	@echo "make gpu-seed   compile the GPU tests' kernels (tests/gpu.manifest) for sm_90a into"
+	@echo "make gpu-seed   compile the GPU tests' kernels (tests/gpu.manifest, tests/python.manifest) for sm_90a into"
 	@echo "                .seed/cache.tar.xz, for a GPU lease to carry (KILN_SEED_CACHE)"
 	@echo "make bench-gpu  on a GPU machine: the referee (tools/bench/referee.sh all; FlashInfer from .whl/),"
 	@echo "                logs under \$$OUT; docs/perf.md says how to make the tables from it"
@@ -182,6 +182,9 @@ WARM_TWINS = while IFS='|' read -r spec pre; do echo "$$spec arch=sm_90a" | KILN
 gpu-seed: all
 	rm -rf $(BUILD)/seed && mkdir -p $(BUILD)/seed .seed
 	KILN_CACHE_DIR=$(BUILD)/seed $(KILN) warm --arch sm_90a --jobs $$(nproc) tests/gpu.manifest
+	# the Python tests' kernels beyond those (device_tests.sh's python.manifest), once recorded
+	if [ -s tests/python.manifest ]; then KILN_CACHE_DIR=$(BUILD)/seed $(KILN) warm \
+	    --arch sm_90a --jobs $$(nproc) tests/python.manifest || exit 1; fi
 	# the gpu_mma_sync_* tests run the prefill grids once more on the mma.sync family
 	grep op=prefill tests/gpu.manifest | KILN_TUNE=wgmma=0 KILN_CACHE_DIR=$(BUILD)/seed \
 	    $(KILN) warm --arch sm_90a --jobs $$(nproc) -

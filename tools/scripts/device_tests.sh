@@ -8,7 +8,8 @@
 # test runs in a process of its own and every Python test file in another, $KILN_JOBS (default
 # 16) at a time, sharing one cache (its compile leases keep two processes from building one
 # kernel). Each GPU test records the kernels it asked for; $OUT/gpu.manifest is their union, for
-# `kiln warm` on a later machine. KILN_JOBS=1 runs them one after another.
+# `kiln warm` on a later machine; $OUT/python.manifest the Python tests' kernels beyond it.
+# KILN_JOBS=1 runs them one after another.
 #   KILN_SEED_CACHE=FILE.tar.xz  unpack a carried cache (kernels.db, e.g. warmed here with
 #                                `kiln warm --arch sm_90a`) into $KILN_CACHE_DIR first
 #   KILN_TEST_TIMEOUT=S          the limit for one test process (default 300)
@@ -61,7 +62,8 @@ else
     : > "$OUT/python/files.txt"
 fi
 xargs -P "$JOBS" -I{} sh -c 'f=${3%-hot*} hot=${3##*-hot}; cd python/tests &&
-        KILN_HOT=$hot timeout "$2" python3 -m unittest -v "$f" > "$1/python/$3.log" 2>&1;
+        KILN_HOT=$hot KILN_RECORD="$1/python/$3.manifest" timeout "$2" python3 -m unittest -v "$f" \
+            > "$1/python/$3.log" 2>&1;
         echo "rc=$?" >> "$1/python/$3.log"' sh "$OUT" "$LIMIT" {} \
     < "$OUT/python/files.txt" &
 wait $c_pid
@@ -90,6 +92,11 @@ done < "$OUT/python/files.txt"
 if [ "${KILN_PY:-1}" != 0 ]; then
     echo "python: $pyok files OK, $pybad failed ($(cat "$OUT"/python/*.log | grep -c '\.\.\. ok$') tests ok," \
         "$(cat "$OUT"/python/*.log | grep -c '\.\.\. skipped') skipped; $((SECONDS - t0)) s)"
+    # the kernels the Python tests asked for that the C tests did not: what a seed made from
+    # tests/gpu.manifest alone leaves them to compile on the GPU machine (tests/python.manifest)
+    cat "$OUT"/python/*.manifest 2> /dev/null | grep -v '^#' | sort -u |
+        comm -23 - "$OUT/gpu.manifest" > "$OUT/python.manifest"
+    echo "python: $(wc -l < "$OUT/python.manifest") kernels beyond the C tests' (python.manifest)"
 else
     echo "python: not run (KILN_PY=0)"
 fi
