@@ -65,7 +65,7 @@ static void ref_work(void *arg, int first, int step)
     const int D = p->D, G = p->G, n = p->L_KV, RB = jb->rows, off = p->L_KV - p->L_Q;
     const long total = (long)p->L_Q * G;
     double *qT = malloc(sizeof(double) * (size_t)D * RB), *s = malloc(sizeof(double) * RB);
-    double *x = malloc(sizeof(double) * (size_t)RB * n);
+    double *x = malloc(sizeof(double) * ((size_t)RB * n + 1)); /* + 1: never malloc(0) */
     double *scratch = malloc(sizeof(double) * (size_t)RB * (D + 2));
     long *at = malloc(sizeof(long) * RB);
     int *ir = malloc(sizeof(int) * RB), *hr = malloc(sizeof(int) * RB),
