@@ -61,7 +61,8 @@ def time_host(fn, copies, gpu_us_hint):
 
 
 def time_graph(fn, copies):
-    """GPU µs per call by CUDA-graph replay (see the file comment)."""
+    """GPU µs per call by CUDA-graph replay (see the file comment), and the SM clock while the
+    bursts ran (clocks.py: {} where no sample fell in them)."""
     s = torch.cuda.Stream()
     s.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(s):  # torch wants work on a side stream before a capture
@@ -75,6 +76,7 @@ def time_graph(fn, copies):
     g.replay()
     torch.cuda.synchronize()
     per = []
+    t0 = time.time()
     for _ in range(BURSTS):
         a, b = _ev(), _ev()
         a.record()
@@ -83,8 +85,9 @@ def time_graph(fn, copies):
         b.record()
         b.synchronize()
         per.append(a.elapsed_time(b) * 1e3 / (REPLAYS * copies))
+    clock = CLOCKS.window(t0, time.time())
     del g
-    return statistics.median(per)
+    return statistics.median(per), clock
 
 
 def fresh_memory():
@@ -167,9 +170,8 @@ def measure(suite, point, unit, work, contenders, copies, ref_lib="kiln"):
         except Exception as e:  # noqa: BLE001
             errs.append("host: " + short(e))
         try:
-            t0 = time.time()
-            row["gpu_us"] = time_graph(fn, copies)
-            row.update(CLOCKS.window(t0, time.time()))  # the SM clock while it ran (clocks.py)
+            row["gpu_us"], clock = time_graph(fn, copies)
+            row.update(clock)
             row["rate"] = work / (row["gpu_us"] * 1e-6) / (1e9 if unit == "GB/s" else 1e12)
         except Exception as e:  # noqa: BLE001
             errs.append("graph: " + short(e))
