@@ -62,63 +62,50 @@ static void ref_work(void *arg, int first, int step)
 {
     const ref_job *jb = arg;
     problem *p = jb->p;
-    const int D = p->D, G = p->G, n = p->L_KV, RB = jb->rows, off = p->L_KV - p->L_Q;
+    const int D = p->D, G = p->G, n = p->L_KV, off = p->L_KV - p->L_Q;
     const long total = (long)p->L_Q * G;
-    double *qT = malloc(sizeof(double) * (size_t)D * RB), *s = malloc(sizeof(double) * RB);
-    double *x = malloc(sizeof(double) * ((size_t)RB * n + 1)); /* + 1: never malloc(0) */
-    double *scratch = malloc(sizeof(double) * (size_t)RB * (D + 2));
-    long *at = malloc(sizeof(long) * RB);
-    int *ir = malloc(sizeof(int) * RB), *hr = malloc(sizeof(int) * RB),
-        *vis = malloc(sizeof(int) * RB);
-    const int ok = qT && s && x && scratch && at && ir && hr && vis;
+    kiln__check_block bk;
+    const int ok = kiln__check_block_alloc(&bk, jb->rows, n, D);
     for (long task = first; task < jb->heads * jb->blocks; task += step) {
         const int hk = jb->hk0 + (int)(task / jb->blocks);
-        const long t0 = task % jb->blocks * RB;
-        const int R = (int)(total - t0 < RB ? total - t0 : RB);
+        const long t0 = task % jb->blocks * jb->rows;
+        const int R = (int)(total - t0 < jb->rows ? total - t0 : jb->rows);
         const double *kd = jb->kd + (size_t)(hk - jb->hk0) * n * D,
                      *vd = jb->vd + (size_t)(hk - jb->hk0) * n * D;
         for (int r = 0; r < R; r++) {
-            ir[r] = (int)((t0 + r) / G);
-            hr[r] = hk * G + (int)((t0 + r) % G);
-            at[r] = (long)ir[r] * p->H + hr[r];
-        }
-        if (!ok) { /* out of memory: NaN rows fail the comparison loudly */
-            for (int r = 0; r < R; r++) {
-                for (int d = 0; d < D; d++) p->ref_o[(size_t)at[r] * D + d] = NAN;
-                p->ref_lse[at[r]] = NAN;
+            const int i = (int)((t0 + r) / G), h = hk * G + (int)((t0 + r) % G);
+            const long at = (long)i * p->H + h;
+            if (!ok) { /* out of memory: NaN rows fail the comparison loudly */
+                for (int d = 0; d < D; d++) p->ref_o[(size_t)at * D + d] = NAN;
+                p->ref_lse[at] = NAN;
+                continue;
             }
-            continue;
-        }
-        for (int r = 0; r < R; r++)
+            bk.i[r] = i, bk.h[r] = h, bk.at[r] = at;
             for (int d = 0; d < D; d++)
-                qT[(size_t)d * R + r] =
-                    kiln__check_bits(p->v.q_dtype, p->q[ir[r] * p->qs_n + hr[r] * p->qs_h + d]);
+                bk.qT[(size_t)d * R + r] =
+                    kiln__check_bits(p->v.q_dtype, p->q[i * p->qs_n + h * p->qs_h + d]);
+        }
+        if (!ok) continue;
         for (int j = 0; j < n; j++) {
             int any = 0;
-            for (int r = 0; r < R; r++) any |= vis[r] = visible(p, ir[r], j, hr[r]);
-            if (any) kiln__check_dots(qT, R, D, kd + (size_t)j * D, s);
+            for (int r = 0; r < R; r++) any |= bk.vis[r] = visible(p, bk.i[r], j, bk.h[r]);
+            if (any) kiln__check_dots(bk.qT, R, D, kd + (size_t)j * D, bk.s);
             for (int r = 0; r < R; r++) {
                 double v = -INFINITY;
-                if (vis[r]) {
-                    v = kiln__check_logit(p->v.logits, s[r] * p->sm_scale, p->softcap,
-                                          p->slopes ? p->slopes[hr[r]] : 0.f, j - (ir[r] + off));
+                if (bk.vis[r]) {
+                    v = kiln__check_logit(p->v.logits, bk.s[r] * p->sm_scale, p->softcap,
+                                          p->slopes ? p->slopes[bk.h[r]] : 0.f,
+                                          j - (bk.i[r] + off));
                     if (p->shape && p->shape->ref_logits)
-                        v = p->shape->ref_logits(p->shape->ref_user, v, ir[r], j, hr[r], hk, p->L_Q,
-                                                 p->L_KV);
+                        v = p->shape->ref_logits(p->shape->ref_user, v, bk.i[r], j, bk.h[r], hk,
+                                                 p->L_Q, p->L_KV);
                 }
-                x[(size_t)r * n + j] = v;
+                bk.x[(size_t)r * n + j] = v;
             }
         }
-        kiln__check_softmax_pv(x, R, n, vd, D, scratch, at, p->ref_o, p->ref_lse);
+        kiln__check_softmax_pv(bk.x, R, n, vd, D, bk.scratch, bk.at, p->ref_o, p->ref_lse);
     }
-    free(qT);
-    free(s);
-    free(x);
-    free(scratch);
-    free(at);
-    free(ir);
-    free(hr);
-    free(vis);
+    kiln__check_block_free(&bk);
 }
 
 /* Decode task (head, key) of the job's heads into kd and vd. */
@@ -147,10 +134,8 @@ static kiln_status reference(problem *p, kiln__err *e)
 {
     const int D = p->D, n = p->L_KV;
     const size_t head_bytes = 2 * sizeof(double) * ((size_t)n * D + 1);
-    const int heads =
-        (int)(REF_KV_BYTES / (long)head_bytes < 1         ? 1
-              : REF_KV_BYTES / (long)head_bytes > p->H_KV ? p->H_KV
-                                                          : REF_KV_BYTES / (long)head_bytes);
+    const long fit = REF_KV_BYTES / (long)head_bytes;
+    const int heads = (int)(fit < 1 ? 1 : fit > p->H_KV ? p->H_KV : fit);
     const long cpus = sysconf(_SC_NPROCESSORS_ONLN), total = (long)p->L_Q * p->G;
     long rows = (total * heads + cpus - 1) / (cpus > 0 ? cpus : 1);
     if (rows > kiln__check_ref_rows(n)) rows = kiln__check_ref_rows(n);

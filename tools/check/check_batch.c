@@ -523,22 +523,22 @@ static void ref_decode_kv(const cb_logical *L, int b, int hk, double *kd, double
     }
 }
 
-/* Query row t of task tk (row i0 + t / G of its request, head hk G + t % G): its position i,
- * head h, place in o / lse, and q (scratch of D) in column c of qT (rotated at its position
- * with RoPE). */
-static void ref_row(const cb_logical *L, const ref_task *tk, int t, int c, int R, double *q,
-                    double *qT, int *i, int *h, long *at)
+/* Query row t of task tk (row i0 + t / G of its request, head hk G + t % G) as row r of a
+ * block of R: its position, head and place in o / lse, and q in column r of bk->qT (rotated at
+ * its position with RoPE; q is scratch of D). */
+static void ref_row(const cb_logical *L, const ref_task *tk, int t, int r, int R, double *q,
+                    kiln__check_block *bk)
 {
     const int D = L->D, b = tk->b;
     const int L_Q = L->ix.qo_indptr[b + 1] - L->ix.qo_indptr[b];
     const int L_KV = L->ix.kv_indptr[b + 1] - L->ix.kv_indptr[b];
-    *i = tk->i0 + t / L->G;
-    *h = tk->hk * L->G + t % L->G;
-    *at = (long)(L->ix.qo_indptr[b] + *i) * L->H + *h;
-    for (int d = 0; d < D; d++) q[d] = kiln_check_from_bits(L->v.q_dtype, L->q[*at * D + d]);
+    const int i = tk->i0 + t / L->G, h = tk->hk * L->G + t % L->G;
+    const long at = (long)(L->ix.qo_indptr[b] + i) * L->H + h;
+    bk->i[r] = i, bk->h[r] = h, bk->at[r] = at;
+    for (int d = 0; d < D; d++) q[d] = kiln_check_from_bits(L->v.q_dtype, L->q[at * D + d]);
     if (L->v.rope)
-        kiln_check_rope(q, D, *i + L_KV - L_Q + L->rope_off[b], L->rope_scale, L->rope_theta);
-    for (int d = 0; d < D; d++) qT[(size_t)d * R + c] = q[d];
+        kiln_check_rope(q, D, i + L_KV - L_Q + L->rope_off[b], L->rope_scale, L->rope_theta);
+    for (int d = 0; d < D; d++) bk->qT[(size_t)d * R + r] = q[d];
 }
 
 static void ref_work(void *arg, int first, int step)
@@ -552,16 +552,11 @@ static void ref_work(void *arg, int first, int step)
         if (n > max_kv) max_kv = n;
     }
     const int RB = kiln__check_ref_rows(max_kv);
-    double *qT = malloc(sizeof(double) * (size_t)D * RB), *s = malloc(sizeof(double) * RB);
+    kiln__check_block bk;
     double *q = malloc(sizeof(double) * (size_t)D),
-           *x = malloc(sizeof(double) * (size_t)RB * max_kv);
-    double *scratch = malloc(sizeof(double) * (size_t)RB * (D + 2));
-    double *kd = malloc(sizeof(double) * (size_t)max_kv * D),
+           *kd = malloc(sizeof(double) * (size_t)max_kv * D),
            *vd = malloc(sizeof(double) * (size_t)max_kv * D);
-    long *at = malloc(sizeof(long) * RB);
-    int *ir = malloc(sizeof(int) * RB), *hr = malloc(sizeof(int) * RB),
-        *vis = malloc(sizeof(int) * RB);
-    const int ok = qT && s && q && x && scratch && kd && vd && at && ir && hr && vis;
+    const int ok = kiln__check_block_alloc(&bk, RB, max_kv, D) && q && kd && vd;
     for (long t = first; t < jb->ntasks; t += step) {
         const ref_task *tk = &jb->tasks[t];
         const int b = tk->b, rows = (tk->i1 - tk->i0) * L->G;
@@ -579,38 +574,32 @@ static void ref_work(void *arg, int first, int step)
         ref_decode_kv(L, b, tk->hk, kd, vd);
         for (int t0 = 0; t0 < rows; t0 += RB) {
             const int R = rows - t0 < RB ? rows - t0 : RB;
-            for (int r = 0; r < R; r++) ref_row(L, tk, t0 + r, r, R, q, qT, &ir[r], &hr[r], &at[r]);
+            for (int r = 0; r < R; r++) ref_row(L, tk, t0 + r, r, R, q, &bk);
             for (int j = 0; j < L_KV; j++) {
                 int any = 0;
                 for (int r = 0; r < R; r++) {
-                    const int diag = ir[r] + L_KV - L_Q;
-                    vis[r] = !(L->v.mask == KILN_MASK_CAUSAL && j > diag) &&
-                             !(L->v.window && j < diag - L->window_left) &&
-                             !(L->v.mask_data && !mask_shows(L, b, ir[r], j, L_KV));
-                    any |= vis[r];
+                    const int diag = bk.i[r] + L_KV - L_Q;
+                    bk.vis[r] = !(L->v.mask == KILN_MASK_CAUSAL && j > diag) &&
+                                !(L->v.window && j < diag - L->window_left) &&
+                                !(L->v.mask_data && !mask_shows(L, b, bk.i[r], j, L_KV));
+                    any |= bk.vis[r];
                 }
-                if (any) kiln__check_dots(qT, R, D, kd + (size_t)j * D, s);
+                if (any) kiln__check_dots(bk.qT, R, D, kd + (size_t)j * D, bk.s);
                 for (int r = 0; r < R; r++)
-                    x[(size_t)r * L_KV + j] =
-                        vis[r] ? kiln__check_logit(L->v.logits, s[r] * L->sm_scale, L->softcap,
-                                                   L->slopes ? L->slopes[hr[r]] : 0.f,
-                                                   j - (ir[r] + L_KV - L_Q))
-                               : -INFINITY;
+                    bk.x[(size_t)r * L_KV + j] =
+                        bk.vis[r]
+                            ? kiln__check_logit(L->v.logits, bk.s[r] * L->sm_scale, L->softcap,
+                                                L->slopes ? L->slopes[bk.h[r]] : 0.f,
+                                                j - (bk.i[r] + L_KV - L_Q))
+                            : -INFINITY;
             }
-            kiln__check_softmax_pv(x, R, L_KV, vd, D, scratch, at, jb->o, jb->lse);
+            kiln__check_softmax_pv(bk.x, R, L_KV, vd, D, bk.scratch, bk.at, jb->o, jb->lse);
         }
     }
-    free(qT);
-    free(s);
+    kiln__check_block_free(&bk);
     free(q);
-    free(x);
-    free(scratch);
     free(kd);
     free(vd);
-    free(at);
-    free(ir);
-    free(hr);
-    free(vis);
 }
 
 kiln_status kiln__cb_reference(const cb_logical *L, double **o, double **lse)

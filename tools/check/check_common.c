@@ -6,6 +6,7 @@
 #include <math.h>
 #include <pthread.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <unistd.h>
 
 #include "check_internal.h"
@@ -68,6 +69,31 @@ int kiln__check_ref_rows(int n)
 {
     const long fit = (REF_SCRATCH_BYTES / (long)sizeof(double)) / (n > 0 ? n : 1);
     return fit < 1 ? 1 : fit > REF_MAX_ROWS ? REF_MAX_ROWS : (int)fit;
+}
+
+int kiln__check_block_alloc(kiln__check_block *b, int rows, int n, int D)
+{
+    b->qT = malloc(sizeof(double) * (size_t)D * rows);
+    b->s = malloc(sizeof(double) * rows);
+    b->x = malloc(sizeof(double) * ((size_t)rows * n + 1)); /* + 1: never malloc(0) */
+    b->scratch = malloc(sizeof(double) * (size_t)rows * (D + 2));
+    b->at = malloc(sizeof(long) * rows);
+    b->i = malloc(sizeof(int) * rows);
+    b->h = malloc(sizeof(int) * rows);
+    b->vis = malloc(sizeof(int) * rows);
+    return b->qT && b->s && b->x && b->scratch && b->at && b->i && b->h && b->vis;
+}
+
+void kiln__check_block_free(kiln__check_block *b)
+{
+    free(b->qT);
+    free(b->s);
+    free(b->x);
+    free(b->scratch);
+    free(b->at);
+    free(b->i);
+    free(b->h);
+    free(b->vis);
 }
 
 void kiln__check_dots(const double *qT, int R, int D, const double *k, double *s)

@@ -106,6 +106,17 @@ static inline double kiln__check_logit(kiln_logits logits, double s, double cap,
  *                           of v [n][D] into o + at[r] * D, and lse[at[r]] (natural log; -inf and
  *                           o = 0 for a row with no visible key); scratch holds R * (D + 2) */
 int kiln__check_ref_rows(int n);
+/* A reference thread's buffers for blocks of up to `rows` rows over n keys at head dim D: q in
+ * columns (qT [D][rows]), the dots s, the logits x [rows][n], kiln__check_softmax_pv's scratch,
+ * and per row its place in o / lse (at), query position (i), head (h) and visibility (vis).
+ * kiln__check_block_alloc returns 0 when out of memory; free either way. */
+typedef struct kiln__check_block {
+    double *qT, *s, *x, *scratch;
+    long *at;
+    int *i, *h, *vis;
+} kiln__check_block;
+int kiln__check_block_alloc(kiln__check_block *b, int rows, int n, int D);
+void kiln__check_block_free(kiln__check_block *b);
 void kiln__check_dots(const double *qT, int R, int D, const double *k, double *s);
 void kiln__check_softmax_pv(const double *x, int R, int n, const double *v, int D, double *scratch,
                             const long *at, double *o, double *lse);
