@@ -103,7 +103,7 @@ static void ref_work(void *arg, int first, int step)
                 bk.x[(size_t)r * n + j] = v;
             }
         }
-        kiln__check_softmax_pv(bk.x, R, n, vd, D, bk.scratch, bk.at, p->ref_o, p->ref_lse);
+        kiln__check_softmax_pv(&bk, R, n, vd, D, p->ref_o, p->ref_lse);
     }
     kiln__check_block_free(&bk);
 }

@@ -593,7 +593,7 @@ static void ref_work(void *arg, int first, int step)
                                                 j - (bk.i[r] + L_KV - L_Q))
                             : -INFINITY;
             }
-            kiln__check_softmax_pv(bk.x, R, L_KV, vd, D, bk.scratch, bk.at, jb->o, jb->lse);
+            kiln__check_softmax_pv(&bk, R, L_KV, vd, D, jb->o, jb->lse);
         }
     }
     kiln__check_block_free(&bk);

@@ -112,10 +112,12 @@ void kiln__check_dots(const double *qT, int R, int D, const double *k, double *s
     }
 }
 
-void kiln__check_softmax_pv(const double *x, int R, int n, const double *v, int D, double *scratch,
-                            const long *at, double *o, double *lse)
+void kiln__check_softmax_pv(const kiln__check_block *b, int R, int n, const double *v, int D,
+                            double *o, double *lse)
 {
-    double *m = scratch, *l = scratch + R, *acc = scratch + 2 * R;
+    const double *x = b->x;
+    const long *at = b->at;
+    double *m = b->scratch, *l = b->scratch + R, *acc = b->scratch + 2 * R;
     for (int r = 0; r < R; r++) {
         m[r] = -INFINITY;
         l[r] = 0;

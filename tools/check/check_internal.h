@@ -102,9 +102,10 @@ static inline double kiln__check_logit(kiln_logits logits, double s, double cap,
  * definition's loops do: the block changes no bit of the result).
  *   kiln__check_ref_rows    the rows of a block over n keys (its logits fit a thread's share)
  *   kiln__check_dots        s[r] = q_r . k for R rows, q in columns: qT [D][R]
- *   kiln__check_softmax_pv  rows r of x [R][n] (-inf: hidden) -> their softmax's weighted sum
- *                           of v [n][D] into o + at[r] * D, and lse[at[r]] (natural log; -inf and
- *                           o = 0 for a row with no visible key); scratch holds R * (D + 2) */
+ *   kiln__check_softmax_pv  rows r < R of a block's logits x [R][n] (-inf: hidden) -> their
+ *                           softmax's weighted sum of v [n][D] into o + at[r] * D, and
+ *                           lse[at[r]] (natural log; -inf and o = 0 for a row with no visible
+ *                           key), in the block's scratch */
 int kiln__check_ref_rows(int n);
 /* A reference thread's buffers for blocks of up to `rows` rows over n keys at head dim D: q in
  * columns (qT [D][rows]), the dots s, the logits x [rows][n], kiln__check_softmax_pv's scratch,
@@ -118,8 +119,8 @@ typedef struct kiln__check_block {
 int kiln__check_block_alloc(kiln__check_block *b, int rows, int n, int D);
 void kiln__check_block_free(kiln__check_block *b);
 void kiln__check_dots(const double *qT, int R, int D, const double *k, double *s);
-void kiln__check_softmax_pv(const double *x, int R, int n, const double *v, int D, double *scratch,
-                            const long *at, double *o, double *lse);
+void kiln__check_softmax_pv(const kiln__check_block *b, int R, int n, const double *v, int D,
+                            double *o, double *lse);
 
 /* The single-request check's inputs and float64 reference (check.c) as the reference saw them:
  * q at q[i qs_n + h qs_h + d], k and v at [j ks_n + hk ks_h + d], o [L_Q][H][D], lse [L_Q][H]
