@@ -55,33 +55,27 @@ def parse(line):
 class Sampler:
     """nvidia-smi's samples, stamped on arrival; see the file comment."""
 
-    def __init__(self, cmd=None, period_ms=PERIOD_MS, gpu=None):
+    def __init__(self, cmd=None, period_ms=PERIOD_MS):
         self.cmd = cmd or os.environ.get("KILN_NVIDIA_SMI") or shutil.which("nvidia-smi")
         self.period_ms = period_ms
-        self.gpu = gpu
         self.samples = []  # (host time, mhz, watts, reasons)
         self.proc = None
         self.thread = None
         self.query = None
-        self.why = "not started"
 
     def _spawn(self, query):
         args = [self.cmd, f"--query-gpu={query}", "--format=csv,noheader,nounits", f"-lms={self.period_ms}"]
-        if self.gpu is not None:
-            args.append(f"--id={self.gpu}")
         return subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, bufsize=1)
 
     def start(self):
         """Start sampling; returns '' or the reason there will be no samples."""
         if not self.cmd:
-            self.why = "no nvidia-smi"
-            return self.why
+            return "no nvidia-smi"
         for q in QUERIES:
             try:
                 p = self._spawn(q)
             except OSError as e:
-                self.why = f"nvidia-smi: {e}"
-                return self.why
+                return f"nvidia-smi: {e}"
             # the first sample, or EOF if the query is refused (10 s at most: a hung driver)
             ready = select.select([p.stdout], [], [], 10)[0]
             first = p.stdout.readline() if ready else ""
@@ -90,13 +84,11 @@ class Sampler:
                 self._add(first)
                 self.thread = threading.Thread(target=self._read, daemon=True)
                 self.thread.start()
-                self.why = ""
                 return ""
             p.kill()
             p.wait()
             p.stdout.close()
-        self.why = "nvidia-smi refused the queries"
-        return self.why
+        return "nvidia-smi refused the queries"
 
     def _add(self, line):
         s = parse(line)
