@@ -29,6 +29,7 @@ import sqlite3
 import subprocess
 import sys
 import tempfile
+import threading
 from concurrent.futures import ThreadPoolExecutor
 
 INSN = re.compile(r"/\*[0-9a-f]{4,}\*/")
@@ -43,19 +44,30 @@ def cuobjdump_path(given):
 
 
 def load(path):
-    """{pairing key: (spec, cubin)} of a cache database, read-only."""
+    """{pairing key: (row key, spec)} of a cache database (the cubins stay in it: cubin())."""
     if not os.path.isfile(path):
         raise OSError(f"{path}: no such file")
     db = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
     try:
-        rows = db.execute("SELECT key_material, spec, cubin FROM kernels").fetchall()
+        rows = db.execute("SELECT key, key_material, spec FROM kernels").fetchall()
     finally:
         db.close()
     out = {}
-    for km, spec, cubin in rows:
+    for key, km, spec in rows:
         pair = "\n".join(line for line in km.split("\n") if not line.startswith("templates:"))
-        out[pair] = (spec, cubin)
+        out[pair] = (key, spec)
     return out
+
+
+_local = threading.local()
+
+
+def cubin(path, key):
+    """The cubin of row `key` of database `path`, read through this thread's connection."""
+    dbs = _local.__dict__.setdefault("dbs", {})
+    if path not in dbs:
+        dbs[path] = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+    return dbs[path].execute("SELECT cubin FROM kernels WHERE key = ?", (key,)).fetchone()[0]
 
 
 def sass(tool, cubin):
@@ -103,12 +115,12 @@ def main(argv):
     except (OSError, sqlite3.Error, re.error) as e:
         print(f"sass_diff: {e}", file=sys.stderr)
         return 1
-    keys = sorted(k for k in set(old) & set(new) if not only or only.search(old[k][0]))
+    keys = sorted(k for k in set(old) & set(new) if not only or only.search(old[k][1]))
     print(f"{len(old)} kernels in {a.old}, {len(new)} in {a.new}; {len(keys)} in both"
           + (f" matching {a.only!r}" if only else ""))
 
     def compare(k):
-        return k, sass(tool, old[k][1]), sass(tool, new[k][1])
+        return k, sass(tool, cubin(a.old, old[k][0])), sass(tool, cubin(a.new, new[k][0]))
 
     same, differ = 0, {}
     try:
@@ -117,8 +129,8 @@ def main(argv):
                 if ho == hn:
                     same += 1
                 else:
-                    differ.setdefault(group(old[k][0]), []).append((old[k][0], no, nn))
-    except RuntimeError as e:
+                    differ.setdefault(group(old[k][1]), []).append((old[k][1], no, nn))
+    except (RuntimeError, sqlite3.Error) as e:
         print(f"sass_diff: {e}", file=sys.stderr)
         return 1
     n_diff = sum(len(v) for v in differ.values())
