@@ -19,8 +19,7 @@ namespace kiln {
 /* ---- the logits transform ----
  * The variant's builtin transform of x = sm_scale * q.k, in natural units. rel = j - (i +
  * L_KV - L_Q) is the key's distance from the query's diagonal (<= 0 for visible causal keys).
- * Soft-cap with ALiBi adds the ALiBi term inside the tanh, as FlashInfer does. (No transform
- * returns x itself: a multiply by 1 is not an identity under --ftz, and stayed in the SASS.) */
+ * Soft-cap with ALiBi adds the ALiBi term inside the tanh, as FlashInfer does. */
 template <int LOGITS>
 __device__ __forceinline__ float logit_nat(float x, float cap, float slope, int rel)
 {
