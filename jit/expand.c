@@ -102,45 +102,141 @@ static int has_word(const char *text, const char *word)
     return 0;
 }
 
-/* A bound on every value of a logits snippet, read from its canonical tokens (single spaces
- * between them, as kiln__variant_canonicalize writes them): `B * tanhf ( ... )` or
- * `tanhf ( ... ) * B`, the call's parentheses spanning the rest, with B a float literal or an f32
- * scalar parameter, gives |B| (the snippet's tanhf is tanh.approx, within [-1, 1]). The wgmma
- * softmax then takes the fixed reference m = 0 where |B| log2(e) allows (wg_cap_ref), as the
- * builtin soft-cap does. Writes the bound's C expression into out (the parameter read from the
- * launch block) and returns 1; 0 for any other snippet. */
-static int logits_bound(const kiln_variant *v, char *out, size_t cap)
+/* The snippet's canonical tokens (single spaces between them) into t (at most max, pointing into
+ * buf): their count, or -1 when there are more. */
+static int snippet_tokens(const char *expr, char *buf, size_t cap, const char **t, int max)
 {
-    char buf[sizeof v->logits_expr];
-    snprintf(buf, sizeof buf, "%s", v->logits_expr);
-    const char *t[64];
+    snprintf(buf, cap, "%s", expr);
     int n = 0;
     char *save = NULL;
     for (char *w = strtok_r(buf, " ", &save); w; w = strtok_r(NULL, " ", &save)) {
-        if (n == 64) return 0;
+        if (n == max) return -1;
         t[n++] = w;
     }
-    /* the tanhf call from token `at`: its closing parenthesis, or -1 */
+    return n;
+}
+
+/* A loop-invariant scalar factor of the snippet, as C: an f32 parameter (read from the launch
+ * block) or a finite float literal (nonzero where asked). 1 with out written; 0 otherwise. */
+static int invariant_factor(const kiln_variant *v, const char *tok, int nonzero, char *out,
+                            size_t cap)
+{
+    for (int i = 0; i < v->num_params; i++)
+        if (v->params[i].type == KILN_PARAM_F32 && !strcmp(v->params[i].name, tok)) {
+            snprintf(out, cap, "__int_as_float((int)(unsigned)p.user[%d])", i);
+            return 1;
+        }
+    char *end = NULL;
+    const float f = strtof(tok, &end);
+    if (end == tok || (*end && strcmp(end, "f") && strcmp(end, "F")) || !(f == f) || f > 3.4e38f ||
+        f < -3.4e38f || (nonzero && f == 0.0f))
+        return 0;
+    snprintf(out, cap, "%s", tok); /* the literal as written (libclang parsed it) */
+    return 1;
+}
+
+/* The bounded form of a logits snippet's canonical tokens t[0..n): `B * tanhf ( ... )` or
+ * `tanhf ( ... ) * B`, the call's parentheses spanning the rest. The index of B, or -1. */
+static int bounded_form(const char *const *t, int n)
+{
     int b, call;
     if (n >= 6 && !strcmp(t[1], "*") && !strcmp(t[2], "tanhf")) b = 0, call = 2;
     else if (n >= 6 && !strcmp(t[0], "tanhf") && !strcmp(t[n - 2], "*")) b = n - 1, call = 0;
-    else return 0;
-    if (strcmp(t[call + 1], "(")) return 0;
+    else return -1;
+    if (strcmp(t[call + 1], "(")) return -1;
     int depth = 0, close = -1;
     for (int i = call + 1; i < n && close < 0; i++) {
         depth += !strcmp(t[i], "(") - !strcmp(t[i], ")");
         if (!depth) close = i;
     }
-    if (close != (call ? n - 1 : n - 3)) return 0;
-    for (int i = 0; i < v->num_params; i++)
-        if (v->params[i].type == KILN_PARAM_F32 && !strcmp(v->params[i].name, t[b])) {
-            snprintf(out, cap, "fabsf(__int_as_float((int)(unsigned)p.user[%d]))", i);
-            return 1;
-        }
-    char *end = NULL;
-    const float f = strtof(t[b], &end);
-    if (end == t[b] || (*end && strcmp(end, "f") && strcmp(end, "F")) || !(f == f)) return 0;
-    snprintf(out, cap, "fabsf(%s)", t[b]);
+    return close == (call ? n - 1 : n - 3) ? b : -1;
+}
+
+/* A bound on every value of a logits snippet, read from its canonical tokens (single spaces
+ * between them, as kiln__variant_canonicalize writes them): the bounded form with B a float
+ * literal or an f32 scalar parameter gives |B| (the snippet's tanhf is tanh.approx, within
+ * [-1, 1]). The wgmma softmax then takes the fixed reference m = 0 where |B| log2(e) allows
+ * (wg_cap_ref), as the builtin soft-cap does. Writes the bound's C expression into out (the
+ * parameter read from the launch block) and returns 1; 0 for any other snippet. */
+static int logits_bound(const kiln_variant *v, char *out, size_t cap)
+{
+    char buf[sizeof v->logits_expr], f[96];
+    const char *t[64];
+    const int n = snippet_tokens(v->logits_expr, buf, sizeof buf, t, 64);
+    const int b = bounded_form(t, n);
+    if (b < 0 || !invariant_factor(v, t[b], 0, f, sizeof f)) return 0;
+    snprintf(out, cap, "fabsf(%s)", f);
+    return 1;
+}
+
+/* The folds of a snippet's scalar factors into multiplies the tile loop takes anyway, each once
+ * a tile instead of once an element (logits_tile; the element paths keep the snippet as
+ * written). Only without a builtin transform. Each changes the value by the rounding of a
+ * product (an ulp or two), as fast math may.
+ * - The input factor: a snippet that reads `logits` once, as `logits / X`, `logits * X` or
+ *   `X * logits` with X an f32 parameter or a nonzero float literal, and whose neighbours bind
+ *   no tighter than that product (the token before is none of `/ % ) ] ! ~` nor a name, the
+ *   token after no postfix), reads the product as `logits`: the tile loop's q.k multiply
+ *   (a = ksc sm_scale) takes the factor (1 / X or X) into a.
+ * - The output factor: a snippet of the bounded form `B * tanhf ( ... )` (logits_bound), B a
+ *   parameter or a nonzero literal, leaves S = tanhf(...) and the softmax's exp2 factor c2
+ *   takes |B| (logits_c2); where B < 0 the tile loop negates S (a branch a tile).
+ * A snippet soft-cap `cap * tanhf(logits / cap)` then takes the builtin soft-cap's
+ * instructions. Writes the folded snippet into expr and the factors' C into pre and outer ("" for
+ * none) and returns 1; 0 when neither applies. */
+static int logits_fold(const kiln_variant *v, char *expr, size_t expr_cap, char *pre,
+                       size_t pre_cap, char *outer, size_t outer_cap)
+{
+    pre[0] = outer[0] = 0;
+    if (v->logits != KILN_LOGITS_NONE || !v->logits_expr[0]) return 0;
+    char buf[sizeof v->logits_expr];
+    const char *t[256];
+    const int n = snippet_tokens(v->logits_expr, buf, sizeof buf, t, 256);
+    if (n <= 0) return 0;
+    unsigned char drop[256] = {0};
+    /* the output factor */
+    const int b = n <= 64 ? bounded_form(t, n) : -1;
+    if (b >= 0 && invariant_factor(v, t[b], 1, outer, outer_cap)) {
+        drop[b] = 1;
+        drop[b ? n - 2 : 1] = 1; /* its `*` */
+    } else {
+        outer[0] = 0;
+    }
+    /* the input factor */
+    int at = -1, lo = -1, hi = -1, x = -1, div = 0;
+    for (int i = 0; i < n; i++)
+        if (!strcmp(t[i], "logits")) at = at < 0 ? i : -2;
+    if (at >= 0) {
+        if (at + 2 < n && (!strcmp(t[at + 1], "/") || !strcmp(t[at + 1], "*")))
+            lo = at, hi = at + 2, x = at + 2, div = t[at + 1][0] == '/';
+        else if (at >= 2 && !strcmp(t[at - 1], "*")) lo = at - 2, hi = at, x = at - 2;
+    }
+    char f[96];
+    int ok = x >= 0 && !drop[lo] && invariant_factor(v, t[x], 1, f, sizeof f);
+    if (ok && lo > 0 && !drop[lo - 1]) {
+        const char *w = t[lo - 1];
+        const int name = isalnum((unsigned char)w[0]) || w[0] == '_' || w[0] == '.';
+        ok = !name && strcmp(w, "/") && strcmp(w, "%") && strcmp(w, ")") && strcmp(w, "]") &&
+             strcmp(w, "!") && strcmp(w, "~");
+    }
+    if (ok && hi + 1 < n && !drop[hi + 1]) {
+        const char *w = t[hi + 1];
+        ok = strcmp(w, "(") && strcmp(w, "[") && strcmp(w, ".") && strcmp(w, "->") &&
+             strcmp(w, "++") && strcmp(w, "--");
+    }
+    if (ok) {
+        snprintf(pre, pre_cap, div ? "(1.0f / %s)" : "(%s)", f);
+        for (int i = lo; i <= hi; i++) drop[i] = i != at;
+    }
+    if (!pre[0] && !outer[0]) return 0;
+    size_t len = 0;
+    expr[0] = 0;
+    for (int i = 0; i < n; i++) {
+        if (drop[i]) continue;
+        const int k = snprintf(expr + len, expr_cap - len, "%s%s", len ? " " : "", t[i]);
+        if (k < 0 || (size_t)k >= expr_cap - len) return 0;
+        len += (size_t)k;
+    }
     return 1;
 }
 
@@ -190,6 +286,34 @@ static void emit_hooks(kiln__str *s, const kiln_variant *v)
         kiln__str_printf(
             s, "        return (float)(\n/* user snippet: logits_expr */ %s\n        );\n    }\n",
             v->logits_expr);
+    }
+    char folded[sizeof v->logits_expr], pre[128], outer[128];
+    const int fold = logits_fold(v, folded, sizeof folded, pre, sizeof pre, outer, sizeof outer);
+    kiln__str_printf(s,
+                     "    static constexpr bool LOGITS_FOLDED = %s, LOGITS_PRE = %s, "
+                     "LOGITS_OUTER = %s;\n",
+                     fold ? "true" : "false", pre[0] ? "true" : "false",
+                     outer[0] ? "true" : "false");
+    if (pre[0])
+        kiln__str_printf(s,
+                         "    static __device__ __forceinline__ float logits_pre(const "
+                         "kiln_launch_params &p) { return %s; }\n",
+                         pre);
+    if (outer[0])
+        kiln__str_printf(s,
+                         "    static __device__ __forceinline__ float logits_outer(const "
+                         "kiln_launch_params &p) { return %s; }\n",
+                         outer);
+    if (fold) {
+        kiln__str_puts(
+            s, "    static __device__ __forceinline__ float logits_expr_folded(float logits,\n"
+               "        int batch, int qo_idx, int kv_idx, int qo_head, int kv_head, int qo_len,\n"
+               "        int kv_len, const kiln_launch_params &p)\n    {\n");
+        emit_params(s, v);
+        kiln__str_printf(s,
+                         "        return (float)(\n/* user snippet: logits_expr, its scalar "
+                         "factors folded */ %s\n        );\n    }\n",
+                         folded);
     }
     if (has_mask) {
         kiln__str_puts(

@@ -625,11 +625,14 @@ __device__ __forceinline__ void pv_tile_f8(mma_state<Cfg> &st, const float (&s)[
  * softmax's one FFMA per element (exp2(S c2 - m c2)): with no transform S is the raw q.k and c2
  * sm_scale log2(e) (times the fp8 K unit ksc); a builtin transform without a snippet leaves S
  * in units of its own (logits_tile: soft-cap tanh's, c2 = cap log2(e); ALiBi natural, c2 =
- * log2(e)); a snippet leaves it in natural units too (logit_scaled), c2 = log2(e). Every
- * c2 > 0 keeps the order, so the row max is taken on S as it is. */
+ * log2(e)); a snippet leaves it in natural units too (logit_scaled), c2 = log2(e), but one
+ * whose output factor B kiln folded (jit/expand.c, logits_fold) leaves S = the snippet / |B|,
+ * c2 = |B| log2(e). Every c2 > 0 keeps the order, so the row max is taken on S as it is. */
 template <class Cfg> __device__ __forceinline__ float logits_c2(const kiln_launch_params &p, float ksc)
 {
     if constexpr (mma_shape<Cfg>::RAW) return p.sm_scale * LOG2E * ksc;
+    else if constexpr (Cfg::HAS_LOGITS_EXPR && Cfg::LOGITS_OUTER)
+        return fmaxf(fabsf(Cfg::logits_outer(p)) * LOG2E, 1.17549435e-38f); /* > 0: -inf stays -inf */
     else if constexpr (Cfg::HAS_LOGITS_EXPR) return LOG2E;
     else if constexpr (Cfg::LOGITS == LOGITS_SOFTCAP || Cfg::LOGITS == LOGITS_SOFTCAP_ALIBI) return p.softcap * LOG2E;
     else return LOG2E;
@@ -640,8 +643,9 @@ template <class Cfg> __device__ __forceinline__ float logits_c2(const kiln_launc
  * (the softmax's exp2 units in c2): soft-cap tanh(q.k a), a = ksc sm_scale / cap; ALiBi
  * q.k a + slope rel, rel = rel_0 + (the element's column in the lane's quad: a constant), so
  * that no element converts an integer (an I2F costs what an exp2 does); with both, tanh of
- * the sum, ALiBi inside the tanh (logit_nat's order). A snippet: logit_scaled of q.k a, a =
- * ksc sm_scale (one multiply before the snippet's own work), natural units. */
+ * the sum, ALiBi inside the tanh (logit_nat's order). A snippet: logit_tiled of q.k a, a =
+ * ksc sm_scale (one multiply before the snippet's own work; times the snippet's own input
+ * factor where kiln folded it), natural units. */
 template <class Cfg>
 __device__ __forceinline__ void logits_tile(float (&s)[Cfg::MT][mma_shape<Cfg>::NT][4], const kiln_launch_params &p,
                                             const mma_work &w, const mma_rows<Cfg> &rows, float ksc, int hk, int j0,
@@ -669,7 +673,8 @@ __device__ __forceinline__ void logits_tile(float (&s)[Cfg::MT][mma_shape<Cfg>::
                     }
             }
     } else {
-        const float a = ksc * p.sm_scale;
+        float a = ksc * p.sm_scale;
+        if constexpr (Cfg::LOGITS_PRE) a *= Cfg::logits_pre(p);
 #pragma unroll
         for (int mt = 0; mt < S::MT; mt++)
 #pragma unroll
@@ -680,9 +685,18 @@ __device__ __forceinline__ void logits_tile(float (&s)[Cfg::MT][mma_shape<Cfg>::
                     for (int c = 0; c < 2; c++) {
                         const int j = j0 + acc_col(lane, nt, c);
                         float &x = s[mt][nt][r * 2 + c];
-                        x = logit_scaled<Cfg>(x * a, p, rows.slope[mt][r], rows.i[mt][r], j, rows.h[mt][r], hk,
-                                              w.b, w.L_Q, w.L_KV);
+                        x = logit_tiled<Cfg>(x * a, p, rows.slope[mt][r], rows.i[mt][r], j, rows.h[mt][r], hk,
+                                             w.b, w.L_Q, w.L_KV);
                     }
+        if constexpr (Cfg::LOGITS_OUTER) /* c2 took |outer| (logits_c2): the sign goes here */
+            if (Cfg::logits_outer(p) < 0.f) {
+#pragma unroll
+                for (int mt = 0; mt < S::MT; mt++)
+#pragma unroll
+                    for (int nt = 0; nt < S::NT; nt++)
+#pragma unroll
+                        for (int e = 0; e < 4; e++) s[mt][nt][e] = -s[mt][nt][e];
+            }
     }
 }
 

@@ -268,6 +268,146 @@ KT_TEST(custom_logits_bound)
     }
 }
 
+/* kiln folds a snippet's scalar factors into the tile loop's multiplies (jit/expand.c,
+ * logits_fold): the input factor of `logits / X`, `logits * X` or `X * logits` into the q.k
+ * scale, the output factor B of `B * tanhf(...)` into the softmax's exp2 factor. The source says
+ * which, and holds the folded snippet; forms whose neighbours bind tighter, two reads of logits,
+ * integer or array factors, a zero literal or a builtin transform are not folded. */
+KT_TEST(custom_logits_fold)
+{
+    static const struct {
+        const char *spec, *flags, *folded; /* folded: NULL where nothing is */
+    } cases[] = {
+        {"params=cap:f32 logits_expr=\"cap * tanhf(logits / cap)\"",
+         "true, LOGITS_PRE = true, "
+         "LOGITS_OUTER = true",
+         "tanhf ( logits )"},
+        {"logits_expr=\"30.0f * tanhf(logits / 30.0f)\"",
+         "true, LOGITS_PRE = true, LOGITS_OUTER "
+         "= true",
+         "tanhf ( logits )"},
+        {"params=w:i32,cap:f32 logits_expr=\"tanhf((logits + (float)w) / cap) * cap\"",
+         "true, LOGITS_PRE = false, LOGITS_OUTER = true",
+         "tanhf ( ( logits + ( float ) w ) / cap )"},
+        {"params=a:f32,c:f32[] logits_expr=\"logits * a + c[kv_idx]\"",
+         "true, LOGITS_PRE = true, LOGITS_OUTER = false", "logits + c [ kv_idx ]"},
+        {"logits_expr=\"2.0f * logits\"", "true, LOGITS_PRE = true, LOGITS_OUTER = false",
+         "logits"},
+        {"params=t:f32 logits_expr=\"-logits / t - 0.25f * t\"",
+         "true, LOGITS_PRE = true, LOGITS_OUTER = false", "- logits - 0.25f * t"},
+        {"params=x:f32,y:f32 logits_expr=\"y / logits / x\"",
+         "false, LOGITS_PRE = false, LOGITS_OUTER = false", NULL},
+        {"params=x:f32,y:f32 logits_expr=\"y / x * logits\"",
+         "false, LOGITS_PRE = false, LOGITS_OUTER = false", NULL},
+        {"params=n:i32 logits_expr=\"logits / (float)n\"",
+         "false, LOGITS_PRE = false, LOGITS_OUTER = false", NULL},
+        {"params=a:f32 logits_expr=\"logits * logits / a\"",
+         "false, LOGITS_PRE = false, LOGITS_OUTER = false", NULL},
+        {"logits_expr=\"0.0f * tanhf(logits)\"", "false, LOGITS_PRE = false, LOGITS_OUTER = false",
+         NULL},
+        {"params=c:f32[] logits_expr=\"logits * c[qo_head]\"",
+         "false, LOGITS_PRE = false, LOGITS_OUTER = false", NULL},
+        {"logits=softcap params=a:f32 logits_expr=\"logits * a\"",
+         "false, LOGITS_PRE = false, LOGITS_OUTER = false", NULL},
+        {"params=n:i32 logits_expr=\"(float)n * tanhf(logits)\"",
+         "false, LOGITS_PRE = false, LOGITS_OUTER = false", NULL},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        char spec[512], flags[128];
+        snprintf(spec, sizeof spec, "op=prefill dtype=bf16 head_dim=128 group=4 mask=causal %s",
+                 cases[i].spec);
+        snprintf(flags, sizeof flags, "LOGITS_FOLDED = %s;", cases[i].flags);
+        kiln_variant v;
+        kiln__config cfg;
+        kiln__err e;
+        char *src = NULL;
+        if (kiln_variant_parse(spec, &v) != KILN_STATUS_OK) {
+            kt_fail(__FILE__, __LINE__, "%s: %s", spec, kiln_errmsg());
+            continue;
+        }
+        KT_OK(kiln__config_pick(&v, 90, &cfg, &e), e.msg);
+        KT_OK(kiln__expand(&v, &cfg, "sm_90a", &src, &e), e.msg);
+        if (!src) continue;
+        KT_CONTAINS(src, flags);
+        if (cases[i].folded) {
+            char want[256];
+            snprintf(want, sizeof want, "factors folded */ %s\n", cases[i].folded);
+            KT_CONTAINS(src, want);
+        } else {
+            KT_CHECK(!strstr(src, "factors folded */"));
+        }
+        free(src);
+    }
+}
+
+/* The folded factors on the GPU, against the float64 reference of the snippet as written: a
+ * negative output factor (the tile loop's sign branch), one past the fixed reference's range
+ * (|B| log2(e) > 80: the running max on the folded S), negative and fractional input factors;
+ * decode (tensor cores, running max) and prefill, f16 and bf16, odd shapes. */
+typedef struct fold_case {
+    const char *spec;
+    float a;
+    int kind; /* 0: a tanh(x / a), 1: x a, 2: -x / a - 0.25 a */
+} fold_case;
+static double r_fold(const void *u, double x, int i, int j, int h, int hk, int lq, int lkv)
+{
+    (void)i, (void)j, (void)h, (void)hk, (void)lq, (void)lkv;
+    const fold_case *c = u;
+    const double a = c->a;
+    return c->kind == 0 ? a * tanh(x / a) : c->kind == 1 ? x * a : -x / a - 0.25 * a;
+}
+KT_GPU_TEST(gpu_custom_folded_factors)
+{
+    kiln_ctx *ctx = KT_CTX(NULL, 1);
+    KT_REQUIRE(ctx);
+    static const fold_case folds[] = {
+        {"params=cap:f32 logits_expr=\"cap * tanhf(logits / cap)\"", -20.0f, 0},
+        {"params=cap:f32 logits_expr=\"cap * tanhf(logits / cap)\"", 70.0f, 0},
+        {"params=cap:f32 logits_expr=\"cap * tanhf(logits / cap)\"", -70.0f, 0},
+        {"params=a:f32 logits_expr=\"logits * a\"", -1.5f, 1},
+        {"params=a:f32 logits_expr=\"logits * a\"", 0.37f, 1},
+        {"params=t:f32 logits_expr=\"-logits / t - 0.25f * t\"", 0.7f, 2},
+    };
+    static const int shapes[][2] = {{1, 1}, {1, 577}, {37, 127}, {577, 577}, {200, 4093}};
+    int cases = 0, bad = 0;
+    for (size_t f = 0; f < sizeof folds / sizeof folds[0]; f++)
+        for (int op = 0; op < 2; op++)
+            for (int dt = 0; dt < 2; dt++) {
+                char spec[512];
+                snprintf(spec, sizeof spec, "op=%s dtype=%s head_dim=128 group=4 mask=causal %s",
+                         op ? "prefill" : "decode", dt ? "bf16" : "f16", folds[f].spec);
+                kiln_kernel *k = NULL;
+                if (kiln_kernel_get_spec(ctx, spec, &k) != KILN_STATUS_OK) {
+                    kt_fail(__FILE__, __LINE__, "%s: %s", spec, kiln_ctx_errmsg(ctx));
+                    continue;
+                }
+                for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++) {
+                    const int L_Q = op ? shapes[si][0] : 1, L_KV = shapes[si][1];
+                    if (!op && si >= 3) break;
+                    kiln_check_shape s;
+                    memset(&s, 0, sizeof s);
+                    s.num_qo_heads = 8;
+                    s.qo_len = L_Q;
+                    s.kv_len = L_KV;
+                    s.window_left = -1;
+                    s.seed = 500 + si;
+                    s.ref_logits = r_fold;
+                    s.ref_user = &folds[f];
+                    s.user[0].f32 = folds[f].a;
+                    kiln_check_result r;
+                    char msg[512];
+                    cases++;
+                    if (kiln_check_run(ctx, k, &s, 0, &r, msg, sizeof msg) != KILN_STATUS_OK) {
+                        bad++;
+                        kt_fail(__FILE__, __LINE__, "%s (a %g) L_Q=%d L_KV=%d: %s", spec,
+                                (double)folds[f].a, L_Q, L_KV, msg);
+                    }
+                }
+            }
+    printf("    folded factors: %d cases, %d bad\n", cases, bad);
+    kiln_ctx_destroy(ctx);
+}
+
 /* Builtin soft-cap and the snippet soft-cap on identical inputs give the same output. */
 KT_GPU_TEST(gpu_custom_softcap_equals_builtin)
 {

@@ -17,13 +17,12 @@
 namespace kiln {
 
 /* ---- the logits transform ----
- * x = sm_scale * q.k, then the variant's builtin transform, in natural units. rel = j - (i +
+ * The variant's builtin transform of x = sm_scale * q.k, in natural units. rel = j - (i +
  * L_KV - L_Q) is the key's distance from the query's diagonal (<= 0 for visible causal keys).
  * Soft-cap with ALiBi adds the ALiBi term inside the tanh, as FlashInfer does. */
 template <int LOGITS>
-__device__ __forceinline__ float logit_nat(float qk, float sm_scale, float cap, float slope, int rel)
+__device__ __forceinline__ float logit_nat(float x, float cap, float slope, int rel)
 {
-    float x = qk * sm_scale;
     if (LOGITS == LOGITS_SOFTCAP) x = cap * tanh_fast(x * (1.0f / cap));
     if (LOGITS == LOGITS_ALIBI) x += slope * (float)rel;
     if (LOGITS == LOGITS_SOFTCAP_ALIBI) x = cap * tanh_fast(x * (1.0f / cap) + slope * (float)rel);
@@ -36,13 +35,26 @@ template <class Cfg, class P>
 __device__ __forceinline__ float logit_scaled(float x, const P &p, float slope, int i, int j, int h, int hk, int b,
                                               int L_Q, int L_KV)
 {
-    x = logit_nat<Cfg::LOGITS>(x, 1.0f, p.softcap, slope, j - (i + L_KV - L_Q));
+    x = logit_nat<Cfg::LOGITS>(x, p.softcap, slope, j - (i + L_KV - L_Q));
     /* A partial tile also computes rows and keys past the request (never stored): the snippet
      * sees them as the last row and key, so that its array reads (seg[qo_idx], bias[kv_idx])
      * stay inside arrays of L_Q and L_KV entries. Valid (i, j) are passed unchanged. */
     if constexpr (Cfg::HAS_LOGITS_EXPR)
         x = Cfg::logits_expr(x, b, i < L_Q ? i : L_Q - 1, j < L_KV ? j : L_KV - 1, h, hk, L_Q, L_KV, p);
     return x;
+}
+
+/* The logit of the tile loops (logits_tile): logit_scaled of x = sm_scale q.k, or, where kiln
+ * folded the snippet's scalar factors (Cfg::LOGITS_FOLDED: jit/expand.c, logits_fold), the
+ * folded snippet of x = sm_scale q.k times Cfg::logits_pre(p) (where LOGITS_PRE), whose value
+ * times Cfg::logits_outer(p) (where LOGITS_OUTER) is the snippet's. */
+template <class Cfg, class P>
+__device__ __forceinline__ float logit_tiled(float x, const P &p, float slope, int i, int j, int h, int hk, int b,
+                                             int L_Q, int L_KV)
+{
+    if constexpr (Cfg::LOGITS_FOLDED)
+        return Cfg::logits_expr_folded(x, b, i < L_Q ? i : L_Q - 1, j < L_KV ? j : L_KV - 1, h, hk, L_Q, L_KV, p);
+    else return logit_scaled<Cfg>(x, p, slope, i, j, h, hk, b, L_Q, L_KV);
 }
 
 /* The full logit in log2 units (times LOG2E, for exp2) from the raw q.k. */
