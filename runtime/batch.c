@@ -91,6 +91,7 @@ struct kiln_plan {
     kiln_plan_info info;
     int grid, tasks_grid;
     int wide_merge; /* the merge kernel is kiln_merge_wide (kiln__launch_merge) */
+    int job_heads;  /* kiln_launch_params.job_heads of the last schedule (kiln__job_heads) */
     layout lay;
     size_t uploaded;   /* bytes of the int region the last upload copied */
     kiln_devptr ws;    /* the workspace of the last schedule: its int region at offset 0 */
@@ -897,6 +898,13 @@ static kiln_status schedule(kiln_plan *pl, const kiln_batch_shape *s, const buff
     KILN__ASSERT_LE(n.items, L.items);
     if ((st = upload(pl, &L, w, n.tasks, slot, b->ws, stream, &e))) return plan_fail(pl, st, &e);
     keep(pl, &L, B, &n, chunk, b);
+    /* the persistent wgmma grid's sections of heads, from every request's keys */
+    pl->job_heads = 0;
+    if (pl->k->cfg.wgmma && pl->k->cfg.persist) {
+        int64_t kv_tokens = 0;
+        for (int r = 0; r < B; r++) kv_tokens += req_kv_len(pl, s, r);
+        pl->job_heads = kiln__job_heads(pl->k, kv_tokens, pl->H);
+    }
     return KILN_STATUS_OK;
 }
 
@@ -959,6 +967,9 @@ kiln_status kiln_plan_run(kiln_plan *pl, const kiln_batch_args *a, void *stream)
     p.tasks_off = pl->lay.tasks_off;
     p.counters_off = pl->lay.counters_off;
     p.slot_rows = pl->rows;
+    /* from this schedule's keys; a captured run keeps it for later schedules (any value is
+     * correct: it orders the jobs only) */
+    p.job_heads = pl->job_heads;
     p.partial_lse = pl->parts + pl->lay.plse_off;
     p.partial_o = pl->parts + pl->lay.po_off;
     if (pl->grid == 0) return KILN_STATUS_OK; /* an empty batch (eager mode) */
