@@ -91,6 +91,7 @@ struct kiln_plan {
     kiln_plan_info info;
     int grid, tasks_grid;
     int wide_merge; /* the merge kernel is kiln_merge_wide (kiln__launch_merge) */
+    int job_heads;  /* kiln_launch_params.job_heads of the last schedule (kiln__job_heads) */
     layout lay;
     size_t uploaded;   /* bytes of the int region the last upload copied */
     kiln_devptr ws;    /* the workspace of the last schedule: its int region at offset 0 */
@@ -681,9 +682,9 @@ static kiln_status stage(kiln_plan *pl, const layout *L, int **w_out, int *slot_
     return KILN_STATUS_OK;
 }
 
-/* Phase 4b, the request records (REQ_INTS each, at reqs_off). */
+/* Phase 4b, the request records (REQ_INTS each, at reqs_off); *kv_tokens: their keys in all. */
 static kiln_status write_requests(const kiln_plan *pl, const kiln_batch_shape *s, const layout *L,
-                                  int *w, kiln__err *e)
+                                  int *w, int64_t *kv_tokens, kiln__err *e)
 {
     const int B = s->batch;
     /* the records end before the tasks: B is within the bound the layout was made for */
@@ -691,7 +692,7 @@ static kiln_status write_requests(const kiln_plan *pl, const kiln_batch_shape *s
     kiln_work_req *req = (kiln_work_req *)(w + L->reqs_off);
     /* requests; mask data of request b starts after the earlier requests' (bits: their
      * L_Q x L_KV matrices; bsr: their block rows) */
-    int64_t bit0 = 0, row0 = 0;
+    int64_t bit0 = 0, row0 = 0, keys = 0;
     const int R = pl->o.bsr_r > 0 ? pl->o.bsr_r : 1;
     for (int b = 0; b < B; b++) {
         kiln_work_req *q = req + b;
@@ -706,11 +707,13 @@ static kiln_status write_requests(const kiln_plan *pl, const kiln_batch_shape *s
         q->bsr_row0 = (int)row0;
         q->pad = 0;
         bit0 += (int64_t)qo * kv;
+        keys += kv;
         row0 += R == 1 ? qo : ceil_div(qo, R); /* no division on the plan's path without bsr */
     }
     if (row0 > INT32_MAX)
         return kiln__fail(e, KILN_STATUS_INVALID_ARGUMENT,
                           "plan %s: %lld bsr block rows exceed 2^31", pl->k->spec, (long long)row0);
+    *kv_tokens = keys;
     return KILN_STATUS_OK;
 }
 
@@ -887,7 +890,8 @@ static kiln_status schedule(kiln_plan *pl, const kiln_batch_shape *s, const buff
     if (!st) st = list_tiles(pl, s, total_qo, &ntiles, &max_keys, &e);
     if (!st) st = choose_chunk(pl, ntiles, max_keys, &L, &chunk, &e);
     if (!st) st = stage(pl, &L, &w, &slot, &e);
-    if (!st) st = write_requests(pl, s, &L, w, &e);
+    int64_t kv_tokens = 0;
+    if (!st) st = write_requests(pl, s, &L, w, &kv_tokens, &e);
     if (st) return plan_fail(pl, st, &e);
     sched_counts n;
     write_items(pl, ntiles, chunk, &L, B, w, &n);
@@ -897,6 +901,8 @@ static kiln_status schedule(kiln_plan *pl, const kiln_batch_shape *s, const buff
     KILN__ASSERT_LE(n.items, L.items);
     if ((st = upload(pl, &L, w, n.tasks, slot, b->ws, stream, &e))) return plan_fail(pl, st, &e);
     keep(pl, &L, B, &n, chunk, b);
+    /* the persistent wgmma grid's sections of heads, from every request's keys */
+    pl->job_heads = kiln__job_heads(pl->k, kv_tokens, pl->H);
     return KILN_STATUS_OK;
 }
 
@@ -959,6 +965,9 @@ kiln_status kiln_plan_run(kiln_plan *pl, const kiln_batch_args *a, void *stream)
     p.tasks_off = pl->lay.tasks_off;
     p.counters_off = pl->lay.counters_off;
     p.slot_rows = pl->rows;
+    /* from this schedule's keys; a captured run keeps it for later schedules (any value is
+     * correct: it orders the jobs only) */
+    p.job_heads = pl->job_heads;
     p.partial_lse = pl->parts + pl->lay.plse_off;
     p.partial_o = pl->parts + pl->lay.po_off;
     if (pl->grid == 0) return KILN_STATUS_OK; /* an empty batch (eager mode) */

@@ -68,6 +68,22 @@ static kiln_status open_device(kiln_ctx *ctx, int ordinal, kiln__err *e)
     cu->cuDeviceGetAttribute(&minor, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, ctx->dev);
     cu->cuDeviceGetAttribute(&ctx->info.sm_count, CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT,
                              ctx->dev);
+    int l2 = 0;
+    cu->cuDeviceGetAttribute(&l2, CU_DEVICE_ATTRIBUTE_L2_CACHE_SIZE, ctx->dev);
+    ctx->l2_bytes = l2 > 0 ? l2 : 0;
+    /* KILN_JOB_HEADS=N: the persistent wgmma grid's sections of N job heads whatever the
+     * shape (0: one section of all heads), for the GPU tests and A/B runs */
+    ctx->job_heads_env = -1;
+    const char *jh = getenv("KILN_JOB_HEADS");
+    if (jh && *jh) {
+        char *end = NULL;
+        const long n = strtol(jh, &end, 10);
+        if (*end || n < 0 || n > INT32_MAX)
+            return kiln__fail(e, KILN_STATUS_INVALID_ARGUMENT,
+                              "KILN_JOB_HEADS='%s': a count of job heads (0 or more) was expected",
+                              jh);
+        ctx->job_heads_env = (int)n;
+    }
     cu->cuDeviceGetName(ctx->info.name, (int)sizeof ctx->info.name, ctx->dev);
     cu->cuDriverGetVersion(&ctx->info.driver_version);
     ctx->info.sm = major * 10 + minor;

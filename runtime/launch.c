@@ -19,6 +19,24 @@ static kiln_status fail(kiln_kernel *k, kiln_status st, kiln__err *e)
 
 int kiln__rows_a_token(const kiln_kernel *k) { return k->cfg.pack ? k->v.group : 1; }
 
+/* Half of L2 for the K/V of a section's KV heads: Q, O and the next section's first tiles
+ * stream through the other half. Measured on an H100 (docs/perf/notes.md, session 59): with
+ * one section of all 8 KV heads, the ragged causal 1 x 16384 read 1.36 GB from DRAM where
+ * FlashInfer's kernel read 0.20 (its K/V and Q once). */
+int kiln__job_heads(const kiln_kernel *k, int64_t kv_tokens, int num_qo_heads)
+{
+    if (!k->cfg.wgmma || !k->cfg.persist || !k->ctx) return 0;
+    if (k->ctx->job_heads_env >= 0) return k->ctx->job_heads_env;
+    const int64_t l2 = k->ctx->l2_bytes;
+    if (l2 <= 0 || kv_tokens <= 0 || k->v.group < 1) return 0;
+    const int h_kv = num_qo_heads / k->v.group;
+    const int64_t kv_head_bytes =
+        kv_tokens * k->v.head_dim * 2 * (kiln__kv_fp8(&k->v) ? 1 : 2); /* K and V */
+    const int64_t fit = l2 / 2 / kv_head_bytes;
+    if (fit >= h_kv) return 0;
+    return (fit < 1 ? 1 : (int)fit) * (k->v.group / kiln__rows_a_token(k));
+}
+
 /* Query tiles of L_Q tokens (the prefill grid's x). */
 static unsigned q_tiles(const kiln_kernel *k, int L_Q)
 {
@@ -535,6 +553,7 @@ kiln_status kiln_single_prefill(kiln_kernel *k, const kiln_attn_args *a, void *s
     /* the wgmma family: its mblocks x H jobs along x (with pack=1 mblocks x H_KV: a job takes
      * the G heads of a KV head); the mma.sync family: (tiles, heads) */
     unsigned gx = mblocks, gy = (unsigned)a->num_qo_heads;
+    p.job_heads = kiln__job_heads(k, a->kv_len, a->num_qo_heads);
     if (k->cfg.wgmma) {
         gy = 1;
         if ((st = kiln__wgmma_grid(k, (int64_t)mblocks * (a->num_qo_heads / kiln__rows_a_token(k)),

@@ -86,6 +86,8 @@ struct kiln_ctx {
     CUcontext cuctx; /* the device's primary context */
     int set_current; /* 1: create made cuctx current (destroy undoes it) */
     kiln_device_info info;
+    int64_t l2_bytes;  /* the device's L2 (0 unknown or compile-only): kiln__job_heads */
+    int job_heads_env; /* $KILN_JOB_HEADS at creation (-1 unset): kiln__job_heads' answer */
     int arch_sm;
     kiln_kernel *memo[KILN__MEMO_BUCKETS];
 };
@@ -147,6 +149,13 @@ unsigned kiln__persistent_grid(const kiln_kernel *k, int64_t jobs);
 /* A query token's rows in k's tiles: the group where k packs a KV head's query heads into its
  * rows (pack=1), else 1 (the wgmma family's Q / O boxes and grid, the tile map's rows). */
 int kiln__rows_a_token(const kiln_kernel *k);
+
+/* kiln_launch_params.job_heads for k's persistent wgmma grid over num_qo_heads heads whose
+ * jobs read kv_tokens keys of each KV head (a batch: all its requests' keys): whole KV heads,
+ * as many as keep their K/V within half of L2; 0 (one section of every head) where all fit,
+ * the device's L2 is unknown or k has no persistent grid; $KILN_JOB_HEADS where it was set
+ * when the context was made (any count is correct: sections order the jobs only). */
+int kiln__job_heads(const kiln_kernel *k, int64_t kv_tokens, int num_qo_heads);
 
 /* launch.c: *gx, the CTAs along x (the only grid dimension) of a wgmma kernel with `jobs`
  * (work, head) jobs: the persistent grid's (cfg.persist), else one a job (wgmma_attention.cuh,

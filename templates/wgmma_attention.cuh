@@ -774,6 +774,29 @@ __device__ __forceinline__ void wg_produce_job(const kiln_launch_params &p, cons
     else wg_produce<Cfg>(p, maps, w, tiles, sm, h, hk, tid, n, q_turn, filled);
 }
 
+/* Job i of the persistent grid (i below nx x H): its work x and first query head h. Jobs go
+ * through sections of p.job_heads job heads (whole KV heads; the host's kiln__job_heads, 0:
+ * one section of all H), a section's jobs as (x, head) with heads innermost: so the first
+ * wave takes the heaviest tiles (x = 0: the last query tile of a single request, a batch's
+ * longest items) of the first section's heads, a KV head's G query heads run side by side,
+ * and the CTAs running at once read the K/V of the section's KV heads only, which L2 holds.
+ * Every section but the last has job_heads heads. */
+template <class Cfg> __device__ __forceinline__ void wg_persist_job(const kiln_launch_params &p, int i, int &x, int &h)
+{
+    const int H = wg_job_heads<Cfg>(p), sh = p.job_heads;
+    int hj;
+    if (sh <= 0 || sh >= H) {
+        x = i / H;
+        hj = i % H;
+    } else {
+        const int span = wg_nx<Cfg>(p) * sh, s = i / span, h0 = s * sh;
+        const int n = H - h0 < sh ? H - h0 : sh, r = i - s * span;
+        x = r / n;
+        hj = h0 + r % n;
+    }
+    h = hj * mma_shape<Cfg>::PG;
+}
+
 /* Job i's Q rows into L2 (its TMA boxes: no barrier, no shared memory), i past the last job:
  * nothing. The item words it reads are then in cache for mma_load_work. */
 template <class Cfg>
@@ -783,15 +806,16 @@ __device__ __forceinline__ void wg_prefetch_q(const kiln_launch_params &p, const
         constexpr int PG = mma_shape<Cfg>::PG;
         const int H = wg_job_heads<Cfg>(p);
         if (i >= wg_nx<Cfg>(p) * H) return;
-        int row;
+        int x, h, row;
+        wg_persist_job<Cfg>(p, i, x, h);
         if constexpr (Cfg::KV != KV_CONTIGUOUS) {
-            const work_item it = load_item(p, i / H);
+            const work_item it = load_item(p, x);
             row = it.q_start + it.m * (KILN_WGMMA_BM / PG);
         } else {
-            row = (wg_nx<Cfg>(p) - 1 - i / H) * (KILN_WGMMA_BM / PG); /* mma_load_work's m_block */
+            row = (wg_nx<Cfg>(p) - 1 - x) * (KILN_WGMMA_BM / PG); /* mma_load_work's m_block */
         }
 #pragma unroll
-        for (int cb = 0; cb < Cfg::D / 64; cb++) tma_prefetch_3d(&maps->q, cb * 64, i % H * PG, row);
+        for (int cb = 0; cb < Cfg::D / 64; cb++) tma_prefetch_3d(&maps->q, cb * 64, h, row);
     }
 }
 
@@ -1277,9 +1301,10 @@ __device__ __forceinline__ wg_next wg_consume(const kiln_launch_params &p, const
 }
 
 /* The jobs of a CTA: (work x of nx, query head h). With PERSIST, job i of all nx x H is
- * (i / H, i % H), heads innermost, so that the first wave takes the heaviest causal tiles of
- * every head (x = 0 is the last query tile of a single request, a batch's items are longest
- * first) and a KV head's G query heads run side by side; CTA b takes job b, then its job of
+ * wg_persist_job's: (x, head) with heads innermost within sections of KV heads whose K/V L2
+ * holds, so that the first wave takes the heaviest causal tiles of the first section's heads
+ * (x = 0 is the last query tile of a single request, a batch's items are longest first) and a
+ * KV head's G query heads run side by side; CTA b takes job b, then its job of
  * each later round (STATIC: wg_static_job), or claims each later one from the schedule's
  * counter (DYNAMIC: the CTA that frees first takes the next). With a CTA per job, CTA i runs
  * job i of a KV-head-major order (wg_flat_job), which the GPU starts in index order. */
@@ -1356,8 +1381,9 @@ __device__ __forceinline__ void wg_produce_jobs(const kiln_launch_params &p, con
             }
             return;
         }
-        const mma_work w = mma_load_work<Cfg>(p, i / H, wg_nx<Cfg>(p));
-        const int h = i % H * mma_shape<Cfg>::PG; /* the job's first query head */
+        int x, h; /* the job's work and first query head */
+        wg_persist_job<Cfg>(p, i, x, h);
+        const mma_work w = mma_load_work<Cfg>(p, x, wg_nx<Cfg>(p));
         const u32 next = sm.job() + 4 * (WG_JOB_NEXT + (it & 1));
         wg_produce_job<Cfg>(
             p, maps, w, wg_job_tiles<Cfg>(p, w), sm, h, h / Cfg::G, tid, n,

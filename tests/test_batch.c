@@ -1316,3 +1316,51 @@ KT_GPU_TEST(gpu_batch_cascade)
     }
     kiln_ctx_destroy(ctx);
 }
+
+/* The persistent wgmma grid's jobs in sections of heads (kiln_launch_params.job_heads,
+ * wgmma_attention.cuh wg_persist_job) against the float64 reference: KILN_JOB_HEADS 1, 3 and 5
+ * (sections that cut a KV head's group, and a last section shorter than the others) on ragged
+ * and paged causal batches and a non-causal ragged one, H 24 / H_KV 6, eager and from a CUDA
+ * graph; every kernel on the persistent grid. */
+KT_GPU_TEST(gpu_wgmma_job_sections)
+{
+    static const char *const specs[] = {
+        "op=prefill dtype=bf16 head_dim=128 group=4 kv=ragged mask=causal lse=1",
+        "op=prefill dtype=f16 head_dim=64 group=4 kv=paged mask=causal",
+        "op=prefill dtype=bf16 head_dim=128 group=4 kv=ragged",
+    };
+    static const char *const heads[] = {"1", "3", "5"};
+    static const int kv[4] = {1000, 1, 2049, 333};
+    for (size_t e = 0; e < sizeof heads / sizeof heads[0]; e++) {
+        setenv("KILN_JOB_HEADS", heads[e], 1); /* read when the context is made */
+        kiln_ctx *ctx = KT_CTX(kt_cache_dir(), 1);
+        unsetenv("KILN_JOB_HEADS");
+        KT_REQUIRE(ctx);
+        for (size_t i = 0; i < sizeof specs / sizeof specs[0]; i++) {
+            kiln_variant v;
+            if (!parsed(specs[i], &v)) continue;
+            kiln_kernel *k = get(ctx, &v);
+            if (!k) continue;
+            if (!k->cfg.wgmma || !k->cfg.persist) {
+                kt_fail(__FILE__, __LINE__, "%s: not on the persistent wgmma grid", specs[i]);
+                continue;
+            }
+            for (int graph = 0; graph < 2; graph++) {
+                kiln_check_batch s = {.batch = 4,
+                                      .qo_lens = kv,
+                                      .kv_lens = kv,
+                                      .num_qo_heads = 24,
+                                      .page_size = 16,
+                                      .window_left = -1,
+                                      .graph = graph,
+                                      .seed = 5900u + (uint64_t)(e * 8 + i * 2 + (size_t)graph)};
+                kiln_check_batch_result r;
+                char msg[1024];
+                if (kiln_check_batch_run(ctx, k, &s, 0, &r, msg, sizeof msg) != KILN_STATUS_OK)
+                    kt_fail(__FILE__, __LINE__, "%s KILN_JOB_HEADS=%s graph=%d: %s (request %d)",
+                            specs[i], heads[e], graph, msg, r.bad_request);
+            }
+        }
+        kiln_ctx_destroy(ctx);
+    }
+}

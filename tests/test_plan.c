@@ -1000,3 +1000,42 @@ KT_TEST(plan_run_values)
     k16->loaded = k8->loaded = 0;
     kiln_ctx_destroy(ctx);
 }
+
+/* kiln__job_heads, the persistent wgmma grid's sections of heads: whole KV heads whose K and V
+ * (every request's keys) fit half of L2, 0 where all heads fit or off the persistent grid;
+ * counted in job heads (a packed job takes a KV head's G heads); $KILN_JOB_HEADS wins. */
+KT_TEST(plan_job_heads)
+{
+    kiln_ctx ctx;
+    memset(&ctx, 0, sizeof ctx);
+    ctx.l2_bytes = 50 << 20; /* an H100's */
+    ctx.job_heads_env = -1;
+    static kiln_kernel k; /* large: not on the stack */
+    memset(&k, 0, sizeof k);
+    k.ctx = &ctx;
+    KT_REQUIRE(
+        kiln_variant_parse("op=prefill dtype=bf16 head_dim=128 group=4 kv=ragged mask=causal",
+                           &k.v) == KILN_STATUS_OK);
+    k.cfg.wgmma = 1;
+    k.cfg.persist = 2;
+    /* 16384 keys x 128 x 2 (K, V) x 2 bytes = 8 MiB a KV head: 3 of 25 MiB, so 12 query heads */
+    KT_EQ_INT(kiln__job_heads(&k, 16384, 32), 12);
+    KT_EQ_INT(kiln__job_heads(&k, 4096, 32), 0);   /* 2 MiB each: all 8 fit */
+    KT_EQ_INT(kiln__job_heads(&k, 100000, 32), 4); /* 49 MiB each: one KV head a section */
+    KT_EQ_INT(kiln__job_heads(&k, 0, 32), 0);
+    k.cfg.pack = 1; /* a job takes a KV head's 4 heads */
+    KT_EQ_INT(kiln__job_heads(&k, 16384, 32), 3);
+    k.cfg.pack = 0;
+    KT_REQUIRE(kiln_variant_parse("op=prefill q_dtype=bf16 kv_dtype=e4m3 out_dtype=bf16 "
+                                  "head_dim=128 group=4 kv=paged mask=causal",
+                                  &k.v) == KILN_STATUS_OK);
+    KT_EQ_INT(kiln__job_heads(&k, 16384, 32), 24); /* 4 MiB each: 6 of 8 fit */
+    KT_EQ_INT(kiln__job_heads(&k, 32768, 32), 12);
+    k.cfg.persist = 0; /* a CTA a job: KV-head-major already (wg_flat_job) */
+    KT_EQ_INT(kiln__job_heads(&k, 32768, 32), 0);
+    k.cfg.persist = 2;
+    ctx.l2_bytes = 0; /* unknown */
+    KT_EQ_INT(kiln__job_heads(&k, 32768, 32), 0);
+    ctx.job_heads_env = 5;
+    KT_EQ_INT(kiln__job_heads(&k, 32768, 32), 5);
+}

@@ -125,6 +125,11 @@ typedef struct kiln_launch_params {
     int counters_off; /* int offset of the fused merge's arrival counters (kiln_cfg::FUSED_MERGE) */
     float lse_unit;   /* the stored LSE per log2 unit: ln 2 (natural log) or 1 (base 2,
                          kiln_params.lse_base2) */
+    int job_heads;    /* the wgmma family's persistent grid: its jobs go through the query heads
+                         in sections of this many job heads (whole KV heads), every work tile
+                         of a section before the next section's, so that the CTAs running at
+                         once read the K/V of few KV heads, which L2 then holds; 0: one section
+                         of all heads (runtime/launch.c kiln__job_heads) */
 } kiln_launch_params;
 
 #define KILN_LAUNCH_PARAMS_SIZE 376
