@@ -29,7 +29,8 @@ Points (c: causal, n: not):
                         fixed_split_size, P pages), nosplit (disable_split_kv), gN (group N,
                         1..64: 8 N query heads over the 8 KV heads; else 4)
 --eager N runs each point's call N times in this process, untimed (a target for ncu).
---tunes: settings of KILN_TUNE separated by ';' (an empty one is the default); --lib NAME=PATH
+--tunes: settings of KILN_TUNE separated by ';' (an empty one is the default; a word KILN_X=V in a
+setting sets that environment variable instead, e.g. 'KILN_JOB_HEADS=4'); --lib NAME=PATH
 adds a run of another library with no KILN_TUNE. $KILN_LIB is the library of the --tunes runs.
 Prints each measurement as it comes, then a table: µs and TFLOP/s or GB/s, a column a setting,
 one figure a round.
@@ -178,6 +179,14 @@ def point_fn(f):
     raise ValueError(f"unknown point kind {kind!r}")
 
 
+def split_setting(val):
+    """A --tunes setting: its KILN_* words (KILN_JOB_HEADS=4, read by the library when a
+    context is made) as environment variables, the rest as KILN_TUNE."""
+    words = val.replace(",", " ").split()
+    extra = dict(w.split("=", 1) for w in words if w.startswith("KILN_") and "=" in w)
+    return " ".join(w for w in words if not (w.startswith("KILN_") and "=" in w)), extra
+
+
 def eager(points, n):
     """Each point's call n times in this process, synchronised, untimed: a profiler's target
     (ncu -k regex:kiln_main --launch-skip ... python3 ab.py --eager 3 --points ...)."""
@@ -232,7 +241,9 @@ def main():
             env = dict(os.environ)
             if kind == "tune":
                 name = val or "default"
-                env["KILN_TUNE"] = val
+                tune, extra = split_setting(val)
+                env["KILN_TUNE"] = tune
+                env.update(extra)
             else:
                 name, path = val.split("=", 1)
                 env["KILN_LIB"] = path
