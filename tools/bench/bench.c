@@ -9,8 +9,10 @@
  *                                the batch suites (batch.c): paged decode sweep, batch prefill,
  *                                cascade, host overhead of plan/run
  *        kiln-bench --list [--batch]   the point names --only accepts
- *        kiln-bench --ceilings   only the copy and streaming-read ceilings, as one line
- *                                "ceilings copy_GBps=N read_GBps=N" (tools/bench/referee.py reads it)
+ *        kiln-bench --ceilings   only the ceilings, as one line "ceilings copy_GBps=N read_GBps=N
+ *                                gpu=... arch=... sms=N paged_nhd_read_GBps=N paged_hnd_read_GBps=N"
+ *                                (tools/bench/referee.py reads it): the copy, the streaming read and
+ *                                the paged decode's read pattern without its arithmetic (devk.c)
  *        kiln-bench --jit        JIT figures, no GPU needed: cold compile, in-process memo hit,
  *                                new-process cache hit (`kiln compile` of a cached spec)
  * Prints markdown tables on stdout. CSV files start with one metadata line
@@ -424,8 +426,15 @@ int main(int argc, char **argv)
     if (env_open(&a, &env)) return 1;
     const kiln_device_info di = env.di;
     if (a.ceilings) {
-        printf("ceilings copy_GBps=%.0f read_GBps=%.0f gpu=\"%s\" arch=%s sms=%d\n", env.copy_gbs,
-               env.read_gbs, di.name, di.arch, di.sm_count);
+        /* the paged decode's pattern beside the streaming read: what its layout costs */
+        double nhd = 0, hnd = 0;
+        char msg[512];
+        if (devk_read_pages_ceiling(&env, (size_t)2 << 30, 0, &nhd, msg, sizeof msg) ||
+            devk_read_pages_ceiling(&env, (size_t)2 << 30, 1, &hnd, msg, sizeof msg))
+            fprintf(stderr, "kiln-bench: paged read ceiling: %s\n", msg);
+        printf("ceilings copy_GBps=%.0f read_GBps=%.0f gpu=\"%s\" arch=%s sms=%d "
+               "paged_nhd_read_GBps=%.0f paged_hnd_read_GBps=%.0f\n",
+               env.copy_gbs, env.read_gbs, di.name, di.arch, di.sm_count, nhd, hnd);
         kiln_ctx_destroy(env.ctx);
         return env.read_gbs > 0 ? 0 : 1;
     }

@@ -38,6 +38,12 @@ kiln_status devk_fill_e4m3(bench_env *env, CUdeviceptr p, uint64_t n, uint64_t s
 /* Streaming-read ceiling over `bytes` (16-byte non-caching loads, several configurations, the
  * best median of 30): GB/s of bytes read. */
 kiln_status devk_read_ceiling(bench_env *env, size_t bytes, double *gbs, char *msg, size_t cap);
+/* The paged decode's read pattern without its arithmetic, over K and V pools of `bytes` in all:
+ * pages of 16 tokens x 8 KV heads x d128 16-bit values, every page once in a fixed random order,
+ * a CTA of 128 threads per (16 or 64 pages, KV head), NHD (hnd 0: a head's row every 2 KiB) or
+ * HND (1: a head's 16 rows contiguous); the best median of 30 launches by events, GB/s read. */
+kiln_status devk_read_pages_ceiling(bench_env *env, size_t bytes, int hnd, double *gbs, char *msg,
+                                    size_t cap);
 
 /* A failed driver call r: "<prefix><what>: <CUDA error name>" into msg[cap]; returns
  * KILN_STATUS_NO_MEMORY when the device is out of memory, else KILN_STATUS_CUDA. */

@@ -63,11 +63,54 @@ static const char devk_source[] =
     "extern \"C\" __global__ void devk_read4(const u4 *p, u64 n, unsigned *sink) { read_all<4>(p, "
     "n, sink); }\n"
     "extern \"C\" __global__ void devk_read8(const u4 *p, u64 n, unsigned *sink) { read_all<8>(p, "
-    "n, sink); }\n";
+    "n, sink); }\n"
+    /* the paged decode's reads without its arithmetic: CTA (x, h) of 128 threads reads KV head
+     * h's 16 rows of 256 bytes (d128, 16-bit) in pages table[x ppc .. x ppc + ppc - 1] of the K
+     * and the V pool, four pages (16 loads a thread) in flight; NHD: a page is [16 tokens][heads]
+     * [128] (a head's row every heads x 256 bytes), HND: [heads][16 tokens][128] (a head's 4 KiB
+     * contiguous). Every load and fold is volatile asm, so their order stays: the four table
+     * entries, the 16 loads, then the folds. */
+    "__device__ __forceinline__ int ld_entry(const int *p) {\n"
+    "    int v; asm volatile(\"ld.global.nc.s32 %0, [%1];\" : \"=r\"(v) : \"l\"(p)); return v;\n"
+    "}\n"
+    "__device__ __forceinline__ void fold(unsigned &acc, const u4 &v) {\n"
+    "    asm volatile(\"xor.b32 %0, %0, %1; xor.b32 %0, %0, %2; xor.b32 %0, %0, %3; xor.b32 %0, "
+    "%0, "
+    "%4;\" : \"+r\"(acc) : \"r\"(v.x), \"r\"(v.y), \"r\"(v.z), \"r\"(v.w));\n"
+    "}\n"
+    "extern \"C\" __global__ void devk_read_pages(const u4 *k, const u4 *v, const int *table, int "
+    "ppc, int heads, int hnd, unsigned *sink) {\n"
+    "    const u64 h = blockIdx.y;\n"
+    "    unsigned acc = 0;\n"
+    "    for (int p0 = 0; p0 < ppc; p0 += 4) {\n"
+    "        int pg[4];\n"
+    "#pragma unroll\n"
+    "        for (int u = 0; u < 4; u++) pg[u] = ld_entry(table + (u64)blockIdx.x * ppc + p0 + "
+    "u);\n"
+    "        u4 a[4][4];\n"
+    "#pragma unroll\n"
+    "        for (int u = 0; u < 4; u++) {\n"
+    "            const u64 page = (u64)pg[u];\n"
+    "#pragma unroll\n"
+    "            for (int j = 0; j < 2; j++) {\n"
+    "                const unsigned e = threadIdx.x + j * 128, row = e >> 4, col = e & 15;\n"
+    "                const u64 off = hnd ? (page * heads + h) * 256 + row * 16 + col\n"
+    "                                    : (page * 16 + row) * heads * 16 + h * 16 + col;\n"
+    "                a[u][j] = ld_stream(k + off);\n"
+    "                a[u][2 + j] = ld_stream(v + off);\n"
+    "            }\n"
+    "        }\n"
+    "#pragma unroll\n"
+    "        for (int u = 0; u < 4; u++)\n"
+    "#pragma unroll\n"
+    "            for (int j = 0; j < 4; j++) fold(acc, a[u][j]);\n"
+    "    }\n"
+    "    if (acc == 0x9e3779b9u) sink[0] = acc;\n"
+    "}\n";
 
 static struct {
     CUmodule mod;
-    CUfunction fill_bf16, fill_e4m3, read4, read8;
+    CUfunction fill_bf16, fill_e4m3, read4, read8, read_pages;
 } dk;
 
 kiln_status bench_cu_fail(const bench_env *env, CUresult r, const char *prefix, const char *what,
@@ -110,6 +153,8 @@ kiln_status devk_load(bench_env *env, char *msg, size_t cap)
     DK_TRY(env->cu->cuModuleGetFunction(&dk.fill_e4m3, dk.mod, "devk_fill_e4m3"), "devk_fill_e4m3");
     DK_TRY(env->cu->cuModuleGetFunction(&dk.read4, dk.mod, "devk_read4"), "devk_read4");
     DK_TRY(env->cu->cuModuleGetFunction(&dk.read8, dk.mod, "devk_read8"), "devk_read8");
+    DK_TRY(env->cu->cuModuleGetFunction(&dk.read_pages, dk.mod, "devk_read_pages"),
+           "devk_read_pages");
     return KILN_STATUS_OK;
 }
 
@@ -200,6 +245,97 @@ done:
     if (ev[0]) cu->cuEventDestroy(ev[0]);
     if (ev[1]) cu->cuEventDestroy(ev[1]);
     if (buf) cu->cuMemFree(buf);
+    if (sink) cu->cuMemFree(sink);
+    return st;
+}
+
+/* The median of 30 launches (after 3 untimed) of f over grid (gx, gy) x threads, in ms; < 0
+ * after writing why to msg. */
+static double time_launches(bench_env *env, CUfunction f, unsigned gx, unsigned gy,
+                            unsigned threads, void **args, char *msg, size_t cap)
+{
+    const kiln__cu *cu = env->cu;
+    CUevent ev[2] = {0};
+    double out = -1;
+    float ms[33];
+    if (cu->cuEventCreate(&ev[0], CU_EVENT_DEFAULT) ||
+        cu->cuEventCreate(&ev[1], CU_EVENT_DEFAULT)) {
+        snprintf(msg, cap, "devk: event create failed");
+        goto done;
+    }
+    for (int t = 0; t < 33; t++) {
+        cu->cuEventRecord(ev[0], NULL);
+        CUresult r = cu->cuLaunchKernel(f, gx, gy, 1, threads, 1, 1, 0, NULL, args, NULL);
+        cu->cuEventRecord(ev[1], NULL);
+        if (r == CUDA_SUCCESS) r = cu->cuEventSynchronize(ev[1]);
+        if (r != CUDA_SUCCESS) {
+            bench_cu_fail(env, r, "devk: ", "paged read kernel", msg, cap);
+            goto done;
+        }
+        cu->cuEventElapsedTime(&ms[t], ev[0], ev[1]);
+    }
+    qsort(ms + 3, 30, sizeof ms[0], cmp_f);
+    out = ms[3 + 15];
+done:
+    if (ev[0]) cu->cuEventDestroy(ev[0]);
+    if (ev[1]) cu->cuEventDestroy(ev[1]);
+    return out;
+}
+
+kiln_status devk_read_pages_ceiling(bench_env *env, size_t bytes, int hnd, double *gbs, char *msg,
+                                    size_t cap)
+{
+    enum { HEADS = 8, PAGE_BYTES = 16 * HEADS * 256 };
+    static const int ppcs[] = {16, 64};
+    *gbs = 0;
+    const kiln__cu *cu = env->cu;
+    const int pages = (int)(bytes / 2 / PAGE_BYTES / 64 * 64); /* a multiple of every ppc */
+    CUdeviceptr k = 0, v = 0, table = 0, sink = 0;
+    kiln_status st = KILN_STATUS_OK;
+    int *h = malloc((size_t)pages * sizeof *h);
+    if (!h || pages < 64) {
+        snprintf(msg, cap, "devk: paged read ceiling: %zu bytes hold %d pages", bytes, pages);
+        st = KILN_STATUS_NO_MEMORY;
+        goto done;
+    }
+    /* every page once, in a fixed random order (a pool after many requests came and went) */
+    uint64_t x = 0x2545f4914f6cdd1dull;
+    for (int i = 0; i < pages; i++) h[i] = i;
+    for (int i = pages - 1; i > 0; i--) {
+        x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+        const int j = (int)(x % (uint64_t)(i + 1)), t = h[i];
+        h[i] = h[j], h[j] = t;
+    }
+    const size_t pool = (size_t)pages * PAGE_BYTES;
+    if (cu->cuMemAlloc(&k, pool) || cu->cuMemAlloc(&v, pool) ||
+        cu->cuMemAlloc(&table, (size_t)pages * sizeof *h) || cu->cuMemAlloc(&sink, 16) ||
+        cu->cuMemcpyHtoD(table, h, (size_t)pages * sizeof *h)) {
+        snprintf(msg, cap, "devk: alloc or upload of two %zu-byte pools failed", pool);
+        st = KILN_STATUS_CUDA;
+        goto done;
+    }
+    if ((st = devk_fill_bf16(env, k, pool / 2, 78, 1.0f)) ||
+        (st = devk_fill_bf16(env, v, pool / 2, 79, 1.0f))) {
+        snprintf(msg, cap, "devk: fill for the paged read ceiling failed");
+        goto done;
+    }
+    for (size_t c = 0; c < sizeof ppcs / sizeof ppcs[0]; c++) {
+        int ppc = ppcs[c], heads = HEADS;
+        void *args[] = {&k, &v, &table, &ppc, &heads, &hnd, &sink};
+        const double ms =
+            time_launches(env, dk.read_pages, (unsigned)(pages / ppc), HEADS, 128, args, msg, cap);
+        if (ms < 0) {
+            st = KILN_STATUS_CUDA;
+            goto done;
+        }
+        const double g = 2.0 * (double)pool / (ms * 1e-3) / 1e9;
+        if (g > *gbs) *gbs = g;
+    }
+done:
+    free(h);
+    if (k) cu->cuMemFree(k);
+    if (v) cu->cuMemFree(v);
+    if (table) cu->cuMemFree(table);
     if (sink) cu->cuMemFree(sink);
     return st;
 }

@@ -393,6 +393,13 @@ def suite_ceilings(a, suite):
                              unit="GB/s", rate=float(m2[2]), check="kiln-bench --ceilings"))
                 RES.add(dict(suite=suite, point="device-to-device copy, cuMemcpyDtoD (events)", lib="kiln",
                              unit="GB/s", rate=float(m2[1]), check="kiln-bench --ceilings"))
+                # the paged decode's read pattern (page 16, 8 KV heads, d128) without its arithmetic
+                for lay in ("nhd", "hnd"):
+                    m3 = re.search(rf"paged_{lay}_read_GBps=(\d+)", r.stdout)
+                    if m3 and float(m3[1]) > 0:
+                        RES.add(dict(suite=suite, lib="kiln", unit="GB/s", rate=float(m3[1]),
+                                     point=f"paged read, page 16, {lay.upper()}, kiln's kernel (events per launch)",
+                                     check="kiln-bench --ceilings"))
             else:
                 RES.add(dict(suite=suite, point="kiln ceilings", lib="kiln", unit="GB/s", check="failed",
                              error=(r.stdout + r.stderr)[-200:]))
