@@ -182,9 +182,14 @@ def point_fn(f):
 def split_setting(val):
     """A --tunes setting: its KILN_* words (KILN_JOB_HEADS=4, read by the library when a
     context is made) as environment variables, the rest as KILN_TUNE."""
-    words = val.replace(",", " ").split()
-    extra = dict(w.split("=", 1) for w in words if w.startswith("KILN_") and "=" in w)
-    return " ".join(w for w in words if not (w.startswith("KILN_") and "=" in w)), extra
+    tune, extra = [], {}
+    for w in val.replace(",", " ").split():
+        if w.startswith("KILN_") and "=" in w:
+            k, v = w.split("=", 1)
+            extra[k] = v
+        else:
+            tune.append(w)
+    return " ".join(tune), extra
 
 
 def eager(points, n):

@@ -193,66 +193,10 @@ static int cmp_f(const void *a, const void *b)
     return x < y ? -1 : x > y;
 }
 
-kiln_status devk_read_ceiling(bench_env *env, size_t bytes, double *gbs, char *msg, size_t cap)
-{
-    static const struct {
-        int unroll, threads, ctas_per_sm;
-    } cfgs[] = {{4, 256, 8},  {8, 256, 8},  {4, 512, 4}, {8, 512, 4},
-                {8, 1024, 2}, {4, 256, 16}, {8, 128, 16}};
-    *gbs = 0;
-    CUdeviceptr buf = 0, sink = 0;
-    CUevent ev[2] = {0};
-    kiln_status st = KILN_STATUS_OK;
-    const kiln__cu *cu = env->cu;
-    uint64_t n16 = bytes / 16;
-    if (cu->cuMemAlloc(&buf, bytes) || cu->cuMemAlloc(&sink, 16)) {
-        snprintf(msg, cap, "devk: alloc %zu bytes for the read ceiling failed", bytes);
-        st = KILN_STATUS_CUDA;
-        goto done;
-    }
-    /* random contents: a read of zeros could be cheaper than real data */
-    if ((st = devk_fill_bf16(env, buf, bytes / 2, 77, 1.0f))) {
-        snprintf(msg, cap, "devk: fill for the read ceiling failed");
-        goto done;
-    }
-    cu->cuEventCreate(&ev[0], CU_EVENT_DEFAULT);
-    cu->cuEventCreate(&ev[1], CU_EVENT_DEFAULT);
-    for (size_t c = 0; c < sizeof cfgs / sizeof cfgs[0]; c++) {
-        CUfunction f = cfgs[c].unroll == 8 ? dk.read8 : dk.read4;
-        const unsigned grid = (unsigned)(env->di.sm_count * cfgs[c].ctas_per_sm);
-        void *args[] = {&buf, &n16, &sink};
-        float ms[33];
-        for (int t = 0; t < 33; t++) {
-            cu->cuEventRecord(ev[0], NULL);
-            CUresult r = cu->cuLaunchKernel(f, grid, 1, 1, (unsigned)cfgs[c].threads, 1, 1, 0, NULL,
-                                            args, NULL);
-            cu->cuEventRecord(ev[1], NULL);
-            if (r == CUDA_SUCCESS) r = cu->cuEventSynchronize(ev[1]);
-            if (r != CUDA_SUCCESS) {
-                const char *s = NULL;
-                cu->cuGetErrorName(r, &s);
-                snprintf(msg, cap, "devk: read kernel: %s", s ? s : "?");
-                st = KILN_STATUS_CUDA;
-                goto done;
-            }
-            cu->cuEventElapsedTime(&ms[t], ev[0], ev[1]);
-        }
-        qsort(ms + 3, 30, sizeof ms[0], cmp_f);
-        const double g = (double)n16 * 16 / (ms[3 + 15] * 1e-3) / 1e9;
-        if (g > *gbs) *gbs = g;
-    }
-done:
-    if (ev[0]) cu->cuEventDestroy(ev[0]);
-    if (ev[1]) cu->cuEventDestroy(ev[1]);
-    if (buf) cu->cuMemFree(buf);
-    if (sink) cu->cuMemFree(sink);
-    return st;
-}
-
-/* The median of 30 launches (after 3 untimed) of f over grid (gx, gy) x threads, in ms; < 0
- * after writing why to msg. */
+/* The median of 30 launches (after 3 untimed) of f over grid (gx, gy) x threads, in ms, by
+ * events; < 0 after writing why (naming `what`) to msg. */
 static double time_launches(bench_env *env, CUfunction f, unsigned gx, unsigned gy,
-                            unsigned threads, void **args, char *msg, size_t cap)
+                            unsigned threads, void **args, const char *what, char *msg, size_t cap)
 {
     const kiln__cu *cu = env->cu;
     CUevent ev[2] = {0};
@@ -269,7 +213,7 @@ static double time_launches(bench_env *env, CUfunction f, unsigned gx, unsigned 
         cu->cuEventRecord(ev[1], NULL);
         if (r == CUDA_SUCCESS) r = cu->cuEventSynchronize(ev[1]);
         if (r != CUDA_SUCCESS) {
-            bench_cu_fail(env, r, "devk: ", "paged read kernel", msg, cap);
+            bench_cu_fail(env, r, "devk: ", what, msg, cap);
             goto done;
         }
         cu->cuEventElapsedTime(&ms[t], ev[0], ev[1]);
@@ -280,6 +224,46 @@ done:
     if (ev[0]) cu->cuEventDestroy(ev[0]);
     if (ev[1]) cu->cuEventDestroy(ev[1]);
     return out;
+}
+
+kiln_status devk_read_ceiling(bench_env *env, size_t bytes, double *gbs, char *msg, size_t cap)
+{
+    static const struct {
+        int unroll, threads, ctas_per_sm;
+    } cfgs[] = {{4, 256, 8},  {8, 256, 8},  {4, 512, 4}, {8, 512, 4},
+                {8, 1024, 2}, {4, 256, 16}, {8, 128, 16}};
+    *gbs = 0;
+    CUdeviceptr buf = 0, sink = 0;
+    kiln_status st = KILN_STATUS_OK;
+    const kiln__cu *cu = env->cu;
+    uint64_t n16 = bytes / 16;
+    if (cu->cuMemAlloc(&buf, bytes) || cu->cuMemAlloc(&sink, 16)) {
+        snprintf(msg, cap, "devk: alloc %zu bytes for the read ceiling failed", bytes);
+        st = KILN_STATUS_CUDA;
+        goto done;
+    }
+    /* random contents: a read of zeros could be cheaper than real data */
+    if ((st = devk_fill_bf16(env, buf, bytes / 2, 77, 1.0f))) {
+        snprintf(msg, cap, "devk: fill for the read ceiling failed");
+        goto done;
+    }
+    for (size_t c = 0; c < sizeof cfgs / sizeof cfgs[0]; c++) {
+        CUfunction f = cfgs[c].unroll == 8 ? dk.read8 : dk.read4;
+        const unsigned grid = (unsigned)(env->di.sm_count * cfgs[c].ctas_per_sm);
+        void *args[] = {&buf, &n16, &sink};
+        const double ms = time_launches(env, f, grid, 1, (unsigned)cfgs[c].threads, args,
+                                        "read kernel", msg, cap);
+        if (ms < 0) {
+            st = KILN_STATUS_CUDA;
+            goto done;
+        }
+        const double g = (double)n16 * 16 / (ms * 1e-3) / 1e9;
+        if (g > *gbs) *gbs = g;
+    }
+done:
+    if (buf) cu->cuMemFree(buf);
+    if (sink) cu->cuMemFree(sink);
+    return st;
 }
 
 kiln_status devk_read_pages_ceiling(bench_env *env, size_t bytes, int hnd, double *gbs, char *msg,
@@ -322,8 +306,8 @@ kiln_status devk_read_pages_ceiling(bench_env *env, size_t bytes, int hnd, doubl
     for (size_t c = 0; c < sizeof ppcs / sizeof ppcs[0]; c++) {
         int ppc = ppcs[c], heads = HEADS;
         void *args[] = {&k, &v, &table, &ppc, &heads, &hnd, &sink};
-        const double ms =
-            time_launches(env, dk.read_pages, (unsigned)(pages / ppc), HEADS, 128, args, msg, cap);
+        const double ms = time_launches(env, dk.read_pages, (unsigned)(pages / ppc), HEADS, 128,
+                                        args, "paged read kernel", msg, cap);
         if (ms < 0) {
             st = KILN_STATUS_CUDA;
             goto done;
