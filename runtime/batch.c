@@ -563,7 +563,8 @@ static kiln_status list_tiles(kiln_plan *pl, const kiln_batch_shape *s, int64_t 
     const int B = s->batch;
     /* query tiles and the keys each sees */
     const int64_t ntiles64 = tile_bound(pl, B, total_qo);
-    if ((size_t)ntiles64 > pl->scratch_cap) {
+    /* allocated by the first batch, even one with no tile: later phases index the arrays */
+    if ((size_t)ntiles64 > pl->scratch_cap || !pl->order) {
         size_t cap = (size_t)ntiles64 + 64;
         int *a = realloc(pl->tile_keys, cap * sizeof *a),
             *o = a ? realloc(pl->order, cap * 4 * sizeof *o) : NULL;
