@@ -239,7 +239,9 @@ KILN_API kiln_status kiln_variant_parse(const char *spec, kiln_variant *out);
 KILN_API size_t kiln_variant_format(const kiln_variant *v, char *buf, size_t cap);
 
 /* Check that *v names a variant kiln can generate; KILN_STATUS_UNSUPPORTED with a message
- * otherwise. */
+ * otherwise. A snippet is checked only for being NUL-terminated printable text here: its
+ * grammar (libclang, the allow-list) is checked by kiln_variant_parse and when a kernel of the
+ * variant is built, which refuse a bad one with the token and the reason. */
 KILN_API kiln_status kiln_variant_check(const kiln_variant *v);
 
 /* ---------------------------------------------------------------------------------------------
