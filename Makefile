@@ -23,6 +23,10 @@ SAN       ?=
 
 WARN    := -Wall -Wextra -Wpedantic -Werror -Wshadow -Wstrict-prototypes -Wmissing-prototypes \
            -Wformat=2 -Wvla -Wno-format-nonliteral -Wno-format-truncation
+# clang (make fuzz, CC=clang) does not know gcc's -Wformat-truncation
+ifneq ($(findstring clang,$(CC)),)
+WARN    += -Wno-unknown-warning-option
+endif
 CFLAGS  ?= -O2 -g
 ALLCFLAGS := -std=c11 -D_GNU_SOURCE -fPIC -fvisibility=hidden $(WARN) $(CFLAGS) $(RELEASE_FLAGS) $(SAN) \
              -Iinclude -Ijit -Ijit/snippet -Icache -Iruntime -Itools/check -Itemplates/common -I$(BUILD)/gen -isystem $(CUDA_HOME)/include \
@@ -41,7 +45,11 @@ TOOL_OBJ  := $(TOOL_SRC:%.c=$(BUILD)/obj/%.o)
 CHECK_SRC := $(wildcard tools/check/*.c)
 CHECK_OBJ := $(CHECK_SRC:%.c=$(BUILD)/obj/%.o)
 TEST_SRC := $(wildcard tests/*.c)
-TEST_OBJ := $(TEST_SRC:%.c=$(BUILD)/obj/%.o)
+# the fuzz targets (tests/fuzz/) are also in the test runner, their entry points renamed, to
+# replay their kept inputs (tests/test_fuzz.c); the manifest target needs the CLI's reader
+FUZZ_SRC := $(wildcard tests/fuzz/fuzz_*.c)
+CLI_LIB_OBJ := $(filter-out %/kiln.o,$(TOOL_OBJ))
+TEST_OBJ := $(TEST_SRC:%.c=$(BUILD)/obj/%.o) $(FUZZ_SRC:%.c=$(BUILD)/obj/%.o) $(CLI_LIB_OBJ)
 TEMPLATES := $(shell find templates -name '*.cuh' -o -name '*.h' | LC_ALL=C sort)
 
 LIB_A  := $(BUILD)/lib/libkiln.a
@@ -56,7 +64,7 @@ EMBED  := $(BUILD)/bin/kiln-embed
 PY_INC := $(shell python3 -c "import sysconfig; print(sysconfig.get_paths()['include'])" 2>/dev/null)
 HOT_SO := $(if $(wildcard $(PY_INC)/Python.h),$(BUILD)/lib/_kiln_hot.abi3.so)
 
-.PHONY: probe gpu-seed all deps test test-gpu test-full demo bench-gpu help check asan ubsan format format-check tidy compdb clean
+.PHONY: probe gpu-seed all deps test test-gpu test-full demo bench-gpu help check asan ubsan fuzz fuzz-build format format-check tidy compdb clean
 all: $(LIB_A) $(LIB_SO) $(HOT_SO) $(CHECK_A) $(KILN) $(TESTS) $(BENCH)
 
 help:
@@ -78,6 +86,8 @@ help:
 	@echo "                logs under \$$OUT; docs/perf.md says how to make the tables from it"
 	@echo "make check      test + asan + ubsan"
 	@echo "make asan|ubsan CPU tests under AddressSanitizer / UndefinedBehaviorSanitizer"
+	@echo "make fuzz       libFuzzer (clang, ASan + UBSan) on the spec, variant, planner, manifest and"
+	@echo "                cubin readers, FUZZ_SECONDS (60) each; crashes kept in build-fuzz/crashes/"
 	@echo "make format     clang-format every C file (.clang-format); make format-check: fail if any"
 	@echo "                file would change (CI runs it);  make tidy: clang-tidy"
 	@echo "make compdb     compile_commands.json (needs bear)"
@@ -98,6 +108,10 @@ deps:
 	    $$SUDO apt-get update -qq && $$SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing; \
 	else echo "deps: all present"; fi
 	@test -f $(CUDA_HOME)/include/nvrtc.h || { echo "deps: no CUDA toolkit at $(CUDA_HOME) (set CUDA_HOME)"; exit 1; }
+
+# a fuzz target in the test runner: libFuzzer's entry points renamed after the file
+$(BUILD)/obj/tests/fuzz/%.o: ALLCFLAGS += -Itools/cli -DLLVMFuzzerTestOneInput=kiln_$(basename $(notdir $@))_one \
+    -DLLVMFuzzerInitialize=kiln_$(basename $(notdir $@))_init
 
 # The float64 references' row blocks (check_common.c): -O3 vectorises their independent sums
 # (the same operations in the same order a sum, so the same bits; 1.5-2x on the 2-core box)
@@ -314,6 +328,23 @@ ubsan:
 
 FORMAT_FILES = $$(git ls-files '*.c' '*.h' ':!templates/')
 
+# libFuzzer targets (tests/fuzz/fuzz_*.c; clang with ASan and UBSan, in build-fuzz/): `make fuzz`
+# builds them and runs each for FUZZ_SECONDS from its seeds (tools/scripts/fuzz.sh); an input
+# that crashes one is kept under build-fuzz/crashes/ and ends the run with status 1
+FUZZ_SECONDS ?= 60
+FUZZ_BIN := $(FUZZ_SRC:tests/fuzz/fuzz_%.c=$(BUILD)/bin/fuzz-%)
+FUZZ_SAN := -fsanitize=address,undefined -fno-sanitize-recover=undefined -fno-omit-frame-pointer
+
+fuzz:
+	$(MAKE) BUILD=build-fuzz CC=clang CFLAGS="-O1 -g -Wno-error" SAN="$(FUZZ_SAN) -fsanitize=fuzzer-no-link" fuzz-build
+	tools/scripts/fuzz.sh build-fuzz $(FUZZ_SECONDS)
+
+fuzz-build: $(FUZZ_BIN)
+
+$(BUILD)/bin/fuzz-%: tests/fuzz/fuzz_%.c $(CLI_LIB_OBJ) $(CHECK_A) $(LIB_A)
+	@mkdir -p $(dir $@)
+	$(CC) $(ALLCFLAGS) -Itools/cli -fsanitize=fuzzer -o $@ $< $(CLI_LIB_OBJ) $(CHECK_A) $(LIB_A) $(LDLIBS)
+
 format:
 	clang-format -i $(FORMAT_FILES)
 
@@ -328,4 +359,4 @@ compdb:
 	$(MAKE) clean && bear -- $(MAKE) all
 
 clean:
-	rm -rf $(BUILD) build-asan build-ubsan build-release
+	rm -rf $(BUILD) build-asan build-ubsan build-release build-fuzz
