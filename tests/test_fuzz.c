@@ -22,6 +22,7 @@ int kiln_fuzz_plan_init(int *argc, char ***argv);
 int kiln_fuzz_manifest_one(const uint8_t *data, size_t size);
 int kiln_fuzz_manifest_init(int *argc, char ***argv);
 int kiln_fuzz_cubin_one(const uint8_t *data, size_t size);
+int kiln_fuzz_snippet_one(const uint8_t *data, size_t size);
 
 typedef struct target {
     const char *name;
@@ -69,6 +70,7 @@ KT_TEST(fuzz_corpus_replay)
         {"plan", kiln_fuzz_plan_init, kiln_fuzz_plan_one},
         {"manifest", kiln_fuzz_manifest_init, kiln_fuzz_manifest_one},
         {"cubin", NULL, kiln_fuzz_cubin_one},
+        {"snippet", NULL, kiln_fuzz_snippet_one},
     };
     for (size_t i = 0; i < sizeof targets / sizeof targets[0]; i++) {
         fflush(NULL);
