@@ -48,16 +48,19 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         for (const char *p = canon; *p; p++)
             if (*p < 0x20 || *p > 0x7e || strchr(";{}#\"'\\`@$", *p))
                 die("a character outside an expression's in the canonical text", text, canon);
-        if (strstr(canon, "//") || strstr(canon, "/*") || strstr(canon, "*/") || strstr(canon, "<%") ||
-            strstr(canon, "%>") || strstr(canon, "%:") || strstr(canon, "??"))
+        if (strstr(canon, "//") || strstr(canon, "/*") || strstr(canon, "*/") ||
+            strstr(canon, "<%") || strstr(canon, "%>") || strstr(canon, "%:") ||
+            strstr(canon, "??"))
             die("a comment, digraph or trigraph in the canonical text", text, canon);
         kiln__err e2 = {{0}};
-        if (kiln__snippet_check(kind, canon, params, NP, again, sizeof again, &e2) != KILN_STATUS_OK)
+        if (kiln__snippet_check(kind, canon, params, NP, again, sizeof again, &e2) !=
+            KILN_STATUS_OK)
             die("the canonical text is refused", text, canon);
         if (strcmp(again, canon)) die("the canonical text is not a fixed point", canon, again);
     } else if (st != KILN_STATUS_PARSE && st != KILN_STATUS_UNSUPPORTED) {
         die("an unexpected status", text, kiln_status_str(st));
-    } else if (!memchr(e.msg, 0, sizeof e.msg) || (st == KILN_STATUS_PARSE && strncmp(e.msg, "snippet '", 9))) {
+    } else if (!memchr(e.msg, 0, sizeof e.msg) ||
+               (st == KILN_STATUS_PARSE && strncmp(e.msg, "snippet '", 9))) {
         die("a refusal without a snippet message", text, e.msg);
     }
     free(text);
