@@ -336,7 +336,7 @@ FUZZ_BIN := $(FUZZ_SRC:tests/fuzz/fuzz_%.c=$(BUILD)/bin/fuzz-%)
 FUZZ_SAN := -fsanitize=address,undefined -fno-sanitize-recover=undefined -fno-omit-frame-pointer
 
 fuzz:
-	$(MAKE) BUILD=build-fuzz CC=clang CFLAGS="-O1 -g -Wno-error" SAN="$(FUZZ_SAN) -fsanitize=fuzzer-no-link" fuzz-build
+	$(MAKE) BUILD=build-fuzz CC=clang CFLAGS="-O1 -g" SAN="$(FUZZ_SAN) -fsanitize=fuzzer-no-link" fuzz-build
 	tools/scripts/fuzz.sh build-fuzz $(FUZZ_SECONDS)
 
 fuzz-build: $(FUZZ_BIN)
