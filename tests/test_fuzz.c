@@ -23,6 +23,8 @@ int kiln_fuzz_manifest_one(const uint8_t *data, size_t size);
 int kiln_fuzz_manifest_init(int *argc, char ***argv);
 int kiln_fuzz_cubin_one(const uint8_t *data, size_t size);
 int kiln_fuzz_snippet_one(const uint8_t *data, size_t size);
+int kiln_fuzz_cacherow_one(const uint8_t *data, size_t size);
+int kiln_fuzz_cacherow_init(int *argc, char ***argv);
 
 typedef struct target {
     const char *name;
@@ -64,6 +66,7 @@ KT_TEST(fuzz_corpus_replay)
     }
     /* the planner target's kernels compile into the suite's cache, not a directory of their own */
     kt_setenv("KILN_FUZZ_CACHE", kt_cache_dir());
+    kt_setenv("KILN_FUZZ_TMP", kt_tmpdir()); /* the targets' scratch files */
     const target targets[] = {
         {"spec", NULL, kiln_fuzz_spec_one},
         {"variant", NULL, kiln_fuzz_variant_one},
@@ -71,6 +74,7 @@ KT_TEST(fuzz_corpus_replay)
         {"manifest", kiln_fuzz_manifest_init, kiln_fuzz_manifest_one},
         {"cubin", NULL, kiln_fuzz_cubin_one},
         {"snippet", NULL, kiln_fuzz_snippet_one},
+        {"cacherow", kiln_fuzz_cacherow_init, kiln_fuzz_cacherow_one},
     };
     for (size_t i = 0; i < sizeof targets / sizeof targets[0]; i++) {
         fflush(NULL);
@@ -94,4 +98,5 @@ KT_TEST(fuzz_corpus_replay)
                     targets[i].name);
     }
     kt_setenv("KILN_FUZZ_CACHE", NULL);
+    kt_setenv("KILN_FUZZ_TMP", NULL);
 }

@@ -37,8 +37,11 @@ static kiln_kernel *kern[NK];
 int LLVMFuzzerInitialize(int *argc, char ***argv)
 {
     (void)argc, (void)argv;
-    /* $KILN_FUZZ_CACHE (the test suite's replay), else a fresh directory */
-    char fresh[] = "/tmp/kiln-fuzz-plan-XXXXXX";
+    /* $KILN_FUZZ_CACHE (the test suite's replay), else a fresh directory in $KILN_FUZZ_TMP
+     * (fuzz.sh's build directory) or /tmp */
+    char fresh[600];
+    const char *tmp = getenv("KILN_FUZZ_TMP");
+    snprintf(fresh, sizeof fresh, "%s/kiln-fuzz-plan-XXXXXX", tmp ? tmp : "/tmp");
     const char *dir = getenv("KILN_FUZZ_CACHE");
     if (!dir && !(dir = mkdtemp(fresh))) abort();
     kiln_ctx_opts o = {0};

@@ -18,6 +18,9 @@ if [ ${#names[@]} -eq 0 ]; then
 fi
 [ ${#names[@]} -gt 0 ] || { echo "fuzz.sh: no fuzz-* binaries in $build/bin (make fuzz builds them)"; exit 2; }
 here=$(cd "$(dirname "$0")/../.." && pwd)
+# the targets' scratch files (a cache, a manifest) under the build directory, not /tmp
+export KILN_FUZZ_TMP=$(cd "$build" && pwd)/tmp
+mkdir -p "$KILN_FUZZ_TMP"
 status=0
 for n in "${names[@]}"; do
     bin=$build/bin/fuzz-$n
