@@ -255,7 +255,7 @@ static kiln_status get_locked(kiln__cache *c, const char *key, int with_text, ki
     }
     int64_t now = (int64_t)time(NULL);
     if (kiln__hits_append(c, key, now)) {
-        out->hits++;
+        if (out->hits < INT64_MAX) out->hits++; /* a stored count may be anything */
         out->last_used = now;
     }
     return KILN_STATUS_OK;
