@@ -5,7 +5,8 @@
  * not 32 hex digits; the meta table may name any schema version and the stats table any
  * count. The input picks one edit of a valid cache (one sealed row, kiln__cache_put's); then
  * the cache is opened as `kiln ls`, `show`, `verify` and a lookup open it, and every reader
- * runs: get, resolve, stats, per-arch stats, each, and the full scan with the row check. Each
+ * runs: get, resolve, stats, per-arch stats, each, the full scan with the row check, then
+ * eviction and compaction. Each
  * answers with a status (a row that changed fails its checksum or its row check, with a
  * reason); none crashes, and a lookup that succeeds returns the key asked for with a cubin
  * that passes kiln__cubin_check.
@@ -206,6 +207,11 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         int rows = 0;
         (void)kiln__cache_each(c, visit_count, &rows, &e);
         (void)kiln__cache_scan(c, visit_check, NULL, &e);
+        /* and the writers that tidy a cache: eviction (to nothing or to 1 MiB), then compaction */
+        int removed = 0;
+        int64_t freed = 0;
+        (void)kiln__cache_evict(c, data[1] & 1 ? 0 : 1 << 20, NULL, &removed, &freed, &e);
+        (void)kiln__cache_compact(c, data[1] & 2, &e);
         kiln__cache_close(c);
     }
     return 0;
