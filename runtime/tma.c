@@ -58,7 +58,11 @@ static memo_table *memo_get(void)
     if (memo) return memo;
     pthread_once(&memo_once, memo_key_create);
     if (!memo_key_ok) return NULL;
-    memo_table *t = calloc(1, sizeof *t);
+    /* aligned as its CUtensorMaps must be (64 bytes; calloc gives 16: UBSan's misaligned access) */
+    const size_t align = _Alignof(memo_table),
+                 bytes = (sizeof(memo_table) + align - 1) / align * align;
+    memo_table *t = aligned_alloc(align, bytes);
+    if (t) memset(t, 0, bytes);
     if (t && pthread_setspecific(memo_key, t)) {
         free(t);
         t = NULL;
