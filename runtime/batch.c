@@ -27,6 +27,7 @@
  * on one stream may share it (FlashInfer's wrappers share a float workspace), while each keeps
  * its int region, which its later runs and graph replays read, in a workspace of its own.
  */
+#include <limits.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -196,8 +197,12 @@ static kiln_plan *plan_new(kiln_kernel *k, const kiln_plan_opts *opts, int sms, 
     pl->gran = pl->decode && !pack ? KILN_DECODE_TILE * k->cfg.warps : k->cfg.block_n;
     pl->slots = slots;
     pl->bw_slots = sms * (ctas_per_sm < BW_CTAS_PER_SM ? ctas_per_sm : BW_CTAS_PER_SM);
-    if (pl->o.fixed_split > 0) /* chunks stay aligned to the kernel's key tiles */
-        pl->o.fixed_split = (pl->o.fixed_split + pl->gran - 1) / pl->gran * pl->gran;
+    if (pl->o.fixed_split > 0) { /* chunks stay aligned to the kernel's key tiles (in 64 bits: a
+                                    caller may pass up to INT_MAX; past it, the largest whole
+                                    multiple, which still splits no request) */
+        const int64_t up = ((int64_t)pl->o.fixed_split + pl->gran - 1) / pl->gran * pl->gran;
+        pl->o.fixed_split = (int)(up <= INT_MAX ? up : INT_MAX / pl->gran * pl->gran);
+    }
     return pl;
 }
 
