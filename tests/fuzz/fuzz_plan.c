@@ -110,7 +110,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     /* the batch: mostly well formed (running sums of small lengths), some raw values */
     int B = u8(&r) < 240 ? (int)(u8(&r) | u8(&r) << 8) % MAXB : num(&r, MAXB);
     const int raw = u8(&r) < 30;
-    if (B < 0 || B > MAXB) B = B < 0 ? B : MAXB; /* a negative batch is passed as is */
+    if (B > MAXB) B = MAXB; /* a negative batch is passed as is */
     const int n = B > 0 ? B : 0;
     int *qo = calloc((size_t)n + 1, sizeof *qo), *kv = calloc((size_t)n + 1, sizeof *kv),
         *last = calloc((size_t)n + 1, sizeof *last);
